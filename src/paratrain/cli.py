@@ -1,0 +1,177 @@
+"""The `paratrain` command: parse, call one library function, print. No logic lives here.
+
+`train`'s flags are generated from TrainConfig's fields (name, type, default, help), so a flag,
+its config-file key and its Python keyword are always the same thing.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+from paratrain.errors import UsageError
+
+# Sections of `paratrain train --help`, each starting at the named field (in TrainConfig's order).
+TRAIN_SECTIONS = {
+    "workload": "what to train",
+    "workers": "parallelism",
+    "batch_size": "batch, learning rate and optimizer",
+    "precision": "compute",
+    "seed": "run directory and bookkeeping",
+}
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but bad input is one line on stderr and exit status 2 (no usage dump)."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "handler"):
+        parser.print_help()
+        return 2
+    try:
+        return args.handler(args)
+    except UsageError as exc:
+        print(f"paratrain {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("paratrain: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        from paratrain.launch.local import RanksFailed
+
+        if isinstance(exc, RanksFailed):
+            print(f"paratrain {args.command}: {exc}", file=sys.stderr)
+            return 1
+        raise
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="paratrain", description="Train PyTorch models in parallel and measure whether it pays off.")
+    from paratrain import __version__
+
+    parser.add_argument("--version", action="version", version=f"paratrain {__version__}")
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND", parser_class=Parser)
+
+    train = commands.add_parser("train", help="train one workload on N workers and write a run directory",
+                                description="Train one workload on N workers (ranks) and write a run directory "
+                                            "(config.json, metrics.jsonl, summary.json, logs/).")
+    train.add_argument("--config", type=Path, help="YAML, TOML or JSON file of these options (flags override it)")
+    train.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    _add_model_flags(train, TRAIN_SECTIONS)
+    train.set_defaults(handler=_train, command="train")
+
+    workloads = commands.add_parser("workloads", help="list the named workloads and models")
+    workloads.set_defaults(handler=_workloads, command="workloads")
+
+    download = commands.add_parser("download-cifar10", help="download the canonical CIFAR-10 archive (needs internet)")
+    download.add_argument("data_dir", type=Path, help="directory to put cifar-10-python.tar.gz in")
+    download.set_defaults(handler=_download, command="download-cifar10")
+    return parser
+
+
+def _add_model_flags(parser: argparse.ArgumentParser, sections: dict[str, str]) -> None:
+    from paratrain.config import TrainConfig
+
+    group: Any = parser
+    for name, field in TrainConfig.model_fields.items():
+        if name in sections:
+            group = parser.add_argument_group(sections[name])
+        flag = "--" + name.replace("_", "-")
+        default = field.get_default(call_default_factory=True)
+        shown = "" if default in (None, [], False) else f" (default: {_show(default)})"
+        kind, choices = _flag_type(field.annotation)
+        if kind is bool:
+            group.add_argument(flag, action="store_true", default=argparse.SUPPRESS, help=field.description)
+        else:
+            group.add_argument(flag, type=kind, choices=choices, default=argparse.SUPPRESS,
+                               metavar=name.upper() if choices is None else None, help=f"{field.description}{shown}")
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, tuple):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def _flag_type(annotation: Any) -> tuple[Callable[[str], Any], Optional[list[str]]]:
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
+        origin = typing.get_origin(annotation)
+    if origin is typing.Literal:
+        return str, [str(a) for a in typing.get_args(annotation)]
+    if annotation in (bool, int, float):
+        return annotation, None
+    return str, None
+
+
+def _train(args: argparse.Namespace) -> int:
+    from paratrain.config import load_config_file
+    from paratrain.launch import train
+
+    values = load_config_file(args.config) if args.config else {}
+    values.update({k: v for k, v in vars(args).items() if k not in ("handler", "command", "config", "json")})
+    summary = train(values)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    elif not summary.get("quiet") and not values.get("quiet"):
+        _print_summary(summary)
+    return 0
+
+
+def _print_summary(summary: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"paratrain: {summary['strategy']} on {summary['workers']} worker(s)", show_header=False)
+    b = summary["breakdown"]
+    rows = [
+        ("global batch", f"{summary['global_batch_size']} ({summary['workers']} x {summary['batch_size']}"
+                         f"{' x ' + str(summary['grad_accum']) if summary['grad_accum'] > 1 else ''})"),
+        ("learning rate", f"{summary['lr']:.4g} ({summary['lr_scaling']} from {summary['base_lr']:.4g})"),
+        ("epoch time", f"{summary['epoch_time_s']:.2f} s (median of {summary['timed_epochs']} epoch(s)"
+                       f"{', first excluded' if summary['timed_epochs'] < summary['epochs'] else ''})"),
+        ("throughput", f"{summary['samples_per_s']:,.0f} samples/s"),
+        ("step time", f"data {b['data_s'] * 1e3:.1f} ms, compute {b['compute_s'] * 1e3:.1f} ms, "
+                      f"comm {b['comm_s'] * 1e3:.1f} ms, optimizer {b['optimizer_s'] * 1e3:.1f} ms, other {b['other_s'] * 1e3:.1f} ms"),
+        ("train loss", f"{summary['train_loss']:.4f}"),
+        (f"{summary['val_split']} accuracy", f"{summary['val_accuracy']:.2%} (loss {summary['val_loss']:.4f})"),
+        ("peak memory", ", ".join(f"{m / 2**20:.0f} MiB" for m in summary["peak_memory_bytes"]) + " per rank"),
+        ("wall time", f"{summary['wall_time_s']:.1f} s"),
+        ("run dir", summary["run_dir"]),
+    ]
+    for key, value in rows:
+        table.add_row(key, value)
+    Console().print(table)
+
+
+def _workloads(args: argparse.Namespace) -> int:
+    from paratrain.workloads import WORKLOADS
+    from paratrain.workloads.models import MODELS
+
+    for name, workload in WORKLOADS.items():
+        print(f"{name:24} {workload.description}")
+    print(f"\nmodels (--model): {', '.join(MODELS)}; datasets (--dataset): cifar10, synthetic; "
+          "or your own pkg.module:factory for either")
+    return 0
+
+
+def _download(args: argparse.Namespace) -> int:
+    from paratrain.workloads.datasets import download_cifar10
+
+    print(download_cifar10(args.data_dir))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""The typed inputs of every command.
+
+One pydantic model per command. Each field's description is its CLI help, so the model is the
+single place a flag is declared: the CLI is generated from it (see cli.py) and config files
+(YAML, TOML, JSON) use the same keys. Validation failures become one-line UsageErrors naming the
+flag.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import tomllib
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from paratrain.errors import UsageError
+
+Precision = Literal["32", "bf16", "fp16"]
+LRScaling = Literal["none", "linear", "sqrt"]
+Schedule = Literal["constant", "step", "exp", "inverse-time", "poly", "cosine"]
+Optimizer = Literal["sgd", "adam", "adamw", "lars", "lamb"]
+Backend = Literal["auto", "gloo", "nccl", "mpi"]
+
+
+class TrainConfig(BaseModel):
+    """Everything `paratrain train` needs; `paratrain.train(TrainConfig(...))` takes the same."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    # What to train.
+    workload: str = Field("cifar10-cnn", description="named workload (model + dataset); see `paratrain workloads`")
+    model: Optional[str] = Field(None, description="override the workload's model: a registered name or pkg.module:factory")
+    dataset: Optional[str] = Field(None, description="override the workload's dataset: cifar10, synthetic or pkg.module:factory")
+    data_dir: Optional[Path] = Field(None, description="CIFAR-10 as cifar-10-python.tar.gz / cifar-10-batches-py, or an image tree train|test/<class>/* (folder or .tar.gz); default: the bundled offline subset")
+    cache_dir: Optional[Path] = Field(None, description="where decoded datasets are cached (default $PARATRAIN_CACHE or ~/.cache/paratrain)")
+    image_size: Optional[int] = Field(None, gt=0, description="resize images to this many pixels a side (on the device, per batch)")
+    synthetic_samples: int = Field(10000, gt=0, description="training samples of the synthetic dataset")
+    synthetic_shape: tuple[int, int, int] = Field((3, 32, 32), description="C,H,W of the synthetic dataset")
+    num_classes: int = Field(10, gt=1, description="classes of the synthetic dataset")
+    limit_train: Optional[int] = Field(None, gt=0, description="train on a class-balanced subset of this many samples")
+    val_split: float = Field(0.0, ge=0.0, lt=1.0, description="carve this fraction of the training set out as a validation set (e.g. 0.2)")
+
+    # How to parallelise.
+    workers: int = Field(1, gt=0, description="number of ranks (one per GPU, or per group of CPU cores)")
+    strategy: Optional[str] = Field(None, description="parallel strategy: single or ddp (default: ddp for workers > 1)")
+    backend: Backend = Field("auto", description="torch.distributed backend: nccl on GPUs and gloo on CPU by default")
+    threads_per_worker: Optional[int] = Field(None, gt=0, description="CPU threads per rank (default: cores // workers)")
+    allow_oversubscribe: bool = Field(False, description="allow more threads than cores (slow; for testing only)")
+
+    # Batch, learning rate, optimizer.
+    batch_size: int = Field(32, gt=0, description="samples per worker per micro-step")
+    grad_accum: int = Field(1, gt=0, description="micro-steps per optimizer step (gradients are all-reduced on the last only)")
+    lr: float = Field(0.001, gt=0, description="base learning rate, for --base-batch-size samples")
+    lr_scaling: LRScaling = Field("linear", description="scale the LR with the global batch: linear (Goyal et al. 2017), sqrt, or none")
+    base_batch_size: Optional[int] = Field(None, gt=0, description="the global batch --lr is meant for (default: --batch-size, i.e. one worker)")
+    warmup_epochs: float = Field(0.0, ge=0, description="ramp the LR linearly from --lr to the scaled LR over these epochs")
+    schedule: Schedule = Field("constant", description="LR schedule after warmup")
+    lr_step_size: float = Field(30.0, gt=0, description="epochs between decays for --schedule step")
+    lr_gamma: float = Field(0.1, gt=0, description="decay factor for --schedule step (per step) and exp (per epoch)")
+    lr_decay_rate: float = Field(0.5, gt=0, description="--schedule inverse-time: lr / (1 + rate * epoch)")
+    lr_power: float = Field(2.0, gt=0, description="--schedule poly: lr * (1 - t/T)^power")
+    min_lr: float = Field(0.0, ge=0, description="floor of --schedule cosine and poly")
+    optimizer: Optimizer = Field("sgd", description="sgd (momentum), adam, adamw, lars or lamb")
+    momentum: float = Field(0.9, ge=0, lt=1, description="momentum of sgd and lars")
+    weight_decay: float = Field(0.0, ge=0, description="weight decay (not applied to biases and norm layers)")
+    epochs: int = Field(3, gt=0, description="passes over the training set")
+
+    # Compute.
+    precision: Precision = Field("32", description="32, bf16 or fp16 autocast (fp16 uses a GradScaler on GPUs)")
+    checkpoint_activations: bool = Field(False, description="recompute each block's activations in backward to save memory")
+    compile: bool = Field(False, description="torch.compile the model (slow start, maybe faster steps)")
+    augment: list[str] = Field(default_factory=list, description="batched on-device augmentation: any of flip,crop,jitter")
+    loader_workers: int = Field(0, ge=0, description="> 0: feed batches through a DataLoader with this many worker processes instead of the in-memory path")
+
+    # Run bookkeeping.
+    seed: int = Field(0, description="seed of model init, shuffling and augmentation")
+    run_dir: Optional[Path] = Field(None, description="run directory (default runs/<time>-<workload>-w<workers>)")
+    checkpoint_every: int = Field(0, ge=0, description="save a checkpoint every N epochs (0: never)")
+    resume: bool = Field(False, description="continue the run in --run-dir from its checkpoint (same configuration)")
+    log_every: int = Field(50, gt=0, description="optimizer steps between step events in metrics.jsonl (each reads the loss once)")
+    quiet: bool = Field(False, description="no progress bar or table")
+
+    @field_validator("augment", mode="before")
+    @classmethod
+    def _split_augment(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("synthetic_shape", mode="before")
+    @classmethod
+    def _split_shape(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                return tuple(int(part) for part in value.replace("x", ",").split(","))
+            except ValueError:
+                raise ValueError("expected C,H,W such as 3,32,32") from None
+        return value
+
+    @field_validator("augment")
+    @classmethod
+    def _known_augmentations(cls, value: list[str]) -> list[str]:
+        known = ("flip", "crop", "jitter")
+        for name in value:
+            if name not in known:
+                raise ValueError(f"unknown augmentation {name!r}; choose from {','.join(known)}")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "TrainConfig":
+        if self.strategy == "single" and self.workers != 1:
+            raise ValueError("strategy 'single' runs one worker; use --strategy ddp for --workers > 1")
+        if self.warmup_epochs >= self.epochs and self.warmup_epochs > 0:
+            raise ValueError(f"--warmup-epochs ({self.warmup_epochs}) must be shorter than --epochs ({self.epochs})")
+        return self
+
+    # Derived values: computed here once so config.json, the ranks and the analysis agree.
+    @property
+    def strategy_name(self) -> str:
+        return self.strategy or ("ddp" if self.workers > 1 else "single")
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.workers * self.batch_size * self.grad_accum
+
+    @property
+    def reference_batch_size(self) -> int:
+        return self.base_batch_size or self.batch_size * self.grad_accum
+
+    def identity(self) -> str:
+        """A fingerprint of everything that shapes the training trajectory.
+
+        A checkpoint may only be resumed by a run with the same identity; run-control fields
+        (where to write, how often to log or checkpoint, the progress display) may differ.
+        """
+        control = {"run_dir", "resume", "quiet", "checkpoint_every", "log_every", "cache_dir"}
+        payload = self.model_dump(mode="json", exclude=control)
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def load_config_file(path: Path) -> dict[str, Any]:
+    """Read a YAML, TOML or JSON config file into a dict of TrainConfig keys (dashes allowed)."""
+    if not path.is_file():
+        raise UsageError(f"config file {path} does not exist; pass an existing .yaml, .toml or .json file")
+    text = path.read_text()
+    try:
+        if path.suffix == ".toml":
+            data = tomllib.loads(text)
+        elif path.suffix == ".json":
+            data = json.loads(text)
+        else:
+            data = yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise UsageError(f"config file {path} does not parse: {first}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"config file {path} must hold a mapping of option names to values")
+    return {key.replace("-", "_"): value for key, value in data.items()}
+
+
+def validate(model: type[BaseModel], values: dict[str, Any]) -> Any:
+    """Build `model` from `values`, turning the first validation error into a one-line UsageError."""
+    try:
+        return model.model_validate(values)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(part) for part in error["loc"] if not isinstance(part, int))
+        message = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "extra_forbidden":
+            raise UsageError(f"unknown option {flag(where)}; see --help for the options") from None
+        got = error.get("input")
+        shown = f" (got {got!r})" if where and not isinstance(got, dict) else ""
+        prefix = f"{flag(where)}: " if where else ""
+        raise UsageError(f"{prefix}{message}{shown}") from None
+
+
+def flag(field_name: str) -> str:
+    return "--" + field_name.replace("_", "-")

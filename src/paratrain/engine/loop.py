@@ -1,0 +1,330 @@
+"""One rank's training run: build everything, then one loop for every strategy.
+
+The launcher starts this module's `run_rank` once per rank. Everything a rank needs arrives as
+plain data (the resolved config, the placement, the run directory), so the same entry point
+serves torchrun-style launches, a notebook's spawned ranks and a single process.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import resource
+import statistics
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from paratrain.config import TrainConfig
+from paratrain.engine.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
+from paratrain.engine.data import BatchPreparer, eval_batches, training_batches
+from paratrain.engine.distributed import Placement, RankContext, init_rank, shutdown
+from paratrain.engine.lr import LRSchedule, scaled_lr
+from paratrain.engine.optim import build_optimizer
+from paratrain.engine.progress import EpochProgress
+from paratrain.engine.strategies import Strategy, build_strategy
+from paratrain.engine.timing import Clock, StepBreakdown
+from paratrain.runs import MetricsWriter, RunDir
+
+log = logging.getLogger("paratrain.rank")
+
+
+def run_rank(config: dict[str, Any], placement: dict[str, Any], run_dir: str) -> Optional[dict[str, Any]]:
+    """Entry point of one rank; returns the run summary on rank 0 and None elsewhere."""
+    cfg = TrainConfig.model_validate(config)
+    ctx = init_rank(Placement(**placement))
+    run = RunDir(Path(run_dir))
+    _log_to_file(run.rank_log(ctx.rank), ctx)
+    try:
+        return Trainer(cfg, ctx, run).fit()
+    except BaseException:
+        log.exception("rank %d failed", ctx.rank)
+        raise
+    finally:
+        shutdown()
+
+
+def _log_to_file(path: Path, ctx: RankContext) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path, mode="a")
+    handler.setFormatter(logging.Formatter("%(asctime)s rank%(rank)s %(levelname)s %(message)s".replace("%(rank)s", str(ctx.rank))))
+    logging.getLogger("paratrain").addHandler(handler)
+    logging.getLogger("paratrain").setLevel(logging.INFO)
+    if not ctx.is_main:
+        # Other ranks' stdout/stderr (including warnings from C++) go to their log, not the terminal.
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+
+
+@dataclass
+class Progress:
+    """Where the run is; all of it goes into the checkpoint."""
+
+    epoch: int = 0                 # epochs completed
+    step: int = 0                  # optimizer steps completed
+    samples: int = 0               # training samples processed, all ranks
+    elapsed_s: float = 0.0         # training wall time before this launch (resumed runs)
+    epochs_done: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, ctx: RankContext, run: RunDir):
+        from paratrain.engine.augment import BatchAugment
+        from paratrain.workloads import build_model, load_data
+
+        self.cfg, self.ctx, self.run = cfg, ctx, run
+        self.started = time.perf_counter()
+        self.data = load_data(cfg)
+        self.clock = Clock(ctx.device)
+        self.breakdown = StepBreakdown(self.clock)
+        self.strategy: Strategy = build_strategy(cfg.strategy_name, ctx, self.clock.stamp)
+
+        module = build_model(cfg, self.data).to(ctx.device)
+        if cfg.checkpoint_activations:
+            _checkpoint_activations(module)
+        self.optimizer = build_optimizer(cfg.optimizer, module, lr=cfg.lr, momentum=cfg.momentum,
+                                         weight_decay=cfg.weight_decay)
+        self.model = self.strategy.wrap(module)
+        if cfg.compile:
+            self.model = torch.compile(self.model)
+
+        augment = BatchAugment(cfg.augment, seed=cfg.seed * 1000 + ctx.rank, device=ctx.device) if cfg.augment else None
+        self.augment = augment
+        self.prepare = BatchPreparer(cfg.image_size, augment)
+        self.batches = training_batches(self.data.train, cfg.batch_size, ctx, cfg.seed, self.prepare, cfg.loader_workers)
+        self.micro_steps = len(self.batches)
+        self.steps_per_epoch = -(-self.micro_steps // cfg.grad_accum)
+        self.schedule = LRSchedule(
+            base_lr=cfg.lr, peak_lr=scaled_lr(cfg.lr, cfg.global_batch_size, cfg.reference_batch_size, cfg.lr_scaling),
+            steps_per_epoch=self.steps_per_epoch, epochs=cfg.epochs, warmup_epochs=cfg.warmup_epochs,
+            schedule=cfg.schedule, step_size=cfg.lr_step_size, gamma=cfg.lr_gamma, decay_rate=cfg.lr_decay_rate,
+            power=cfg.lr_power, min_lr=cfg.min_lr)
+
+        half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
+        self.autocast = (lambda: torch.autocast(ctx.device.type, dtype=half)) if half else nullcontext
+        # Loss scaling guards fp16 gradients against underflow on GPUs; bf16 and fp32 need none.
+        self.scaler = torch.amp.GradScaler("cuda", enabled=cfg.precision == "fp16" and ctx.device.type == "cuda")
+
+        self.state = Progress()
+        if cfg.resume:
+            self._restore()
+        self.metrics = MetricsWriter(run.metrics, keep_until_step=self.state.step if cfg.resume else None) if ctx.is_main else None
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def fit(self) -> Optional[dict[str, Any]]:
+        cfg, ctx = self.cfg, self.ctx
+        progress = EpochProgress(ctx.is_main and not cfg.quiet and sys.stderr.isatty(), cfg.epochs, self.steps_per_epoch)
+        log.info("training %s with %s on %d rank(s), %d steps/epoch", cfg.workload, cfg.strategy_name,
+                 ctx.world_size, self.steps_per_epoch)
+        try:
+            for epoch in range(self.state.epoch, cfg.epochs):
+                progress.start_epoch(epoch)
+                record = self.train_epoch(epoch, progress)
+                progress.end_epoch()
+                record["evals"] = self.evaluate(epoch)
+                self.state.epochs_done.append(record)
+                self.state.epoch = epoch + 1
+                if cfg.checkpoint_every and self.state.epoch % cfg.checkpoint_every == 0:
+                    self._save()
+        finally:
+            progress.close()
+        return self._summary()
+
+    def train_epoch(self, epoch: int, progress: EpochProgress) -> dict[str, Any]:
+        cfg, ctx, model, clock, breakdown = self.cfg, self.ctx, self.model, self.clock, self.breakdown
+        model.train()
+        breakdown.reset()
+        # Sums of loss·n and correct predictions stay on the device, read at log points only.
+        totals = torch.zeros(2, dtype=torch.float64, device=ctx.device)
+        interval = torch.zeros(2, dtype=torch.float64, device=ctx.device)
+        epoch_samples = 0
+        interval_start, interval_samples = time.perf_counter(), 0
+        epoch_start = time.perf_counter()
+        t_elapsed0 = self.state.elapsed_s + (epoch_start - self.started)
+        last_micro = self.micro_steps - 1
+
+        step_start = data_start = clock.stamp()
+        for micro, (x, y) in enumerate(self.batches.epoch(epoch)):
+            data_ready = clock.stamp()
+            sync = (micro + 1) % cfg.grad_accum == 0 or micro == last_micro
+            # All micro-steps but the last accumulate locally: DDP skips the all-reduce in no_sync.
+            with (nullcontext() if sync else self.strategy.no_sync(model)):
+                with self.autocast():
+                    out = model(x)
+                    loss = F.cross_entropy(out, y)
+                self.scaler.scale(loss / cfg.grad_accum if cfg.grad_accum > 1 else loss).backward()
+            backward_end = clock.stamp()
+            breakdown.span("data_s", data_start, data_ready)
+            breakdown.span("forward_backward", data_ready, backward_end)
+            comm_start = self.strategy.comm_started()
+            if comm_start is not None:
+                breakdown.span("comm_s", comm_start, backward_end)
+            interval[0].add_(loss.detach(), alpha=len(y))
+            interval[1].add_((out.argmax(1) == y).sum())
+            interval_samples += len(y)
+
+            if sync:
+                lr = self.schedule.lr_at(self.state.step)
+                for group in self.optimizer.param_groups:
+                    group["lr"] = lr
+                opt_start = clock.stamp()
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+                self.optimizer.zero_grad(set_to_none=True)
+                step_end = clock.stamp()
+                breakdown.span("optimizer_s", opt_start, step_end)
+                breakdown.span("step", step_start, step_end)
+                breakdown.step_done()
+                self.state.step += 1
+                progress.advance()
+                if self.state.step % cfg.log_every == 0:
+                    now = time.perf_counter()
+                    loss_sum, correct = ctx.sum(interval.clone()).tolist()
+                    n = interval_samples * ctx.world_size
+                    rate = n / (now - interval_start)
+                    progress.show(rate, loss_sum / n)
+                    self.state.samples += n
+                    epoch_samples += n
+                    self._event("step", epoch=epoch, step=self.state.step, samples=self.state.samples,
+                                loss=loss_sum / n, accuracy=correct / n, lr=lr, samples_per_s=rate,
+                                time=self.state.elapsed_s + now - self.started)
+                    totals += interval
+                    interval.zero_()
+                    interval_start, interval_samples = now, 0
+                step_start = step_end
+            data_start = clock.stamp()
+
+        totals += interval
+        self.state.samples += interval_samples * ctx.world_size
+        n = epoch_samples + interval_samples * ctx.world_size
+        if ctx.device.type == "cuda":
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - epoch_start
+        loss_sum, correct = ctx.sum(totals).tolist()
+        phases = self.breakdown.means()
+        phases = dict(zip(phases, (ctx.sum(torch.tensor(list(phases.values()), dtype=torch.float64)) / ctx.world_size).tolist()))
+        record = {
+            "epoch": epoch, "step": self.state.step, "samples": self.state.samples, "epoch_samples": n,
+            "train_loss": loss_sum / n, "train_accuracy": correct / n, "epoch_time_s": seconds,
+            "samples_per_s": n / seconds, "lr": self.optimizer.param_groups[0]["lr"],
+            "time_start": t_elapsed0, "time_end": t_elapsed0 + seconds, "breakdown": phases,
+        }
+        self._event("epoch", **record)
+        log.info("epoch %d: %.2fs, %.0f samples/s, loss %.4f", epoch + 1, seconds, n / seconds, loss_sum / n)
+        return record
+
+    @torch.no_grad()
+    def evaluate(self, epoch: int) -> dict[str, dict[str, float]]:
+        """Loss and accuracy on each held-out split, sharded across ranks and summed."""
+        self.model.eval()
+        module = self.strategy.unwrap(self.model)   # no DDP forward hooks needed without gradients
+        splits = {"test": self.data.test}
+        if self.data.val is not None:
+            splits["val"] = self.data.val
+        results = {}
+        for name, split in splits.items():
+            totals = torch.zeros(3, dtype=torch.float64, device=self.ctx.device)
+            for x, y in eval_batches(split, self.ctx, max(256, self.cfg.batch_size * 4), self.prepare, self.cfg.loader_workers):
+                with self.autocast():
+                    out = module(x)
+                totals += torch.stack((F.cross_entropy(out.float(), y, reduction="sum").double(),
+                                       (out.argmax(1) == y).sum().double(), torch.tensor(float(len(y)), device=x.device, dtype=torch.float64)))
+            loss_sum, correct, n = self.ctx.sum(totals).tolist()
+            results[name] = {"loss": loss_sum / n, "accuracy": correct / n, "samples": int(n)}
+            self._event("eval", epoch=epoch, step=self.state.step, split=name, **results[name])
+        return results
+
+    # -- run directory and checkpoints ------------------------------------------------------
+
+    def _event(self, event: str, **fields: Any) -> None:
+        if self.metrics is not None:
+            self.metrics.write(event, **fields)
+
+    def _rng_state(self) -> dict[str, Any]:
+        state = {"torch": torch.get_rng_state()}
+        if self.augment is not None:
+            state["augment"] = self.augment.state_dict()
+        if self.ctx.device.type == "cuda":
+            state["cuda"] = torch.cuda.get_rng_state(self.ctx.device)
+        return state
+
+    def _save(self) -> None:
+        rngs = self.ctx.gather_objects(self._rng_state())
+        if not self.ctx.is_main:
+            return
+        s = self.state
+        save_checkpoint(self.run.path / CHECKPOINT_NAME, {
+            "identity": self.cfg.identity(), "epoch": s.epoch, "step": s.step, "samples": s.samples,
+            "elapsed_s": s.elapsed_s + time.perf_counter() - self.started, "epochs_done": s.epochs_done,
+            "model": self.strategy.unwrap(self.model).state_dict(), "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict(), "rng": rngs,
+        })
+        log.info("checkpoint after epoch %d", s.epoch)
+
+    def _restore(self) -> None:
+        ckpt = load_checkpoint(self.run.path / CHECKPOINT_NAME)
+        self.strategy.unwrap(self.model).load_state_dict(ckpt["model"])
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        if self.scaler.is_enabled():
+            self.scaler.load_state_dict(ckpt["scaler"])
+        rng = ckpt["rng"][self.ctx.rank]
+        torch.set_rng_state(rng["torch"])
+        if self.augment is not None:
+            self.augment.load_state_dict(rng["augment"])
+        if "cuda" in rng:
+            torch.cuda.set_rng_state(rng["cuda"], self.ctx.device)
+        self.state = Progress(epoch=ckpt["epoch"], step=ckpt["step"], samples=ckpt["samples"],
+                              elapsed_s=ckpt["elapsed_s"], epochs_done=list(ckpt["epochs_done"]))
+        log.info("resumed after epoch %d (step %d)", self.state.epoch, self.state.step)
+
+    def _summary(self) -> Optional[dict[str, Any]]:
+        peak = self.ctx.gather_objects(_peak_memory_bytes(self.ctx.device))
+        if not self.ctx.is_main:
+            return None
+        cfg, epochs = self.cfg, self.state.epochs_done
+        steady = epochs[1:] or epochs       # the first epoch pays for start-up: excluded when there are more
+        last = epochs[-1]
+        held_out = last["evals"].get("val", last["evals"]["test"])
+        steady_time = sum(e["epoch_time_s"] for e in steady)
+        breakdown = {k: statistics.fmean(e["breakdown"][k] for e in steady) for k in steady[0]["breakdown"]}
+        return {
+            "status": "completed", "workers": self.ctx.world_size, "strategy": cfg.strategy_name,
+            "batch_size": cfg.batch_size, "global_batch_size": cfg.global_batch_size, "grad_accum": cfg.grad_accum,
+            "lr": self.schedule.peak_lr, "base_lr": cfg.lr, "lr_scaling": cfg.lr_scaling, "epochs": cfg.epochs,
+            "steps": self.state.step, "steps_per_epoch": self.steps_per_epoch,
+            "epoch_times_s": [e["epoch_time_s"] for e in epochs],
+            "epoch_time_s": statistics.median(e["epoch_time_s"] for e in steady),
+            "samples_per_s": sum(e["epoch_samples"] for e in steady) / steady_time,
+            "timed_epochs": len(steady),
+            "train_loss": last["train_loss"], "train_accuracy": last["train_accuracy"],
+            "val_loss": held_out["loss"], "val_accuracy": held_out["accuracy"],
+            "val_split": "val" if "val" in last["evals"] else "test",
+            "test_loss": last["evals"]["test"]["loss"], "test_accuracy": last["evals"]["test"]["accuracy"],
+            "train_time_s": self.state.elapsed_s + time.perf_counter() - self.started,
+            "breakdown": breakdown, "peak_memory_bytes": peak,
+        }
+
+
+def _peak_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024    # Linux reports KiB
+
+
+def _checkpoint_activations(model: nn.Module) -> None:
+    """Recompute each residual block's activations during backward instead of storing them."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
+
+    from paratrain.workloads.models import residual_blocks
+
+    blocks = set(residual_blocks(model))
+    apply_activation_checkpointing(model, check_fn=lambda m: m in blocks)

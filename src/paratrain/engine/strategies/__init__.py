@@ -1,0 +1,45 @@
+"""Parallel strategies, chosen by name.
+
+A strategy wraps the model for its kind of parallelism and says how gradient synchronisation is
+deferred during gradient accumulation; everything else (loop, data, optimizer) is shared. One
+module each.
+"""
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Any, Callable, Optional, Protocol
+
+from torch import nn
+
+from paratrain.engine.distributed import RankContext
+from paratrain.engine.strategies.ddp import DataParallel
+from paratrain.engine.strategies.single import SingleProcess
+from paratrain.errors import UsageError
+
+
+class Strategy(Protocol):
+    name: str
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        """Return the model to train, wrapped for this kind of parallelism."""
+
+    def no_sync(self, model: nn.Module) -> AbstractContextManager:
+        """Context for micro-steps whose gradients are accumulated locally, not synchronised."""
+
+    def comm_started(self) -> Optional[Any]:
+        """Clock stamp of this step's last gradient all-reduce launch (None: no communication)."""
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        """The plain module, for checkpoints."""
+
+
+STRATEGIES: dict[str, Callable[[RankContext, Callable[[], Any]], Strategy]] = {
+    "single": SingleProcess,
+    "ddp": DataParallel,
+}
+
+
+def build_strategy(name: str, ctx: RankContext, stamp: Callable[[], Any]) -> Strategy:
+    if name not in STRATEGIES:
+        raise UsageError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}")
+    return STRATEGIES[name](ctx, stamp)

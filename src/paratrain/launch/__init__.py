@@ -1,0 +1,95 @@
+"""`paratrain.train`: validate, prepare the run directory, launch the ranks, write the summary.
+
+Everything that can be wrong with the input is checked here, before the run directory is touched
+and before any rank starts, so bad input leaves nothing behind.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import time
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from paratrain.config import TrainConfig, validate
+from paratrain.engine.checkpoint import CHECKPOINT_NAME, load_checkpoint
+from paratrain.errors import UsageError
+from paratrain.launch.local import RanksFailed, launch_local
+from paratrain.launch.placement import plan_placement
+from paratrain.runs import RunDir, write_json
+
+
+def train(config: Union[TrainConfig, dict[str, Any], None] = None, **overrides: Any) -> dict[str, Any]:
+    """Train as `paratrain train` does and return the run summary (also in RUN_DIR/summary.json).
+
+    `config` is a TrainConfig or a dict of its fields; keyword arguments override single fields:
+    `paratrain.train(workers=2, epochs=5)`. Ranks are spawned as fresh processes, so this works
+    in a notebook; from a script, call it under `if __name__ == "__main__":` as multiprocessing
+    requires.
+    """
+    from paratrain.workloads import check_model, load_data
+
+    values = config.model_dump() if isinstance(config, TrainConfig) else dict(config or {})
+    cfg: TrainConfig = validate(TrainConfig, {**values, **overrides})
+    placement = plan_placement(cfg)
+    check_model(cfg)
+    from paratrain.engine.strategies import STRATEGIES
+    if cfg.strategy_name not in STRATEGIES:
+        raise UsageError(f"unknown strategy {cfg.strategy_name!r}; choose from {', '.join(STRATEGIES)}")
+    data = load_data(cfg)          # decodes and caches once here, so ranks only read the cache
+    if cfg.limit_train is not None and cfg.limit_train > len(data.train) + (len(data.val) if data.val is not None else 0):
+        raise UsageError(f"--limit-train {cfg.limit_train} exceeds the {len(data.train)} training samples available")
+    if -(-len(data.train) // cfg.workers) < 1:
+        raise UsageError("the training set is smaller than the number of workers")
+
+    run = RunDir(cfg.run_dir or _default_run_dir(cfg))
+    cfg.run_dir = run.path
+    _prepare_run_dir(run, cfg)
+    resolved = {**cfg.model_dump(mode="json"), "resolved": {
+        "strategy": cfg.strategy_name, "global_batch_size": cfg.global_batch_size,
+        "reference_batch_size": cfg.reference_batch_size, "backend": placement.backend,
+        "device": placement.device_type, "threads_per_worker": placement.threads_per_worker,
+        "cpu_sets": placement.cpu_sets, "identity": cfg.identity(),
+        "train_samples": len(data.train), "test_samples": len(data.test),
+        "val_samples": len(data.val) if data.val is not None else 0,
+    }}
+    if not cfg.resume:
+        write_json(run.config, resolved)
+
+    started = time.perf_counter()
+    try:
+        summary = launch_local(cfg, placement, run.path)
+    except (RanksFailed, KeyboardInterrupt) as exc:
+        failed = {"status": "failed", "error": str(exc) or type(exc).__name__, "workers": cfg.workers,
+                  "strategy": cfg.strategy_name, "wall_time_s": time.perf_counter() - started}
+        write_json(run.summary, failed)
+        raise
+    assert summary is not None, "rank 0 returned no summary"
+    summary = {**summary, "wall_time_s": time.perf_counter() - started, "run_dir": str(run.path)}
+    write_json(run.summary, summary)
+    return summary
+
+
+def _default_run_dir(cfg: TrainConfig) -> Path:
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{stamp}-{cfg.workload}-w{cfg.workers}"
+
+
+def _prepare_run_dir(run: RunDir, cfg: TrainConfig) -> None:
+    path = run.path
+    if cfg.resume:
+        if not run.is_run():
+            raise UsageError(f"--resume: {path} holds no run to resume; run without --resume first")
+        ckpt = load_checkpoint(path / CHECKPOINT_NAME)
+        if ckpt["identity"] != cfg.identity():
+            before = run.read_config()
+            now = cfg.model_dump(mode="json")
+            changed = [k for k in now if k not in ("run_dir", "resume", "quiet", "checkpoint_every", "log_every", "cache_dir")
+                       and before.get(k) != now[k]]
+            what = ", ".join(f"--{k.replace('_', '-')} {before.get(k)} -> {now[k]}" for k in changed) or "the configuration"
+            raise UsageError(f"--resume: the checkpoint in {path} was written by a different configuration ({what}); "
+                             "rerun the original command with --resume")
+        return
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise UsageError(f"{path} already exists and is not empty; pass --resume to continue that run or choose another --run-dir")
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "logs").mkdir(exist_ok=True)

@@ -1,0 +1,66 @@
+"""Starting the ranks of one run on this machine with PyTorch's elastic launcher.
+
+The same machinery as `torchrun --standalone`: a c10d rendezvous on a free local port, one agent
+supervising N worker processes, a failure of any rank tearing the others down. Workers are spawned
+(not forked), so this works from scripts and from notebooks alike.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+from paratrain.config import TrainConfig
+from paratrain.engine.distributed import Placement
+from paratrain.engine.loop import run_rank
+
+
+class RanksFailed(RuntimeError):
+    """A rank died; the message names it and its log."""
+
+
+@contextmanager
+def _thread_env(threads: int) -> Iterator[None]:
+    """OpenMP/MKL read their pool size at start-up, so it must be in the workers' environment."""
+    names = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+    saved = {name: os.environ.get(name) for name in names}
+    os.environ.update({name: str(threads) for name in names})
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def launch_local(cfg: TrainConfig, placement: Placement, run_dir: Path) -> Optional[dict[str, Any]]:
+    """Run `cfg` on `cfg.workers` local ranks; returns rank 0's summary."""
+    # The agent logs each failure with a full traceback; the rank's log has it, the user gets one line.
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    launch_config = LaunchConfig(
+        min_nodes=1, max_nodes=1, nproc_per_node=cfg.workers, run_id=str(uuid.uuid4()),
+        rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1,
+        start_method="spawn",
+    )
+    try:
+        with _thread_env(placement.threads_per_worker):
+            results = elastic_launch(launch_config, run_rank)(cfg.model_dump(mode="json"), placement.to_dict(), str(run_dir))
+    except ChildFailedError as exc:
+        rank, failure = min(exc.failures.items())
+        message = failure.message.get("message", "") if isinstance(failure.message, dict) else str(failure.message)
+        reason = _last_line(message) or f"exit code {failure.exitcode}"
+        raise RanksFailed(f"rank {rank} failed: {reason} (see {run_dir / 'logs' / f'rank{rank}.log'})") from None
+    return results[0]
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""

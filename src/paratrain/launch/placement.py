@@ -1,0 +1,57 @@
+"""Deciding where ranks run: backend, device, threads and cores per rank.
+
+On CPU a "worker" is a rank with its own core(s), playing the role a GPU plays. Ranks never share
+cores by accident: asking for more threads than the machine has is refused unless the user says
+--allow-oversubscribe, because oversubscribed ranks time-slice and every measurement turns to noise.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+from paratrain.config import TrainConfig
+from paratrain.engine.distributed import Placement
+from paratrain.errors import UsageError
+
+
+def available_cores() -> list[int]:
+    """The cores this process may run on (respects taskset, cgroups cpusets and SLURM binding)."""
+    return sorted(os.sched_getaffinity(0))
+
+
+def resolve_backend(requested: str, cuda: bool) -> str:
+    if requested == "auto":
+        return "nccl" if cuda and dist.is_nccl_available() else "gloo"
+    checks = {"gloo": dist.is_gloo_available, "nccl": dist.is_nccl_available, "mpi": dist.is_mpi_available}
+    if not checks[requested]():
+        hint = "use --backend gloo on CPU" if requested != "gloo" else "install a torch build with gloo"
+        raise UsageError(f"--backend {requested}: this torch build ({torch.__version__}) has no {requested} support; {hint}")
+    if requested == "nccl" and not cuda:
+        raise UsageError("--backend nccl needs CUDA GPUs and none is visible; use --backend gloo on CPU")
+    return requested
+
+
+def plan_placement(cfg: TrainConfig) -> Placement:
+    cuda = torch.cuda.is_available()
+    backend = resolve_backend(cfg.backend, cuda)
+    cores = available_cores()
+    if cuda:
+        gpus = torch.cuda.device_count()
+        if cfg.workers > gpus:
+            raise UsageError(f"--workers {cfg.workers} needs {cfg.workers} GPUs but {gpus} are visible; use --workers {gpus} or fewer")
+        threads = cfg.threads_per_worker or max(1, len(cores) // cfg.workers)
+        return Placement(backend=backend, device_type="cuda", threads_per_worker=threads)
+
+    threads = cfg.threads_per_worker or len(cores) // cfg.workers
+    needed = cfg.workers * max(threads, 1)
+    if needed > len(cores) and not cfg.allow_oversubscribe:
+        if cfg.workers > len(cores):
+            raise UsageError(f"--workers {cfg.workers} needs at least {cfg.workers} cores but this machine gives {len(cores)}; "
+                             f"use --workers {len(cores)} or fewer (or --allow-oversubscribe to time-slice)")
+        raise UsageError(f"--workers {cfg.workers} x --threads-per-worker {threads} = {needed} threads on {len(cores)} cores; "
+                         f"use --threads-per-worker {len(cores) // cfg.workers} (or --allow-oversubscribe)")
+    threads = max(threads, 1)
+    cpu_sets = [cores[i * threads:(i + 1) * threads] for i in range(cfg.workers)] if needed <= len(cores) else None
+    return Placement(backend=backend, device_type="cpu", threads_per_worker=threads, cpu_sets=cpu_sets)

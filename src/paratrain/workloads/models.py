@@ -1,0 +1,152 @@
+"""The registered models.
+
+- `cifar10-cnn`: the small CNN of PyTorch's CIFAR-10 tutorial (two 5x5 convolutions, three fully
+  connected layers; 62,006 parameters), with the tutorial's parameter names.
+- `resnet18`: ResNet-18 (He et al. 2015) with the CIFAR stem (3x3 conv, no max-pool) for small
+  images and the ImageNet stem (7x7/2 + max-pool) from 96 px up.
+- `resnet50v2`, `resnet152v2`: pre-activation bottleneck ResNets (He et al. 2016, "Identity
+  Mappings in Deep Residual Networks"), laid out as Keras' ResNet50V2/ResNet152V2: BN-ReLU before
+  each convolution, a final BN-ReLU before pooling.
+All end in adaptive average pooling, so any input size works (e.g. 128x128).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from paratrain.errors import UsageError
+
+
+class TutorialCNN(nn.Module):
+    def __init__(self, num_classes: int = 10, in_channels: int = 3, image_size: int = 32):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, 6, 5)
+        self.pool = nn.MaxPool2d(2, 2)
+        self.conv2 = nn.Conv2d(6, 16, 5)
+        side = ((image_size - 4) // 2 - 4) // 2
+        if side < 1:
+            raise UsageError(f"cifar10-cnn needs images of at least 16 px (got {image_size})")
+        self.fc1 = nn.Linear(16 * side * side, 120)
+        self.fc2 = nn.Linear(120, 84)
+        self.fc3 = nn.Linear(84, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pool(F.relu(self.conv1(x)))
+        x = self.pool(F.relu(self.conv2(x)))
+        x = torch.flatten(x, 1)
+        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
+
+
+class BasicBlock(nn.Module):
+    expansion = 1
+
+    def __init__(self, in_planes: int, planes: int, stride: int = 1):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_planes, planes, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or in_planes != planes:
+            self.shortcut = nn.Sequential(nn.Conv2d(in_planes, planes, 1, stride, bias=False), nn.BatchNorm2d(planes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return F.relu(out + self.shortcut(x))
+
+
+class PreActBottleneck(nn.Module):
+    """BN-ReLU-conv1x1, BN-ReLU-conv3x3(stride), BN-ReLU-conv1x1; the shortcut taps the pre-activation."""
+
+    expansion = 4
+
+    def __init__(self, in_planes: int, planes: int, stride: int = 1):
+        super().__init__()
+        out_planes = planes * self.expansion
+        self.bn1 = nn.BatchNorm2d(in_planes)
+        self.conv1 = nn.Conv2d(in_planes, planes, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, stride, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(planes)
+        self.conv3 = nn.Conv2d(planes, out_planes, 1, bias=False)
+        self.shortcut = None
+        if stride != 1 or in_planes != out_planes:
+            self.shortcut = nn.Conv2d(in_planes, out_planes, 1, stride, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pre = F.relu(self.bn1(x))
+        shortcut = self.shortcut(pre) if self.shortcut is not None else x
+        out = self.conv1(pre)
+        out = self.conv2(F.relu(self.bn2(out)))
+        out = self.conv3(F.relu(self.bn3(out)))
+        return out + shortcut
+
+
+class ResNet(nn.Module):
+    def __init__(self, block: type[nn.Module], layers: list[int], num_classes: int, in_channels: int,
+                 image_size: int, imagenet_stem_from: int, preact: bool):
+        super().__init__()
+        imagenet_stem = image_size >= imagenet_stem_from
+        if imagenet_stem:
+            self.stem = nn.Sequential(nn.Conv2d(in_channels, 64, 7, 2, 3, bias=not preact),
+                                      *([] if preact else [nn.BatchNorm2d(64), nn.ReLU(inplace=True)]),
+                                      nn.MaxPool2d(3, 2, 1))
+        else:
+            self.stem = nn.Sequential(nn.Conv2d(in_channels, 64, 3, 1, 1, bias=not preact),
+                                      *([] if preact else [nn.BatchNorm2d(64), nn.ReLU(inplace=True)]))
+        blocks: list[nn.Module] = []
+        in_planes = 64
+        for stage, count in enumerate(layers):
+            planes = 64 * 2 ** stage
+            for i in range(count):
+                blocks.append(block(in_planes, planes, stride=2 if (stage > 0 and i == 0) else 1))
+                in_planes = planes * block.expansion
+        self.blocks = nn.Sequential(*blocks)
+        # v2 networks end with the BN-ReLU their blocks deferred.
+        self.head_norm = nn.Sequential(nn.BatchNorm2d(in_planes), nn.ReLU(inplace=True)) if preact else nn.Identity()
+        self.fc = nn.Linear(in_planes, num_classes)
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.head_norm(self.blocks(self.stem(x)))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+def _resnet18(num_classes: int = 10, in_channels: int = 3, image_size: int = 32) -> nn.Module:
+    return ResNet(BasicBlock, [2, 2, 2, 2], num_classes, in_channels, image_size, imagenet_stem_from=96, preact=False)
+
+
+def _resnet50v2(num_classes: int = 10, in_channels: int = 3, image_size: int = 32) -> nn.Module:
+    return ResNet(PreActBottleneck, [3, 4, 6, 3], num_classes, in_channels, image_size, imagenet_stem_from=64, preact=True)
+
+
+def _resnet152v2(num_classes: int = 10, in_channels: int = 3, image_size: int = 32) -> nn.Module:
+    return ResNet(PreActBottleneck, [3, 8, 36, 3], num_classes, in_channels, image_size, imagenet_stem_from=64, preact=True)
+
+
+MODELS: dict[str, Callable[..., nn.Module]] = {
+    "cifar10-cnn": TutorialCNN,
+    "resnet18": _resnet18,
+    "resnet50v2": _resnet50v2,
+    "resnet152v2": _resnet152v2,
+}
+
+
+def build_model(name: str, num_classes: int = 10, in_channels: int = 3, image_size: int = 32) -> nn.Module:
+    if name not in MODELS:
+        raise UsageError(f"unknown model {name!r}; choose from {', '.join(MODELS)} or pass pkg.module:factory")
+    return MODELS[name](num_classes=num_classes, in_channels=in_channels, image_size=image_size)
+
+
+def residual_blocks(model: nn.Module) -> list[nn.Module]:
+    """The modules worth checkpointing: residual blocks if any, else top-level children with parameters."""
+    blocks = [m for m in model.modules() if isinstance(m, (BasicBlock, PreActBottleneck))]
+    if blocks:
+        return blocks
+    return [m for m in model.children() if any(True for _ in m.parameters())]

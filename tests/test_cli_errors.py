@@ -1,0 +1,150 @@
+"""Bad input: one line on stderr, exit status 2, no traceback, nothing written or overwritten."""
+import io
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+import torch
+
+import paratrain
+from conftest import synthetic
+from paratrain.cli import main
+
+CORES = len(os.sched_getaffinity(0))
+
+
+def _run_cli(capsys, argv) -> tuple[int, str]:
+    try:
+        code = main(argv)
+    except SystemExit as exc:       # argparse's own errors
+        code = exc.code
+    err = capsys.readouterr().err
+    return code, err
+
+
+def _corrupt_archive(tmp_path: Path) -> Path:
+    good = tmp_path / "good.tar.gz"
+    with tarfile.open(good, "w:gz") as tar:
+        payload = os.urandom(200_000)
+        info = tarfile.TarInfo("train/cat/0.png")
+        info.size = len(payload)
+        tar.addfile(info, io.BytesIO(payload))
+    bad = tmp_path / "corrupt.tar.gz"
+    bad.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    return bad
+
+
+def _not_cifar(tmp_path: Path) -> Path:
+    d = tmp_path / "notcifar"
+    d.mkdir()
+    (d / "readme.txt").write_text("hello")
+    return d
+
+
+def _empty(tmp_path: Path) -> Path:
+    d = tmp_path / "empty"
+    d.mkdir()
+    return d
+
+
+BAD = {
+    "unknown workload": (lambda t: ["--workload", "imagenet-vit"], "unknown workload"),
+    "unknown strategy": (lambda t: ["--strategy", "horovod"], "unknown strategy"),
+    "batch size zero": (lambda t: ["--batch-size", "0"], "--batch-size"),
+    "batch size negative": (lambda t: ["--batch-size", "-4"], "--batch-size"),
+    "workers zero": (lambda t: ["--workers", "0"], "--workers"),
+    "more workers than cores": (lambda t: ["--workers", str(CORES + 1)], "cores"),
+    "threads oversubscribe": (lambda t: ["--workers", str(CORES), "--threads-per-worker", "2"], "cores"),
+    "data dir missing": (lambda t: ["--data-dir", str(t / "nowhere")], "nowhere"),
+    "data dir empty": (lambda t: ["--data-dir", str(_empty(t))], "empty"),
+    "data dir not cifar": (lambda t: ["--data-dir", str(_not_cifar(t))], "notcifar"),
+    "corrupt archive": (lambda t: ["--data-dir", str(_corrupt_archive(t))], "corrupt"),
+    "model factory does not import": (lambda t: ["--model", "no_such_pkg.models:make"], "no_such_pkg"),
+    "not a number": (lambda t: ["--lr", "fast"], "--lr"),
+    "unknown flag": (lambda t: ["--learning-rate", "0.1"], "--learning-rate"),
+    "single with two workers": (lambda t: ["--strategy", "single", "--workers", "2"], "single"),
+    "unknown augmentation": (lambda t: ["--augment", "flip,mixup"], "mixup"),
+    "missing backend": (lambda t: ["--backend", "nccl"], "nccl"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, case):
+    make_args, expected = BAD[case]
+    run_dir = tmp_path / "run"
+    code, err = _run_cli(capsys, ["train", "--run-dir", str(run_dir), "--quiet", *make_args(tmp_path)])
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1, err
+    assert expected in err
+    assert "Traceback" not in err
+    assert not run_dir.exists()
+
+
+def test_existing_run_dir_is_refused_and_left_alone(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "notes.txt").write_text("mine")
+    code, err = _run_cli(capsys, ["train", "--run-dir", str(run_dir), "--workload", "synthetic-cnn"])
+    assert code == 2 and "--resume" in err and len(err.strip().splitlines()) == 1
+    assert [p.name for p in run_dir.iterdir()] == ["notes.txt"]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("finished")
+    paratrain.train(synthetic(tmp, workers=1, epochs=1, checkpoint_every=1))
+    return tmp / "run"
+
+
+def _snapshot(path: Path) -> dict:
+    return {p.name: p.read_bytes() for p in path.rglob("*") if p.is_file()}
+
+
+def test_resume_with_a_different_configuration_is_refused(finished_run, capsys):
+    before = _snapshot(finished_run)
+    code, err = _run_cli(capsys, ["train", "--workload", "synthetic-cnn", "--synthetic-samples", "512", "--epochs", "1",
+                                  "--batch-size", "64", "--lr", "0.01", "--threads-per-worker", "1",
+                                  "--run-dir", str(finished_run), "--resume"])
+    assert code == 2 and "different configuration" in err and "--batch-size" in err
+    assert len(err.strip().splitlines()) == 1
+    assert _snapshot(finished_run) == before
+
+
+def test_truncated_checkpoint_is_refused(finished_run, tmp_path, capsys):
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for name, data in _snapshot(finished_run).items():
+        (copy / name).write_bytes(data)
+    ckpt = copy / "checkpoint.pt"
+    ckpt.write_bytes(ckpt.read_bytes()[: ckpt.stat().st_size // 3])
+    code, err = _run_cli(capsys, ["train", "--workload", "synthetic-cnn", "--synthetic-samples", "512", "--epochs", "1",
+                                  "--batch-size", "32", "--lr", "0.01", "--threads-per-worker", "1",
+                                  "--run-dir", str(copy), "--resume"])
+    assert code == 2 and "truncated or corrupt" in err and len(err.strip().splitlines()) == 1
+
+
+def test_resume_without_a_run_is_refused(tmp_path, capsys):
+    code, err = _run_cli(capsys, ["train", "--workload", "synthetic-cnn", "--run-dir", str(tmp_path / "nothing"), "--resume"])
+    assert code == 2 and "no run to resume" in err
+    assert not (tmp_path / "nothing").exists()
+
+
+def test_the_installed_command_prints_no_traceback(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "paratrain", "train", "--batch-size", "0", "--run-dir", str(tmp_path / "r")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_help_teaches_the_flags(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["train", "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--workers", "--batch-size", "--lr-scaling", "--warmup-epochs", "--grad-accum", "--precision",
+                 "--checkpoint-every", "--resume", "--allow-oversubscribe", "--augment", "--val-split"):
+        assert flag in out

@@ -1,0 +1,155 @@
+"""End-to-end training through paratrain.train: real ranks, a real gloo process group."""
+import json
+import math
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import paratrain
+from conftest import synthetic
+from paratrain.runs import SUMMARY_KEYS, RunDir
+
+
+def _model_state(run_dir: Path) -> dict:
+    return torch.load(run_dir / "checkpoint.pt", weights_only=True)["model"]
+
+
+def _events(run_dir: Path, kind: str) -> list[dict]:
+    return [e for e in RunDir(run_dir).read_metrics() if e["event"] == kind]
+
+
+def test_ddp_on_two_ranks_equals_one_process_with_the_global_batch(tmp_path):
+    """2 gloo ranks x batch b must give the parameters one process reaches with batch 2b.
+
+    Tolerance: rtol 1e-4 / atol 1e-6 — the two differ only in float32 summation order (two
+    half-batch means averaged by the all-reduce vs one mean), after 8 SGD-momentum steps.
+    """
+    common = dict(epochs=2, synthetic_samples=256, lr=0.05, lr_scaling="linear", base_batch_size=64,
+                  checkpoint_every=2, warmup_epochs=1)
+    one = paratrain.train(synthetic(tmp_path, run_dir=tmp_path / "one", workers=1, batch_size=64, **common))
+    two = paratrain.train(synthetic(tmp_path, run_dir=tmp_path / "two", workers=2, batch_size=32, **common))
+    assert one["global_batch_size"] == two["global_batch_size"] == 64
+    assert one["steps"] == two["steps"] == 8
+    a, b = _model_state(tmp_path / "one"), _model_state(tmp_path / "two")
+    init = _model_state_at_init(common)
+    moved = max((a[k] - init[k]).abs().max().item() for k in a)
+    assert moved > 1e-3, "training did not move the parameters: the comparison would prove nothing"
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-6)
+
+
+def _model_state_at_init(common: dict) -> dict:
+    from paratrain.config import TrainConfig
+    from paratrain.workloads import build_model, load_data
+
+    cfg = TrainConfig(workload="synthetic-cnn", synthetic_samples=common["synthetic_samples"])
+    return build_model(cfg, load_data(cfg)).state_dict()
+
+
+def test_gradient_accumulation_on_two_ranks_equals_the_global_batch(tmp_path):
+    """DDP with no_sync on all but the last micro-step: 2 ranks x 16 x 2 micro-steps == 1 x 64."""
+    common = dict(epochs=1, synthetic_samples=256, lr=0.05, lr_scaling="none", checkpoint_every=1)
+    paratrain.train(synthetic(tmp_path, run_dir=tmp_path / "one", workers=1, batch_size=64, **common))
+    two = paratrain.train(synthetic(tmp_path, run_dir=tmp_path / "acc", workers=2, batch_size=16, grad_accum=2, **common))
+    assert two["global_batch_size"] == 64 and two["steps"] == 4
+    a, b = _model_state(tmp_path / "one"), _model_state(tmp_path / "acc")
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("rule, factor", [("linear", 2.0), ("sqrt", math.sqrt(2.0))])
+def test_lr_scaling_and_warmup_reach_the_documented_lr(tmp_path, rule, factor):
+    """Goyal et al.: the LR ramps linearly from --lr to --lr x k over the warmup, then stays."""
+    cfg = synthetic(tmp_path, workers=2, batch_size=16, lr=0.01, lr_scaling=rule, base_batch_size=16,
+                    warmup_epochs=1, epochs=2, log_every=1)
+    summary = paratrain.train(cfg)
+    steps_per_epoch = 512 // 2 // 16
+    assert summary["lr"] == pytest.approx(0.01 * factor)
+    lrs = {e["step"]: e["lr"] for e in _events(cfg["run_dir"], "step")}
+    for step in (1, 5, steps_per_epoch, steps_per_epoch + 1, 2 * steps_per_epoch):
+        taken = step - 1          # the event after optimizer step `step` reports the LR that step used
+        expected = 0.01 + (0.01 * factor - 0.01) * min(taken / steps_per_epoch, 1.0)
+        assert lrs[step] == pytest.approx(expected), f"step {step}"
+
+
+def test_run_directory_holds_the_contract(tmp_path):
+    cfg = synthetic(tmp_path, workers=2, epochs=3, val_split=0.25)
+    summary = paratrain.train(cfg)
+    run = RunDir(cfg["run_dir"])
+    on_disk = run.read_summary()
+    assert on_disk == json.loads(json.dumps(summary))
+    assert set(SUMMARY_KEYS) <= set(on_disk)
+    assert on_disk["status"] == "completed" and on_disk["workers"] == 2 and on_disk["strategy"] == "ddp"
+    assert len(on_disk["epoch_times_s"]) == 3 and on_disk["timed_epochs"] == 2
+    assert on_disk["epoch_time_s"] == pytest.approx(statistics.median(on_disk["epoch_times_s"][1:]))
+    assert set(on_disk["breakdown"]) >= {"data_s", "compute_s", "comm_s", "other_s"}
+    assert on_disk["breakdown"]["comm_s"] > 0, "DDP all-reduces every step: its exposed time cannot be zero"
+    assert len(on_disk["peak_memory_bytes"]) == 2 and min(on_disk["peak_memory_bytes"]) > 10 * 2**20
+    assert on_disk["val_split"] == "val"
+    config = run.read_config()
+    assert config["workers"] == 2 and config["resolved"]["global_batch_size"] == 64
+    resolved = config["resolved"]
+    assert resolved["val_samples"] + resolved["train_samples"] == 512 and abs(resolved["val_samples"] - 128) <= 10
+    epochs = _events(cfg["run_dir"], "epoch")
+    assert [e["epoch"] for e in epochs] == [0, 1, 2]
+    # samples/s in the summary is what the epoch events' own timestamps give
+    steady = epochs[1:]
+    independent = sum(e["epoch_samples"] for e in steady) / sum(e["time_end"] - e["time_start"] for e in steady)
+    assert on_disk["samples_per_s"] == pytest.approx(independent, rel=1e-6)
+    evals = _events(cfg["run_dir"], "eval")
+    assert {(e["epoch"], e["split"]) for e in evals} == {(i, s) for i in range(3) for s in ("test", "val")}
+    test_samples = config["resolved"]["test_samples"]
+    assert all(e["samples"] == test_samples for e in evals if e["split"] == "test"), "eval shards must cover the split once"
+    assert (run.path / "logs" / "rank0.log").exists() and (run.path / "logs" / "rank1.log").exists()
+
+
+def test_single_process_breakdown_has_no_communication(tmp_path):
+    summary = paratrain.train(synthetic(tmp_path, workers=1))
+    b = summary["breakdown"]
+    assert b["comm_s"] == 0 and b["compute_s"] > 0 and b["data_s"] > 0
+    step_time = summary["epoch_time_s"] / summary["steps_per_epoch"]
+    assert sum(b.values()) == pytest.approx(step_time, rel=0.25)
+
+
+def test_resume_after_a_kill_reproduces_the_uninterrupted_loss_curve(tmp_path):
+    common = ["--workload", "synthetic-cnn", "--synthetic-samples", "8192", "--workers", "2", "--threads-per-worker", "1",
+              "--batch-size", "32", "--epochs", "8", "--lr", "0.02", "--augment", "flip,crop", "--log-every", "16",
+              "--checkpoint-every", "1", "--quiet"]
+    cli = [sys.executable, "-m", "paratrain", "train", *common]
+    subprocess.run([*cli, "--run-dir", str(tmp_path / "full")], check=True, capture_output=True)
+
+    interrupted = tmp_path / "interrupted"
+    proc = subprocess.Popen([*cli, "--run-dir", str(interrupted)], start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while not (interrupted / "checkpoint.pt").exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (interrupted / "summary.json").exists(), "the run finished before it could be interrupted"
+    done = torch.load(interrupted / "checkpoint.pt", weights_only=True)["epoch"]
+    assert 1 <= done < 8
+
+    resumed = subprocess.run([*cli, "--run-dir", str(interrupted), "--resume", "--json"], check=True, capture_output=True, text=True)
+    assert json.loads(resumed.stdout)["status"] == "completed"
+    full_steps = [(e["step"], e["loss"]) for e in _events(tmp_path / "full", "step")]
+    resumed_steps = [(e["step"], e["loss"]) for e in _events(interrupted, "step")]
+    assert [s for s, _ in resumed_steps] == [s for s, _ in full_steps], "events lost or repeated across the resume"
+    for (step, a), (_, b) in zip(full_steps, resumed_steps):
+        assert a == pytest.approx(b, rel=1e-5, abs=1e-6), f"loss differs at step {step}"
+    a, b = _model_state(tmp_path / "full"), _model_state(interrupted)
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6)
+
+
+def test_bundled_subset_trains_and_learns(tmp_path):
+    summary = paratrain.train(dict(workload="cifar10-cnn", workers=2, threads_per_worker=1, epochs=4, batch_size=32,
+                                   lr=0.005, run_dir=tmp_path / "run", quiet=True))
+    assert summary["test_accuracy"] > 0.2, "the tutorial CNN should beat chance (10 %) on the bundled subset"
