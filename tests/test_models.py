@@ -1,0 +1,41 @@
+import pytest
+import torch
+
+from paratrain.workloads.models import BasicBlock, PreActBottleneck, build_model, residual_blocks
+from paratrain.errors import UsageError
+
+
+def _count(model):
+    return sum(p.numel() for p in model.parameters())
+
+
+def test_tutorial_cnn_is_the_tutorials():
+    model = build_model("cifar10-cnn")
+    assert _count(model) == 62006
+    assert list(model.state_dict()) == [f"{n}.{k}" for n in ("conv1", "conv2", "fc1", "fc2", "fc3") for k in ("weight", "bias")]
+    assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
+
+
+@pytest.mark.parametrize("name, params", [("resnet18", 11.17e6), ("resnet50v2", 23.5e6)])
+def test_resnets_have_the_known_size(name, params):
+    assert _count(build_model(name)) == pytest.approx(params, rel=0.03)
+
+
+@pytest.mark.parametrize("name", ["resnet18", "resnet50v2", "resnet152v2"])
+@pytest.mark.parametrize("size", [32, 128])
+def test_resnets_take_any_input_size(name, size):
+    model = build_model(name, num_classes=7, image_size=size).eval()
+    with torch.no_grad():
+        assert model(torch.zeros(1, 3, size, size)).shape == (1, 7)
+
+
+def test_residual_blocks_are_the_checkpointing_units():
+    blocks = residual_blocks(build_model("resnet50v2"))
+    assert len(blocks) == 16 and all(isinstance(b, PreActBottleneck) for b in blocks)
+    assert all(isinstance(b, BasicBlock) for b in residual_blocks(build_model("resnet18")))
+    assert len(residual_blocks(build_model("cifar10-cnn"))) == 5
+
+
+def test_unknown_model():
+    with pytest.raises(UsageError, match="cifar10-cnn"):
+        build_model("vgg16")
