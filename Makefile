@@ -17,15 +17,18 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[test]"
 	touch $(STAMP)
 
+# The bundled CIFAR-10 subset (offline), on 1 worker and on 2 workers, same per-worker batch.
+DEMO_FLAGS := --workload cifar10-cnn --epochs 6 --batch-size 32 --lr 0.005
 demo: install
-	$(BIN)/python scripts/demo.py
+	rm -rf runs/demo
+	$(BIN)/paratrain train $(DEMO_FLAGS) --workers 1 --run-dir runs/demo/w1
+	$(BIN)/paratrain train $(DEMO_FLAGS) --workers 2 --run-dir runs/demo/w2
 
 test: install
-	bash scripts/test-deps.sh
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -p no:logging
 
 bench: install
-	$(BIN)/python benchmarks/anchor_ddp.py
+	$(BIN)/python benchmarks/anchor_ddp.py --repeats 5
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache
