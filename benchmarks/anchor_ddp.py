@@ -62,11 +62,12 @@ def main() -> None:
         scratch = Path(tmp)
         for r in range(args.repeats):
             # Alternate the two tools at each worker count, so drift on the machine hits both alike.
-            for key, fn in (("paratrain-2", lambda: run_paratrain(2, args, scratch, f"p2-{r}")),
-                            ("anchor-2", lambda: run_anchor(2, args)),
-                            ("paratrain-1", lambda: run_paratrain(1, args, scratch, f"p1-{r}")),
-                            ("anchor-1", lambda: run_anchor(1, args))):
-                results[key].append(fn())
+            for key in results:
+                tool, workers = key.split("-")
+                if tool == "paratrain":
+                    results[key].append(run_paratrain(int(workers), args, scratch, f"{key}-{r}"))
+                else:
+                    results[key].append(run_anchor(int(workers), args))
                 print(f"repeat {r + 1}/{args.repeats} {key:12} {results[key][-1]:9.1f} samples/s", flush=True)
 
     med = {k: statistics.median(v) for k, v in results.items()}

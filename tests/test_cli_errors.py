@@ -7,7 +7,6 @@ import tarfile
 from pathlib import Path
 
 import pytest
-import torch
 
 import paratrain
 from conftest import synthetic

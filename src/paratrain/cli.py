@@ -124,7 +124,7 @@ def _train(args: argparse.Namespace) -> int:
     summary = train(values)
     if args.json:
         print(json.dumps(summary, indent=2))
-    elif not summary.get("quiet") and not values.get("quiet"):
+    elif not values.get("quiet"):
         _print_summary(summary)
     return 0
 

@@ -25,6 +25,10 @@ Optimizer = Literal["sgd", "adam", "adamw", "lars", "lamb"]
 Backend = Literal["auto", "gloo", "nccl", "mpi"]
 
 
+# Fields that say where and how to record a run, not what it trains: a resumed run may change them.
+RUN_CONTROL_FIELDS = ("run_dir", "resume", "quiet", "checkpoint_every", "log_every", "cache_dir")
+
+
 class TrainConfig(BaseModel):
     """Everything `paratrain train` needs; `paratrain.train(TrainConfig(...))` takes the same."""
 
@@ -136,8 +140,7 @@ class TrainConfig(BaseModel):
         A checkpoint may only be resumed by a run with the same identity; run-control fields
         (where to write, how often to log or checkpoint, the progress display) may differ.
         """
-        control = {"run_dir", "resume", "quiet", "checkpoint_every", "log_every", "cache_dir"}
-        payload = self.model_dump(mode="json", exclude=control)
+        payload = self.model_dump(mode="json", exclude=set(RUN_CONTROL_FIELDS))
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -10,13 +10,14 @@ float, augmentation and normalisation run batched on the device.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler
 
 from paratrain.engine.distributed import RankContext
+from paratrain.workloads.datasets import Split
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -105,8 +106,6 @@ class LoaderBatches:
 
 def eval_batches(data: Any, ctx: RankContext, batch_size: int, prepare: BatchPreparer, workers: int = 0) -> Iterator[Batch]:
     """This rank's share of an evaluation split (rank::world, no padding, so nothing counts twice)."""
-    from paratrain.workloads.datasets import Split
-
     if isinstance(data, Split) and workers == 0:
         idx = torch.arange(ctx.rank, len(data), ctx.world_size)
         for start in range(0, len(idx), batch_size):
@@ -135,8 +134,6 @@ class SplitDataset(torch.utils.data.Dataset):
 
 def training_batches(data: Any, batch_size: int, ctx: RankContext, seed: int, prepare: BatchPreparer,
                      loader_workers: int) -> TensorBatches | LoaderBatches:
-    from paratrain.workloads.datasets import Split
-
     if isinstance(data, Split) and loader_workers == 0:
         return TensorBatches(data.x, data.y, batch_size, ctx, seed, prepare)
     dataset = SplitDataset(data) if isinstance(data, Split) else data

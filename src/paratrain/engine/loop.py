@@ -53,7 +53,7 @@ def run_rank(config: dict[str, Any], placement: dict[str, Any], run_dir: str) ->
 def _log_to_file(path: Path, ctx: RankContext) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(path, mode="a")
-    handler.setFormatter(logging.Formatter("%(asctime)s rank%(rank)s %(levelname)s %(message)s".replace("%(rank)s", str(ctx.rank))))
+    handler.setFormatter(logging.Formatter(f"%(asctime)s rank{ctx.rank} %(levelname)s %(message)s"))
     logging.getLogger("paratrain").addHandler(handler)
     logging.getLogger("paratrain").setLevel(logging.INFO)
     if not ctx.is_main:

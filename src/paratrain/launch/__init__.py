@@ -8,10 +8,11 @@ from __future__ import annotations
 import datetime as _dt
 import time
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Union
 
-from paratrain.config import TrainConfig, validate
+from paratrain.config import RUN_CONTROL_FIELDS, TrainConfig, validate
 from paratrain.engine.checkpoint import CHECKPOINT_NAME, load_checkpoint
+from paratrain.engine.strategies import check_strategy
 from paratrain.errors import UsageError
 from paratrain.launch.local import RanksFailed, launch_local
 from paratrain.launch.placement import plan_placement
@@ -32,9 +33,7 @@ def train(config: Union[TrainConfig, dict[str, Any], None] = None, **overrides: 
     cfg: TrainConfig = validate(TrainConfig, {**values, **overrides})
     placement = plan_placement(cfg)
     check_model(cfg)
-    from paratrain.engine.strategies import STRATEGIES
-    if cfg.strategy_name not in STRATEGIES:
-        raise UsageError(f"unknown strategy {cfg.strategy_name!r}; choose from {', '.join(STRATEGIES)}")
+    check_strategy(cfg.strategy_name)
     data = load_data(cfg)          # decodes and caches once here, so ranks only read the cache
     if cfg.limit_train is not None and cfg.limit_train > len(data.train) + (len(data.val) if data.val is not None else 0):
         raise UsageError(f"--limit-train {cfg.limit_train} exceeds the {len(data.train)} training samples available")
@@ -83,8 +82,7 @@ def _prepare_run_dir(run: RunDir, cfg: TrainConfig) -> None:
         if ckpt["identity"] != cfg.identity():
             before = run.read_config()
             now = cfg.model_dump(mode="json")
-            changed = [k for k in now if k not in ("run_dir", "resume", "quiet", "checkpoint_every", "log_every", "cache_dir")
-                       and before.get(k) != now[k]]
+            changed = [k for k in now if k not in RUN_CONTROL_FIELDS and before.get(k) != now[k]]
             what = ", ".join(f"--{k.replace('_', '-')} {before.get(k)} -> {now[k]}" for k in changed) or "the configuration"
             raise UsageError(f"--resume: the checkpoint in {path} was written by a different configuration ({what}); "
                              "rerun the original command with --resume")

@@ -15,6 +15,7 @@ from torch import nn
 
 from paratrain.config import TrainConfig
 from paratrain.errors import UsageError
+from paratrain.workloads import datasets, models
 
 
 @dataclass(frozen=True)
@@ -48,11 +49,6 @@ class TrainingData:
     num_classes: int
     shape: tuple[int, int, int]
 
-    @property
-    def in_memory(self) -> bool:
-        from paratrain.workloads.datasets import Split
-
-        return isinstance(self.train, Split)
 
 
 def workload_of(config: TrainConfig) -> Workload:
@@ -89,8 +85,6 @@ def _call_with_supported(factory: Callable[..., Any], **kwargs: Any) -> Any:
 
 def load_data(config: TrainConfig) -> TrainingData:
     """Load the dataset (decoded once, then cached) and carve the subsets the config asks for."""
-    from paratrain.workloads import datasets
-
     name = workload_of(config).dataset
     if name == "cifar10":
         data = datasets.load_cifar10(config.data_dir, config.cache_dir)
@@ -127,8 +121,6 @@ def _generic_data(spec: str, result: Any, config: TrainConfig) -> TrainingData:
 
 def build_model(config: TrainConfig, data: TrainingData) -> nn.Module:
     """The model for the config, with the seed applied so every rank starts from the same weights."""
-    from paratrain.workloads import models
-
     name = workload_of(config).model
     image_size = config.image_size or data.shape[1]
     torch.manual_seed(config.seed)
@@ -143,8 +135,6 @@ def build_model(config: TrainConfig, data: TrainingData) -> nn.Module:
 
 def check_model(config: TrainConfig) -> None:
     """Fail early, in the launching process, if the model name or factory cannot be resolved."""
-    from paratrain.workloads import models
-
     name = workload_of(config).model
     if name not in models.MODELS:
         import_factory(name, "model")

@@ -39,7 +39,11 @@ STRATEGIES: dict[str, Callable[[RankContext, Callable[[], Any]], Strategy]] = {
 }
 
 
-def build_strategy(name: str, ctx: RankContext, stamp: Callable[[], Any]) -> Strategy:
+def check_strategy(name: str) -> None:
     if name not in STRATEGIES:
         raise UsageError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}")
+
+
+def build_strategy(name: str, ctx: RankContext, stamp: Callable[[], Any]) -> Strategy:
+    check_strategy(name)
     return STRATEGIES[name](ctx, stamp)
