@@ -17,6 +17,7 @@ import hashlib
 import io
 import os
 import pickle
+import sys
 import tarfile
 import urllib.request
 import zlib
@@ -208,7 +209,7 @@ def _image_tree(files: Iterable[tuple[str, object]], source: Path) -> Dataset:
         items.sort(key=lambda item: item[1])
         images, labels = [], []
         shape = None
-        for cls, name, read in items:
+        for cls, name, read in _progress(items, f"decoding {source.name} ({split})"):
             try:
                 with Image.open(io.BytesIO(read())) as img:
                     array = np.asarray(img.convert("RGB"))
@@ -224,6 +225,16 @@ def _image_tree(files: Iterable[tuple[str, object]], source: Path) -> Dataset:
         x = torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).contiguous()
         splits[split] = Split(x, torch.tensor(labels, dtype=torch.int64))
     return Dataset(source.name.split(".")[0], splits["train"], splits["test"], classes)
+
+
+def _progress(items: list, description: str) -> Iterable:
+    """A progress bar on an interactive terminal: decoding all of CIFAR-10 takes a while, once."""
+    if len(items) < 10000 or not sys.stderr.isatty():
+        return items
+    from rich.console import Console
+    from rich.progress import track
+
+    return track(items, description=description, console=Console(stderr=True), transient=True)
 
 
 # -- synthetic ---------------------------------------------------------------------------------
