@@ -25,6 +25,7 @@ demo: install
 	$(BIN)/paratrain train $(DEMO_FLAGS) --workers 2 --run-dir runs/demo/w2
 
 test: install
+	bash scripts/test-deps.sh
 	$(BIN)/python -m pytest -q -p no:logging
 
 bench: install

@@ -70,6 +70,29 @@ def build_parser() -> Parser:
     _add_model_flags(train, TRAIN_SECTIONS)
     train.set_defaults(handler=_train, command="train")
 
+    scale = commands.add_parser("scale", help="scaling study: the same job on 1, 2, 4, ... workers",
+                                description="Run the same training job on several worker counts and report epoch time "
+                                            "(first epoch excluded), samples/s, speedup, efficiency and accuracy.")
+    scale.add_argument("--workers", required=True, help="worker counts, e.g. 1,2,4")
+    scale.add_argument("--mode", choices=["weak", "strong"], default="weak",
+                       help="weak: per-worker batch fixed, global batch grows (default); strong: global batch fixed and split")
+    scale.add_argument("--repeats", type=int, default=1, help="runs per point (median and spread reported)")
+    scale.add_argument("--workload", action="append", help="workload(s), comma-separated or repeated (default cifar10-cnn)")
+    scale.add_argument("--out", type=Path, required=True, help="study directory")
+    scale.add_argument("--resume", action="store_true", help="finish an interrupted study, skipping finished points")
+    _add_model_flags(scale, TRAIN_SECTIONS, exclude=SCALE_OWNS)
+    scale.set_defaults(handler=_scale, command="scale")
+
+    report = commands.add_parser("report", help="one self-contained HTML page for a run, a study or several runs")
+    report.add_argument("paths", nargs="+", type=Path, help="run or study directories")
+    report.add_argument("--out", type=Path, help="the HTML file (default: DIR/report.html, or comparison-report.html)")
+    report.set_defaults(handler=_report, command="report")
+
+    compare = commands.add_parser("compare", help="compare runs: final metrics, throughput, overlaid curves")
+    compare.add_argument("paths", nargs="+", type=Path, help="two or more run directories")
+    compare.add_argument("--out", type=Path, default=Path("comparison-report.html"), help="the HTML page with the overlays")
+    compare.set_defaults(handler=_compare, command="compare")
+
     workloads = commands.add_parser("workloads", help="list the named workloads and models")
     workloads.set_defaults(handler=_workloads, command="workloads")
 
@@ -79,13 +102,19 @@ def build_parser() -> Parser:
     return parser
 
 
-def _add_model_flags(parser: argparse.ArgumentParser, sections: dict[str, str]) -> None:
+# Train flags that `scale` replaces with its own.
+SCALE_OWNS = ("workers", "workload", "run_dir", "resume", "quiet")
+
+
+def _add_model_flags(parser: argparse.ArgumentParser, sections: dict[str, str], exclude: Sequence[str] = ()) -> None:
     from paratrain.config import TrainConfig
 
     group: Any = parser
     for name, field in TrainConfig.model_fields.items():
         if name in sections:
             group = parser.add_argument_group(sections[name])
+        if name in exclude:
+            continue
         flag = "--" + name.replace("_", "-")
         default = field.get_default(call_default_factory=True)
         shown = "" if default in (None, [], False) else f" (default: {_show(default)})"
@@ -130,7 +159,6 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _print_summary(summary: dict[str, Any]) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"paratrain: {summary['strategy']} on {summary['workers']} worker(s)", show_header=False)
@@ -152,7 +180,88 @@ def _print_summary(summary: dict[str, Any]) -> None:
     ]
     for key, value in rows:
         table.add_row(key, value)
-    Console().print(table)
+    _wide_console().print(table)
+
+
+def _scale(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from paratrain.config import ScaleConfig, validate
+    from paratrain.report import write_report
+    from paratrain.report.plots import study_plots
+    from paratrain.scale import run_study
+
+    own = {"workers", "mode", "repeats", "workload", "out", "resume", "handler", "command"}
+    train = {k: v for k, v in vars(args).items() if k not in own}
+    study = validate(ScaleConfig, {"workers": args.workers, "mode": args.mode, "repeats": args.repeats,
+                                   "workload": args.workload or ["cifar10-cnn"], "out": args.out,
+                                   "resume": args.resume, "train": train})
+    console = Console(stderr=True)
+
+    def banner() -> None:
+        console.print(f"[bold]{study.mode} scaling[/] of {', '.join(study.workload)} on {study.workers} worker(s), "
+                      f"{study.repeats} run(s) each; on CPU a worker is a rank with its own core(s); "
+                      "the first epoch of every run is excluded from timing")
+
+    def progress(workload: str, workers: int, repeat: int, summary: dict) -> None:
+        console.print(f"  {workload} w{workers} run {repeat + 1}: {summary['samples_per_s']:,.0f} samples/s, "
+                      f"epoch {summary['epoch_time_s']:.2f} s, accuracy {summary['val_accuracy']:.2%}")
+
+    result = run_study(study, on_start=banner, on_point=progress)
+    study_plots(result, study.out)
+    page = write_report([study.out])
+    _print_study(result)
+    print(f"report: {page}")
+    return 0
+
+
+def _print_study(result: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"{result['mode']} scaling (epoch time: median, first epoch excluded)")
+    for col in ("workload", "workers", "global batch", "epoch time", "samples/s", "speedup", "efficiency", "val acc"):
+        table.add_column(col, justify="left" if col == "workload" else "right")
+    for r in result["rows"]:
+        table.add_row(r["workload"], str(r["workers"]), str(r["global_batch_size"]), f"{r['epoch_time_s']:.2f} s",
+                      f"{r['samples_per_s']:,.0f}", f"{r['speedup']:.2f}", f"{r['efficiency']:.2f}", f"{r['val_accuracy']:.2%}")
+    _wide_console().print(table)
+
+
+def _wide_console():
+    """rich wraps tables to 80 columns when stdout is not a terminal; logs and pipes want whole rows."""
+    from rich.console import Console
+
+    console = Console()
+    return console if console.is_terminal else Console(width=160)
+
+
+def _report(args: argparse.Namespace) -> int:
+    from paratrain.report import write_report
+
+    print(write_report(args.paths, args.out))
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from paratrain.report import comparison_rows, write_report
+    from paratrain.runs import open_run_dir
+
+    if len(args.paths) < 2:
+        raise UsageError("compare needs at least two run directories")
+    runs = [open_run_dir(p) for p in args.paths]
+    rows = comparison_rows(runs)
+    table = Table(title="comparison (ratios and differences against the first run)")
+    for col in ("run", "workers", "global batch", "samples/s", "x first", "epoch time", "train loss", "val acc", "Δ acc"):
+        table.add_column(col, justify="left" if col == "run" else "right")
+    for r in rows:
+        table.add_row(Path(r["run"]).name, str(r["workers"]), str(r["global_batch_size"]), f"{r['samples_per_s']:,.0f}",
+                      f"{r['throughput_vs_first']:.2f}", f"{r['epoch_time_s']:.2f} s", f"{r['train_loss']:.4f}",
+                      f"{r['val_accuracy']:.2%}", f"{r['val_accuracy_diff']:+.2%}")
+    _wide_console().print(table)
+    print(f"overlays: {write_report(args.paths, args.out)}")
+    return 0
 
 
 def _workloads(args: argparse.Namespace) -> int:

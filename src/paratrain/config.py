@@ -175,10 +175,44 @@ def validate(model: type[BaseModel], values: dict[str, Any]) -> Any:
         if error["type"] == "extra_forbidden":
             raise UsageError(f"unknown option {flag(where)}; see --help for the options") from None
         got = error.get("input")
-        shown = f" (got {got!r})" if where and not isinstance(got, dict) else ""
+        shown = f" (got {got!r})" if where and not isinstance(got, dict) and "(got" not in message else ""
         prefix = f"{flag(where)}: " if where else ""
         raise UsageError(f"{prefix}{message}{shown}") from None
 
 
 def flag(field_name: str) -> str:
     return "--" + field_name.replace("_", "-")
+
+
+class ScaleConfig(BaseModel):
+    """`paratrain scale`: the same training job on several worker counts."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    workers: list[int] = Field(description="worker counts to run, e.g. 1,2,4")
+    mode: Literal["weak", "strong"] = Field("weak", description="weak: the per-worker batch stays, the global batch grows with N; strong: the global batch stays and is split")
+    repeats: int = Field(1, gt=0, description="runs per point; the table reports medians and spread")
+    workload: list[str] = Field(default_factory=lambda: ["cifar10-cnn"], description="workload(s) to study, comma-separated or repeated; one line per workload in every plot")
+    out: Path = Field(description="study directory: scaling.json, runs/, plots, report.html")
+    resume: bool = Field(False, description="continue an interrupted study in --out, skipping finished points")
+    train: dict[str, Any] = Field(default_factory=dict, description="the train flags every point shares")
+
+    @field_validator("workers", "workload", mode="before")
+    @classmethod
+    def _split_lists(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+            return [part.strip() for v in value for part in v.split(",") if part.strip()]
+        return value
+
+    @field_validator("workers")
+    @classmethod
+    def _valid_counts(cls, value: list[int]) -> list[int]:
+        if not value:
+            raise ValueError("give at least one worker count, e.g. --workers 1,2")
+        if min(value) <= 0:
+            raise ValueError(f"worker counts must be positive (got {min(value)})")
+        if len(set(value)) != len(value):
+            raise ValueError(f"worker counts must not repeat (got {','.join(map(str, value))})")
+        return sorted(value)

@@ -1,0 +1,171 @@
+"""One self-contained HTML page for a run, a scaling study or a comparison of runs.
+
+Plots are PNGs embedded as data URIs, styles are inline: the page opens from disk, from an e-mail
+attachment or a CI artifact, and never fetches anything.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from paratrain.errors import UsageError
+from paratrain.runs import SCALING_FILE, RunDir
+
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 1.8em; border-bottom: 1px solid #ddd; }
+table { border-collapse: collapse; margin: 0.8em 0; font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: right; }
+th { background: #f3f3f3; } td:first-child, th:first-child { text-align: left; }
+img { max-width: 100%; margin: 0.5em 0; } .plots { display: flex; flex-wrap: wrap; gap: 0.5em; }
+.plots img { max-width: 540px; } .wide img { max-width: 100%; } .note { color: #555; font-size: 0.9em; }
+"""
+
+
+def kind_of(path: Path) -> str:
+    if (path / SCALING_FILE).is_file():
+        return "study"
+    if RunDir(path).is_run():
+        return "run"
+    raise UsageError(f"{path} is neither a paratrain run directory (config.json) nor a scaling study (scaling.json)")
+
+
+def write_report(paths: Sequence[Path], out: Optional[Path] = None) -> Path:
+    """Write the report for `paths` (one study, one run, or several runs to compare); return its path."""
+    if not paths:
+        raise UsageError("give at least one run or study directory")
+    kinds = [kind_of(Path(p)) for p in paths]
+    if len(paths) == 1:
+        out = out or Path(paths[0]) / "report.html"
+        body = _study_body(Path(paths[0])) if kinds[0] == "study" else _run_body(RunDir(Path(paths[0])))
+        title = f"paratrain {kinds[0]}: {Path(paths[0]).name}"
+    else:
+        if "study" in kinds:
+            raise UsageError("compare run directories, not studies: pass the studies' runs/<point> directories")
+        out = out or Path("comparison-report.html")
+        body = _compare_body([RunDir(Path(p)) for p in paths])
+        title = f"paratrain comparison of {len(paths)} runs"
+    page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>{body}</body></html>")
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    tmp.write_text(page)
+    os.replace(tmp, out)
+    return out
+
+
+# -- pieces ------------------------------------------------------------------------------------
+
+def _img(path: Path, alt: str) -> str:
+    data = base64.b64encode(path.read_bytes()).decode()
+    return f"<img alt='{html.escape(alt)}' src='data:image/png;base64,{data}'>"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]], table_id: str = "") -> str:
+    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(c))}</td>" for c in row) + "</tr>" for row in rows)
+    ident = f" id='{table_id}'" if table_id else ""
+    return f"<table{ident}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
+    return str(value)
+
+
+def _config_table(config: dict[str, Any]) -> str:
+    shown = {k: v for k, v in config.items() if k != "resolved" and v not in (None, [], False)}
+    shown.update(config.get("resolved", {}))
+    return _table(("option", "value"), [(k, json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in shown.items()])
+
+
+def _with_plots(render) -> str:
+    with tempfile.TemporaryDirectory() as tmp:
+        return render(Path(tmp))
+
+
+def _study_body(path: Path) -> str:
+    from paratrain.report.plots import breakdown_plot, study_plots
+
+    result = json.loads((path / SCALING_FILE).read_text())
+    rows = result["rows"]
+
+    def render(tmp: Path) -> str:
+        plots = study_plots(result, tmp)
+        labels = [f"{r['workload']} w{r['workers']}" for r in rows]
+        bd = breakdown_plot(rows, labels, tmp / "breakdown.png")
+        table = _table(("workload", "workers", "global batch", "epoch time (s)", "samples/s", "speedup", "efficiency",
+                        "val accuracy", "repeats"),
+                       [(r["workload"], r["workers"], r["global_batch_size"], r["epoch_time_s"], r["samples_per_s"],
+                         r["speedup"], r["efficiency"], r["val_accuracy"], r["repeats"]) for r in rows], "scaling")
+        images = "".join(_img(p, name) for name, p in plots.items())
+        spec = json.loads((path / "study.json").read_text()) if (path / "study.json").exists() else {}
+        return (f"<p class='note'>{html.escape(result['mode'])} scaling. {html.escape(result.get('timing', ''))}. "
+                f"{html.escape(result.get('cpu_worker', ''))}.</p>{table}<h2>Plots</h2><div class='plots'>{images}</div>"
+                f"<h2>Step-time breakdown</h2>{_img(bd, 'breakdown')}"
+                f"<h2>Study</h2>{_table(('option', 'value'), [(k, json.dumps(v)) for k, v in spec.items()])}")
+
+    return _with_plots(render)
+
+
+def _summary_rows(summary: dict[str, Any]) -> list[tuple[str, Any]]:
+    keys = ("status", "workers", "strategy", "global_batch_size", "lr", "epochs", "epoch_time_s", "samples_per_s",
+            "train_loss", "val_loss", "val_accuracy", "test_accuracy", "wall_time_s")
+    return [(k, summary[k]) for k in keys if k in summary]
+
+
+def _run_body(run: RunDir) -> str:
+    from paratrain.report.plots import breakdown_plot, curves_plots
+
+    summary = run.read_summary() if run.summary.exists() else {"status": "running or interrupted"}
+
+    def render(tmp: Path) -> str:
+        curves = curves_plots([run], [run.path.name], tmp, "run-")
+        parts = [f"<h2>Summary</h2>{_table(('metric', 'value'), _summary_rows(summary), 'summary')}",
+                 "<h2>Curves</h2><div class='wide'>" + "".join(_img(p, n) for n, p in curves.items()) + "</div>"]
+        if "breakdown" in summary:
+            parts.append(f"<h2>Step-time breakdown</h2>{_img(breakdown_plot([summary], [run.path.name], tmp / 'bd.png'), 'breakdown')}")
+        parts.append(f"<h2>Configuration</h2>{_config_table(run.read_config())}")
+        return "".join(parts)
+
+    return _with_plots(render)
+
+
+def comparison_rows(runs: list[RunDir]) -> list[dict[str, Any]]:
+    """Final metrics and throughput of each run, with the ratio to the first run."""
+    rows = []
+    first = None
+    for run in runs:
+        if not run.summary.exists():
+            raise UsageError(f"{run.path} has no summary.json: the run did not finish")
+        s = run.read_summary()
+        first = first or s
+        rows.append({"run": str(run.path), "workers": s.get("workers"), "global_batch_size": s.get("global_batch_size"),
+                     "samples_per_s": s.get("samples_per_s"), "throughput_vs_first": s.get("samples_per_s", 0) / first["samples_per_s"],
+                     "epoch_time_s": s.get("epoch_time_s"), "train_loss": s.get("train_loss"),
+                     "val_accuracy": s.get("val_accuracy"), "val_accuracy_diff": s.get("val_accuracy", 0) - first["val_accuracy"],
+                     "wall_time_s": s.get("wall_time_s")})
+    return rows
+
+
+def _compare_body(runs: list[RunDir]) -> str:
+    from paratrain.report.plots import breakdown_plot, curves_plots
+
+    rows = comparison_rows(runs)
+    labels = [r.path.name for r in runs]
+
+    def render(tmp: Path) -> str:
+        curves = curves_plots(runs, labels, tmp, "cmp-")
+        bd = breakdown_plot([r.read_summary() for r in runs], labels, tmp / "bd.png")
+        table = _table(("run", "workers", "global batch", "samples/s", "x first", "epoch time (s)", "train loss",
+                        "val accuracy", "Δ accuracy", "wall time (s)"), [tuple(r.values()) for r in rows], "comparison")
+        return (f"{table}<h2>Curves</h2><div class='wide'>" + "".join(_img(p, n) for n, p in curves.items()) +
+                f"</div><h2>Step-time breakdown</h2>{_img(bd, 'breakdown')}")
+
+    return _with_plots(render)

@@ -1,0 +1,110 @@
+"""PNG plots of runs, scaling studies and comparisons (matplotlib, no display needed)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from paratrain.runs import RunDir  # noqa: E402
+
+
+def _save(fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def study_plots(result: dict[str, Any], out: Path) -> dict[str, Path]:
+    """Epoch time, samples/s, speedup (with the ideal line), efficiency, accuracy vs global batch."""
+    rows = result["rows"]
+    workloads = list(dict.fromkeys(r["workload"] for r in rows))
+    counts = sorted({r["workers"] for r in rows})
+    mode = result["mode"]
+    specs = {
+        "epoch_time": ("epoch time (s)", "epoch_time_s", "epoch_time_s_range"),
+        "throughput": ("samples/s", "samples_per_s", "samples_per_s_range"),
+        "speedup": ("speedup T(1)/T(N)", "speedup", None),
+        "efficiency": ("efficiency (speedup / N)", "efficiency", None),
+    }
+    paths = {}
+    for name, (label, key, spread) in specs.items():
+        fig, ax = plt.subplots(figsize=(5.5, 3.8))
+        for workload in workloads:
+            mine = [r for r in rows if r["workload"] == workload]
+            xs = [r["workers"] for r in mine]
+            ys = [r[key] for r in mine]
+            if spread:
+                lo = [y - r[spread][0] for y, r in zip(ys, mine)]
+                hi = [r[spread][1] - y for y, r in zip(ys, mine)]
+                ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, label=workload)
+            else:
+                ax.plot(xs, ys, marker="o", label=workload)
+        if name == "speedup":
+            ax.plot(counts, counts, "k--", linewidth=1, label="ideal")
+        if name == "efficiency":
+            ax.axhline(1.0, color="k", linestyle="--", linewidth=1, label="ideal")
+            ax.set_ylim(0, 1.1)
+        ax.set_xlabel("workers")
+        ax.set_ylabel(label)
+        ax.set_xticks(counts)
+        ax.set_title(f"{label} ({mode} scaling)")
+        ax.grid(alpha=0.3)
+        ax.legend()
+        paths[name] = _save(fig, out / f"{name}.png")
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for workload in workloads:
+        mine = [r for r in rows if r["workload"] == workload]
+        ax.plot([r["global_batch_size"] for r in mine], [r["val_accuracy"] for r in mine], marker="o", label=workload)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("global batch size")
+    ax.set_ylabel("validation accuracy")
+    ax.set_title("accuracy against global batch")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    paths["accuracy"] = _save(fig, out / "accuracy.png")
+    return paths
+
+
+def curves_plots(runs: list[RunDir], labels: list[str], out: Path, prefix: str) -> dict[str, Path]:
+    """Training loss and validation accuracy against steps, samples seen and wall time."""
+    axes_keys = (("step", "optimizer steps"), ("samples", "samples seen"), ("time", "wall time (s)"))
+    paths = {}
+    for metric, ylabel in (("loss", "training loss"), ("accuracy", "validation accuracy")):
+        fig, axes = plt.subplots(1, 3, figsize=(13, 3.6), sharey=True)
+        for run, label in zip(runs, labels):
+            events = list(run.read_metrics())
+            if metric == "loss":
+                points = [(e["step"], e["samples"], e["time"], e["loss"]) for e in events if e["event"] == "step"]
+            else:
+                ends = {e["epoch"]: e for e in events if e["event"] == "epoch"}
+                split = "val" if any(e.get("split") == "val" for e in events) else "test"
+                points = [(ends[e["epoch"]]["step"], ends[e["epoch"]]["samples"], ends[e["epoch"]]["time_end"], e["accuracy"])
+                          for e in events if e["event"] == "eval" and e["split"] == split and e["epoch"] in ends]
+            for i, (ax, (_, xlabel)) in enumerate(zip(axes, axes_keys)):
+                ax.plot([p[i] for p in points], [p[3] for p in points], marker="." if metric == "accuracy" else None, label=label)
+                ax.set_xlabel(xlabel)
+                ax.grid(alpha=0.3)
+        axes[0].set_ylabel(ylabel)
+        axes[0].legend()
+        paths[metric] = _save(fig, out / f"{prefix}{metric}.png")
+    return paths
+
+
+def breakdown_plot(summaries: list[dict[str, Any]], labels: list[str], path: Path) -> Path:
+    """Stacked bars: where each run's step time goes."""
+    phases = ("data_s", "compute_s", "comm_s", "optimizer_s", "other_s")
+    fig, ax = plt.subplots(figsize=(6, 0.6 * len(labels) + 1.6))
+    left = [0.0] * len(labels)
+    for phase in phases:
+        values = [s["breakdown"].get(phase, 0.0) * 1e3 for s in summaries]
+        ax.barh(labels, values, left=left, label=phase.removesuffix("_s"))
+        left = [a + b for a, b in zip(left, values)]
+    ax.set_xlabel("ms per optimizer step")
+    ax.legend(ncol=5, fontsize="small", loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
+    return _save(fig, path)
