@@ -17,12 +17,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[test]"
 	touch $(STAMP)
 
-# The bundled CIFAR-10 subset (offline), on 1 worker and on 2 workers, same per-worker batch.
-DEMO_FLAGS := --workload cifar10-cnn --epochs 6 --batch-size 32 --lr 0.005
+# A weak-scaling study of the tutorial CNN on the bundled CIFAR-10 subset (offline), 1 and 2 workers.
 demo: install
 	rm -rf runs/demo
-	$(BIN)/paratrain train $(DEMO_FLAGS) --workers 1 --run-dir runs/demo/w1
-	$(BIN)/paratrain train $(DEMO_FLAGS) --workers 2 --run-dir runs/demo/w2
+	$(BIN)/paratrain scale --workers 1,2 --workload cifar10-cnn --epochs 8 --batch-size 64 --lr 0.01 --out runs/demo
 
 test: install
 	bash scripts/test-deps.sh
