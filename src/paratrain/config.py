@@ -26,7 +26,8 @@ Backend = Literal["auto", "gloo", "nccl", "mpi"]
 
 
 # Fields that say where and how to record a run, not what it trains: a resumed run may change them.
-RUN_CONTROL_FIELDS = ("run_dir", "resume", "quiet", "checkpoint_every", "log_every", "cache_dir")
+RUN_CONTROL_FIELDS = ("run_dir", "resume", "quiet", "checkpoint_every", "log_every", "cache_dir", "tensorboard",
+                      "mlflow", "mlflow_experiment")
 
 
 class TrainConfig(BaseModel):
@@ -86,6 +87,9 @@ class TrainConfig(BaseModel):
     resume: bool = Field(False, description="continue the run in --run-dir from its checkpoint (same configuration)")
     log_every: int = Field(50, gt=0, description="optimizer steps between step events in metrics.jsonl (each reads the loss once)")
     quiet: bool = Field(False, description="no progress bar or table")
+    tensorboard: Optional[Path] = Field(None, description="also write TensorBoard event files to this directory while training")
+    mlflow: Optional[str] = Field(None, description="after training, log params, metrics and the report to this MLflow tracking URI (e.g. sqlite:///mlflow.db)")
+    mlflow_experiment: str = Field("paratrain", description="MLflow experiment name")
 
     @field_validator("augment", mode="before")
     @classmethod

@@ -116,7 +116,14 @@ class Trainer:
         self.state = Progress()
         if cfg.resume:
             self._restore()
-        self.metrics = MetricsWriter(run.metrics, keep_until_step=self.state.step if cfg.resume else None) if ctx.is_main else None
+        # Rank 0 records events: metrics.jsonl always, TensorBoard when asked.
+        self.sinks: list[Any] = []
+        if ctx.is_main:
+            self.sinks.append(MetricsWriter(run.metrics, keep_until_step=self.state.step if cfg.resume else None))
+            if cfg.tensorboard is not None:
+                from paratrain.runs.tensorboard import TensorBoardSink
+
+                self.sinks.append(TensorBoardSink(cfg.tensorboard))
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -137,6 +144,8 @@ class Trainer:
                     self._save()
         finally:
             progress.close()
+            for sink in self.sinks:
+                sink.close()
         return self._summary()
 
     def train_epoch(self, epoch: int, progress: EpochProgress) -> dict[str, Any]:
@@ -246,8 +255,8 @@ class Trainer:
     # -- run directory and checkpoints ------------------------------------------------------
 
     def _event(self, event: str, **fields: Any) -> None:
-        if self.metrics is not None:
-            self.metrics.write(event, **fields)
+        for sink in self.sinks:
+            sink.write(event, **fields)
 
     def _rng_state(self) -> dict[str, Any]:
         state = {"torch": torch.get_rng_state()}

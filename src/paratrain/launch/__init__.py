@@ -14,9 +14,11 @@ from paratrain.config import RUN_CONTROL_FIELDS, TrainConfig, validate
 from paratrain.engine.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from paratrain.engine.strategies import check_strategy
 from paratrain.errors import UsageError
+from paratrain.export import check_mlflow, to_mlflow
 from paratrain.launch.local import RanksFailed, launch_local
 from paratrain.launch.placement import plan_placement
 from paratrain.runs import RunDir, write_json
+from paratrain.runs.tensorboard import check_tensorboard
 
 
 def train(config: Union[TrainConfig, dict[str, Any], None] = None, **overrides: Any) -> dict[str, Any]:
@@ -32,6 +34,10 @@ def train(config: Union[TrainConfig, dict[str, Any], None] = None, **overrides: 
     values = config.model_dump() if isinstance(config, TrainConfig) else dict(config or {})
     cfg: TrainConfig = validate(TrainConfig, {**values, **overrides})
     placement = plan_placement(cfg)
+    if cfg.tensorboard is not None:
+        check_tensorboard()
+    if cfg.mlflow is not None:
+        check_mlflow()
     check_model(cfg)
     check_strategy(cfg.strategy_name)
     data = load_data(cfg)          # decodes and caches once here, so ranks only read the cache
@@ -65,6 +71,9 @@ def train(config: Union[TrainConfig, dict[str, Any], None] = None, **overrides: 
     assert summary is not None, "rank 0 returned no summary"
     summary = {**summary, "wall_time_s": time.perf_counter() - started, "run_dir": str(run.path)}
     write_json(run.summary, summary)
+    if cfg.mlflow is not None:
+        summary["mlflow_run_id"] = to_mlflow(run.path, cfg.mlflow, cfg.mlflow_experiment)
+        write_json(run.summary, summary)
     return summary
 
 

@@ -53,9 +53,11 @@ def plan(study: ScaleConfig) -> list[tuple[str, int, int, dict[str, Any]]]:
         raise UsageError(f"--workers {max(study.workers)} x {threads} thread(s) each needs {max(study.workers) * threads} cores "
                          f"but this machine gives {cores}; drop the larger worker counts")
     points = []
-    for workload in study.workload:
-        for workers in study.workers:
-            for repeat in range(study.repeats):
+    # Repeats are the outer loop so that the points alternate (1, 2, 1, 2, ...): drift on a shared
+    # machine then hits every worker count alike instead of biasing whichever ran last.
+    for repeat in range(study.repeats):
+        for workload in study.workload:
+            for workers in study.workers:
                 cfg = point_config(study, workload, workers, repeat)
                 validate(TrainConfig, cfg)
                 points.append((workload, workers, repeat, cfg))
