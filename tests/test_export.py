@@ -21,9 +21,10 @@ def test_tensorboard_events_are_written_while_training(tmp_path):
     assert [s.value for s in logged] == pytest.approx([e["loss"] for e in steps], rel=1e-6)
 
 
-def test_mlflow_gets_params_metrics_and_the_report(tmp_path):
+def test_mlflow_gets_params_metrics_and_the_report(tmp_path, monkeypatch):
     import mlflow
 
+    monkeypatch.chdir(tmp_path)            # MLflow puts artifacts of a SQLite store in ./mlruns
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cfg = synthetic(tmp_path, workers=1, mlflow=uri, mlflow_experiment="paratrain-test")
     summary = paratrain.train(cfg)

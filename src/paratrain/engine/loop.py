@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from paratrain.config import TrainConfig
+from paratrain.engine.augment import BatchAugment
 from paratrain.engine.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from paratrain.engine.data import BatchPreparer, eval_batches, training_batches
 from paratrain.engine.distributed import Placement, RankContext, init_rank, shutdown
@@ -31,6 +32,7 @@ from paratrain.engine.progress import EpochProgress
 from paratrain.engine.strategies import Strategy, build_strategy
 from paratrain.engine.timing import Clock, StepBreakdown
 from paratrain.runs import MetricsWriter, RunDir
+from paratrain.workloads import build_model, load_data
 
 log = logging.getLogger("paratrain.rank")
 
@@ -65,7 +67,7 @@ def _log_to_file(path: Path, ctx: RankContext) -> None:
 
 
 @dataclass
-class Progress:
+class RunState:
     """Where the run is; all of it goes into the checkpoint."""
 
     epoch: int = 0                 # epochs completed
@@ -77,9 +79,6 @@ class Progress:
 
 class Trainer:
     def __init__(self, cfg: TrainConfig, ctx: RankContext, run: RunDir):
-        from paratrain.engine.augment import BatchAugment
-        from paratrain.workloads import build_model, load_data
-
         self.cfg, self.ctx, self.run = cfg, ctx, run
         self.started = time.perf_counter()
         self.data = load_data(cfg)
@@ -113,7 +112,7 @@ class Trainer:
         # Loss scaling guards fp16 gradients against underflow on GPUs; bf16 and fp32 need none.
         self.scaler = torch.amp.GradScaler("cuda", enabled=cfg.precision == "fp16" and ctx.device.type == "cuda")
 
-        self.state = Progress()
+        self.state = RunState()
         if cfg.resume:
             self._restore()
         # Rank 0 records events: metrics.jsonl always, TensorBoard when asked.
@@ -291,7 +290,7 @@ class Trainer:
             self.augment.load_state_dict(rng["augment"])
         if "cuda" in rng:
             torch.cuda.set_rng_state(rng["cuda"], self.ctx.device)
-        self.state = Progress(epoch=ckpt["epoch"], step=ckpt["step"], samples=ckpt["samples"],
+        self.state = RunState(epoch=ckpt["epoch"], step=ckpt["step"], samples=ckpt["samples"],
                               elapsed_s=ckpt["elapsed_s"], epochs_done=list(ckpt["epochs_done"]))
         log.info("resumed after epoch %d (step %d)", self.state.epoch, self.state.step)
 
