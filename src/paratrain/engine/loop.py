@@ -174,7 +174,7 @@ class Trainer:
             breakdown.span("data_s", data_start, data_ready)
             breakdown.span("forward_backward", data_ready, backward_end)
             comm_start = self.strategy.comm_started()
-            if comm_start is not None:
+            if sync and comm_start is not None:
                 breakdown.span("comm_s", comm_start, backward_end)
             interval[0].add_(loss.detach(), alpha=len(y))
             interval[1].add_((out.argmax(1) == y).sum())
