@@ -28,8 +28,11 @@ from paratrain.runs import SCALING_FILE, RunDir, write_json
 
 def point_config(study: ScaleConfig, workload: str, workers: int, repeat: int) -> dict[str, Any]:
     """The train configuration of one point of the study."""
+    name = f"{workload}-w{workers}-r{repeat}"
     train = {**study.train, "workload": workload, "workers": workers, "quiet": True,
-             "run_dir": str(study.out / "runs" / f"{workload}-w{workers}-r{repeat}")}
+             "run_dir": str(study.out / "runs" / name)}
+    if train.get("tensorboard"):
+        train["tensorboard"] = str(Path(train["tensorboard"]) / name)     # one TensorBoard run per point
     # On CPU a worker plays the role of a GPU: one core each unless told otherwise, so every
     # point of the study has the same compute per worker.
     train.setdefault("threads_per_worker", 1)
