@@ -169,3 +169,24 @@ def test_bf16_activation_checkpointing_and_a_resnet_train(tmp_path):
                                         batch_size=16, epochs=1, precision="bf16", checkpoint_activations=True,
                                         optimizer="lamb", schedule="cosine"))
     assert summary["status"] == "completed" and math.isfinite(summary["train_loss"])
+
+
+def test_user_model_and_dataset_factories(tmp_path):
+    summary = paratrain.train(dict(model="user_factories:tiny_net", dataset="user_factories:float_pairs", num_classes=2,
+                                   workers=2, threads_per_worker=1, epochs=3, batch_size=16, lr=0.05, quiet=True,
+                                   run_dir=tmp_path / "run"))
+    assert summary["status"] == "completed"
+    assert summary["test_accuracy"] > 0.7, "a linear model separates this data"
+
+
+def test_a_failing_rank_fails_the_run_with_one_line_and_a_failed_summary(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "paratrain", "train", "--model", "user_factories:exploding_net",
+                           "--workload", "synthetic-cnn", "--synthetic-shape", "3,8,8", "--synthetic-samples", "128",
+                           "--workers", "2", "--threads-per-worker", "1", "--run-dir", str(run_dir), "--quiet"],
+                          capture_output=True, text=True, cwd=Path(__file__).parent)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().count("\n") == 0 and "rank 1 failed" in proc.stderr and "boom on rank 1" in proc.stderr
+    summary = RunDir(run_dir).read_summary()
+    assert summary["status"] == "failed" and "boom on rank 1" in summary["error"]
+    assert "boom on rank 1" in (run_dir / "logs" / "rank1.log").read_text()

@@ -44,7 +44,8 @@ def _thread_env(threads: int) -> Iterator[None]:
 def launch_local(cfg: TrainConfig, placement: Placement, run_dir: Path) -> Optional[dict[str, Any]]:
     """Run `cfg` on `cfg.workers` local ranks; returns rank 0's summary."""
     # The agent logs each failure with a full traceback; the rank's log has it, the user gets one line.
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    for name in ("torch.distributed.elastic", "torch.multiprocessing.spawn"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     launch_config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=cfg.workers, run_id=str(uuid.uuid4()),
         rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1,
