@@ -1,4 +1,6 @@
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Iterator
 
 import pytest
 
@@ -18,3 +20,35 @@ def synthetic(tmp_path: Path, **overrides):
                threads_per_worker=1, quiet=True, run_dir=tmp_path / "run", log_every=4)
     cfg.update(overrides)
     return cfg
+
+
+BROWSER_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync"]
+
+
+@contextmanager
+def browser_page(page_path: Path) -> Iterator[Any]:
+    """The page opened from disk in Debian's headless chromium (Playwright); on exit, asserts that
+    every image rendered and that nothing was fetched from anywhere but the page itself."""
+    import shutil
+
+    from playwright.sync_api import sync_playwright
+
+    chromium = shutil.which("chromium")
+    if not chromium:
+        pytest.skip("BROWSER TEST SKIPPED: Debian's chromium is not installed (make test installs it as root)")
+    html_text = page_path.read_text()
+    assert "http://" not in html_text and "https://" not in html_text, "the page must not fetch anything"
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=BROWSER_ARGS)
+        page = browser.new_page()
+        requests: list[str] = []
+        page.on("request", lambda r: requests.append(r.url))
+        page.goto(page_path.as_uri())
+        page.wait_for_load_state("load")
+        images = page.evaluate("[...document.images].map(i => [i.complete, i.naturalWidth])")
+        assert images and all(done and width > 100 for done, width in images), images
+        yield page
+        page.screenshot(path=str(page_path.with_suffix(".png")), full_page=True)
+        browser.close()
+    assert all(url.startswith(("file:", "data:")) for url in requests), requests

@@ -1,7 +1,22 @@
 """paratrain: train PyTorch models in parallel and measure whether the parallelism pays off."""
-from paratrain.config import TrainConfig
-from paratrain.errors import UsageError
-from paratrain.launch import train
+from typing import Any
 
-__all__ = ["TrainConfig", "UsageError", "train"]
+from paratrain.errors import UsageError
+from paratrain.sweep.client import params, report
+
+__all__ = ["TrainConfig", "UsageError", "params", "report", "train"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    # torch loads on first use of the engine, not on `import paratrain`: a sweep's trial script
+    # that only calls paratrain.report() and the CLI's --help stay fast.
+    if name == "train":
+        from paratrain.launch import train
+
+        return train
+    if name == "TrainConfig":
+        from paratrain.config import TrainConfig
+
+        return TrainConfig
+    raise AttributeError(f"module 'paratrain' has no attribute {name!r}")

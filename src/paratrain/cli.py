@@ -34,7 +34,13 @@ class Parser(argparse.ArgumentParser):
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Everything after `--` belongs to a sweep's script, untouched by argparse.
+    passthrough = argv[argv.index("--") + 1:] if "--" in argv else []
+    args = parser.parse_args(argv[:len(argv) - len(passthrough) - (1 if "--" in argv else 0)])
+    if "--" in argv and getattr(args, "command", None) != "sweep":
+        parser.error("arguments after -- are only for paratrain sweep --script")
+    args.script_args = passthrough
     if not hasattr(args, "handler"):
         parser.print_help()
         return 2
@@ -83,6 +89,32 @@ def build_parser() -> Parser:
     _add_model_flags(scale, TRAIN_SECTIONS, exclude=SCALE_OWNS)
     scale.set_defaults(handler=_scale, command="scale")
 
+    sweep = commands.add_parser(
+        "sweep", help="hyperparameter search, N trials at once (Optuna; Comet optimizer config format)",
+        description="Run a hyperparameter search with N trials at once, each on its own cores/GPUs. CONFIG is a Comet "
+                    "optimizer file (algorithm grid|random|bayes, parameters, spec). Trials run --script PATH (any "
+                    "program; parameters as --name value, the metric back via paratrain.report() or its last stdout "
+                    "line) or a built-in workload made from the train flags. Rerun the same command to resume.",
+        epilog="example: paratrain sweep batch.json -j 2 --out runs/sweep --workload cifar10-cnn --epochs 3 --lr-scaling none")
+    sweep.add_argument("config", nargs="?", type=Path, help="the search space (JSON, YAML, or JSON with # comments)")
+    sweep.add_argument("-j", "--jobs", type=int, default=1, help="trials at once (default: 1)")
+    sweep.add_argument("--out", type=Path, help="sweep directory (required unless --join DIR)")
+    sweep.add_argument("--script", type=Path, help="run this program per trial; arguments for it go after --")
+    sweep.add_argument("--param-style", choices=["space", "equals", "plain", "none"], default="space",
+                       help="parameters as --name value (space), --name=value (equals), name=value (plain, Hydra) or "
+                            "none (only PARATRAIN_PARAMS JSON in the environment)")
+    sweep.add_argument("--workers-per-trial", type=int, default=1, help="data-parallel workers inside each trial (default: 1)")
+    sweep.add_argument("--storage", help="Optuna storage URL, e.g. postgresql://user@host/db (default: DIR/study.journal)")
+    sweep.add_argument("--join", metavar="DIR_OR_URL", help="add workers to a running sweep (its directory or storage URL)")
+    sweep.add_argument("--study-name", help="study name in the storage (default: the config's name)")
+    sweep.add_argument("--pruner", choices=["median", "none"], default="median",
+                       help="stop trials below the median of earlier ones at the same step (default: median)")
+    sweep.add_argument("--trial-timeout", type=float, help="seconds before a trial is stopped and recorded as failed")
+    sweep.add_argument("--allow-oversubscribe", action="store_true", help="allow -j x --workers-per-trial beyond the cores/GPUs")
+    sweep.add_argument("--quiet", action="store_true", help="no live table; a line per trial")
+    _add_model_flags(sweep, TRAIN_SECTIONS, exclude=SWEEP_OWNS)
+    sweep.set_defaults(handler=_sweep, command="sweep")
+
     report = commands.add_parser("report", help="one self-contained HTML page for a run, a study or several runs")
     report.add_argument("paths", nargs="+", type=Path, help="run or study directories")
     report.add_argument("--out", type=Path, help="the HTML file (default: DIR/report.html, or comparison-report.html)")
@@ -102,8 +134,9 @@ def build_parser() -> Parser:
     return parser
 
 
-# Train flags that `scale` replaces with its own.
+# Train flags that `scale` and `sweep` replace with their own.
 SCALE_OWNS = ("workers", "workload", "run_dir", "resume", "quiet")
+SWEEP_OWNS = ("workers", "run_dir", "resume", "quiet", "allow_oversubscribe")
 
 
 def _add_model_flags(parser: argparse.ArgumentParser, sections: dict[str, str], exclude: Sequence[str] = ()) -> None:
@@ -187,8 +220,8 @@ def _scale(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from paratrain.config import ScaleConfig, validate
-    from paratrain.report import write_report
-    from paratrain.report.plots import study_plots
+    from paratrain.reporting import write_report
+    from paratrain.reporting.plots import study_plots
     from paratrain.scale import run_study
 
     own = {"workers", "mode", "repeats", "workload", "out", "resume", "handler", "command"}
@@ -227,6 +260,65 @@ def _print_study(result: dict[str, Any]) -> None:
     _wide_console().print(table)
 
 
+def _sweep(args: argparse.Namespace) -> int:
+    from paratrain.config import SweepConfig, validate
+    from paratrain.reporting import write_report
+    from paratrain.reporting.plots import sweep_plots
+    from paratrain.sweep.driver import run_sweep
+    from paratrain.sweep.progress import SweepProgress
+
+    own = {"config", "jobs", "out", "script", "script_args", "param_style", "workers_per_trial", "storage", "join",
+           "study_name", "pruner", "trial_timeout", "allow_oversubscribe", "quiet"}
+    values = {k: v for k, v in vars(args).items() if k in own}
+    values["train"] = {k: v for k, v in vars(args).items() if k not in own | {"handler", "command"}}
+    cfg = validate(SweepConfig, values)
+    progress: list[SweepProgress] = []
+
+    def ready(sweep, slots, where, items, done) -> None:
+        progress.append(SweepProgress(sweep.space.metrics, items, done, cfg.quiet))
+        progress[0].console.print(f"[bold]sweep[/] {sweep.space.name!r}: {sweep.space.algorithm}, {items} trial(s), "
+                                  f"{len(slots)} at once ({'; '.join(s.describe() for s in slots)}); storage {where}")
+        progress[0].__enter__()
+
+    def listen(kind, info) -> None:
+        progress[0](kind, info)
+
+    try:
+        result = run_sweep(cfg, listen, ready)
+    finally:
+        if progress:
+            progress[0].__exit__(None, None, None)
+    out = Path(result["out"])
+    sweep_plots(result, out)
+    page = write_report([out])
+    _print_sweep(result)
+    print(f"report: {page}")
+    return 0
+
+
+def _print_sweep(result: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    from paratrain.sweep.progress import show_params
+
+    metrics = result["metric"]
+    table = Table(title=f"sweep {result['name']!r}: {', '.join(f'{m} ({o})' for m, o in zip(metrics, result['objective']))}")
+    for col in ("trial", "params", *metrics, "time (s)", "state"):
+        table.add_column(col, justify="left" if col in ("params", "state") else "right")
+    for r in result["trials"]:
+        shown = [f"{r['metrics'][m]:.4g}" if m in r["metrics"] else "-" for m in metrics]
+        state = r["state"].lower() + (f": {r['reason']}" if r["reason"] and r["state"] != "COMPLETE" else "")
+        table.add_row(str(r["number"]), show_params(r["params"]), *shown,
+                      f"{r['duration_s']:.1f}" if r["duration_s"] is not None else "-", state[:80])
+    console = _wide_console()
+    console.print(table)
+    best = result["best"]
+    if "pareto_front" in best:
+        console.print(f"Pareto front: trials {', '.join(str(r['number']) for r in best['pareto_front'])}")
+    elif best:
+        console.print(f"best: trial {best['number']} ({show_params(best['params'])}) {metrics[0]} = {best['value']:.4g}")
+
+
 def _wide_console():
     """rich wraps tables to 80 columns when stdout is not a terminal; logs and pipes want whole rows."""
     from rich.console import Console
@@ -236,7 +328,7 @@ def _wide_console():
 
 
 def _report(args: argparse.Namespace) -> int:
-    from paratrain.report import write_report
+    from paratrain.reporting import write_report
 
     print(write_report(args.paths, args.out))
     return 0
@@ -245,7 +337,7 @@ def _report(args: argparse.Namespace) -> int:
 def _compare(args: argparse.Namespace) -> int:
     from rich.table import Table
 
-    from paratrain.report import comparison_rows, write_report
+    from paratrain.reporting import comparison_rows, write_report
     from paratrain.runs import open_run_dir
 
     if len(args.paths) < 2:

@@ -220,3 +220,40 @@ class ScaleConfig(BaseModel):
         if len(set(value)) != len(value):
             raise ValueError(f"worker counts must not repeat (got {','.join(map(str, value))})")
         return sorted(value)
+
+
+class SweepConfig(BaseModel):
+    """`paratrain sweep`: a hyperparameter search, N trials at once (inter-model parallelism)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    config: Optional[Path] = Field(None, description="the search space: Comet optimizer format (JSON, YAML, or JSON with # comments)")
+    out: Optional[Path] = Field(None, description="sweep directory: sweep.json, study storage, trials/, plots, report.html")
+    jobs: int = Field(1, gt=0, description="trials running at once, each on its own cores (or GPUs)")
+    script: Optional[Path] = Field(None, description="your training program (any executable, or a .py run with this Python); "
+                                                     "without it, trials are paratrain workloads built from the train flags")
+    script_args: list[str] = Field(default_factory=list, description="arguments after -- passed to every trial before the parameters")
+    param_style: Literal["space", "equals", "plain", "none"] = Field(
+        "space", description="how parameters reach the script: --name value | --name=value | name=value | none (PARATRAIN_PARAMS only)")
+    workers_per_trial: int = Field(1, gt=0, description="data-parallel workers (ranks) inside each trial")
+    storage: Optional[str] = Field(None, description="Optuna storage URL shared by machines, e.g. postgresql://user@host/db "
+                                                     "(default: a journal file in the sweep directory)")
+    join: Optional[str] = Field(None, description="add workers to an existing sweep: its directory or storage URL")
+    study_name: Optional[str] = Field(None, description="the study's name in the storage (default: the config's name)")
+    pruner: Literal["median", "none"] = Field("median", description="stop trials whose intermediate metric is worse than "
+                                                                      "the median of earlier trials at the same step")
+    trial_timeout: Optional[float] = Field(None, gt=0, description="seconds after which a trial is stopped and recorded as failed")
+    allow_oversubscribe: bool = Field(False, description="allow more concurrent workers than cores/GPUs")
+    quiet: bool = Field(False, description="no live table; one line per finished trial")
+    train: dict[str, Any] = Field(default_factory=dict, description="the train flags every built-in trial shares")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "SweepConfig":
+        if self.join is None and (self.config is None or self.out is None):
+            raise ValueError("give the search-space file and --out DIR (or --join DIR_OR_URL to help a running sweep)")
+        if self.join is not None and self.config is not None:
+            raise ValueError("--join takes the running sweep's own search space; drop the CONFIG argument")
+        if self.script is not None and self.train:
+            names = ", ".join(flag(k) for k in self.train)
+            raise ValueError(f"train flags ({names}) apply to built-in workloads; with --script pass them after --")
+        return self

@@ -42,7 +42,7 @@ def run_rank(config: dict[str, Any], placement: dict[str, Any], run_dir: str) ->
     cfg = TrainConfig.model_validate(config)
     ctx = init_rank(Placement(**placement))
     run = RunDir(Path(run_dir))
-    _log_to_file(run.rank_log(ctx.rank), ctx)
+    handler = _log_to_file(run.rank_log(ctx.rank), ctx)
     try:
         return Trainer(cfg, ctx, run).fit()
     except BaseException:
@@ -50,9 +50,11 @@ def run_rank(config: dict[str, Any], placement: dict[str, Any], run_dir: str) ->
         raise
     finally:
         shutdown()
+        logging.getLogger("paratrain").removeHandler(handler)
+        handler.close()
 
 
-def _log_to_file(path: Path, ctx: RankContext) -> None:
+def _log_to_file(path: Path, ctx: RankContext) -> logging.Handler:
     path.parent.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(path, mode="a")
     handler.setFormatter(logging.Formatter(f"%(asctime)s rank{ctx.rank} %(levelname)s %(message)s"))
@@ -64,6 +66,7 @@ def _log_to_file(path: Path, ctx: RankContext) -> None:
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         os.close(fd)
+    return handler
 
 
 @dataclass
@@ -131,6 +134,8 @@ class Trainer:
         progress = EpochProgress(ctx.is_main and not cfg.quiet and sys.stderr.isatty(), cfg.epochs, self.steps_per_epoch)
         log.info("training %s with %s on %d rank(s), %d steps/epoch", cfg.workload, cfg.strategy_name,
                  ctx.world_size, self.steps_per_epoch)
+        # Wall-clock start of training, for launch overhead (time from launch to the first step).
+        self._event("start", step=self.state.step, unix_time=time.time())
         try:
             for epoch in range(self.state.epoch, cfg.epochs):
                 progress.start_epoch(epoch)

@@ -37,7 +37,7 @@ def to_mlflow(run_dir: Path, tracking_uri: str, experiment: str = "paratrain") -
     import mlflow
     from mlflow.entities import Metric, Param
 
-    from paratrain.report import write_report
+    from paratrain.reporting import write_report
 
     run = RunDir(run_dir)
     config, summary = run.read_config(), run.read_summary()

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
+import torch
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -43,6 +44,8 @@ def _thread_env(threads: int) -> Iterator[None]:
 
 def launch_local(cfg: TrainConfig, placement: Placement, run_dir: Path) -> Optional[dict[str, Any]]:
     """Run `cfg` on `cfg.workers` local ranks; returns rank 0's summary."""
+    if cfg.workers == 1:
+        return _run_here(cfg, placement, run_dir)
     # The agent logs each failure with a full traceback; the rank's log has it, the user gets one line.
     for name in ("torch.distributed.elastic", "torch.multiprocessing.spawn"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
@@ -60,6 +63,25 @@ def launch_local(cfg: TrainConfig, placement: Placement, run_dir: Path) -> Optio
         reason = _last_line(message) or f"exit code {failure.exitcode}"
         raise RanksFailed(f"rank {rank} failed: {reason} (see {run_dir / 'logs' / f'rank{rank}.log'})") from None
     return results[0]
+
+
+def _run_here(cfg: TrainConfig, placement: Placement, run_dir: Path) -> Optional[dict[str, Any]]:
+    """One rank needs no agent and no rendezvous: run it in this process.
+
+    Spawning a rank costs a fresh interpreter and a second `import torch` (about 2 s here), which
+    dominated short runs and sweep trials. The rank pins this thread and sizes torch's pool; both
+    are put back afterwards so a notebook calling `paratrain.train` keeps its own settings.
+    """
+    affinity, threads = os.sched_getaffinity(0), torch.get_num_threads()
+    try:
+        with _thread_env(placement.threads_per_worker):
+            return run_rank(cfg.model_dump(mode="json"), placement.to_dict(), str(run_dir))
+    except Exception as exc:
+        reason = _last_line(str(exc)) or type(exc).__name__
+        raise RanksFailed(f"rank 0 failed: {reason} (see {run_dir / 'logs' / 'rank0.log'})") from None
+    finally:
+        os.sched_setaffinity(0, affinity)
+        torch.set_num_threads(threads)
 
 
 def _last_line(text: str) -> str:

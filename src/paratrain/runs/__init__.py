@@ -16,6 +16,7 @@ from typing import Any, Iterator
 from paratrain.errors import UsageError
 
 SCALING_FILE = "scaling.json"     # a scaling study's table, in the study directory
+SWEEP_FILE = "sweep.json"         # a sweep's trials and best, in the sweep directory
 SUMMARY_KEYS = (
     "status", "workers", "strategy", "batch_size", "global_batch_size", "lr", "epochs", "epoch_times_s",
     "epoch_time_s", "samples_per_s", "train_loss", "val_loss", "val_accuracy", "wall_time_s", "breakdown",

@@ -108,3 +108,67 @@ def breakdown_plot(summaries: list[dict[str, Any]], labels: list[str], path: Pat
     ax.set_xlabel("ms per optimizer step")
     ax.legend(ncol=5, fontsize="small", loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
     return _save(fig, path)
+
+
+def sweep_plots(result: dict[str, Any], out: Path) -> dict[str, Path]:
+    """Per swept parameter: each metric and the trial time against its values; the optimisation
+    history; with several metrics, the Pareto front of the first two."""
+    trials = [t for t in result["trials"] if t["state"] == "COMPLETE"]
+    metrics = result["metric"]
+    params = list(result["space"]["parameters"])
+    paths: dict[str, Path] = {}
+    if not trials:
+        return paths
+    for param in params:
+        shown = [m for m in metrics if m != "time_s"] + ["time_s"]
+        fig, axes = plt.subplots(1, len(shown), figsize=(4.6 * len(shown), 3.6), squeeze=False)
+        values = [t["params"].get(param) for t in trials]
+        categorical = any(isinstance(v, str) for v in values)
+        order = sorted(set(values), key=str) if categorical else None
+        for ax, metric in zip(axes[0], shown):
+            xs = [order.index(v) for v in values] if categorical else values
+            ys = [t["metrics"].get(metric, float("nan")) for t in trials]
+            ax.scatter(xs, ys, alpha=0.8)
+            if categorical:
+                ax.set_xticks(range(len(order)), order)
+            elif _spans_decades(values):
+                ax.set_xscale("log", base=2 if all(float(v).is_integer() for v in values) else 10)
+            ax.set_xlabel(param)
+            ax.set_ylabel("trial time (s)" if metric == "time_s" else metric)
+            ax.grid(alpha=0.3)
+        fig.suptitle(f"{', '.join(shown)} against {param}")
+        paths[f"by-{param}"] = _save(fig, out / f"sweep-by-{param}.png")
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    numbers = [t["number"] for t in trials]
+    first = [t["metrics"][metrics[0]] for t in trials]
+    ax.scatter(numbers, first, label="trial")
+    better = min if result["objective"][0] == "minimize" else max
+    best = [better(first[: i + 1]) for i in range(len(first))]
+    ax.step(numbers, best, where="post", color="C1", label="best so far")
+    ax.set_xlabel("trial")
+    ax.set_ylabel(metrics[0])
+    ax.set_title("optimisation history")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    paths["history"] = _save(fig, out / "sweep-history.png")
+
+    if len(metrics) > 1:
+        front = {t["number"] for t in result["best"].get("pareto_front", [])}
+        fig, ax = plt.subplots(figsize=(5.5, 3.8))
+        xs, ys = [t["metrics"][metrics[1]] for t in trials], [t["metrics"][metrics[0]] for t in trials]
+        ax.scatter(xs, ys, color="0.6", label="trial")
+        on = sorted((x, y) for t, x, y in zip(trials, xs, ys) if t["number"] in front)
+        ax.plot([p[0] for p in on], [p[1] for p in on], "o-", color="C3", label="Pareto front")
+        ax.set_xlabel(f"{metrics[1]} ({result['objective'][1]})")
+        ax.set_ylabel(f"{metrics[0]} ({result['objective'][0]})")
+        ax.set_title("Pareto front")
+        ax.grid(alpha=0.3)
+        ax.legend()
+        paths["pareto"] = _save(fig, out / "sweep-pareto.png")
+    return paths
+
+
+def _spans_decades(values: list[Any]) -> bool:
+    numbers = [float(v) for v in values if isinstance(v, (int, float)) and v > 0]
+    return len(numbers) == len(values) and bool(numbers) and max(numbers) / min(numbers) >= 16

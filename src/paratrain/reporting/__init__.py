@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from paratrain.errors import UsageError
-from paratrain.runs import SCALING_FILE, RunDir
+from paratrain.runs import SCALING_FILE, SWEEP_FILE, RunDir
 
 
 _STYLE = """
@@ -31,9 +31,11 @@ img { max-width: 100%; margin: 0.5em 0; } .plots { display: flex; flex-wrap: wra
 def kind_of(path: Path) -> str:
     if (path / SCALING_FILE).is_file():
         return "study"
+    if (path / SWEEP_FILE).is_file():
+        return "sweep"
     if RunDir(path).is_run():
         return "run"
-    raise UsageError(f"{path} is neither a paratrain run directory (config.json) nor a scaling study (scaling.json)")
+    raise UsageError(f"{path} is not a paratrain run (config.json), scaling study (scaling.json) or sweep (sweep.json)")
 
 
 def write_report(paths: Sequence[Path], out: Optional[Path] = None) -> Path:
@@ -43,11 +45,11 @@ def write_report(paths: Sequence[Path], out: Optional[Path] = None) -> Path:
     kinds = [kind_of(Path(p)) for p in paths]
     if len(paths) == 1:
         out = out or Path(paths[0]) / "report.html"
-        body = _study_body(Path(paths[0])) if kinds[0] == "study" else _run_body(RunDir(Path(paths[0])))
+        body = {"study": _study_body, "sweep": _sweep_body}.get(kinds[0], lambda p: _run_body(RunDir(p)))(Path(paths[0]))
         title = f"paratrain {kinds[0]}: {Path(paths[0]).name}"
     else:
-        if "study" in kinds:
-            raise UsageError("compare run directories, not studies: pass the studies' runs/<point> directories")
+        if set(kinds) != {"run"}:
+            raise UsageError("compare run directories, not studies or sweeps: pass their runs' directories")
         out = out or Path("comparison-report.html")
         body = _compare_body([RunDir(Path(p)) for p in paths])
         title = f"paratrain comparison of {len(paths)} runs"
@@ -91,7 +93,7 @@ def _with_plots(render) -> str:
 
 
 def _study_body(path: Path) -> str:
-    from paratrain.report.plots import breakdown_plot, study_plots
+    from paratrain.reporting.plots import breakdown_plot, study_plots
 
     result = json.loads((path / SCALING_FILE).read_text())
     rows = result["rows"]
@@ -114,6 +116,43 @@ def _study_body(path: Path) -> str:
     return _with_plots(render)
 
 
+def _sweep_body(path: Path) -> str:
+    from paratrain.reporting.plots import sweep_plots
+
+    result = json.loads((path / SWEEP_FILE).read_text())
+    metrics = result["metric"]
+
+    def fmt_params(params: dict[str, Any]) -> str:
+        return ", ".join(f"{k}={_fmt(v)}" for k, v in params.items())
+
+    def render(tmp: Path) -> str:
+        plots = sweep_plots(result, tmp)
+        rows = [(t["number"], fmt_params(t["params"]), *[t["metrics"].get(m, "") for m in metrics],
+                 t["duration_s"] if t["duration_s"] is not None else "", t["state"].lower(), t["reason"] or "")
+                for t in result["trials"]]
+        table = _table(("trial", "params", *metrics, "time (s)", "state", "reason"), rows, "trials")
+        best = result["best"]
+        if "pareto_front" in best:
+            best_html = _table(("trial", "params", *metrics), [(t["number"], fmt_params(t["params"]),
+                                                                *[t["metrics"].get(m, "") for m in metrics])
+                                                               for t in best["pareto_front"]], "best")
+            best_title = "Pareto front"
+        else:
+            best_html = _table(("trial", "params", metrics[0]), [(best["number"], fmt_params(best["params"]), best["value"])]
+                               if best else [], "best")
+            best_title = "Best trial"
+        counts = ", ".join(f"{n} {s.lower()}" for s, n in result["counts"].items() if n)
+        images = "".join(_img(p, name) for name, p in plots.items())
+        space = result["space"]
+        return (f"<p class='note'>{html.escape(result['algorithm'])} search, {result['items']} trial(s) planned: "
+                f"{html.escape(counts)}. Objective: "
+                f"{html.escape(', '.join(f'{m} ({o})' for m, o in zip(metrics, result['objective'])))}.</p>"
+                f"<h2>{best_title}</h2>{best_html}<h2>Trials</h2>{table}<h2>Plots</h2><div class='plots'>{images}</div>"
+                f"<h2>Search space</h2>{_table(('setting', 'value'), [(k, json.dumps(v)) for k, v in space.items()])}")
+
+    return _with_plots(render)
+
+
 def _summary_rows(summary: dict[str, Any]) -> list[tuple[str, Any]]:
     keys = ("status", "workers", "strategy", "global_batch_size", "lr", "epochs", "epoch_time_s", "samples_per_s",
             "train_loss", "val_loss", "val_accuracy", "test_accuracy", "wall_time_s")
@@ -121,7 +160,7 @@ def _summary_rows(summary: dict[str, Any]) -> list[tuple[str, Any]]:
 
 
 def _run_body(run: RunDir) -> str:
-    from paratrain.report.plots import breakdown_plot, curves_plots
+    from paratrain.reporting.plots import breakdown_plot, curves_plots
 
     summary = run.read_summary() if run.summary.exists() else {"status": "running or interrupted"}
 
@@ -155,7 +194,7 @@ def comparison_rows(runs: list[RunDir]) -> list[dict[str, Any]]:
 
 
 def _compare_body(runs: list[RunDir]) -> str:
-    from paratrain.report.plots import breakdown_plot, curves_plots
+    from paratrain.reporting.plots import breakdown_plot, curves_plots
 
     rows = comparison_rows(runs)
     labels = [r.path.name for r in runs]

@@ -1,0 +1,533 @@
+"""The sweep driver: an Optuna study in shared storage, N trials at once, resumable, joinable.
+
+Work is handed out in *items*: item i is repeat i % trials of combination i // trials. A driver
+claims the next item under a lock that every driver of the study honours (a file lock beside a
+journal storage, a PostgreSQL advisory lock for postgresql:// storage), so two drivers, or two
+threads of one, never run the same item, and the budget is never overshot. An item whose trial
+failed is claimed again while retryLimit allows; an item whose driver died (killed, machine
+lost) is marked failed as "interrupted" and claimed again without counting against it.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import socket
+import threading
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+import psutil
+
+from paratrain.config import SweepConfig, TrainConfig, flag
+from paratrain.errors import UsageError
+from paratrain.runs import SWEEP_FILE, write_json
+from paratrain.sweep.space import SearchSpace, parse_space, read_config_file
+from paratrain.sweep.trial import (BuiltinCommand, Outcome, ScriptCommand, Slot, TrialProcess, check_script, gpu_count,
+                                   plan_slots, start_server)
+
+JOURNAL_FILE = "study.journal"
+SPEC_ATTR = "paratrain_sweep"
+HEARTBEAT_S = 10.0          # a driver refreshes its running trials' heartbeat this often
+STALE_AFTER_S = 60.0        # a running trial of another machine without a heartbeat this long is orphaned
+BUILTIN_METRICS = ("val_loss", "val_accuracy", "test_loss", "test_accuracy", "train_loss", "samples_per_s",
+                   "epoch_time_s", "wall_time_s", "time_s", "global_batch_size", "lr")
+
+
+@dataclass
+class Sweep:
+    """Everything the workers share, rebuilt identically by every driver of the study."""
+    space: SearchSpace
+    command: ScriptCommand | BuiltinCommand
+    workers_per_trial: int
+    pruner: str
+    trial_timeout: Optional[float]
+    out: Path
+    spec: dict[str, Any]             # what is stored in the study, and compared on resume
+
+    def last_step(self, params: dict[str, Any]) -> Optional[int]:
+        """A built-in trial reports once per epoch; a script's last step is unknown."""
+        if isinstance(self.command, BuiltinCommand):
+            values = {**self.command.train, **params}
+            return int(values.get("epochs", TrainConfig.model_fields["epochs"].default)) - 1
+        return None
+
+    @property
+    def has_val_split(self) -> bool:
+        return isinstance(self.command, BuiltinCommand) and bool(self.command.train.get("val_split"))
+
+
+# -- setting up ---------------------------------------------------------------------------------
+
+def prepare(cfg: SweepConfig) -> tuple[Sweep, Any, "ClaimLock", str, list[Slot]]:
+    """Validate everything, then open (or create) the study: bad input leaves nothing on disk.
+    Returns the sweep, the study, the claim lock, where the storage is, and the device slots."""
+    if cfg.join is not None:
+        return _join(cfg)
+    raw = read_config_file(cfg.config)
+    space = parse_space(raw, f"sweep config {cfg.config}")
+    spec = {"config": raw, "script": str(cfg.script.resolve()) if cfg.script else None, "script_args": cfg.script_args,
+            "param_style": cfg.param_style, "train": cfg.train, "workers_per_trial": cfg.workers_per_trial,
+            "pruner": cfg.pruner, "trial_timeout": cfg.trial_timeout}
+    sweep = _build(spec, space, cfg.out)
+    slots = plan_slots(cfg.jobs, sweep.workers_per_trial, cfg.allow_oversubscribe, gpus=gpu_count())
+    study_name = cfg.study_name or space.name
+    storage, lock, where = open_storage(cfg.storage, cfg.out)
+    study = _open_study(storage, study_name, sweep, create=True)
+    stored = study.user_attrs.get(SPEC_ATTR)
+    if stored is None:
+        study.set_user_attr(SPEC_ATTR, spec)
+    elif _comparable(stored) != _comparable(spec):
+        changed = sorted(k for k in spec if _comparable(stored).get(k) != _comparable(spec).get(k))
+        raise UsageError(f"{where} already holds sweep {study_name!r} with a different {', '.join(changed)}; "
+                         "rerun the original command to resume it, or choose another --out / --study-name")
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    return sweep, study, lock, where, slots
+
+
+def _comparable(spec: dict[str, Any]) -> dict[str, Any]:
+    return json.loads(json.dumps(spec, default=str))
+
+
+def _join(cfg: SweepConfig) -> tuple[Sweep, Any, "ClaimLock", str, list[Slot]]:
+    target = cfg.join
+    assert target is not None
+    is_url = "://" in target
+    if not is_url and not (Path(target) / JOURNAL_FILE).is_file():
+        raise UsageError(f"--join {target}: no sweep there (no {JOURNAL_FILE}); pass a sweep directory or a storage URL")
+    if is_url and cfg.out is None:
+        raise UsageError("--join URL needs --out DIR on this machine for its trials' directories")
+    out = cfg.out or Path(target)
+    storage, lock, where = open_storage(target if is_url else None, Path(target) if not is_url else out)
+    import optuna
+
+    names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
+    name = cfg.study_name or (names[0] if len(names) == 1 else None)
+    if name not in names:
+        raise UsageError(f"--join {target}: pass --study-name, one of: {', '.join(names) or '(no studies)'}")
+    study = optuna.load_study(study_name=name, storage=storage)
+    spec = study.user_attrs.get(SPEC_ATTR)
+    if spec is None:
+        raise UsageError(f"--join {target}: study {name!r} was not made by paratrain sweep")
+    space = parse_space(spec["config"], f"the stored search space of {name!r}")
+    sweep = _build(spec, space, out)
+    slots = plan_slots(cfg.jobs, sweep.workers_per_trial, cfg.allow_oversubscribe, gpus=gpu_count())
+    study = _open_study(storage, name, sweep, create=False, worker_salt=os.getpid())
+    out.mkdir(parents=True, exist_ok=True)
+    return sweep, study, lock, where, slots
+
+
+def _build(spec: dict[str, Any], space: SearchSpace, out: Path) -> Sweep:
+    if spec["script"] is not None:
+        check_script(Path(spec["script"]))
+        command: ScriptCommand | BuiltinCommand = ScriptCommand(spec["script"], tuple(spec["script_args"]), spec["param_style"])
+    else:
+        command = BuiltinCommand(spec["train"])
+        _check_builtin(space, spec["train"])
+    return Sweep(space, command, spec["workers_per_trial"], spec["pruner"], spec["trial_timeout"], out, spec)
+
+
+def _check_builtin(space: SearchSpace, train: dict[str, Any]) -> None:
+    """A built-in trial is `paratrain train`: the parameters must be its options, the metrics its summary's."""
+    fields = set(TrainConfig.model_fields)
+    for param in [p.name for p in space.parameters] + list(space.derived({p.name: 1 for p in space.parameters})):
+        if param not in fields or param in ("workers", "run_dir", "resume"):
+            raise UsageError(f"parameter {param!r} is not a train option a trial can vary; "
+                             f"name parameters after train flags ({flag('batch_size')} -> batch_size), or use --script")
+    for metric in space.metrics:
+        if metric not in BUILTIN_METRICS:
+            raise UsageError(f"metric {metric!r} is not in a built-in trial's summary; choose from {', '.join(BUILTIN_METRICS)}")
+    swept = {p.name for p in space.parameters}
+    if train.get("lr_scaling", "linear") != "none" and "batch_size" in swept and "base_batch_size" not in train \
+            and space.lr_scaling is None:
+        raise UsageError(f"sweeping batch_size with {flag('lr_scaling')} {train.get('lr_scaling', 'linear')} needs "
+                         f"{flag('base_batch_size')} (the batch --lr is meant for), or {flag('lr_scaling')} none for a fixed LR")
+    # A trial that cannot even be configured would fail every time: check one now.
+    from paratrain.config import validate
+
+    probe = {**train, **space.grid()[0], **space.derived(space.grid()[0])} if space.algorithm == "grid" else dict(train)
+    validate(TrainConfig, probe)
+
+
+def _open_study(storage: Any, name: str, sweep: Sweep, create: bool, worker_salt: int = 0) -> Any:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    space = sweep.space
+    directions = list(space.directions)
+    # Optuna's defaults: no pruning before 5 trials have finished; any step may be pruned after.
+    pruner = (optuna.pruners.MedianPruner()
+              if sweep.pruner == "median" and not space.multi_objective else optuna.pruners.NopPruner())
+    sampler = _sampler(space, space.seed + worker_salt)
+    if create:
+        return optuna.create_study(storage=storage, study_name=name, directions=directions, sampler=sampler,
+                                   pruner=pruner, load_if_exists=True)
+    return optuna.load_study(study_name=name, storage=storage, sampler=sampler, pruner=pruner)
+
+
+def _sampler(space: SearchSpace, seed: int) -> Any:
+    """bayes: TPE (default), GP, or NSGA-II (the default for several metrics). grid and random
+    trials arrive with their values fixed, so their sampler only has to exist."""
+    import optuna
+
+    if space.algorithm != "bayes":
+        return optuna.samplers.RandomSampler(seed=seed)
+    budget = space.combinations()
+    startup = max(2, min(10, budget // 3))    # random trials before the model takes over
+    if space.sampler == "gp":
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup)
+    if space.sampler == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(4, min(50, budget // 4)))
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup)
+
+
+def open_storage(url: Optional[str], out: Path) -> tuple[Any, "ClaimLock", str]:
+    import optuna
+
+    if url is None:
+        out.mkdir(parents=True, exist_ok=True)
+        from optuna.storages.journal import JournalFileBackend
+
+        backend = JournalFileBackend(str(out / JOURNAL_FILE))
+        return optuna.storages.JournalStorage(backend), FileClaimLock(out / "sweep.lock"), str(out / JOURNAL_FILE)
+    try:
+        storage = optuna.storages.RDBStorage(url, heartbeat_interval=None)
+    except ImportError as exc:
+        raise UsageError(f"--storage {_safe(url)}: the database driver is missing ({exc}); "
+                         "pip install 'paratrain[postgres]'") from None
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UsageError(f"--storage {_safe(url)} cannot be opened: {first}") from None
+    lock: ClaimLock = (AdvisoryClaimLock(storage) if url.startswith("postgresql") else FileClaimLock(out / "sweep.lock"))
+    return storage, lock, _safe(url)
+
+
+def _safe(url: str) -> str:
+    """The URL without its password, for messages."""
+    if "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        creds, host = rest.rsplit("@", 1)
+        return f"{scheme}://{creds.split(':')[0]}@{host}"
+    return url
+
+
+# -- the lock every driver honours ------------------------------------------------------------
+
+class ClaimLock:
+    def __init__(self) -> None:
+        self._threads = threading.Lock()
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        with self._threads, self._across_processes():
+            yield
+
+    def _across_processes(self) -> Any:
+        raise NotImplementedError
+
+
+class FileClaimLock(ClaimLock):
+    """flock(2) on a file beside the journal: every driver on this machine (or on a shared filesystem)."""
+
+    def __init__(self, path: Path):
+        super().__init__()
+        self.path = path
+
+    @contextmanager
+    def _across_processes(self) -> Iterator[None]:
+        with open(self.path, "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+
+class AdvisoryClaimLock(ClaimLock):
+    """A PostgreSQL advisory lock: every driver of the study, on any machine."""
+
+    def __init__(self, storage: Any):
+        super().__init__()
+        self.engine = storage.engine
+        self.key = int.from_bytes(hashlib.sha256(b"paratrain-sweep-claim").digest()[:7], "big")
+
+    @contextmanager
+    def _across_processes(self) -> Iterator[None]:
+        from sqlalchemy import text
+
+        with self.engine.connect() as conn:
+            conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": self.key})
+            try:
+                yield
+            finally:
+                conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": self.key})
+                conn.commit()
+
+
+# -- claiming work --------------------------------------------------------------------------
+
+@dataclass
+class Claim:
+    trial: Any                  # optuna.Trial, RUNNING and owned by this driver
+    params: dict[str, Any]      # sampled and derived
+    item: int
+    repeat: int
+    attempt: int
+
+
+def _running() -> Any:
+    from optuna.trial import TrialState
+
+    return TrialState.RUNNING
+
+
+def _owner() -> dict[str, Any]:
+    me = psutil.Process()
+    return {"host": socket.gethostname(), "pid": me.pid, "started": me.create_time()}
+
+
+def _orphaned(trial: Any, me: dict[str, Any]) -> bool:
+    """A RUNNING trial whose driver is gone."""
+    owner = trial.user_attrs.get("owner") or {}
+    if owner == me:
+        return False
+    if owner.get("host") == me["host"]:
+        try:
+            return psutil.Process(owner["pid"]).create_time() != owner["started"]
+        except (psutil.NoSuchProcess, KeyError):
+            return True
+    return time.time() - trial.user_attrs.get("heartbeat", 0) > STALE_AFTER_S
+
+
+class Claimer:
+    def __init__(self, sweep: Sweep, study: Any, lock: ClaimLock):
+        self.sweep, self.study, self.lock = sweep, study, lock
+        self.me = _owner()
+        space = sweep.space
+        self._grid = space.grid() if space.algorithm == "grid" else None
+        self.items = space.combinations() * space.repeats
+
+    def next(self) -> Optional[Claim]:
+        """The next item to run, claimed for this driver, or None when nothing is left to start."""
+        from optuna.trial import TrialState
+
+        with self.lock.held():
+            trials = self.study.get_trials(deepcopy=False)
+            for t in trials:
+                if t.state == TrialState.RUNNING and "item" in t.user_attrs and _orphaned(t, self.me):
+                    record_end(self.study, t.number, Outcome("FAIL", reason="interrupted: its sweep driver stopped"),
+                               interrupted=True)
+            trials = self.study.get_trials(deepcopy=False)
+            by_item: dict[int, list[Any]] = defaultdict(list)
+            for t in trials:
+                if "item" in t.user_attrs:
+                    by_item[t.user_attrs["item"]].append(t)
+            for item in sorted(by_item):
+                attempts = sorted(by_item[item], key=lambda t: t.number)
+                last = attempts[-1]
+                if last.state != TrialState.FAIL:
+                    continue
+                failures = sum(1 for t in attempts if t.state == TrialState.FAIL and not t.user_attrs.get("interrupted"))
+                if last.user_attrs.get("interrupted") or failures <= self.sweep.space.retry_limit:
+                    sampled = {k: v for k, v in last.params.items()}
+                    return self._start(item, sampled, attempt=len(attempts))
+            item = max(by_item) + 1 if by_item else 0
+            if item >= self.items:
+                return None
+            return self._start(item, self._params_for(item, by_item), attempt=0)
+
+    def still_running(self) -> bool:
+        return any("item" in t.user_attrs for t in self.study.get_trials(deepcopy=False, states=(_running(),)))
+
+    def _params_for(self, item: int, by_item: dict[int, list[Any]]) -> Optional[dict[str, Any]]:
+        space = self.sweep.space
+        combo, repeat = divmod(item, space.repeats)
+        if self._grid is not None:
+            return self._grid[combo]
+        if space.algorithm == "random":
+            return space.draw(combo)
+        if repeat > 0:                 # bayes: a repeat reuses its combination's sampled values
+            return dict(by_item[combo * space.repeats][0].params)
+        return None                    # bayes: the sampler chooses
+
+    def _start(self, item: int, fixed: Optional[dict[str, Any]], attempt: int) -> Claim:
+        space = self.sweep.space
+        if fixed is not None:
+            self.study.enqueue_trial(fixed, skip_if_exists=False)
+        trial = self.study.ask(space.distributions())
+        params = {**trial.params, **space.derived(trial.params)}
+        repeat = item % space.repeats
+        for key, value in (("item", item), ("repeat", repeat), ("attempt", attempt), ("owner", self.me),
+                           ("heartbeat", time.time()), ("derived", space.derived(trial.params))):
+            trial.set_user_attr(key, value)
+        return Claim(trial, params, item, repeat, attempt)
+
+
+def record_end(study: Any, number: int, outcome: Outcome, interrupted: bool = False) -> None:
+    """Store a trial's end: its values (complete), or its state and the reason."""
+    from optuna.trial import TrialState
+
+    trial_id = study._storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
+    attrs = {"reason": outcome.reason, "metrics": outcome.metrics, "duration_s": outcome.duration_s,
+             "launch_overhead_s": outcome.launch_overhead_s, "interrupted": interrupted}
+    for key, value in attrs.items():
+        study._storage.set_trial_user_attr(trial_id, key, value)
+    state = {"COMPLETE": TrialState.COMPLETE, "PRUNED": TrialState.PRUNED, "FAIL": TrialState.FAIL}[outcome.state]
+    study.tell(number, outcome.values if state == TrialState.COMPLETE else None, state=state, skip_if_finished=True)
+
+
+# -- running --------------------------------------------------------------------------------
+
+Listener = Callable[[str, dict[str, Any]], None]     # ("start" | "report" | "end", info)
+
+
+class Driver:
+    """N worker threads, one per slot; each claims an item, runs its trial, records the end."""
+
+    def __init__(self, sweep: Sweep, study: Any, lock: ClaimLock, slots: list[Slot], listener: Listener):
+        self.sweep, self.study, self.slots, self.listener = sweep, study, slots, listener
+        self.claimer = Claimer(sweep, study, lock)
+        self.stopping = threading.Event()
+        self.running: dict[int, TrialProcess] = {}
+        self._threads: list[threading.Thread] = []
+
+    def run(self) -> None:
+        # A trial that outlived a killed sweep would keep its cores busy while the resumed sweep
+        # hands them out again: trials die with the fork server, which dies with this thread.
+        start_server(builtin=isinstance(self.sweep.command, BuiltinCommand))
+        self._threads = [threading.Thread(target=self._work, args=(slot,), name=f"slot-{slot.index}", daemon=True)
+                         for slot in self.slots]
+        beat = threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True)
+        for thread in self._threads:
+            thread.start()
+        beat.start()
+        try:
+            while any(t.is_alive() for t in self._threads):
+                for thread in self._threads:
+                    thread.join(0.2)
+        finally:
+            self.stopping.set()       # Ctrl-C lands here: the workers stop their trials and record them
+            for thread in self._threads:
+                thread.join()
+
+    def _work(self, slot: Slot) -> None:
+        while not self.stopping.is_set():
+            claim = self.claimer.next()
+            if claim is not None:
+                self._run(claim, slot)
+            elif self.claimer.still_running():
+                # Nothing to start, but trials are running (here or on another driver): one may
+                # fail and need its retry, and sweep.json should show the study finished.
+                self.stopping.wait(1.0)
+            else:
+                return
+
+    def _run(self, claim: Claim, slot: Slot) -> None:
+        number = claim.trial.number
+        trial_dir = self.sweep.out / "trials" / f"{number:04d}"
+        claim.trial.set_user_attr("trial_dir", str(trial_dir))
+        info = {"number": number, "params": claim.params, "slot": slot.describe(), "attempt": claim.attempt}
+        try:
+            proc = TrialProcess(self.sweep.command, claim.params, trial_dir, slot, claim.repeat,
+                                self.sweep.workers_per_trial, number)
+        except Exception as exc:
+            outcome = Outcome("FAIL", reason=f"could not start: {exc}")
+            record_end(self.study, number, outcome)
+            self.listener("end", {**info, "state": "FAIL", "reason": outcome.reason})
+            return
+        self.running[number] = proc
+        self.listener("start", info)
+        stopped_because: Optional[tuple[str, str]] = None      # (state, reason)
+        metric = self.sweep.space.metrics[0]
+        timeout = self.sweep.trial_timeout
+        last_step = self.sweep.last_step(claim.params)
+        while True:
+            alive = proc.running()        # read before the reports, so the last ones are never missed
+            for step, metrics in proc.new_reports(self.sweep.has_val_split):
+                self.listener("report", {**info, "step": step, "metrics": metrics})
+                if self.sweep.space.multi_objective or step is None or metric not in metrics or stopped_because:
+                    continue
+                claim.trial.report(metrics[metric], step)
+                # Pruning a trial that has finished training would only throw its result away.
+                if alive and step != last_step and claim.trial.should_prune():
+                    stopped_because = ("PRUNED", f"pruned at step {step}: {metric} {metrics[metric]:.4g} worse than the median")
+                    proc.stop()
+            if not alive:
+                break
+            if stopped_because is None and timeout is not None and proc.elapsed() > timeout:
+                stopped_because = ("FAIL", f"timed out after {timeout:g} s")
+                proc.stop()
+            if stopped_because is None and self.stopping.is_set():
+                stopped_because = ("FAIL", "interrupted: the sweep was stopped")
+                proc.stop()
+            proc.wait(0.25)
+        del self.running[number]
+        outcome = proc.outcome(self.sweep.space.metrics)
+        if stopped_because is not None:
+            outcome.state, outcome.reason, outcome.values = stopped_because[0], stopped_because[1], None
+        interrupted = stopped_because is not None and stopped_because[1].startswith("interrupted")
+        record_end(self.study, number, outcome, interrupted=interrupted)
+        self.listener("end", {**info, "state": outcome.state, "values": outcome.values, "reason": outcome.reason,
+                              "duration_s": outcome.duration_s, "metrics": outcome.metrics})
+
+    def _heartbeat(self) -> None:
+        storage, study_id = self.study._storage, self.study._study_id
+        while not self.stopping.wait(HEARTBEAT_S):
+            for number in list(self.running):
+                trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, number)
+                try:
+                    storage.set_trial_user_attr(trial_id, "heartbeat", time.time())
+                except Exception:      # the trial just finished: nothing to keep alive
+                    pass
+
+
+def run_sweep(cfg: SweepConfig, listener: Listener = lambda kind, info: None,
+              on_ready: Callable[[Sweep, list[Slot], str, int, int], None] = lambda *a: None) -> dict[str, Any]:
+    """Run (or resume, or join) a sweep to the end of its budget; returns what sweep.json holds."""
+    sweep, study, lock, where, slots = prepare(cfg)
+    driver = Driver(sweep, study, lock, slots, listener)
+    finished = {t.user_attrs["item"] for t in study.get_trials(deepcopy=False)
+                if "item" in t.user_attrs and t.state.name in ("COMPLETE", "PRUNED")}
+    on_ready(sweep, slots, where, driver.claimer.items, len(finished))
+    driver.run()
+    result = collect(sweep, study, where)
+    write_json(sweep.out / SWEEP_FILE, result)
+    return result
+
+
+# -- results --------------------------------------------------------------------------------
+
+def collect(sweep: Sweep, study: Any, where: str) -> dict[str, Any]:
+    """sweep.json: every trial, the best one (or the Pareto front), and the space it came from."""
+    space = sweep.space
+    rows = [_row(t, space) for t in study.get_trials(deepcopy=False) if "item" in t.user_attrs]
+    done = [r for r in rows if r["state"] == "COMPLETE"]
+    if space.multi_objective:
+        front = {t.number for t in study.best_trials} if done else set()
+        best: dict[str, Any] = {"pareto_front": [r for r in rows if r["number"] in front]}
+    else:
+        sign = 1 if space.directions[0] == "minimize" else -1
+        best = min(done, key=lambda r: sign * r["value"]) if done else {}
+    return {"name": space.name, "out": str(sweep.out), "algorithm": space.algorithm, "metric": list(space.metrics),
+            "objective": list(space.directions), "storage": where,
+            "mode": "script" if isinstance(sweep.command, ScriptCommand) else "builtin",
+            "space": space.to_dict(), "items": space.combinations() * space.repeats,
+            "counts": {s: sum(1 for r in rows if r["state"] == s) for s in ("COMPLETE", "PRUNED", "FAIL", "RUNNING")},
+            "trials": rows, "best": best}
+
+
+def _row(t: Any, space: SearchSpace) -> dict[str, Any]:
+    attrs = t.user_attrs
+    values = list(t.values) if t.values is not None and t.state.name == "COMPLETE" else None
+    return {"number": t.number, "params": {**t.params, **(attrs.get("derived") or {})},
+            "value": (values[0] if len(space.metrics) == 1 else values) if values else None,
+            "state": t.state.name, "duration_s": attrs.get("duration_s"), "run_dir": attrs.get("trial_dir"),
+            "reason": attrs.get("reason"), "metrics": attrs.get("metrics") or {},
+            "item": attrs["item"], "repeat": attrs.get("repeat", 0), "attempt": attrs.get("attempt", 0),
+            "launch_overhead_s": attrs.get("launch_overhead_s"),
+            "intermediate": {str(k): v for k, v in sorted(t.intermediate_values.items())}}

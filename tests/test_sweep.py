@@ -1,0 +1,333 @@
+"""`paratrain sweep` end to end: real trial processes, a real journal file, a real SIGKILL, two
+drivers sharing one study, a real PostgreSQL server, a built-in workload, the report in a browser."""
+import itertools
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import browser_page
+
+PARATRAIN = [sys.executable, "-m", "paratrain", "sweep"]
+
+# One script, many behaviours: parameter `mode` picks how it reports, `x` what it reports.
+SCRIPT = textwrap.dedent('''\
+    import argparse, json, os, sys, time
+    import paratrain
+    p = argparse.ArgumentParser()
+    p.add_argument("--x", type=float, default=0.0)
+    p.add_argument("--mode", default="report")
+    p.add_argument("--sleep", type=float, default=0.0)
+    p.add_argument("--steps", type=int, default=0)
+    a, _ = p.parse_known_args()
+    assert json.loads(os.environ["PARATRAIN_PARAMS"]).get("x", 0.0) == a.x, "argv and PARATRAIN_PARAMS disagree"
+    score = 10 * a.x
+    for step in range(a.steps):
+        time.sleep(a.sleep)
+        paratrain.report(score=score + a.steps - step, step=step)
+    if a.mode == "report":
+        time.sleep(a.sleep)
+        paratrain.report(score=score)
+    elif a.mode == "equals":
+        print(f"score={score}")
+    elif a.mode == "colon":
+        print(f"score: {score}")
+        print("done")
+    elif a.mode == "json":
+        print(json.dumps({"score": score, "other": "text"}))
+    elif a.mode == "crash":
+        print("boom", file=sys.stderr)
+        sys.exit(3)
+    elif a.mode == "nan":
+        paratrain.report(score=float("nan"))
+    elif a.mode == "slow":
+        time.sleep(60)
+    with open(os.environ["FINISHED_LOG"], "a") as f:
+        f.write(f"{a.x}\\n")
+''')
+
+
+@pytest.fixture
+def script(tmp_path, monkeypatch):
+    path = tmp_path / "train.py"
+    path.write_text(SCRIPT)
+    monkeypatch.setenv("FINISHED_LOG", str(tmp_path / "finished.log"))
+    return path
+
+
+def space(path: Path, parameters: dict, **spec) -> Path:
+    path.write_text(json.dumps({"algorithm": spec.pop("algorithm", "grid"), "parameters": parameters,
+                                "spec": {"metric": "score", "objective": "minimize", **spec}}))
+    return path
+
+
+def sweep(*args, check=True, timeout=240) -> subprocess.CompletedProcess:
+    proc = subprocess.run([*PARATRAIN, *map(str, args)], capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"sweep failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def results(out: Path) -> dict:
+    return json.loads((out / "sweep.json").read_text())
+
+
+def finished(tmp_path: Path) -> list[float]:
+    log = tmp_path / "finished.log"
+    return sorted(float(x) for x in log.read_text().split()) if log.exists() else []
+
+
+def test_grid_runs_every_combination_once_through_every_report_protocol(tmp_path, script):
+    modes = ["report", "equals", "colon", "json"]
+    cfg = space(tmp_path / "space.json", {"x": {"type": "discrete", "values": [1, 2, 3]},
+                                          "mode": {"type": "categorical", "values": modes}})
+    out = tmp_path / "out"
+    proc = sweep(cfg, "-j", 2, "--out", out, "--script", script, "--quiet")
+    result = results(out)
+    trials = result["trials"]
+    assert [t["state"] for t in trials] == ["COMPLETE"] * 12, [t["reason"] for t in trials]
+    assert sorted((t["params"]["x"], t["params"]["mode"]) for t in trials) == sorted(itertools.product([1, 2, 3], modes))
+    for t in trials:
+        assert t["value"] == 10 * t["params"]["x"]
+        for key in ("number", "params", "value", "state", "duration_s", "run_dir"):
+            assert key in t
+        assert (Path(t["run_dir"]) / "stdout.log").exists() and (Path(t["run_dir"]) / "command.txt").exists()
+    assert result["best"]["value"] == 10 and result["best"]["params"]["x"] == 1
+    assert (out / "report.html").exists() and (out / "sweep-history.png").exists() and (out / "study.journal").exists()
+    assert "best: trial" in proc.stdout
+
+
+def test_failing_trials_are_recorded_with_their_reason_and_the_sweep_goes_on(tmp_path, script):
+    cfg = tmp_path / "space.json"
+    cfg.write_text(json.dumps({
+        "algorithm": "grid", "parameters": {"mode": {"type": "categorical", "values": ["crash", "nan", "silent", "slow", "report"]}},
+        "spec": {"metric": "score", "objective": "minimize", "retryLimit": 1}}))
+    out = tmp_path / "out"
+    sweep(cfg, "-j", 2, "--out", out, "--script", script, "--trial-timeout", 3, "--quiet")
+    trials = results(out)["trials"]
+    by_mode: dict = {}
+    for t in trials:
+        by_mode.setdefault(t["params"]["mode"], []).append(t)
+    assert [t["state"] for t in by_mode["report"]] == ["COMPLETE"]
+    assert [t["attempt"] for t in by_mode["crash"]] == [0, 1], "retryLimit 1: one retry"
+    assert all(t["state"] == "FAIL" for m in ("crash", "nan", "silent", "slow") for t in by_mode[m])
+    assert by_mode["crash"][0]["reason"] == "exit status 3: boom"
+    assert "score = nan" in by_mode["nan"][0]["reason"]
+    assert "never reported 'score'" in by_mode["silent"][0]["reason"]
+    assert by_mode["slow"][0]["reason"] == "timed out after 3 s"
+    assert results(out)["best"]["params"]["mode"] == "report"
+
+
+def test_median_pruner_stops_trials_worse_than_the_median(tmp_path, script):
+    cfg = space(tmp_path / "space.json", {"x": {"type": "discrete", "values": list(range(9))}})
+    out = tmp_path / "out"
+    sweep(cfg, "-j", 2, "--out", out, "--script", script, "--quiet", "--", "--steps", 4, "--sleep", 0.3)
+    trials = results(out)["trials"]
+    pruned = [t for t in trials if t["state"] == "PRUNED"]
+    assert pruned, [(t["params"], t["state"]) for t in trials]
+    assert all(t["reason"].startswith("pruned at step") and t["params"]["x"] >= 4 for t in pruned)
+    assert all(t["intermediate"] for t in trials)
+
+
+def test_sigkill_and_rerun_loses_and_repeats_nothing(tmp_path, script):
+    cfg = space(tmp_path / "space.json", {"x": {"type": "discrete", "values": list(range(6))}})
+    out = tmp_path / "out"
+    args = [*PARATRAIN, str(cfg), "-j", "2", "--out", str(out), "--script", str(script), "--quiet", "--", "--sleep", "1.5"]
+    driver = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while len(finished(tmp_path)) < 2 and time.time() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.5)                                   # the next trials are under way
+    os.kill(driver.pid, signal.SIGKILL)
+    driver.wait()
+    before = finished(tmp_path)
+    assert 2 <= len(before) < 6
+    time.sleep(2.0)
+    survivors = [p for p in psutil.process_iter(["cmdline"]) if str(script) in " ".join(p.info["cmdline"] or [])]
+    assert not survivors, "trials outlived their killed sweep"
+
+    subprocess.run(args, check=True, capture_output=True, timeout=120)
+    assert finished(tmp_path) == [0, 1, 2, 3, 4, 5], "every combination finished exactly once over both runs"
+    trials = results(out)["trials"]
+    complete = sorted(t["params"]["x"] for t in trials if t["state"] == "COMPLETE")
+    assert complete == [0, 1, 2, 3, 4, 5]
+    for t in trials:
+        if t["state"] != "COMPLETE":
+            assert t["state"] == "FAIL" and t["reason"].startswith("interrupted"), t
+    assert len(trials) - len(complete) >= 1, "the trials running at the kill are on record as interrupted"
+
+
+def test_two_drivers_share_one_study(tmp_path, script):
+    cfg = space(tmp_path / "space.json", {"x": {"type": "discrete", "values": list(range(6))}})
+    out = tmp_path / "out"
+    first = subprocess.Popen([*PARATRAIN, str(cfg), "--out", str(out), "--script", str(script), "--quiet", "--",
+                              "--sleep", "0.8"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not (out / "trials").exists() and time.time() < deadline:
+        time.sleep(0.1)
+    second = sweep("--join", out, "--quiet")
+    assert first.wait(timeout=120) == 0, first.stderr.read()
+    assert "best: trial" in second.stdout
+    trials = results(out)["trials"]
+    assert sorted(t["params"]["x"] for t in trials) == [0, 1, 2, 3, 4, 5]       # each item once: no duplicates
+    assert all(t["state"] == "COMPLETE" for t in trials)
+    assert finished(tmp_path) == [0, 1, 2, 3, 4, 5]
+    pids = _owner_pids(out)
+    assert len(pids) == 2, f"both drivers ran trials: {pids}"
+
+
+def _owner_pids(out: Path) -> set[int]:
+    import optuna
+    from optuna.storages.journal import JournalFileBackend
+
+    storage = optuna.storages.JournalStorage(JournalFileBackend(str(out / "study.journal")))
+    study = optuna.load_study(study_name="sweep", storage=storage)
+    return {t.user_attrs["owner"]["pid"] for t in study.trials}
+
+
+def test_multi_objective_finds_a_pareto_front(tmp_path):
+    script = tmp_path / "mo.py"
+    script.write_text("import argparse\np = argparse.ArgumentParser(); p.add_argument('--width', type=int)\n"
+                      "w = p.parse_args().width\nprint(f'val_accuracy={1 - 1 / w} time_s={w * w}')\n")
+    cfg = tmp_path / "space.json"
+    cfg.write_text(json.dumps({"algorithm": "random", "parameters": {"width": {"type": "integer", "min": 1, "max": 40}},
+                               "spec": {"metric": ["val_accuracy", "time_s"], "objective": ["maximize", "minimize"],
+                                        "maxCombo": 8, "seed": 1}}))
+    out = tmp_path / "out"
+    sweep(cfg, "-j", 2, "--out", out, "--script", script, "--quiet")
+    result = results(out)
+    front = result["best"]["pareto_front"]
+    done = [t for t in result["trials"] if t["state"] == "COMPLETE"]
+    assert len(done) == 8 and front
+    # Accuracy rises and time rises with width: every distinct width is Pareto-optimal.
+    assert sorted({t["params"]["width"] for t in front}) == sorted({t["params"]["width"] for t in done})
+    assert (out / "sweep-pareto.png").exists()
+
+
+def test_builtin_workload_sweep_with_derived_lr(tmp_path):
+    cfg = tmp_path / "space.json"
+    cfg.write_text(json.dumps({"algorithm": "grid", "parameters": {"batch_size": {"type": "discrete", "values": [16, 64]}},
+                               "spec": {"metric": "val_accuracy", "objective": "maximize"},
+                               "lr_scaling": {"rule": "linear", "base_batch_size": 16, "base_lr": 0.01}}))
+    out = tmp_path / "out"
+    sweep(cfg, "-j", 2, "--out", out, "--workload", "synthetic-cnn", "--synthetic-samples", 512, "--epochs", 2,
+          "--pruner", "none", "--quiet")
+    result = results(out)
+    assert [t["state"] for t in result["trials"]] == ["COMPLETE", "COMPLETE"]
+    for t in result["trials"]:
+        summary = json.loads((Path(t["run_dir"]) / "run" / "summary.json").read_text())
+        assert summary["status"] == "completed" and summary["batch_size"] == t["params"]["batch_size"]
+        assert summary["lr"] == pytest.approx(0.01 * t["params"]["batch_size"] / 16)
+        assert t["value"] == summary["val_accuracy"] and t["launch_overhead_s"] is not None
+        assert list(t["intermediate"]) == ["0", "1"]
+    with browser_page(out / "report.html") as page:
+        assert page.evaluate("document.querySelectorAll('#trials tbody tr').length") == 2
+        assert page.evaluate("document.querySelectorAll('#best tbody tr').length") == 1
+
+
+# -- PostgreSQL -------------------------------------------------------------------------------
+
+@pytest.fixture
+def postgres(tmp_path):
+    """A throwaway PostgreSQL server on a free port, run as the `postgres` user."""
+    initdb = next(iter(sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))), None) if Path("/usr/lib/postgresql").exists() else None
+    if initdb is None:
+        pytest.skip("POSTGRESQL TEST SKIPPED: Debian's postgresql is not installed (make test installs it as root)")
+    bin_dir = initdb.parent
+    as_postgres = [] if os.getuid() != 0 else ["runuser", "-u", "postgres", "--"]
+    if os.getuid() == 0:
+        try:
+            import pwd
+
+            pwd.getpwnam("postgres")
+        except KeyError:
+            pytest.skip("POSTGRESQL TEST SKIPPED: no postgres user to run the server as")
+    # pytest's tmp dirs are private to root; the server's data dir must be reachable by its user.
+    home = Path(tempfile.mkdtemp(prefix="paratrain-pg-"))
+    data = home / "data"
+    data.mkdir()
+    if os.getuid() == 0:
+        shutil.chown(home, "postgres")
+        shutil.chown(data, "postgres")
+    port = _free_port()
+    subprocess.run([*as_postgres, str(initdb), "-D", str(data), "-A", "trust", "-U", "postgres"], check=True, capture_output=True)
+    started = subprocess.run([*as_postgres, str(bin_dir / "pg_ctl"), "-D", str(data), "-w", "-l", str(data / "log"), "-o",
+                              f"-p {port} -k {data} -c listen_addresses=127.0.0.1", "start"], capture_output=True, text=True)
+    if started.returncode != 0:
+        pytest.skip(f"POSTGRESQL TEST SKIPPED: the server did not start: {started.stderr.strip()[:200]}")
+    try:
+        subprocess.run([*as_postgres, str(bin_dir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "sweeps"],
+                       check=True, capture_output=True)
+        yield f"postgresql://postgres@127.0.0.1:{port}/sweeps"
+    finally:
+        subprocess.run([*as_postgres, str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"], capture_output=True)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_postgresql_storage_shared_by_two_drivers(tmp_path, script, postgres):
+    cfg = space(tmp_path / "space.json", {"x": {"type": "discrete", "values": list(range(4))}})
+    first = subprocess.Popen([*PARATRAIN, str(cfg), "--out", str(tmp_path / "a"), "--storage", postgres, "--script", str(script),
+                              "--quiet", "--", "--sleep", "0.8"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not (tmp_path / "a" / "trials").exists() and time.time() < deadline:
+        time.sleep(0.1)
+    second = sweep("--join", postgres, "--out", tmp_path / "b", "--quiet")
+    assert first.wait(timeout=120) == 0, first.stderr.read()
+    trials = results(tmp_path / "a")["trials"]
+    assert sorted(t["params"]["x"] for t in trials) == [0, 1, 2, 3] and all(t["state"] == "COMPLETE" for t in trials)
+    dirs = {Path(t["run_dir"]).parent.parent.name for t in trials}
+    assert dirs == {"a", "b"}, "both drivers ran trials, each into its own --out"
+    assert "storage" in results(tmp_path / "b") and "postgresql://postgres@" in second.stderr + json.dumps(results(tmp_path / "b"))
+
+
+# -- bad input --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", ["missing", "malformed", "no-script", "not-executable", "bad-param", "oversubscribe",
+                                  "bad-join", "bad-metric"])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, script, case):
+    good = space(tmp_path / "space.json", {"x": {"type": "discrete", "values": [1, 2]}})
+    out = tmp_path / "out"
+    plain = tmp_path / "plain.sh"
+    plain.write_text("#!/bin/sh\necho score=1\n")
+    args = {
+        "missing": [tmp_path / "nope.json", "--out", out, "--script", script],
+        "malformed": [_write(tmp_path / "bad.json", '{"algorithm": "grid",\n "parameters": {"x": }}'), "--out", out, "--script", script],
+        "no-script": [good, "--out", out, "--script", tmp_path / "nope.py"],
+        "not-executable": [good, "--out", out, "--script", plain],
+        "bad-param": [space(tmp_path / "s2.json", {"hidden": {"type": "integer", "min": 1, "max": 2}}, metric="val_loss"), "--out", out],
+        "oversubscribe": [good, "-j", os.cpu_count() + 1, "--out", out, "--script", script],
+        "bad-join": ["--join", tmp_path / "nowhere"],
+        "bad-metric": [space(tmp_path / "s3.json", {"batch_size": {"type": "discrete", "values": [8]}}, metric="f1"), "--out", out,
+                       "--lr-scaling", "none"],
+    }[case]
+    proc = sweep(*args, check=False)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert not out.exists(), "nothing written on bad input"
+    expected = {"missing": "does not exist", "malformed": "line 2, column 22: expected value", "no-script": "does not exist",
+                "not-executable": "not executable", "bad-param": "'hidden' is not a train option",
+                "oversubscribe": "cores", "bad-join": "no sweep there", "bad-metric": "'f1' is not in"}[case]
+    assert expected in lines[0], lines[0]
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
