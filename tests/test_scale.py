@@ -153,7 +153,7 @@ def test_bad_worker_lists(tmp_path, capsys, workers, message):
 
 def test_report_refuses_a_directory_that_is_no_run(tmp_path, capsys):
     assert main(["report", str(tmp_path)]) == 2
-    assert "neither a paratrain run" in capsys.readouterr().err
+    assert "is not a paratrain run (config.json), scaling study (scaling.json) or sweep" in capsys.readouterr().err
 
 
 def test_compare_prints_differences_and_writes_overlays(study_dir, tmp_path, capsys):

@@ -38,9 +38,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     # Everything after `--` belongs to a sweep's script, untouched by argparse.
     passthrough = argv[argv.index("--") + 1:] if "--" in argv else []
     args = parser.parse_args(argv[:len(argv) - len(passthrough) - (1 if "--" in argv else 0)])
-    if "--" in argv and getattr(args, "command", None) != "sweep":
+    if getattr(args, "command", None) == "sweep":
+        args.script_args = passthrough
+    elif "--" in argv:
         parser.error("arguments after -- are only for paratrain sweep --script")
-    args.script_args = passthrough
     if not hasattr(args, "handler"):
         parser.print_help()
         return 2
