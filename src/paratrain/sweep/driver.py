@@ -373,7 +373,7 @@ def record_end(study: Any, number: int, outcome: Outcome, interrupted: bool = Fa
     from optuna.trial import TrialState
 
     trial_id = study._storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
-    attrs = {"reason": outcome.reason, "metrics": outcome.metrics, "duration_s": outcome.duration_s,
+    attrs = {"reason": outcome.reason, "metrics": outcome.metrics, "duration_s": outcome.duration_s, "ended_at": time.time(),
              "launch_overhead_s": outcome.launch_overhead_s, "interrupted": interrupted}
     for key, value in attrs.items():
         study._storage.set_trial_user_attr(trial_id, key, value)
@@ -441,6 +441,7 @@ class Driver:
             self.listener("end", {**info, "state": "FAIL", "reason": outcome.reason})
             return
         self.running[number] = proc
+        claim.trial.set_user_attr("started_at", proc.started_unix)
         self.listener("start", info)
         stopped_because: Optional[tuple[str, str]] = None      # (state, reason)
         metric = self.sweep.space.metrics[0]
@@ -489,6 +490,10 @@ class Driver:
 def run_sweep(cfg: SweepConfig, listener: Listener = lambda kind, info: None,
               on_ready: Callable[[Sweep, list[Slot], str, int, int], None] = lambda *a: None) -> dict[str, Any]:
     """Run (or resume, or join) a sweep to the end of its budget; returns what sweep.json holds."""
+    if cfg.join is None:
+        # The fork server imports torch (about 4 s here) in its own process while this one
+        # validates the input and opens the study.
+        start_server(builtin=cfg.script is None)
     sweep, study, lock, where, slots = prepare(cfg)
     driver = Driver(sweep, study, lock, slots, listener)
     finished = {t.user_attrs["item"] for t in study.get_trials(deepcopy=False)
@@ -529,5 +534,6 @@ def _row(t: Any, space: SearchSpace) -> dict[str, Any]:
             "state": t.state.name, "duration_s": attrs.get("duration_s"), "run_dir": attrs.get("trial_dir"),
             "reason": attrs.get("reason"), "metrics": attrs.get("metrics") or {},
             "item": attrs["item"], "repeat": attrs.get("repeat", 0), "attempt": attrs.get("attempt", 0),
-            "launch_overhead_s": attrs.get("launch_overhead_s"),
+            "launch_overhead_s": attrs.get("launch_overhead_s"), "started_at": attrs.get("started_at"),
+            "ended_at": attrs.get("ended_at"),
             "intermediate": {str(k): v for k, v in sorted(t.intermediate_values.items())}}
