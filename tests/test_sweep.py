@@ -300,7 +300,7 @@ def test_postgresql_storage_shared_by_two_drivers(tmp_path, script, postgres):
 # -- bad input --------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("case", ["missing", "malformed", "no-script", "not-executable", "bad-param", "oversubscribe",
-                                  "bad-join", "bad-metric"])
+                                  "bad-join", "bad-metric", "bad-data-dir"])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, script, case):
     good = space(tmp_path / "space.json", {"x": {"type": "discrete", "values": [1, 2]}})
     out = tmp_path / "out"
@@ -316,6 +316,8 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, script, case)
         "bad-join": ["--join", tmp_path / "nowhere"],
         "bad-metric": [space(tmp_path / "s3.json", {"batch_size": {"type": "discrete", "values": [8]}}, metric="f1"), "--out", out,
                        "--lr-scaling", "none"],
+        "bad-data-dir": [space(tmp_path / "s4.json", {"lr": {"type": "discrete", "values": [0.1]}}, metric="val_loss"), "--out", out,
+                         "--data-dir", tmp_path / "no-data"],
     }[case]
     proc = sweep(*args, check=False)
     assert proc.returncode == 2, proc.stderr
@@ -324,7 +326,8 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, script, case)
     assert not out.exists(), "nothing written on bad input"
     expected = {"missing": "does not exist", "malformed": "line 2, column 22: expected value", "no-script": "does not exist",
                 "not-executable": "not executable", "bad-param": "'hidden' is not a train option",
-                "oversubscribe": "cores", "bad-join": "no sweep there", "bad-metric": "'f1' is not in"}[case]
+                "oversubscribe": "cores", "bad-join": "no sweep there", "bad-metric": "'f1' is not in",
+                "bad-data-dir": "no-data"}[case]
     assert expected in lines[0], lines[0]
 
 

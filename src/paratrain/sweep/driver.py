@@ -147,11 +147,16 @@ def _check_builtin(space: SearchSpace, train: dict[str, Any]) -> None:
             and space.lr_scaling is None:
         raise UsageError(f"sweeping batch_size with {flag('lr_scaling')} {train.get('lr_scaling', 'linear')} needs "
                          f"{flag('base_batch_size')} (the batch --lr is meant for), or {flag('lr_scaling')} none for a fixed LR")
-    # A trial that cannot even be configured would fail every time: check one now.
+    # A trial that cannot even be configured would fail every time: check one now, and load its
+    # data here, once, so that a dataset still to be decoded is not decoded by every trial at once
+    # (and a bad --data-dir is an input error, not a sweep of failures).
     from paratrain.config import validate
+    from paratrain.workloads import check_model, load_data
 
     probe = {**train, **space.grid()[0], **space.derived(space.grid()[0])} if space.algorithm == "grid" else dict(train)
-    validate(TrainConfig, probe)
+    cfg = validate(TrainConfig, probe)
+    check_model(cfg)
+    load_data(cfg)
 
 
 def _open_study(storage: Any, name: str, sweep: Sweep, create: bool, worker_salt: int = 0) -> Any:
