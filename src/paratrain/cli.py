@@ -278,7 +278,8 @@ def _sweep(args: argparse.Namespace) -> int:
     def ready(sweep, slots, where, items, done) -> None:
         progress.append(SweepProgress(sweep.space.metrics, items, done, cfg.quiet))
         progress[0].console.print(f"[bold]sweep[/] {sweep.space.name!r}: {sweep.space.algorithm}, {items} trial(s), "
-                                  f"{len(slots)} at once ({'; '.join(s.describe() for s in slots)}); storage {where}")
+                                  f"{len(slots)} at once ({'; '.join(s.describe() for s in slots)}); storage {where}",
+                                  soft_wrap=True)
         progress[0].__enter__()
 
     def listen(kind, info) -> None:
@@ -304,13 +305,13 @@ def _print_sweep(result: dict[str, Any]) -> None:
 
     metrics = result["metric"]
     table = Table(title=f"sweep {result['name']!r}: {', '.join(f'{m} ({o})' for m, o in zip(metrics, result['objective']))}")
-    for col in ("trial", "params", *metrics, "time (s)", "state"):
+    shown_metrics = [*metrics, *(["time_s"] if "time_s" not in metrics else [])]     # the trial's duration
+    for col in ("trial", "params", *shown_metrics, "state"):
         table.add_column(col, justify="left" if col in ("params", "state") else "right")
     for r in result["trials"]:
-        shown = [f"{r['metrics'][m]:.4g}" if m in r["metrics"] else "-" for m in metrics]
+        shown = [f"{r['metrics'][m]:.4g}" if m in r["metrics"] else "-" for m in shown_metrics]
         state = r["state"].lower() + (f": {r['reason']}" if r["reason"] and r["state"] != "COMPLETE" else "")
-        table.add_row(str(r["number"]), show_params(r["params"]), *shown,
-                      f"{r['duration_s']:.1f}" if r["duration_s"] is not None else "-", state[:80])
+        table.add_row(str(r["number"]), show_params(r["params"]), *shown, state[:80])
     console = _wide_console()
     console.print(table)
     best = result["best"]

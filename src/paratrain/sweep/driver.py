@@ -49,6 +49,7 @@ class Sweep:
     trial_timeout: Optional[float]
     out: Path
     spec: dict[str, Any]             # what is stored in the study, and compared on resume
+    storage: Any = None              # the Optuna storage, once opened
 
     def last_step(self, params: dict[str, Any]) -> Optional[int]:
         """A built-in trial reports once per epoch; a script's last step is unknown."""
@@ -78,6 +79,7 @@ def prepare(cfg: SweepConfig) -> tuple[Sweep, Any, "ClaimLock", str, list[Slot]]
     slots = plan_slots(cfg.jobs, sweep.workers_per_trial, cfg.allow_oversubscribe, gpus=gpu_count())
     study_name = cfg.study_name or space.name
     storage, lock, where = open_storage(cfg.storage, cfg.out)
+    sweep.storage = storage
     study = _open_study(storage, study_name, sweep, create=True)
     stored = study.user_attrs.get(SPEC_ATTR)
     if stored is None:
@@ -116,6 +118,7 @@ def _join(cfg: SweepConfig) -> tuple[Sweep, Any, "ClaimLock", str, list[Slot]]:
         raise UsageError(f"--join {target}: study {name!r} was not made by paratrain sweep")
     space = parse_space(spec["config"], f"the stored search space of {name!r}")
     sweep = _build(spec, space, out)
+    sweep.storage = storage
     slots = plan_slots(cfg.jobs, sweep.workers_per_trial, cfg.allow_oversubscribe, gpus=gpu_count())
     study = _open_study(storage, name, sweep, create=False, worker_salt=os.getpid())
     out.mkdir(parents=True, exist_ok=True)
@@ -135,7 +138,8 @@ def _build(spec: dict[str, Any], space: SearchSpace, out: Path) -> Sweep:
 def _check_builtin(space: SearchSpace, train: dict[str, Any]) -> None:
     """A built-in trial is `paratrain train`: the parameters must be its options, the metrics its summary's."""
     fields = set(TrainConfig.model_fields)
-    for param in [p.name for p in space.parameters] + list(space.derived({p.name: 1 for p in space.parameters})):
+    derived = [space.lr_scaling.lr_param] if space.lr_scaling else []
+    for param in [p.name for p in space.parameters] + derived:
         if param not in fields or param in ("workers", "run_dir", "resume"):
             raise UsageError(f"parameter {param!r} is not a train option a trial can vary; "
                              f"name parameters after train flags ({flag('batch_size')} -> batch_size), or use --script")
@@ -325,7 +329,7 @@ class Claimer:
             trials = self.study.get_trials(deepcopy=False)
             for t in trials:
                 if t.state == TrialState.RUNNING and "item" in t.user_attrs and _orphaned(t, self.me):
-                    record_end(self.study, t.number, Outcome("FAIL", reason="interrupted: its sweep driver stopped"),
+                    record_end(self.sweep, self.study, t.number, Outcome("FAIL", reason="interrupted: its sweep driver stopped"),
                                interrupted=True)
             trials = self.study.get_trials(deepcopy=False)
             by_item: dict[int, list[Any]] = defaultdict(list)
@@ -373,15 +377,20 @@ class Claimer:
         return Claim(trial, params, item, repeat, attempt)
 
 
-def record_end(study: Any, number: int, outcome: Outcome, interrupted: bool = False) -> None:
-    """Store a trial's end: its values (complete), or its state and the reason."""
+def _trial_id(sweep: Sweep, study: Any, number: int) -> int:
+    storage = sweep.storage
+    return storage.get_trial_id_from_study_id_trial_number(storage.get_study_id_from_name(study.study_name), number)
+
+
+def record_end(sweep: Sweep, study: Any, number: int, outcome: Outcome, interrupted: bool = False) -> None:
+    """Store a trial's end (this driver's or an orphan's): its values, or its state and the reason."""
     from optuna.trial import TrialState
 
-    trial_id = study._storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
+    trial_id = _trial_id(sweep, study, number)
     attrs = {"reason": outcome.reason, "metrics": outcome.metrics, "duration_s": outcome.duration_s, "ended_at": time.time(),
              "launch_overhead_s": outcome.launch_overhead_s, "interrupted": interrupted}
     for key, value in attrs.items():
-        study._storage.set_trial_user_attr(trial_id, key, value)
+        sweep.storage.set_trial_user_attr(trial_id, key, value)
     state = {"COMPLETE": TrialState.COMPLETE, "PRUNED": TrialState.PRUNED, "FAIL": TrialState.FAIL}[outcome.state]
     study.tell(number, outcome.values if state == TrialState.COMPLETE else None, state=state, skip_if_finished=True)
 
@@ -442,7 +451,7 @@ class Driver:
                                 self.sweep.workers_per_trial, number)
         except Exception as exc:
             outcome = Outcome("FAIL", reason=f"could not start: {exc}")
-            record_end(self.study, number, outcome)
+            record_end(self.sweep, self.study, number, outcome)
             self.listener("end", {**info, "state": "FAIL", "reason": outcome.reason})
             return
         self.running[number] = proc
@@ -477,18 +486,18 @@ class Driver:
         if stopped_because is not None:
             outcome.state, outcome.reason, outcome.values = stopped_because[0], stopped_because[1], None
         interrupted = stopped_because is not None and stopped_because[1].startswith("interrupted")
-        record_end(self.study, number, outcome, interrupted=interrupted)
+        record_end(self.sweep, self.study, number, outcome, interrupted=interrupted)
         self.listener("end", {**info, "state": outcome.state, "values": outcome.values, "reason": outcome.reason,
                               "duration_s": outcome.duration_s, "metrics": outcome.metrics})
 
     def _heartbeat(self) -> None:
-        storage, study_id = self.study._storage, self.study._study_id
+        from optuna.exceptions import UpdateFinishedTrialError
+
         while not self.stopping.wait(HEARTBEAT_S):
             for number in list(self.running):
-                trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, number)
                 try:
-                    storage.set_trial_user_attr(trial_id, "heartbeat", time.time())
-                except Exception:      # the trial just finished: nothing to keep alive
+                    self.sweep.storage.set_trial_user_attr(_trial_id(self.sweep, self.study, number), "heartbeat", time.time())
+                except UpdateFinishedTrialError:      # it finished meanwhile: nothing to keep alive
                     pass
 
 

@@ -138,7 +138,10 @@ class Parameter:
         if self.scaling == "lognormal":
             low, high = math.exp(low), math.exp(high)
         if self.type == "integer":
-            low, high = math.floor(max(low, 1 if self.scaling == "lognormal" else low)), math.ceil(high)
+            # Whole numbers covering the range; a log-scaled integer range must start at 1 or more.
+            low, high = math.floor(low), math.ceil(high)
+            if self.scaling == "lognormal":
+                low = max(low, 1)
         return low, high
 
     def grid(self, size: int) -> list[Any]:
