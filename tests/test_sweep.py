@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -81,6 +82,11 @@ def results(out: Path) -> dict:
     return json.loads((out / "sweep.json").read_text())
 
 
+def _failures(trials: list[dict]) -> list[tuple]:
+    """What went wrong, for an assertion message: pytest cuts long reprs, so only the bad trials."""
+    return [(t["number"], t["params"], t["state"], t["reason"]) for t in trials if t["state"] != "COMPLETE"]
+
+
 def finished(tmp_path: Path) -> list[float]:
     log = tmp_path / "finished.log"
     return sorted(float(x) for x in log.read_text().split()) if log.exists() else []
@@ -94,7 +100,7 @@ def test_grid_runs_every_combination_once_through_every_report_protocol(tmp_path
     proc = sweep(cfg, "-j", 2, "--out", out, "--script", script, "--quiet")
     result = results(out)
     trials = result["trials"]
-    assert [t["state"] for t in trials] == ["COMPLETE"] * 12, [t["reason"] for t in trials]
+    assert [t["state"] for t in trials] == ["COMPLETE"] * 12, _failures(trials)
     assert sorted((t["params"]["x"], t["params"]["mode"]) for t in trials) == sorted(itertools.product([1, 2, 3], modes))
     for t in trials:
         assert t["value"] == 10 * t["params"]["x"]
@@ -104,6 +110,39 @@ def test_grid_runs_every_combination_once_through_every_report_protocol(tmp_path
     assert result["best"]["value"] == 10 and result["best"]["params"]["x"] == 1
     assert (out / "report.html").exists() and (out / "sweep-history.png").exists() and (out / "study.journal").exists()
     assert "best: trial" in proc.stdout
+
+
+def test_a_finished_trial_keeps_its_exit_code_while_another_slot_starts_one(tmp_path, monkeypatch):
+    """Regression: CI saw a trial fail with 'exit status 255'. Process.start() polls every live
+    child; when it polled a finished trial at the moment that trial's own slot thread did, CPython's
+    forkserver Popen let both read the exit code, and the loser's EOF became 255 (gh-130895).
+    A slowed-down read makes that window certain instead of rare."""
+    from multiprocessing import forkserver
+    from multiprocessing.connection import wait
+
+    from paratrain.sweep.trial import ScriptCommand, Slot, TrialProcess
+
+    quick = _write(tmp_path / "quick.sh", '#!/bin/sh\necho "score=$2"\n')
+    quick.chmod(0o755)
+    slot = Slot(0, tuple(sorted(os.sched_getaffinity(0))))
+    first = TrialProcess(ScriptCommand(str(quick)), {"x": 1}, tmp_path / "a", slot, 0, 1, 0)
+    assert wait([first.process.sentinel], 30), "the trial did not finish"
+    read_signed = forkserver.read_signed
+
+    def slow_read(fd: int) -> int:
+        time.sleep(0.3)
+        return read_signed(fd)
+
+    monkeypatch.setattr(forkserver, "read_signed", slow_read)
+    poller = threading.Thread(target=first.running)          # the trial's own slot thread polling
+    poller.start()
+    time.sleep(0.05)
+    second = TrialProcess(ScriptCommand(str(quick)), {"x": 2}, tmp_path / "b", slot, 0, 1, 1)   # polls `first` too
+    poller.join()
+    outcome = first.outcome(["score"])
+    assert (outcome.state, outcome.values, outcome.reason) == ("COMPLETE", [1.0], None)
+    second.wait(30)
+    assert second.outcome(["score"]).values == [2.0]
 
 
 def test_failing_trials_are_recorded_with_their_reason_and_the_sweep_goes_on(tmp_path, script):
@@ -334,3 +373,31 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, script, case)
 def _write(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "gp"])
+def test_bayes_search_with_repeats(tmp_path, script, sampler):
+    cfg = tmp_path / "space.json"
+    cfg.write_text(json.dumps({"algorithm": "bayes", "trials": 2,
+                               "parameters": {"x": {"type": "float", "min": -1.0, "max": 1.0}},
+                               "spec": {"metric": "score", "objective": "minimize", "maxCombo": 4, "sampler": sampler}}))
+    out = tmp_path / "out"
+    sweep(cfg, "-j", 2, "--out", out, "--script", script, "--quiet")
+    trials = results(out)["trials"]
+    assert [t["state"] for t in trials] == ["COMPLETE"] * 8, _failures(trials)
+    by_item = sorted(trials, key=lambda t: t["item"])
+    assert [t["item"] for t in by_item] == list(range(8))
+    for first, second in zip(by_item[::2], by_item[1::2]):      # repeats of a combination share its values
+        assert (first["repeat"], second["repeat"]) == (0, 1) and first["params"] == second["params"]
+    assert len({t["params"]["x"] for t in trials}) == 4
+
+
+def test_each_builtin_trial_can_be_data_parallel(tmp_path):
+    cfg = space(tmp_path / "space.json", {"lr": {"type": "discrete", "values": [0.05]}}, metric="val_loss")
+    out = tmp_path / "out"
+    sweep(cfg, "--workers-per-trial", 2, "--out", out, "--workload", "synthetic-cnn", "--synthetic-samples", 256,
+          "--epochs", 1, "--quiet")
+    (trial,) = results(out)["trials"]
+    assert trial["state"] == "COMPLETE", trial["reason"]
+    summary = json.loads((Path(trial["run_dir"]) / "run" / "summary.json").read_text())
+    assert summary["workers"] == 2 and summary["strategy"] == "ddp"

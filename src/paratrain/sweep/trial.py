@@ -18,8 +18,10 @@ import re
 import shlex
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
+from multiprocessing.connection import wait as wait_for_sentinels
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -141,6 +143,13 @@ class Outcome:
 
 _server: Any = None
 
+# The sweep's slot threads start and poll trial processes concurrently, and CPython's forkserver
+# Popen.poll() is not thread-safe: Process.start() polls every live child, and when two threads
+# poll one finished child the loser reads EOF and records exit code 255, overwriting the real one
+# (python/cpython gh-130895). Every start and poll goes through this lock; waiting is done on the
+# sentinel, which reads nothing.
+_popen_lock = threading.Lock()
+
 
 def start_server(builtin: bool) -> Any:
     """Start the fork server now, from the calling (main) thread; see paratrain.sweep.guard."""
@@ -182,7 +191,8 @@ class TrialProcess:
         ctx = start_server(builtin=isinstance(command, BuiltinCommand))
         self.process = ctx.Process(target=_trial_main, daemon=False, name=f"trial-{number}",
                                    args=(slot.cores, env, str(trial_dir / "stdout.log"), str(trial_dir / "stderr.log"), what))
-        self.process.start()
+        with _popen_lock:
+            self.process.start()
         self._offset = 0
 
     @property
@@ -193,10 +203,12 @@ class TrialProcess:
         return time.perf_counter() - self.started
 
     def running(self) -> bool:
-        return self.process.exitcode is None
+        with _popen_lock:
+            return self.process.exitcode is None
 
     def wait(self, timeout: float) -> None:
-        self.process.join(timeout)
+        """Until the trial ends or `timeout` seconds pass."""
+        wait_for_sentinels([self.process.sentinel], timeout)
 
     def new_reports(self, has_val_split: bool) -> list[tuple[Optional[int], dict[str, float]]]:
         """(step, metrics) reported since the last call: the script's report file, or the built-in
@@ -224,14 +236,15 @@ class TrialProcess:
                 os.killpg(self.pid, sig)
             except (ProcessLookupError, PermissionError):
                 return
-            self.process.join(grace)
+            self.wait(grace)
             if not self.running():
                 return
 
     def outcome(self, metrics_wanted: Sequence[str]) -> Outcome:
         """The finished trial's result: its objective values, or why there are none."""
         duration = self.elapsed()
-        code = self.process.exitcode
+        with _popen_lock:
+            code = self.process.exitcode
         final, overhead = self._final_metrics()
         final.setdefault("time_s", duration)
         if code != 0:
