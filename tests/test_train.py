@@ -25,8 +25,10 @@ def _events(run_dir: Path, kind: str) -> list[dict]:
     return [e for e in RunDir(run_dir).read_metrics() if e["event"] == kind]
 
 
-def test_ddp_on_two_ranks_equals_one_process_with_the_global_batch(tmp_path):
-    """2 gloo ranks x batch b must give the parameters one process reaches with batch 2b.
+@pytest.mark.parametrize("allreduce, used", [("shm", "shm"), ("backend", "gloo")])
+def test_ddp_on_two_ranks_equals_one_process_with_the_global_batch(tmp_path, allreduce, used):
+    """2 ranks x batch b must give the parameters one process reaches with batch 2b, whether the
+    gradients are averaged through shared memory or through gloo.
 
     Tolerance: rtol 1e-4 / atol 1e-6 — the two differ only in float32 summation order (two
     half-batch means averaged by the all-reduce vs one mean), after 8 SGD-momentum steps.
@@ -34,7 +36,8 @@ def test_ddp_on_two_ranks_equals_one_process_with_the_global_batch(tmp_path):
     common = dict(epochs=2, synthetic_samples=256, lr=0.05, lr_scaling="linear", base_batch_size=64,
                   checkpoint_every=2, warmup_epochs=1)
     one = paratrain.train(synthetic(tmp_path, run_dir=tmp_path / "one", workers=1, batch_size=64, **common))
-    two = paratrain.train(synthetic(tmp_path, run_dir=tmp_path / "two", workers=2, batch_size=32, **common))
+    two = paratrain.train(synthetic(tmp_path, run_dir=tmp_path / "two", workers=2, batch_size=32, allreduce=allreduce, **common))
+    assert two["allreduce"] == used and one["allreduce"] is None
     assert one["global_batch_size"] == two["global_batch_size"] == 64
     assert one["steps"] == two["steps"] == 8
     a, b = _model_state(tmp_path / "one"), _model_state(tmp_path / "two")

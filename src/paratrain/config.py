@@ -23,6 +23,7 @@ LRScaling = Literal["none", "linear", "sqrt"]
 Schedule = Literal["constant", "step", "exp", "inverse-time", "poly", "cosine"]
 Optimizer = Literal["sgd", "adam", "adamw", "lars", "lamb"]
 Backend = Literal["auto", "gloo", "nccl", "mpi"]
+AllReduce = Literal["auto", "shm", "backend"]
 
 
 # Fields that say where and how to record a run, not what it trains: a resumed run may change them.
@@ -52,6 +53,7 @@ class TrainConfig(BaseModel):
     workers: int = Field(1, gt=0, description="number of ranks (one per GPU, or per group of CPU cores)")
     strategy: Optional[str] = Field(None, description="parallel strategy: single or ddp (default: ddp for workers > 1)")
     backend: Backend = Field("auto", description="torch.distributed backend: nccl on GPUs and gloo on CPU by default")
+    allreduce: AllReduce = Field("auto", description="how CPU ranks on one host average gradients: shm (shared memory, x86-64 Linux), backend (the process group, e.g. gloo), auto (shm where it works)")
     threads_per_worker: Optional[int] = Field(None, gt=0, description="CPU threads per rank (default: cores // workers)")
     allow_oversubscribe: bool = Field(False, description="allow more threads than cores (slow; for testing only)")
 

@@ -21,6 +21,7 @@ class Placement:
     device_type: str                  # cpu | cuda
     threads_per_worker: int
     cpu_sets: Optional[list[list[int]]] = None   # cores of each local rank; None leaves affinity alone
+    allreduce: str = "backend"        # shm | backend: how data-parallel ranks average gradients
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -32,6 +33,7 @@ class RankContext:
     world_size: int
     local_rank: int
     device: torch.device
+    allreduce: str = "backend"
 
     @property
     def is_main(self) -> bool:
@@ -79,7 +81,7 @@ def init_rank(placement: Placement) -> RankContext:
         # instead of 0.36 ms on 2 cores (see docs/benchmarks.md).
         os.sched_setaffinity(0, placement.cpu_sets[local_rank])
     torch.set_num_threads(placement.threads_per_worker)
-    return RankContext(rank, world_size, local_rank, device)
+    return RankContext(rank, world_size, local_rank, device, placement.allreduce)
 
 
 def shutdown() -> None:

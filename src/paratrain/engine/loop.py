@@ -311,6 +311,7 @@ class Trainer:
         breakdown = {k: statistics.fmean(e["breakdown"][k] for e in steady) for k in steady[0]["breakdown"]}
         return {
             "status": "completed", "workers": self.ctx.world_size, "strategy": cfg.strategy_name,
+            "allreduce": self.strategy.allreduce,
             "batch_size": cfg.batch_size, "global_batch_size": cfg.global_batch_size, "grad_accum": cfg.grad_accum,
             "lr": self.schedule.peak_lr, "base_lr": cfg.lr, "lr_scaling": cfg.lr_scaling, "epochs": cfg.epochs,
             "steps": self.state.step, "steps_per_epoch": self.steps_per_epoch,

@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from paratrain.config import TrainConfig
 from paratrain.engine.distributed import Placement
+from paratrain.engine.shm_allreduce import shm_supported
 from paratrain.errors import UsageError
 
 
@@ -37,6 +38,10 @@ def plan_placement(cfg: TrainConfig) -> Placement:
     cuda = torch.cuda.is_available()
     backend = resolve_backend(cfg.backend, cuda)
     cores = available_cores()
+    if cfg.allreduce == "shm" and cuda:
+        raise UsageError("--allreduce shm is for CPU ranks; on GPUs the gradients go through NCCL (use --allreduce auto)")
+    if cfg.allreduce == "shm" and not shm_supported():
+        raise UsageError("--allreduce shm needs Linux on x86-64 (/dev/shm and its store ordering); use --allreduce backend")
     if cuda:
         gpus = torch.cuda.device_count()
         if cfg.workers > gpus:
@@ -54,4 +59,7 @@ def plan_placement(cfg: TrainConfig) -> Placement:
                          f"use --threads-per-worker {len(cores) // cfg.workers} (or --allow-oversubscribe)")
     threads = max(threads, 1)
     cpu_sets = [cores[i * threads:(i + 1) * threads] for i in range(cfg.workers)] if needed <= len(cores) else None
-    return Placement(backend=backend, device_type="cpu", threads_per_worker=threads, cpu_sets=cpu_sets)
+    # Waiting ranks poll shared memory; that is free only when each rank has cores of its own.
+    own_cores = cpu_sets is not None and cfg.workers > 1
+    allreduce = "shm" if cfg.allreduce == "shm" or (cfg.allreduce == "auto" and own_cores and shm_supported()) else "backend"
+    return Placement(backend=backend, device_type="cpu", threads_per_worker=threads, cpu_sets=cpu_sets, allreduce=allreduce)

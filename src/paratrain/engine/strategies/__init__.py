@@ -19,6 +19,7 @@ from paratrain.errors import UsageError
 
 class Strategy(Protocol):
     name: str
+    allreduce: Optional[str]      # what averages gradients (shm, gloo, nccl, ...); None: nothing to average
 
     def wrap(self, model: nn.Module) -> nn.Module:
         """Return the model to train, wrapped for this kind of parallelism."""

@@ -1,10 +1,14 @@
 """Data parallel: the model replicated on every rank, the batch split, gradients averaged.
 
-PyTorch's DistributedDataParallel (Li et al. 2020): gradients are bucketed and all-reduced while
-backward is still running. The comm hook below is DDP's default all-reduce with one addition: it
-stamps the moment each bucket is launched, so the loop can tell how much of the all-reduce was
-left exposed after the backward computation finished.
+PyTorch's DistributedDataParallel (Li et al. 2020): gradients are bucketed and averaged while
+backward is still running. Each bucket goes through one of two comm hooks, both of which stamp the
+moment the bucket is handed over, so the loop can tell how much of the averaging was left exposed
+after the backward computation finished:
+- `_backend_allreduce`: DDP's default, an asynchronous all-reduce on the process group (NCCL, gloo);
+- `_shm_average`: CPU ranks on one host average through shared memory (engine/shm_allreduce.py),
+  synchronously, where each rank has cores of its own (docs/training.md).
 """
+import logging
 from contextlib import AbstractContextManager
 from typing import Any, Callable, Optional
 
@@ -14,6 +18,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from paratrain.engine.distributed import RankContext
+from paratrain.engine.shm_allreduce import SharedMemoryAverage, open_shared_average
+
+log = logging.getLogger("paratrain.rank")
 
 
 class DataParallel:
@@ -22,6 +29,8 @@ class DataParallel:
     def __init__(self, ctx: RankContext, stamp: Callable[[], Any]):
         self.ctx = ctx
         self.stamp = stamp
+        self.allreduce: Optional[str] = None        # what averaged the gradients: shm, gloo, nccl, ...
+        self._shm: Optional[SharedMemoryAverage] = None
         self._last_launch: Optional[Any] = None
 
     def wrap(self, model: nn.Module) -> nn.Module:
@@ -31,7 +40,16 @@ class DataParallel:
             # Gradients live inside the buckets: saves a copy per step and the memory of one.
             gradient_as_bucket_view=True,
         )
-        wrapped.register_comm_hook(state=self, hook=_timed_allreduce)
+        if self.ctx.allreduce == "shm":
+            self._shm = open_shared_average(self.ctx.rank, self.ctx.world_size)
+            if self._shm is None:
+                log.warning("shared-memory all-reduce unavailable on some rank; averaging through %s", dist.get_backend())
+        if self._shm is not None:
+            self.allreduce = "shm"
+            wrapped.register_comm_hook(state=self, hook=_shm_average)
+        else:
+            self.allreduce = dist.get_backend()
+            wrapped.register_comm_hook(state=self, hook=_backend_allreduce)
         return wrapped
 
     def no_sync(self, model: nn.Module) -> AbstractContextManager:
@@ -45,8 +63,15 @@ class DataParallel:
         return model.module
 
 
-def _timed_allreduce(strategy: "DataParallel", bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+def _backend_allreduce(strategy: DataParallel, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     strategy._last_launch = strategy.stamp()
     tensor = bucket.buffer().div_(strategy.ctx.world_size)
     future = dist.all_reduce(tensor, async_op=True).get_future()
     return future.then(lambda fut: fut.value()[0])
+
+
+def _shm_average(strategy: DataParallel, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    strategy._last_launch = strategy.stamp()
+    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    future.set_result(strategy._shm.average_(bucket.buffer()))
+    return future

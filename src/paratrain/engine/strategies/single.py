@@ -12,6 +12,7 @@ from paratrain.errors import UsageError
 
 class SingleProcess:
     name = "single"
+    allreduce = None
 
     def __init__(self, ctx: RankContext, stamp: Callable[[], Any]):
         if ctx.world_size != 1:
