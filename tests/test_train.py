@@ -25,10 +25,12 @@ def _events(run_dir: Path, kind: str) -> list[dict]:
     return [e for e in RunDir(run_dir).read_metrics() if e["event"] == kind]
 
 
-@pytest.mark.parametrize("allreduce, used", [("shm", "shm"), ("backend", "gloo")])
-def test_ddp_on_two_ranks_equals_one_process_with_the_global_batch(tmp_path, allreduce, used):
+@pytest.mark.parametrize("allreduce, used, bucket_cap_mb", [("shm", "shm", 25.0), ("backend", "gloo", 25.0),
+                                                           ("shm", "shm", 0.01)])
+def test_ddp_on_two_ranks_equals_one_process_with_the_global_batch(tmp_path, allreduce, used, bucket_cap_mb):
     """2 ranks x batch b must give the parameters one process reaches with batch 2b, whether the
-    gradients are averaged through shared memory or through gloo.
+    gradients are averaged through shared memory or through gloo, in one DDP bucket or (10 KB
+    buckets: the CNN's gradients in 4 after the first step) in several.
 
     Tolerance: rtol 1e-4 / atol 1e-6 — the two differ only in float32 summation order (two
     half-batch means averaged by the all-reduce vs one mean), after 8 SGD-momentum steps.
@@ -36,7 +38,8 @@ def test_ddp_on_two_ranks_equals_one_process_with_the_global_batch(tmp_path, all
     common = dict(epochs=2, synthetic_samples=256, lr=0.05, lr_scaling="linear", base_batch_size=64,
                   checkpoint_every=2, warmup_epochs=1)
     one = paratrain.train(synthetic(tmp_path, run_dir=tmp_path / "one", workers=1, batch_size=64, **common))
-    two = paratrain.train(synthetic(tmp_path, run_dir=tmp_path / "two", workers=2, batch_size=32, allreduce=allreduce, **common))
+    two = paratrain.train(synthetic(tmp_path, run_dir=tmp_path / "two", workers=2, batch_size=32, allreduce=allreduce,
+                                    bucket_cap_mb=bucket_cap_mb, **common))
     assert two["allreduce"] == used and one["allreduce"] is None
     assert one["global_batch_size"] == two["global_batch_size"] == 64
     assert one["steps"] == two["steps"] == 8

@@ -54,6 +54,7 @@ class TrainConfig(BaseModel):
     strategy: Optional[str] = Field(None, description="parallel strategy: single or ddp (default: ddp for workers > 1)")
     backend: Backend = Field("auto", description="torch.distributed backend: nccl on GPUs and gloo on CPU by default")
     allreduce: AllReduce = Field("auto", description="how CPU ranks on one host average gradients: shm (shared memory, x86-64 Linux), backend (the process group, e.g. gloo), auto (shm where it works)")
+    bucket_cap_mb: float = Field(25.0, gt=0, description="DDP gradient bucket size in MB (DDP's default 25); smaller buckets start averaging earlier in backward")
     threads_per_worker: Optional[int] = Field(None, gt=0, description="CPU threads per rank (default: cores // workers)")
     allow_oversubscribe: bool = Field(False, description="allow more threads than cores (slow; for testing only)")
 

@@ -87,7 +87,7 @@ class Trainer:
         self.data = load_data(cfg)
         self.clock = Clock(ctx.device)
         self.breakdown = StepBreakdown(self.clock)
-        self.strategy: Strategy = build_strategy(cfg.strategy_name, ctx, self.clock.stamp)
+        self.strategy: Strategy = build_strategy(cfg, ctx, self.clock.stamp)
 
         module = build_model(cfg, self.data).to(ctx.device)
         if cfg.checkpoint_activations:

@@ -11,6 +11,7 @@ from typing import Any, Callable, Optional, Protocol
 
 from torch import nn
 
+from paratrain.config import TrainConfig
 from paratrain.engine.distributed import RankContext
 from paratrain.engine.strategies.ddp import DataParallel
 from paratrain.engine.strategies.single import SingleProcess
@@ -34,7 +35,8 @@ class Strategy(Protocol):
         """The plain module, for checkpoints."""
 
 
-STRATEGIES: dict[str, Callable[[RankContext, Callable[[], Any]], Strategy]] = {
+# Each is built from the run's config, the rank's context and the clock's stamp function.
+STRATEGIES: dict[str, Callable[[TrainConfig, RankContext, Callable[[], Any]], Strategy]] = {
     "single": SingleProcess,
     "ddp": DataParallel,
 }
@@ -45,6 +47,6 @@ def check_strategy(name: str) -> None:
         raise UsageError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}")
 
 
-def build_strategy(name: str, ctx: RankContext, stamp: Callable[[], Any]) -> Strategy:
-    check_strategy(name)
-    return STRATEGIES[name](ctx, stamp)
+def build_strategy(cfg: TrainConfig, ctx: RankContext, stamp: Callable[[], Any]) -> Strategy:
+    check_strategy(cfg.strategy_name)
+    return STRATEGIES[cfg.strategy_name](cfg, ctx, stamp)

@@ -6,7 +6,8 @@ moment the bucket is handed over, so the loop can tell how much of the averaging
 after the backward computation finished:
 - `_backend_allreduce`: DDP's default, an asynchronous all-reduce on the process group (NCCL, gloo);
 - `_shm_average`: CPU ranks on one host average through shared memory (engine/shm_allreduce.py),
-  synchronously, where each rank has cores of its own (docs/training.md).
+  all buckets at once when the last is ready, where each rank has cores of its own
+  (docs/training.md).
 """
 import logging
 from contextlib import AbstractContextManager
@@ -17,6 +18,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from paratrain.config import TrainConfig
 from paratrain.engine.distributed import RankContext
 from paratrain.engine.shm_allreduce import SharedMemoryAverage, open_shared_average
 
@@ -26,17 +28,20 @@ log = logging.getLogger("paratrain.rank")
 class DataParallel:
     name = "ddp"
 
-    def __init__(self, ctx: RankContext, stamp: Callable[[], Any]):
+    def __init__(self, cfg: TrainConfig, ctx: RankContext, stamp: Callable[[], Any]):
         self.ctx = ctx
+        self.bucket_cap_mb = cfg.bucket_cap_mb
         self.stamp = stamp
         self.allreduce: Optional[str] = None        # what averaged the gradients: shm, gloo, nccl, ...
         self._shm: Optional[SharedMemoryAverage] = None
+        self._pending: list[tuple[torch.Tensor, torch.futures.Future]] = []    # buckets of this step, in order
         self._last_launch: Optional[Any] = None
 
     def wrap(self, model: nn.Module) -> nn.Module:
         wrapped = DistributedDataParallel(
             model,
             device_ids=[self.ctx.device.index] if self.ctx.device.type == "cuda" else None,
+            bucket_cap_mb=self.bucket_cap_mb,
             # Gradients live inside the buckets: saves a copy per step and the memory of one.
             gradient_as_bucket_view=True,
         )
@@ -71,7 +76,14 @@ def _backend_allreduce(strategy: DataParallel, bucket: dist.GradBucket) -> torch
 
 
 def _shm_average(strategy: DataParallel, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    strategy._last_launch = strategy.stamp()
+    # Buckets wait until the last one is ready and are then averaged together: the ranks meet
+    # once per step instead of once per bucket, and each meeting costs the wait for the slower
+    # rank. Nothing is lost to overlap: averaging runs on the rank's own core, as backward does.
     future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    future.set_result(strategy._shm.average_(bucket.buffer()))
+    strategy._pending.append((bucket.buffer(), future))
+    if bucket.is_last():
+        strategy._last_launch = strategy.stamp()
+        for buffer, pending in strategy._pending:
+            pending.set_result(strategy._shm.average_(buffer))
+        strategy._pending.clear()
     return future

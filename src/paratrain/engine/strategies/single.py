@@ -6,6 +6,7 @@ from typing import Any, Callable, Optional
 
 from torch import nn
 
+from paratrain.config import TrainConfig
 from paratrain.engine.distributed import RankContext
 from paratrain.errors import UsageError
 
@@ -14,7 +15,7 @@ class SingleProcess:
     name = "single"
     allreduce = None
 
-    def __init__(self, ctx: RankContext, stamp: Callable[[], Any]):
+    def __init__(self, cfg: TrainConfig, ctx: RankContext, stamp: Callable[[], Any]):
         if ctx.world_size != 1:
             raise UsageError("strategy 'single' runs one worker; use --strategy ddp for more")
 
