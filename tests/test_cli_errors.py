@@ -67,6 +67,8 @@ BAD = {
     "single with two workers": (lambda t: ["--strategy", "single", "--workers", "2"], "single"),
     "unknown augmentation": (lambda t: ["--augment", "flip,mixup"], "mixup"),
     "missing backend": (lambda t: ["--backend", "nccl"], "nccl"),
+    "unknown allreduce": (lambda t: ["--allreduce", "ring"], "--allreduce"),
+    "bucket size zero": (lambda t: ["--bucket-cap-mb", "0"], "--bucket-cap-mb"),
 }
 
 
@@ -79,6 +81,17 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, case)
     assert len(err.strip().splitlines()) == 1, err
     assert expected in err
     assert "Traceback" not in err
+    assert not run_dir.exists()
+
+
+def test_shared_memory_averaging_is_refused_where_it_cannot_work(tmp_path, capsys, monkeypatch):
+    from paratrain.engine import shm_allreduce
+
+    monkeypatch.setattr(shm_allreduce.platform, "machine", lambda: "aarch64")
+    run_dir = tmp_path / "run"
+    code, err = _run_cli(capsys, ["train", "--run-dir", str(run_dir), "--workload", "synthetic-cnn", "--workers", "2",
+                                  "--threads-per-worker", "1", "--allreduce", "shm"])
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "x86-64" in err and "--allreduce backend" in err
     assert not run_dir.exists()
 
 

@@ -78,7 +78,7 @@ def _backend_allreduce(strategy: DataParallel, bucket: dist.GradBucket) -> torch
 def _shm_average(strategy: DataParallel, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     # Buckets wait until the last one is ready and are then averaged together: the ranks meet
     # once per step instead of once per bucket, and each meeting costs the wait for the slower
-    # rank. Nothing is lost to overlap: averaging runs on the rank's own core, as backward does.
+    # rank. Little is lost to overlap on CPU: averaging would use the rank's own core, as backward does.
     future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     strategy._pending.append((bucket.buffer(), future))
     if bucket.is_last():
