@@ -15,8 +15,9 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
 
 
 def synthetic(tmp_path: Path, **overrides):
-    """A small, quick training config on the synthetic dataset (1 thread per worker)."""
-    cfg = dict(workload="synthetic-cnn", synthetic_samples=512, epochs=2, batch_size=32, lr=0.01,
+    """A small, quick training config on the synthetic dataset (1 thread per worker, CPU ranks even
+    on a GPU host: the equivalence tests compare CPU arithmetic, where TF32 never applies)."""
+    cfg = dict(workload="synthetic-cnn", device="cpu", synthetic_samples=512, epochs=2, batch_size=32, lr=0.01,
                threads_per_worker=1, quiet=True, run_dir=tmp_path / "run", log_every=4)
     cfg.update(overrides)
     return cfg

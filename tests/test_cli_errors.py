@@ -69,6 +69,8 @@ BAD = {
     "missing backend": (lambda t: ["--backend", "nccl"], "nccl"),
     "unknown allreduce": (lambda t: ["--allreduce", "ring"], "--allreduce"),
     "bucket size zero": (lambda t: ["--bucket-cap-mb", "0"], "--bucket-cap-mb"),
+    "device cuda without a GPU": (lambda t: ["--device", "cuda"], "--device cpu"),
+    "unknown device": (lambda t: ["--device", "tpu"], "--device"),
 }
 
 

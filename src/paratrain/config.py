@@ -23,6 +23,7 @@ LRScaling = Literal["none", "linear", "sqrt"]
 Schedule = Literal["constant", "step", "exp", "inverse-time", "poly", "cosine"]
 Optimizer = Literal["sgd", "adam", "adamw", "lars", "lamb"]
 Backend = Literal["auto", "gloo", "nccl", "mpi"]
+Device = Literal["auto", "cpu", "cuda"]
 AllReduce = Literal["auto", "shm", "backend"]
 
 
@@ -52,6 +53,7 @@ class TrainConfig(BaseModel):
     # How to parallelise.
     workers: int = Field(1, gt=0, description="number of ranks (one per GPU, or per group of CPU cores)")
     strategy: Optional[str] = Field(None, description="parallel strategy: single or ddp (default: ddp for workers > 1)")
+    device: Device = Field("auto", description="where ranks compute: cuda (one GPU per rank), cpu (cores per rank, even on a GPU host), auto (cuda when GPUs are visible)")
     backend: Backend = Field("auto", description="torch.distributed backend: nccl on GPUs and gloo on CPU by default")
     allreduce: AllReduce = Field("auto", description="how CPU ranks on one host average gradients: shm (shared memory, x86-64 Linux), backend (the process group, e.g. gloo), auto (shm where it works)")
     bucket_cap_mb: float = Field(25.0, gt=0, description="DDP gradient bucket size in MB (DDP's default 25); smaller buckets start averaging earlier in backward")
@@ -147,7 +149,9 @@ class TrainConfig(BaseModel):
         A checkpoint may only be resumed by a run with the same identity; run-control fields
         (where to write, how often to log or checkpoint, the progress display) may differ.
         """
-        payload = self.model_dump(mode="json", exclude=set(RUN_CONTROL_FIELDS))
+        # `device` is left out: "auto" resolves differently on different machines, so the checkpoint
+        # records the device kind its ranks used and launch compares that instead.
+        payload = self.model_dump(mode="json", exclude={*RUN_CONTROL_FIELDS, "device"})
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

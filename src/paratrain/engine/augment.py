@@ -2,7 +2,9 @@
 
 One call transforms a whole batch: no per-sample Python, no PIL, no worker processes. Randomness
 comes from a generator owned by the object (seeded with seed + rank by the engine), so runs are
-reproducible and a checkpoint restores the exact stream.
+reproducible and a checkpoint restores the exact stream. The generator and the constants live on
+the batch's device: random numbers drawn on the host and copied over would cost a blocking
+host-to-device copy per batch on a GPU.
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import torch
 from paratrain.errors import UsageError
 
 AUGMENTATIONS: tuple[str, ...] = ("flip", "crop", "jitter")
-_GREY = torch.tensor([0.299, 0.587, 0.114])    # ITU-R 601 luma weights, as torchvision uses
+GREY_WEIGHTS = (0.299, 0.587, 0.114)    # ITU-R 601 luma weights, as torchvision uses
 
 
 class BatchAugment:
@@ -24,11 +26,13 @@ class BatchAugment:
         self.names = tuple(names)
         self.padding = crop_padding
         self.device = torch.device(device)
-        # CPU generator: its state is device-independent, so a checkpoint resumes anywhere.
-        self.generator = torch.Generator().manual_seed(seed)
+        # The generator's state is device-specific, so a checkpoint resumes only on the same kind of
+        # device (launch refuses a CPU checkpoint on GPUs and vice versa).
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.grey_weights = torch.tensor(GREY_WEIGHTS, device=self.device)[None, :, None, None]
 
     def _uniform(self, n: int, low: float, high: float) -> torch.Tensor:
-        return (torch.rand(n, generator=self.generator) * (high - low) + low).to(self.device)
+        return torch.rand(n, generator=self.generator, device=self.device) * (high - low) + low
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         for name in self.names:
@@ -36,7 +40,7 @@ class BatchAugment:
         return x
 
     def _flip(self, x: torch.Tensor) -> torch.Tensor:
-        mask = (torch.rand(x.shape[0], generator=self.generator) < 0.5).to(x.device)
+        mask = torch.rand(x.shape[0], generator=self.generator, device=self.device) < 0.5
         return torch.where(mask[:, None, None, None], x.flip(3), x)
 
     def _crop(self, x: torch.Tensor) -> torch.Tensor:
@@ -44,8 +48,8 @@ class BatchAugment:
         b, c, h, w = x.shape
         p = self.padding
         padded = torch.nn.functional.pad(x, (p, p, p, p))
-        dy = torch.randint(0, 2 * p + 1, (b,), generator=self.generator).to(x.device)
-        dx = torch.randint(0, 2 * p + 1, (b,), generator=self.generator).to(x.device)
+        dy = torch.randint(0, 2 * p + 1, (b,), generator=self.generator, device=self.device)
+        dx = torch.randint(0, 2 * p + 1, (b,), generator=self.generator, device=self.device)
         rows = (dy[:, None] + torch.arange(h, device=x.device))[:, None, :, None]
         cols = (dx[:, None] + torch.arange(w, device=x.device))[:, None, None, :]
         batch = torch.arange(b, device=x.device)[:, None, None, None]
@@ -63,11 +67,10 @@ class BatchAugment:
         grey = self._grey(x)
         return (saturation * x + (1 - saturation) * grey).clamp_(0, 1)
 
-    @staticmethod
-    def _grey(x: torch.Tensor) -> torch.Tensor:
+    def _grey(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[1] != 3:
             return x.mean(dim=1, keepdim=True)
-        return (x * _GREY.to(x.device, x.dtype)[None, :, None, None]).sum(dim=1, keepdim=True)
+        return (x * self.grey_weights.to(x.dtype)).sum(dim=1, keepdim=True)
 
     def state_dict(self) -> dict:
         return {"generator": self.generator.get_state()}

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import resource
 import statistics
 import sys
 import time
@@ -27,6 +26,7 @@ from paratrain.engine.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_c
 from paratrain.engine.data import BatchPreparer, eval_batches, training_batches
 from paratrain.engine.distributed import Placement, RankContext, init_rank, shutdown
 from paratrain.engine.lr import LRSchedule, scaled_lr
+from paratrain.engine.memory import peak_memory_bytes, release_cached_memory, reset_peak_memory
 from paratrain.engine.optim import build_optimizer
 from paratrain.engine.progress import EpochProgress
 from paratrain.engine.strategies import Strategy, build_strategy
@@ -50,6 +50,7 @@ def run_rank(config: dict[str, Any], placement: dict[str, Any], run_dir: str) ->
         raise
     finally:
         shutdown()
+        release_cached_memory(ctx.device)
         logging.getLogger("paratrain").removeHandler(handler)
         handler.close()
 
@@ -84,6 +85,7 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, ctx: RankContext, run: RunDir):
         self.cfg, self.ctx, self.run = cfg, ctx, run
         self.started = time.perf_counter()
+        reset_peak_memory(ctx.device)
         self.data = load_data(cfg)
         self.clock = Clock(ctx.device)
         self.breakdown = StepBreakdown(self.clock)
@@ -224,7 +226,9 @@ class Trainer:
         seconds = time.perf_counter() - epoch_start
         loss_sum, correct = ctx.sum(totals).tolist()
         phases = self.breakdown.means()
-        phases = dict(zip(phases, (ctx.sum(torch.tensor(list(phases.values()), dtype=torch.float64)) / ctx.world_size).tolist()))
+        # Every tensor handed to a collective lives on the rank's device: NCCL has no CPU tensors.
+        means = torch.tensor(list(phases.values()), dtype=torch.float64, device=ctx.device)
+        phases = dict(zip(phases, (ctx.sum(means) / ctx.world_size).tolist()))
         record = {
             "epoch": epoch, "step": self.state.step, "samples": self.state.samples, "epoch_samples": n,
             "train_loss": loss_sum / n, "train_accuracy": correct / n, "epoch_time_s": seconds,
@@ -249,8 +253,9 @@ class Trainer:
             for x, y in eval_batches(split, self.ctx, max(256, self.cfg.batch_size * 4), self.prepare, self.cfg.loader_workers):
                 with self.autocast():
                     out = module(x)
-                totals += torch.stack((F.cross_entropy(out.float(), y, reduction="sum").double(),
-                                       (out.argmax(1) == y).sum().double(), torch.tensor(float(len(y)), device=x.device, dtype=torch.float64)))
+                totals[0] += F.cross_entropy(out.float(), y, reduction="sum")
+                totals[1] += (out.argmax(1) == y).sum()
+                totals[2] += len(y)        # a Python number: no host-to-device copy
             loss_sum, correct, n = self.ctx.sum(totals).tolist()
             results[name] = {"loss": loss_sum / n, "accuracy": correct / n, "samples": int(n)}
             self._event("eval", epoch=epoch, step=self.state.step, split=name, **results[name])
@@ -276,7 +281,7 @@ class Trainer:
             return
         s = self.state
         save_checkpoint(self.run.path / CHECKPOINT_NAME, {
-            "identity": self.cfg.identity(), "epoch": s.epoch, "step": s.step, "samples": s.samples,
+            "identity": self.cfg.identity(), "device": self.ctx.device.type, "epoch": s.epoch, "step": s.step, "samples": s.samples,
             "elapsed_s": s.elapsed_s + time.perf_counter() - self.started, "epochs_done": s.epochs_done,
             "model": self.strategy.unwrap(self.model).state_dict(), "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict(), "rng": rngs,
@@ -300,7 +305,7 @@ class Trainer:
         log.info("resumed after epoch %d (step %d)", self.state.epoch, self.state.step)
 
     def _summary(self) -> Optional[dict[str, Any]]:
-        peak = self.ctx.gather_objects(_peak_memory_bytes(self.ctx.device))
+        peak = self.ctx.gather_objects(peak_memory_bytes(self.ctx.device))
         if not self.ctx.is_main:
             return None
         cfg, epochs = self.cfg, self.state.epochs_done
@@ -326,12 +331,6 @@ class Trainer:
             "train_time_s": self.state.elapsed_s + time.perf_counter() - self.started,
             "breakdown": breakdown, "peak_memory_bytes": peak,
         }
-
-
-def _peak_memory_bytes(device: torch.device) -> int:
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024    # Linux reports KiB
 
 
 def _checkpoint_activations(model: nn.Module) -> None:

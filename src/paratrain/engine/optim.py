@@ -82,11 +82,16 @@ class LAMB(torch.optim.Optimizer):
                     continue
                 state = self.state[p]
                 if not state:
-                    state["step"] = torch.zeros((), dtype=torch.float32)
+                    # The step counter lives beside the parameter: a host counter would be copied to
+                    # the GPU for every parameter at every step.
+                    state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
                     state["exp_avg"] = torch.zeros_like(p)
                     state["exp_avg_sq"] = torch.zeros_like(p)
+                elif state["step"].device != p.device:
+                    # Optimizer.load_state_dict leaves "step" where the checkpoint had it: move it once.
+                    state["step"] = state["step"].to(p.device)
                 state["step"] += 1
-                step = state["step"].to(p.device)
+                step = state["step"]
                 m, v = state["exp_avg"], state["exp_avg_sq"]
                 m.mul_(beta1).add_(p.grad, alpha=1 - beta1)
                 v.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)

@@ -2,7 +2,7 @@
 
 Phases are marked with timestamps: wall-clock reads on CPU, CUDA events on GPUs, so that timing
 never forces a host sync in the middle of a step; GPU events are resolved only when the means are
-read (at log points).
+read, once at the end of each epoch.
 """
 from __future__ import annotations
 

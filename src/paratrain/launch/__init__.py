@@ -48,7 +48,7 @@ def train(config: Union[TrainConfig, dict[str, Any], None] = None, **overrides: 
 
     run = RunDir(cfg.run_dir or _default_run_dir(cfg))
     cfg.run_dir = run.path
-    _prepare_run_dir(run, cfg)
+    _prepare_run_dir(run, cfg, placement.device_type)
     resolved = {**cfg.model_dump(mode="json"), "resolved": {
         "strategy": cfg.strategy_name, "global_batch_size": cfg.global_batch_size,
         "reference_batch_size": cfg.reference_batch_size, "backend": placement.backend,
@@ -82,7 +82,7 @@ def _default_run_dir(cfg: TrainConfig) -> Path:
     return Path("runs") / f"{stamp}-{cfg.workload}-w{cfg.workers}"
 
 
-def _prepare_run_dir(run: RunDir, cfg: TrainConfig) -> None:
+def _prepare_run_dir(run: RunDir, cfg: TrainConfig, device_type: str) -> None:
     path = run.path
     if cfg.resume:
         if not run.is_run():
@@ -91,10 +91,16 @@ def _prepare_run_dir(run: RunDir, cfg: TrainConfig) -> None:
         if ckpt["identity"] != cfg.identity():
             before = run.read_config()
             now = cfg.model_dump(mode="json")
-            changed = [k for k in now if k not in RUN_CONTROL_FIELDS and before.get(k) != now[k]]
+            changed = [k for k in now if k not in (*RUN_CONTROL_FIELDS, "device") and before.get(k) != now[k]]
             what = ", ".join(f"--{k.replace('_', '-')} {before.get(k)} -> {now[k]}" for k in changed) or "the configuration"
             raise UsageError(f"--resume: the checkpoint in {path} was written by a different configuration ({what}); "
                              "rerun the original command with --resume")
+        # Random-number generator states and the fp16 grad scaler are device-specific: a checkpoint
+        # resumes only on the kind of device that wrote it (older checkpoints did not say: CPU).
+        written_on = ckpt.get("device", "cpu")
+        if written_on != device_type:
+            raise UsageError(f"--resume: the checkpoint in {path} was written by {written_on} ranks and this run would use "
+                             f"{device_type}; resume with --device {written_on} on a machine that has it, or start a new --run-dir")
         return
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise UsageError(f"{path} already exists and is not empty; pass --resume to continue that run or choose another --run-dir")

@@ -34,8 +34,17 @@ def resolve_backend(requested: str, cuda: bool) -> str:
     return requested
 
 
+def resolve_device(requested: str) -> bool:
+    """True when the ranks compute on CUDA GPUs."""
+    available = torch.cuda.is_available()
+    if requested == "cuda" and not available:
+        raise UsageError("--device cuda: no CUDA GPU is visible to this torch build "
+                         f"({torch.__version__}); use --device cpu (or auto)")
+    return requested == "cuda" or (requested == "auto" and available)
+
+
 def plan_placement(cfg: TrainConfig) -> Placement:
-    cuda = torch.cuda.is_available()
+    cuda = resolve_device(cfg.device)
     backend = resolve_backend(cfg.backend, cuda)
     cores = available_cores()
     if cfg.allreduce == "shm" and cuda:

@@ -80,6 +80,20 @@ def gpu_count() -> int:
     return torch.cuda.device_count()
 
 
+def visible_devices(gpus: Sequence[int], inherited: Optional[str]) -> str:
+    """CUDA_VISIBLE_DEVICES for a trial that owns the sweep's GPUs number `gpus`.
+
+    The sweep counts the GPUs it can see, 0..N-1; under an inherited CUDA_VISIBLE_DEVICES (SLURM
+    without device cgroups, containers, shared machines) number i is the list's i-th entry, which
+    may be another index, a GPU-UUID or a MIG-UUID. Taking entries by position keeps each trial on
+    the devices the sweep was given.
+    """
+    if not inherited or not inherited.strip():
+        return ",".join(map(str, gpus))
+    entries = [entry.strip() for entry in inherited.split(",") if entry.strip()]
+    return ",".join(entries[i] for i in gpus)
+
+
 # -- what a trial runs ------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -179,7 +193,7 @@ class TrialProcess:
                "OMP_NUM_THREADS": str(max(1, len(slot.cores) // workers)),
                "MKL_NUM_THREADS": str(max(1, len(slot.cores) // workers))}
         if slot.gpus is not None:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, slot.gpus))
+            env["CUDA_VISIBLE_DEVICES"] = visible_devices(slot.gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
         if isinstance(command, ScriptCommand):
             what: Any = command.argv(params)
             (trial_dir / "command.txt").write_text(shlex.join(what) + "\n")

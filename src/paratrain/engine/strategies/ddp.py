@@ -42,7 +42,10 @@ class DataParallel:
             model,
             device_ids=[self.ctx.device.index] if self.ctx.device.type == "cuda" else None,
             bucket_cap_mb=self.bucket_cap_mb,
-            # Gradients live inside the buckets: saves a copy per step and the memory of one.
+            # Gradients live inside the buckets: no second copy of them is held. The loop's
+            # zero_grad(set_to_none=True) drops the views each step and DDP points them back into
+            # the buckets after backward, copying once (benchmarks/grad_bucket_view.py: views in
+            # every step; zeroing in place instead was 5-10 % slower on CPU, docs/benchmarks.md).
             gradient_as_bucket_view=True,
         )
         if self.ctx.allreduce == "shm":
