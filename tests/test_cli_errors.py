@@ -71,6 +71,13 @@ BAD = {
     "bucket size zero": (lambda t: ["--bucket-cap-mb", "0"], "--bucket-cap-mb"),
     "device cuda without a GPU": (lambda t: ["--device", "cuda"], "--device cpu"),
     "unknown device": (lambda t: ["--device", "tpu"], "--device"),
+    "abbreviated flag": (lambda t: ["--epoch", "1"], "did you mean --epochs?"),
+    "misspelt flag": (lambda t: ["--lr-scalling", "none"], "did you mean --lr-scaling?"),
+    "global batch larger than the training set": (
+        lambda t: ["--workload", "synthetic-cnn", "--synthetic-samples", "100", "--batch-size", "64", "--workers", "2",
+                   "--threads-per-worker", "1"], "use --batch-size 50 or less"),
+    "limit-train below the classes": (lambda t: ["--limit-train", "5"], "below the 10 classes"),
+    "early stop without a validation split": (lambda t: ["--workload", "synthetic-cnn", "--early-stop", "2"], "--val-split"),
 }
 
 
@@ -144,6 +151,35 @@ def test_resume_without_a_run_is_refused(tmp_path, capsys):
     code, err = _run_cli(capsys, ["train", "--workload", "synthetic-cnn", "--run-dir", str(tmp_path / "nothing"), "--resume"])
     assert code == 2 and "no run to resume" in err
     assert not (tmp_path / "nothing").exists()
+
+
+# Each format's own parse error: json.JSONDecodeError and tomllib.TOMLDecodeError (ValueErrors),
+# yaml.YAMLError (not one), UnicodeDecodeError (a ValueError, raised while reading).
+BAD_CONFIG_FILES = {
+    "json syntax": ("c.json", b'{"epochs": 2,}', "does not parse: Expecting property name"),
+    "toml syntax": ("c.toml", b"epochs = \n", "does not parse: Invalid value (at line 1, column 10)"),
+    "yaml syntax": ("c.yaml", b"epochs: [1, 2\n", "does not parse"),
+    "yml syntax": ("c.yml", b"epochs: 2\n  lr: 0.1\n", "does not parse"),
+    "not utf-8": ("c.yaml", b"epochs: 2\nlr: \xff\xfe\n", "does not parse: 'utf-8' codec can't decode"),
+    "json list": ("c.json", b"[1, 2]", "must hold a mapping"),
+    "yaml list": ("c.yaml", b"- epochs\n- 2\n", "must hold a mapping"),
+    "yaml scalar": ("c.yaml", b"epochs\n", "must hold a mapping"),
+    "empty yaml": ("c.yaml", b"", "must hold a mapping"),
+    "missing": (None, None, "does not exist"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CONFIG_FILES))
+def test_bad_config_file_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, case):
+    name, content, expected = BAD_CONFIG_FILES[case]
+    path = tmp_path / (name or "absent.yaml")
+    if content is not None:
+        path.write_bytes(content)
+    run_dir = tmp_path / "run"
+    code, err = _run_cli(capsys, ["train", "--config", str(path), "--run-dir", str(run_dir), "--quiet"])
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert f"config file {path} {expected}" in err, err
+    assert not run_dir.exists()
 
 
 def test_the_installed_command_prints_no_traceback(tmp_path):

@@ -12,16 +12,23 @@ from paratrain.cli import main
 from paratrain.config import ScaleConfig, TrainConfig, validate
 from paratrain.engine.lr import scaled_lr
 from paratrain.runs import RunDir, write_json
+from paratrain.reporting import study_headline, study_table
+from paratrain.reporting.plots import study_plots
 from paratrain.scale import point_config, scaling_rows
 
 CORES = len(os.sched_getaffinity(0))
 
 
-def _fake_run(path: Path, workload: str, workers: int, epoch_times: list[float], accuracy: float = 0.5) -> RunDir:
+def _fake_run(path: Path, workload: str, workers: int, epoch_times: list[float], accuracy: float = 0.5,
+              threads: int = 1, all_cores: bool = False, contended: bool = False) -> RunDir:
+    """A finished run as a CPU study leaves it; `all_cores`: the one-process reference (default threads)."""
     path.mkdir(parents=True)
-    write_json(path / "config.json", {"workload": workload, "workers": workers})
+    write_json(path / "config.json", {"workload": workload, "workers": workers,
+                                      "threads_per_worker": None if all_cores else threads,
+                                      "resolved": {"device": "cpu", "threads_per_worker": threads}})
     steady = epoch_times[1:] or epoch_times
     write_json(path / "summary.json", {
+        "machine_load": {"contended": contended},
         "status": "completed", "workers": workers, "batch_size": 32, "global_batch_size": 32 * workers, "lr": 0.1,
         "epoch_times_s": epoch_times, "epoch_time_s": statistics.median(steady),
         "samples_per_s": 1000 / statistics.mean(steady), "val_accuracy": accuracy,
@@ -62,6 +69,75 @@ def test_speedup_is_relative_to_the_smallest_count_of_each_workload(tmp_path):
     assert rows[("small", 2)]["speedup"] == pytest.approx(2.0)
 
 
+def _cell(result: dict, row: int, column: str) -> str:
+    columns, cells = study_table(result)
+    return cells[row][columns.index(column)]
+
+
+def test_rows_show_threads_and_the_speedup_against_one_process_on_all_cores(tmp_path):
+    runs = [_fake_run(tmp_path / "a", "m", 1, [9.0, 10.0]),                               # 1 worker x 1 core
+            _fake_run(tmp_path / "b", "m", 2, [9.0, 6.0]),                                # 2 workers x 1 core
+            _fake_run(tmp_path / "c", "m", 1, [9.0, 8.0], threads=2, all_cores=True)]     # 1 process, 2 cores
+    rows = scaling_rows(runs)
+    assert [(r["workers"], r["threads_per_worker"], r["point"]) for r in rows] == [
+        (1, 1, "scaling"), (2, 1, "scaling"), (1, 2, "all_cores_reference")]
+    one, two, ref = rows
+    assert two["speedup"] == pytest.approx(10 / 6) and two["efficiency"] == pytest.approx(10 / 6 / 2)
+    assert two["speedup_vs_all_cores"] == pytest.approx(8 / 6) and one["speedup_vs_all_cores"] == pytest.approx(0.8)
+    assert ref["speedup_vs_all_cores"] == 1.0 and ref["speedup"] == pytest.approx(10 / 8)
+    assert ref["efficiency"] == pytest.approx(10 / 8 / 2)       # its 2 cores are two 1-core workers' worth
+    result = {"rows": rows}
+    assert [_cell(result, i, "threads") for i in range(3)] == ["1", "1", "2"]
+    assert _cell(result, 2, "workers") == "1 (all cores)" and _cell(result, 1, "vs all cores") == "1.33"
+    headline, = study_headline(result)
+    assert "m: 2 worker(s) x 1 core(s) against one process on all 2 cores" in headline
+    assert "speedup 1.33 (epoch 6.00 s against 8.00 s); speedup 1.67 and efficiency 0.83 against 1 worker(s)" in headline
+
+
+def test_repeats_show_their_spread_and_disagreeing_repeats_are_flagged(tmp_path):
+    runs = [_fake_run(tmp_path / "a", "m", 1, [9.0, 10.0]), _fake_run(tmp_path / "b", "m", 1, [9.0, 10.5]),  # x1.05
+            _fake_run(tmp_path / "c", "m", 2, [9.0, 5.0]), _fake_run(tmp_path / "d", "m", 2, [9.0, 6.0]),    # x1.20
+            _fake_run(tmp_path / "e", "m", 4, [9.0, 3.0])]
+    one, two, four = rows = scaling_rows(runs)
+    assert one["repeat_spread"] == pytest.approx(1.05) and two["repeat_spread"] == pytest.approx(1.2)
+    assert (one["flags"], two["flags"], four["flags"]) == ([], ["repeats_disagree"], [])
+    assert two["speedup_range"] == pytest.approx([10.25 / 6, 10.25 / 5])
+    result = {"mode": "weak", "rows": rows}
+    assert _cell(result, 0, "epoch time (s)") == "10.25\n(10.00–10.50)"
+    assert _cell(result, 1, "samples/s") == "183\n(167–200)" and _cell(result, 1, "flags") == "spread x1.20"
+    assert _cell(result, 2, "epoch time (s)") == "3.00"                   # one run: no spread to show
+    # the plots draw the spread: the same rows without it give different pictures
+    still = {"mode": "weak", "rows": [{**r, **{k: [r[k.removesuffix("_range")]] * 2 for k in r if k.endswith("_range")
+                                               and r[k] is not None}} for r in rows]}
+    (tmp_path / "spread").mkdir(), (tmp_path / "still").mkdir()
+    drawn, flat = study_plots(result, tmp_path / "spread"), study_plots(still, tmp_path / "still")
+    for name in ("epoch_time", "throughput", "speedup", "efficiency"):
+        assert drawn[name].read_bytes() != flat[name].read_bytes(), f"{name}.png shows no spread"
+
+
+def test_rows_measured_under_contention_are_flagged(tmp_path):
+    runs = [_fake_run(tmp_path / "a", "m", 1, [9.0, 10.0]), _fake_run(tmp_path / "b", "m", 1, [9.0, 10.0], contended=True),
+            _fake_run(tmp_path / "c", "m", 2, [9.0, 6.0], contended=True),
+            _fake_run(tmp_path / "d", "m", 1, [9.0, 8.0], threads=2, all_cores=True)]
+    one, two, ref = rows = scaling_rows(runs)
+    assert (one["flags"], one["contended_runs"], two["flags"], ref["flags"]) == (["contended"], 1, ["contended"], [])
+    assert _cell({"rows": rows}, 0, "flags") == "contended 1/2"
+    assert "Flagged (2: contended 1/1): read with care." in study_headline({"rows": rows})[0]
+
+
+def test_single_epoch_runs_are_marked_as_including_start_up(tmp_path, capsys):
+    code = main(["scale", "--workers", "1", "--workload", "synthetic-cnn", "--synthetic-samples", "512", "--epochs", "1",
+                 "--batch-size", "32", "--out", str(tmp_path / "s")])
+    assert code == 0
+    rows = json.loads((tmp_path / "s" / "scaling.json").read_text())["rows"]
+    assert [r["point"] for r in rows] == ["scaling", "all_cores_reference"]
+    assert all("includes_startup" in r["flags"] for r in rows)
+    table = capsys.readouterr().out
+    assert table.count("incl. start-up") >= 3            # both rows and the note that explains it
+    assert "a run had a single epoch, so its time and samples/s include start-up" in table
+    assert "incl. start-up" not in _cell({"rows": scaling_rows([_fake_run(tmp_path / "two", "m", 1, [9.0, 8.0])])}, 0, "flags")
+
+
 def _study(mode: str, tmp_path: Path) -> ScaleConfig:
     return validate(ScaleConfig, {"workers": "1,2", "mode": mode, "out": tmp_path / mode,
                                   "train": {"batch_size": 32, "lr": 0.01}})
@@ -100,11 +176,23 @@ def study_dir(tmp_path_factory):
 def test_a_1_2_study_writes_every_file(study_dir):
     result = json.loads((study_dir / "scaling.json").read_text())
     assert result["mode"] == "weak"
-    assert [r["workers"] for r in result["rows"]] == [1, 2]
+    assert [(r["workers"], r["threads_per_worker"], r["point"]) for r in result["rows"]] == [
+        (1, 1, "scaling"), (2, 1, "scaling"), (1, CORES, "all_cores_reference")]
     for row in result["rows"]:
         assert set(row) >= {"workers", "global_batch_size", "epoch_time_s", "samples_per_s", "speedup", "efficiency",
-                            "val_accuracy", "run_dir"}
-        assert RunDir(Path(row["run_dir"])).read_summary()["status"] == "completed"
+                            "val_accuracy", "run_dir", "threads_per_worker", "speedup_vs_all_cores", "flags"}
+        summary = RunDir(Path(row["run_dir"])).read_summary()
+        assert summary["status"] == "completed"
+        load = summary["machine_load"]
+        assert set(load) >= {"cores", "wall_s", "run_cpu_s", "other_cpu_s", "steal_s", "other_fraction", "contended"}
+        assert load["cores"] == row["workers"] * row["threads_per_worker"]       # the cores the ranks were pinned to
+        assert load["run_cpu_s"] > 0.2 * load["wall_s"] * row["workers"], load    # spawned ranks' CPU time counted
+    # the reference is what `paratrain train --workers 1` runs: default threads, every core
+    reference = result["rows"][2]
+    config = RunDir(Path(reference["run_dir"])).read_config()
+    assert config["threads_per_worker"] is None and config["resolved"]["threads_per_worker"] == CORES
+    assert reference["speedup_vs_all_cores"] == 1.0
+    assert result["rows"][1]["speedup_vs_all_cores"] == pytest.approx(reference["epoch_time_s"] / result["rows"][1]["epoch_time_s"])
     for name in ("epoch_time", "throughput", "speedup", "efficiency", "accuracy"):
         assert (study_dir / f"{name}.png").stat().st_size > 5000
     assert (study_dir / "report.html").exists()
@@ -122,8 +210,11 @@ def _rate_from_step_events(run_dir: Path) -> float:
 
 
 def test_study_throughput_agrees_with_the_metrics_timestamps(study_dir):
+    # The study's own points; the all-cores reference runs so fast on a quiet machine that each
+    # epoch's first batches (left out by the step-event intervals) weigh more than 5 % of its epoch.
     for row in json.loads((study_dir / "scaling.json").read_text())["rows"]:
-        assert row["samples_per_s"] == pytest.approx(_rate_from_step_events(Path(row["run_dir"])), rel=0.05)
+        if row["point"] == "scaling":
+            assert row["samples_per_s"] == pytest.approx(_rate_from_step_events(Path(row["run_dir"])), rel=0.05)
 
 
 def test_resume_skips_finished_points_and_other_studies_are_refused(study_dir, tmp_path, capsys):
@@ -173,10 +264,30 @@ def test_report_renders_in_a_real_browser(study_dir, tmp_path, kind):
     page_path = write_report(paths, tmp_path / f"{kind}.html")
     with browser_page(page_path) as page:
         if kind == "study":
-            rows = page.evaluate("[...document.querySelectorAll('#scaling tbody tr')].map(r => r.cells[1].innerText)")
-            assert rows == ["1", "2"]
+            rows = page.evaluate("[...document.querySelectorAll('#scaling tbody tr')].map(r => [r.cells[1].innerText, r.cells[2].innerText])")
+            assert rows == [["1", "1"], ["2", "1"], ["1 (all cores)", str(CORES)]]
+            headline = page.evaluate("document.querySelector('#headline').innerText")
+            assert f"2 worker(s) x 1 core(s) against one process on all {CORES} cores" in headline
+            assert "spread xR: the repeats' samples/s differ by more than x1.15" in page.evaluate("document.body.innerText")
         elif kind == "comparison":
-            assert page.evaluate("document.querySelectorAll('#comparison tbody tr').length") == 2
+            assert page.evaluate("document.querySelectorAll('#comparison tbody tr').length") == len(runs)
         else:
             assert page.evaluate("document.querySelectorAll('#summary tbody tr').length") >= 10
 
+
+
+@pytest.mark.parametrize("mode, batch_sizes, lr_factors", [("weak", (32, 32), (2.0, 4.0)), ("strong", (32, 16), (1.0, 1.0))])
+def test_a_study_whose_smallest_count_is_two_workers(tmp_path, mode, batch_sizes, lr_factors):
+    """Base 2: speedup = T(2) / T(N) x 2 and efficiency = speedup / N, so 2 workers are 2.0 and 1.0.
+    Weak: 32 per worker, the LR scaled from the batch --lr is meant for (one worker's 32);
+    strong: the global batch 2 x 32 split over the workers, the LR as given."""
+    study = validate(ScaleConfig, {"workers": "2,4", "mode": mode, "out": tmp_path / mode,
+                                   "train": {"batch_size": 32, "lr": 0.01}})
+    points = [point_config(study, "synthetic-cnn", n, 0) for n in (2, 4)]
+    assert tuple(p["batch_size"] for p in points) == batch_sizes
+    assert tuple(_lr(p) / 0.01 for p in points) == pytest.approx(lr_factors)
+    assert [validate(TrainConfig, p).global_batch_size for p in points] == [2 * batch_sizes[0], 4 * batch_sizes[1]]
+    two, four = scaling_rows([_fake_run(tmp_path / "w2", "synthetic-cnn", 2, [9.0, 8.0, 8.0]),
+                              _fake_run(tmp_path / "w4", "synthetic-cnn", 4, [9.0, 5.0, 5.0])])
+    assert (two["workers"], two["speedup"], two["efficiency"]) == (2, pytest.approx(2.0), pytest.approx(1.0))
+    assert (four["workers"], four["speedup"], four["efficiency"]) == (4, pytest.approx(8 / 5 * 2), pytest.approx(0.8))

@@ -401,3 +401,65 @@ def test_each_builtin_trial_can_be_data_parallel(tmp_path):
     assert trial["state"] == "COMPLETE", trial["reason"]
     summary = json.loads((Path(trial["run_dir"]) / "run" / "summary.json").read_text())
     assert summary["workers"] == 2 and summary["strategy"] == "ddp"
+
+
+def test_grid_with_repeats_runs_every_combination_times_repeats_exactly_once(tmp_path, script):
+    cfg = tmp_path / "space.json"
+    cfg.write_text(json.dumps({"algorithm": "grid", "trials": 2, "parameters": {"x": {"type": "discrete", "values": [1, 2, 3]}},
+                               "spec": {"metric": "score", "objective": "minimize"}}))
+    out = tmp_path / "out"
+    sweep(cfg, "-j", 2, "--out", out, "--script", script, "--pruner", "none", "--quiet")
+    result = results(out)
+    trials = result["trials"]
+    assert result["items"] == 6 and [t["state"] for t in trials] == ["COMPLETE"] * 6, _failures(trials)
+    # item i is repeat i % trials of combination i // trials
+    assert sorted((t["item"], t["params"]["x"], t["repeat"]) for t in trials) == [
+        (0, 1, 0), (1, 1, 1), (2, 2, 0), (3, 2, 1), (4, 3, 0), (5, 3, 1)]
+    assert finished(tmp_path) == [1, 1, 2, 2, 3, 3], "each combination ran once per repeat"
+
+
+# `paratrain sweep` whose slot thread raises while it watches the trial with x == 2, a second into
+# it: by then the other slot has long started its trial.
+FAILING_SLOT = textwrap.dedent('''\
+    import json, sys
+    from paratrain.cli import main
+    from paratrain.sweep.trial import TrialProcess
+    reports = TrialProcess.new_reports
+    def fail_on_x2(self):
+        if json.loads((self.trial_dir / "params.json").read_text())["x"] == 2 and self.elapsed() > 1:
+            raise RuntimeError("storage on fire\\nsecond line")
+        return reports(self)
+    TrialProcess.new_reports = fail_on_x2
+    sys.exit(main(sys.argv[1:]))
+''')
+
+
+def test_an_exception_in_a_slot_thread_fails_the_sweep_and_records_what_ran(tmp_path, script):
+    """A slot thread that dies must stop the sweep with one line and exit 1, the trial it ran and
+    the one on the other slot stopped and recorded as interrupted; a rerun then finishes the budget."""
+    cfg = space(tmp_path / "space.json", {"x": {"type": "discrete", "values": [1, 2, 3, 4]}})
+    out = tmp_path / "out"
+    args = [cfg, "-j", 2, "--out", out, "--script", script, "--pruner", "none", "--quiet", "--", "--sleep", 3]
+    proc = subprocess.run([sys.executable, "-c", FAILING_SLOT, "sweep", *map(str, args)], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert "Traceback" not in proc.stderr and "Exception in thread" not in proc.stderr, proc.stderr
+    assert [line for line in lines if "failed" in line] == [lines[-1]], proc.stderr
+    assert "slot-" in lines[-1] and "RuntimeError: storage on fire" in lines[-1] and "second line" not in lines[-1]
+
+    result = results(out)
+    failure = result["failure"]
+    assert failure["error"] == "RuntimeError: storage on fire" and "fail_on_x2" in failure["traceback"]
+    assert failure["trial"]["params"] == {"x": 2} and failure["trial"]["number"] in failure["running"]
+    states = {t["params"]["x"]: (t["state"], t["reason"]) for t in result["trials"]}
+    assert states[2] == ("FAIL", "interrupted: the sweep failed (RuntimeError: storage on fire)")
+    assert states[1] == ("FAIL", "interrupted: the sweep was stopped"), "the other slot's trial is stopped too"
+    assert set(states) == {1, 2}, "no trial starts after the failure"
+    assert finished(tmp_path) == [], "the running trials were stopped, not left to finish"
+
+    sweep(*args)
+    rerun = results(out)
+    assert "failure" not in rerun
+    assert sorted(t["params"]["x"] for t in rerun["trials"] if t["state"] == "COMPLETE") == [1, 2, 3, 4]
+    assert finished(tmp_path) == [1, 2, 3, 4]

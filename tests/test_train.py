@@ -8,12 +8,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import pytest
 import torch
 
 import paratrain
 from conftest import synthetic
+from paratrain.launch.local import RanksFailed
 from paratrain.runs import SUMMARY_KEYS, RunDir
 
 
@@ -196,3 +198,100 @@ def test_a_failing_rank_fails_the_run_with_one_line_and_a_failed_summary(tmp_pat
     summary = RunDir(run_dir).read_summary()
     assert summary["status"] == "failed" and "boom on rank 1" in summary["error"]
     assert "boom on rank 1" in (run_dir / "logs" / "rank1.log").read_text()
+
+
+# Odd-sized held-out sets: the synthetic split in memory (test 51, val 51), and a user's dataset,
+# which evaluation reads through a DataLoader (test 63).
+HELD_OUT = {"in memory": dict(synthetic_samples=255, val_split=0.2),
+            "dataloader": dict(model="user_factories:tiny_net", dataset="user_factories:odd_float_pairs", num_classes=2)}
+
+
+@pytest.mark.parametrize("held_out", sorted(HELD_OUT))
+def test_two_rank_evaluation_equals_one_rank_evaluation_of_the_same_weights(tmp_path, held_out):
+    """Split over 2 ranks, every held-out sample counts exactly once (no padding, no overlap), so
+    loss and accuracy are those of one rank evaluating the same weights."""
+    from paratrain.config import TrainConfig
+    from paratrain.engine.distributed import RankContext
+    from paratrain.engine.loop import Trainer
+
+    cfg = synthetic(tmp_path, workers=2, epochs=1, checkpoint_every=1, lr=0.05, **HELD_OUT[held_out])
+    paratrain.train(cfg)
+    resolved = RunDir(cfg["run_dir"]).read_config()["resolved"]
+    splits = ["test", "val"] if resolved["val_samples"] else ["test"]
+    assert all(resolved[f"{split}_samples"] % 2 == 1 for split in splits)
+    two_ranks = {e["split"]: e for e in _events(cfg["run_dir"], "eval")}
+
+    (tmp_path / "one").mkdir()
+    one = Trainer(TrainConfig.model_validate({**cfg, "workers": 1, "run_dir": tmp_path / "one"}),
+                  RankContext(0, 1, 0, torch.device("cpu")), RunDir(tmp_path / "one"))
+    one.strategy.unwrap(one.model).load_state_dict(_model_state(cfg["run_dir"]))    # the weights the 2 ranks evaluated
+    one_rank = one.evaluate(epoch=0)
+    for sink in one.sinks:
+        sink.close()
+    for split in splits:
+        assert two_ranks[split]["samples"] == one_rank[split]["samples"] == resolved[f"{split}_samples"]
+        assert two_ranks[split]["accuracy"] == one_rank[split]["accuracy"]
+        assert two_ranks[split]["loss"] == pytest.approx(one_rank[split]["loss"], rel=1e-6)
+
+
+def _rank_counting_gradient_syncs(config: dict, placement: dict, run_dir: str) -> tuple[int, Optional[dict]]:
+    """paratrain's rank entry point with DDP's comm hooks wrapped to count all-reduce rounds (the
+    bucket marked last ends a round): the gradient synchronisations of this rank."""
+    from paratrain.engine.loop import run_rank
+    from paratrain.engine.strategies import ddp
+
+    rounds = []
+    for name in ("_backend_allreduce", "_shm_average"):
+        def counting(state, bucket, hook=getattr(ddp, name)):      # DDP requires the name `bucket`
+            rounds.append(bucket.is_last())
+            return hook(state, bucket)
+
+        setattr(ddp, name, counting)
+    summary = run_rank(config, placement, run_dir)
+    return sum(rounds), summary
+
+
+@pytest.mark.parametrize("allreduce, used", [("backend", "gloo"), ("shm", "shm")])
+def test_gradient_accumulation_synchronises_once_per_optimizer_step(tmp_path, allreduce, used):
+    """8 micro-steps a rank per epoch, grad_accum 3: optimizer steps after micro-steps 3, 6 and 8
+    (the epoch's last), so 3 synchronisations per epoch; DDP's no_sync keeps the other 5 local."""
+    import uuid
+
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    from paratrain.config import TrainConfig, validate
+    from paratrain.launch.placement import plan_placement
+
+    cfg = validate(TrainConfig, synthetic(tmp_path, workers=2, epochs=2, synthetic_samples=256, batch_size=16, grad_accum=3,
+                                          allreduce=allreduce))
+    launch = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id=str(uuid.uuid4()), rdzv_backend="c10d",
+                          rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1, start_method="spawn")
+    results = elastic_launch(launch, _rank_counting_gradient_syncs)(cfg.model_dump(mode="json"),
+                                                                    plan_placement(cfg).to_dict(), str(tmp_path / "run"))
+    summary = results[0][1]
+    assert summary["allreduce"] == used and summary["steps"] == 2 * 3
+    assert {rank: syncs for rank, (syncs, _) in results.items()} == {0: 6, 1: 6}
+
+
+def test_resume_restores_the_global_rng_that_dropout_draws_from(tmp_path, monkeypatch):
+    """A run that crashed in epoch 2 and resumed from its epoch-1 checkpoint must equal the
+    uninterrupted run exactly: the same dropout masks need torch's global RNG restored. One rank
+    (in this process, so the three runs take seconds): the RNG state is per process, and the
+    2-rank resume test above covers the per-rank bookkeeping."""
+    common = dict(model="user_factories:dropout_net", synthetic_shape="3,8,8", synthetic_samples=256, workers=1, epochs=2,
+                  batch_size=16, lr=0.05, checkpoint_every=1, log_every=1)
+    steps_per_epoch = 256 // 16
+    paratrain.train(synthetic(tmp_path, run_dir=tmp_path / "full", **common))
+
+    resumed = synthetic(tmp_path, run_dir=tmp_path / "resumed", **common)
+    monkeypatch.setenv("DROPOUT_NET_CRASH_AT", str(steps_per_epoch + 3))
+    with pytest.raises(RanksFailed, match=f"crashed at training forward {steps_per_epoch + 3}"):
+        paratrain.train(resumed)
+    assert torch.load(tmp_path / "resumed" / "checkpoint.pt", weights_only=True)["epoch"] == 1
+    monkeypatch.delenv("DROPOUT_NET_CRASH_AT")
+    assert paratrain.train({**resumed, "resume": True})["status"] == "completed"
+
+    full_steps = [(e["step"], e["loss"]) for e in _events(tmp_path / "full", "step")]
+    assert [(e["step"], e["loss"]) for e in _events(tmp_path / "resumed", "step")] == full_steps
+    a, b = _model_state(tmp_path / "full"), _model_state(tmp_path / "resumed")
+    assert all(torch.equal(a[key], b[key]) for key in a), "the resumed run's parameters differ from the uninterrupted run's"

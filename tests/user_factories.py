@@ -36,3 +36,57 @@ def float_pairs():
     x = torch.randn(256, 3, 8, 8, generator=g)
     y = (x.mean(dim=(1, 2, 3)) > 0).long()
     return TensorDataset(x[:192], y[:192]), TensorDataset(x[192:], y[192:])
+
+
+class BigramLM(nn.Module):
+    """A user's language model that computes its own loss, Hugging Face style: forward(x, labels)."""
+
+    def __init__(self, vocab_size: int):
+        super().__init__()
+        self.table = nn.Embedding(vocab_size, vocab_size)
+
+    def forward(self, x, labels=None):
+        logits = self.table(x)
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+        return {"loss": loss, "logits": logits}
+
+
+def bigram_lm(vocab_size: int = 256) -> nn.Module:
+    return BigramLM(vocab_size)
+
+
+def doubled_cross_entropy(output, target):
+    """A --loss function: twice the next-token cross-entropy (so a test can tell it was used)."""
+    return 2 * torch.nn.functional.cross_entropy(output.flatten(0, 1), target.flatten())
+
+
+def per_token_cross_entropy(output, target):
+    """A broken --loss function: one loss per token, not a scalar."""
+    return torch.nn.functional.cross_entropy(output.flatten(0, 1), target.flatten(), reduction="none")
+
+
+class DropoutNet(TinyNet):
+    """Dropout draws its masks from torch's global RNG, which nothing built-in does. Training
+    raises at the DROPOUT_NET_CRASH_AT-th training forward of each rank, when that is set."""
+
+    def __init__(self, num_classes: int):
+        super().__init__(num_classes)
+        self.drop = nn.Dropout(0.5)
+        self.training_forwards = 0
+
+    def forward(self, x):
+        if self.training:
+            self.training_forwards += 1
+            if self.training_forwards == int(os.environ.get("DROPOUT_NET_CRASH_AT", 0)):
+                raise RuntimeError(f"crashed at training forward {self.training_forwards}")
+        return self.fc(self.drop(x.flatten(1)))
+
+
+def dropout_net(num_classes: int = 10) -> nn.Module:
+    return DropoutNet(num_classes)
+
+
+def odd_float_pairs():
+    """float_pairs with an odd-sized test set (63): 2 ranks cannot split it evenly."""
+    train, test = float_pairs()
+    return train, TensorDataset(*(t[:63] for t in test.tensors))

@@ -6,6 +6,7 @@ its config-file key and its Python keyword are always the same thing.
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import sys
 import types
@@ -26,10 +27,24 @@ TRAIN_SECTIONS = {
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, but bad input is one line on stderr and exit status 2 (no usage dump)."""
+    """argparse, but bad input is one line on stderr and exit status 2 (no usage dump), and no
+    abbreviated flags: `--epoch 1` must not quietly mean `--epochs 1`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> typing.NoReturn:
         self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")
+
+    def unrecognized(self, extras: Sequence[str]) -> typing.NoReturn:
+        """Refuse unknown arguments, suggesting the nearest flag for a near miss."""
+        flags = [f for f in extras if f.startswith("-")]
+        if not flags:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        wrong = flags[0].split("=", 1)[0]
+        near = difflib.get_close_matches(wrong, list(self._option_string_actions), n=1, cutoff=0.6)
+        self.error(f"unknown option {wrong}" + (f" (did you mean {near[0]}?)" if near else ""))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -37,7 +52,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # Everything after `--` belongs to a sweep's script, untouched by argparse.
     passthrough = argv[argv.index("--") + 1:] if "--" in argv else []
-    args = parser.parse_args(argv[:len(argv) - len(passthrough) - (1 if "--" in argv else 0)])
+    args, extras = parser.parse_known_args(argv[:len(argv) - len(passthrough) - (1 if "--" in argv else 0)])
+    if extras:
+        parser.commands.get(getattr(args, "command", None), parser).unrecognized(extras)
     if getattr(args, "command", None) == "sweep":
         args.script_args = passthrough
     elif "--" in argv:
@@ -54,9 +71,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("paratrain: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:
-        from paratrain.launch.local import RanksFailed
+        from paratrain.errors import RunFailed
 
-        if isinstance(exc, RanksFailed):
+        if isinstance(exc, RunFailed):
             print(f"paratrain {args.command}: {exc}", file=sys.stderr)
             return 1
         raise
@@ -111,6 +128,8 @@ def build_parser() -> Parser:
     sweep.add_argument("--pruner", choices=["median", "none"], default="median",
                        help="stop trials below the median of earlier ones at the same step (default: median)")
     sweep.add_argument("--trial-timeout", type=float, help="seconds before a trial is stopped and recorded as failed")
+    sweep.add_argument("--n-trials", type=int, help="start at most N trials in this command, then stop (rerun to continue)")
+    sweep.add_argument("--timeout", type=float, help="start no trial after this many seconds; running trials finish")
     sweep.add_argument("--allow-oversubscribe", action="store_true", help="allow -j x --workers-per-trial beyond the cores/GPUs")
     sweep.add_argument("--quiet", action="store_true", help="no live table; a line per trial")
     _add_model_flags(sweep, TRAIN_SECTIONS, exclude=SWEEP_OWNS)
@@ -132,6 +151,12 @@ def build_parser() -> Parser:
     download = commands.add_parser("download-cifar10", help="download the canonical CIFAR-10 archive (needs internet)")
     download.add_argument("data_dir", type=Path, help="directory to put cifar-10-python.tar.gz in")
     download.set_defaults(handler=_download, command="download-cifar10")
+    cache = commands.add_parser("cache", help="list the decoded-dataset cache with sizes, or clear it")
+    cache.add_argument("--clear", nargs="?", const="", metavar="PREFIX",
+                       help="delete every entry, or those whose names start with PREFIX")
+    cache.add_argument("--cache-dir", type=Path, help="the cache (default $PARATRAIN_CACHE or ~/.cache/paratrain)")
+    cache.set_defaults(handler=_cache, command="cache")
+    parser.commands = commands.choices    # for suggestions when a subcommand's flag is mistyped
     return parser
 
 
@@ -178,6 +203,31 @@ def _flag_type(annotation: Any) -> tuple[Callable[[str], Any], Optional[list[str
     return str, None
 
 
+def _cache(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from paratrain.workloads.cache import cache_entries, clear_cache
+    from paratrain.workloads.datasets import default_cache_dir
+
+    where = args.cache_dir or default_cache_dir()
+    if args.clear is not None:
+        gone = clear_cache(args.cache_dir, args.clear)
+        print(f"removed {len(gone)} entr{'y' if len(gone) == 1 else 'ies'}, {_mib(sum(e.size_bytes for e in gone))} from {where}")
+        return 0
+    entries = cache_entries(args.cache_dir)
+    table = Table(title=f"dataset cache {where}: {len(entries)} entries, {_mib(sum(e.size_bytes for e in entries))}")
+    for col in ("entry", "size", "modified"):
+        table.add_column(col, justify="right" if col == "size" else "left")
+    for e in entries:
+        table.add_row(e.path.name, _mib(e.size_bytes), e.modified)
+    _wide_console().print(table)
+    return 0
+
+
+def _mib(size: int) -> str:
+    return f"{size / 2**20:,.1f} MiB"
+
+
 def _train(args: argparse.Namespace) -> int:
     from paratrain.config import load_config_file
     from paratrain.launch import train
@@ -203,13 +253,20 @@ def _print_summary(summary: dict[str, Any]) -> None:
         ("learning rate", f"{summary['lr']:.4g} ({summary['lr_scaling']} from {summary['base_lr']:.4g})"),
         ("epoch time", f"{summary['epoch_time_s']:.2f} s (median of {summary['timed_epochs']} epoch(s)"
                        f"{', first excluded' if summary['timed_epochs'] < summary['epochs'] else ''})"),
-        ("throughput", f"{summary['samples_per_s']:,.0f} samples/s"),
+        ("throughput", f"{summary['samples_per_s']:,.0f} samples/s"
+                       + (f", {summary['tokens_per_s']:,.0f} tokens/s" if "tokens_per_s" in summary else "")),
         ("step time", f"data {b['data_s'] * 1e3:.1f} ms, compute {b['compute_s'] * 1e3:.1f} ms, "
                       f"comm {b['comm_s'] * 1e3:.1f} ms, optimizer {b['optimizer_s'] * 1e3:.1f} ms, other {b['other_s'] * 1e3:.1f} ms"),
         ("train loss", f"{summary['train_loss']:.4f}"),
-        (f"{summary['val_split']} accuracy", f"{summary['val_accuracy']:.2%} (loss {summary['val_loss']:.4f})"),
+        (f"{summary['val_split']} accuracy", f"{summary['val_accuracy']:.2%} (loss {summary['val_loss']:.4f}"
+                                             + (f", {summary['val_bits_per_byte']:.3f} bits/byte)" if "val_bits_per_byte" in summary else ")")),
+        *([("MFU", f"{summary['mfu']:.1%} ({summary['flops_per_sample']:.3g} FLOPs/sample; peak "
+                           f"{summary['mfu_peak']['flops_per_s'] / 1e9:,.0f} GFLOP/s, {summary['mfu_peak']['source'].split(':')[0]})")]
+          if summary.get("mfu") is not None else []),
         ("peak memory", ", ".join(f"{m / 2**20:.0f} MiB" for m in summary["peak_memory_bytes"]) + " per rank"),
         ("wall time", f"{summary['wall_time_s']:.1f} s"),
+        ("other load", f"{summary['machine_load']['other_fraction']:.0%} of the run's cores went to other work"
+                       f"{' (contended: timings unreliable)' if summary['machine_load']['contended'] else ''}"),
         ("run dir", summary["run_dir"]),
     ]
     for key, value in rows:
@@ -234,12 +291,13 @@ def _scale(args: argparse.Namespace) -> int:
 
     def banner() -> None:
         console.print(f"[bold]{study.mode} scaling[/] of {', '.join(study.workload)} on {study.workers} worker(s), "
-                      f"{study.repeats} run(s) each; on CPU a worker is a rank with its own core(s); "
-                      "the first epoch of every run is excluded from timing")
+                      f"{study.repeats} run(s) each; on CPU a worker is a rank with its own core(s), and one process "
+                      "on all cores is measured as the reference; the first epoch of every run is excluded from timing")
 
     def progress(workload: str, workers: int, repeat: int, summary: dict) -> None:
-        console.print(f"  {workload} w{workers} run {repeat + 1}: {summary['samples_per_s']:,.0f} samples/s, "
-                      f"epoch {summary['epoch_time_s']:.2f} s, accuracy {summary['val_accuracy']:.2%}")
+        console.print(f"  {Path(summary['run_dir']).name}: {summary['samples_per_s']:,.0f} samples/s, "
+                      f"epoch {summary['epoch_time_s']:.2f} s, accuracy {summary['val_accuracy']:.2%}"
+                      f"{', contended' if summary.get('machine_load', {}).get('contended') else ''}")
 
     result = run_study(study, on_start=banner, on_point=progress)
     study_plots(result, study.out)
@@ -252,13 +310,20 @@ def _scale(args: argparse.Namespace) -> int:
 def _print_study(result: dict[str, Any]) -> None:
     from rich.table import Table
 
+    from paratrain.reporting import study_headline, study_notes, study_table
+
+    columns, rows = study_table(result)
     table = Table(title=f"{result['mode']} scaling (epoch time: median, first epoch excluded)")
-    for col in ("workload", "workers", "global batch", "epoch time", "samples/s", "speedup", "efficiency", "val acc"):
-        table.add_column(col, justify="left" if col == "workload" else "right")
-    for r in result["rows"]:
-        table.add_row(r["workload"], str(r["workers"]), str(r["global_batch_size"]), f"{r['epoch_time_s']:.2f} s",
-                      f"{r['samples_per_s']:,.0f}", f"{r['speedup']:.2f}", f"{r['efficiency']:.2f}", f"{r['val_accuracy']:.2%}")
-    _wide_console().print(table)
+    for col in columns:
+        table.add_column(col, justify="left" if col in ("workload", "flags") else "right")
+    for row in rows:
+        table.add_row(*row)
+    console = _wide_console()
+    console.print(table)
+    for line in study_notes(result):
+        console.print(f"  {line}", soft_wrap=True, markup=False)
+    for line in study_headline(result):
+        console.print(line, soft_wrap=True, markup=False, style="bold")
 
 
 def _sweep(args: argparse.Namespace) -> int:
@@ -269,7 +334,7 @@ def _sweep(args: argparse.Namespace) -> int:
     from paratrain.sweep.progress import SweepProgress
 
     own = {"config", "jobs", "out", "script", "script_args", "param_style", "workers_per_trial", "storage", "join",
-           "study_name", "pruner", "trial_timeout", "allow_oversubscribe", "quiet"}
+           "study_name", "pruner", "trial_timeout", "n_trials", "timeout", "allow_oversubscribe", "quiet"}
     values = {k: v for k, v in vars(args).items() if k in own}
     values["train"] = {k: v for k, v in vars(args).items() if k not in own | {"handler", "command"}}
     cfg = validate(SweepConfig, values)
@@ -301,11 +366,12 @@ def _sweep(args: argparse.Namespace) -> int:
 def _print_sweep(result: dict[str, Any]) -> None:
     from rich.table import Table
 
+    from paratrain.reporting import sweep_notes
     from paratrain.sweep.progress import show_params
 
     metrics = result["metric"]
     table = Table(title=f"sweep {result['name']!r}: {', '.join(f'{m} ({o})' for m, o in zip(metrics, result['objective']))}")
-    shown_metrics = [*metrics, *(["time_s"] if "time_s" not in metrics else [])]     # the trial's duration
+    shown_metrics = result["recorded_metrics"]
     for col in ("trial", "params", *shown_metrics, "state"):
         table.add_column(col, justify="left" if col in ("params", "state") else "right")
     for r in result["trials"]:
@@ -319,6 +385,8 @@ def _print_sweep(result: dict[str, Any]) -> None:
         console.print(f"Pareto front: trials {', '.join(str(r['number']) for r in best['pareto_front'])}")
     elif best:
         console.print(f"best: trial {best['number']} ({show_params(best['params'])}) {metrics[0]} = {best['value']:.4g}")
+    for line in sweep_notes(result):
+        console.print(line, soft_wrap=True, markup=False)
 
 
 def _wide_console():
@@ -360,11 +428,12 @@ def _compare(args: argparse.Namespace) -> int:
 
 def _workloads(args: argparse.Namespace) -> int:
     from paratrain.workloads import WORKLOADS
+    from paratrain.workloads.gpt import PRESETS
     from paratrain.workloads.models import MODELS
 
     for name, workload in WORKLOADS.items():
         print(f"{name:24} {workload.description}")
-    print(f"\nmodels (--model): {', '.join(MODELS)}; datasets (--dataset): cifar10, synthetic; "
+    print(f"\nmodels (--model): {', '.join([*MODELS, *PRESETS])}; datasets (--dataset): cifar10, synthetic, text; "
           "or your own pkg.module:factory for either")
     return 0
 

@@ -8,6 +8,7 @@ flag.
 from __future__ import annotations
 
 import hashlib
+import sys
 import json
 import tomllib
 from pathlib import Path
@@ -40,8 +41,8 @@ class TrainConfig(BaseModel):
     # What to train.
     workload: str = Field("cifar10-cnn", description="named workload (model + dataset); see `paratrain workloads`")
     model: Optional[str] = Field(None, description="override the workload's model: a registered name or pkg.module:factory")
-    dataset: Optional[str] = Field(None, description="override the workload's dataset: cifar10, synthetic or pkg.module:factory")
-    data_dir: Optional[Path] = Field(None, description="CIFAR-10 as cifar-10-python.tar.gz / cifar-10-batches-py, or an image tree train|test/<class>/* (folder or .tar.gz); default: the bundled offline subset")
+    dataset: Optional[str] = Field(None, description="override the workload's dataset: cifar10, synthetic, text or pkg.module:factory")
+    data_dir: Optional[Path] = Field(None, description="CIFAR-10 as cifar-10-python.tar.gz / cifar-10-batches-py, or an image tree train|test/<class>/* (folder or .tar.gz); default: the bundled offline subset. Text workloads: a UTF-8 text file or a folder of them; default: Python's own sources")
     cache_dir: Optional[Path] = Field(None, description="where decoded datasets are cached (default $PARATRAIN_CACHE or ~/.cache/paratrain)")
     image_size: Optional[int] = Field(None, gt=0, description="resize images to this many pixels a side (on the device, per batch)")
     synthetic_samples: int = Field(10000, gt=0, description="training samples of the synthetic dataset")
@@ -49,6 +50,13 @@ class TrainConfig(BaseModel):
     num_classes: int = Field(10, gt=1, description="classes of the synthetic dataset")
     limit_train: Optional[int] = Field(None, gt=0, description="train on a class-balanced subset of this many samples")
     val_split: float = Field(0.0, ge=0.0, lt=1.0, description="carve this fraction of the training set out as a validation set (e.g. 0.2)")
+    seq_len: Optional[int] = Field(None, gt=0, description="text workloads: tokens (bytes) per training window (default: the gpt preset's context, else 256)")
+    samples_per_epoch: int = Field(4096, gt=0, description="text workloads: random windows per epoch")
+    eval_samples: int = Field(256, gt=0, description="text workloads: windows of each held-out text evaluated (evenly spaced, the same every epoch)")
+    n_layer: Optional[int] = Field(None, gt=0, description="gpt models: transformer blocks (default: the preset's)")
+    n_head: Optional[int] = Field(None, gt=0, description="gpt models: attention heads; must divide --n-embd (default: the preset's)")
+    n_embd: Optional[int] = Field(None, gt=0, description="gpt models: width of the residual stream (default: the preset's)")
+    loss: Optional[str] = Field(None, description="the loss as pkg.module:fn, called fn(output, target) -> scalar tensor (default: the workload's; a model whose forward takes targets returns its own)")
 
     # How to parallelise.
     workers: int = Field(1, gt=0, description="number of ranks (one per GPU, or per group of CPU cores)")
@@ -77,6 +85,7 @@ class TrainConfig(BaseModel):
     momentum: float = Field(0.9, ge=0, lt=1, description="momentum of sgd and lars")
     weight_decay: float = Field(0.0, ge=0, description="weight decay (not applied to biases and norm layers)")
     epochs: int = Field(3, gt=0, description="passes over the training set")
+    early_stop: int = Field(0, ge=0, description="stop when the validation loss has not improved for this many epochs (0: never); needs a validation split")
 
     # Compute.
     precision: Precision = Field("32", description="32, bf16 or fp16 autocast (fp16 uses a GradScaler on GPUs)")
@@ -95,6 +104,19 @@ class TrainConfig(BaseModel):
     tensorboard: Optional[Path] = Field(None, description="also write TensorBoard event files to this directory while training")
     mlflow: Optional[str] = Field(None, description="after training, log params, metrics and the report to this MLflow tracking URI (e.g. sqlite:///mlflow.db)")
     mlflow_experiment: str = Field("paratrain", description="MLflow experiment name")
+
+    @field_validator("model", "dataset", "loss", mode="before")
+    @classmethod
+    def _callable_to_spec(cls, value: Any) -> Any:
+        """`paratrain.train(model=make_net)`: a function or class becomes its `module:qualname`, which
+        every rank imports (the run's config.json stays plain JSON)."""
+        if value is None or isinstance(value, str) or not callable(value):
+            return value
+        module, qualname = getattr(value, "__module__", None), getattr(value, "__qualname__", "")
+        if not module or "<" in qualname:
+            raise ValueError(f"{qualname or value!r} is a lambda or is defined inside a function, which the ranks cannot "
+                             "import; define it at the top level of a module")
+        return f"{module}:{qualname}"
 
     @field_validator("augment", mode="before")
     @classmethod
@@ -124,6 +146,12 @@ class TrainConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> "TrainConfig":
+        for name in ("model", "dataset", "loss"):
+            spec = getattr(self, name)
+            if self.workers > 1 and spec and spec.startswith("__main__:") and not hasattr(sys.modules["__main__"], "__file__"):
+                raise ValueError(f"--{name} {spec.partition(':')[2]} is defined in a notebook or an interactive session, which "
+                                 "spawned ranks cannot import; move it into a .py file beside the notebook and import it "
+                                 "from there (or use --workers 1)")
         if self.strategy == "single" and self.workers != 1:
             raise ValueError("strategy 'single' runs one worker; use --strategy ddp for --workers > 1")
         if self.warmup_epochs >= self.epochs and self.warmup_epochs > 0:
@@ -151,7 +179,9 @@ class TrainConfig(BaseModel):
         """
         # `device` is left out: "auto" resolves differently on different machines, so the checkpoint
         # records the device kind its ranks used and launch compares that instead.
-        payload = self.model_dump(mode="json", exclude={*RUN_CONTROL_FIELDS, "device"})
+        # Fields at their defaults are left out, so a new option added with a default that keeps the
+        # old behaviour does not orphan the checkpoints written before it existed.
+        payload = self.model_dump(mode="json", exclude={*RUN_CONTROL_FIELDS, "device"}, exclude_defaults=True)
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -159,14 +189,15 @@ def load_config_file(path: Path) -> dict[str, Any]:
     """Read a YAML, TOML or JSON config file into a dict of TrainConfig keys (dashes allowed)."""
     if not path.is_file():
         raise UsageError(f"config file {path} does not exist; pass an existing .yaml, .toml or .json file")
-    text = path.read_text()
     try:
+        text = path.read_text()
         if path.suffix == ".toml":
             data = tomllib.loads(text)
         elif path.suffix == ".json":
             data = json.loads(text)
         else:
             data = yaml.safe_load(text)
+    # UnicodeDecodeError (not UTF-8 text), json.JSONDecodeError and tomllib.TOMLDecodeError are ValueErrors.
     except (ValueError, yaml.YAMLError) as exc:
         first = str(exc).strip().splitlines()[0]
         raise UsageError(f"config file {path} does not parse: {first}") from None
@@ -250,6 +281,11 @@ class SweepConfig(BaseModel):
     pruner: Literal["median", "none"] = Field("median", description="stop trials whose intermediate metric is worse than "
                                                                       "the median of earlier trials at the same step")
     trial_timeout: Optional[float] = Field(None, gt=0, description="seconds after which a trial is stopped and recorded as failed")
+    # Optuna's study.optimize(n_trials=, timeout=): limits on what this command starts; running trials finish.
+    n_trials: Optional[int] = Field(None, gt=0, description="start at most this many trials in this command, then stop "
+                                                            "(rerun to continue); running trials finish")
+    timeout: Optional[float] = Field(None, gt=0, description="start no trial after this many seconds of this command; "
+                                                             "running trials finish")
     allow_oversubscribe: bool = Field(False, description="allow more concurrent workers than cores/GPUs")
     quiet: bool = Field(False, description="no live table; one line per finished trial")
     train: dict[str, Any] = Field(default_factory=dict, description="the train flags every built-in trial shares")

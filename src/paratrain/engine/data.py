@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from paratrain.engine.distributed import RankContext
 from paratrain.workloads.datasets import Split
+from paratrain.workloads.text import TokenStream
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -34,6 +35,8 @@ class BatchPreparer:
         self.augment = augment
 
     def __call__(self, x: torch.Tensor, train: bool) -> torch.Tensor:
+        if x.dim() == 2 and not x.is_floating_point():
+            return x.long()         # token ids [B, T] (text): nothing to convert
         images = x.dtype == torch.uint8
         x = x.float()
         if images:
@@ -81,6 +84,36 @@ class TensorBatches:
         for start in range(0, len(idx), self.batch_size):
             batch = idx[start : start + self.batch_size]
             yield self.prepare(self.x.index_select(0, batch), train=True), self.y.index_select(0, batch)
+
+
+class WindowBatches:
+    """Training windows of a text: each epoch `samples_per_epoch` random windows of seq_len + 1 bytes.
+
+    The windows' start offsets are drawn from a generator seeded by seed + epoch and dealt to the
+    ranks as `shard_indices` deals samples, so N ranks with batch b train, step by step, on the
+    same windows as one process with batch N·b.
+    """
+
+    def __init__(self, stream: TokenStream, batch_size: int, ctx: RankContext, seed: int):
+        self.tokens = stream.tokens.to(ctx.device)
+        self.seq_len = stream.seq_len
+        self.samples = stream.samples_per_epoch
+        self.batch_size = batch_size
+        self.ctx = ctx
+        self.seed = seed
+        self.offsets = torch.arange(stream.seq_len + 1, device=ctx.device)
+        self.per_rank = -(-self.samples // ctx.world_size)
+
+    def __len__(self) -> int:
+        return -(-self.per_rank // self.batch_size)
+
+    def epoch(self, epoch: int) -> Iterator[Batch]:
+        generator = torch.Generator().manual_seed(self.seed + epoch)
+        starts = torch.randint(0, len(self.tokens) - self.seq_len, (self.samples,), generator=generator)
+        mine = starts[shard_indices(self.samples, self.ctx, self.seed, epoch, shuffle=False)].to(self.ctx.device)
+        for first in range(0, len(mine), self.batch_size):
+            windows = self.tokens[mine[first : first + self.batch_size, None] + self.offsets].long()
+            yield windows[:, :-1], windows[:, 1:]
 
 
 class LoaderBatches:
@@ -133,7 +166,9 @@ class SplitDataset(torch.utils.data.Dataset):
 
 
 def training_batches(data: Any, batch_size: int, ctx: RankContext, seed: int, prepare: BatchPreparer,
-                     loader_workers: int) -> TensorBatches | LoaderBatches:
+                     loader_workers: int) -> TensorBatches | WindowBatches | LoaderBatches:
+    if isinstance(data, TokenStream):
+        return WindowBatches(data, batch_size, ctx, seed)     # windows are cut on the device: no loader needed
     if isinstance(data, Split) and loader_workers == 0:
         return TensorBatches(data.x, data.y, batch_size, ctx, seed, prepare)
     dataset = SplitDataset(data) if isinstance(data, Split) else data

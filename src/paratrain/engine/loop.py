@@ -7,6 +7,7 @@ serves torchrun-style launches, a notebook's spawned ranks and a single process.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import statistics
 import sys
@@ -17,7 +18,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from paratrain.config import TrainConfig
@@ -25,6 +25,7 @@ from paratrain.engine.augment import BatchAugment
 from paratrain.engine.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from paratrain.engine.data import BatchPreparer, eval_batches, training_batches
 from paratrain.engine.distributed import Placement, RankContext, init_rank, shutdown
+from paratrain.engine.flops import count_flops_per_sample, cpu_peak, gpu_peak, mfu
 from paratrain.engine.lr import LRSchedule, scaled_lr
 from paratrain.engine.memory import peak_memory_bytes, release_cached_memory, reset_peak_memory
 from paratrain.engine.optim import build_optimizer
@@ -33,6 +34,9 @@ from paratrain.engine.strategies import Strategy, build_strategy
 from paratrain.engine.timing import Clock, StepBreakdown
 from paratrain.runs import MetricsWriter, RunDir
 from paratrain.workloads import build_model, load_data
+from paratrain.workloads.datasets import default_cache_dir
+from paratrain.workloads.text import TokenStream
+from paratrain.workloads.objective import build_objective
 
 log = logging.getLogger("paratrain.rank")
 
@@ -70,6 +74,11 @@ def _log_to_file(path: Path, ctx: RankContext) -> logging.Handler:
     return handler
 
 
+class TrainingDiverged(Exception):
+    """The training loss became NaN or infinite. The loss is all-reduced before it is checked, so
+    every rank sees the same value and all of them stop at the same step."""
+
+
 @dataclass
 class RunState:
     """Where the run is; all of it goes into the checkpoint."""
@@ -92,6 +101,9 @@ class Trainer:
         self.strategy: Strategy = build_strategy(cfg, ctx, self.clock.stamp)
 
         module = build_model(cfg, self.data).to(ctx.device)
+        self.objective = build_objective(cfg.loss, module)
+        # Counted before activation checkpointing: MFU credits no recomputation.
+        self.flops_per_sample = model_flops_per_sample(module, self.objective, self.data, ctx, cfg) if ctx.is_main else None
         if cfg.checkpoint_activations:
             _checkpoint_activations(module)
         self.optimizer = build_optimizer(cfg.optimizer, module, lr=cfg.lr, momentum=cfg.momentum,
@@ -138,6 +150,7 @@ class Trainer:
                  ctx.world_size, self.steps_per_epoch)
         # Wall-clock start of training, for launch overhead (time from launch to the first step).
         self._event("start", step=self.state.step, unix_time=time.time())
+        self.checked_step = self.state.step     # the loss was last seen finite after this step
         try:
             for epoch in range(self.state.epoch, cfg.epochs):
                 progress.start_epoch(epoch)
@@ -148,6 +161,12 @@ class Trainer:
                 self.state.epoch = epoch + 1
                 if cfg.checkpoint_every and self.state.epoch % cfg.checkpoint_every == 0:
                     self._save()
+                if cfg.early_stop and epoch - self._best_epoch() >= cfg.early_stop:
+                    log.info("early stop after epoch %d: no better validation loss for %d epochs", epoch + 1, cfg.early_stop)
+                    break
+        except TrainingDiverged as exc:
+            log.error("%s", exc)
+            return self._diverged_summary(str(exc))
         finally:
             progress.close()
             for sink in self.sinks:
@@ -174,8 +193,7 @@ class Trainer:
             # All micro-steps but the last accumulate locally: DDP skips the all-reduce in no_sync.
             with (nullcontext() if sync else self.strategy.no_sync(model)):
                 with self.autocast():
-                    out = model(x)
-                    loss = F.cross_entropy(out, y)
+                    loss, out = self.objective(model, x, y)
                 self.scaler.scale(loss / cfg.grad_accum if cfg.grad_accum > 1 else loss).backward()
             backward_end = clock.stamp()
             breakdown.span("data_s", data_start, data_ready)
@@ -184,7 +202,7 @@ class Trainer:
             if sync and comm_start is not None:
                 breakdown.span("comm_s", comm_start, backward_end)
             interval[0].add_(loss.detach(), alpha=len(y))
-            interval[1].add_((out.argmax(1) == y).sum())
+            interval[1].add_(self.objective.correct(out, y))
             interval_samples += len(y)
 
             if sync:
@@ -204,6 +222,7 @@ class Trainer:
                 if self.state.step % cfg.log_every == 0:
                     now = time.perf_counter()
                     loss_sum, correct = ctx.sum(interval.clone()).tolist()
+                    self._check_finite(loss_sum)
                     n = interval_samples * ctx.world_size
                     rate = n / (now - interval_start)
                     progress.show(rate, loss_sum / n)
@@ -225,6 +244,7 @@ class Trainer:
             torch.cuda.synchronize()
         seconds = time.perf_counter() - epoch_start
         loss_sum, correct = ctx.sum(totals).tolist()
+        self._check_finite(loss_sum)
         phases = self.breakdown.means()
         # Every tensor handed to a collective lives on the rank's device: NCCL has no CPU tensors.
         means = torch.tensor(list(phases.values()), dtype=torch.float64, device=ctx.device)
@@ -239,6 +259,19 @@ class Trainer:
         log.info("epoch %d: %.2fs, %.0f samples/s, loss %.4f", epoch + 1, seconds, n / seconds, loss_sum / n)
         return record
 
+    def _check_finite(self, loss_sum: float) -> None:
+        """Called where the loss is read anyway (log points, epoch ends): no extra sync per step."""
+        if not math.isfinite(loss_sum):
+            raise TrainingDiverged(
+                f"training diverged: the loss became {loss_sum} between steps {self.checked_step + 1} and "
+                f"{self.state.step}; lower --lr (the scaled LR was {self.schedule.peak_lr:.4g}) or add --warmup-epochs")
+        self.checked_step = self.state.step
+
+    def _best_epoch(self) -> int:
+        """The epoch with the lowest validation loss so far (early stopping watches it)."""
+        epochs = self.state.epochs_done
+        return min(epochs, key=lambda e: e["evals"]["val"]["loss"])["epoch"]
+
     @torch.no_grad()
     def evaluate(self, epoch: int) -> dict[str, dict[str, float]]:
         """Loss and accuracy on each held-out split, sharded across ranks and summed."""
@@ -250,11 +283,13 @@ class Trainer:
         results = {}
         for name, split in splits.items():
             totals = torch.zeros(3, dtype=torch.float64, device=self.ctx.device)
-            for x, y in eval_batches(split, self.ctx, max(256, self.cfg.batch_size * 4), self.prepare, self.cfg.loader_workers):
+            # Text windows are large samples (seq_len tokens, 256 logits each): 4 training batches' worth.
+            batch = self.cfg.batch_size * 4 if isinstance(self.data.train, TokenStream) else max(256, self.cfg.batch_size * 4)
+            for x, y in eval_batches(split, self.ctx, batch, self.prepare, self.cfg.loader_workers):
                 with self.autocast():
-                    out = module(x)
-                totals[0] += F.cross_entropy(out.float(), y, reduction="sum")
-                totals[1] += (out.argmax(1) == y).sum()
+                    loss, out = self.objective(module, x, y)
+                totals[0] += loss.float() * len(y)
+                totals[1] += self.objective.correct(out, y)
                 totals[2] += len(y)        # a Python number: no host-to-device copy
             loss_sum, correct, n = self.ctx.sum(totals).tolist()
             results[name] = {"loss": loss_sum / n, "accuracy": correct / n, "samples": int(n)}
@@ -304,6 +339,14 @@ class Trainer:
                               elapsed_s=ckpt["elapsed_s"], epochs_done=list(ckpt["epochs_done"]))
         log.info("resumed after epoch %d (step %d)", self.state.epoch, self.state.step)
 
+    def _diverged_summary(self, message: str) -> Optional[dict[str, Any]]:
+        if not self.ctx.is_main:
+            return None
+        cfg = self.cfg
+        return {"status": "diverged", "error": message, "workers": self.ctx.world_size, "strategy": cfg.strategy_name,
+                "batch_size": cfg.batch_size, "global_batch_size": cfg.global_batch_size, "lr": self.schedule.peak_lr,
+                "base_lr": cfg.lr, "epochs": cfg.epochs, "steps": self.state.step, "diverged_after_step": self.checked_step}
+
     def _summary(self) -> Optional[dict[str, Any]]:
         peak = self.ctx.gather_objects(peak_memory_bytes(self.ctx.device))
         if not self.ctx.is_main:
@@ -330,7 +373,38 @@ class Trainer:
             "test_loss": last["evals"]["test"]["loss"], "test_accuracy": last["evals"]["test"]["accuracy"],
             "train_time_s": self.state.elapsed_s + time.perf_counter() - self.started,
             "breakdown": breakdown, "peak_memory_bytes": peak,
+            "epochs_run": len(epochs), "early_stopped": len(epochs) < cfg.epochs,
+            **({"best_epoch": self._best_epoch() + 1} if cfg.early_stop else {}),
+            **model_throughput(self, sum(e["epoch_samples"] for e in steady) / steady_time, last["evals"]),
         }
+
+
+def model_flops_per_sample(module: nn.Module, objective: Any, data: Any, ctx: RankContext, cfg: TrainConfig) -> Optional[int]:
+    """FLOPs of one sample, counted on its shapes; the sample comes from the test split, so no
+    augmentation or random number is drawn and the training run is unchanged."""
+    x, y = next(eval_batches(data.test, ctx, 1, BatchPreparer(cfg.image_size)))
+    return count_flops_per_sample(module, objective, x, y)
+
+
+def model_throughput(trainer: Trainer, samples_per_s: float, evals: dict[str, Any]) -> dict[str, Any]:
+    """Summary fields in the units of the workload: tokens/s and bits per byte for text; FLOPs and MFU."""
+    fields: dict[str, Any] = {}
+    data, ctx, cfg = trainer.data, trainer.ctx, trainer.cfg
+    if isinstance(data.train, TokenStream):
+        fields["seq_len"] = data.train.seq_len
+        fields["tokens_per_s"] = samples_per_s * data.train.seq_len
+        if trainer.objective.in_nats:       # cross-entropy in nats per byte
+            fields["val_bits_per_byte"] = evals.get("val", evals["test"])["loss"] / math.log(2)
+            fields["test_bits_per_byte"] = evals["test"]["loss"] / math.log(2)
+    fields["flops_per_sample"] = trainer.flops_per_sample
+    if ctx.device.type == "cuda":
+        peak = gpu_peak(torch.cuda.get_device_name(ctx.device), cfg.precision)
+    else:
+        peak = cpu_peak(cfg.precision, cfg.cache_dir or default_cache_dir())
+    fields["mfu"] = mfu(trainer.flops_per_sample, samples_per_s, peak[0] if peak else None, ctx.world_size)
+    fields["mfu_peak"] = {"flops_per_s": peak[0] * ctx.world_size, "per_device": peak[0], "devices": ctx.world_size,
+                          "source": peak[1]} if peak else None
+    return fields
 
 
 def _checkpoint_activations(model: nn.Module) -> None:

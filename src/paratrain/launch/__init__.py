@@ -13,9 +13,10 @@ from typing import Any, Union
 from paratrain.config import RUN_CONTROL_FIELDS, TrainConfig, validate
 from paratrain.engine.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from paratrain.engine.strategies import check_strategy
-from paratrain.errors import UsageError
+from paratrain.errors import TrainingDiverged, UsageError
 from paratrain.export import check_mlflow, to_mlflow
 from paratrain.launch.local import RanksFailed, launch_local
+from paratrain.launch.load import LoadMeter
 from paratrain.launch.placement import plan_placement
 from paratrain.runs import RunDir, write_json
 from paratrain.runs.tensorboard import check_tensorboard
@@ -29,8 +30,9 @@ def train(config: Union[TrainConfig, dict[str, Any], None] = None, **overrides: 
     in a notebook; from a script, call it under `if __name__ == "__main__":` as multiprocessing
     requires.
     """
-    from paratrain.workloads import check_model, load_data
+    from paratrain.workloads import check_loss, check_model, load_data, workload_of
 
+    command_started = time.perf_counter()
     values = config.model_dump() if isinstance(config, TrainConfig) else dict(config or {})
     cfg: TrainConfig = validate(TrainConfig, {**values, **overrides})
     placement = plan_placement(cfg)
@@ -40,11 +42,20 @@ def train(config: Union[TrainConfig, dict[str, Any], None] = None, **overrides: 
         check_mlflow()
     check_model(cfg)
     check_strategy(cfg.strategy_name)
+    prepare_started = time.perf_counter()
     data = load_data(cfg)          # decodes and caches once here, so ranks only read the cache
+    prepare_s = time.perf_counter() - prepare_started
     if cfg.limit_train is not None and cfg.limit_train > len(data.train) + (len(data.val) if data.val is not None else 0):
         raise UsageError(f"--limit-train {cfg.limit_train} exceeds the {len(data.train)} training samples available")
-    if -(-len(data.train) // cfg.workers) < 1:
-        raise UsageError("the training set is smaller than the number of workers")
+    if cfg.global_batch_size > len(data.train):
+        fits = len(data.train) // (cfg.workers * cfg.grad_accum)
+        hint = f"use --batch-size {fits} or less" if fits else "use fewer --workers or a smaller --grad-accum"
+        raise UsageError(f"the global batch ({cfg.workers} workers x {cfg.batch_size} x grad-accum {cfg.grad_accum} = "
+                         f"{cfg.global_batch_size}) is larger than the {len(data.train)} training samples; {hint}")
+    if cfg.early_stop and data.val is None:
+        raise UsageError("--early-stop watches the validation loss and this run has no validation split; add --val-split 0.1 "
+                         "(stopping on the test split would choose by it)")
+    check_loss(cfg, data)
 
     run = RunDir(cfg.run_dir or _default_run_dir(cfg))
     cfg.run_dir = run.path
@@ -56,21 +67,29 @@ def train(config: Union[TrainConfig, dict[str, Any], None] = None, **overrides: 
         "cpu_sets": placement.cpu_sets, "identity": cfg.identity(),
         "train_samples": len(data.train), "test_samples": len(data.test),
         "val_samples": len(data.val) if data.val is not None else 0,
+        **({"data": data.info} if data.info else {}),
     }}
     if not cfg.resume:
         write_json(run.config, resolved)
 
+    load = LoadMeter(placement.cpu_sets)      # what else ran on the run's cores meanwhile
     started = time.perf_counter()
     try:
         summary = launch_local(cfg, placement, run.path)
     except (RanksFailed, KeyboardInterrupt) as exc:
         failed = {"status": "failed", "error": str(exc) or type(exc).__name__, "workers": cfg.workers,
-                  "strategy": cfg.strategy_name, "wall_time_s": time.perf_counter() - started}
+                  "strategy": cfg.strategy_name, "prepare_s": prepare_s, "wall_time_s": time.perf_counter() - command_started}
         write_json(run.summary, failed)
         raise
     assert summary is not None, "rank 0 returned no summary"
-    summary = {**summary, "wall_time_s": time.perf_counter() - started, "run_dir": str(run.path)}
+    # wall_time_s is the whole command, data preparation (prepare_s: decoding, caching) included.
+    names = workload_of(cfg)       # what was trained, by its own names (a user's model is not "cifar10-cnn")
+    summary = {**summary, "model": names.model, "dataset": names.dataset, "prepare_s": prepare_s, "launch_and_train_s": time.perf_counter() - started,
+               "wall_time_s": time.perf_counter() - command_started, "run_dir": str(run.path),
+               "machine_load": load.finish()}
     write_json(run.summary, summary)
+    if summary["status"] == "diverged":
+        raise TrainingDiverged(summary["error"])
     if cfg.mlflow is not None:
         summary["mlflow_run_id"] = to_mlflow(run.path, cfg.mlflow, cfg.mlflow_experiment)
         write_json(run.summary, summary)

@@ -8,21 +8,25 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import signal
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
 import torch
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from paratrain.config import TrainConfig
 from paratrain.engine.distributed import Placement
 from paratrain.engine.loop import run_rank
+from paratrain.errors import RunFailed
 
 
-class RanksFailed(RuntimeError):
+class RanksFailed(RunFailed):
     """A rank died; the message names it and its log."""
 
 
@@ -47,21 +51,31 @@ def launch_local(cfg: TrainConfig, placement: Placement, run_dir: Path) -> Optio
     if cfg.workers == 1:
         return _run_here(cfg, placement, run_dir)
     # The agent logs each failure with a full traceback; the rank's log has it, the user gets one line.
-    for name in ("torch.distributed.elastic", "torch.multiprocessing.spawn"):
+    # torch's elastic modules set their loggers' own levels, so each is quietened by name.
+    quiet = [n for n in logging.root.manager.loggerDict if n.startswith("torch.distributed.elastic")]
+    for name in ("torch.distributed.elastic", "torch.multiprocessing.spawn", *quiet):
         logging.getLogger(name).setLevel(logging.CRITICAL)
+    # The agent's own files (each rank's error.json) go into the run directory, not a temporary
+    # directory that nothing removes; kept when a rank fails, removed after a clean run.
+    elastic_logs = run_dir / "logs" / "elastic"
     launch_config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=cfg.workers, run_id=str(uuid.uuid4()),
         rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1,
-        start_method="spawn",
+        start_method="spawn", logs_specs=DefaultLogsSpecs(log_dir=str(elastic_logs)),
     )
     try:
         with _thread_env(placement.threads_per_worker):
             results = elastic_launch(launch_config, run_rank)(cfg.model_dump(mode="json"), placement.to_dict(), str(run_dir))
+    except SignalException as exc:
+        # SIGTERM or SIGHUP to the launcher (`kill`, a scheduler's time limit): the agent has already
+        # stopped the ranks; the run ends as a failed one, with its summary.
+        raise RanksFailed(f"stopped by {signal.Signals(exc.sigval).name}; the ranks were terminated") from None
     except ChildFailedError as exc:
         rank, failure = min(exc.failures.items())
         message = failure.message.get("message", "") if isinstance(failure.message, dict) else str(failure.message)
         reason = _last_line(message) or f"exit code {failure.exitcode}"
         raise RanksFailed(f"rank {rank} failed: {reason} (see {run_dir / 'logs' / f'rank{rank}.log'})") from None
+    shutil.rmtree(elastic_logs, ignore_errors=True)
     return results[0]
 
 

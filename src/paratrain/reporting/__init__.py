@@ -92,6 +92,80 @@ def _with_plots(render) -> str:
         return render(Path(tmp))
 
 
+# -- a scaling study's table, headline and notes: shared by the terminal and the HTML page ---------
+
+STUDY_COLUMNS = ("workload", "workers", "threads", "global batch", "epoch time (s)", "samples/s", "speedup",
+                 "vs all cores", "efficiency", "val acc", "runs", "flags")
+ALL_CORES_POINT = "all_cores_reference"    # scaling.json's `point` of the one-process-on-all-cores row (scale.ALL_CORES)
+
+
+def _spread(value: float, span: Sequence[float], fmt: str, repeats: int) -> str:
+    """`value (min-max)` over repeats (the range on a line of its own in a terminal, after a space in
+    HTML); a single run has no spread to show."""
+    return format(value, fmt) if repeats < 2 else f"{value:{fmt}}\n({span[0]:{fmt}}–{span[1]:{fmt}})"
+
+
+# How each flag of a row reads in a table, and the name its rule goes by in the notes.
+_FLAG_WORDS = {"contended": ("contended {contended_runs}/{repeats}", "contended n/m"),
+               "repeats_disagree": ("spread x{repeat_spread:.2f}", "spread xR"),
+               "includes_startup": ("incl. start-up", "incl. start-up")}
+
+
+def _flag_text(row: dict[str, Any]) -> str:
+    return ",\n".join(_FLAG_WORDS[f][0].format(**row) if f in _FLAG_WORDS else f for f in row.get("flags", []))
+
+
+def study_table(result: dict[str, Any]) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
+    """The columns and the formatted cells of a study's table (scaling.json rows)."""
+    cells = []
+    for r in result["rows"]:
+        reference = r.get("point") == ALL_CORES_POINT
+        vs_all = r.get("speedup_vs_all_cores")
+        cells.append((r["workload"], f"{r['workers']}{' (all cores)' if reference else ''}",
+                      str(r.get("threads_per_worker", "?")), str(r["global_batch_size"]),
+                      _spread(r["epoch_time_s"], r["epoch_time_s_range"], ".2f", r["repeats"]),
+                      _spread(r["samples_per_s"], r["samples_per_s_range"], ",.0f", r["repeats"])
+                      + (f"\n{r['tokens_per_s']:,.0f} tokens/s" if r.get("tokens_per_s") else ""),
+                      f"{r['speedup']:.2f}", "-" if vs_all is None else f"{vs_all:.2f}", f"{r['efficiency']:.2f}",
+                      f"{r['val_accuracy']:.2%}", str(r["repeats"]), _flag_text(r)))
+    return STUDY_COLUMNS, cells
+
+
+def study_headline(result: dict[str, Any]) -> list[str]:
+    """Per workload, the comparison a user faces: the most workers against one process on all cores."""
+    lines = []
+    rows = result["rows"]
+    for workload in dict.fromkeys(r["workload"] for r in rows):
+        scaling = [r for r in rows if r["workload"] == workload and r.get("point", "scaling") == "scaling"]
+        reference = next((r for r in rows if r["workload"] == workload and r.get("point") == ALL_CORES_POINT), None)
+        if not scaling:
+            continue
+        top, base = scaling[-1], scaling[0]
+        who = f"{top['workers']} worker(s) x {top.get('threads_per_worker', '?')} core(s)"
+        per_core = (f"speedup {top['speedup']:.2f} and efficiency {top['efficiency']:.2f} against {base['workers']} "
+                    f"worker(s) x {base.get('threads_per_worker', '?')} core(s)")
+        if reference:
+            line = (f"{workload}: {who} against one process on all {reference['threads_per_worker']} cores (what "
+                    f"'paratrain train --workers 1' runs): speedup {top['speedup_vs_all_cores']:.2f} (epoch "
+                    f"{top['epoch_time_s']:.2f} s against {reference['epoch_time_s']:.2f} s); {per_core}")
+        else:
+            line = f"{workload}: {who}: {per_core}"
+        flagged = [f"{r['workers']}{' all cores' if r is reference else ''}: {_flag_text(r).replace(chr(10), ' ')}"
+                   for r in (top, reference) if r and r.get("flags")]
+        lines.append(line + (f". Flagged ({'; '.join(flagged)}): read with care." if flagged else "."))
+    return lines
+
+
+def study_notes(result: dict[str, Any]) -> list[str]:
+    """What the brackets and the flags mean, with the thresholds used."""
+    notes = ["epoch time and samples/s: median over repeats, (min–max) when there is more than one run; "
+             "threads: cores per worker; vs all cores: speedup against one process on all cores (workers '1 (all cores)')"]
+    if any(r["repeats"] < 2 for r in result["rows"]):
+        notes.append("rows with one run show no spread: --repeats 3 measures the noise")
+    notes += [f"{_FLAG_WORDS.get(name, (name, name))[1]}: {rule}" for name, rule in result.get("flag_rules", {}).items()]
+    return notes
+
+
 def _study_body(path: Path) -> str:
     from paratrain.reporting.plots import breakdown_plot, study_plots
 
@@ -100,20 +174,49 @@ def _study_body(path: Path) -> str:
 
     def render(tmp: Path) -> str:
         plots = study_plots(result, tmp)
-        labels = [f"{r['workload']} w{r['workers']}" for r in rows]
+        labels = [f"{r['workload']} w{r['workers']}{' all cores' if r.get('point') == ALL_CORES_POINT else ''}" for r in rows]
         bd = breakdown_plot(rows, labels, tmp / "breakdown.png")
-        table = _table(("workload", "workers", "global batch", "epoch time (s)", "samples/s", "speedup", "efficiency",
-                        "val accuracy", "repeats"),
-                       [(r["workload"], r["workers"], r["global_batch_size"], r["epoch_time_s"], r["samples_per_s"],
-                         r["speedup"], r["efficiency"], r["val_accuracy"], r["repeats"]) for r in rows], "scaling")
+        table = _table(*study_table(result), "scaling")
+        headline = "<div id='headline'>" + "".join(f"<p><b>{html.escape(line)}</b></p>" for line in study_headline(result)) + "</div>"
+        notes = "<ul class='note'>" + "".join(f"<li>{html.escape(n)}</li>" for n in study_notes(result)) + "</ul>"
         images = "".join(_img(p, name) for name, p in plots.items())
         spec = json.loads((path / "study.json").read_text()) if (path / "study.json").exists() else {}
-        return (f"<p class='note'>{html.escape(result['mode'])} scaling. {html.escape(result.get('timing', ''))}. "
-                f"{html.escape(result.get('cpu_worker', ''))}.</p>{table}<h2>Plots</h2><div class='plots'>{images}</div>"
+        return (f"{headline}<p class='note'>{html.escape(result['mode'])} scaling. {html.escape(result.get('timing', ''))}. "
+                f"{html.escape(result.get('cpu_worker', ''))}.</p>{table}{notes}<h2>Plots</h2><div class='plots'>{images}</div>"
                 f"<h2>Step-time breakdown</h2>{_img(bd, 'breakdown')}"
                 f"<h2>Study</h2>{_table(('option', 'value'), [(k, json.dumps(v)) for k, v in spec.items()])}")
 
     return _with_plots(render)
+
+
+# -- a sweep's notes: shared by the terminal and the HTML page -------------------------------------
+
+_SAMPLERS = {"grid": "grid (every combination in turn)", "random": "random (seeded draws from each parameter's prior)",
+             "tpe": "tpe (Optuna's TPESampler)", "gp": "gp (Optuna's GPSampler)", "nsga2": "nsga2 (Optuna's NSGAIISampler)"}
+
+
+def sweep_notes(result: dict[str, Any]) -> list[str]:
+    """The sampler, the split each metric is measured on, whether -j paid off, and why a sweep
+    stopped before its budget."""
+    sampler = result.get("sampler") or result["space"].get("sampler", "?")
+    notes = [f"{result['algorithm']} search, sampler: {_SAMPLERS.get(sampler, sampler)}"]
+    if result.get("mode") == "builtin":
+        split = result.get("val_split")
+        if split:
+            notes.append(f"val_* metrics: on a validation split of {split:.0%} of the training set (stratified), which the "
+                         "sweep chooses on; test_accuracy: on the test split, shown, never optimised")
+        elif split is not None:
+            notes.append("no validation split (--val-split 0): the val_* metrics would be the test split's and are not "
+                         "recorded; test_accuracy is on the test split")
+    par = result.get("parallelism") or {}
+    if par.get("speedup"):
+        notes.append(f"parallel speedup: {par['speedup']:.2f}x (sum of trial times {par['trial_time_s']:.1f} s in "
+                     f"{par['wall_time_s']:.1f} s of wall time)")
+    for limit, value in (result.get("stopped_by") or {}).items():
+        done = result["counts"]["COMPLETE"] + result["counts"]["PRUNED"]
+        notes.append(f"stopped starting trials: --{limit.replace('_', '-')} {value:g} reached; {done} of {result['items']} "
+                     "planned trial(s) finished; rerun the command to continue")
+    return notes
 
 
 def _sweep_body(path: Path) -> str:
@@ -121,24 +224,25 @@ def _sweep_body(path: Path) -> str:
 
     result = json.loads((path / SWEEP_FILE).read_text())
     metrics = result["metric"]
+    shown = result.get("recorded_metrics") or [*metrics, "time_s"]
 
     def fmt_params(params: dict[str, Any]) -> str:
         return ", ".join(f"{k}={_fmt(v)}" for k, v in params.items())
 
     def render(tmp: Path) -> str:
         plots = sweep_plots(result, tmp)
-        rows = [(t["number"], fmt_params(t["params"]), *[t["metrics"].get(m, "") for m in metrics],
-                 t["duration_s"] if t["duration_s"] is not None else "", t["state"].lower(), t["reason"] or "")
-                for t in result["trials"]]
-        table = _table(("trial", "params", *metrics, "time (s)", "state", "reason"), rows, "trials")
+        rows = [(t["number"], fmt_params(t["params"]), *[t["metrics"].get(m, "") for m in shown],
+                 t["state"].lower(), t["reason"] or "") for t in result["trials"]]
+        table = _table(("trial", "params", *shown, "state", "reason"), rows, "trials")
         best = result["best"]
         if "pareto_front" in best:
-            best_html = _table(("trial", "params", *metrics), [(t["number"], fmt_params(t["params"]),
-                                                                *[t["metrics"].get(m, "") for m in metrics])
-                                                               for t in best["pareto_front"]], "best")
+            best_html = _table(("trial", "params", *shown), [(t["number"], fmt_params(t["params"]),
+                                                              *[t["metrics"].get(m, "") for m in shown])
+                                                             for t in best["pareto_front"]], "best")
             best_title = "Pareto front"
         else:
-            best_html = _table(("trial", "params", metrics[0]), [(best["number"], fmt_params(best["params"]), best["value"])]
+            best_html = _table(("trial", "params", *shown), [(best["number"], fmt_params(best["params"]),
+                                                              *[best["metrics"].get(m, "") for m in shown])]
                                if best else [], "best")
             best_title = "Best trial"
         counts = ", ".join(f"{n} {s.lower()}" for s, n in result["counts"].items() if n)
@@ -147,6 +251,7 @@ def _sweep_body(path: Path) -> str:
         return (f"<p class='note'>{html.escape(result['algorithm'])} search, {result['items']} trial(s) planned: "
                 f"{html.escape(counts)}. Objective: "
                 f"{html.escape(', '.join(f'{m} ({o})' for m, o in zip(metrics, result['objective'])))}.</p>"
+                "<ul class='note' id='notes'>" + "".join(f"<li>{html.escape(n)}</li>" for n in sweep_notes(result)) + "</ul>"
                 f"<h2>{best_title}</h2>{best_html}<h2>Trials</h2>{table}<h2>Plots</h2><div class='plots'>{images}</div>"
                 f"<h2>Search space</h2>{_table(('setting', 'value'), [(k, json.dumps(v)) for k, v in space.items()])}")
 
@@ -155,8 +260,9 @@ def _sweep_body(path: Path) -> str:
 
 def _summary_rows(summary: dict[str, Any]) -> list[tuple[str, Any]]:
     keys = ("status", "workers", "strategy", "global_batch_size", "lr", "epochs", "epoch_time_s", "samples_per_s",
-            "train_loss", "val_loss", "val_accuracy", "test_accuracy", "wall_time_s")
-    return [(k, summary[k]) for k in keys if k in summary]
+            "tokens_per_s", "flops_per_sample", "mfu", "train_loss", "val_loss", "val_bits_per_byte", "val_accuracy",
+            "test_accuracy", "wall_time_s")
+    return [(k, summary[k]) for k in keys if summary.get(k) is not None]
 
 
 def _run_body(run: RunDir) -> str:

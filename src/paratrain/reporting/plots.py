@@ -8,7 +8,9 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 
+from paratrain.reporting import ALL_CORES_POINT  # noqa: E402
 from paratrain.runs import RunDir  # noqa: E402
 
 
@@ -20,30 +22,44 @@ def _save(fig: Any, path: Path) -> Path:
 
 
 def study_plots(result: dict[str, Any], out: Path) -> dict[str, Path]:
-    """Epoch time, samples/s, speedup (with the ideal line), efficiency, accuracy vs global batch."""
-    rows = result["rows"]
+    """Epoch time, samples/s, speedup (with the ideal line), efficiency, accuracy vs global batch.
+
+    Error bars are the min-max over repeats. The one-process-on-all-cores reference of a CPU study
+    is a dotted line in the time and throughput plots, and the speedup against it a second series.
+    """
+    reference = {r["workload"]: r for r in result["rows"] if r.get("point") == ALL_CORES_POINT}
+    rows = [r for r in result["rows"] if r.get("point", "scaling") == "scaling"]
     workloads = list(dict.fromkeys(r["workload"] for r in rows))
     counts = sorted({r["workers"] for r in rows})
     mode = result["mode"]
     specs = {
         "epoch_time": ("epoch time (s)", "epoch_time_s", "epoch_time_s_range"),
         "throughput": ("samples/s", "samples_per_s", "samples_per_s_range"),
-        "speedup": ("speedup T(1)/T(N)", "speedup", None),
-        "efficiency": ("efficiency (speedup / N)", "efficiency", None),
+        "speedup": ("speedup (T(base) / T(N))", "speedup", "speedup_range"),
+        "efficiency": ("efficiency (speedup / N)", "efficiency", "speedup_range"),
     }
     paths = {}
     for name, (label, key, spread) in specs.items():
         fig, ax = plt.subplots(figsize=(5.5, 3.8))
-        for workload in workloads:
+        for i, workload in enumerate(workloads):
             mine = [r for r in rows if r["workload"] == workload]
-            xs = [r["workers"] for r in mine]
-            ys = [r[key] for r in mine]
-            if spread:
-                lo = [y - r[spread][0] for y, r in zip(ys, mine)]
-                hi = [r[spread][1] - y for y, r in zip(ys, mine)]
-                ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, label=workload)
-            else:
-                ax.plot(xs, ys, marker="o", label=workload)
+            ref = reference.get(workload)
+            base = f" (vs {mine[0]['workers']} worker(s) x {mine[0].get('threads_per_worker', '?')} core(s))"
+            series = [(key, spread, workload + (base if name == "speedup" else ""), "-")]
+            if name == "speedup" and ref:
+                series.append(("speedup_vs_all_cores", "speedup_vs_all_cores_range",
+                               f"{workload} (vs one process, all {ref['threads_per_worker']} cores)", "--"))
+            for value, span, legend, style in series:
+                xs = [r["workers"] for r in mine]
+                ys = [r[value] for r in mine]
+                # Efficiency is proportional to speedup, so its bars are the speedup's, rescaled.
+                scale = [r["efficiency"] / r["speedup"] if name == "efficiency" else 1.0 for r in mine]
+                lo = [y - r[span][0] * k if r.get(span) else 0.0 for y, r, k in zip(ys, mine, scale)]
+                hi = [r[span][1] * k - y if r.get(span) else 0.0 for y, r, k in zip(ys, mine, scale)]
+                ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, color=f"C{i}", linestyle=style, label=legend)
+            if ref and name in ("epoch_time", "throughput"):
+                ax.axhline(ref[key], color=f"C{i}", linestyle=":", linewidth=1.2,
+                           label=f"{workload}: one process, all {ref['threads_per_worker']} cores")
         if name == "speedup":
             ax.plot(counts, counts, "k--", linewidth=1, label="ideal")
         if name == "efficiency":
@@ -54,7 +70,7 @@ def study_plots(result: dict[str, Any], out: Path) -> dict[str, Path]:
         ax.set_xticks(counts)
         ax.set_title(f"{label} ({mode} scaling)")
         ax.grid(alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize="small")
         paths[name] = _save(fig, out / f"{name}.png")
 
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
@@ -166,7 +182,56 @@ def sweep_plots(result: dict[str, Any], out: Path) -> dict[str, Path]:
         ax.grid(alpha=0.3)
         ax.legend()
         paths["pareto"] = _save(fig, out / "sweep-pareto.png")
+
+    if result["algorithm"] == "grid" and len(params) == 2:
+        paths["heatmap"] = _heatmap(result, params, out / "sweep-heatmap.png")
     return paths
+
+
+def heatmap_cells(result: dict[str, Any], metric: str) -> tuple[list[Any], list[Any], list[list[float]]]:
+    """A two-parameter grid as a table: the first parameter's values (rows), the second's
+    (columns), and the metric's mean over each cell's completed trials (NaN where none completed)."""
+    first, second = list(result["space"]["parameters"])
+    done = [t for t in result["trials"] if t["state"] == "COMPLETE" and metric in t["metrics"]]
+    rows = sorted({t["params"][first] for t in result["trials"]}, key=_order)
+    cols = sorted({t["params"][second] for t in result["trials"]}, key=_order)
+    cells = [[float(np.mean(values)) if (values := [t["metrics"][metric] for t in done
+                                                    if t["params"][first] == r and t["params"][second] == c]) else float("nan")
+              for c in cols] for r in rows]
+    return rows, cols, cells
+
+
+def _order(value: Any) -> tuple[int, Any]:
+    return (0, value) if isinstance(value, (int, float)) else (1, str(value))
+
+
+def _heatmap(result: dict[str, Any], params: list[str], path: Path) -> Path:
+    """One panel per objective: the grid's cells coloured by the metric, each cell annotated."""
+    metrics = result["metric"]
+    repeats = result["space"].get("repeats", 1)
+    fig, axes = plt.subplots(1, len(metrics), figsize=(5.2 * len(metrics), 4.2), squeeze=False)
+    for ax, metric, objective in zip(axes[0], metrics, result["objective"]):
+        rows, cols, cells = heatmap_cells(result, metric)
+        grid = np.array(cells)
+        # Better is bright (yellow) whether the metric is minimised or maximised.
+        image = ax.imshow(grid, cmap="viridis_r" if objective == "minimize" else "viridis", aspect="auto")
+        fig.colorbar(image, ax=ax, label=metric)
+        ax.set_xticks(range(len(cols)), [_label(c) for c in cols])
+        ax.set_yticks(range(len(rows)), [_label(r) for r in rows])
+        ax.set_xlabel(params[1])
+        ax.set_ylabel(params[0])
+        finite = grid[np.isfinite(grid)]
+        middle = (finite.min() + finite.max()) / 2 if finite.size else 0.0
+        for (i, j), value in np.ndenumerate(grid):
+            if np.isfinite(value):
+                dark = value > middle if objective == "minimize" else value < middle
+                ax.text(j, i, f"{value:.3g}", ha="center", va="center", fontsize="small", color="white" if dark else "black")
+        ax.set_title(f"{metric} ({objective}{f', mean of {repeats}' if repeats > 1 else ''})")
+    return _save(fig, path)
+
+
+def _label(value: Any) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
 def _spans_decades(values: list[Any]) -> bool:

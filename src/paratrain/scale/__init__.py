@@ -10,6 +10,13 @@ study can be resumed, re-analysed or extended without re-running anything.
   the LR stays at --lr.
 Speedup is T(base)/T(N) x base, where T is the median epoch time (the first epoch of every run
 excluded) and base the smallest worker count (normally 1); efficiency is speedup / N.
+
+On CPU a study worker gets one core, so that speedup answers "what does a core's worth of worker
+buy", not the question a user faces: is N workers faster than one process on all the cores, which
+is what `paratrain train --workers 1` runs by default? So a CPU study also runs that process (the
+all-cores reference, alternated with the other points) and reports `speedup_vs_all_cores` beside
+`speedup`. Rows carry the noise too: the spread over repeats, runs measured while other work took
+the run's cores (summary.json `machine_load`), and single-epoch throughput that includes start-up.
 """
 from __future__ import annotations
 
@@ -21,21 +28,30 @@ from typing import Any, Callable, Optional
 
 from paratrain.config import ScaleConfig, TrainConfig, validate
 from paratrain.errors import UsageError
-from paratrain.launch.placement import available_cores
+from paratrain.launch.load import CONTENDED_ABOVE
+from paratrain.launch.placement import available_cores, resolve_device
 from paratrain.runs import SCALING_FILE, RunDir, write_json
 
+# Repeats whose samples/s differ by more than this ratio (fastest / slowest) are flagged: on a quiet
+# machine repeats of these workloads agree within a few per cent.
+SPREAD_LIMIT = 1.15
+ALL_CORES = "all_cores_reference"
 
 
-def point_config(study: ScaleConfig, workload: str, workers: int, repeat: int) -> dict[str, Any]:
-    """The train configuration of one point of the study."""
-    name = f"{workload}-w{workers}-r{repeat}"
+def point_config(study: ScaleConfig, workload: str, workers: int, repeat: int, all_cores: bool = False) -> dict[str, Any]:
+    """The train configuration of one point of the study; `all_cores`: the one-process reference."""
+    name = f"{workload}-w{workers}-{'all-cores-' if all_cores else ''}r{repeat}"
     train = {**study.train, "workload": workload, "workers": workers, "quiet": True,
              "run_dir": str(study.out / "runs" / name)}
     if train.get("tensorboard"):
         train["tensorboard"] = str(Path(train["tensorboard"]) / name)     # one TensorBoard run per point
     # On CPU a worker plays the role of a GPU: one core each unless told otherwise, so every
-    # point of the study has the same compute per worker.
-    train.setdefault("threads_per_worker", 1)
+    # point of the study has the same compute per worker. The reference takes the default instead:
+    # every core, as `paratrain train --workers 1` does.
+    if all_cores:
+        train["threads_per_worker"] = None
+    else:
+        train.setdefault("threads_per_worker", 1)
     base = TrainConfig.model_fields
     batch = train.get("batch_size", base["batch_size"].default)
     if study.mode == "strong":
@@ -55,13 +71,14 @@ def plan(study: ScaleConfig) -> list[tuple[str, int, int, dict[str, Any]]]:
     if max(study.workers) * threads > cores and not study.train.get("allow_oversubscribe"):
         raise UsageError(f"--workers {max(study.workers)} x {threads} thread(s) each needs {max(study.workers) * threads} cores "
                          f"but this machine gives {cores}; drop the larger worker counts")
+    on_cpu = not resolve_device(study.train.get("device", "auto"))
     points = []
-    # Repeats are the outer loop so that the points alternate (1, 2, 1, 2, ...): drift on a shared
-    # machine then hits every worker count alike instead of biasing whichever ran last.
+    # Repeats are the outer loop so that the points alternate (1, 2, all-cores, 1, 2, all-cores, ...):
+    # drift on a shared machine then hits every point alike instead of biasing whichever ran last.
     for repeat in range(study.repeats):
         for workload in study.workload:
-            for workers in study.workers:
-                cfg = point_config(study, workload, workers, repeat)
+            for workers, all_cores in [*((n, False) for n in study.workers), *([(1, True)] if on_cpu else [])]:
+                cfg = point_config(study, workload, workers, repeat, all_cores)
                 validate(TrainConfig, cfg)
                 points.append((workload, workers, repeat, cfg))
     return points
@@ -109,8 +126,15 @@ def run_study(study: ScaleConfig, on_start: Optional[Callable[[], None]] = None,
 
     result = {"mode": study.mode, "workload": study.workload, "repeats": study.repeats,
               "timing": "epoch time is the median over the epochs after the first of each run; "
-                        "speedup = T(base) / T(N) x base, efficiency = speedup / N",
+                        "speedup = T(base) / T(N) x base, efficiency = speedup / N; "
+                        "speedup_vs_all_cores = T(one process on all cores) / T(N)",
               "cpu_worker": "one worker = one rank with its own core(s), playing the role of a GPU",
+              "flag_rules": {
+                  "contended": f"in n of the m runs, other work took over {CONTENDED_ABOVE:.0%} of the run's cores "
+                               "(summary.json machine_load.other_fraction)",
+                  "repeats_disagree": f"the repeats' samples/s differ by more than x{SPREAD_LIMIT} (fastest / slowest = R)",
+                  "includes_startup": "a run had a single epoch, so its time and samples/s include start-up",
+              },
               "rows": scaling_rows([RunDir(Path(cfg["run_dir"])) for *_, cfg in points])}
     write_json(out / SCALING_FILE, result)
     return result
@@ -122,36 +146,81 @@ def steady_epoch_time(summary: dict[str, Any]) -> float:
     return statistics.median(times[1:] or times)
 
 
+def is_all_cores_reference(config: dict[str, Any]) -> bool:
+    """One CPU process with the default threads (every core): what `paratrain train --workers 1` runs."""
+    return (config.get("workers") == 1 and config.get("resolved", {}).get("device") == "cpu"
+            and config.get("threads_per_worker", 1) is None)
+
+
 def scaling_rows(runs: list[RunDir]) -> list[dict[str, Any]]:
-    """The study table from run directories: one row per (workload, workers), medians over repeats."""
-    groups: dict[tuple[str, int], list[tuple[RunDir, dict]]] = {}
+    """The study table from run directories: one row per (workload, workers), medians over repeats,
+    then, on CPU, the all-cores reference row of each workload."""
+    groups: dict[tuple[str, int, bool], list[tuple[RunDir, dict, dict]]] = {}
     for run in runs:
         summary = run.read_summary()
         if summary.get("status") != "completed":
             continue
-        workload = run.read_config()["workload"]
-        groups.setdefault((workload, summary["workers"]), []).append((run, summary))
+        config = run.read_config()
+        groups.setdefault((workload_label(config, summary), summary["workers"], is_all_cores_reference(config)),
+                          []).append((run, config, summary))
 
     rows = []
-    for workload in dict.fromkeys(w for w, _ in groups):
-        counts = sorted(n for w, n in groups if w == workload)
-        base_n = counts[0]
-        base_time = statistics.median(steady_epoch_time(s) for _, s in groups[(workload, base_n)])
-        for n in counts:
-            members = groups[(workload, n)]
-            times = [steady_epoch_time(s) for _, s in members]
-            rates = [s["samples_per_s"] for _, s in members]
-            epoch_time = statistics.median(times)
-            speedup = base_time / epoch_time * base_n
-            rows.append({
-                "workload": workload, "workers": n, "global_batch_size": members[0][1]["global_batch_size"],
-                "batch_size": members[0][1]["batch_size"], "lr": members[0][1]["lr"],
-                "epoch_time_s": epoch_time, "epoch_time_s_range": [min(times), max(times)],
-                "samples_per_s": statistics.median(rates), "samples_per_s_range": [min(rates), max(rates)],
-                "speedup": speedup, "efficiency": speedup / n,
-                "val_accuracy": statistics.median(s["val_accuracy"] for _, s in members),
-                "repeats": len(members), "run_dir": str(members[0][0].path),
-                "run_dirs": [str(r.path) for r, _ in members],
-                "breakdown": {k: statistics.median(s["breakdown"][k] for _, s in members) for k in members[0][1]["breakdown"]},
-            })
+    for workload in dict.fromkeys(w for w, _, _ in groups):
+        counts = sorted(n for w, n, ref in groups if w == workload and not ref)
+        reference = groups.get((workload, 1, True))
+        base = groups[(workload, counts[0], False)] if counts else groups[(workload, 1, True)]
+        rows += [_row(groups[(workload, n, False)], base, reference) for n in counts]
+        if reference:
+            rows.append(_row(reference, base, reference))
     return rows
+
+
+def workload_label(config: dict[str, Any], summary: dict[str, Any]) -> str:
+    """The name a row goes by: the workload's, or, when --model or --dataset replaced half of it,
+    what was actually trained (a user's model is not "cifar10-cnn")."""
+    if not (config.get("model") or config.get("dataset")):
+        return config["workload"]
+    return f"{summary.get('model', config.get('model'))} on {summary.get('dataset', config.get('dataset'))}"
+
+
+def _threads(config: dict[str, Any]) -> int:
+    return config.get("resolved", {}).get("threads_per_worker") or config.get("threads_per_worker") or 1
+
+
+def _row(members: list[tuple[RunDir, dict, dict]], base: list[tuple[RunDir, dict, dict]],
+         reference: Optional[list[tuple[RunDir, dict, dict]]]) -> dict[str, Any]:
+    run, config, first = members[0]
+    summaries = [s for _, _, s in members]
+    n, threads = first["workers"], _threads(config)
+    times = [steady_epoch_time(s) for s in summaries]
+    rates = [s["samples_per_s"] for s in summaries]
+    epoch_time = statistics.median(times)
+    # Speedup in units of the base point's workers: T(base)/T x base; efficiency per base-worker's
+    # worth of cores, which for the study's own points (same threads each) is speedup / N.
+    base_n, base_threads = base[0][2]["workers"], _threads(base[0][1])
+    base_time = statistics.median(steady_epoch_time(s) for _, _, s in base)
+    speedup = base_time / epoch_time * base_n
+    ref_time = statistics.median(steady_epoch_time(s) for _, _, s in reference) if reference else None
+    contended = sum(bool(s.get("machine_load", {}).get("contended")) for s in summaries)
+    spread = max(rates) / min(rates)
+    flags = [name for name, raised in (("contended", contended > 0), ("repeats_disagree", spread > SPREAD_LIMIT),
+                                       ("includes_startup", any(len(s["epoch_times_s"]) < 2 for s in summaries)))
+             if raised]
+    return {
+        "workload": workload_label(config, first), "workers": n, "threads_per_worker": threads,
+        "point": ALL_CORES if is_all_cores_reference(config) else "scaling",
+        "global_batch_size": first["global_batch_size"], "batch_size": first["batch_size"], "lr": first["lr"],
+        "epoch_time_s": epoch_time, "epoch_time_s_range": [min(times), max(times)],
+        "samples_per_s": statistics.median(rates), "samples_per_s_range": [min(rates), max(rates)],
+        # sequence workloads: the same throughput in tokens; every run: model FLOPs utilisation
+        "tokens_per_s": statistics.median(s["tokens_per_s"] for s in summaries) if "tokens_per_s" in first else None,
+        "mfu": statistics.median(s["mfu"] for s in summaries) if all(s.get("mfu") is not None for s in summaries) else None,
+        "speedup": speedup, "speedup_range": [base_time / max(times) * base_n, base_time / min(times) * base_n],
+        "efficiency": speedup / (n * threads / base_threads),
+        "speedup_vs_all_cores": ref_time / epoch_time if ref_time else None,
+        "speedup_vs_all_cores_range": [ref_time / max(times), ref_time / min(times)] if ref_time else None,
+        "val_accuracy": statistics.median(s["val_accuracy"] for s in summaries),
+        "repeats": len(members), "repeat_spread": spread, "contended_runs": contended, "flags": flags,
+        "run_dir": str(run.path), "run_dirs": [str(r.path) for r, _, _ in members],
+        "breakdown": {k: statistics.median(s["breakdown"][k] for s in summaries) for k in first["breakdown"]},
+    }

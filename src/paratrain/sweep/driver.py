@@ -16,6 +16,7 @@ import os
 import socket
 import threading
 import time
+import traceback
 from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,18 +26,23 @@ from typing import Any, Callable, Iterator, Optional
 import psutil
 
 from paratrain.config import SweepConfig, TrainConfig, flag
-from paratrain.errors import UsageError
+from paratrain.errors import RunFailed, UsageError
 from paratrain.runs import SWEEP_FILE, write_json
-from paratrain.sweep.space import SearchSpace, parse_space, read_config_file
-from paratrain.sweep.trial import (BuiltinCommand, Outcome, ScriptCommand, Slot, TrialProcess, check_script, gpu_count,
-                                   plan_slots, start_server)
+from paratrain.sweep.space import SearchSpace, parse_parameter, parse_space, read_config_file
+from paratrain.sweep.trial import (VAL_METRICS, BuiltinCommand, Outcome, ScriptCommand, Slot, TrialProcess, check_script,
+                                   gpu_count, plan_slots, start_server)
 
 JOURNAL_FILE = "study.journal"
 SPEC_ATTR = "paratrain_sweep"
 HEARTBEAT_S = 10.0          # a driver refreshes its running trials' heartbeat this often
 STALE_AFTER_S = 60.0        # a running trial of another machine without a heartbeat this long is orphaned
 BUILTIN_METRICS = ("val_loss", "val_accuracy", "test_loss", "test_accuracy", "train_loss", "samples_per_s",
-                   "epoch_time_s", "wall_time_s", "time_s", "global_batch_size", "lr")
+                   "epoch_time_s", "wall_time_s", "time_s", "global_batch_size", "lr", "tokens_per_s", "val_bits_per_byte",
+                   "mfu")
+# What the tables show of a built-in trial's summary besides the objectives (time_s last).
+BUILTIN_SHOWN = ("val_loss", "val_accuracy", "val_bits_per_byte", "test_accuracy", "train_loss", "samples_per_s",
+                 "tokens_per_s")
+DEFAULT_VAL_SPLIT = 0.1     # a built-in sweep chooses on this fraction of the training set unless told otherwise
 
 
 @dataclass
@@ -58,10 +64,6 @@ class Sweep:
             return int(values.get("epochs", TrainConfig.model_fields["epochs"].default)) - 1
         return None
 
-    @property
-    def has_val_split(self) -> bool:
-        return isinstance(self.command, BuiltinCommand) and bool(self.command.train.get("val_split"))
-
 
 # -- setting up ---------------------------------------------------------------------------------
 
@@ -72,8 +74,9 @@ def prepare(cfg: SweepConfig) -> tuple[Sweep, Any, "ClaimLock", str, list[Slot]]
         return _join(cfg)
     raw = read_config_file(cfg.config)
     space = parse_space(raw, f"sweep config {cfg.config}")
+    train = cfg.train if cfg.script else _with_validation(cfg.train, space)
     spec = {"config": raw, "script": str(cfg.script.resolve()) if cfg.script else None, "script_args": cfg.script_args,
-            "param_style": cfg.param_style, "train": cfg.train, "workers_per_trial": cfg.workers_per_trial,
+            "param_style": cfg.param_style, "train": train, "workers_per_trial": cfg.workers_per_trial,
             "pruner": cfg.pruner, "trial_timeout": cfg.trial_timeout}
     sweep = _build(spec, space, cfg.out)
     slots = plan_slots(cfg.jobs, sweep.workers_per_trial, cfg.allow_oversubscribe, gpus=gpu_count())
@@ -85,15 +88,61 @@ def prepare(cfg: SweepConfig) -> tuple[Sweep, Any, "ClaimLock", str, list[Slot]]
     if stored is None:
         study.set_user_attr(SPEC_ATTR, spec)
     elif _comparable(stored) != _comparable(spec):
-        changed = sorted(k for k in spec if _comparable(stored).get(k) != _comparable(spec).get(k))
-        raise UsageError(f"{where} already holds sweep {study_name!r} with a different {', '.join(changed)}; "
-                         "rerun the original command to resume it, or choose another --out / --study-name")
+        if not _extends_grid(_comparable(stored), _comparable(spec)):
+            changed = sorted(k for k in spec if _comparable(stored).get(k) != _comparable(spec).get(k))
+            raise UsageError(f"{where} already holds sweep {study_name!r} with a different {', '.join(changed)}; "
+                             "rerun the original command to resume it (adding numbers to a grid's discrete parameters "
+                             "extends it), or choose another --out / --study-name")
+        study.set_user_attr(SPEC_ATTR, spec)      # the extended grid, for reruns and --join
     cfg.out.mkdir(parents=True, exist_ok=True)
     return sweep, study, lock, where, slots
 
 
 def _comparable(spec: dict[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(spec, default=str))
+
+
+def _extends_grid(stored: dict[str, Any], spec: dict[str, Any]) -> bool:
+    """True when `spec` is the stored grid sweep with values added to parameters' lists and
+    nothing else changed: its finished combinations stay valid, and only the new ones run."""
+    old, new = stored["config"], spec["config"]
+    if old.get("algorithm") != "grid" or new.get("algorithm") != "grid":
+        return False
+    if {k: v for k, v in stored.items() if k != "config"} != {k: v for k, v in spec.items() if k != "config"}:
+        return False
+    if {k: v for k, v in old.items() if k != "parameters"} != {k: v for k, v in new.items() if k != "parameters"}:
+        return False
+    old_params, new_params = old.get("parameters") or {}, new.get("parameters") or {}
+    if list(old_params) != list(new_params):
+        return False
+    for name, before in old_params.items():
+        after = new_params[name]
+        if before == after:
+            continue
+        if {k: v for k, v in before.items() if k != "values"} != {k: v for k, v in after.items() if k != "values"}:
+            return False
+        kept = {json.dumps(v) for v in before.get("values") or []}
+        if not kept <= {json.dumps(v) for v in after.get("values") or []}:
+            return False
+        if not all(parse_parameter(name, version, "").extensible for version in (before, after)):
+            return False
+    return True
+
+
+def _with_validation(train: dict[str, Any], space: SearchSpace) -> dict[str, Any]:
+    """A built-in sweep chooses by a metric, so it measures on a validation split carved from the
+    training set (stratified; DEFAULT_VAL_SPLIT unless --val-split says otherwise), never on the
+    test split: test accuracy stays an honest estimate of the chosen configuration."""
+    if "val_split" in {p.name for p in space.parameters}:
+        return train
+    if "val_split" not in train:
+        return {**train, "val_split": DEFAULT_VAL_SPLIT}
+    chosen = [m for m in space.metrics if m in VAL_METRICS]
+    if not train["val_split"] and chosen:
+        raise UsageError(f"{flag('val_split')} 0 leaves no validation split, so {chosen[0]} would be measured on the "
+                         f"test split and the sweep would choose on it; drop {flag('val_split')} (the sweep's default is "
+                         f"{DEFAULT_VAL_SPLIT}) or give a fraction such as 0.2")
+    return train
 
 
 def _join(cfg: SweepConfig) -> tuple[Sweep, Any, "ClaimLock", str, list[Slot]]:
@@ -146,6 +195,10 @@ def _check_builtin(space: SearchSpace, train: dict[str, Any]) -> None:
     for metric in space.metrics:
         if metric not in BUILTIN_METRICS:
             raise UsageError(f"metric {metric!r} is not in a built-in trial's summary; choose from {', '.join(BUILTIN_METRICS)}")
+        if metric.startswith("test_"):
+            raise UsageError(f"metric {metric!r} would choose on the test split; optimise {metric.replace('test_', 'val_')} "
+                             f"(measured on a validation split carved from the training set, {flag('val_split')}); "
+                             f"{metric} is still recorded and shown")
     swept = {p.name for p in space.parameters}
     if train.get("lr_scaling", "linear") != "none" and "batch_size" in swept and "base_batch_size" not in train \
             and space.lr_scaling is None:
@@ -314,12 +367,18 @@ def _orphaned(trial: Any, me: dict[str, Any]) -> bool:
 
 
 class Claimer:
-    def __init__(self, sweep: Sweep, study: Any, lock: ClaimLock):
+    def __init__(self, sweep: Sweep, study: Any, lock: ClaimLock, n_trials: Optional[int] = None,
+                 timeout: Optional[float] = None):
         self.sweep, self.study, self.lock = sweep, study, lock
         self.me = _owner()
         space = sweep.space
-        self._grid = space.grid() if space.algorithm == "grid" else None
+        self._grid = space.grid()[:space.combinations()] if space.algorithm == "grid" else None
         self.items = space.combinations() * space.repeats
+        # Optuna's optimize(n_trials=, timeout=): limits on what this driver starts.
+        self.n_trials, self.timeout = n_trials, timeout
+        self.started = 0
+        self.clock = time.monotonic()
+        self.stopped_by: Optional[str] = None      # "n_trials" | "timeout", once a limit kept a trial from starting
 
     def next(self) -> Optional[Claim]:
         """The next item to run, claimed for this driver, or None when nothing is left to start."""
@@ -345,10 +404,23 @@ class Claimer:
                 if last.user_attrs.get("interrupted") or failures <= self.sweep.space.retry_limit:
                     sampled = {k: v for k, v in last.params.items()}
                     return self._start(item, sampled, attempt=len(attempts))
+            if self._grid is not None:
+                return self._next_combination(by_item)
             item = max(by_item) + 1 if by_item else 0
             if item >= self.items:
                 return None
             return self._start(item, self._params_for(item, by_item), attempt=0)
+
+    def _next_combination(self, by_item: dict[int, list[Any]]) -> Optional[Claim]:
+        """A grid's next item is the first (combination, repeat) no trial has claimed: a grid
+        extended with new values runs its new combinations and redoes none of the finished ones."""
+        assert self._grid is not None
+        claimed = {(_combination(attempts[0].params), attempts[0].user_attrs.get("repeat", 0)) for attempts in by_item.values()}
+        for combo in self._grid:
+            for repeat in range(self.sweep.space.repeats):
+                if (_combination(combo), repeat) not in claimed:
+                    return self._start(max(by_item, default=-1) + 1, combo, attempt=0, repeat=repeat)
+        return None
 
     def still_running(self) -> bool:
         return any("item" in t.user_attrs for t in self.study.get_trials(deepcopy=False, states=(_running(),)))
@@ -356,25 +428,34 @@ class Claimer:
     def _params_for(self, item: int, by_item: dict[int, list[Any]]) -> Optional[dict[str, Any]]:
         space = self.sweep.space
         combo, repeat = divmod(item, space.repeats)
-        if self._grid is not None:
-            return self._grid[combo]
         if space.algorithm == "random":
             return space.draw(combo)
         if repeat > 0:                 # bayes: a repeat reuses its combination's sampled values
             return dict(by_item[combo * space.repeats][0].params)
         return None                    # bayes: the sampler chooses
 
-    def _start(self, item: int, fixed: Optional[dict[str, Any]], attempt: int) -> Claim:
+    def _start(self, item: int, fixed: Optional[dict[str, Any]], attempt: int, repeat: Optional[int] = None) -> Optional[Claim]:
+        if self.n_trials is not None and self.started >= self.n_trials:
+            self.stopped_by = "n_trials"
+            return None
+        if self.timeout is not None and time.monotonic() - self.clock >= self.timeout:
+            self.stopped_by = "timeout"
+            return None
+        self.started += 1
         space = self.sweep.space
         if fixed is not None:
             self.study.enqueue_trial(fixed, skip_if_exists=False)
         trial = self.study.ask(space.distributions())
         params = {**trial.params, **space.derived(trial.params)}
-        repeat = item % space.repeats
+        repeat = item % space.repeats if repeat is None else repeat
         for key, value in (("item", item), ("repeat", repeat), ("attempt", attempt), ("owner", self.me),
                            ("heartbeat", time.time()), ("derived", space.derived(trial.params))):
             trial.set_user_attr(key, value)
         return Claim(trial, params, item, repeat, attempt)
+
+
+def _combination(params: dict[str, Any]) -> str:
+    return json.dumps(params, sort_keys=True)
 
 
 def _trial_id(sweep: Sweep, study: Any, number: int) -> int:
@@ -400,23 +481,31 @@ def record_end(sweep: Sweep, study: Any, number: int, outcome: Outcome, interrup
 Listener = Callable[[str, dict[str, Any]], None]     # ("start" | "report" | "end", info)
 
 
+class SweepFailed(RunFailed):
+    """A driver thread died of an exception: the sweep stopped; sweep.json says what was running."""
+
+
 class Driver:
     """N worker threads, one per slot; each claims an item, runs its trial, records the end."""
 
-    def __init__(self, sweep: Sweep, study: Any, lock: ClaimLock, slots: list[Slot], listener: Listener):
+    def __init__(self, sweep: Sweep, study: Any, lock: ClaimLock, slots: list[Slot], listener: Listener,
+                 n_trials: Optional[int] = None, timeout: Optional[float] = None):
         self.sweep, self.study, self.slots, self.listener = sweep, study, slots, listener
-        self.claimer = Claimer(sweep, study, lock)
+        self.claimer = Claimer(sweep, study, lock, n_trials, timeout)
         self.stopping = threading.Event()
         self.running: dict[int, TrialProcess] = {}
         self._threads: list[threading.Thread] = []
+        self._current: dict[str, dict[str, Any]] = {}     # thread name -> the trial it is running
+        self._failure_lock = threading.Lock()
+        self.failure: Optional[dict[str, Any]] = None       # the first exception of a driver thread
 
     def run(self) -> None:
         # A trial that outlived a killed sweep would keep its cores busy while the resumed sweep
         # hands them out again: trials die with the fork server, which dies with this thread.
         start_server(builtin=isinstance(self.sweep.command, BuiltinCommand))
-        self._threads = [threading.Thread(target=self._work, args=(slot,), name=f"slot-{slot.index}", daemon=True)
-                         for slot in self.slots]
-        beat = threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True)
+        self._threads = [threading.Thread(target=self._guarded, args=(self._work, slot), name=f"slot-{slot.index}",
+                                          daemon=True) for slot in self.slots]
+        beat = threading.Thread(target=self._guarded, args=(self._heartbeat,), name="heartbeat", daemon=True)
         for thread in self._threads:
             thread.start()
         beat.start()
@@ -428,13 +517,51 @@ class Driver:
             self.stopping.set()       # Ctrl-C lands here: the workers stop their trials and record them
             for thread in self._threads:
                 thread.join()
+        if self.failure is not None:
+            raise SweepFailed(self.failure["message"])
+
+    def _guarded(self, work: Callable[..., None], *args: Any) -> None:
+        """Run a thread's work. An exception stops the whole sweep: a thread that died alone
+        would leave its share of the budget undone while the sweep went on to exit 0."""
+        try:
+            work(*args)
+        except BaseException as exc:
+            self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        name = threading.current_thread().name
+        trial = self._current.pop(name, None)
+        first_line = (str(exc).strip().splitlines() or [""])[0]
+        error = f"{type(exc).__name__}: {first_line}" if first_line else type(exc).__name__
+        with self._failure_lock:
+            if self.failure is None:
+                during = f" during trial {trial['number']}" if trial else ""
+                self.failure = {
+                    "thread": name, "error": error, "traceback": traceback.format_exc(),
+                    "trial": trial, "running": sorted(self.running),
+                    "message": f"the sweep stopped: {name} failed{during}: {error} (the trials running then are recorded "
+                               f"as interrupted and run again when the sweep is rerun; traceback in {self.sweep.out / SWEEP_FILE})",
+                }
+        self.stopping.set()           # the other slots stop their trials and record them as interrupted
+        if trial is None:
+            return
+        # The trial is not to blame: stopped and recorded as interrupted, it runs again on a rerun
+        # without counting against retryLimit.
+        proc = self.running.pop(trial["number"], None)
+        if proc is not None:
+            proc.stop()
+        try:
+            record_end(self.sweep, self.study, trial["number"], Outcome("FAIL", reason=f"interrupted: the sweep failed ({error})"),
+                       interrupted=True)
+        except Exception:             # the storage itself may be what failed; the next driver finds it orphaned
+            pass
 
     def _work(self, slot: Slot) -> None:
         while not self.stopping.is_set():
             claim = self.claimer.next()
             if claim is not None:
                 self._run(claim, slot)
-            elif self.claimer.still_running():
+            elif self.claimer.stopped_by is None and self.claimer.still_running():
                 # Nothing to start, but trials are running (here or on another driver): one may
                 # fail and need its retry, and sweep.json should show the study finished.
                 self.stopping.wait(1.0)
@@ -455,6 +582,7 @@ class Driver:
             self.listener("end", {**info, "state": "FAIL", "reason": outcome.reason})
             return
         self.running[number] = proc
+        self._current[threading.current_thread().name] = info
         claim.trial.set_user_attr("started_at", proc.started_unix)
         self.listener("start", info)
         stopped_because: Optional[tuple[str, str]] = None      # (state, reason)
@@ -463,7 +591,7 @@ class Driver:
         last_step = self.sweep.last_step(claim.params)
         while True:
             alive = proc.running()        # read before the reports, so the last ones are never missed
-            for step, metrics in proc.new_reports(self.sweep.has_val_split):
+            for step, metrics in proc.new_reports():
                 self.listener("report", {**info, "step": step, "metrics": metrics})
                 if self.sweep.space.multi_objective or step is None or metric not in metrics or stopped_because:
                     continue
@@ -489,6 +617,7 @@ class Driver:
         record_end(self.sweep, self.study, number, outcome, interrupted=interrupted)
         self.listener("end", {**info, "state": outcome.state, "values": outcome.values, "reason": outcome.reason,
                               "duration_s": outcome.duration_s, "metrics": outcome.metrics})
+        del self._current[threading.current_thread().name]
 
     def _heartbeat(self) -> None:
         from optuna.exceptions import UpdateFinishedTrialError
@@ -509,12 +638,23 @@ def run_sweep(cfg: SweepConfig, listener: Listener = lambda kind, info: None,
         # validates the input and opens the study.
         start_server(builtin=cfg.script is None)
     sweep, study, lock, where, slots = prepare(cfg)
-    driver = Driver(sweep, study, lock, slots, listener)
+    driver = Driver(sweep, study, lock, slots, listener, cfg.n_trials, cfg.timeout)
     finished = {t.user_attrs["item"] for t in study.get_trials(deepcopy=False)
                 if "item" in t.user_attrs and t.state.name in ("COMPLETE", "PRUNED")}
     on_ready(sweep, slots, where, driver.claimer.items, len(finished))
-    driver.run()
+    try:
+        driver.run()
+    except SweepFailed:
+        # sweep.json still records every trial's end, and what failed while which trials ran.
+        try:
+            partial = collect(sweep, study, where)
+        except Exception:         # the storage may be what failed
+            partial = {"name": sweep.space.name, "out": str(sweep.out)}
+        write_json(sweep.out / SWEEP_FILE, {**partial, "failure": driver.failure})
+        raise
     result = collect(sweep, study, where)
+    if driver.claimer.stopped_by is not None:
+        result["stopped_by"] = {driver.claimer.stopped_by: getattr(cfg, driver.claimer.stopped_by)}
     write_json(sweep.out / SWEEP_FILE, result)
     return result
 
@@ -532,12 +672,36 @@ def collect(sweep: Sweep, study: Any, where: str) -> dict[str, Any]:
     else:
         sign = 1 if space.directions[0] == "minimize" else -1
         best = min(done, key=lambda r: sign * r["value"]) if done else {}
-    return {"name": space.name, "out": str(sweep.out), "algorithm": space.algorithm, "metric": list(space.metrics),
-            "objective": list(space.directions), "storage": where,
-            "mode": "script" if isinstance(sweep.command, ScriptCommand) else "builtin",
+    builtin = isinstance(sweep.command, BuiltinCommand)
+    return {"name": space.name, "out": str(sweep.out), "algorithm": space.algorithm, "sampler": space.sampler,
+            "metric": list(space.metrics), "objective": list(space.directions), "storage": where,
+            "mode": "builtin" if builtin else "script",
+            **({"val_split": sweep.command.train.get("val_split")} if builtin else {}),
+            "recorded_metrics": _recorded_metrics(rows, space.metrics, builtin),
             "space": space.to_dict(), "items": space.combinations() * space.repeats,
             "counts": {s: sum(1 for r in rows if r["state"] == s) for s in ("COMPLETE", "PRUNED", "FAIL", "RUNNING")},
-            "trials": rows, "best": best}
+            "parallelism": _parallelism(rows), "trials": rows, "best": best}
+
+
+def _recorded_metrics(rows: list[dict[str, Any]], objectives: tuple[str, ...], builtin: bool) -> list[str]:
+    """The metrics the tables show: the objectives, every other metric a script's trials recorded
+    (a built-in trial's summary: BUILTIN_SHOWN), and the trial time last."""
+    seen = dict.fromkeys(m for r in rows for m in r["metrics"])
+    others = [m for m in (BUILTIN_SHOWN if builtin else seen) if m in seen and m not in objectives and m != "time_s"]
+    return [*objectives, *others, *(["time_s"] if "time_s" not in objectives else [])]
+
+
+def _parallelism(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Whether running trials side by side paid off: the trials' summed durations against the wall
+    time during which at least one of them ran (gaps between resumed runs of the sweep excluded)."""
+    spans = sorted((r["started_at"], r["started_at"] + r["duration_s"]) for r in rows
+                   if r["started_at"] is not None and r["duration_s"] is not None)
+    busy, end = 0.0, float("-inf")
+    for start, stop in spans:
+        busy += max(0.0, stop - max(start, end))
+        end = max(end, stop)
+    total = sum(stop - start for start, stop in spans)
+    return {"trials": len(spans), "trial_time_s": total, "wall_time_s": busy, "speedup": total / busy if busy > 0 else None}
 
 
 def _row(t: Any, space: SearchSpace) -> dict[str, Any]:

@@ -129,6 +129,13 @@ class Parameter:
             return IntDistribution(int(low), int(high), log=log)
         return FloatDistribution(low, high, log=log)
 
+    @property
+    def extensible(self) -> bool:
+        """A list of integers only, or of floats only: in a grid it is recorded as a range (see
+        SearchSpace.distributions), which Optuna lets a study widen; a categorical's choices are fixed."""
+        kinds = {type(v) for v in self.values or ()}
+        return kinds == {int} or kinds == {float}
+
     def bounds(self) -> tuple[float, float]:
         """min/max, or for a normal prior without them mu ± 4 sigma (in log space for lognormal)."""
         if self.low is not None and self.high is not None:
@@ -255,7 +262,7 @@ class SearchSpace:
     grid_size: int
     retry_limit: int
     randomize: bool
-    sampler: str                       # tpe | gp | nsga2 (bayes)
+    sampler: str                       # what picks the values: grid | random, or bayes's tpe | gp | nsga2
     name: str
     lr_scaling: Optional[LRScaling]
 
@@ -264,7 +271,21 @@ class SearchSpace:
         return len(self.metrics) > 1
 
     def distributions(self) -> dict[str, Any]:
-        return {p.name: p.distribution() for p in self.parameters}
+        """What each trial's values are recorded as in the study. A grid fixes every value itself,
+        so a list of numbers is recorded as the range it spans: adding a value to it later extends
+        the study (Optuna refuses a categorical whose choices change)."""
+        from optuna.distributions import FloatDistribution, IntDistribution
+
+        if self.algorithm != "grid":
+            return {p.name: p.distribution() for p in self.parameters}
+        out = {}
+        for p in self.parameters:
+            if p.is_choice and p.extensible:
+                kind = IntDistribution if isinstance(p.values[0], int) else FloatDistribution
+                out[p.name] = kind(min(p.values), max(p.values))
+            else:
+                out[p.name] = p.distribution()
+        return out
 
     def grid(self) -> list[dict[str, Any]]:
         """Every combination of the parameters' grid values, each exactly once."""
@@ -341,8 +362,12 @@ def parse_space(data: dict[str, Any], where: str = "sweep config") -> SearchSpac
     max_combo = count("maxCombo", 0, 0)
     if algorithm != "grid" and max_combo == 0:
         max_combo = 10 * len(parameters)           # Comet's default budget for random and bayes
-    sampler = spec.get("sampler", "nsga2" if len(metrics) > 1 else "tpe")
-    if sampler not in SAMPLERS:
+    if "sampler" in spec and algorithm != "bayes":
+        raise UsageError(f"{where}: spec.sampler chooses the sampler of algorithm \"bayes\"; {algorithm} search has "
+                         "its own plan, so drop spec.sampler")
+    # Grid and random plans are computed here, not sampled by Optuna: they are named for what they are.
+    sampler = spec.get("sampler", "nsga2" if len(metrics) > 1 else "tpe") if algorithm == "bayes" else algorithm
+    if algorithm == "bayes" and sampler not in SAMPLERS:
         raise UsageError(f"{where}: spec.sampler {sampler!r} is not one of {', '.join(SAMPLERS)}")
     name = data.get("name", "sweep")
     if not isinstance(name, str) or not name:

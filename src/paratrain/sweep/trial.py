@@ -30,6 +30,7 @@ from paratrain.runs import RunDir
 from paratrain.sweep.client import PARAMS_ENV, REPORT_FILE_ENV
 
 PARAM_STYLES = ("space", "equals", "plain", "none")   # --lr 0.1 | --lr=0.1 | lr=0.1 (Hydra) | env only
+VAL_METRICS = ("val_loss", "val_accuracy", "val_bits_per_byte")   # a built-in trial's metrics on the validation split
 # Modules the fork server imports once for built-in trials; torch._dynamo is imported lazily by
 # the first optimizer torch builds (over 2 s), so it is loaded here too.
 GUARD = "paratrain.sweep.guard"
@@ -224,9 +225,10 @@ class TrialProcess:
         """Until the trial ends or `timeout` seconds pass."""
         wait_for_sentinels([self.process.sentinel], timeout)
 
-    def new_reports(self, has_val_split: bool) -> list[tuple[Optional[int], dict[str, float]]]:
+    def new_reports(self) -> list[tuple[Optional[int], dict[str, float]]]:
         """(step, metrics) reported since the last call: the script's report file, or the built-in
-        run's evaluation events (one step per epoch)."""
+        run's evaluation events (one step per epoch), each named after its split: val_* only ever
+        measures the validation split, so a sweep never prunes or chooses on the test split."""
         if isinstance(self.command, ScriptCommand):
             lines, self._offset = _read_new_lines(self.reports_path, self._offset)
             return [(r.get("step"), _floats(r.get("metrics", {}))) for r in map(_loads, lines) if r is not None]
@@ -236,8 +238,6 @@ class TrialProcess:
             if event.get("event") == "eval":
                 split = event["split"]
                 metrics = {f"{split}_loss": event["loss"], f"{split}_accuracy": event["accuracy"]}
-                if split == "val" or not has_val_split:
-                    metrics.update(val_loss=event["loss"], val_accuracy=event["accuracy"])
                 out.append((event["epoch"], metrics))
         return out
 
@@ -284,6 +284,8 @@ class TrialProcess:
             if self.run.summary.exists():
                 summary = self.run.read_summary()
                 metrics = {k: float(v) for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+                if summary.get("val_split") == "test":      # without a validation split the engine's val_* are the test split's
+                    metrics = {k: v for k, v in metrics.items() if k not in VAL_METRICS}
             start = next((e["unix_time"] for e in self.run.read_metrics() if e.get("event") == "start"), None)
             return metrics, (start - self.started_unix if start is not None else None)
         reported: dict[str, float] = {}

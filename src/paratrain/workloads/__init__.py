@@ -1,13 +1,17 @@
 """Named workloads: a model and a dataset, resolved from a TrainConfig.
 
 A workload is only a pair of names; `--model` and `--dataset` override either half, with a
-registered name or a user's own `pkg.module:factory`.
+registered name or a user's own `pkg.module:factory`. Image workloads pair a classifier with
+CIFAR-10 or synthetic images; text workloads pair a `gpt` preset with byte-level text
+(workloads/text.py). The loss comes with the workload (workloads/objective.py).
 """
 from __future__ import annotations
 
 import importlib
 import inspect
-from dataclasses import dataclass
+import os
+import sys
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import torch
@@ -15,7 +19,8 @@ from torch import nn
 
 from paratrain.config import TrainConfig
 from paratrain.errors import UsageError
-from paratrain.workloads import datasets, models
+from paratrain.workloads import datasets, gpt, models, text
+from paratrain.workloads.objective import build_objective, check_scalar
 
 
 @dataclass(frozen=True)
@@ -32,7 +37,13 @@ WORKLOADS: dict[str, Workload] = {
     "cifar10-resnet152v2": Workload("resnet152v2", "cifar10", "pre-activation ResNet-152 (v2) on CIFAR-10"),
     "synthetic-cnn": Workload("cifar10-cnn", "synthetic", "the tutorial CNN on random images: throughput work"),
     "synthetic-resnet50v2": Workload("resnet50v2", "synthetic", "ResNet-50 v2 on random images (set --synthetic-shape 3,128,128)"),
+    "gpt-tiny": Workload("gpt-tiny", "text", "GPT, 4 x 128, context 256 (0.86 M parameters) on Python's own sources, bytes"),
+    "gpt-small": Workload("gpt-small", "text", "GPT, 6 x 384, context 256 (10.8 M) on Python's own sources, bytes"),
+    "gpt-medium": Workload("gpt-medium", "text", "GPT, 12 x 768, context 1024 (86 M; GPT-2 small's shape) on Python's sources"),
+    "gpt-large": Workload("gpt-large", "text", "GPT, 24 x 1024, context 1024 (304 M; GPT-2 medium's shape) on Python's sources"),
+    "gpt-xl": Workload("gpt-xl", "text", "GPT, 36 x 1280, context 1024 (710 M; GPT-2 large's shape): needs sharding on 24 GiB"),
 }
+DEFAULT_SEQ_LEN = 256       # text windows for models that are not gpt presets
 
 
 @dataclass
@@ -47,8 +58,8 @@ class TrainingData:
     test: Any
     val: Optional[Any]
     num_classes: int
-    shape: tuple[int, int, int]
-
+    shape: tuple[int, ...]             # C,H,W of an image; (seq_len,) of text
+    info: dict[str, Any] = field(default_factory=dict)     # the data's provenance, recorded in config.json
 
 
 def workload_of(config: TrainConfig) -> Workload:
@@ -61,15 +72,23 @@ def workload_of(config: TrainConfig) -> Workload:
 
 
 def import_factory(spec: str, what: str) -> Callable[..., Any]:
-    """Import `pkg.module:factory`, with a one-line error when it cannot be found."""
+    """Import `pkg.module:factory`, with a one-line error when it cannot be found.
+
+    The working directory is on the import path, as it is for `python -m` and torchrun, so
+    `--model mymodels:make_net` finds mymodels.py beside the user without PYTHONPATH.
+    """
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise UsageError(f"{what} {spec!r} is neither a registered name nor of the form pkg.module:factory")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # any import-time failure is the user's to fix
         raise UsageError(f"{what} factory {spec!r}: cannot import {module_name} ({type(exc).__name__}: {exc})") from None
-    factory = getattr(module, attr, None)
+    factory: Any = module
+    for part in attr.split("."):     # a qualified name: a class's factory method, say
+        factory = getattr(factory, part, None)
     if not callable(factory):
         raise UsageError(f"{what} factory {spec!r}: {module_name} has no callable {attr!r}")
     return factory
@@ -91,6 +110,8 @@ def load_data(config: TrainConfig) -> TrainingData:
     elif name == "synthetic":
         data = datasets.load_synthetic(config.synthetic_samples, config.synthetic_shape, config.num_classes,
                                        seed=config.seed)
+    elif name == "text":
+        return _text_data(config)
     else:
         factory = import_factory(name, "dataset")
         data = _call_with_supported(factory, data_dir=config.data_dir)
@@ -99,11 +120,37 @@ def load_data(config: TrainConfig) -> TrainingData:
 
     train, val = data.train, None
     if config.limit_train is not None:
+        if config.limit_train < len(data.classes):
+            raise UsageError(f"--limit-train {config.limit_train} is below the {len(data.classes)} classes: a class-balanced "
+                             f"subset needs a sample of each; use --limit-train {len(data.classes)} or more")
         train = train.subset(datasets.balanced_subset(train.y, config.limit_train, seed=config.seed))
     if config.val_split > 0:
         keep, held_out = datasets.stratified_split(train.y, config.val_split, seed=config.seed)
         train, val = train.subset(keep), train.subset(held_out)
     return TrainingData(train=train, test=data.test, val=val, num_classes=len(data.classes), shape=data.shape)
+
+
+def sequence_length(config: TrainConfig) -> int:
+    """Tokens per window: --seq-len, else the gpt preset's context, else DEFAULT_SEQ_LEN."""
+    model = workload_of(config).model
+    return config.seq_len or (gpt.PRESETS[model].block_size if model in gpt.PRESETS else DEFAULT_SEQ_LEN)
+
+
+def _text_data(config: TrainConfig) -> TrainingData:
+    if config.limit_train is not None:
+        raise UsageError("--limit-train picks images; a text workload trains on --samples-per-epoch windows instead")
+    seq_len = sequence_length(config)
+    train, held_out, lengths, info = text.load_corpus(config.data_dir, config.cache_dir)
+    val = None
+    if config.val_split > 0:
+        train, val_tokens = text.carve_validation(train, lengths, config.val_split, config.seed)
+        text.check_length(val_tokens, seq_len, "validation")
+        val = text.eval_windows(val_tokens, seq_len, config.eval_samples)
+    text.check_length(train, seq_len, "training")
+    text.check_length(held_out, seq_len, "held-out")
+    return TrainingData(train=text.TokenStream(train, seq_len, config.samples_per_epoch),
+                        test=text.eval_windows(held_out, seq_len, config.eval_samples), val=val,
+                        num_classes=gpt.BYTE_VOCAB, shape=(seq_len,), info=info)
 
 
 def _generic_data(spec: str, result: Any, config: TrainConfig) -> TrainingData:
@@ -122,19 +169,70 @@ def _generic_data(spec: str, result: Any, config: TrainConfig) -> TrainingData:
 def build_model(config: TrainConfig, data: TrainingData) -> nn.Module:
     """The model for the config, with the seed applied so every rank starts from the same weights."""
     name = workload_of(config).model
-    image_size = config.image_size or data.shape[1]
     torch.manual_seed(config.seed)
-    if name in models.MODELS:
-        return models.build_model(name, num_classes=data.num_classes, in_channels=data.shape[0], image_size=image_size)
+    if name in gpt.PRESETS:
+        return gpt.GPT(gpt.resolve(name, config.n_layer, config.n_head, config.n_embd))
+    if len(data.shape) == 1:        # text: a user's sequence model
+        shape_kwargs = dict(vocab_size=data.num_classes, seq_len=data.shape[0])
+    else:
+        shape_kwargs = dict(in_channels=data.shape[0], image_size=config.image_size or data.shape[1])
+        if name in models.MODELS:
+            return models.build_model(name, num_classes=data.num_classes, **shape_kwargs)
     factory = import_factory(name, "model")
-    model = _call_with_supported(factory, num_classes=data.num_classes, in_channels=data.shape[0], image_size=image_size)
+    model = _call_with_supported(factory, num_classes=data.num_classes, **shape_kwargs)
     if not isinstance(model, nn.Module):
         raise UsageError(f"model factory {name!r} returned {type(model).__name__}, not a torch.nn.Module")
     return model
 
 
 def check_model(config: TrainConfig) -> None:
-    """Fail early, in the launching process, if the model name or factory cannot be resolved."""
+    """Fail early, in the launching process, if the model name or factory cannot be resolved or
+    the transformer flags do not fit the model."""
     name = workload_of(config).model
+    shape_flags = [f for f in ("n_layer", "n_head", "n_embd") if getattr(config, f) is not None]
+    if name in gpt.PRESETS:
+        shape = gpt.resolve(name, config.n_layer, config.n_head, config.n_embd)
+        if config.seq_len is not None and config.seq_len > shape.block_size:
+            raise UsageError(f"--seq-len {config.seq_len} exceeds {name}'s context of {shape.block_size} tokens; "
+                             f"use --seq-len {shape.block_size} or less, or a preset with a longer context")
+        return
+    if shape_flags:
+        raise UsageError(f"--{shape_flags[0].replace('_', '-')} shapes the gpt models only; "
+                         f"{name!r} is not one (choose from {', '.join(gpt.PRESETS)})")
     if name not in models.MODELS:
         import_factory(name, "model")
+    if config.seq_len is not None and workload_of(config).dataset in ("cifar10", "synthetic"):
+        raise UsageError("--seq-len applies to text workloads (e.g. --workload gpt-tiny), not to images")
+
+
+def check_loss(config: TrainConfig, data: TrainingData) -> None:
+    """With --loss, or a model that computes its own loss, run one tiny forward and loss here, in the
+    launching process, so a loss that is not a scalar fails before anything is written.
+
+    The model is built on the meta device when it can be (shapes only: free even for gpt-xl).
+    """
+    name = workload_of(config).model
+    if config.loss is None and (name in models.MODELS or name in gpt.PRESETS):
+        return
+    from paratrain.engine.data import BatchPreparer, eval_batches
+    from paratrain.engine.distributed import RankContext
+
+    one = RankContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+    x, y = next(eval_batches(data.test, one, 2, BatchPreparer(config.image_size)))
+    for device in ("meta", "cpu"):
+        try:
+            with torch.device(device):
+                model = build_model(config, data)
+            objective = build_objective(config.loss, model)
+            if objective.in_nats:
+                return          # a user model under the built-in loss: its own errors surface in the ranks
+            loss, _ = objective(model, x.to(device), y.to(device))
+            break
+        except UsageError:
+            raise
+        except Exception as exc:
+            if device == "cpu":
+                raise UsageError(f"the model and loss fail on a batch of 2 samples ({type(exc).__name__}: "
+                                 f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
+    source = f"--loss {config.loss}" if config.loss else f"{name}'s forward(x, {objective.target_parameter}=y)"
+    check_scalar(loss, source)

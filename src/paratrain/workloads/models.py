@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from paratrain.errors import UsageError
+from paratrain.workloads import gpt
 
 
 class TutorialCNN(nn.Module):
@@ -145,8 +146,8 @@ def build_model(name: str, num_classes: int = 10, in_channels: int = 3, image_si
 
 
 def residual_blocks(model: nn.Module) -> list[nn.Module]:
-    """The modules worth checkpointing: residual blocks if any, else top-level children with parameters."""
-    blocks = [m for m in model.modules() if isinstance(m, (BasicBlock, PreActBottleneck))]
+    """The modules worth checkpointing: residual or transformer blocks if any, else top-level children with parameters."""
+    blocks = [m for m in model.modules() if isinstance(m, (BasicBlock, PreActBottleneck, gpt.Block))]
     if blocks:
         return blocks
     return [m for m in model.children() if any(True for _ in m.parameters())]

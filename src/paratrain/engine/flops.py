@@ -1,0 +1,151 @@
+"""Model FLOPs and model FLOPs utilisation (MFU).
+
+MFU (Chowdhery et al. 2022, PaLM, appendix B; nanoGPT's `estimate_mfu`) = the model FLOPs a run
+achieved per second over the peak FLOP/s of the devices it used. "Model FLOPs" are those of one
+forward and one backward pass, not what the hardware executed: activation recomputation does not
+count, and neither do elementwise ops.
+
+- FLOPs per sample: counted once per run by `torch.utils.flop_counter.FlopCounterMode` over the
+  forward, loss and backward of one sample, on the *meta* device: shapes only, no arithmetic and
+  no memory, so counting a 700 M-parameter model costs a second. On meta, attention runs as its
+  math (two batched matmuls a head); the causal mask is not discounted, as in PaLM's formula.
+- Peak of a GPU: the dense (no sparsity) tensor-core figure of its data sheet for the run's
+  dtype, from `GPU_PEAK_TFLOPS`; fp32 is the non-tensor-core figure, as PyTorch does not use
+  TF32 for matmuls unless told to. Unknown devices get no MFU rather than a guess.
+- Peak of a CPU rank: measured on this machine with a square matrix product in the run's dtype,
+  on the rank's threads and cores (the faster of torch.mm and F.linear, best of several timings),
+  cached per CPU model, thread count, dtype and torch version in the cache directory (delete
+  `cpu-peak.json` there to measure again).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+log = logging.getLogger("paratrain.rank")
+
+# Data-sheet peaks in TFLOP/s, dense: (fp32, bf16, fp16); None where the GPU has no such unit.
+# Patterns are matched in order against torch.cuda.get_device_name(), lower-cased.
+GPU_PEAK_TFLOPS: list[tuple[str, tuple[Optional[float], Optional[float], Optional[float]], str]] = [
+    ("h100 pcie", (51.0, 756.0, 756.0), "NVIDIA H100 Tensor Core GPU datasheet (PCIe)"),
+    ("h100", (67.0, 989.4, 989.4), "NVIDIA H100 Tensor Core GPU datasheet (SXM)"),
+    ("a100", (19.5, 312.0, 312.0), "NVIDIA A100 Tensor Core GPU datasheet"),
+    ("v100 pcie", (14.0, None, 112.0), "NVIDIA V100 Tensor Core GPU datasheet (PCIe)"),
+    ("v100", (15.7, None, 125.0), "NVIDIA V100 Tensor Core GPU datasheet (SXM2)"),
+    ("l40s", (91.6, 362.05, 362.05), "NVIDIA L40S datasheet"),
+    ("l4", (30.3, 121.0, 121.0), "NVIDIA L4 Tensor Core GPU datasheet"),
+    # AWS's A10G is a variant with its own clocks and no NVIDIA data sheet: no peak rather than A10's.
+    ("a10g", (None, None, None), "no published data sheet"),
+    ("a10", (31.2, 125.0, 125.0), "NVIDIA A10 Tensor Core GPU datasheet"),
+    ("rtx 4090", (82.6, 165.2, 165.2), "NVIDIA Ada GPU architecture whitepaper (RTX 4090, FP32 accumulate)"),
+    ("t4", (8.1, None, 65.0), "NVIDIA T4 Tensor Core GPU datasheet"),
+]
+DTYPES = {"32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+CPU_PEAK_FILE = "cpu-peak.json"
+
+
+def count_flops_per_sample(module: nn.Module, objective: Callable[[Callable[..., Any], torch.Tensor, torch.Tensor], tuple[torch.Tensor, Any]],
+                           x: torch.Tensor, y: torch.Tensor) -> Optional[int]:
+    """FLOPs of forward + loss + backward for one sample (x, y have a batch dimension of 1).
+
+    `objective(model, x, y)` returns (loss, output). Runs on meta copies of the parameters: the module's own
+    tensors, gradients and buffers are left untouched. None if the model cannot run on meta
+    (e.g. it reads tensor values in Python).
+    """
+    meta = {name: torch.empty_like(t, device="meta").requires_grad_(t.requires_grad)
+            for name, t in (*module.named_parameters(), *module.named_buffers())}
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return torch.func.functional_call(module, meta, args, kwargs)
+
+    counter = FlopCounterMode(display=False)
+    try:
+        with counter:
+            objective(call, x.to("meta"), y.to("meta"))[0].backward()
+    except Exception as exc:        # a user model that needs real values: no FLOPs, no MFU
+        log.warning("cannot count FLOPs on the meta device (%s: %s); no MFU for this run", type(exc).__name__, exc)
+        return None
+    return int(counter.get_total_flops())
+
+
+def gpu_peak(device_name: str, precision: str) -> Optional[tuple[float, str]]:
+    """(peak FLOP/s, source) of one GPU for the run's precision, or None if the table lacks it."""
+    name = device_name.lower()
+    column = {"32": 0, "bf16": 1, "fp16": 2}[precision]
+    for pattern, peaks, source in GPU_PEAK_TFLOPS:
+        if pattern in name:
+            tflops = peaks[column]
+            if tflops is None:
+                return None
+            kind = "fp32 (no TF32)" if precision == "32" else f"{precision} tensor core, dense"
+            return tflops * 1e12, f"{source}: {tflops:g} TFLOP/s {kind} for {device_name!r}"
+    return None
+
+
+def cpu_peak(precision: str, cache_dir: Path, size: int = 1024, seconds: float = 0.5) -> tuple[float, str]:
+    """(peak FLOP/s, method) of this process's CPU threads, measured once and cached."""
+    threads = torch.get_num_threads()
+    key = f"{_cpu_model()}|threads={threads}|{precision}|torch {torch.__version__}"
+    path = Path(cache_dir) / CPU_PEAK_FILE
+    cached = _read_json(path)
+    if key in cached:
+        return cached[key]["flops"], cached[key]["source"]
+    dtype = DTYPES[precision]
+    a = torch.randn(size, size, device="cpu").to(dtype)
+    b = torch.randn(size, size, device="cpu").to(dtype)
+    # Both products: on CPUs without native bf16 matmul, F.linear (x·Wᵀ, what nn.Linear runs)
+    # takes a much faster kernel than torch.mm, and a peak below what the model reaches is no peak.
+    best = float("inf")
+    for product in (torch.mm, F.linear):
+        for _ in range(2):
+            product(a, b)
+        deadline, repeats = time.perf_counter() + seconds / 2, 0
+        while time.perf_counter() < deadline or repeats < 3:
+            start = time.perf_counter()
+            product(a, b)
+            best = min(best, time.perf_counter() - start)
+            repeats += 1
+    flops = 2 * size ** 3 / best
+    source = (f"measured: {size}x{size} {dtype} matrix product (the faster of torch.mm and F.linear, best of at least 3 "
+              f"repeats over {seconds} s), {threads} thread(s), {_cpu_model()}, torch {torch.__version__}")
+    cached = _read_json(path)
+    cached[key] = {"flops": flops, "source": source, "measured_unix_time": time.time()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(cached, indent=2) + "\n")
+    os.replace(tmp, path)
+    return flops, source
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def mfu(flops_per_sample: Optional[int], samples_per_s: float, peak_per_device: Optional[float], devices: int) -> Optional[float]:
+    """Achieved model FLOP/s over the peak of all devices used."""
+    if not flops_per_sample or not peak_per_device:
+        return None
+    return flops_per_sample * samples_per_s / (peak_per_device * devices)

@@ -1,0 +1,176 @@
+"""`gpt`: a decoder-only transformer language model in the style of nanoGPT / GPT-2.
+
+Pre-LayerNorm blocks (LN -> causal self-attention -> residual, LN -> GELU MLP -> residual), causal
+attention through `F.scaled_dot_product_attention(is_causal=True)` (PyTorch picks the fused kernel
+for the device), learned position embeddings, input and output embeddings tied (Press & Wolf 2017,
+as GPT-2), GPT-2's initialisation (normal(0, 0.02), residual projections scaled by 1/sqrt(2 L)).
+No dropout: runs are short and deterministic comparisons stay exact.
+
+The model is three separable parts, so the parallel strategies can shard, split and checkpoint it:
+`embed` (token + position embeddings), `blocks` (an nn.ModuleList of `n_layer` identical `Block`s:
+the unit of FSDP wrapping, pipeline split points `blocks.<i>` and activation checkpointing) and
+`head` (final LayerNorm + the language-model projection). The head's weight *is* the token
+embedding's weight (`head.lm_head.weight is embed.wte.weight`): a pipeline that puts `embed` and
+`head` on different stages has to keep that tie itself.
+
+The vocabulary is bytes (256): the text workloads need no tokenizer.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from paratrain.errors import UsageError
+
+BYTE_VOCAB = 256
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    n_layer: int
+    n_head: int
+    n_embd: int
+    block_size: int                 # the context: longest sequence the position embeddings cover
+    vocab_size: int = BYTE_VOCAB
+
+    def validate(self) -> None:
+        if self.n_embd % self.n_head:
+            raise UsageError(f"--n-embd {self.n_embd} is not divisible by --n-head {self.n_head}; "
+                             "choose a head count that divides the width or a width that is a multiple of the heads")
+
+
+# The presets, by parameter count (byte vocabulary, so fewer than the GPT-2 model of the same shape):
+# gpt-tiny    0.86 M  tests and smoke runs
+# gpt-small  10.8 M   nanoGPT's shakespeare-char shape
+# gpt-medium 86.0 M   GPT-2 small's shape (12 x 768)
+# gpt-large   304 M   GPT-2 medium's shape (24 x 1024): Adam model state 4.5 GiB a replica, two fit in 24 GiB
+# gpt-xl      710 M   GPT-2 large's shape (36 x 1280): 10.6 GiB a replica, so 2 DDP ranks (21 GiB before
+#                     activations) overflow a 24 GiB machine and sharding or a pipeline makes it train
+PRESETS: dict[str, GPTConfig] = {
+    "gpt-tiny": GPTConfig(n_layer=4, n_head=4, n_embd=128, block_size=256),
+    "gpt-small": GPTConfig(n_layer=6, n_head=6, n_embd=384, block_size=256),
+    "gpt-medium": GPTConfig(n_layer=12, n_head=12, n_embd=768, block_size=1024),
+    "gpt-large": GPTConfig(n_layer=24, n_head=16, n_embd=1024, block_size=1024),
+    "gpt-xl": GPTConfig(n_layer=36, n_head=20, n_embd=1280, block_size=1024),
+}
+
+
+def resolve(preset: str, n_layer: Optional[int] = None, n_head: Optional[int] = None,
+            n_embd: Optional[int] = None) -> GPTConfig:
+    """The preset's shape with any of --n-layer/--n-head/--n-embd applied; validated."""
+    overrides = {k: v for k, v in (("n_layer", n_layer), ("n_head", n_head), ("n_embd", n_embd)) if v is not None}
+    config = replace(PRESETS[preset], **overrides)
+    config.validate()
+    return config
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.n_head = config.n_head
+        self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd)
+        self.proj = nn.Linear(config.n_embd, config.n_embd)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, time, width = x.shape
+        q, k, v = (t.view(batch, time, self.n_head, width // self.n_head).transpose(1, 2)
+                   for t in self.qkv(x).split(width, dim=2))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(batch, time, width))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.fc = nn.Linear(config.n_embd, 4 * config.n_embd)
+        self.proj = nn.Linear(4 * config.n_embd, config.n_embd)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(F.gelu(self.fc(x)))
+
+
+class Block(nn.Module):
+    """One pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class Embeddings(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.wpe = nn.Embedding(config.block_size, config.n_embd)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(idx.shape[1], device=idx.device)
+        return self.wte(idx) + self.wpe(positions)
+
+
+class Head(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.ln_f = nn.LayerNorm(config.n_embd)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.ln_f(x))
+
+
+class GPT(nn.Module):
+    """Token ids [B, T] (T <= block_size) -> next-token logits [B, T, vocab]."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        config.validate()
+        self.config = config
+        self.embed = Embeddings(config)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.head = Head(config)
+        self.head.lm_head.weight = self.embed.wte.weight
+        self.apply(self._init_weights)
+        # GPT-2: the projections that write into the residual stream shrink with depth, so the
+        # stream's variance does not grow with the number of blocks.
+        for block in self.blocks:
+            for proj in (block.attn.proj, block.mlp.proj):
+                nn.init.normal_(proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.embed(idx)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+    def num_params(self, non_embedding: bool = False) -> int:
+        """Parameters, the tied embedding counted once; without the position embeddings when
+        `non_embedding` (the N of the 6N + 12·L·H·Q·T FLOPs-per-token estimate: the token
+        embedding stays in, as the output projection it doubles as is a real matmul)."""
+        total = sum(p.numel() for p in self.parameters())
+        return total - self.embed.wpe.weight.numel() if non_embedding else total
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """nanoGPT's `estimate_mfu` / PaLM appendix B: 6N + 12·L·H·Q·T per token, forward and backward."""
+        c = self.config
+        return 6 * self.num_params(non_embedding=True) + 12 * c.n_layer * c.n_head * (c.n_embd // c.n_head) * seq_len
