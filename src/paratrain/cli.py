@@ -407,7 +407,7 @@ def _report(args: argparse.Namespace) -> int:
 def _compare(args: argparse.Namespace) -> int:
     from rich.table import Table
 
-    from paratrain.reporting import comparison_rows, write_report
+    from paratrain.reporting import comparison_rows, held_out_split, write_report
     from paratrain.runs import open_run_dir
 
     if len(args.paths) < 2:
@@ -415,7 +415,8 @@ def _compare(args: argparse.Namespace) -> int:
     runs = [open_run_dir(p) for p in args.paths]
     rows = comparison_rows(runs)
     table = Table(title="comparison (ratios and differences against the first run)")
-    for col in ("run", "workers", "global batch", "samples/s", "x first", "epoch time", "train loss", "val acc", "Δ acc"):
+    for col in ("run", "workers", "global batch", "samples/s", "x first", "epoch time", "train loss",
+                f"{held_out_split(runs)} acc", "Δ acc"):
         table.add_column(col, justify="left" if col == "run" else "right")
     for r in rows:
         table.add_row(Path(r["run"]).name, str(r["workers"]), str(r["global_batch_size"]), f"{r['samples_per_s']:,.0f}",

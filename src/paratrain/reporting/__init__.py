@@ -95,7 +95,7 @@ def _with_plots(render) -> str:
 # -- a scaling study's table, headline and notes: shared by the terminal and the HTML page ---------
 
 STUDY_COLUMNS = ("workload", "workers", "threads", "global batch", "epoch time (s)", "samples/s", "speedup",
-                 "vs all cores", "efficiency", "val acc", "runs", "flags")
+                 "vs all cores", "efficiency", "{split} acc", "runs", "flags")
 ALL_CORES_POINT = "all_cores_reference"    # scaling.json's `point` of the one-process-on-all-cores row (scale.ALL_CORES)
 
 
@@ -128,7 +128,9 @@ def study_table(result: dict[str, Any]) -> tuple[tuple[str, ...], list[tuple[str
                       + (f"\n{r['tokens_per_s']:,.0f} tokens/s" if r.get("tokens_per_s") else ""),
                       f"{r['speedup']:.2f}", "-" if vs_all is None else f"{vs_all:.2f}", f"{r['efficiency']:.2f}",
                       f"{r['val_accuracy']:.2%}", str(r["repeats"]), _flag_text(r)))
-    return STUDY_COLUMNS, cells
+    splits = {r.get("val_split", "test") for r in result["rows"]}
+    split = splits.pop() if len(splits) == 1 else "val/test"
+    return tuple(c.format(split=split) for c in STUDY_COLUMNS), cells
 
 
 def study_headline(result: dict[str, Any]) -> list[str]:
@@ -299,6 +301,12 @@ def comparison_rows(runs: list[RunDir]) -> list[dict[str, Any]]:
     return rows
 
 
+def held_out_split(runs: list[RunDir]) -> str:
+    """What the runs' accuracy was measured on, for column titles: val, test, or val/test when mixed."""
+    splits = {run.read_summary().get("val_split", "test") for run in runs}
+    return splits.pop() if len(splits) == 1 else "val/test"
+
+
 def _compare_body(runs: list[RunDir]) -> str:
     from paratrain.reporting.plots import breakdown_plot, curves_plots
 
@@ -309,7 +317,8 @@ def _compare_body(runs: list[RunDir]) -> str:
         curves = curves_plots(runs, labels, tmp, "cmp-")
         bd = breakdown_plot([r.read_summary() for r in runs], labels, tmp / "bd.png")
         table = _table(("run", "workers", "global batch", "samples/s", "x first", "epoch time (s)", "train loss",
-                        "val accuracy", "Δ accuracy", "wall time (s)"), [tuple(r.values()) for r in rows], "comparison")
+                        f"{held_out_split(runs)} accuracy", "Δ accuracy", "wall time (s)"), [tuple(r.values()) for r in rows],
+                       "comparison")
         return (f"{table}<h2>Curves</h2><div class='wide'>" + "".join(_img(p, n) for n, p in curves.items()) +
                 f"</div><h2>Step-time breakdown</h2>{_img(bd, 'breakdown')}")
 

@@ -220,6 +220,7 @@ def _row(members: list[tuple[RunDir, dict, dict]], base: list[tuple[RunDir, dict
         "speedup_vs_all_cores": ref_time / epoch_time if ref_time else None,
         "speedup_vs_all_cores_range": [ref_time / max(times), ref_time / min(times)] if ref_time else None,
         "val_accuracy": statistics.median(s["val_accuracy"] for s in summaries),
+        "val_split": first.get("val_split", "test"),      # what val_accuracy was measured on
         "repeats": len(members), "repeat_spread": spread, "contended_runs": contended, "flags": flags,
         "run_dir": str(run.path), "run_dirs": [str(r.path) for r, _, _ in members],
         "breakdown": {k: statistics.median(s["breakdown"][k] for s in summaries) for k in first["breakdown"]},
