@@ -14,6 +14,14 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("PARATRAIN_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
 
 
+def write_trial_script(tmp_path: Path, monkeypatch, text: str) -> Path:
+    """A sweep trial script in tmp_path; each finished trial appends to $FINISHED_LOG."""
+    path = tmp_path / "train.py"
+    path.write_text(text)
+    monkeypatch.setenv("FINISHED_LOG", str(tmp_path / "finished.log"))
+    return path
+
+
 def synthetic(tmp_path: Path, **overrides):
     """A small, quick training config on the synthetic dataset (1 thread per worker, CPU ranks even
     on a GPU host: the equivalence tests compare CPU arithmetic, where TF32 never applies)."""

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import browser_page
+from conftest import browser_page, write_trial_script
 
 PARATRAIN = [sys.executable, "-m", "paratrain", "sweep"]
 
@@ -59,10 +59,7 @@ SCRIPT = textwrap.dedent('''\
 
 @pytest.fixture
 def script(tmp_path, monkeypatch):
-    path = tmp_path / "train.py"
-    path.write_text(SCRIPT)
-    monkeypatch.setenv("FINISHED_LOG", str(tmp_path / "finished.log"))
-    return path
+    return write_trial_script(tmp_path, monkeypatch, SCRIPT)
 
 
 def space(path: Path, parameters: dict, **spec) -> Path:

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import write_trial_script
+
 PARATRAIN = [sys.executable, "-m", "paratrain", "sweep"]
 
 # score = 10 x + y, a second metric `loss2` = x - y, after TRIAL_SLEEP seconds; each finished trial
@@ -28,10 +30,7 @@ SCRIPT = textwrap.dedent('''\
 
 @pytest.fixture
 def script(tmp_path, monkeypatch):
-    path = tmp_path / "train.py"
-    path.write_text(SCRIPT)
-    monkeypatch.setenv("FINISHED_LOG", str(tmp_path / "finished.log"))
-    return path
+    return write_trial_script(tmp_path, monkeypatch, SCRIPT)
 
 
 def grid(path: Path, parameters: dict, **spec) -> Path:

@@ -150,7 +150,15 @@ def _start(run: Path) -> subprocess.Popen:
 
 
 def _ranks_alive(run: Path) -> bool:
-    return subprocess.run(["pgrep", "-f", str(run)], capture_output=True).returncode == 0
+    import psutil
+
+    def mentions_run(proc: psutil.Process) -> bool:
+        try:
+            return str(run) in " ".join(proc.cmdline())
+        except psutil.Error:
+            return False
+
+    return any(mentions_run(proc) for proc in psutil.process_iter())
 
 
 def test_nothing_is_left_behind_after_a_run_a_terminated_run_or_a_killed_one(tmp_path):
