@@ -158,7 +158,7 @@ def _ranks_alive(run: Path) -> bool:
         except psutil.Error:
             return False
 
-    return any(mentions_run(proc) for proc in psutil.process_iter())
+    return any(mentions_run(proc) for proc in psutil.process_iter() if proc.pid != os.getpid())
 
 
 def test_nothing_is_left_behind_after_a_run_a_terminated_run_or_a_killed_one(tmp_path):
