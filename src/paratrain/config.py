@@ -26,11 +26,14 @@ Optimizer = Literal["sgd", "adam", "adamw", "lars", "lamb"]
 Backend = Literal["auto", "gloo", "nccl", "mpi"]
 Device = Literal["auto", "cpu", "cuda"]
 AllReduce = Literal["auto", "shm", "backend"]
+PipelineSchedule = Literal["gpipe", "1f1b", "interleaved"]
+# Strategies that split the model's layers into stages, one per rank of a pipeline.
+STAGED_STRATEGIES = ("pipeline", "model-parallel", "hybrid")
 
 
 # Fields that say where and how to record a run, not what it trains: a resumed run may change them.
 RUN_CONTROL_FIELDS = ("run_dir", "resume", "quiet", "checkpoint_every", "log_every", "cache_dir", "tensorboard",
-                      "mlflow", "mlflow_experiment")
+                      "mlflow", "mlflow_experiment", "monitor_hz")
 
 
 class TrainConfig(BaseModel):
@@ -60,7 +63,16 @@ class TrainConfig(BaseModel):
 
     # How to parallelise.
     workers: int = Field(1, gt=0, description="number of ranks (one per GPU, or per group of CPU cores)")
-    strategy: Optional[str] = Field(None, description="parallel strategy: single or ddp (default: ddp for workers > 1)")
+    strategy: Optional[str] = Field(None, description="parallel strategy: single, ddp, zero1, fsdp, pipeline, model-parallel or hybrid (default: ddp for workers > 1)")
+    stages: Optional[int] = Field(None, gt=0, description="pipeline, model-parallel, hybrid: pipeline stages (default: --workers, or --workers / --dp for hybrid)")
+    dp: Optional[int] = Field(None, gt=0, description="hybrid: data-parallel replicas of the pipeline; --dp x --stages = --workers")
+    microbatches: int = Field(4, gt=0, description="pipeline, hybrid: micro-batches each batch is cut into; must divide --batch-size")
+    pipeline_schedule: PipelineSchedule = Field("1f1b", description="pipeline, hybrid: gpipe (all forwards, then all backwards), 1f1b or interleaved (two stages per rank)")
+    split: str = Field("auto", description="pipeline stages: auto (balanced by measured block time) or the names of the blocks that start stages 2..K, comma-separated")
+    shard_unit: Optional[str] = Field(None, description="fsdp: the module class sharded as one unit (default: gpt blocks, ResNet stages, else each child of the model)")
+    reshard_after_forward: bool = Field(True, description="fsdp: free gathered parameters after forward (ZeRO-3); false keeps them until backward (ZeRO-2-like, more memory, fewer all-gathers)")
+    cpu_offload: bool = Field(False, description="fsdp: keep parameters, gradients and optimizer state in host memory (GPU runs)")
+    memory_limit: Optional[str] = Field(None, description="bound each CPU rank's memory, e.g. 2G or 512M: a rank that needs more fails with an out-of-memory error")
     device: Device = Field("auto", description="where ranks compute: cuda (one GPU per rank), cpu (cores per rank, even on a GPU host), auto (cuda when GPUs are visible)")
     backend: Backend = Field("auto", description="torch.distributed backend: nccl on GPUs and gloo on CPU by default")
     allreduce: AllReduce = Field("auto", description="how CPU ranks on one host average gradients: shm (shared memory, x86-64 Linux), backend (the process group, e.g. gloo), auto (shm where it works)")
@@ -100,6 +112,7 @@ class TrainConfig(BaseModel):
     checkpoint_every: int = Field(0, ge=0, description="save a checkpoint every N epochs (0: never)")
     resume: bool = Field(False, description="continue the run in --run-dir from its checkpoint (same configuration)")
     log_every: int = Field(50, gt=0, description="optimizer steps between step events in metrics.jsonl (each reads the loss once)")
+    monitor_hz: float = Field(2.0, gt=0, description="samples per second of the monitor (CPU, memory and GPU use of the host and each rank) into RUN_DIR/system.jsonl")
     quiet: bool = Field(False, description="no progress bar or table")
     tensorboard: Optional[Path] = Field(None, description="also write TensorBoard event files to this directory while training")
     mlflow: Optional[str] = Field(None, description="after training, log params, metrics and the report to this MLflow tracking URI (e.g. sqlite:///mlflow.db)")
@@ -164,8 +177,22 @@ class TrainConfig(BaseModel):
         return self.strategy or ("ddp" if self.workers > 1 else "single")
 
     @property
+    def pipeline_stages(self) -> int:
+        """Ranks one copy of the model is split across (1 unless the strategy splits layers)."""
+        if self.strategy_name not in STAGED_STRATEGIES:
+            return 1
+        if self.stages is not None:
+            return self.stages
+        return self.workers // self.dp if self.dp else self.workers
+
+    @property
+    def data_parallel_size(self) -> int:
+        """Replicas that each take a different share of the batch."""
+        return max(1, self.workers // self.pipeline_stages)
+
+    @property
     def global_batch_size(self) -> int:
-        return self.workers * self.batch_size * self.grad_accum
+        return self.data_parallel_size * self.batch_size * self.grad_accum
 
     @property
     def reference_batch_size(self) -> int:
@@ -226,6 +253,10 @@ def flag(field_name: str) -> str:
     return "--" + field_name.replace("_", "-")
 
 
+# The train flags that also apply to a study of a user's script (`scale --script`).
+SCRIPT_STUDY_FLAGS = ("threads_per_worker", "allow_oversubscribe", "monitor_hz")
+
+
 class ScaleConfig(BaseModel):
     """`paratrain scale`: the same training job on several worker counts."""
 
@@ -238,6 +269,8 @@ class ScaleConfig(BaseModel):
     out: Path = Field(description="study directory: scaling.json, runs/, plots, report.html")
     resume: bool = Field(False, description="continue an interrupted study in --out, skipping finished points")
     train: dict[str, Any] = Field(default_factory=dict, description="the train flags every point shares")
+    script: Optional[Path] = Field(None, description="study your own torchrun-style script instead of a workload; it reports its throughput with paratrain.report(samples_per_s=...)")
+    script_args: list[str] = Field(default_factory=list, description="arguments after -- passed to the script")
 
     @field_validator("workers", "workload", mode="before")
     @classmethod
@@ -258,6 +291,32 @@ class ScaleConfig(BaseModel):
         if len(set(value)) != len(value):
             raise ValueError(f"worker counts must not repeat (got {','.join(map(str, value))})")
         return sorted(value)
+
+    @model_validator(mode="after")
+    def _script_flags(self) -> "ScaleConfig":
+        if self.script is not None:
+            if "workload" in self.model_fields_set:
+                raise ValueError("--workload names a built-in workload; with --script the study runs your script, drop --workload")
+            shared = [k for k in self.train if k not in SCRIPT_STUDY_FLAGS]
+            if shared:
+                raise ValueError(f"train flags ({', '.join(flag(k) for k in shared)}) apply to built-in workloads; "
+                                 "with --script pass your script's own arguments after --")
+        return self
+
+
+class LaunchConfig(BaseModel):
+    """`paratrain launch`: any torchrun-style script on N local ranks, into a run directory."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    script: Path = Field(description="the program every rank runs: a .py file (run with this Python) or an executable")
+    script_args: list[str] = Field(default_factory=list, description="arguments passed to the script")
+    workers: int = Field(1, gt=0, description="ranks to start (-n)")
+    threads_per_worker: Optional[int] = Field(None, gt=0, description="CPU threads per rank, pinned to their own cores (default: cores // ranks)")
+    allow_oversubscribe: bool = Field(False, description="allow more threads than cores (slow; for testing only)")
+    run_dir: Optional[Path] = Field(None, description="run directory (default runs/<time>-<script>-w<ranks>)")
+    monitor_hz: float = TrainConfig.model_fields["monitor_hz"]
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment variables of the ranks")
 
 
 class SweepConfig(BaseModel):

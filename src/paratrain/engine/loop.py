@@ -13,7 +13,7 @@ import statistics
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -99,6 +99,10 @@ class Trainer:
         self.clock = Clock(ctx.device)
         self.breakdown = StepBreakdown(self.clock)
         self.strategy: Strategy = build_strategy(cfg, ctx, self.clock.stamp)
+        # The data shard this rank reads: its own as a data-parallel replica; the stages of one
+        # pipeline read the same one (the first stage takes its inputs, the last its targets).
+        shard, shards = self.strategy.data_shard()
+        self.data_ctx = replace(ctx, rank=shard, world_size=shards)
 
         module = build_model(cfg, self.data).to(ctx.device)
         self.objective = build_objective(cfg.loss, module)
@@ -106,16 +110,17 @@ class Trainer:
         self.flops_per_sample = model_flops_per_sample(module, self.objective, self.data, ctx, cfg) if ctx.is_main else None
         if cfg.checkpoint_activations:
             _checkpoint_activations(module)
-        self.optimizer = build_optimizer(cfg.optimizer, module, lr=cfg.lr, momentum=cfg.momentum,
-                                         weight_decay=cfg.weight_decay)
         self.model = self.strategy.wrap(module)
+        # Built after wrapping: FSDP's parameters are shards, a pipeline stage has only its layers.
+        self.optimizer = self.strategy.build_optimizer(self.model, lambda m: build_optimizer(
+            cfg.optimizer, m, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay))
         if cfg.compile:
             self.model = torch.compile(self.model)
 
         augment = BatchAugment(cfg.augment, seed=cfg.seed * 1000 + ctx.rank, device=ctx.device) if cfg.augment else None
         self.augment = augment
         self.prepare = BatchPreparer(cfg.image_size, augment)
-        self.batches = training_batches(self.data.train, cfg.batch_size, ctx, cfg.seed, self.prepare, cfg.loader_workers)
+        self.batches = training_batches(self.data.train, cfg.batch_size, self.data_ctx, cfg.seed, self.prepare, cfg.loader_workers)
         self.micro_steps = len(self.batches)
         self.steps_per_epoch = -(-self.micro_steps // cfg.grad_accum)
         self.schedule = LRSchedule(
@@ -177,11 +182,12 @@ class Trainer:
         cfg, ctx, model, clock, breakdown = self.cfg, self.ctx, self.model, self.clock, self.breakdown
         model.train()
         breakdown.reset()
-        # Sums of loss·n and correct predictions stay on the device, read at log points only.
-        totals = torch.zeros(2, dtype=torch.float64, device=ctx.device)
-        interval = torch.zeros(2, dtype=torch.float64, device=ctx.device)
+        # Sums of loss·n, correct predictions and n over the ranks that see the loss (every rank, or
+        # the last stage of each pipeline) stay on the device, read at log points only.
+        totals = torch.zeros(3, dtype=torch.float64, device=ctx.device)
+        interval = torch.zeros(3, dtype=torch.float64, device=ctx.device)
         epoch_samples = 0
-        interval_start, interval_samples = time.perf_counter(), 0
+        interval_start = time.perf_counter()
         epoch_start = time.perf_counter()
         t_elapsed0 = self.state.elapsed_s + (epoch_start - self.started)
         last_micro = self.micro_steps - 1
@@ -192,18 +198,17 @@ class Trainer:
             sync = (micro + 1) % cfg.grad_accum == 0 or micro == last_micro
             # All micro-steps but the last accumulate locally: DDP skips the all-reduce in no_sync.
             with (nullcontext() if sync else self.strategy.no_sync(model)):
-                with self.autocast():
-                    loss, out = self.objective(model, x, y)
-                self.scaler.scale(loss / cfg.grad_accum if cfg.grad_accum > 1 else loss).backward()
+                loss, out = self.strategy.forward_backward(model, self.objective, x, y, cfg.grad_accum, self.scaler, self.autocast)
             backward_end = clock.stamp()
             breakdown.span("data_s", data_start, data_ready)
             breakdown.span("forward_backward", data_ready, backward_end)
             comm_start = self.strategy.comm_started()
             if sync and comm_start is not None:
                 breakdown.span("comm_s", comm_start, backward_end)
-            interval[0].add_(loss.detach(), alpha=len(y))
-            interval[1].add_(self.objective.correct(out, y))
-            interval_samples += len(y)
+            if loss is not None:
+                interval[0].add_(loss, alpha=len(y))
+                interval[1].add_(self.objective.correct(out, y))
+                interval[2] += len(y)       # a Python number: no host-to-device copy
 
             if sync:
                 lr = self.schedule.lr_at(self.state.step)
@@ -221,9 +226,9 @@ class Trainer:
                 progress.advance()
                 if self.state.step % cfg.log_every == 0:
                     now = time.perf_counter()
-                    loss_sum, correct = ctx.sum(interval.clone()).tolist()
+                    loss_sum, correct, n = ctx.sum(interval.clone()).tolist()
                     self._check_finite(loss_sum)
-                    n = interval_samples * ctx.world_size
+                    n = int(n)
                     rate = n / (now - interval_start)
                     progress.show(rate, loss_sum / n)
                     self.state.samples += n
@@ -233,17 +238,17 @@ class Trainer:
                                 time=self.state.elapsed_s + now - self.started)
                     totals += interval
                     interval.zero_()
-                    interval_start, interval_samples = now, 0
+                    interval_start = now
                 step_start = step_end
             data_start = clock.stamp()
 
         totals += interval
-        self.state.samples += interval_samples * ctx.world_size
-        n = epoch_samples + interval_samples * ctx.world_size
         if ctx.device.type == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - epoch_start
-        loss_sum, correct = ctx.sum(totals).tolist()
+        loss_sum, correct, n = ctx.sum(totals).tolist()
+        n = int(n)
+        self.state.samples += n - epoch_samples      # the samples since the last log point
         self._check_finite(loss_sum)
         phases = self.breakdown.means()
         # Every tensor handed to a collective lives on the rank's device: NCCL has no CPU tensors.
@@ -276,7 +281,6 @@ class Trainer:
     def evaluate(self, epoch: int) -> dict[str, dict[str, float]]:
         """Loss and accuracy on each held-out split, sharded across ranks and summed."""
         self.model.eval()
-        module = self.strategy.unwrap(self.model)   # no DDP forward hooks needed without gradients
         splits = {"test": self.data.test}
         if self.data.val is not None:
             splits["val"] = self.data.val
@@ -285,9 +289,10 @@ class Trainer:
             totals = torch.zeros(3, dtype=torch.float64, device=self.ctx.device)
             # Text windows are large samples (seq_len tokens, 256 logits each): 4 training batches' worth.
             batch = self.cfg.batch_size * 4 if isinstance(self.data.train, TokenStream) else max(256, self.cfg.batch_size * 4)
-            for x, y in eval_batches(split, self.ctx, batch, self.prepare, self.cfg.loader_workers):
-                with self.autocast():
-                    loss, out = self.objective(module, x, y)
+            for x, y in eval_batches(split, self.data_ctx, batch, self.prepare, self.cfg.loader_workers):
+                loss, out = self.strategy.evaluate(self.model, self.objective, x, y, self.autocast)
+                if loss is None:
+                    continue
                 totals[0] += loss.float() * len(y)
                 totals[1] += self.objective.correct(out, y)
                 totals[2] += len(y)        # a Python number: no host-to-device copy
@@ -312,21 +317,20 @@ class Trainer:
 
     def _save(self) -> None:
         rngs = self.ctx.gather_objects(self._rng_state())
+        states = self.strategy.checkpoint_state(self.model, self.optimizer)
         if not self.ctx.is_main:
             return
         s = self.state
         save_checkpoint(self.run.path / CHECKPOINT_NAME, {
             "identity": self.cfg.identity(), "device": self.ctx.device.type, "epoch": s.epoch, "step": s.step, "samples": s.samples,
             "elapsed_s": s.elapsed_s + time.perf_counter() - self.started, "epochs_done": s.epochs_done,
-            "model": self.strategy.unwrap(self.model).state_dict(), "optimizer": self.optimizer.state_dict(),
-            "scaler": self.scaler.state_dict(), "rng": rngs,
+            **states, "scaler": self.scaler.state_dict(), "rng": rngs,
         })
         log.info("checkpoint after epoch %d", s.epoch)
 
     def _restore(self) -> None:
         ckpt = load_checkpoint(self.run.path / CHECKPOINT_NAME)
-        self.strategy.unwrap(self.model).load_state_dict(ckpt["model"])
-        self.optimizer.load_state_dict(ckpt["optimizer"])
+        self.strategy.load_checkpoint_state(self.model, self.optimizer, ckpt)
         if self.scaler.is_enabled():
             self.scaler.load_state_dict(ckpt["scaler"])
         rng = ckpt["rng"][self.ctx.rank]
@@ -349,6 +353,7 @@ class Trainer:
 
     def _summary(self) -> Optional[dict[str, Any]]:
         peak = self.ctx.gather_objects(peak_memory_bytes(self.ctx.device))
+        strategy_fields = self.strategy.summary_fields()
         if not self.ctx.is_main:
             return None
         cfg, epochs = self.cfg, self.state.epochs_done
@@ -376,6 +381,7 @@ class Trainer:
             "epochs_run": len(epochs), "early_stopped": len(epochs) < cfg.epochs,
             **({"best_epoch": self._best_epoch() + 1} if cfg.early_stop else {}),
             **model_throughput(self, sum(e["epoch_samples"] for e in steady) / steady_time, last["evals"]),
+            **strategy_fields,
         }
 
 

@@ -21,17 +21,17 @@ from torch.nn.parallel import DistributedDataParallel
 from paratrain.config import TrainConfig
 from paratrain.engine.distributed import RankContext
 from paratrain.engine.shm_allreduce import SharedMemoryAverage, open_shared_average
+from paratrain.engine.strategies.base import WholeModelStrategy
 
 log = logging.getLogger("paratrain.rank")
 
 
-class DataParallel:
+class DataParallel(WholeModelStrategy):
     name = "ddp"
 
     def __init__(self, cfg: TrainConfig, ctx: RankContext, stamp: Callable[[], Any]):
-        self.ctx = ctx
+        super().__init__(cfg, ctx, stamp)
         self.bucket_cap_mb = cfg.bucket_cap_mb
-        self.stamp = stamp
         self.allreduce: Optional[str] = None        # what averaged the gradients: shm, gloo, nccl, ...
         self._shm: Optional[SharedMemoryAverage] = None
         self._pending: list[tuple[torch.Tensor, torch.futures.Future]] = []    # buckets of this step, in order

@@ -1,0 +1,76 @@
+"""What every strategy does unless it says otherwise: each rank runs the whole model.
+
+Single-process, data-parallel and sharded strategies (DDP, ZeRO, FSDP) all run the model's full
+forward and backward on the rank's share of the batch; they differ in how the model is wrapped,
+how gradients are averaged and where optimizer state lives. Strategies that split the model into
+stages (pipeline, model-parallel, hybrid) override the step and evaluation, because a pipeline
+schedule runs forward and backward over micro-batches itself.
+"""
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, Callable, Optional
+
+import torch
+from torch import nn
+
+from paratrain.config import TrainConfig
+from paratrain.engine.distributed import RankContext
+
+# Builds the run's optimizer (--optimizer, --lr, ...) over a module's parameters.
+OptimizerFactory = Callable[[nn.Module], torch.optim.Optimizer]
+StepResult = tuple[Optional[torch.Tensor], Optional[torch.Tensor]]   # (mean loss, output); None where the rank has none
+
+
+class WholeModelStrategy:
+    name = "whole-model"
+    allreduce: Optional[str] = None
+
+    def __init__(self, cfg: TrainConfig, ctx: RankContext, stamp: Callable[[], Any]):
+        self.cfg, self.ctx, self.stamp = cfg, ctx, stamp
+
+    def data_shard(self) -> tuple[int, int]:
+        """(index, count) of the training-data shard this rank reads: one per data-parallel replica."""
+        return self.ctx.rank, self.ctx.world_size
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def build_optimizer(self, model: nn.Module, make: OptimizerFactory) -> torch.optim.Optimizer:
+        return make(self.unwrap(model))
+
+    def forward_backward(self, model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Tensor,
+                         loss_divisor: int, scaler: torch.amp.GradScaler, autocast: Callable[[], AbstractContextManager]) -> StepResult:
+        with autocast():
+            loss, out = objective(model, x, y)
+        scaler.scale(loss / loss_divisor if loss_divisor > 1 else loss).backward()
+        return loss.detach(), out
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Tensor,
+                 autocast: Callable[[], AbstractContextManager]) -> StepResult:
+        with autocast():
+            return objective(self.unwrap(model), x, y)
+
+    def no_sync(self, model: nn.Module) -> AbstractContextManager:
+        return nullcontext()
+
+    def comm_started(self) -> Optional[Any]:
+        return None
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def checkpoint_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> Optional[dict[str, Any]]:
+        """Model and optimizer state to save, on rank 0 (None elsewhere). Every rank calls it."""
+        if not self.ctx.is_main:
+            return None
+        return {"model": self.unwrap(model).state_dict(), "optimizer": optimizer.state_dict()}
+
+    def load_checkpoint_state(self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+        self.unwrap(model).load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+
+    def summary_fields(self) -> dict[str, Any]:
+        """Strategy-specific figures for summary.json (rank 0's are kept). Every rank calls it."""
+        return {}
