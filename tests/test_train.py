@@ -173,7 +173,7 @@ def test_dataloader_path_feeds_the_same_batches_as_the_in_memory_path(tmp_path):
 
 
 def test_bf16_activation_checkpointing_and_a_resnet_train(tmp_path):
-    summary = paratrain.train(synthetic(tmp_path, model="resnet18", synthetic_shape="3,16,16", synthetic_samples=64,
+    summary = paratrain.train(synthetic(tmp_path, model="resnet18", synthetic_shape="3,8,8", synthetic_samples=32,
                                         batch_size=16, epochs=1, precision="bf16", checkpoint_activations=True,
                                         optimizer="lamb", schedule="cosine"))
     assert summary["status"] == "completed" and math.isfinite(summary["train_loss"])
