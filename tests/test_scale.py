@@ -20,7 +20,7 @@ CORES = len(os.sched_getaffinity(0))
 
 
 def _fake_run(path: Path, workload: str, workers: int, epoch_times: list[float], accuracy: float = 0.5,
-              threads: int = 1, all_cores: bool = False, contended: bool = False) -> RunDir:
+              threads: int = 1, all_cores: bool = False, contended: bool = False, strategy: str = "") -> RunDir:
     """A finished run as a CPU study leaves it; `all_cores`: the one-process reference (default threads)."""
     path.mkdir(parents=True)
     write_json(path / "config.json", {"workload": workload, "workers": workers,
@@ -29,7 +29,7 @@ def _fake_run(path: Path, workload: str, workers: int, epoch_times: list[float],
     steady = epoch_times[1:] or epoch_times
     write_json(path / "summary.json", {
         "machine_load": {"contended": contended},
-        "status": "completed", "workers": workers, "batch_size": 32, "global_batch_size": 32 * workers, "lr": 0.1,
+        "status": "completed", "workers": workers, "strategy": strategy or ("ddp" if workers > 1 else "single"), "batch_size": 32, "global_batch_size": 32 * workers, "lr": 0.1,
         "epoch_times_s": epoch_times, "epoch_time_s": statistics.median(steady),
         "samples_per_s": 1000 / statistics.mean(steady), "val_accuracy": accuracy,
         "breakdown": {"data_s": 0.001, "compute_s": 0.01, "comm_s": 0.002 * (workers > 1), "optimizer_s": 0.001, "other_s": 0.0},
@@ -164,6 +164,41 @@ def test_strong_scaling_splits_a_fixed_global_batch_and_keeps_the_lr(tmp_path):
     assert _lr(one) == pytest.approx(0.01) and _lr(two) == pytest.approx(0.01)
 
 
+def test_a_strategy_axis_draws_one_line_per_strategy_from_the_same_one_worker_run(tmp_path):
+    runs = [_fake_run(tmp_path / "w1", "m", 1, [9.0, 10.0, 10.0]),
+            _fake_run(tmp_path / "ddp", "m", 2, [9.0, 5.0, 5.0], strategy="ddp"),
+            _fake_run(tmp_path / "pipe", "m", 2, [9.0, 8.0, 8.0], strategy="pipeline"),
+            _fake_run(tmp_path / "ref", "m", 1, [9.0, 6.0, 6.0], threads=2, all_cores=True)]
+    rows = scaling_rows(runs, ["ddp", "pipeline"])
+    assert [(r["workload"], r["workers"], r["point"]) for r in rows] == [
+        ("m · ddp", 1, "scaling"), ("m · ddp", 2, "scaling"), ("m · ddp", 1, "all_cores_reference"),
+        ("m · pipeline", 1, "scaling"), ("m · pipeline", 2, "scaling"), ("m · pipeline", 1, "all_cores_reference")]
+    ddp, pipeline = rows[1], rows[4]
+    assert (ddp["strategy"], pipeline["strategy"]) == ("ddp", "pipeline")
+    assert ddp["speedup"] == pytest.approx(2.0) and pipeline["speedup"] == pytest.approx(10 / 8 * 1)
+    assert pipeline["speedup_vs_all_cores"] == pytest.approx(6 / 8)
+    assert rows[0]["run_dir"] == rows[3]["run_dir"] == str(tmp_path / "w1")    # one base run, shared
+    # Without the axis the same runs make one line per workload, as before.
+    assert {r["workload"] for r in scaling_rows(runs[:2] + runs[3:])} == {"m"}
+
+
+def test_strategy_points_process_the_same_global_batch(tmp_path):
+    # per-replica batch of ddp and pipeline on 2 workers, and of hybrid (2 replicas x 2 stages) on 4
+    expected = {"weak": {"ddp": 32, "pipeline": 64, "hybrid": 64}, "strong": {"ddp": 16, "pipeline": 32, "hybrid": 16}}
+    for mode, batches in expected.items():
+        study = validate(ScaleConfig, {"workers": [1, 2, 4], "mode": mode, "out": tmp_path / mode, "strategy": "ddp,pipeline,hybrid",
+                                       "train": {"batch_size": 32, "lr": 0.01, "dp": 2, "allow_oversubscribe": True}})
+        configs = {s: validate(TrainConfig, point_config(study, "cifar10-cnn", 4 if s == "hybrid" else 2, 0, strategy=s))
+                   for s in batches}
+        assert {s: c.batch_size for s, c in configs.items()} == batches
+        ddp, pipeline, hybrid = configs["ddp"], configs["pipeline"], configs["hybrid"]
+        assert (hybrid.data_parallel_size, hybrid.pipeline_stages) == (2, 2)
+        assert ddp.global_batch_size == pipeline.global_batch_size
+        assert hybrid.global_batch_size == (128 if mode == "weak" else 32)
+        assert scaled_lr(ddp.lr, ddp.global_batch_size, ddp.reference_batch_size, ddp.lr_scaling) == pytest.approx(
+            scaled_lr(pipeline.lr, pipeline.global_batch_size, pipeline.reference_batch_size, pipeline.lr_scaling))
+
+
 @pytest.fixture(scope="module")
 def study_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("study") / "s"
@@ -268,6 +303,11 @@ def test_report_renders_in_a_real_browser(study_dir, tmp_path, kind):
             assert rows == [["1", "1"], ["2", "1"], ["1 (all cores)", str(CORES)]]
             headline = page.evaluate("document.querySelector('#headline').innerText")
             assert f"2 worker(s) x 1 core(s) against one process on all {CORES} cores" in headline
+            # the verdict comes first: against what, how much faster, efficiency, accuracy, and whether it pays off
+            verdict = page.evaluate("document.querySelector('#verdict .headline').innerText")
+            assert verdict.startswith("synthetic-cnn: 2 workers are ") and f"than one process on all {CORES} cores" in verdict
+            assert "efficiency against 1 worker(s) x 1 core(s), accuracy " in verdict and " points: " in verdict
+            assert page.evaluate("document.querySelector('#doctor').innerText").startswith("Doctor: ")
             assert "spread xR: the repeats' samples/s differ by more than x1.15" in page.evaluate("document.body.innerText")
         elif kind == "comparison":
             assert page.evaluate("document.querySelectorAll('#comparison tbody tr').length") == len(runs)

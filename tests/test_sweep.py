@@ -265,9 +265,18 @@ def test_builtin_workload_sweep_with_derived_lr(tmp_path):
         assert summary["lr"] == pytest.approx(0.01 * t["params"]["batch_size"] / 16)
         assert t["value"] == summary["val_accuracy"] and t["launch_overhead_s"] is not None
         assert list(t["intermediate"]) == ["0", "1"]
+    from paratrain.reporting.verdict import seconds
+
     with browser_page(out / "report.html") as page:
         assert page.evaluate("document.querySelectorAll('#trials tbody tr').length") == 2
         assert page.evaluate("document.querySelectorAll('#best tbody tr').length") == 1
+        # the verdict first: the best configuration, then what the searched parameter did to accuracy and time
+        lines = page.evaluate("[...document.querySelectorAll('#verdict .headline')].map(e => e.innerText)")
+        best = result["best"]
+        assert lines[0] == (f"best: trial {best['number']} (batch_size={best['params']['batch_size']}, lr="
+                            f"{best['params']['lr']:.3g}): val_accuracy {best['value']:.1%} in "
+                            f"{seconds(best['metrics']['time_s'])}")
+        assert lines[1].startswith("batch_size 16 -> 64: val_accuracy ") and ", trial time " in lines[1]
 
 
 # -- PostgreSQL -------------------------------------------------------------------------------

@@ -76,7 +76,7 @@ def test_a_two_parameter_grid_shows_every_metric_its_sampler_its_payoff_and_a_he
 
     # The sampler named for what it is.
     assert result["sampler"] == "grid" and "sampler: grid" in proc.stdout and "sampler: grid" in page
-    assert "<td>sampler</td><td>&quot;grid&quot;</td>" in page
+    assert "<td>sampler</td><td>grid</td>" in page          # the search space as values, not JSON
 
     # -j 2 paid off: six 1-s trials two at a time.
     par = result["parallelism"]

@@ -50,15 +50,17 @@ class Parser(argparse.ArgumentParser):
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    # Everything after `--` belongs to a sweep's script, untouched by argparse.
-    passthrough = argv[argv.index("--") + 1:] if "--" in argv else []
-    args, extras = parser.parse_known_args(argv[:len(argv) - len(passthrough) - (1 if "--" in argv else 0)])
+    # Everything after `--` belongs to a sweep's or a study's script, untouched by argparse; `launch`
+    # hands everything after the script's path to the script (argparse.REMAINDER, as torchrun does).
+    cut = "--" in argv and argv[:1] != ["launch"]
+    passthrough = argv[argv.index("--") + 1:] if cut else []
+    args, extras = parser.parse_known_args(argv[:len(argv) - len(passthrough) - (1 if cut else 0)])
     if extras:
         parser.commands.get(getattr(args, "command", None), parser).unrecognized(extras)
-    if getattr(args, "command", None) == "sweep":
+    if getattr(args, "command", None) in ("sweep", "scale"):
         args.script_args = passthrough
-    elif "--" in argv:
-        parser.error("arguments after -- are only for paratrain sweep --script")
+    elif cut:
+        parser.error("arguments after -- are only for paratrain sweep --script and scale --script")
     if not hasattr(args, "handler"):
         parser.print_help()
         return 2
@@ -102,8 +104,12 @@ def build_parser() -> Parser:
                        help="weak: per-worker batch fixed, global batch grows (default); strong: global batch fixed and split")
     scale.add_argument("--repeats", type=int, default=1, help="runs per point (median and spread reported)")
     scale.add_argument("--workload", action="append", help="workload(s), comma-separated or repeated (default cifar10-cnn)")
+    scale.add_argument("--strategy", action="append", help="strategies to compare on more than one worker, comma-separated "
+                                                           "(e.g. ddp,zero1,fsdp,pipeline); one line each against the same 1-worker run")
     scale.add_argument("--out", type=Path, required=True, help="study directory")
     scale.add_argument("--resume", action="store_true", help="finish an interrupted study, skipping finished points")
+    scale.add_argument("--script", type=Path, help="study your own torchrun-style script (see paratrain launch); "
+                                                   "arguments for it go after --; it reports paratrain.report(samples_per_s=...)")
     _add_model_flags(scale, TRAIN_SECTIONS, exclude=SCALE_OWNS)
     scale.set_defaults(handler=_scale, command="scale")
 
@@ -135,6 +141,25 @@ def build_parser() -> Parser:
     _add_model_flags(sweep, TRAIN_SECTIONS, exclude=SWEEP_OWNS)
     sweep.set_defaults(handler=_sweep, command="sweep")
 
+    from paratrain.config import LaunchConfig
+
+    about = {name: field.description for name, field in LaunchConfig.model_fields.items()}
+    launch = commands.add_parser(
+        "launch", help="run your own torchrun-style script on N ranks, pinned and monitored, into a run directory",
+        description="Run any torchrun-style script (it reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) on N local "
+                    "ranks under PyTorch's elastic launcher, each rank on its own cores, with the monitor sampling CPU, "
+                    "memory and GPUs into RUN_DIR/system.jsonl. Everything after the script's path goes to the script. "
+                    "paratrain exits with the script's exit status. See docs/launch.md.",
+        epilog="example: paratrain launch -n 2 --run-dir runs/mine train.py --epochs 3")
+    launch.add_argument("-n", "--workers", type=int, default=argparse.SUPPRESS, metavar="N", help=f"{about['workers']} (default: 1)")
+    launch.add_argument("--threads-per-worker", type=int, default=argparse.SUPPRESS, help=about["threads_per_worker"])
+    launch.add_argument("--allow-oversubscribe", action="store_true", default=argparse.SUPPRESS, help=about["allow_oversubscribe"])
+    launch.add_argument("--run-dir", type=Path, default=argparse.SUPPRESS, help=about["run_dir"])
+    launch.add_argument("--monitor-hz", type=float, default=argparse.SUPPRESS, help=f"{about['monitor_hz']} (default: 2)")
+    launch.add_argument("script", type=Path, help=about["script"])
+    launch.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
+    launch.set_defaults(handler=_launch, command="launch")
+
     report = commands.add_parser("report", help="one self-contained HTML page for a run, a study or several runs")
     report.add_argument("paths", nargs="+", type=Path, help="run or study directories")
     report.add_argument("--out", type=Path, help="the HTML file (default: DIR/report.html, or comparison-report.html)")
@@ -144,6 +169,14 @@ def build_parser() -> Parser:
     compare.add_argument("paths", nargs="+", type=Path, help="two or more run directories")
     compare.add_argument("--out", type=Path, default=Path("comparison-report.html"), help="the HTML page with the overlays")
     compare.set_defaults(handler=_compare, command="compare")
+
+    doctor = commands.add_parser("doctor", help="why a run, study or sweep is slow, and what to change",
+                                 description="Read a run, scaling study or sweep directory and print ranked findings: "
+                                             "the evidence (numbers from the run), the cause, the remedy (a command or "
+                                             "code change) and the predicted gain. See docs/doctor.md.")
+    doctor.add_argument("path", type=Path, help="a run directory (--run-dir), a scaling study's or a sweep's --out")
+    doctor.add_argument("--json", action="store_true", help="print the diagnosis as JSON (for tools)")
+    doctor.set_defaults(handler=_doctor, command="doctor")
 
     workloads = commands.add_parser("workloads", help="list the named workloads and models")
     workloads.set_defaults(handler=_workloads, command="workloads")
@@ -161,7 +194,7 @@ def build_parser() -> Parser:
 
 
 # Train flags that `scale` and `sweep` replace with their own.
-SCALE_OWNS = ("workers", "workload", "run_dir", "resume", "quiet")
+SCALE_OWNS = ("workers", "workload", "strategy", "run_dir", "resume", "quiet")
 SWEEP_OWNS = ("workers", "run_dir", "resume", "quiet", "allow_oversubscribe")
 
 
@@ -178,7 +211,11 @@ def _add_model_flags(parser: argparse.ArgumentParser, sections: dict[str, str], 
         default = field.get_default(call_default_factory=True)
         shown = "" if default in (None, [], False) else f" (default: {_show(default)})"
         kind, choices = _flag_type(field.annotation)
-        if kind is bool:
+        if kind is bool and default is True:
+            # On by default: the flag takes a value so that it can be turned off; pydantic reads the word.
+            group.add_argument(flag, choices=["true", "false"], default=argparse.SUPPRESS,
+                               help=f"{field.description}{shown}")
+        elif kind is bool:
             group.add_argument(flag, action="store_true", default=argparse.SUPPRESS, help=field.description)
         else:
             group.add_argument(flag, type=kind, choices=choices, default=argparse.SUPPRESS,
@@ -248,7 +285,8 @@ def _print_summary(summary: dict[str, Any]) -> None:
     table = Table(title=f"paratrain: {summary['strategy']} on {summary['workers']} worker(s)", show_header=False)
     b = summary["breakdown"]
     rows = [
-        ("global batch", f"{summary['global_batch_size']} ({summary['workers']} x {summary['batch_size']}"
+        # Replicas, not workers: the stages of one pipeline share a batch.
+        ("global batch", f"{summary['global_batch_size']} ({summary['global_batch_size'] // (summary['batch_size'] * summary['grad_accum'])} x {summary['batch_size']}"
                          f"{' x ' + str(summary['grad_accum']) if summary['grad_accum'] > 1 else ''})"),
         ("learning rate", f"{summary['lr']:.4g} ({summary['lr_scaling']} from {summary['base_lr']:.4g})"),
         ("epoch time", f"{summary['epoch_time_s']:.2f} s (median of {summary['timed_epochs']} epoch(s)"
@@ -257,6 +295,10 @@ def _print_summary(summary: dict[str, Any]) -> None:
                        + (f", {summary['tokens_per_s']:,.0f} tokens/s" if "tokens_per_s" in summary else "")),
         ("step time", f"data {b['data_s'] * 1e3:.1f} ms, compute {b['compute_s'] * 1e3:.1f} ms, "
                       f"comm {b['comm_s'] * 1e3:.1f} ms, optimizer {b['optimizer_s'] * 1e3:.1f} ms, other {b['other_s'] * 1e3:.1f} ms"),
+        *[("pipeline", f"{p['stages']} stages x {p['dp']} replica(s), {p['schedule']}, {p['microbatches']} micro-batches; "
+                       f"bubble {'n/a' if summary['bubble_fraction'] is None else format(summary['bubble_fraction'], '.1%')}"
+                       f" measured, {summary['bubble_fraction_theory']:.1%} in theory")
+          for p in [summary.get("pipeline")] if p],
         ("train loss", f"{summary['train_loss']:.4f}"),
         (f"{summary['val_split']} accuracy", f"{summary['val_accuracy']:.2%} (loss {summary['val_loss']:.4f}"
                                              + (f", {summary['val_bits_per_byte']:.3f} bits/byte)" if "val_bits_per_byte" in summary else ")")),
@@ -282,22 +324,27 @@ def _scale(args: argparse.Namespace) -> int:
     from paratrain.reporting.plots import study_plots
     from paratrain.scale import run_study
 
-    own = {"workers", "mode", "repeats", "workload", "out", "resume", "handler", "command"}
+    own = {"workers", "mode", "repeats", "workload", "strategy", "out", "resume", "script", "script_args", "handler", "command"}
     train = {k: v for k, v in vars(args).items() if k not in own}
     study = validate(ScaleConfig, {"workers": args.workers, "mode": args.mode, "repeats": args.repeats,
-                                   "workload": args.workload or ["cifar10-cnn"], "out": args.out,
-                                   "resume": args.resume, "train": train})
+                                   **({"workload": args.workload} if args.workload else {}),
+                                   **({"strategy": args.strategy} if args.strategy else {}), "out": args.out,
+                                   "resume": args.resume, "train": train, "script": args.script,
+                                   "script_args": args.script_args})
     console = Console(stderr=True)
 
     def banner() -> None:
-        console.print(f"[bold]{study.mode} scaling[/] of {', '.join(study.workload)} on {study.workers} worker(s), "
+        console.print(f"[bold]{study.mode} scaling[/] of {study.script.name if study.script else ', '.join(study.workload)} on {study.workers} worker(s), "
                       f"{study.repeats} run(s) each; on CPU a worker is a rank with its own core(s), and one process "
                       "on all cores is measured as the reference; the first epoch of every run is excluded from timing")
 
     def progress(workload: str, workers: int, repeat: int, summary: dict) -> None:
-        console.print(f"  {Path(summary['run_dir']).name}: {summary['samples_per_s']:,.0f} samples/s, "
-                      f"epoch {summary['epoch_time_s']:.2f} s, accuracy {summary['val_accuracy']:.2%}"
-                      f"{', contended' if summary.get('machine_load', {}).get('contended') else ''}")
+        # A script reports what it measures: its epoch time and accuracy may be missing.
+        shown = [f"{summary['samples_per_s']:,.0f} samples/s",
+                 *([f"epoch {summary['epoch_time_s']:.2f} s"] if summary.get("epoch_time_s") is not None else []),
+                 *([f"accuracy {summary['val_accuracy']:.2%}"] if summary.get("val_accuracy") is not None else []),
+                 *(["contended"] if summary.get("machine_load", {}).get("contended") else [])]
+        console.print(f"  {Path(summary['run_dir']).name}: {', '.join(shown)}")
 
     result = run_study(study, on_start=banner, on_point=progress)
     study_plots(result, study.out)
@@ -324,6 +371,18 @@ def _print_study(result: dict[str, Any]) -> None:
         console.print(f"  {line}", soft_wrap=True, markup=False)
     for line in study_headline(result):
         console.print(line, soft_wrap=True, markup=False, style="bold")
+
+
+def _launch(args: argparse.Namespace) -> int:
+    from paratrain.launch.script import launch_script
+
+    summary = launch_script({k: v for k, v in vars(args).items() if k not in ("handler", "command")})
+    reported = ", ".join(f"{k}={v:.4g}" for k, v in summary["reported"].items())
+    print(f"{summary['status']}: {summary['workers']} rank(s), {summary['wall_time_s']:.1f} s, exit status "
+          f"{summary['exit_code']}{'; reported ' + reported if reported else ''}; run dir {summary['run_dir']}")
+    if summary["status"] != "completed":
+        print(f"paratrain launch: {summary['error']}", file=sys.stderr)
+    return summary["exit_code"]
 
 
 def _sweep(args: argparse.Namespace) -> int:
@@ -424,6 +483,14 @@ def _compare(args: argparse.Namespace) -> int:
                       f"{r['val_accuracy']:.2%}", f"{r['val_accuracy_diff']:+.2%}")
     _wide_console().print(table)
     print(f"overlays: {write_report(args.paths, args.out)}")
+    return 0
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from paratrain.doctor import diagnose, format_text
+
+    diagnosis = diagnose(args.path)
+    print(json.dumps(diagnosis, indent=2) if args.json else format_text(diagnosis))
     return 0
 
 

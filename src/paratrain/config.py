@@ -8,6 +8,7 @@ flag.
 from __future__ import annotations
 
 import hashlib
+import re
 import sys
 import json
 import tomllib
@@ -32,8 +33,9 @@ STAGED_STRATEGIES = ("pipeline", "model-parallel", "hybrid")
 
 
 # Fields that say where and how to record a run, not what it trains: a resumed run may change them.
+# --memory-limit too: a run that ran out of memory resumes with a higher limit.
 RUN_CONTROL_FIELDS = ("run_dir", "resume", "quiet", "checkpoint_every", "log_every", "cache_dir", "tensorboard",
-                      "mlflow", "mlflow_experiment", "monitor_hz")
+                      "mlflow", "mlflow_experiment", "monitor_hz", "memory_limit")
 
 
 class TrainConfig(BaseModel):
@@ -148,6 +150,13 @@ class TrainConfig(BaseModel):
                 raise ValueError("expected C,H,W such as 3,32,32") from None
         return value
 
+    @field_validator("memory_limit")
+    @classmethod
+    def _a_size(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None:
+            parse_size(value)
+        return value
+
     @field_validator("augment")
     @classmethod
     def _known_augmentations(cls, value: list[str]) -> list[str]:
@@ -169,6 +178,55 @@ class TrainConfig(BaseModel):
             raise ValueError("strategy 'single' runs one worker; use --strategy ddp for --workers > 1")
         if self.warmup_epochs >= self.epochs and self.warmup_epochs > 0:
             raise ValueError(f"--warmup-epochs ({self.warmup_epochs}) must be shorter than --epochs ({self.epochs})")
+        return self
+
+    @model_validator(mode="after")
+    def _pipeline_layout(self) -> "TrainConfig":
+        """The stages x replicas layout of pipeline, model-parallel and hybrid fits the ranks and the batch."""
+        name = self.strategy_name
+        if name not in STAGED_STRATEGIES:
+            for given in ("stages", "dp"):
+                if getattr(self, given) is not None:
+                    raise ValueError(f"--{given} lays out pipeline stages; it applies to --strategy pipeline, model-parallel "
+                                     f"or hybrid, not {name}")
+            return self
+        if self.dp is not None and name != "hybrid":
+            raise ValueError(f"--dp replicates a pipeline; use --strategy hybrid --dp {self.dp} (--strategy {name} runs one pipeline)")
+        if name == "hybrid" and self.dp is None and self.stages is None:
+            raise ValueError(f"--strategy hybrid needs its layout: --dp D (replicas) and/or --stages K with D x K = --workers "
+                             f"({self.workers}), e.g. --dp 2 --stages {max(2, self.workers // 2)}")
+        stages = self.pipeline_stages
+        replicas = (self.dp or self.workers // stages) if name == "hybrid" else 1
+        if replicas * stages != self.workers:
+            layout = f"--dp {replicas} x --stages {stages}" if name == "hybrid" else f"--stages {stages} (one rank per stage)"
+            raise ValueError(f"{layout} needs {max(1, replicas) * stages} workers and --workers is {self.workers}; "
+                             "make them match")
+        if stages < 2:
+            raise ValueError(f"--strategy {name} splits the model into at least 2 stages (got --stages {stages}); "
+                             "with one stage use --strategy single or ddp")
+        if name == "model-parallel":
+            for given, value in (("microbatches", 1), ("pipeline_schedule", "gpipe")):
+                # Compared with the default, not with the fields given: the ranks get every field.
+                if getattr(self, given) not in (value, type(self).model_fields[given].default):
+                    raise ValueError(f"--strategy model-parallel runs the whole batch as one micro-batch (GPipe); "
+                                     f"for {flag(given)} use --strategy pipeline")
+        elif self.batch_size % self.microbatches:
+            raise ValueError(f"--microbatches {self.microbatches} does not divide --batch-size {self.batch_size}; "
+                             f"the micro-batches must be equal: choose a batch that is a multiple of {self.microbatches}")
+        elif self.pipeline_schedule == "1f1b" and self.microbatches < stages:
+            raise ValueError(f"--pipeline-schedule 1f1b needs at least one micro-batch per stage: --microbatches "
+                             f"{self.microbatches} < --stages {stages}; raise --microbatches or use gpipe")
+        elif self.pipeline_schedule == "interleaved" and self.microbatches % max(1, self.microbatches // stages):
+            raise ValueError(f"--pipeline-schedule interleaved runs --microbatches in rounds of --stages ({stages}); "
+                             f"--microbatches {self.microbatches} does not fill them evenly: use a multiple of {stages}")
+        if self.grad_accum > 1:
+            raise ValueError(f"--strategy {name} accumulates gradients over its micro-batches within a step; instead of "
+                             "--grad-accum raise --batch-size and --microbatches together")
+        for given, wrong, fix in (("compile", True, "drop --compile"), ("precision", "fp16", "use --precision bf16")):
+            if getattr(self, given) == wrong:
+                why = ("compiles a whole model, and a stage is a part of one" if given == "compile" else
+                       "needs one loss scaler whose skipped steps every stage agrees on")
+                raise ValueError(f"{flag(given)} {str(wrong).lower()} is not supported with --strategy {name} ({why}); {fix}")
         return self
 
     # Derived values: computed here once so config.json, the ranks and the analysis agree.
@@ -208,8 +266,36 @@ class TrainConfig(BaseModel):
         # records the device kind its ranks used and launch compares that instead.
         # Fields at their defaults are left out, so a new option added with a default that keeps the
         # old behaviour does not orphan the checkpoints written before it existed.
-        payload = self.model_dump(mode="json", exclude={*RUN_CONTROL_FIELDS, "device"}, exclude_defaults=True)
+        payload = self.model_dump(mode="json", exclude={*RUN_CONTROL_FIELDS, "device", *self.reshardable_fields()},
+                                  exclude_defaults=True)
+        if self.reshardable_fields():
+            payload["global_batch_size"] = self.global_batch_size
+            payload["reference_batch_size"] = self.reference_batch_size
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+    def reshardable_fields(self) -> tuple[str, ...]:
+        """Fields a resumed run may change because its checkpoint is resharded on load.
+
+        fsdp checkpoints go through torch.distributed.checkpoint, which reshards on load: a run
+        saved on N ranks resumes on M. How the global batch is split across the ranks may then
+        change; the global batch and the batch its LR is scaled from (both in the identity) may not.
+        """
+        return ("workers", "batch_size", "base_batch_size") if self.strategy_name == "fsdp" else ()
+
+    @property
+    def memory_limit_bytes(self) -> Optional[int]:
+        return parse_size(self.memory_limit) if self.memory_limit is not None else None
+
+
+_SIZE_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def parse_size(text: str) -> int:
+    """'2G', '512M', '1.5G', '1048576' -> bytes (binary units; a trailing B or iB is allowed)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*", text.upper())
+    if not match or float(match.group(1)) <= 0:
+        raise ValueError(f"{text!r} is not a size; write it like 2G, 512M or 1.5G")
+    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2)])
 
 
 def load_config_file(path: Path) -> dict[str, Any]:
@@ -266,13 +352,14 @@ class ScaleConfig(BaseModel):
     mode: Literal["weak", "strong"] = Field("weak", description="weak: the per-worker batch stays, the global batch grows with N; strong: the global batch stays and is split")
     repeats: int = Field(1, gt=0, description="runs per point; the table reports medians and spread")
     workload: list[str] = Field(default_factory=lambda: ["cifar10-cnn"], description="workload(s) to study, comma-separated or repeated; one line per workload in every plot")
+    strategy: list[str] = Field(default_factory=list, description="strategies to compare, e.g. ddp,fsdp,pipeline: one line per workload and strategy, all measured against the same 1-worker run (default: the train default, ddp)")
     out: Path = Field(description="study directory: scaling.json, runs/, plots, report.html")
     resume: bool = Field(False, description="continue an interrupted study in --out, skipping finished points")
     train: dict[str, Any] = Field(default_factory=dict, description="the train flags every point shares")
     script: Optional[Path] = Field(None, description="study your own torchrun-style script instead of a workload; it reports its throughput with paratrain.report(samples_per_s=...)")
     script_args: list[str] = Field(default_factory=list, description="arguments after -- passed to the script")
 
-    @field_validator("workers", "workload", mode="before")
+    @field_validator("workers", "workload", "strategy", mode="before")
     @classmethod
     def _split_lists(cls, value: Any) -> Any:
         if isinstance(value, str):
@@ -301,6 +388,14 @@ class ScaleConfig(BaseModel):
             if shared:
                 raise ValueError(f"train flags ({', '.join(flag(k) for k in shared)}) apply to built-in workloads; "
                                  "with --script pass your script's own arguments after --")
+            if self.strategy:
+                raise ValueError("--strategy chooses paratrain's strategies for built-in workloads; your script "
+                                 "parallelises itself, drop --strategy")
+        if "single" in self.strategy:
+            raise ValueError("--strategy single runs one worker, and it already is every line's 1-worker point; "
+                             "list only strategies for more workers (e.g. ddp,fsdp)")
+        if len(set(self.strategy)) != len(self.strategy):
+            raise ValueError(f"strategies must not repeat (got {','.join(self.strategy)})")
         return self
 
 
@@ -311,7 +406,7 @@ class LaunchConfig(BaseModel):
 
     script: Path = Field(description="the program every rank runs: a .py file (run with this Python) or an executable")
     script_args: list[str] = Field(default_factory=list, description="arguments passed to the script")
-    workers: int = Field(1, gt=0, description="ranks to start (-n)")
+    workers: int = Field(1, gt=0, description="ranks to start")
     threads_per_worker: Optional[int] = Field(None, gt=0, description="CPU threads per rank, pinned to their own cores (default: cores // ranks)")
     allow_oversubscribe: bool = Field(False, description="allow more threads than cores (slow; for testing only)")
     run_dir: Optional[Path] = Field(None, description="run directory (default runs/<time>-<script>-w<ranks>)")

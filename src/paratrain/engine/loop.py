@@ -27,7 +27,8 @@ from paratrain.engine.data import BatchPreparer, eval_batches, training_batches
 from paratrain.engine.distributed import Placement, RankContext, init_rank, shutdown
 from paratrain.engine.flops import count_flops_per_sample, cpu_peak, gpu_peak, mfu
 from paratrain.engine.lr import LRSchedule, scaled_lr
-from paratrain.engine.memory import peak_memory_bytes, release_cached_memory, reset_peak_memory
+from paratrain.engine.memory import (MemoryMeter, is_out_of_memory, limit_rank_memory, peak_memory_bytes, per_rank,
+                                     release_cached_memory, reset_peak_memory)
 from paratrain.engine.optim import build_optimizer
 from paratrain.engine.progress import EpochProgress
 from paratrain.engine.strategies import Strategy, build_strategy
@@ -44,13 +45,19 @@ log = logging.getLogger("paratrain.rank")
 def run_rank(config: dict[str, Any], placement: dict[str, Any], run_dir: str) -> Optional[dict[str, Any]]:
     """Entry point of one rank; returns the run summary on rank 0 and None elsewhere."""
     cfg = TrainConfig.model_validate(config)
+    if cfg.memory_limit is not None:
+        limit_rank_memory(cfg.memory_limit_bytes)     # launch runs such ranks in processes of their own
     ctx = init_rank(Placement(**placement))
     run = RunDir(Path(run_dir))
     handler = _log_to_file(run.rank_log(ctx.rank), ctx)
     try:
         return Trainer(cfg, ctx, run).fit()
-    except BaseException:
+    except BaseException as exc:
         log.exception("rank %d failed", ctx.rank)
+        if cfg.memory_limit is not None and is_out_of_memory(exc):
+            raise MemoryLimitExceeded(
+                f"rank {ctx.rank} needs more memory than --memory-limit {cfg.memory_limit} allows; shard the model "
+                "over the ranks with --strategy fsdp (or split it with --strategy pipeline), or raise --memory-limit") from None
         raise
     finally:
         shutdown()
@@ -72,6 +79,11 @@ def _log_to_file(path: Path, ctx: RankContext) -> logging.Handler:
         os.dup2(fd, 2)
         os.close(fd)
     return handler
+
+
+class MemoryLimitExceeded(RuntimeError):
+    """An allocation failed under --memory-limit: the run's model, gradients, optimizer state and
+    activations do not fit the limit on this rank."""
 
 
 class TrainingDiverged(Exception):
@@ -137,6 +149,7 @@ class Trainer:
         self.state = RunState()
         if cfg.resume:
             self._restore()
+        self.memory = MemoryMeter(self.state.step, self.steps_per_epoch * cfg.epochs)
         # Rank 0 records events: metrics.jsonl always, TensorBoard when asked.
         self.sinks: list[Any] = []
         if ctx.is_main:
@@ -197,7 +210,7 @@ class Trainer:
             data_ready = clock.stamp()
             sync = (micro + 1) % cfg.grad_accum == 0 or micro == last_micro
             # All micro-steps but the last accumulate locally: DDP skips the all-reduce in no_sync.
-            with (nullcontext() if sync else self.strategy.no_sync(model)):
+            with (nullcontext() if sync else self.strategy.no_sync(model)), self.memory.watch(self.state.step):
                 loss, out = self.strategy.forward_backward(model, self.objective, x, y, cfg.grad_accum, self.scaler, self.autocast)
             backward_end = clock.stamp()
             breakdown.span("data_s", data_start, data_ready)
@@ -217,6 +230,7 @@ class Trainer:
                 opt_start = clock.stamp()
                 self.scaler.step(self.optimizer)
                 self.scaler.update()
+                self.memory.count(self.state.step, model, self.optimizer)
                 self.optimizer.zero_grad(set_to_none=True)
                 step_end = clock.stamp()
                 breakdown.span("optimizer_s", opt_start, step_end)
@@ -333,12 +347,18 @@ class Trainer:
         self.strategy.load_checkpoint_state(self.model, self.optimizer, ckpt)
         if self.scaler.is_enabled():
             self.scaler.load_state_dict(ckpt["scaler"])
-        rng = ckpt["rng"][self.ctx.rank]
-        torch.set_rng_state(rng["torch"])
-        if self.augment is not None:
-            self.augment.load_state_dict(rng["augment"])
-        if "cuda" in rng:
-            torch.cuda.set_rng_state(rng["cuda"], self.ctx.device)
+        if len(ckpt["rng"]) == self.ctx.world_size:
+            rng = ckpt["rng"][self.ctx.rank]
+            torch.set_rng_state(rng["torch"])
+            if self.augment is not None:
+                self.augment.load_state_dict(rng["augment"])
+            if "cuda" in rng:
+                torch.cuda.set_rng_state(rng["cuda"], self.ctx.device)
+        else:
+            # Resharded (fsdp) onto another number of ranks: each rank's random stream (augmentation,
+            # dropout) has no counterpart, so the streams restart from the seed.
+            log.warning("resumed on %d ranks from a checkpoint of %d: random streams restart from --seed",
+                        self.ctx.world_size, len(ckpt["rng"]))
         self.state = RunState(epoch=ckpt["epoch"], step=ckpt["step"], samples=ckpt["samples"],
                               elapsed_s=ckpt["elapsed_s"], epochs_done=list(ckpt["epochs_done"]))
         log.info("resumed after epoch %d (step %d)", self.state.epoch, self.state.step)
@@ -353,6 +373,7 @@ class Trainer:
 
     def _summary(self) -> Optional[dict[str, Any]]:
         peak = self.ctx.gather_objects(peak_memory_bytes(self.ctx.device))
+        memory = per_rank(self.ctx.gather_objects(self.memory.figures()))
         strategy_fields = self.strategy.summary_fields()
         if not self.ctx.is_main:
             return None
@@ -377,7 +398,7 @@ class Trainer:
             "val_split": "val" if "val" in last["evals"] else "test",
             "test_loss": last["evals"]["test"]["loss"], "test_accuracy": last["evals"]["test"]["accuracy"],
             "train_time_s": self.state.elapsed_s + time.perf_counter() - self.started,
-            "breakdown": breakdown, "peak_memory_bytes": peak,
+            "breakdown": breakdown, "peak_memory_bytes": peak, "memory": memory,
             "epochs_run": len(epochs), "early_stopped": len(epochs) < cfg.epochs,
             **({"best_epoch": self._best_epoch() + 1} if cfg.early_stop else {}),
             **model_throughput(self, sum(e["epoch_samples"] for e in steady) / steady_time, last["evals"]),

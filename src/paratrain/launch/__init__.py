@@ -13,11 +13,14 @@ from typing import Any, Union
 from paratrain.config import RUN_CONTROL_FIELDS, TrainConfig, validate
 from paratrain.engine.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from paratrain.engine.strategies import check_strategy
+from paratrain.engine.strategies.fsdp import check_fsdp
+from paratrain.engine.strategies.pipeline_split import check_pipeline_split
 from paratrain.errors import TrainingDiverged, UsageError
 from paratrain.export import check_mlflow, to_mlflow
 from paratrain.launch.local import RanksFailed, launch_local
 from paratrain.launch.load import LoadMeter
 from paratrain.launch.placement import plan_placement
+from paratrain.measure.monitor import monitor_run, ranks_by_log
 from paratrain.runs import RunDir, write_json
 from paratrain.runs.tensorboard import check_tensorboard
 
@@ -56,6 +59,10 @@ def train(config: Union[TrainConfig, dict[str, Any], None] = None, **overrides: 
         raise UsageError("--early-stop watches the validation loss and this run has no validation split; add --val-split 0.1 "
                          "(stopping on the test split would choose by it)")
     check_loss(cfg, data)
+    check_pipeline_split(cfg, data)
+    check_fsdp(cfg, data, placement.device_type)
+    if cfg.memory_limit is not None and placement.device_type == "cuda":
+        raise UsageError("--memory-limit bounds CPU ranks' host memory, not a GPU's; drop it, or use --device cpu")
 
     run = RunDir(cfg.run_dir or _default_run_dir(cfg))
     cfg.run_dir = run.path
@@ -74,8 +81,10 @@ def train(config: Union[TrainConfig, dict[str, Any], None] = None, **overrides: 
 
     load = LoadMeter(placement.cpu_sets)      # what else ran on the run's cores meanwhile
     started = time.perf_counter()
+    gpus = range(cfg.workers) if placement.device_type == "cuda" else ()
     try:
-        summary = launch_local(cfg, placement, run.path)
+        with monitor_run(run.path, cfg.monitor_hz, ranks_by_log(run.path), gpus):
+            summary = launch_local(cfg, placement, run.path)
     except (RanksFailed, KeyboardInterrupt) as exc:
         failed = {"status": "failed", "error": str(exc) or type(exc).__name__, "workers": cfg.workers,
                   "strategy": cfg.strategy_name, "prepare_s": prepare_s, "wall_time_s": time.perf_counter() - command_started}
@@ -110,8 +119,14 @@ def _prepare_run_dir(run: RunDir, cfg: TrainConfig, device_type: str) -> None:
         if ckpt["identity"] != cfg.identity():
             before = run.read_config()
             now = cfg.model_dump(mode="json")
-            changed = [k for k in now if k not in (*RUN_CONTROL_FIELDS, "device") and before.get(k) != now[k]]
-            what = ", ".join(f"--{k.replace('_', '-')} {before.get(k)} -> {now[k]}" for k in changed) or "the configuration"
+            changed = [k for k in now if k not in (*RUN_CONTROL_FIELDS, "device", *cfg.reshardable_fields())
+                       and before.get(k) != now[k]]
+            diffs = [f"--{k.replace('_', '-')} {before.get(k)} -> {now[k]}" for k in changed]
+            if cfg.reshardable_fields():    # fsdp: the ranks may change, the global batch and its LR may not
+                resolved = before.get("resolved", {})
+                diffs += [f"the {k.replace('_', ' ')} {resolved.get(k)} -> {getattr(cfg, k)}"
+                          for k in ("global_batch_size", "reference_batch_size") if resolved.get(k) != getattr(cfg, k)]
+            what = ", ".join(diffs) or "the configuration"
             raise UsageError(f"--resume: the checkpoint in {path} was written by a different configuration ({what}); "
                              "rerun the original command with --resume")
         # Random-number generator states and the fp16 grad scaler are device-specific: a checkpoint

@@ -23,6 +23,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 from paratrain.config import TrainConfig
 from paratrain.engine.distributed import Placement
 from paratrain.engine.loop import run_rank
+from paratrain.engine.memory import LIMITED_RANK_ENV
 from paratrain.errors import RunFailed
 
 
@@ -31,11 +32,10 @@ class RanksFailed(RunFailed):
 
 
 @contextmanager
-def _thread_env(threads: int) -> Iterator[None]:
-    """OpenMP/MKL read their pool size at start-up, so it must be in the workers' environment."""
-    names = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
-    saved = {name: os.environ.get(name) for name in names}
-    os.environ.update({name: str(threads) for name in names})
+def scoped_environ(values: dict[str, str]) -> Iterator[None]:
+    """Set environment variables that the workers inherit, restoring this process's afterwards."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
     try:
         yield
     finally:
@@ -46,15 +46,25 @@ def _thread_env(threads: int) -> Iterator[None]:
                 os.environ[name] = value
 
 
-def launch_local(cfg: TrainConfig, placement: Placement, run_dir: Path) -> Optional[dict[str, Any]]:
-    """Run `cfg` on `cfg.workers` local ranks; returns rank 0's summary."""
-    if cfg.workers == 1:
-        return _run_here(cfg, placement, run_dir)
-    # The agent logs each failure with a full traceback; the rank's log has it, the user gets one line.
-    # torch's elastic modules set their loggers' own levels, so each is quietened by name.
+def thread_env(threads: int) -> dict[str, str]:
+    """OpenMP/MKL read their pool size at start-up, so it must be in the workers' environment."""
+    return {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+
+
+def quiet_elastic_logs() -> None:
+    """The agent logs each failure with a full traceback; the rank's log has it, the user gets one line.
+    torch's elastic modules set their loggers' own levels, so each is quietened by name."""
     quiet = [n for n in logging.root.manager.loggerDict if n.startswith("torch.distributed.elastic")]
     for name in ("torch.distributed.elastic", "torch.multiprocessing.spawn", *quiet):
         logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def launch_local(cfg: TrainConfig, placement: Placement, run_dir: Path) -> Optional[dict[str, Any]]:
+    """Run `cfg` on `cfg.workers` local ranks; returns rank 0's summary."""
+    # A memory limit bounds a process of the rank's own, never the caller's.
+    if cfg.workers == 1 and cfg.memory_limit is None:
+        return _run_here(cfg, placement, run_dir)
+    quiet_elastic_logs()
     # The agent's own files (each rank's error.json) go into the run directory, not a temporary
     # directory that nothing removes; kept when a rank fails, removed after a clean run.
     elastic_logs = run_dir / "logs" / "elastic"
@@ -64,7 +74,7 @@ def launch_local(cfg: TrainConfig, placement: Placement, run_dir: Path) -> Optio
         start_method="spawn", logs_specs=DefaultLogsSpecs(log_dir=str(elastic_logs)),
     )
     try:
-        with _thread_env(placement.threads_per_worker):
+        with scoped_environ({**thread_env(placement.threads_per_worker), **(LIMITED_RANK_ENV if cfg.memory_limit else {})}):
             results = elastic_launch(launch_config, run_rank)(cfg.model_dump(mode="json"), placement.to_dict(), str(run_dir))
     except SignalException as exc:
         # SIGTERM or SIGHUP to the launcher (`kill`, a scheduler's time limit): the agent has already
@@ -88,7 +98,7 @@ def _run_here(cfg: TrainConfig, placement: Placement, run_dir: Path) -> Optional
     """
     affinity, threads = os.sched_getaffinity(0), torch.get_num_threads()
     try:
-        with _thread_env(placement.threads_per_worker):
+        with scoped_environ(thread_env(placement.threads_per_worker)):
             return run_rank(cfg.model_dump(mode="json"), placement.to_dict(), str(run_dir))
     except Exception as exc:
         reason = _last_line(str(exc)) or type(exc).__name__

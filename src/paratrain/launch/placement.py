@@ -7,6 +7,7 @@ cores by accident: asking for more threads than the machine has is refused unles
 from __future__ import annotations
 
 import os
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -58,17 +59,23 @@ def plan_placement(cfg: TrainConfig) -> Placement:
         threads = cfg.threads_per_worker or max(1, len(cores) // cfg.workers)
         return Placement(backend=backend, device_type="cuda", threads_per_worker=threads)
 
-    threads = cfg.threads_per_worker or len(cores) // cfg.workers
-    needed = cfg.workers * max(threads, 1)
-    if needed > len(cores) and not cfg.allow_oversubscribe:
-        if cfg.workers > len(cores):
-            raise UsageError(f"--workers {cfg.workers} needs at least {cfg.workers} cores but this machine gives {len(cores)}; "
-                             f"use --workers {len(cores)} or fewer (or --allow-oversubscribe to time-slice)")
-        raise UsageError(f"--workers {cfg.workers} x --threads-per-worker {threads} = {needed} threads on {len(cores)} cores; "
-                         f"use --threads-per-worker {len(cores) // cfg.workers} (or --allow-oversubscribe)")
-    threads = max(threads, 1)
-    cpu_sets = [cores[i * threads:(i + 1) * threads] for i in range(cfg.workers)] if needed <= len(cores) else None
+    threads, cpu_sets = core_sets(cfg.workers, cfg.threads_per_worker, cfg.allow_oversubscribe, cores)
     # Waiting ranks poll shared memory; that is free only when each rank has cores of its own.
     own_cores = cpu_sets is not None and cfg.workers > 1
     allreduce = "shm" if cfg.allreduce == "shm" or (cfg.allreduce == "auto" and own_cores and shm_supported()) else "backend"
     return Placement(backend=backend, device_type="cpu", threads_per_worker=threads, cpu_sets=cpu_sets, allreduce=allreduce)
+
+
+def core_sets(workers: int, threads_per_worker: Optional[int], allow_oversubscribe: bool,
+              cores: list[int]) -> tuple[int, Optional[list[list[int]]]]:
+    """Threads per rank and each rank's own cores (None when they must share: oversubscribed)."""
+    threads = threads_per_worker or len(cores) // workers
+    needed = workers * max(threads, 1)
+    if needed > len(cores) and not allow_oversubscribe:
+        if workers > len(cores):
+            raise UsageError(f"--workers {workers} needs at least {workers} cores but this machine gives {len(cores)}; "
+                             f"use --workers {len(cores)} or fewer (or --allow-oversubscribe to time-slice)")
+        raise UsageError(f"--workers {workers} x --threads-per-worker {threads} = {needed} threads on {len(cores)} cores; "
+                         f"use --threads-per-worker {len(cores) // workers} (or --allow-oversubscribe)")
+    threads = max(threads, 1)
+    return threads, [cores[i * threads:(i + 1) * threads] for i in range(workers)] if needed <= len(cores) else None

@@ -14,17 +14,23 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from paratrain.errors import UsageError
+from paratrain.reporting.verdict import (comparison_verdict, doctor_html, human, run_verdict, study_verdict,
+                                         sweep_verdict, verdict_html)
 from paratrain.runs import SCALING_FILE, SWEEP_FILE, RunDir
 
 
 _STYLE = """
-body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1220px; color: #222; }
 h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 1.8em; border-bottom: 1px solid #ddd; }
 table { border-collapse: collapse; margin: 0.8em 0; font-size: 0.9em; }
 th, td { border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: right; }
 th { background: #f3f3f3; } td:first-child, th:first-child { text-align: left; }
-img { max-width: 100%; margin: 0.5em 0; } .plots { display: flex; flex-wrap: wrap; gap: 0.5em; }
-.plots img { max-width: 540px; } .wide img { max-width: 100%; } .note { color: #555; font-size: 0.9em; }
+img { max-width: 100%; height: auto; margin: 0.5em 0; }
+.plots { display: flex; flex-wrap: wrap; gap: 0.5em; align-items: flex-start; }
+.plots img { max-width: calc(50% - 0.25em); } .wide img { max-width: 100%; } .note { color: #555; font-size: 0.9em; }
+#verdict { border-left: 4px solid #3a7; padding: 0.2em 1em; margin: 1em 0; background: #f6fbf8; }
+.headline { font-size: 1.15em; font-weight: bold; margin: 0.4em 0; } .findings li { margin: 0.5em 0; }
+code { background: #f3f3f3; padding: 0 0.2em; font-size: 0.9em; }
 """
 
 
@@ -76,15 +82,13 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]], table_id: str =
 
 
 def _fmt(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
-    return str(value)
+    return value if isinstance(value, str) else human("", value)
 
 
 def _config_table(config: dict[str, Any]) -> str:
     shown = {k: v for k, v in config.items() if k != "resolved" and v not in (None, [], False)}
     shown.update(config.get("resolved", {}))
-    return _table(("option", "value"), [(k, json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in shown.items()])
+    return _table(("option", "value"), [(k, human(k, v)) for k, v in shown.items()])
 
 
 def _with_plots(render) -> str:
@@ -121,13 +125,14 @@ def study_table(result: dict[str, Any]) -> tuple[tuple[str, ...], list[tuple[str
     for r in result["rows"]:
         reference = r.get("point") == ALL_CORES_POINT
         vs_all = r.get("speedup_vs_all_cores")
+        # A studied script reports what it measures: epoch time, global batch or accuracy may be missing.
         cells.append((r["workload"], f"{r['workers']}{' (all cores)' if reference else ''}",
-                      str(r.get("threads_per_worker", "?")), str(r["global_batch_size"]),
-                      _spread(r["epoch_time_s"], r["epoch_time_s_range"], ".2f", r["repeats"]),
+                      str(r.get("threads_per_worker", "?")), str(r.get("global_batch_size") or "-"),
+                      "-" if r.get("epoch_time_s") is None else _spread(r["epoch_time_s"], r["epoch_time_s_range"], ".2f", r["repeats"]),
                       _spread(r["samples_per_s"], r["samples_per_s_range"], ",.0f", r["repeats"])
                       + (f"\n{r['tokens_per_s']:,.0f} tokens/s" if r.get("tokens_per_s") else ""),
                       f"{r['speedup']:.2f}", "-" if vs_all is None else f"{vs_all:.2f}", f"{r['efficiency']:.2f}",
-                      f"{r['val_accuracy']:.2%}", str(r["repeats"]), _flag_text(r)))
+                      "-" if r.get("val_accuracy") is None else f"{r['val_accuracy']:.2%}", str(r["repeats"]), _flag_text(r)))
     splits = {r.get("val_split", "test") for r in result["rows"]}
     split = splits.pop() if len(splits) == 1 else "val/test"
     return tuple(c.format(split=split) for c in STUDY_COLUMNS), cells
@@ -147,9 +152,11 @@ def study_headline(result: dict[str, Any]) -> list[str]:
         per_core = (f"speedup {top['speedup']:.2f} and efficiency {top['efficiency']:.2f} against {base['workers']} "
                     f"worker(s) x {base.get('threads_per_worker', '?')} core(s)")
         if reference:
+            measured = (f"epoch {top['epoch_time_s']:.2f} s against {reference['epoch_time_s']:.2f} s"
+                        if top.get("speedup_basis", "epoch_time_s") == "epoch_time_s" else
+                        f"{top['samples_per_s']:,.0f} against {reference['samples_per_s']:,.0f} samples/s")
             line = (f"{workload}: {who} against one process on all {reference['threads_per_worker']} cores (what "
-                    f"'paratrain train --workers 1' runs): speedup {top['speedup_vs_all_cores']:.2f} (epoch "
-                    f"{top['epoch_time_s']:.2f} s against {reference['epoch_time_s']:.2f} s); {per_core}")
+                    f"'paratrain train --workers 1' runs): speedup {top['speedup_vs_all_cores']:.2f} ({measured}); {per_core}")
         else:
             line = f"{workload}: {who}: {per_core}"
         flagged = [f"{r['workers']}{' all cores' if r is reference else ''}: {_flag_text(r).replace(chr(10), ' ')}"
@@ -176,17 +183,19 @@ def _study_body(path: Path) -> str:
 
     def render(tmp: Path) -> str:
         plots = study_plots(result, tmp)
-        labels = [f"{r['workload']} w{r['workers']}{' all cores' if r.get('point') == ALL_CORES_POINT else ''}" for r in rows]
-        bd = breakdown_plot(rows, labels, tmp / "breakdown.png")
+        timed = [r for r in rows if r.get("breakdown")]      # a studied script has no step breakdown
+        labels = [f"{r['workload']} w{r['workers']}{' all cores' if r.get('point') == ALL_CORES_POINT else ''}" for r in timed]
+        bd = breakdown_plot(timed, labels, tmp / "breakdown.png") if timed else None
         table = _table(*study_table(result), "scaling")
         headline = "<div id='headline'>" + "".join(f"<p><b>{html.escape(line)}</b></p>" for line in study_headline(result)) + "</div>"
         notes = "<ul class='note'>" + "".join(f"<li>{html.escape(n)}</li>" for n in study_notes(result)) + "</ul>"
         images = "".join(_img(p, name) for name, p in plots.items())
         spec = json.loads((path / "study.json").read_text()) if (path / "study.json").exists() else {}
-        return (f"{headline}<p class='note'>{html.escape(result['mode'])} scaling. {html.escape(result.get('timing', ''))}. "
+        return (verdict_html(study_verdict(result), doctor_html(path)) +
+                f"{headline}<p class='note'>{html.escape(result['mode'])} scaling. {html.escape(result.get('timing', ''))}. "
                 f"{html.escape(result.get('cpu_worker', ''))}.</p>{table}{notes}<h2>Plots</h2><div class='plots'>{images}</div>"
-                f"<h2>Step-time breakdown</h2>{_img(bd, 'breakdown')}"
-                f"<h2>Study</h2>{_table(('option', 'value'), [(k, json.dumps(v)) for k, v in spec.items()])}")
+                + (f"<h2>Step-time breakdown</h2>{_img(bd, 'breakdown')}" if bd else "") +
+                f"<h2>Study</h2>{_table(('option', 'value'), [(k, human(k, v)) for k, v in spec.items()])}")
 
     return _with_plots(render)
 
@@ -233,29 +242,35 @@ def _sweep_body(path: Path) -> str:
 
     def render(tmp: Path) -> str:
         plots = sweep_plots(result, tmp)
-        rows = [(t["number"], fmt_params(t["params"]), *[t["metrics"].get(m, "") for m in shown],
+        rows = [(t["number"], fmt_params(t["params"]), *[human(m, t["metrics"].get(m)) for m in shown],
                  t["state"].lower(), t["reason"] or "") for t in result["trials"]]
         table = _table(("trial", "params", *shown, "state", "reason"), rows, "trials")
         best = result["best"]
         if "pareto_front" in best:
             best_html = _table(("trial", "params", *shown), [(t["number"], fmt_params(t["params"]),
-                                                              *[t["metrics"].get(m, "") for m in shown])
+                                                              *[human(m, t["metrics"].get(m)) for m in shown])
                                                              for t in best["pareto_front"]], "best")
             best_title = "Pareto front"
         else:
             best_html = _table(("trial", "params", *shown), [(best["number"], fmt_params(best["params"]),
-                                                              *[best["metrics"].get(m, "") for m in shown])]
+                                                              *[human(m, best["metrics"].get(m)) for m in shown])]
                                if best else [], "best")
             best_title = "Best trial"
         counts = ", ".join(f"{n} {s.lower()}" for s, n in result["counts"].items() if n)
-        images = "".join(_img(p, name) for name, p in plots.items())
+        # Multi-panel figures (one per searched parameter; a heatmap per objective) get the page's
+        # width; single plots share rows, two a row.
+        panels = {name for name in plots if name.startswith("by-") or (name == "heatmap" and len(metrics) > 1)}
+        wide = "".join(_img(p, name) for name, p in plots.items() if name in panels)
+        images = "".join(_img(p, name) for name, p in plots.items() if name not in panels)
         space = result["space"]
-        return (f"<p class='note'>{html.escape(result['algorithm'])} search, {result['items']} trial(s) planned: "
+        return (verdict_html(sweep_verdict(result), doctor_html(path)) +
+                f"<p class='note'>{html.escape(result['algorithm'])} search, {result['items']} trial(s) planned: "
                 f"{html.escape(counts)}. Objective: "
                 f"{html.escape(', '.join(f'{m} ({o})' for m, o in zip(metrics, result['objective'])))}.</p>"
                 "<ul class='note' id='notes'>" + "".join(f"<li>{html.escape(n)}</li>" for n in sweep_notes(result)) + "</ul>"
-                f"<h2>{best_title}</h2>{best_html}<h2>Trials</h2>{table}<h2>Plots</h2><div class='plots'>{images}</div>"
-                f"<h2>Search space</h2>{_table(('setting', 'value'), [(k, json.dumps(v)) for k, v in space.items()])}")
+                f"<h2>{best_title}</h2>{best_html}<h2>Trials</h2>{table}<h2>Plots</h2><div class='wide'>{wide}</div>"
+                f"<div class='plots'>{images}</div>"
+                f"<h2>Search space</h2>{_table(('setting', 'value'), [(k, human(k, v)) for k, v in space.items()])}")
 
     return _with_plots(render)
 
@@ -264,18 +279,29 @@ def _summary_rows(summary: dict[str, Any]) -> list[tuple[str, Any]]:
     keys = ("status", "workers", "strategy", "global_batch_size", "lr", "epochs", "epoch_time_s", "samples_per_s",
             "tokens_per_s", "flops_per_sample", "mfu", "train_loss", "val_loss", "val_bits_per_byte", "val_accuracy",
             "test_accuracy", "wall_time_s")
-    return [(k, summary[k]) for k in keys if summary.get(k) is not None]
+    return [(k, human(k, summary[k])) for k in keys if summary.get(k) is not None]
 
 
 def _run_body(run: RunDir) -> str:
-    from paratrain.reporting.plots import breakdown_plot, curves_plots
+    from paratrain.doctor import idle_fractions
+    from paratrain.doctor.evidence import read_run
+    from paratrain.reporting.plots import breakdown_plot, curves_plots, monitor_plot
 
-    summary = run.read_summary() if run.summary.exists() else {"status": "running or interrupted"}
+    summary = run.read_summary() if run.summary.exists() else {}
+    evidence = read_run(run.path)
 
     def render(tmp: Path) -> str:
-        curves = curves_plots([run], [run.path.name], tmp, "run-")
-        parts = [f"<h2>Summary</h2>{_table(('metric', 'value'), _summary_rows(summary), 'summary')}",
-                 "<h2>Curves</h2><div class='wide'>" + "".join(_img(p, n) for n, p in curves.items()) + "</div>"]
+        parts = [verdict_html(run_verdict(summary, evidence.config), doctor_html(run.path)),
+                 f"<h2>Summary</h2>{_table(('metric', 'value'), _summary_rows(summary or {'status': 'running or interrupted'}), 'summary')}"]
+        timeline = monitor_plot(evidence, tmp / "monitor.png")
+        if timeline:
+            idle = idle_fractions(evidence)
+            parts.append(f"<h2>Devices over time</h2><div class='wide'>{_img(timeline, 'monitor timelines')}</div>"
+                         f"<p class='note' id='idle'>idle share of the monitor's samples (a rank below 10 % of a core, "
+                         f"a GPU below 10 % utilisation): {html.escape(', '.join(f'{d} {f:.0%}' for d, f in idle.items()))}</p>")
+        if evidence.epochs:
+            curves = curves_plots([run], [run.path.name], tmp, "run-")
+            parts.append("<h2>Curves</h2><div class='wide'>" + "".join(_img(p, n) for n, p in curves.items()) + "</div>")
         if "breakdown" in summary:
             parts.append(f"<h2>Step-time breakdown</h2>{_img(breakdown_plot([summary], [run.path.name], tmp / 'bd.png'), 'breakdown')}")
         parts.append(f"<h2>Configuration</h2>{_config_table(run.read_config())}")
@@ -316,10 +342,14 @@ def _compare_body(runs: list[RunDir]) -> str:
     def render(tmp: Path) -> str:
         curves = curves_plots(runs, labels, tmp, "cmp-")
         bd = breakdown_plot([r.read_summary() for r in runs], labels, tmp / "bd.png")
-        table = _table(("run", "workers", "global batch", "samples/s", "x first", "epoch time (s)", "train loss",
-                        f"{held_out_split(runs)} accuracy", "Δ accuracy", "wall time (s)"), [tuple(r.values()) for r in rows],
-                       "comparison")
-        return (f"{table}<h2>Curves</h2><div class='wide'>" + "".join(_img(p, n) for n, p in curves.items()) +
+        cells = [(Path(r["run"]).name, r["workers"], r["global_batch_size"], human("samples_per_s", r["samples_per_s"]),
+                  f"{r['throughput_vs_first']:.2f}x", human("epoch_time_s", r["epoch_time_s"]), human("train_loss", r["train_loss"]),
+                  human("val_accuracy", r["val_accuracy"]), f"{r['val_accuracy_diff'] * 100:+.1f} points",
+                  human("wall_time_s", r["wall_time_s"])) for r in rows]
+        table = _table(("run", "workers", "global batch", "samples/s", "x first", "epoch time", "train loss",
+                        f"{held_out_split(runs)} accuracy", "Δ accuracy", "wall time"), cells, "comparison")
+        doctors = "".join(f"<h3>{html.escape(r.path.name)}</h3>{doctor_html(r.path)}" for r in runs)
+        return (verdict_html(comparison_verdict(rows)) + f"{table}<h2>Doctor</h2>{doctors}<h2>Curves</h2><div class='wide'>" + "".join(_img(p, n) for n, p in curves.items()) +
                 f"</div><h2>Step-time breakdown</h2>{_img(bd, 'breakdown')}")
 
     return _with_plots(render)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import matplotlib
 
@@ -42,7 +42,10 @@ def study_plots(result: dict[str, Any], out: Path) -> dict[str, Path]:
     for name, (label, key, spread) in specs.items():
         fig, ax = plt.subplots(figsize=(5.5, 3.8))
         for i, workload in enumerate(workloads):
-            mine = [r for r in rows if r["workload"] == workload]
+            # a studied script that reports samples/s only has no epoch time
+            mine = [r for r in rows if r["workload"] == workload and r.get(key) is not None]
+            if not mine:
+                continue
             ref = reference.get(workload)
             base = f" (vs {mine[0]['workers']} worker(s) x {mine[0].get('threads_per_worker', '?')} core(s))"
             series = [(key, spread, workload + (base if name == "speedup" else ""), "-")]
@@ -57,7 +60,7 @@ def study_plots(result: dict[str, Any], out: Path) -> dict[str, Path]:
                 lo = [y - r[span][0] * k if r.get(span) else 0.0 for y, r, k in zip(ys, mine, scale)]
                 hi = [r[span][1] * k - y if r.get(span) else 0.0 for y, r, k in zip(ys, mine, scale)]
                 ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, color=f"C{i}", linestyle=style, label=legend)
-            if ref and name in ("epoch_time", "throughput"):
+            if ref and name in ("epoch_time", "throughput") and ref.get(key) is not None:
                 ax.axhline(ref[key], color=f"C{i}", linestyle=":", linewidth=1.2,
                            label=f"{workload}: one process, all {ref['threads_per_worker']} cores")
         if name == "speedup":
@@ -70,12 +73,18 @@ def study_plots(result: dict[str, Any], out: Path) -> dict[str, Path]:
         ax.set_xticks(counts)
         ax.set_title(f"{label} ({mode} scaling)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize="small")
-        paths[name] = _save(fig, out / f"{name}.png")
+        if ax.has_data():
+            ax.legend(fontsize="small")
+            paths[name] = _save(fig, out / f"{name}.png")
+        else:
+            plt.close(fig)
 
+    measured = [r for r in rows if r.get("val_accuracy") is not None and r.get("global_batch_size") is not None]
+    if not measured:        # a studied script that reports no accuracy or global batch
+        return paths
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     for workload in workloads:
-        mine = [r for r in rows if r["workload"] == workload]
+        mine = [r for r in measured if r["workload"] == workload]
         ax.plot([r["global_batch_size"] for r in mine], [r["val_accuracy"] for r in mine], marker="o", label=workload)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("global batch size")
@@ -115,7 +124,7 @@ def curves_plots(runs: list[RunDir], labels: list[str], out: Path, prefix: str) 
 def breakdown_plot(summaries: list[dict[str, Any]], labels: list[str], path: Path) -> Path:
     """Stacked bars: where each run's step time goes."""
     phases = ("data_s", "compute_s", "comm_s", "optimizer_s", "other_s")
-    fig, ax = plt.subplots(figsize=(6, 0.6 * len(labels) + 1.6))
+    fig, ax = plt.subplots(figsize=(7.5, 0.6 * len(labels) + 1.6))     # wide enough for the five-entry legend
     left = [0.0] * len(labels)
     for phase in phases:
         values = [s["breakdown"].get(phase, 0.0) * 1e3 for s in summaries]
@@ -137,11 +146,16 @@ def sweep_plots(result: dict[str, Any], out: Path) -> dict[str, Path]:
         return paths
     for param in params:
         shown = [m for m in metrics if m != "time_s"] + ["time_s"]
-        fig, axes = plt.subplots(1, len(shown), figsize=(4.6 * len(shown), 3.6), squeeze=False)
+        # At most three panels a row, each the size of a single plot: labels stay readable at page width.
+        cols = min(len(shown), 3)
+        fig, axes = plt.subplots(-(-len(shown) // cols), cols, figsize=(4.2 * cols, 3.4 * -(-len(shown) // cols)),
+                                 squeeze=False)
+        for ax in axes.flat[len(shown):]:
+            ax.set_visible(False)
         values = [t["params"].get(param) for t in trials]
         categorical = any(isinstance(v, str) for v in values)
         order = sorted(set(values), key=str) if categorical else None
-        for ax, metric in zip(axes[0], shown):
+        for ax, metric in zip(axes.flat, shown):
             xs = [order.index(v) for v in values] if categorical else values
             ys = [t["metrics"].get(metric, float("nan")) for t in trials]
             ax.scatter(xs, ys, alpha=0.8)
@@ -237,3 +251,44 @@ def _label(value: Any) -> str:
 def _spans_decades(values: list[Any]) -> bool:
     numbers = [float(v) for v in values if isinstance(v, (int, float)) and v > 0]
     return len(numbers) == len(values) and bool(numbers) and max(numbers) / min(numbers) >= 16
+
+
+def monitor_plot(ev: Any, path: Path) -> Optional[Path]:
+    """The monitor's timelines per device (RunEvidence `ev`): each rank's CPU % and resident memory,
+    each GPU's utilisation, against seconds since training started, with the phases marked: epochs
+    (dotted lines) and evaluation and checkpoints (shaded). Legends carry each device's idle share."""
+    from paratrain.doctor import idle_fractions
+
+    ranks, gpus = ev.rank_samples, ev.gpu_samples
+    if not ranks and not gpus:
+        return None
+    origin = ev.start_unix or min(s["time"] for s in ev.system)
+    idle = idle_fractions(ev)
+    panels = [p for p, present in (("cpu", ranks), ("rss", ranks), ("gpu", gpus)) if present]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(11, 2.3 * len(panels) + 0.6), sharex=True, squeeze=False)
+    for ax, panel in zip(axes[:, 0], panels):
+        devices = gpus if panel == "gpu" else ranks
+        for i, (device, samples) in enumerate(devices.items()):
+            label = f"GPU {device}" if panel == "gpu" else f"rank {device}"
+            key, scale = {"cpu": ("cpu_percent", 1.0), "rss": ("rss_bytes", 2.0**-20), "gpu": ("utilization_percent", 1.0)}[panel]
+            shown = f"{label} (idle {idle.get(label, 0.0):.0%})" if panel != "rss" else label
+            ax.plot([s["time"] - origin for s in samples], [s[key] * scale for s in samples], color=f"C{i}",
+                    linewidth=1.2, label=shown)
+        ax.set_ylabel({"cpu": "CPU % (100 = a core)", "rss": "resident MiB", "gpu": "GPU utilisation %"}[panel])
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small", loc="upper right", ncol=min(4, len(devices)))
+        for phase in ev.phases():
+            if phase.kind == "eval":
+                ax.axvspan(phase.start - origin, phase.end - origin, color="C1", alpha=0.15, linewidth=0)
+            else:
+                ax.axvline(phase.start - origin, color="0.4", linestyle=":", linewidth=1)
+    top = axes[0, 0]
+    for phase in ev.phases():
+        if phase.kind == "train":
+            top.annotate(f"epoch {phase.epoch + 1}", (phase.start - origin, 1.0), xycoords=("data", "axes fraction"),
+                         fontsize="small", va="bottom", color="0.3")
+    checkpoints = " and checkpoints" if ev.config.get("checkpoint_every") else ""
+    axes[-1, 0].set_xlabel(f"seconds since the ranks started (metrics.jsonl time; shaded: evaluation{checkpoints}; "
+                           "dotted: epoch starts)" if ev.start_unix else "seconds since the first sample")
+    return _save(fig, path)

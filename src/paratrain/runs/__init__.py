@@ -20,7 +20,7 @@ SWEEP_FILE = "sweep.json"         # a sweep's trials and best, in the sweep dire
 SUMMARY_KEYS = (
     "status", "workers", "strategy", "batch_size", "global_batch_size", "lr", "epochs", "epoch_times_s",
     "epoch_time_s", "samples_per_s", "train_loss", "val_loss", "val_accuracy", "wall_time_s", "breakdown",
-    "peak_memory_bytes",
+    "peak_memory_bytes", "memory",
 )
 
 

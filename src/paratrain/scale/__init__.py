@@ -17,6 +17,13 @@ is what `paratrain train --workers 1` runs by default? So a CPU study also runs 
 all-cores reference, alternated with the other points) and reports `speedup_vs_all_cores` beside
 `speedup`. Rows carry the noise too: the spread over repeats, runs measured while other work took
 the run's cores (summary.json `machine_load`), and single-epoch throughput that includes start-up.
+
+`--script` studies the user's own torchrun-style script instead: each point is a `paratrain launch`
+of it (launch/script.py) and its throughput is what it reports (`paratrain.report(samples_per_s=...)`,
+or `samples` and `epoch_time_s` per epoch). The script decides its own batch; it learns the mode
+from the environment (PARATRAIN_SCALE_MODE=weak|strong) and its worker count from WORLD_SIZE.
+When it reports no epoch times, speedup is the ratio of samples/s (the same thing for a fixed
+amount of work per epoch).
 """
 from __future__ import annotations
 
@@ -26,8 +33,9 @@ import statistics
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from paratrain.config import ScaleConfig, TrainConfig, validate
-from paratrain.errors import UsageError
+from paratrain.config import SCRIPT_STUDY_FLAGS, LaunchConfig, ScaleConfig, TrainConfig, validate
+from paratrain.engine.strategies import check_strategy
+from paratrain.errors import RunFailed, UsageError
 from paratrain.launch.load import CONTENDED_ABOVE
 from paratrain.launch.placement import available_cores, resolve_device
 from paratrain.runs import SCALING_FILE, RunDir, write_json
@@ -36,13 +44,27 @@ from paratrain.runs import SCALING_FILE, RunDir, write_json
 # machine repeats of these workloads agree within a few per cent.
 SPREAD_LIMIT = 1.15
 ALL_CORES = "all_cores_reference"
+SCALE_MODE_ENV = "PARATRAIN_SCALE_MODE"      # tells a studied script weak or strong
+LAYOUT_FIELDS = ("dp", "stages", "microbatches", "pipeline_schedule")
 
 
-def point_config(study: ScaleConfig, workload: str, workers: int, repeat: int, all_cores: bool = False) -> dict[str, Any]:
-    """The train configuration of one point of the study; `all_cores`: the one-process reference."""
-    name = f"{workload}-w{workers}-{'all-cores-' if all_cores else ''}r{repeat}"
+def point_config(study: ScaleConfig, workload: str, workers: int, repeat: int, all_cores: bool = False,
+                 strategy: Optional[str] = None) -> dict[str, Any]:
+    """The train configuration of one point of the study; `all_cores`: the one-process reference;
+    `strategy`: a point of the strategy axis (None: the train default)."""
+    name = f"{workload}-{strategy + '-' if strategy else ''}w{workers}-{'all-cores-' if all_cores else ''}r{repeat}"
     train = {**study.train, "workload": workload, "workers": workers, "quiet": True,
              "run_dir": str(study.out / "runs" / name)}
+    if study.strategy:
+        # The layout flags of a strategy axis belong to the strategies that use them: --dp and
+        # --stages to hybrid (which defaults to 2 replicas), --microbatches and the schedule to the
+        # pipelines; the 1-worker point is plain single-process training.
+        keep = {"hybrid": LAYOUT_FIELDS, "pipeline": LAYOUT_FIELDS[2:]}.get(strategy or "", ())
+        train = {k: v for k, v in train.items() if k not in LAYOUT_FIELDS or k in keep}
+        if strategy:
+            train["strategy"] = strategy
+        if strategy == "hybrid" and "dp" not in train and "stages" not in train:
+            train["dp"] = 2
     if train.get("tensorboard"):
         train["tensorboard"] = str(Path(train["tensorboard"]) / name)     # one TensorBoard run per point
     # On CPU a worker plays the role of a GPU: one core each unless told otherwise, so every
@@ -54,14 +76,31 @@ def point_config(study: ScaleConfig, workload: str, workers: int, repeat: int, a
         train.setdefault("threads_per_worker", 1)
     base = TrainConfig.model_fields
     batch = train.get("batch_size", base["batch_size"].default)
+    # Ranks of one pipeline share a batch: a strategy with fewer replicas than workers takes a
+    # larger batch per replica, so every strategy's point processes the same global batch.
+    replicas = validate(TrainConfig, train).data_parallel_size
     if study.mode == "strong":
         global_batch = min(study.workers) * batch
-        if global_batch % workers:
-            raise UsageError(f"strong scaling splits the global batch {global_batch} over {workers} workers: "
+        if global_batch % replicas:
+            raise UsageError(f"strong scaling splits the global batch {global_batch} over {replicas} data-parallel replicas: "
                              "choose --batch-size and --workers so it divides evenly")
-        train["batch_size"] = global_batch // workers
+        train["batch_size"] = global_batch // replicas
         train["base_batch_size"] = global_batch        # the global batch never changes, so neither does the LR
+    elif replicas != workers:
+        train["batch_size"] = batch * workers // replicas
+        train.setdefault("base_batch_size", batch)     # the LR scales with the global batch, as for ddp
     return train
+
+
+def script_point_config(study: ScaleConfig, workers: int, repeat: int, all_cores: bool = False) -> dict[str, Any]:
+    """The launch configuration of one point of a study of the user's script."""
+    assert study.script is not None
+    name = f"{study.script.stem}-w{workers}-{'all-cores-' if all_cores else ''}r{repeat}"
+    launch = {k: v for k, v in study.train.items() if k in SCRIPT_STUDY_FLAGS}
+    # One core per worker, and every core for the reference, as for built-in workloads.
+    launch["threads_per_worker"] = None if all_cores else launch.get("threads_per_worker", 1)
+    return {**launch, "script": str(study.script), "script_args": study.script_args, "workers": workers,
+            "run_dir": str(study.out / "runs" / name), "env": {SCALE_MODE_ENV: study.mode}}
 
 
 def plan(study: ScaleConfig) -> list[tuple[str, int, int, dict[str, Any]]]:
@@ -71,23 +110,39 @@ def plan(study: ScaleConfig) -> list[tuple[str, int, int, dict[str, Any]]]:
     if max(study.workers) * threads > cores and not study.train.get("allow_oversubscribe"):
         raise UsageError(f"--workers {max(study.workers)} x {threads} thread(s) each needs {max(study.workers) * threads} cores "
                          f"but this machine gives {cores}; drop the larger worker counts")
+    if study.script is not None and not study.script.is_file():
+        raise UsageError(f"--script {study.script} does not exist; pass the path of your training script")
     on_cpu = not resolve_device(study.train.get("device", "auto"))
+    for strategy in study.strategy:
+        check_strategy(strategy)
     points = []
     # Repeats are the outer loop so that the points alternate (1, 2, all-cores, 1, 2, all-cores, ...):
     # drift on a shared machine then hits every point alike instead of biasing whichever ran last.
+    # With a strategy axis, one worker is the same run for every strategy (one process has nothing
+    # to split): it is run once and is every strategy's base.
+    strategies = [None] if not study.strategy else study.strategy
     for repeat in range(study.repeats):
-        for workload in study.workload:
+        for workload in [study.script.name] if study.script else study.workload:
             for workers, all_cores in [*((n, False) for n in study.workers), *([(1, True)] if on_cpu else [])]:
-                cfg = point_config(study, workload, workers, repeat, all_cores)
-                validate(TrainConfig, cfg)
-                points.append((workload, workers, repeat, cfg))
+                for strategy in [None] if workers == 1 else strategies:
+                    if study.script:
+                        cfg = script_point_config(study, workers, repeat, all_cores)
+                        validate(LaunchConfig, cfg)
+                    else:
+                        cfg = point_config(study, workload, workers, repeat, all_cores, strategy)
+                        validate(TrainConfig, cfg)
+                    points.append((workload, workers, repeat, cfg))
     return points
 
 
 def _spec(study: ScaleConfig) -> dict[str, Any]:
     """What makes a study this study: --out may only be resumed by the same spec."""
-    return {"mode": study.mode, "workers": study.workers, "repeats": study.repeats, "workload": study.workload,
+    spec = {"mode": study.mode, "workers": study.workers, "repeats": study.repeats, "workload": study.workload,
+            **({"strategy": study.strategy} if study.strategy else {}),
             "train": {k: v for k, v in sorted(study.train.items()) if k not in ("quiet",)}}
+    if study.script is not None:
+        spec.update(workload=[study.script.name], script=str(study.script), script_args=study.script_args)
+    return spec
 
 
 def run_study(study: ScaleConfig, on_start: Optional[Callable[[], None]] = None,
@@ -97,6 +152,7 @@ def run_study(study: ScaleConfig, on_start: Optional[Callable[[], None]] = None,
     `on_start` is called once the whole study has been validated, `on_point` after each run.
     """
     from paratrain.launch import train
+    from paratrain.launch.script import launch_script
 
     points = plan(study)
     out = study.out
@@ -116,18 +172,27 @@ def run_study(study: ScaleConfig, on_start: Optional[Callable[[], None]] = None,
 
     for workload, workers, repeat, cfg in points:
         run = RunDir(Path(cfg["run_dir"]))
-        if run.summary.exists() and run.read_summary().get("status") == "completed":
+        if run.summary.exists() and _finished(run.read_summary()):
             continue
         if run.path.exists():
             shutil.rmtree(run.path)      # an interrupted point starts over: its timing is incomplete
-        summary = train(cfg)
+        summary = launch_script(cfg) if study.script else train(cfg)
+        if study.script and summary["status"] != "completed":
+            raise RunFailed(f"{run.path.name}: {summary['error']}")
+        if study.script and summary.get("samples_per_s") is None:
+            raise UsageError(f"--script {study.script.name} reported no throughput (see {run.path / 'reports'}); call "
+                             "paratrain.report(samples_per_s=...) in it, or paratrain.report(samples=N, epoch_time_s=T) "
+                             "once per epoch (N: samples of one epoch over all ranks)")
         if on_point:
             on_point(workload, workers, repeat, summary)
 
     result = {"mode": study.mode, "workload": study.workload, "repeats": study.repeats,
-              "timing": "epoch time is the median over the epochs after the first of each run; "
-                        "speedup = T(base) / T(N) x base, efficiency = speedup / N; "
-                        "speedup_vs_all_cores = T(one process on all cores) / T(N)",
+              "timing": ("samples/s is what the script reported; speedup = samples/s(N) / samples/s(base) x base, "
+                         "efficiency = speedup / N; speedup_vs_all_cores = samples/s(N) / samples/s(one process on all cores)"
+                         if study.script else
+                         "epoch time is the median over the epochs after the first of each run; "
+                         "speedup = T(base) / T(N) x base, efficiency = speedup / N; "
+                         "speedup_vs_all_cores = T(one process on all cores) / T(N)"),
               "cpu_worker": "one worker = one rank with its own core(s), playing the role of a GPU",
               "flag_rules": {
                   "contended": f"in n of the m runs, other work took over {CONTENDED_ABOVE:.0%} of the run's cores "
@@ -135,9 +200,14 @@ def run_study(study: ScaleConfig, on_start: Optional[Callable[[], None]] = None,
                   "repeats_disagree": f"the repeats' samples/s differ by more than x{SPREAD_LIMIT} (fastest / slowest = R)",
                   "includes_startup": "a run had a single epoch, so its time and samples/s include start-up",
               },
-              "rows": scaling_rows([RunDir(Path(cfg["run_dir"])) for *_, cfg in points])}
+              **({"strategy": study.strategy} if study.strategy else {}),
+              "rows": scaling_rows([RunDir(Path(cfg["run_dir"])) for *_, cfg in points], study.strategy)}
     write_json(out / SCALING_FILE, result)
     return result
+
+
+def _finished(summary: dict[str, Any]) -> bool:
+    return summary.get("status") == "completed" and summary.get("samples_per_s") is not None
 
 
 def steady_epoch_time(summary: dict[str, Any]) -> float:
@@ -152,32 +222,47 @@ def is_all_cores_reference(config: dict[str, Any]) -> bool:
             and config.get("threads_per_worker", 1) is None)
 
 
-def scaling_rows(runs: list[RunDir]) -> list[dict[str, Any]]:
+def scaling_rows(runs: list[RunDir], strategies: list[str] = ()) -> list[dict[str, Any]]:
     """The study table from run directories: one row per (workload, workers), medians over repeats,
-    then, on CPU, the all-cores reference row of each workload."""
-    groups: dict[tuple[str, int, bool], list[tuple[RunDir, dict, dict]]] = {}
+    then, on CPU, the all-cores reference row of each workload.
+
+    With a strategy axis, each strategy is a line of its own ("gpt-small · fsdp", `strategy` in
+    its rows) and each line starts from the workload's 1-worker run and ends with its reference,
+    so tables and plots compare the strategies against the same base."""
+    groups: dict[tuple[str, str, int, bool], list[tuple[RunDir, dict, dict]]] = {}
     for run in runs:
         summary = run.read_summary()
-        if summary.get("status") != "completed":
+        if not _finished(summary):
             continue
         config = run.read_config()
-        groups.setdefault((workload_label(config, summary), summary["workers"], is_all_cores_reference(config)),
+        strategy = summary["strategy"] if strategies and summary["workers"] > 1 else ""
+        groups.setdefault((workload_label(config, summary), strategy, summary["workers"], is_all_cores_reference(config)),
                           []).append((run, config, summary))
 
     rows = []
-    for workload in dict.fromkeys(w for w, _, _ in groups):
-        counts = sorted(n for w, n, ref in groups if w == workload and not ref)
-        reference = groups.get((workload, 1, True))
-        base = groups[(workload, counts[0], False)] if counts else groups[(workload, 1, True)]
-        rows += [_row(groups[(workload, n, False)], base, reference) for n in counts]
-        if reference:
-            rows.append(_row(reference, base, reference))
+    for workload in dict.fromkeys(w for w, *_ in groups):
+        mine = {(s, n, ref): members for (w, s, n, ref), members in groups.items() if w == workload}
+        reference = mine.get(("", 1, True))
+        smallest = min((n for s, n, ref in mine if not ref), default=None)
+        base = mine[("", smallest, False)] if smallest is not None and ("", smallest, False) in mine else reference
+        # An epoch of a built-in workload is the same dataset at every point; a script's epoch may
+        # grow with the workers (each rank doing its own steps), so a script is compared by samples/s.
+        by_rate = bool(base[0][1].get("script"))
+        for strategy in [s for s in strategies if any(k[0] == s for k in mine)] or [""]:
+            label = f"{workload} · {strategy}" if strategy else None
+            counts = sorted(n for s, n, ref in mine if not ref and (s == strategy or (s == "" and n == smallest)))
+            rows += [_row(mine[(strategy if (strategy, n, False) in mine else "", n, False)], base, reference, by_rate, label)
+                     for n in counts]
+            if reference:
+                rows.append(_row(reference, base, reference, by_rate, label))
     return rows
 
 
 def workload_label(config: dict[str, Any], summary: dict[str, Any]) -> str:
     """The name a row goes by: the workload's, or, when --model or --dataset replaced half of it,
     what was actually trained (a user's model is not "cifar10-cnn")."""
+    if config.get("script"):
+        return Path(config["script"]).name
     if not (config.get("model") or config.get("dataset")):
         return config["workload"]
     return f"{summary.get('model', config.get('model'))} on {summary.get('dataset', config.get('dataset'))}"
@@ -188,40 +273,51 @@ def _threads(config: dict[str, Any]) -> int:
 
 
 def _row(members: list[tuple[RunDir, dict, dict]], base: list[tuple[RunDir, dict, dict]],
-         reference: Optional[list[tuple[RunDir, dict, dict]]]) -> dict[str, Any]:
+         reference: Optional[list[tuple[RunDir, dict, dict]]], by_rate: bool = False,
+         label: Optional[str] = None) -> dict[str, Any]:
     run, config, first = members[0]
     summaries = [s for _, _, s in members]
     n, threads = first["workers"], _threads(config)
-    times = [steady_epoch_time(s) for s in summaries]
+
+    def seconds(summary: dict[str, Any]) -> float:
+        """The time of a fixed amount of work: an epoch, or (by_rate) one sample."""
+        return 1.0 / summary["samples_per_s"] if by_rate else steady_epoch_time(summary)
+
+    times = [seconds(s) for s in summaries]
     rates = [s["samples_per_s"] for s in summaries]
-    epoch_time = statistics.median(times)
+    work_time = statistics.median(times)
+    # a script that reports samples/s only has no epoch times
+    epochs = [steady_epoch_time(s) for s in summaries] if all(s.get("epoch_times_s") for s in summaries) else None
     # Speedup in units of the base point's workers: T(base)/T x base; efficiency per base-worker's
     # worth of cores, which for the study's own points (same threads each) is speedup / N.
     base_n, base_threads = base[0][2]["workers"], _threads(base[0][1])
-    base_time = statistics.median(steady_epoch_time(s) for _, _, s in base)
-    speedup = base_time / epoch_time * base_n
-    ref_time = statistics.median(steady_epoch_time(s) for _, _, s in reference) if reference else None
+    base_time = statistics.median(seconds(s) for _, _, s in base)
+    speedup = base_time / work_time * base_n
+    ref_time = statistics.median(seconds(s) for _, _, s in reference) if reference else None
     contended = sum(bool(s.get("machine_load", {}).get("contended")) for s in summaries)
     spread = max(rates) / min(rates)
     flags = [name for name, raised in (("contended", contended > 0), ("repeats_disagree", spread > SPREAD_LIMIT),
-                                       ("includes_startup", any(len(s["epoch_times_s"]) < 2 for s in summaries)))
+                                       ("includes_startup", epochs is not None and any(len(s["epoch_times_s"]) < 2 for s in summaries)))
              if raised]
     return {
-        "workload": workload_label(config, first), "workers": n, "threads_per_worker": threads,
+        "workload": label or workload_label(config, first), "strategy": first.get("strategy"),
+        "workers": n, "threads_per_worker": threads,
         "point": ALL_CORES if is_all_cores_reference(config) else "scaling",
-        "global_batch_size": first["global_batch_size"], "batch_size": first["batch_size"], "lr": first["lr"],
-        "epoch_time_s": epoch_time, "epoch_time_s_range": [min(times), max(times)],
+        "global_batch_size": first.get("global_batch_size"), "batch_size": first.get("batch_size"), "lr": first.get("lr"),
+        "epoch_time_s": statistics.median(epochs) if epochs else None,
+        "epoch_time_s_range": [min(epochs), max(epochs)] if epochs else None,
         "samples_per_s": statistics.median(rates), "samples_per_s_range": [min(rates), max(rates)],
         # sequence workloads: the same throughput in tokens; every run: model FLOPs utilisation
         "tokens_per_s": statistics.median(s["tokens_per_s"] for s in summaries) if "tokens_per_s" in first else None,
         "mfu": statistics.median(s["mfu"] for s in summaries) if all(s.get("mfu") is not None for s in summaries) else None,
+        "speedup_basis": "samples_per_s" if by_rate else "epoch_time_s",
         "speedup": speedup, "speedup_range": [base_time / max(times) * base_n, base_time / min(times) * base_n],
         "efficiency": speedup / (n * threads / base_threads),
-        "speedup_vs_all_cores": ref_time / epoch_time if ref_time else None,
+        "speedup_vs_all_cores": ref_time / work_time if ref_time else None,
         "speedup_vs_all_cores_range": [ref_time / max(times), ref_time / min(times)] if ref_time else None,
-        "val_accuracy": statistics.median(s["val_accuracy"] for s in summaries),
+        "val_accuracy": statistics.median(s["val_accuracy"] for s in summaries) if all("val_accuracy" in s for s in summaries) else None,
         "val_split": first.get("val_split", "test"),      # what val_accuracy was measured on
         "repeats": len(members), "repeat_spread": spread, "contended_runs": contended, "flags": flags,
         "run_dir": str(run.path), "run_dirs": [str(r.path) for r, _, _ in members],
-        "breakdown": {k: statistics.median(s["breakdown"][k] for s in summaries) for k in first["breakdown"]},
+        "breakdown": {k: statistics.median(s["breakdown"][k] for s in summaries) for k in first["breakdown"]} if "breakdown" in first else None,
     }

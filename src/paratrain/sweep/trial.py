@@ -3,7 +3,8 @@
 Trial processes are forked from a multiprocessing fork server. For built-in workloads the server
 has imported torch and the engine once, so a trial reaches its first step in well under a second
 instead of paying a fresh interpreter and `import torch` (over 4 s here) every time. A script
-trial is forked the same way and then exec()s the user's program. Either way the child first
+trial is forked the same way and runs the user's program as its child, sampling it with the
+monitor into the trial's system.jsonl (the sweep driver pays nothing for it). Either way the child first
 puts itself in its own session (so the trial and everything it starts is stopped as one group),
 asks the kernel to kill it if the sweep dies, and pins itself to its slot's cores.
 """
@@ -17,6 +18,7 @@ import os
 import re
 import shlex
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from paratrain.errors import UsageError
+from paratrain.measure.monitor import DEFAULT_HZ, SYSTEM_FILE, Monitor
 from paratrain.runs import RunDir
 from paratrain.sweep.client import PARAMS_ENV, REPORT_FILE_ENV
 
@@ -295,7 +298,12 @@ class TrialProcess:
 
 
 def _trial_main(cores: Sequence[int], env: dict[str, str], stdout: str, stderr: str, what: Any) -> None:
-    """Runs in the forked child: isolate, pin, redirect, then exec the script or train."""
+    """Runs in the forked child: isolate, pin, redirect, then run the script or train.
+
+    A script runs as a child of this process, which samples it with the monitor into
+    TRIAL_DIR/system.jsonl (as rank 0; ranks a script starts itself are its launcher's to watch)
+    and ends as the script did. A built-in trial's train() runs its own monitor into its run directory.
+    """
     os.setsid()
     die_with_parent()
     os.sched_setaffinity(0, cores)
@@ -305,11 +313,7 @@ def _trial_main(cores: Sequence[int], env: dict[str, str], stdout: str, stderr: 
         os.dup2(target, fd)
         os.close(target)
     if isinstance(what, list):
-        try:
-            os.execvpe(what[0], what, os.environ)
-        except OSError as exc:
-            print(f"cannot run {what[0]}: {exc.strerror}", file=sys.stderr, flush=True)
-            os._exit(127)
+        _run_script(what, Path(env["PARATRAIN_TRIAL_DIR"]) / SYSTEM_FILE)
     sys.stdout = open(1, "w", buffering=1, closefd=False)
     sys.stderr = open(2, "w", buffering=1, closefd=False)
     from paratrain.launch import train
@@ -320,6 +324,21 @@ def _trial_main(cores: Sequence[int], env: dict[str, str], stdout: str, stderr: 
         print(f"{type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         sys.stderr.flush()
         os._exit(1)
+
+
+def _run_script(argv: list[str], samples: Path) -> None:
+    """Run the trial's script under the monitor, then end the way it ended (status or signal)."""
+    try:
+        script = subprocess.Popen(argv, preexec_fn=die_with_parent)
+    except OSError as exc:
+        print(f"cannot run {argv[0]}: {exc.strerror}", file=sys.stderr, flush=True)
+        os._exit(127)
+    with Monitor(samples, DEFAULT_HZ, lambda proc: 0 if proc.pid == script.pid else None):
+        code = script.wait()
+    if code < 0:
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    os._exit(code)
 
 
 def die_with_parent() -> None:

@@ -43,9 +43,13 @@ class Objective:
         if self.target_parameter is not None:
             return _unpack(model(x, **{self.target_parameter: y}))
         out = model(x)
+        return self.loss_of(out, y), out
+
+    def loss_of(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The mean loss of an output already computed (a pipeline's last stage has only its output)."""
         if self.loss is not None:
-            return self.loss(out, y), out
-        return F.cross_entropy(out.float().reshape(-1, out.shape[-1]), y.reshape(-1)), out
+            return self.loss(out, y)
+        return F.cross_entropy(out.float().reshape(-1, out.shape[-1]), y.reshape(-1))
 
     def correct(self, out: Optional[torch.Tensor], y: torch.Tensor) -> torch.Tensor:
         """Correct predictions counted in samples (a sequence counts its fraction of correct tokens)."""

@@ -17,7 +17,12 @@ from paratrain.config import TrainConfig
 from paratrain.engine.distributed import RankContext
 from paratrain.engine.strategies.base import OptimizerFactory, StepResult
 from paratrain.engine.strategies.ddp import DataParallel
+from paratrain.engine.strategies.fsdp import FullyShardedDataParallel
+from paratrain.engine.strategies.hybrid import Hybrid
+from paratrain.engine.strategies.model_parallel import ModelParallel
+from paratrain.engine.strategies.pipeline import PipelineParallel
 from paratrain.engine.strategies.single import SingleProcess
+from paratrain.engine.strategies.zero1 import ZeroOne
 from paratrain.errors import UsageError
 
 
@@ -68,6 +73,11 @@ class Strategy(Protocol):
 STRATEGIES: dict[str, Callable[[TrainConfig, RankContext, Callable[[], Any]], Strategy]] = {
     "single": SingleProcess,
     "ddp": DataParallel,
+    "zero1": ZeroOne,
+    "fsdp": FullyShardedDataParallel,
+    "pipeline": PipelineParallel,
+    "model-parallel": ModelParallel,
+    "hybrid": Hybrid,
 }
 
 

@@ -1,0 +1,122 @@
+"""`paratrain doctor`: why a run, a scaling study or a sweep is slow, and what to change.
+
+The doctor reads run directories only (config.json, summary.json, metrics.jsonl, system.jsonl;
+scaling.json and sweep.json for studies): it is an analysis layer the engine never imports.
+Each finding carries the evidence (numbers from the run), the cause, the remedy (a paratrain
+command built from the run's own configuration, or a code change) and the gain a stated model
+predicts; they are ranked by the predicted share of time saved (checks.py holds the thresholds
+and models, docs/doctor.md explains them).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+from paratrain.doctor.checks import RUN_CHECKS, Finding, batch_knee, lr_not_scaled
+from paratrain.doctor.evidence import RunEvidence, idle_fractions, json_file, read_run
+from paratrain.errors import UsageError
+from paratrain.runs import SCALING_FILE, SWEEP_FILE, RunDir
+
+__all__ = ["diagnose", "diagnose_run", "format_text", "idle_fractions", "Finding"]
+
+
+def diagnose(path: Path) -> dict[str, Any]:
+    """{"kind", "path", "verdict", "findings": [...]} for a run, scaling study or sweep directory."""
+    path = Path(path)
+    if (path / SCALING_FILE).is_file():
+        kind, findings = "study", _study_findings(path)
+    elif (path / SWEEP_FILE).is_file():
+        kind, findings = "sweep", _sweep_findings(path)
+    elif RunDir(path).is_run():
+        kind, findings = "run", diagnose_run(read_run(path))
+    else:
+        raise UsageError(f"{path} is not a paratrain run (config.json), scaling study (scaling.json) or sweep "
+                         "(sweep.json); pass the --run-dir of a run or the --out of a study")
+    ranked = rank(findings)
+    return {"kind": kind, "path": str(path), "verdict": verdict(ranked), "findings": [f.as_dict() for f in ranked]}
+
+
+def diagnose_run(ev: RunEvidence) -> list[Finding]:
+    if not ev.has_steps:
+        raise UsageError(f"{ev.path}: the run has no steps to diagnose (no epoch in metrics.jsonl, no breakdown in "
+                         "summary.json, no monitor samples of its ranks); rerun it until at least one epoch finishes")
+    return [f for check in RUN_CHECKS if (f := check(ev)) is not None]
+
+
+# Problems that distort every other timing, fixed (or ruled out) first whatever their own saving:
+# oversubscribed ranks slow every phase; other work on the run's cores makes ranks wait for each other.
+ROOT_CAUSES = ("oversubscription", "contended")
+
+
+def rank(findings: Sequence[Finding]) -> list[Finding]:
+    """Root causes first, then time findings by predicted saving, largest first; then advice
+    (accuracy, measurement)."""
+    def key(f: Finding) -> tuple[int, float]:
+        root = ROOT_CAUSES.index(f.check) if f.check in ROOT_CAUSES else len(ROOT_CAUSES)
+        return root, -f.saving if f.saving is not None else 1.0
+    return sorted(findings, key=key)
+
+
+def verdict(findings: Sequence[Finding]) -> str:
+    if not findings:
+        return "nothing to fix: no check found a problem"
+    timed = [f for f in findings if f.saving is not None]
+    top = findings[0]
+    if top.check in ROOT_CAUSES:
+        others = [f for f in timed if f is not top]
+        why = (f"predicted: {top.predicted_gain.split(':')[0]}" if top.saving is not None
+               else "the timings below were measured in that state")
+        first = "fix first" if top.saving is not None else "read with care"
+        return f"{first}: {top.finding} ({why})" + (f"; {len(others)} more problem(s) costing time below" if others else "")
+    if timed:
+        return (f"{len(timed)} problem(s) costing time; the biggest: {timed[0].finding} "
+                f"(predicted: {timed[0].predicted_gain.split(':')[0]})")
+    return f"no time to gain; {len(findings)} piece(s) of advice on accuracy or measurement below"
+
+
+def _study_findings(path: Path) -> list[Finding]:
+    """The study's own checks, then the run checks of its largest point, each said of that point."""
+    study = json_file(path / SCALING_FILE)
+    rows = [r for r in study.get("rows", []) if r.get("point", "scaling") == "scaling"]
+    if not rows:
+        raise UsageError(f"{path}: the scaling study has no finished point to diagnose; finish it with --resume")
+    configs = {r["run_dir"]: _config(Path(r["run_dir"])) for r in rows}
+    findings = [f for f in (lr_not_scaled(study, configs),) if f]
+    top = rows[-1]
+    ev = read_run(Path(top["run_dir"])) if RunDir(Path(top["run_dir"])).is_run() else None
+    if ev is not None and ev.has_steps:
+        for f in diagnose_run(ev):
+            f.finding = f"at {top['workers']} workers: {f.finding}"
+            findings.append(f)
+    return findings
+
+
+def _sweep_findings(path: Path) -> list[Finding]:
+    """The batch knee across trials, then the run checks of the best trial (built-in trials are runs)."""
+    sweep = json_file(path / SWEEP_FILE)
+    best = sweep.get("best") or {}
+    findings = [f for f in (batch_knee(sweep.get("trials", []), best),) if f]
+    # A built-in trial's run directory is the trial directory's `run`; a script's trial has none.
+    trial_dir = next((p for p in (Path(best["run_dir"]) / "run", Path(best["run_dir"])) if RunDir(p).is_run()),
+                     None) if best.get("run_dir") else None
+    if trial_dir:
+        ev = read_run(trial_dir)
+        if ev.has_steps:
+            for f in diagnose_run(ev):
+                f.finding = f"best trial {best['number']}: {f.finding}"
+                findings.append(f)
+    return findings
+
+
+def _config(path: Path) -> dict[str, Any]:
+    run = RunDir(path)
+    return run.read_config() if run.is_run() else {}
+
+
+def format_text(diagnosis: dict[str, Any]) -> str:
+    """The findings as a person reads them in a terminal."""
+    lines = [f"doctor: {diagnosis['path']} ({diagnosis['kind']}): {diagnosis['verdict']}"]
+    for i, f in enumerate(diagnosis["findings"], 1):
+        lines += [f"\n{i}. [{f['severity']}] {f['finding']}", f"   evidence:  {f['evidence']}", f"   cause:     {f['cause']}",
+                  f"   remedy:    {f['remedy']}", f"   predicted: {f['predicted_gain']}"]
+    return "\n".join(lines)

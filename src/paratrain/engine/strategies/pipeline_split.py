@@ -1,0 +1,291 @@
+"""Cutting a model into pipeline stages: the units it is made of, where the cuts go, and stage
+modules that keep the whole model's parameter names.
+
+The split rule (docs/strategies.md, "The split"): a model is a chain of units, each applied to the
+previous one's output, and a stage is a run of consecutive units.
+- `gpt`: `embed`, `blocks.0` ... `blocks.<L-1>`, `head`.
+- ResNets: `stem`, `blocks.0` ... `blocks.<n-1>`, `head_norm` (final norm, pooling, flatten and `fc`).
+- the tutorial CNN: `conv1`, `conv2` (each conv, ReLU and pooling; `conv2` flattens), `fc1`, `fc2`, `fc3`.
+- any other model: its top-level children in registration order. That is only the model when its
+  forward chains its children (an nn.Sequential does); launch checks it on the meta device and
+  refuses a model whose children in order do not give its output's shape, or that holds parameters
+  outside its children.
+
+Stage modules are built as torchtitan's manual split builds them: the stage holds deep copies of
+its units' submodules under their original paths (a ModuleList becomes a ModuleDict keyed by the
+same indices), so `blocks.3.attn.qkv.weight` is called that on every stage and a stage's
+state_dict is a slice of the whole model's.
+"""
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from paratrain.config import STAGED_STRATEGIES, TrainConfig
+from paratrain.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One link of the model's chain: what `--split` names, the submodules it owns, how it runs."""
+
+    name: str
+    modules: tuple[str, ...]                                   # submodule paths, e.g. ("blocks.3",)
+    run: Callable[[nn.Module, torch.Tensor], torch.Tensor]     # (a module holding those paths, input) -> output
+
+
+def _call(path: str) -> Callable[[nn.Module, torch.Tensor], torch.Tensor]:
+    return lambda root, x: root.get_submodule(path)(x)
+
+
+def _resnet_head(root: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    # ResNet.forward after the blocks.
+    return root.fc(torch.flatten(F.adaptive_avg_pool2d(root.head_norm(x), 1), 1))
+
+
+def _cnn_conv(name: str, flatten: bool) -> Callable[[nn.Module, torch.Tensor], torch.Tensor]:
+    def run(root: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        x = root.pool(F.relu(root.get_submodule(name)(x)))
+        return torch.flatten(x, 1) if flatten else x
+    return run
+
+
+def _cnn_fc(name: str, relu: bool) -> Callable[[nn.Module, torch.Tensor], torch.Tensor]:
+    return lambda root, x: F.relu(root.get_submodule(name)(x)) if relu else root.get_submodule(name)(x)
+
+
+def model_units(model: nn.Module) -> list[Unit]:
+    """The chain of units the model is split along (the module docstring gives the rule)."""
+    from paratrain.workloads.gpt import GPT
+    from paratrain.workloads.models import ResNet, TutorialCNN
+
+    if isinstance(model, GPT):
+        return [Unit("embed", ("embed",), _call("embed")),
+                *(Unit(f"blocks.{i}", (f"blocks.{i}",), _call(f"blocks.{i}")) for i in range(len(model.blocks))),
+                Unit("head", ("head",), _call("head"))]
+    if isinstance(model, ResNet):
+        return [Unit("stem", ("stem",), _call("stem")),
+                *(Unit(f"blocks.{i}", (f"blocks.{i}",), _call(f"blocks.{i}")) for i in range(len(model.blocks))),
+                Unit("head_norm", ("head_norm", "fc"), _resnet_head)]
+    if isinstance(model, TutorialCNN):
+        return [Unit("conv1", ("conv1", "pool"), _cnn_conv("conv1", flatten=False)),
+                Unit("conv2", ("conv2", "pool"), _cnn_conv("conv2", flatten=True)),
+                Unit("fc1", ("fc1",), _cnn_fc("fc1", relu=True)), Unit("fc2", ("fc2",), _cnn_fc("fc2", relu=True)),
+                Unit("fc3", ("fc3",), _cnn_fc("fc3", relu=False))]
+    return [Unit(name, (name,), _call(name)) for name, _ in model.named_children()]
+
+
+def run_units(root: nn.Module, units: list[Unit], x: torch.Tensor) -> torch.Tensor:
+    for unit in units:
+        x = unit.run(root, x)
+    return x
+
+
+def stage_slots(cfg: TrainConfig) -> int:
+    """Stages the model is cut into: one per pipeline rank, two per rank with the interleaved schedule."""
+    return cfg.pipeline_stages * (2 if _interleaved(cfg) else 1)
+
+
+def _interleaved(cfg: TrainConfig) -> bool:
+    return cfg.strategy_name != "model-parallel" and cfg.pipeline_schedule == "interleaved"
+
+
+def _listing(names: list[str]) -> str:
+    return ", ".join(names) if len(names) <= 8 else f"{', '.join(names[:4])}, ..., {', '.join(names[-2:])}"
+
+
+def named_starts(units: list[Unit], split: str, slots: int) -> list[int]:
+    """The unit index each stage starts at, from `--split NAME,NAME,...` (the first units of stages 2..K)."""
+    names = [u.name for u in units]
+    given = [part.strip() for part in split.split(",") if part.strip()]
+    for name in given:
+        if name not in names:
+            raise UsageError(f"--split: the model has no block named {name!r}; its blocks are {_listing(names)}")
+    if len(given) != slots - 1:
+        raise UsageError(f"--split names {len(given)} block(s) for {slots} stages; name {slots - 1}, the first block of "
+                         f"each stage after the first (or use --split auto)")
+    starts = [0, *(names.index(name) for name in given)]
+    if any(b <= a for a, b in zip(starts, starts[1:])):
+        raise UsageError(f"--split: the blocks must be given in model order, each after the one before, and not "
+                         f"{names[0]!r} (stage 1 starts there); the model's order is {_listing(names)}")
+    return starts
+
+
+def check_pipeline_split(cfg: TrainConfig, data: Any) -> None:
+    """In the launching process, before anything is written: the model can be cut into the stages asked for.
+
+    The model is built on the meta device (shapes only, free even for gpt-xl) and run once, whole
+    and as its chain of units, on a batch of 2 held-out samples.
+    """
+    if cfg.strategy_name not in STAGED_STRATEGIES:
+        return
+    from paratrain.engine.data import BatchPreparer, eval_batches
+    from paratrain.engine.distributed import RankContext
+    from paratrain.workloads import build_model
+    from paratrain.workloads.objective import target_parameter
+
+    with torch.device("meta"):
+        model = build_model(cfg, data)
+    if cfg.loss is None and target_parameter(model) is not None:
+        raise UsageError(f"--strategy {cfg.strategy_name} computes the loss on the last stage from the model's output, and this "
+                         "model's forward takes the targets and computes its own loss; return the output and pass --loss pkg.module:fn")
+    units = model_units(model)
+    owned = tuple(path for unit in units for path in unit.modules)
+    stray = [name for name, _ in (*model.named_parameters(), *model.named_buffers())
+             if not any(name == path or name.startswith(path + ".") for path in owned)]
+    if stray:
+        raise UsageError(f"--strategy {cfg.strategy_name} splits the model by its top-level children and {stray[0]!r} belongs "
+                         "to none of them; move it into a child module")
+    slots = stage_slots(cfg)
+    if len(units) < slots:
+        raise UsageError(f"the model has {len(units)} blocks ({_listing([u.name for u in units])}), too few for {slots} "
+                         f"stages; use --stages {len(units) // (slots // cfg.pipeline_stages)} or fewer")
+    if cfg.split != "auto":
+        named_starts(units, cfg.split, slots)
+    one = RankContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+    x, _ = next(eval_batches(data.test, one, 2, BatchPreparer(cfg.image_size)))
+    try:
+        whole, chained = _whole_and_chained(model, units, x.to("meta"))
+    except Exception:
+        # A forward that reads values (x.item(), data-dependent branches) cannot run on meta
+        # tensors: try again for real, on CPU, with the 2 samples.
+        try:
+            with torch.device("cpu"):
+                model = build_model(cfg, data)
+            whole, chained = _whole_and_chained(model, model_units(model), x)
+        except Exception as exc:       # any failure of the user's modules is the user's to fix
+            raise UsageError(f"--strategy {cfg.strategy_name}: the model's blocks ({_listing([u.name for u in units])}) do not chain, "
+                             f"each taking the one before's output ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+                             "write the model as an nn.Sequential of its blocks") from None
+    if not isinstance(whole, torch.Tensor) or not isinstance(chained, torch.Tensor) or whole.shape != chained.shape:
+        raise UsageError(f"--strategy {cfg.strategy_name}: the model's blocks ({_listing([u.name for u in units])}) applied in "
+                         "order do not give the model's output; write the model as an nn.Sequential of its blocks")
+
+
+def _whole_and_chained(model: nn.Module, units: list[Unit], x: torch.Tensor) -> tuple[Any, Any]:
+    with torch.no_grad():
+        return model(x), run_units(model, units, x)
+
+
+# -- choosing the cuts -----------------------------------------------------------------------
+
+def balanced_starts(costs: list[float], slots: int) -> list[int]:
+    """Cut the chain into `slots` runs of consecutive units so that the costliest run is as cheap
+    as it can be (the linear-partition problem, by dynamic programming); the start of each run."""
+    n = len(costs)
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + c)
+    inf = float("inf")
+    # best[s][i]: the least possible largest run when the first i units form s runs; cut[s][i]: where the last starts.
+    best = [[inf] * (n + 1) for _ in range(slots + 1)]
+    cut = [[0] * (n + 1) for _ in range(slots + 1)]
+    best[0][0] = 0.0
+    for s in range(1, slots + 1):
+        for i in range(s, n - (slots - s) + 1):
+            for j in range(s - 1, i):
+                worst = max(best[s - 1][j], prefix[i] - prefix[j])
+                if worst < best[s][i]:
+                    best[s][i], cut[s][i] = worst, j
+    starts, i = [], n
+    for s in range(slots, 0, -1):
+        i = cut[s][i]
+        starts.append(i)
+    return starts[::-1]
+
+
+def measure_unit_seconds(model: nn.Module, units: list[Unit], x: torch.Tensor, budget_s: float = 5.0) -> list[float]:
+    """Forward + backward seconds of each unit on the batch x (one micro-batch), median of up to 3
+    timed passes after one warm-up. The model is left as it was: gradients dropped, buffers
+    (BatchNorm statistics) restored, the random-number generators untouched."""
+    cuda = x.device.type == "cuda"
+
+    def now() -> float:
+        if cuda:
+            torch.cuda.synchronize(x.device)
+        return time.perf_counter()
+
+    saved = {name: b.clone() for name, b in model.named_buffers()}
+    samples: list[list[float]] = [[] for _ in units]
+    started = time.perf_counter()
+    with torch.random.fork_rng(devices=[x.device] if cuda else []):
+        for timed_pass in range(4):
+            inputs, outputs, forward = [], [], []
+            h = x
+            for i, unit in enumerate(units):
+                h = h.detach().requires_grad_(i > 0 and h.is_floating_point())
+                t = now()
+                out = unit.run(model, h)
+                forward.append(now() - t)
+                inputs.append(h)
+                outputs.append(out)
+                h = out
+            grad: Optional[torch.Tensor] = torch.ones_like(h)
+            for i in reversed(range(len(units))):
+                t = now()
+                if outputs[i].requires_grad and grad is not None:
+                    torch.autograd.backward(outputs[i], grad)
+                backward = now() - t
+                grad = inputs[i].grad
+                if timed_pass:
+                    samples[i].append(forward[i] + backward)
+            if timed_pass and time.perf_counter() - started > budget_s:
+                break
+    for p in model.parameters():
+        p.grad = None
+    with torch.no_grad():
+        for name, b in model.named_buffers():
+            b.copy_(saved[name])
+    return [statistics.median(s) for s in samples]
+
+
+# -- stage modules ---------------------------------------------------------------------------
+
+class StageModule(nn.Module):
+    """A run of consecutive units, holding copies of their submodules under their original paths."""
+
+    def __init__(self, model: nn.Module, units: list[Unit]):
+        super().__init__()
+        self._pipeline_units = list(units)
+        memo: dict[int, Any] = {}       # one memo: weights tied inside the stage stay one tensor
+        for unit in units:
+            for path in unit.modules:
+                _place(self, path, lambda: copy.deepcopy(model.get_submodule(path), memo))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return run_units(self, self._pipeline_units, x)
+
+
+def _place(root: nn.Module, path: str, make: Callable[[], nn.Module]) -> None:
+    *parents, leaf = path.split(".")
+    node = root
+    for part in parents:
+        if part not in node._modules:
+            node.add_module(part, nn.ModuleDict())
+        node = node._modules[part]
+    if leaf not in node._modules:
+        node.add_module(leaf, make())
+
+
+def tied_parameter_names(model: nn.Module) -> list[tuple[str, ...]]:
+    """Groups of parameter names that are one tensor in the model (gpt: embed.wte.weight and head.lm_head.weight)."""
+    names: dict[int, list[str]] = defaultdict(list)
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names[id(p)].append(name)
+    return [tuple(group) for group in names.values() if len(group) > 1]
+
+
+def unit_of(name: str, units: list[Unit]) -> int:
+    """Index of the unit a parameter belongs to."""
+    for i, unit in enumerate(units):
+        if any(name == path or name.startswith(path + ".") for path in unit.modules):
+            return i
+    raise KeyError(name)

@@ -1,0 +1,227 @@
+"""`paratrain launch`: any torchrun-style script on N local ranks, into a run directory.
+
+The script is started the way `torchrun --standalone --nproc-per-node N` starts it: PyTorch's
+elastic agent with a c10d rendezvous on a free local port sets RANK, LOCAL_RANK, WORLD_SIZE and
+MASTER_ADDR/PORT in each rank's environment, and a rank that fails tears the others down. On top
+of that each rank gets what `paratrain train` gives its own ranks: cores of its own (pinned) with
+OMP_NUM_THREADS/MKL_NUM_THREADS to match, a log file, and the monitor sampling it from here.
+
+The run directory:
+
+    config.json           the command, the placement (threads and cores per rank)
+    summary.json          status (completed | failed), workers, exit_code, wall_time_s, what the
+                          script reported, and samples_per_s / epoch_times_s derived from it
+    system.jsonl          the monitor's samples (see paratrain.measure.monitor)
+    logs/rank<R>.log      each rank's stdout and stderr
+    reports/rank<R>.jsonl each rank's `paratrain.report(...)` calls, one JSON line per call
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import shutil
+import signal
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Union
+
+from paratrain.config import LaunchConfig, validate
+from paratrain.errors import UsageError
+from paratrain.launch.load import LoadMeter
+from paratrain.launch.local import quiet_elastic_logs, scoped_environ, thread_env
+from paratrain.launch.placement import available_cores, core_sets, resolve_device
+from paratrain.measure.monitor import monitor_run, ranks_by_environment
+from paratrain.runs import RunDir, write_json
+from paratrain.sweep.client import REPORT_FILE_ENV
+
+# The keys of summary.json that launch itself writes; a reported metric of the same name is kept
+# under "reported" only.
+OWN_KEYS = ("status", "workers", "exit_code", "failed_rank", "error", "wall_time_s", "run_dir", "reported",
+            "machine_load", "samples_per_s", "epoch_times_s", "epoch_time_s")
+
+# Each rank starts as `python -c RANK_EXEC PROGRAM...`: it pins itself to its cores, sends its
+# output to its log and names its report file, then exec()s the program: same process, same
+# environment, so the script runs as torchrun would have started it. Pinning before the exec
+# (rather than from outside once it runs) means every thread the script ever starts inherits the
+# cores. Only `os` and `sys`: this costs a bare interpreter start, no imports.
+RANK_EXEC = """\
+import os, sys
+rank, local_rank, run_dir = os.environ["RANK"], int(os.environ["LOCAL_RANK"]), os.environ["PARATRAIN_RUN_DIR"]
+cpu_sets = os.environ.pop("PARATRAIN_CPU_SETS", "")
+if cpu_sets:
+    os.sched_setaffinity(0, [int(c) for c in cpu_sets.split(";")[local_rank].split(",")])
+os.environ["{report_env}"] = os.path.join(run_dir, "reports", "rank" + rank + ".jsonl")
+log = os.open(os.path.join(run_dir, "logs", "rank" + rank + ".log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+os.dup2(log, 1)
+os.dup2(log, 2)
+os.close(log)
+os.execv(sys.argv[1], sys.argv[1:])
+""".replace("{report_env}", REPORT_FILE_ENV)
+
+
+def launch_script(config: Union[LaunchConfig, dict[str, Any], None] = None, **overrides: Any) -> dict[str, Any]:
+    """Run a torchrun-style script on `workers` local ranks; returns the summary (also RUN_DIR/summary.json).
+
+    A failing script does not raise: the summary says `status: failed` with the `exit_code` of
+    the first rank that failed, which `paratrain launch` returns as its own exit status.
+    """
+    values = config.model_dump() if isinstance(config, LaunchConfig) else dict(config or {})
+    cfg: LaunchConfig = validate(LaunchConfig, {**values, **overrides})
+    script = cfg.script.resolve()
+    if not script.is_file():
+        raise UsageError(f"{cfg.script} does not exist; pass the path of your training script")
+    if script.suffix != ".py" and not os.access(script, os.X_OK):
+        raise UsageError(f"{cfg.script} is not executable; chmod +x it, or pass a .py file (run with {sys.executable})")
+    program = [sys.executable, str(script)] if script.suffix == ".py" else [str(script)]
+    cuda = resolve_device("auto")
+    cores = available_cores()
+    if cuda:        # GPU ranks, as in `train`: one GPU each, cores shared, unpinned
+        threads, cpu_sets = cfg.threads_per_worker or max(1, len(cores) // cfg.workers), None
+    else:
+        threads, cpu_sets = core_sets(cfg.workers, cfg.threads_per_worker, cfg.allow_oversubscribe, cores)
+    run = RunDir(cfg.run_dir or Path("runs") / f"{_dt.datetime.now():%Y%m%d-%H%M%S}-{script.stem}-w{cfg.workers}")
+    if run.path.exists() and (not run.path.is_dir() or any(run.path.iterdir())):
+        raise UsageError(f"{run.path} already exists and is not empty; choose another --run-dir")
+
+    for sub in ("logs", "reports"):
+        (run.path / sub).mkdir(parents=True, exist_ok=True)
+    run_id = str(uuid.uuid4())
+    write_json(run.config, {
+        **cfg.model_dump(mode="json"), "script": str(script), "command": [*program, *cfg.script_args],
+        "resolved": {"device": "cuda" if cuda else "cpu", "threads_per_worker": threads, "cpu_sets": cpu_sets,
+                     "run_id": run_id}})
+    env = {**thread_env(threads), **cfg.env, "PARATRAIN_RUN_DIR": str(run.path.resolve())}
+    if cpu_sets is not None:
+        env["PARATRAIN_CPU_SETS"] = ";".join(",".join(map(str, cores)) for cores in cpu_sets)
+
+    load = LoadMeter(cpu_sets)
+    started = time.perf_counter()
+    outcome: dict[str, Any] = {"status": "completed", "exit_code": 0}
+    try:
+        with monitor_run(run.path, cfg.monitor_hz, ranks_by_environment(run_id), range(cfg.workers) if cuda else ()):
+            outcome = _run(program + cfg.script_args, cfg.workers, run_id, run.path, env)
+    except KeyboardInterrupt:
+        write_json(run.summary, {"status": "failed", "workers": cfg.workers, "exit_code": 130, "error": "interrupted",
+                                 "wall_time_s": time.perf_counter() - started, "run_dir": str(run.path)})
+        raise
+    summary = {**outcome, "workers": cfg.workers, "wall_time_s": time.perf_counter() - started,
+               "run_dir": str(run.path), "machine_load": load.finish()}
+    reported = read_reports(run.path / "reports")
+    summary = {**{k: v for k, v in reported.items() if k not in OWN_KEYS}, **summary, "reported": reported,
+               **throughput(run.path / "reports")}
+    write_json(run.summary, summary)
+    return summary
+
+
+def _run(command: list[str], workers: int, run_id: str, run_dir: Path, env: dict[str, str]) -> dict[str, Any]:
+    """Start the ranks under the elastic agent and wait; the outcome's status and exit code."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig as ElasticConfig
+    from torch.distributed.launcher.api import elastic_launch
+
+    quiet_elastic_logs()
+    elastic_logs = run_dir / "logs" / "elastic"      # error.json of scripts that use torch's @record
+    config = ElasticConfig(
+        min_nodes=1, max_nodes=1, nproc_per_node=workers, run_id=run_id, rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1,
+        logs_specs=DefaultLogsSpecs(log_dir=str(elastic_logs)))
+    try:
+        with scoped_environ(env):
+            elastic_launch(config, sys.executable)("-c", RANK_EXEC, *command)
+    except SignalException as exc:
+        # SIGTERM or SIGHUP to this process: the agent has stopped the ranks.
+        return {"status": "failed", "exit_code": 128 + exc.sigval,
+                "error": f"stopped by {signal.Signals(exc.sigval).name}; the ranks were terminated"}
+    except ChildFailedError as exc:
+        # The first rank to fail is the cause; the agent then terminates the others.
+        rank, failure = exc.get_first_failure()
+        code = failure.exitcode if failure.exitcode >= 0 else 128 - failure.exitcode
+        how = f"exit status {code}" if failure.exitcode >= 0 else f"killed by {_signal_name(-failure.exitcode)}"
+        log = run_dir / "logs" / f"rank{rank}.log"
+        last = _last_line(log)
+        return {"status": "failed", "exit_code": code, "failed_rank": rank,
+                "error": f"rank {rank} failed with {how}{': ' + last if last else ''} (see {log})"}
+    shutil.rmtree(elastic_logs, ignore_errors=True)
+    return {"status": "completed", "exit_code": 0}
+
+
+def read_reports(reports: Path) -> dict[str, float]:
+    """The last value of every metric the ranks reported; rank 0's win over the others'."""
+    merged: dict[str, float] = {}
+    for path in sorted(reports.glob("rank*.jsonl"), key=_rank_number, reverse=True):
+        for record in _records(path):
+            merged.update(_floats(record.get("metrics", {})))
+    return merged
+
+
+def throughput(reports: Path) -> dict[str, Any]:
+    """samples_per_s, and epoch times when the script timed its epochs, from rank 0's reports.
+
+    A script reports either `samples_per_s` (its own figure, taken as is) or `samples` (training
+    samples of one epoch, all ranks together) with `epoch_time_s` once per epoch; then the epoch
+    time is the median of the epochs after the first (which pays for start-up), as for built-in
+    workloads, and samples/s = samples / that time.
+    """
+    records = _records(reports / "rank0.jsonl")
+    epochs = [v["epoch_time_s"] for v in (_floats(r.get("metrics", {})) for r in records) if "epoch_time_s" in v]
+    last: dict[str, float] = {}
+    for record in records:
+        last.update(_floats(record.get("metrics", {})))
+    out: dict[str, Any] = {}
+    if epochs:
+        out["epoch_times_s"] = epochs
+        out["epoch_time_s"] = statistics.median(epochs[1:] or epochs)
+    if "samples_per_s" in last:
+        out["samples_per_s"] = float(last["samples_per_s"])
+    elif epochs and "samples" in last:
+        out["samples_per_s"] = float(last["samples"]) / out["epoch_time_s"]
+    return out
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:        # a rank killed mid-write leaves half a line
+            continue
+        if isinstance(record, dict):
+            out.append(record)
+    return out
+
+
+def _floats(metrics: dict[str, Any]) -> dict[str, float]:
+    """report() writes finite values as numbers and the others as "nan" or "inf"."""
+    out = {}
+    for name, value in metrics.items():
+        try:
+            out[name] = float(value)
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+def _rank_number(path: Path) -> int:
+    digits = path.stem.removeprefix("rank")
+    return int(digits) if digits.isdigit() else -1
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _last_line(path: Path) -> str:
+    if not path.exists():
+        return ""
+    lines = [line.strip() for line in path.read_text(errors="replace").splitlines()[-20:] if line.strip()]
+    return lines[-1][:300] if lines else ""

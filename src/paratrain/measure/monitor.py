@@ -1,0 +1,256 @@
+"""The monitor: a sampler thread in the launching process that records what the machine, the ranks
+and the GPUs were doing, into RUN_DIR/system.jsonl (one JSON object per line, flushed per sample).
+
+    {"time": unix s, "kind": "host", "cpu_percent": [per core], "memory_used_bytes": int}
+    {"time": ..., "kind": "rank", "rank": r, "pid": p, "cpu_percent": 100 = one core busy,
+     "rss_bytes": int, "num_threads": int, "cores": [the rank's CPU affinity]}
+    {"time": ..., "kind": "gpu", "index": CUDA device number, "utilization_percent": ...,
+     "memory_used_bytes": ..., "memory_total_bytes": ..., "power_w": ..., "sm_clock_mhz": ...}
+
+It never runs inside a rank: the ranks' processes are read from outside through /proc (psutil),
+so the training loop pays nothing per step. Each figure covers the interval since the previous
+sample: psutil's CPU percentages are differences of cumulative CPU times, so a process's first
+reading only sets the baseline and its samples start one interval after it was found (never a
+bogus 0). Which process is which rank is read from the process itself (see `ranks_by_log` and
+`ranks_by_environment`).
+
+GPU figures come from NVML (`nvidia-ml-py`, imported as `pynvml`; the `gpu` extra) only when the
+ranks use CUDA devices. NVML numbers every GPU of the machine while CUDA numbers the ones in
+CUDA_VISIBLE_DEVICES, so CUDA device i is looked up as the i-th entry of that list (an NVML index,
+a GPU-UUID or a MIG-UUID). NVML orders devices by PCI bus id; CUDA does too under
+CUDA_DEVICE_ORDER=PCI_BUS_ID (its default, FASTEST_FIRST, may differ on a machine with mixed GPUs).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import threading
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Callable, Optional, Sequence
+
+import psutil
+
+log = logging.getLogger("paratrain.monitor")
+
+SYSTEM_FILE = "system.jsonl"
+DEFAULT_HZ = 2.0
+
+RankOf = Callable[[psutil.Process], Optional[int]]
+
+
+def ranks_by_log(run_dir: Path) -> RankOf:
+    """paratrain's own ranks (`train`): the process that holds RUN_DIR/logs/rank<R>.log open is rank R.
+
+    Their environment cannot tell: multiprocessing's spawn sets RANK inside the started
+    interpreter, which /proc/<pid>/environ (the environment at exec) does not show. A rank opens
+    its log once it has joined the process group, so it is sampled from then on.
+    """
+    logs = (Path(run_dir) / "logs").resolve()
+    name = re.compile(r"rank(\d+)\.log")
+
+    def rank_of(proc: psutil.Process) -> Optional[int]:
+        for f in proc.open_files():
+            path = Path(f.path)
+            match = name.fullmatch(path.name)
+            if match and path.parent == logs:
+                return int(match.group(1))
+        return None
+
+    return rank_of
+
+
+def ranks_by_environment(run_id: str) -> RankOf:
+    """Scripts started by the elastic agent (`launch`): each worker is started with RANK and the
+    agent's TORCHELASTIC_RUN_ID in its environment; the run id tells this run's ranks from others."""
+
+    def rank_of(proc: psutil.Process) -> Optional[int]:
+        env = proc.environ()
+        if env.get("TORCHELASTIC_RUN_ID") == run_id and env.get("RANK", "").isdigit():
+            return int(env["RANK"])
+        return None
+
+    return rank_of
+
+
+def cuda_to_nvml(indices: Sequence[int], visible: Optional[str]) -> list[tuple[int, str]]:
+    """(CUDA device number, NVML index or UUID) of each device the ranks use."""
+    entries = [entry.strip() for entry in (visible or "").split(",") if entry.strip()]
+    return [(i, entries[i] if entries else str(i)) for i in indices]
+
+
+class Monitor:
+    """Samples at `hz` into `path` while it is entered: `with Monitor(...): launch the ranks`.
+
+    `root` is the launching process (default: this one); the ranks are found among it and its
+    descendants by `rank_of`. The first process found for a rank is the rank: processes it forks
+    later (DataLoader workers) inherit its environment and open files but are not ranks.
+    `gpus`: the CUDA device numbers the ranks use; `nvml` replaces the `pynvml` module (tests).
+    """
+
+    def __init__(self, path: Path, hz: float, rank_of: RankOf, root: Optional[psutil.Process] = None,
+                 gpus: Sequence[int] = (), nvml: Any = None, visible_devices: Optional[str] = None):
+        if hz <= 0:
+            raise ValueError(f"monitor frequency must be positive (got {hz})")
+        self.path, self.period, self.rank_of = Path(path), 1.0 / hz, rank_of
+        self.root = root or psutil.Process()
+        self.gpus, self._nvml, self._visible = list(gpus), nvml, visible_devices
+        self._handles: list[tuple[int, Any]] = []
+        self._ranks: dict[int, tuple[int, psutil.Process]] = {}     # pid -> (rank, process), baseline taken
+        self._cores_before: list[Any] = []          # the host's per-core baseline, read by start()
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._file: Any = None
+
+    def __enter__(self) -> "Monitor":
+        self.start()
+        return self
+
+    def __exit__(self, kind: Optional[type], error: Optional[BaseException], tb: Optional[TracebackType]) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self._file = open(self.path, "a")
+        if self.gpus:
+            self._open_gpus()
+        self._cores_before = psutil.cpu_times(percpu=True)
+        self._thread = threading.Thread(target=self._loop, name="paratrain-monitor", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self._file is not None:
+            self._file.close()
+        if self._handles:
+            self._nvml.nvmlShutdown()
+
+    def _loop(self) -> None:
+        due = time.monotonic() + self.period
+        while not self._stop.wait(max(0.0, due - time.monotonic())):
+            for record in self.sample():
+                self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
+            due += self.period
+            if due < time.monotonic():      # fell behind (a stalled machine): skip, never burst
+                due = time.monotonic() + self.period
+
+    def sample(self) -> list[dict[str, Any]]:
+        """One round: the host, every rank found at least one round ago, every GPU."""
+        now = time.time()
+        return [self._host(now), *self._rank_samples(now), *(self._gpu(now, i, h) for i, h in self._handles)]
+
+    def _host(self, now: float) -> dict[str, Any]:
+        cores = psutil.cpu_times(percpu=True)
+        percent = [_busy_percent(a, b) for a, b in zip(self._cores_before, cores)]
+        self._cores_before = cores
+        return {"time": now, "kind": "host", "cpu_percent": percent, "memory_used_bytes": psutil.virtual_memory().used}
+
+    def _rank_samples(self, now: float) -> list[dict[str, Any]]:
+        ready = self._find_ranks()
+        out = []
+        for rank, proc in sorted(ready):
+            try:
+                with proc.oneshot():
+                    out.append({"time": now, "kind": "rank", "rank": rank, "pid": proc.pid,
+                                "cpu_percent": round(proc.cpu_percent(), 1), "rss_bytes": proc.memory_info().rss,
+                                "num_threads": proc.num_threads(), "cores": proc.cpu_affinity()})
+            except psutil.Error:          # it ended since it was listed
+                self._ranks.pop(proc.pid, None)
+        return out
+
+    def _find_ranks(self) -> list[tuple[int, psutil.Process]]:
+        """Ranks whose baseline was taken in an earlier round; new ones get their baseline now."""
+        try:
+            listed = [self.root, *self.root.children(recursive=True)]
+        except psutil.Error:
+            return []
+        alive = {p.pid for p in listed}
+        self._ranks = {pid: known for pid, known in self._ranks.items() if pid in alive}
+        ready = list(self._ranks.values())
+        taken = {rank for rank, _ in ready}
+        for proc in sorted(listed, key=_started):       # parents before the children they fork
+            if proc.pid in self._ranks:
+                continue
+            try:
+                rank = self.rank_of(proc)
+                if rank is None or rank in taken:
+                    continue
+                proc.cpu_percent()               # the baseline: psutil's first reading is always 0.0
+            except psutil.Error:
+                continue
+            self._ranks[proc.pid] = (rank, proc)
+            taken.add(rank)
+        return ready
+
+    def _open_gpus(self) -> None:
+        if self._nvml is None:
+            try:
+                import pynvml
+            except ImportError:
+                log.warning("no GPU samples: NVML's Python binding is missing; pip install 'paratrain[gpu]' (nvidia-ml-py)")
+                return
+            self._nvml = pynvml
+        nvml = self._nvml
+        try:
+            nvml.nvmlInit()
+        except nvml.NVMLError as exc:
+            log.warning("no GPU samples: NVML did not start (%s)", exc)
+            return
+        handles = []
+        for index, device in cuda_to_nvml(self.gpus, self._visible):
+            try:
+                handles.append((index, nvml.nvmlDeviceGetHandleByIndex(int(device)) if device.isdigit()
+                                else nvml.nvmlDeviceGetHandleByUUID(device)))
+            except nvml.NVMLError as exc:
+                log.warning("no samples of CUDA device %d (%s): %s", index, device, exc)
+        if not handles:
+            nvml.nvmlShutdown()
+        self._handles = handles
+
+    def _gpu(self, now: float, index: int, handle: Any) -> dict[str, Any]:
+        nvml = self._nvml
+
+        def read(what: Callable[[], Any]) -> Any:
+            try:
+                return what()
+            except nvml.NVMLError:      # not supported by this device (power on some boards, MIG)
+                return None
+
+        memory = read(lambda: nvml.nvmlDeviceGetMemoryInfo(handle))
+        power_mw = read(lambda: nvml.nvmlDeviceGetPowerUsage(handle))
+        return {"time": now, "kind": "gpu", "index": index,
+                "utilization_percent": read(lambda: nvml.nvmlDeviceGetUtilizationRates(handle).gpu),
+                "memory_used_bytes": memory.used if memory else None,
+                "memory_total_bytes": memory.total if memory else None,
+                "power_w": power_mw / 1000 if power_mw is not None else None,
+                "sm_clock_mhz": read(lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM))}
+
+
+def _started(proc: psutil.Process) -> float:
+    try:
+        return proc.create_time()
+    except psutil.Error:
+        return float("inf")
+
+
+def _busy_percent(before: Any, after: Any) -> float:
+    """A core's busy share between two psutil.cpu_times readings: everything but idle and iowait
+    (guest time is already inside user and nice on Linux, so it is not counted twice)."""
+    def total(t: Any) -> float:
+        return sum(t) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
+
+    def idle(t: Any) -> float:
+        return t.idle + getattr(t, "iowait", 0.0)
+
+    elapsed = total(after) - total(before)
+    return round(100.0 * (elapsed - (idle(after) - idle(before))) / elapsed, 1) if elapsed > 0 else 0.0
+
+
+def monitor_run(run_dir: Path, hz: float, rank_of: RankOf, gpus: Sequence[int] = ()) -> Monitor:
+    """The monitor of a run launched from this process, writing RUN_DIR/system.jsonl."""
+    return Monitor(Path(run_dir) / SYSTEM_FILE, hz, rank_of, gpus=gpus, visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))

@@ -1,0 +1,223 @@
+"""The verdict first: the headline every report page opens with, the doctor's findings under it,
+and numbers written as a person writes them.
+
+A headline answers the user's question for that kind of page, and says against what:
+- a scaling study: is N workers faster than the alternative the user has (one process on all
+  cores on CPU; else the smallest worker count), by how much, at what efficiency and accuracy;
+- a sweep: the best configuration, and what each searched parameter did to time and accuracy;
+- a comparison: each run against the first;
+- a run: what it achieved, and that whether it pays off needs a baseline.
+"""
+from __future__ import annotations
+
+import html
+import statistics
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from paratrain.errors import UsageError
+
+# "Pays off": at least this much faster than the alternative, losing at most this many points of
+# held-out accuracy (differences below a point are within seed noise for the built-in workloads).
+PAYS_OFF_SPEEDUP = 1.10
+ACCURACY_TOLERANCE_POINTS = 1.0
+
+
+def judge(speedup: float, accuracy_points: Optional[float]) -> str:
+    if speedup < 1.0:
+        return "does not pay off (slower)"
+    if speedup < PAYS_OFF_SPEEDUP:
+        return f"does not pay off (less than {PAYS_OFF_SPEEDUP - 1:.0%} faster)"
+    if accuracy_points is not None and accuracy_points < -ACCURACY_TOLERANCE_POINTS:
+        return "faster, but it costs accuracy"
+    return "pays off"
+
+
+def _faster(ratio: float, than: str) -> str:
+    return f"{ratio:.2f}x faster than {than}" if ratio >= 1 else f"{1 / ratio:.2f}x slower than {than}"
+
+
+def _points(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    return None if a is None or b is None else (a - b) * 100
+
+
+def _accuracy_text(points: Optional[float]) -> str:
+    return "accuracy not reported" if points is None else f"accuracy {points:+.1f} points"
+
+
+# -- numbers -----------------------------------------------------------------------------------
+
+_PERCENT_KEYS = ("accuracy", "mfu", "fraction")
+
+
+def human(key: str, value: Any) -> str:
+    """A value as a person writes it, guided by its key's name (accuracy as %, seconds, MiB, ...)."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(human(key, v) for v in value) if value else "-"
+    if isinstance(value, dict):
+        return "; ".join(f"{k} {human(k, v)}" for k, v in value.items()) if value else "-"
+    if isinstance(value, int) and key.endswith("_bytes"):
+        return f"{value / 2**20:,.0f} MiB"
+    if isinstance(value, int):
+        return f"{value:,}" if abs(value) >= 10000 else str(value)
+    if not isinstance(value, float):
+        return str(value)
+    if value != value:
+        return "-"
+    if any(k in key for k in _PERCENT_KEYS):
+        return f"{value:.1%}"
+    if key.endswith("_per_s"):
+        return f"{value:,.0f}"
+    if key.endswith("_s"):
+        return seconds(value)
+    if key.endswith("_bytes"):
+        return f"{value / 2**20:,.0f} MiB"
+    if "loss" in key or "bits_per_byte" in key:
+        return f"{value:.3f}"
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
+
+
+def seconds(value: float) -> str:
+    if value >= 100:
+        return f"{value:,.0f} s"
+    if value >= 0.1:
+        return f"{value:.2f} s" if value < 10 else f"{value:.1f} s"
+    return f"{value * 1e3:.1f} ms"
+
+
+# -- headlines ---------------------------------------------------------------------------------
+
+def run_verdict(summary: dict[str, Any], config: dict[str, Any]) -> list[str]:
+    if not summary:
+        return ["no summary.json: the run is still going or was interrupted"]
+    if config.get("script"):
+        name = Path(config["script"]).name
+        line = (f"{name} on {summary.get('workers')} rank(s): {summary.get('status')}, exit status "
+                f"{summary.get('exit_code')}, {seconds(summary.get('wall_time_s', 0.0))}")
+        if summary.get("samples_per_s") is not None:
+            line += f", {summary['samples_per_s']:,.0f} samples/s reported"
+        return [line + ("" if summary.get("status") == "completed" else f": {summary.get('error', '')}")]
+    if summary.get("status") != "completed":
+        return [f"the run {summary.get('status', 'did not finish')}: {summary.get('error', '')}"]
+    n = summary["workers"]
+    threads = config.get("resolved", {}).get("threads_per_worker")
+    each = f", {threads} core(s) each" if threads and config.get("resolved", {}).get("device") == "cpu" else ""
+    split = summary.get("val_split", "test")
+    lines = [f"{n} worker(s) ({summary['strategy']}{each}): {summary['samples_per_s']:,.0f} samples/s, epoch "
+             f"{seconds(summary['epoch_time_s'])}, {split} accuracy {summary['val_accuracy']:.1%}"]
+    if n > 1:
+        lines.append(f"whether {n} workers pay off needs a baseline this run does not have: paratrain scale --workers "
+                     f"1,{n} with the same flags measures it")
+    else:
+        lines.append("one worker: paratrain scale --workers 1,2 with the same flags measures what a second would buy")
+    return lines
+
+
+def study_verdict(result: dict[str, Any]) -> list[str]:
+    """Per workload: the most workers against the alternative the user has, with efficiency and accuracy."""
+    from paratrain.reporting import ALL_CORES_POINT
+
+    lines = []
+    rows = result["rows"]
+    for workload in dict.fromkeys(r["workload"] for r in rows):
+        scaling = [r for r in rows if r["workload"] == workload and r.get("point", "scaling") == "scaling"]
+        reference = next((r for r in rows if r["workload"] == workload and r.get("point") == ALL_CORES_POINT), None)
+        if not scaling or (len(scaling) == 1 and not reference):
+            continue
+        top, base = scaling[-1], scaling[0]
+        base_what = f"{base['workers']} worker(s) x {base.get('threads_per_worker', '?')} core(s)"
+        if reference and top.get("speedup_vs_all_cores"):
+            ratio, against = top["speedup_vs_all_cores"], reference
+            what = f"one process on all {reference.get('threads_per_worker', '?')} cores"
+        else:
+            ratio, against, what = top["speedup"] / base["workers"], base, base_what
+        points = _points(top.get("val_accuracy"), against.get("val_accuracy"))
+        lines.append(f"{workload}: {top['workers']} workers are {_faster(ratio, what)}, {top['efficiency']:.0%} "
+                     f"efficiency against {base_what}, {_accuracy_text(points)}: {judge(ratio, points)}")
+    return lines
+
+
+def _metric_text(metric: str, values: Sequence[float]) -> str:
+    return human(metric, statistics.mean(values))
+
+
+def sweep_verdict(result: dict[str, Any]) -> list[str]:
+    done = [t for t in result["trials"] if t["state"] == "COMPLETE"]
+    if not done:
+        return ["no trial completed: nothing to choose from yet"]
+    metrics = result["metric"]
+    shown = lambda t: ", ".join(f"{k}={human(k, v)}" for k, v in t["params"].items())  # noqa: E731
+    best = result.get("best") or {}
+    if "pareto_front" in best:
+        front = best["pareto_front"]
+        lines = [f"{len(front)} trial(s) on the Pareto front of {metrics[0]} and {metrics[1]}: " + "; ".join(
+            f"trial {t['number']} ({shown(t)}): " + ", ".join(f"{m} {human(m, t['metrics'].get(m))}" for m in metrics[:2])
+            for t in front[:3]) + (" ..." if len(front) > 3 else "")]
+    else:
+        time_text = f" in {seconds(best['metrics']['time_s'])}" if best.get("metrics", {}).get("time_s") else ""
+        lines = [f"best: trial {best['number']} ({shown(best)}): {metrics[0]} {human(metrics[0], best['value'])}{time_text}"]
+    for param in result["space"].get("parameters", {}):
+        values = [t["params"].get(param) for t in done if param in t["params"]]
+        distinct = sorted(set(values), key=lambda v: (isinstance(v, str), v))
+        if len(distinct) < 2:
+            continue
+        effects = []
+        for metric in [metrics[0], *(["time_s"] if metrics[0] != "time_s" else [])]:
+            by_value = {v: [t["metrics"][metric] for t in done if t["params"].get(param) == v and metric in t["metrics"]]
+                        for v in distinct}
+            by_value = {v: m for v, m in by_value.items() if m}
+            if len(by_value) < 2:
+                continue
+            name = "trial time" if metric == "time_s" else metric
+            if all(isinstance(v, (int, float)) for v in by_value):
+                lo, hi = min(by_value), max(by_value)
+                effects.append(f"{name} {_metric_text(metric, by_value[lo])} -> {_metric_text(metric, by_value[hi])}")
+            else:
+                means = {v: statistics.mean(m) for v, m in by_value.items()}
+                top, bottom = max(means, key=means.get), min(means, key=means.get)
+                effects.append(f"{name} from {human(metric, means[bottom])} ({bottom}) to {human(metric, means[top])} ({top})")
+        if effects:
+            numeric = all(isinstance(v, (int, float)) for v in distinct)
+            head = f"{param} {human(param, distinct[0])} -> {human(param, distinct[-1])}" if numeric else param
+            lines.append(f"{head}: {', '.join(effects)} (means over completed trials)")
+    return lines
+
+
+def comparison_verdict(rows: list[dict[str, Any]]) -> list[str]:
+    first = rows[0]
+    lines = []
+    for r in rows[1:]:
+        ratio = r["throughput_vs_first"]
+        points = _points(r.get("val_accuracy"), first.get("val_accuracy"))
+        lines.append(f"{Path(r['run']).name} ({r['workers']} worker(s)) against {Path(first['run']).name} "
+                     f"({first['workers']} worker(s)): {ratio:.2f}x the samples/s, {_accuracy_text(points)}: "
+                     f"{judge(ratio, points)}")
+    return lines
+
+
+# -- HTML --------------------------------------------------------------------------------------
+
+def doctor_html(path: Path) -> str:
+    """The doctor's verdict and ranked findings for a run, study or sweep directory."""
+    from paratrain.doctor import diagnose
+
+    try:
+        diagnosis = diagnose(path)
+    except UsageError as exc:
+        return f"<div id='doctor'><p class='note'>doctor: {html.escape(str(exc))}</p></div>"
+    items = "".join(
+        f"<li><b>{html.escape(f['finding'])}</b> <span class='note'>[{f['severity']}]</span>"
+        f"<br>evidence: {html.escape(f['evidence'])}<br>cause: {html.escape(f['cause'])}"
+        f"<br>remedy: <code>{html.escape(f['remedy'])}</code><br>predicted: {html.escape(f['predicted_gain'])}</li>"
+        for f in diagnosis["findings"])
+    return (f"<div id='doctor'><p><b>Doctor:</b> {html.escape(diagnosis['verdict'])}</p>"
+            + (f"<ol class='findings'>{items}</ol>" if items else "") + "</div>")
+
+
+def verdict_html(lines: Sequence[str], doctor: str = "") -> str:
+    heads = "".join(f"<p class='headline'>{html.escape(line)}</p>" for line in lines)
+    return f"<div id='verdict'>{heads}{doctor}</div>"

@@ -1,0 +1,27 @@
+"""Models for the pipeline tests, as `--model pipeline_factories:NAME` loads them."""
+from torch import nn
+
+
+def linear_stack(num_classes: int = 10, in_channels: int = 1, image_size: int = 32, depth: int = 8) -> nn.Module:
+    """Flatten, `depth` identical Linear+ReLU blocks as wide as the input, a small classifier: a
+    model whose stages cost the same when its blocks are cut in half."""
+    width = in_channels * image_size * image_size
+    return nn.Sequential(nn.Flatten(), *(nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(depth)),
+                         nn.Linear(width, num_classes))
+
+
+def small_stack(num_classes: int = 10, in_channels: int = 1, image_size: int = 8) -> nn.Module:
+    """The same shape, small: for the correctness runs."""
+    return linear_stack(num_classes, in_channels, image_size, depth=4)
+
+
+class NotAChain(nn.Module):
+    """Two children, but the forward flattens between them: not its children applied in order."""
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 1, image_size: int = 8):
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, 4, 3)
+        self.fc = nn.Linear(4 * (image_size - 2) ** 2, num_classes)
+
+    def forward(self, x):
+        return self.fc(self.conv(x).relu().flatten(1))

@@ -1,0 +1,126 @@
+"""`paratrain launch` (any torchrun-style script on N ranks) and `paratrain scale --script`."""
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from paratrain.cli import main
+from paratrain.measure.monitor import SYSTEM_FILE
+
+# A plain DDP script as users write them for torchrun: gloo, a tiny Linear, a few steps; it knows
+# nothing of paratrain but report(). Rank FAIL_RANK exits 3 at the end.
+DDP_SCRIPT = """\
+import os, sys, time
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+import paratrain
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+print("argv", sys.argv[1:], "rank", rank, "local", os.environ["LOCAL_RANK"], "cores", sorted(os.sched_getaffinity(0)),
+      "threads", torch.get_num_threads(), "mode", os.environ.get("PARATRAIN_SCALE_MODE"), flush=True)
+torch.manual_seed(0)
+model = DDP(torch.nn.Linear(64, 8))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x, y = torch.randn(32, 64), torch.randn(32, 8)
+for epoch in range(3):
+    started = time.perf_counter()
+    for _ in range(10):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    paratrain.report(step=epoch, samples=10 * 32 * world, epoch_time_s=time.perf_counter() - started)
+dist.destroy_process_group()
+if os.environ.get("FAIL_RANK") == str(rank):
+    sys.exit(3)
+"""
+
+
+@pytest.fixture(scope="module")
+def ddp_script(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("script") / "ddp_train.py"
+    path.write_text(DDP_SCRIPT)
+    return path
+
+
+@pytest.fixture(scope="module")
+def launched(ddp_script, tmp_path_factory):
+    """`paratrain launch -n 2 ddp_train.py --flag value` (the CLI's main, whose return value is the
+    command's exit status), run once for several tests."""
+    run_dir = tmp_path_factory.mktemp("launch") / "run"
+    status = main(["launch", "-n", "2", "--run-dir", str(run_dir), "--monitor-hz", "5", str(ddp_script), "--flag", "value"])
+    return status, run_dir
+
+
+def test_launch_runs_a_ddp_script_on_two_pinned_ranks(launched):
+    status, run_dir = launched
+    assert status == 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["exit_code"] == 0 and summary["workers"] == 2
+    assert summary["wall_time_s"] > 0
+    # what the script reported: samples of one epoch over both ranks and the epoch times, read back
+    assert summary["reported"]["samples"] == 640 and len(summary["epoch_times_s"]) == 3
+    assert summary["samples_per_s"] == pytest.approx(640 / summary["epoch_time_s"])
+    logs = {r: (run_dir / "logs" / f"rank{r}.log").read_text() for r in (0, 1)}
+    # each rank: its own log, the script's arguments, its own core, one thread
+    assert "argv ['--flag', 'value'] rank 0 local 0" in logs[0] and "rank 1 local 1" in logs[1]
+    cores = [logs[r].split("cores ")[1].split(" threads")[0] for r in (0, 1)]
+    assert cores[0] != cores[1] and all(len(json.loads(c)) == 1 for c in cores)
+    assert all("threads 1" in logs[r] for r in (0, 1))
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["command"][-3:] == [config["script"], "--flag", "value"] and config["workers"] == 2
+    ranks = [json.loads(line) for line in (run_dir / SYSTEM_FILE).read_text().splitlines()]
+    assert {r["rank"] for r in ranks if r["kind"] == "rank"} == {0, 1}
+
+
+def test_launch_returns_the_exit_status_of_a_failing_rank(ddp_script, tmp_path, monkeypatch, capsys):
+    run_dir = tmp_path / "run"
+    monkeypatch.setenv("FAIL_RANK", "1")
+    assert main(["launch", "-n", "2", "--run-dir", str(run_dir), str(ddp_script)]) == 3
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["exit_code"] == 3 and summary["failed_rank"] == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("paratrain launch: rank 1 failed with exit status 3: ")
+    assert err[0].endswith(f"(see {run_dir / 'logs' / 'rank1.log'})")       # the last line of that rank's log between
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["launch", "missing.py"], "missing.py does not exist; pass the path of your training script"),
+    (["launch", "-n", "0", "SCRIPT"], "--workers: Input should be greater than 0 (got 0)"),
+    (["launch", "--monitor-hz", "0", "SCRIPT"], "--monitor-hz: Input should be greater than 0 (got 0.0)"),
+    (["scale", "--script", "SCRIPT", "--workers", "1,2", "--epochs", "2", "--out", "study"],
+     "train flags (--epochs) apply to built-in workloads; with --script pass your script's own arguments after --"),
+])
+def test_bad_launch_input_is_one_line_and_writes_nothing(argv, message, ddp_script, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main([str(ddp_script) if a == "SCRIPT" else a for a in argv]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"paratrain {argv[0]}: error: {message}"]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_scale_script_builds_the_scaling_table(ddp_script, tmp_path, capsys):
+    """`scale --script` on 1 and 2 workers: the study's rows, speedup from what the script reported,
+    the mode passed to the script, and the same table and report as built-in workloads."""
+    out = tmp_path / "study"
+    assert main(["scale", "--script", str(ddp_script), "--workers", "1,2", "--mode", "strong", "--out", str(out)]) == 0
+    result = json.loads((out / "scaling.json").read_text())
+    rows = {(r["workers"], r["point"]): r for r in result["rows"]}
+    assert set(rows) == {(1, "scaling"), (2, "scaling"), (1, "all_cores_reference")}
+    one, two = rows[(1, "scaling")], rows[(2, "scaling")]
+    assert one["workload"] == "ddp_train.py" and one["speedup"] == 1.0 and one["speedup_basis"] == "samples_per_s"
+    assert two["speedup"] == pytest.approx(two["samples_per_s"] / one["samples_per_s"])
+    assert two["efficiency"] == pytest.approx(two["speedup"] / 2)
+    assert rows[(1, "all_cores_reference")]["threads_per_worker"] == len(os.sched_getaffinity(0))
+    assert "mode strong" in (Path(two["run_dir"]) / "logs" / "rank1.log").read_text()
+    table = capsys.readouterr().out
+    assert "ddp_train.py" in table and "speedup" in table and (out / "report.html").exists() and (out / "speedup.png").exists()
+
+
+def test_scale_script_that_reports_no_throughput_says_how(tmp_path, capsys):
+    script = tmp_path / "silent.py"
+    script.write_text("print('trained')\n")
+    assert main(["scale", "--script", str(script), "--workers", "1", "--out", str(tmp_path / "study")]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]      # after the study's banner
+    assert last.startswith("paratrain scale: error: --script silent.py reported no throughput")
+    assert "paratrain.report(samples_per_s=...)" in last

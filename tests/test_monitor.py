@@ -1,0 +1,146 @@
+"""The monitor: a sampler thread of the launching process writing RUN_DIR/system.jsonl."""
+import json
+import os
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+
+import psutil
+
+import paratrain
+from conftest import synthetic
+from paratrain.cli import main
+from paratrain.config import TrainConfig
+from paratrain.launch.placement import available_cores
+from paratrain.measure.monitor import SYSTEM_FILE, Monitor, ranks_by_environment
+
+
+def _records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_a_busy_child_is_sampled_as_psutil_measures_it(tmp_path):
+    """A busy loop pinned to one core, found as rank 0 through its environment: the monitor's CPU
+    figures agree within 10 % with psutil's own cpu_times over the monitor's life, and the first
+    sample is a real figure, not psutil's priming 0.0."""
+    core = available_cores()[-1]
+    env = {**os.environ, "RANK": "0", "TORCHELASTIC_RUN_ID": "busy-test"}
+    busy = subprocess.Popen([sys.executable, "-c", f"import os\nos.sched_setaffinity(0, [{core}])\nwhile True: pass"], env=env)
+    try:
+        proc = psutil.Process(busy.pid)
+        monitor = Monitor(tmp_path / SYSTEM_FILE, 4.0, ranks_by_environment("busy-test"))
+        with monitor:
+            before, started = proc.cpu_times(), time.monotonic()
+            time.sleep(2.2)
+            after, ended = proc.cpu_times(), time.monotonic()
+    finally:
+        busy.kill()
+        busy.wait()
+    psutil_percent = 100 * (after.user + after.system - before.user - before.system) / (ended - started)
+    records = _records(tmp_path / SYSTEM_FILE)
+    ranks = [r for r in records if r["kind"] == "rank"]
+    hosts = [r for r in records if r["kind"] == "host"]
+    assert len(ranks) >= 5 and {r["pid"] for r in ranks} == {busy.pid} and {r["rank"] for r in ranks} == {0}
+    assert all(r["cores"] == [core] and r["rss_bytes"] > 0 and r["num_threads"] >= 1 for r in ranks)
+    assert ranks[0]["cpu_percent"] > 0.5 * psutil_percent, ranks       # not the priming call's 0.0
+    monitored = sum(r["cpu_percent"] for r in ranks) / len(ranks)
+    assert abs(monitored - psutil_percent) <= 0.10 * psutil_percent, (monitored, psutil_percent)
+    # the host samples see that core busy too, and the memory in use
+    assert len(hosts) >= len(ranks) and all(len(h["cpu_percent"]) == psutil.cpu_count() for h in hosts)
+    assert min(h["cpu_percent"][core] for h in hosts[1:]) > 0.5 * psutil_percent
+    assert all(h["memory_used_bytes"] > 0 for h in hosts)
+
+
+class _FakeNVML(types.SimpleNamespace):
+    """A CPU stand-in for the `pynvml` module: two GPUs, the second without power readings."""
+
+    class NVMLError(Exception):
+        pass
+
+    NVML_CLOCK_SM = 1
+
+    def __init__(self):
+        super().__init__(calls=[])
+
+    def nvmlInit(self):
+        self.calls.append("init")
+
+    def nvmlShutdown(self):
+        self.calls.append("shutdown")
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return f"nvml{index}"
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        return uuid
+
+    def nvmlDeviceGetUtilizationRates(self, handle):
+        return types.SimpleNamespace(gpu={"nvml3": 87, "GPU-abc": 12}[handle], memory=40)
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        return types.SimpleNamespace(used=3 * 2**30, total=16 * 2**30, free=13 * 2**30)
+
+    def nvmlDeviceGetPowerUsage(self, handle):
+        if handle == "GPU-abc":
+            raise self.NVMLError("Not Supported")
+        return 215_500       # milliwatts
+
+    def nvmlDeviceGetClockInfo(self, handle, clock):
+        assert clock == self.NVML_CLOCK_SM
+        return 1410
+
+
+def test_gpu_samples_follow_nvml_through_cuda_visible_devices(tmp_path):
+    """CPU stand-in for pynvml (this machine has no GPU; never run on one): CUDA devices 0 and 1
+    under CUDA_VISIBLE_DEVICES=3,GPU-abc are NVML index 3 and that UUID; power in W; a reading
+    the device does not support is null, not an error."""
+    nvml = _FakeNVML()
+    with Monitor(tmp_path / SYSTEM_FILE, 20.0, lambda proc: None, gpus=[0, 1], nvml=nvml, visible_devices="3,GPU-abc"):
+        time.sleep(0.3)
+    gpus = [r for r in _records(tmp_path / SYSTEM_FILE) if r["kind"] == "gpu"]
+    assert nvml.calls == ["init", "shutdown"]
+    first, second = gpus[0], gpus[1]
+    assert first == {"time": first["time"], "kind": "gpu", "index": 0, "utilization_percent": 87,
+                     "memory_used_bytes": 3 * 2**30, "memory_total_bytes": 16 * 2**30, "power_w": 215.5, "sm_clock_mhz": 1410}
+    assert second["index"] == 1 and second["utilization_percent"] == 12 and second["power_w"] is None
+
+
+def test_a_two_worker_train_run_records_both_ranks(tmp_path):
+    """`train --workers 2`: system.jsonl holds host samples and both ranks, each its own process
+    pinned to its own core, sampled from the launching process."""
+    summary = paratrain.train(synthetic(tmp_path, workers=2, epochs=1, synthetic_samples=256, monitor_hz=5.0))
+    records = _records(Path(summary["run_dir"]) / SYSTEM_FILE)
+    ranks = [r for r in records if r["kind"] == "rank"]
+    assert any(r["kind"] == "host" for r in records)
+    by_rank = {r["rank"]: r for r in ranks}
+    assert set(by_rank) == {0, 1}
+    assert by_rank[0]["pid"] != by_rank[1]["pid"] and os.getpid() not in {r["pid"] for r in ranks}
+    assert by_rank[0]["cores"] != by_rank[1]["cores"] and all(len(r["cores"]) == 1 for r in ranks)
+    assert all(r["rss_bytes"] > 0 for r in ranks)
+
+
+def test_monitor_hz_is_run_control_and_must_be_positive(tmp_path, monkeypatch, capsys):
+    assert TrainConfig(monitor_hz=10).identity() == TrainConfig().identity()
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--monitor-hz", "0", "--run-dir", "r"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["paratrain train: error: --monitor-hz: Input should be greater than 0 (got 0.0)"]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_sweep_script_trial_is_sampled_from_its_trial_process(tmp_path):
+    """A script trial runs as a child of its trial process, which monitors it into TRIAL_DIR/system.jsonl
+    and ends with the script's exit status."""
+    from paratrain.sweep.trial import ScriptCommand, Slot, TrialProcess
+
+    script = tmp_path / "busy.py"
+    script.write_text("import os, time\nend = time.time() + 1.2\nwhile time.time() < end: pass\nprint(os.getpid())\nraise SystemExit(4)\n")
+    trial = TrialProcess(ScriptCommand(str(script)), {}, tmp_path / "trial", Slot(0, (available_cores()[-1],)), 0, 1, 0)
+    trial.wait(30)
+    assert trial.outcome([]).reason.startswith("exit status 4")
+    script_pid = int((tmp_path / "trial" / "stdout.log").read_text())
+    ranks = [r for r in _records(tmp_path / "trial" / SYSTEM_FILE) if r["kind"] == "rank"]
+    assert ranks and {(r["rank"], r["pid"]) for r in ranks} == {(0, script_pid)} and script_pid != trial.pid
+    assert max(r["cpu_percent"] for r in ranks) > 50
