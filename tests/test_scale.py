@@ -288,6 +288,16 @@ def test_compare_prints_differences_and_writes_overlays(study_dir, tmp_path, cap
     out = capsys.readouterr().out
     assert "x first" in out and "synthetic-cnn-w2-r0" in out
     assert (tmp_path / "cmp.html").stat().st_size > 20000
+    # Memory per rank, from each run's summary: a DDP replica holds the whole model state, so the
+    # 2-worker run's largest rank holds what the 1-worker run holds.
+    from paratrain.reporting import comparison_rows
+    rows = {Path(r["run"]).name: r for r in comparison_rows([RunDir(Path(p)) for p in runs])}
+    one, two = rows["synthetic-cnn-w1-r0"], rows["synthetic-cnn-w2-r0"]
+    summary = RunDir(Path(two["run"])).read_summary()
+    assert two["model_state_bytes"] == max(sum(v) for v in zip(*(summary["memory"][k] for k in
+                                                                   ("parameters_bytes", "gradients_bytes", "optimizer_bytes"))))
+    assert one["model_state_bytes"] == two["model_state_bytes"] > 0
+    assert "model state / rank" in (tmp_path / "cmp.html").read_text()
 
 
 @pytest.mark.parametrize("kind", ["study", "run", "comparison"])
@@ -313,6 +323,8 @@ def test_report_renders_in_a_real_browser(study_dir, tmp_path, kind):
             assert page.evaluate("document.querySelectorAll('#comparison tbody tr').length") == len(runs)
         else:
             assert page.evaluate("document.querySelectorAll('#summary tbody tr').length") >= 10
+            memory = page.evaluate("[...document.querySelectorAll('#memory tbody tr')].map(r => r.cells[0].innerText + ' ' + r.cells[1].innerText)")
+            assert len(memory) == RunDir(runs[0]).read_summary()["workers"] and memory[0].startswith("rank 0 ") and memory[0].endswith("iB")
 
 
 

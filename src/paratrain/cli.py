@@ -467,6 +467,7 @@ def _compare(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from paratrain.reporting import comparison_rows, held_out_split, write_report
+    from paratrain.reporting.verdict import human
     from paratrain.runs import open_run_dir
 
     if len(args.paths) < 2:
@@ -474,13 +475,14 @@ def _compare(args: argparse.Namespace) -> int:
     runs = [open_run_dir(p) for p in args.paths]
     rows = comparison_rows(runs)
     table = Table(title="comparison (ratios and differences against the first run)")
-    for col in ("run", "workers", "global batch", "samples/s", "x first", "epoch time", "train loss",
-                f"{held_out_split(runs)} acc", "Δ acc"):
-        table.add_column(col, justify="left" if col == "run" else "right")
+    for col in ("run", "strategy", "workers", "global batch", "samples/s", "x first", "epoch time", "train loss",
+                f"{held_out_split(runs)} acc", "Δ acc", "state/rank", "activ./rank"):
+        table.add_column(col, justify="left" if col in ("run", "strategy") else "right", no_wrap=col == "run")
     for r in rows:
-        table.add_row(Path(r["run"]).name, str(r["workers"]), str(r["global_batch_size"]), f"{r['samples_per_s']:,.0f}",
+        table.add_row(Path(r["run"]).name, r["strategy"] or "-", str(r["workers"]), str(r["global_batch_size"]), f"{r['samples_per_s']:,.0f}",
                       f"{r['throughput_vs_first']:.2f}", f"{r['epoch_time_s']:.2f} s", f"{r['train_loss']:.4f}",
-                      f"{r['val_accuracy']:.2%}", f"{r['val_accuracy_diff']:+.2%}")
+                      f"{r['val_accuracy']:.2%}", f"{r['val_accuracy_diff']:+.2%}",
+                      human("model_state_bytes", r["model_state_bytes"]), human("activations_peak_bytes", r["activations_peak_bytes"]))
     _wide_console().print(table)
     print(f"overlays: {write_report(args.paths, args.out)}")
     return 0

@@ -277,7 +277,7 @@ def _sweep_body(path: Path) -> str:
 
 def _summary_rows(summary: dict[str, Any]) -> list[tuple[str, Any]]:
     keys = ("status", "workers", "strategy", "global_batch_size", "lr", "epochs", "epoch_time_s", "samples_per_s",
-            "tokens_per_s", "flops_per_sample", "mfu", "train_loss", "val_loss", "val_bits_per_byte", "val_accuracy",
+            "tokens_per_s", "flops_per_sample", "mfu", "bubble_fraction", "bubble_fraction_theory", "train_loss", "val_loss", "val_bits_per_byte", "val_accuracy",
             "test_accuracy", "wall_time_s")
     return [(k, human(k, summary[k])) for k in keys if summary.get(k) is not None]
 
@@ -302,6 +302,7 @@ def _run_body(run: RunDir) -> str:
         if evidence.epochs:
             curves = curves_plots([run], [run.path.name], tmp, "run-")
             parts.append("<h2>Curves</h2><div class='wide'>" + "".join(_img(p, n) for n, p in curves.items()) + "</div>")
+        parts.append(_memory_table(summary))
         if "breakdown" in summary:
             parts.append(f"<h2>Step-time breakdown</h2>{_img(breakdown_plot([summary], [run.path.name], tmp / 'bd.png'), 'breakdown')}")
         parts.append(f"<h2>Configuration</h2>{_config_table(run.read_config())}")
@@ -310,8 +311,33 @@ def _run_body(run: RunDir) -> str:
     return _with_plots(render)
 
 
+MEMORY_FIGURES = ("parameters_bytes", "gradients_bytes", "optimizer_bytes", "activations_peak_bytes", "rss_peak_bytes")
+
+
+def memory_per_rank(summary: dict[str, Any]) -> dict[str, Optional[int]]:
+    """The largest rank's figures: what must fit on each device. `model_state_bytes` is parameters +
+    gradients + optimizer state, the part that sharding divides."""
+    memory = summary.get("memory") or {}
+    worst = {k: max(memory[k]) if memory.get(k) else None for k in MEMORY_FIGURES}
+    states = [sum(v) for v in zip(*(memory[k] for k in MEMORY_FIGURES[:3]))] if all(memory.get(k) for k in MEMORY_FIGURES[:3]) else []
+    return {"model_state_bytes": max(states) if states else None, **worst}
+
+
+def _memory_table(summary: dict[str, Any]) -> str:
+    memory = summary.get("memory") or {}
+    ranks = len(next((v for v in memory.values() if isinstance(v, list)), []))
+    if not ranks:
+        return ""
+    rows = [(f"rank {r}", *(human(k, memory[k][r]) if memory.get(k) else "-" for k in MEMORY_FIGURES)) for r in range(ranks)]
+    return ("<h2>Memory per rank</h2>" + _table(("rank", "parameters", "gradients", "optimizer state", "activations (peak)",
+                                                "peak RSS"), rows, "memory")
+            + "<p class='note'>parameters, gradients and optimizer state: the tensors each rank holds (its shards under "
+              "zero1 and fsdp, its stage under pipeline); activations: the peak of tensors saved for backward in one "
+              "step; peak RSS: the whole process.</p>")
+
+
 def comparison_rows(runs: list[RunDir]) -> list[dict[str, Any]]:
-    """Final metrics and throughput of each run, with the ratio to the first run."""
+    """Final metrics, throughput and memory per rank of each run, with the ratio to the first run."""
     rows = []
     first = None
     for run in runs:
@@ -319,7 +345,8 @@ def comparison_rows(runs: list[RunDir]) -> list[dict[str, Any]]:
             raise UsageError(f"{run.path} has no summary.json: the run did not finish")
         s = run.read_summary()
         first = first or s
-        rows.append({"run": str(run.path), "workers": s.get("workers"), "global_batch_size": s.get("global_batch_size"),
+        rows.append({"run": str(run.path), "workers": s.get("workers"), "strategy": s.get("strategy"),
+                     "global_batch_size": s.get("global_batch_size"), **memory_per_rank(s),
                      "samples_per_s": s.get("samples_per_s"), "throughput_vs_first": s.get("samples_per_s", 0) / first["samples_per_s"],
                      "epoch_time_s": s.get("epoch_time_s"), "train_loss": s.get("train_loss"),
                      "val_accuracy": s.get("val_accuracy"), "val_accuracy_diff": s.get("val_accuracy", 0) - first["val_accuracy"],
@@ -342,12 +369,16 @@ def _compare_body(runs: list[RunDir]) -> str:
     def render(tmp: Path) -> str:
         curves = curves_plots(runs, labels, tmp, "cmp-")
         bd = breakdown_plot([r.read_summary() for r in runs], labels, tmp / "bd.png")
-        cells = [(Path(r["run"]).name, r["workers"], r["global_batch_size"], human("samples_per_s", r["samples_per_s"]),
+        cells = [(Path(r["run"]).name, r["strategy"] or "-", r["workers"], r["global_batch_size"], human("samples_per_s", r["samples_per_s"]),
                   f"{r['throughput_vs_first']:.2f}x", human("epoch_time_s", r["epoch_time_s"]), human("train_loss", r["train_loss"]),
                   human("val_accuracy", r["val_accuracy"]), f"{r['val_accuracy_diff'] * 100:+.1f} points",
-                  human("wall_time_s", r["wall_time_s"])) for r in rows]
-        table = _table(("run", "workers", "global batch", "samples/s", "x first", "epoch time", "train loss",
-                        f"{held_out_split(runs)} accuracy", "Δ accuracy", "wall time"), cells, "comparison")
+                  human("model_state_bytes", r["model_state_bytes"]), human("activations_peak_bytes", r["activations_peak_bytes"]),
+                  human("rss_peak_bytes", r["rss_peak_bytes"]), human("wall_time_s", r["wall_time_s"])) for r in rows]
+        table = _table(("run", "strategy", "workers", "global batch", "samples/s", "x first", "epoch time", "train loss",
+                        f"{held_out_split(runs)} accuracy", "Δ accuracy", "model state / rank", "activations / rank",
+                        "peak RSS / rank", "wall time"), cells, "comparison")
+        table += ("<p class='note'>memory: the largest rank's; model state = parameters + gradients + optimizer state "
+                  "(what zero1 and fsdp shard).</p>")
         doctors = "".join(f"<h3>{html.escape(r.path.name)}</h3>{doctor_html(r.path)}" for r in runs)
         return (verdict_html(comparison_verdict(rows)) + f"{table}<h2>Doctor</h2>{doctors}<h2>Curves</h2><div class='wide'>" + "".join(_img(p, n) for n, p in curves.items()) +
                 f"</div><h2>Step-time breakdown</h2>{_img(bd, 'breakdown')}")

@@ -50,6 +50,14 @@ def _accuracy_text(points: Optional[float]) -> str:
 _PERCENT_KEYS = ("accuracy", "mfu", "fraction")
 
 
+def size(n: float) -> str:
+    """Bytes in the unit a person would pick: 840 KiB, 41 MiB, 1.3 GiB."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):
+        if n >= scale:
+            return f"{n / scale:,.1f} {unit}" if n < 10 * scale else f"{n / scale:,.0f} {unit}"
+    return f"{n / 2**10:,.0f} KiB"
+
+
 def human(key: str, value: Any) -> str:
     """A value as a person writes it, guided by its key's name (accuracy as %, seconds, MiB, ...)."""
     if value is None:
@@ -60,8 +68,8 @@ def human(key: str, value: Any) -> str:
         return ", ".join(human(key, v) for v in value) if value else "-"
     if isinstance(value, dict):
         return "; ".join(f"{k} {human(k, v)}" for k, v in value.items()) if value else "-"
-    if isinstance(value, int) and key.endswith("_bytes"):
-        return f"{value / 2**20:,.0f} MiB"
+    if isinstance(value, (int, float)) and key.endswith("_bytes"):
+        return size(value)
     if isinstance(value, int):
         return f"{value:,}" if abs(value) >= 10000 else str(value)
     if not isinstance(value, float):
@@ -74,8 +82,6 @@ def human(key: str, value: Any) -> str:
         return f"{value:,.0f}"
     if key.endswith("_s"):
         return seconds(value)
-    if key.endswith("_bytes"):
-        return f"{value / 2**20:,.0f} MiB"
     if "loss" in key or "bits_per_byte" in key:
         return f"{value:.3f}"
     return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
