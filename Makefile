@@ -24,7 +24,7 @@ demo: install
 
 test: install
 	bash scripts/test-deps.sh
-	$(BIN)/python -m pytest -q -p no:logging
+	$(BIN)/python -m pytest -q -p no:logging --durations=25
 
 bench: install
 	$(BIN)/python benchmarks/anchor_ddp.py --repeats 5

@@ -11,8 +11,8 @@ because the machine's speed drifts; the table gives medians, memory the largest 
     .venv/bin/python benchmarks/strategies.py --workload cifar10-resnet50v2 --repeats 1 \\
         -- --data-dir ../shared/datasets/cifar10-jpg.tar.gz --limit-train 1024
 
-`--memory-limit SIZE` adds the "does not fit" demonstration: ddp and fsdp on 2 ranks, each rank
-bounded to SIZE; prints which ran and the error of the one that did not.
+`--memory-limit SIZE` adds the "does not fit" demonstration: ddp, fsdp and pipeline on 2 ranks, each
+rank bounded to SIZE; prints which ran and the error of any that did not.
 """
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=4, help="per worker for data-parallel strategies")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--memory-limit", help="also show ddp failing and fsdp fitting under this per-rank limit")
+    parser.add_argument("--memory-limit", help="also run ddp, fsdp and pipeline with each rank bounded to this limit")
     parser.add_argument("extra", nargs="*", help="train flags after --")
     args = parser.parse_args()
     names = args.strategies.split(",")
@@ -98,7 +98,7 @@ def main() -> None:
         print("\ncommands:\n" + "\n".join(runs[0]["command"] for runs in results.values()))
         if args.memory_limit:
             print(f"\nper-rank memory limit {args.memory_limit}:")
-            for name in ("ddp", "fsdp"):
+            for name in ("ddp", "fsdp", "pipeline"):
                 summary = run(name, args.workload, args.batch_size, 1, Path(tmp) / f"limit-{name}",
                               [*args.extra, "--memory-limit", args.memory_limit])
                 print(f"- {name}: {summary['status']}" + (f" ({summary['error']})" if summary["status"] != "completed" else

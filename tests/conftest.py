@@ -1,6 +1,9 @@
+import json
+import os
+import socket
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import pytest
 
@@ -29,6 +32,30 @@ def synthetic(tmp_path: Path, **overrides):
                threads_per_worker=1, quiet=True, run_dir=tmp_path / "run", log_every=4)
     cfg.update(overrides)
     return cfg
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now, the kernel's pick."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def train_spawned(rank: int, out: Path, ports: Sequence[int], runs: dict[str, tuple[dict, dict]]) -> None:
+    """On one of two ranks started with torch.multiprocessing: each named run of `runs` ({name:
+    (config overrides, placement)}) in out/name, one after another, each on a port of its own (a
+    port is not reused at once after a process group closes); rank 0 writes the summary."""
+    from paratrain.config import TrainConfig
+    from paratrain.engine.loop import run_rank
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
+    for port, (name, (overrides, placement)) in zip(ports, runs.items()):
+        os.environ["MASTER_PORT"] = str(port)
+        run_dir = Path(out) / name
+        cfg = TrainConfig.model_validate(synthetic(Path(out), run_dir=run_dir, **overrides)).model_dump(mode="json")
+        summary = run_rank(cfg, placement, str(run_dir))
+        if rank == 0:
+            (run_dir / "summary.json").write_text(json.dumps(summary))
 
 
 BROWSER_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",

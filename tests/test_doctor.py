@@ -87,7 +87,7 @@ def test_a_large_model_with_a_tiny_batch_is_diagnosed_as_communication_bound(run
 def test_doctor_cli_prints_ranked_findings_and_json(runs):
     run = [sys.executable, "-m", "paratrain", "doctor"]
     text = subprocess.run([*run, str(runs["oversubscribed"])], capture_output=True, text=True)
-    assert text.returncode == 0 and f"\n1. [" in text.stdout and f"] {2 * CORES} threads compete for" in text.stdout
+    assert text.returncode == 0 and "\n1. [" in text.stdout and f"] {2 * CORES} threads compete for" in text.stdout
     assert "remedy:    paratrain train" in text.stdout
     data = json.loads(subprocess.run([*run, str(runs["comm_heavy"]), "--json"], capture_output=True, text=True).stdout)
     for f in data["findings"]:

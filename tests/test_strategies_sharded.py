@@ -11,7 +11,6 @@ memory check run one after another in ONE pair of spawned ranks, through the ran
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -23,7 +22,7 @@ import torch
 import torch.multiprocessing as mp
 
 import paratrain
-from conftest import synthetic
+from conftest import free_port, synthetic, train_spawned
 from paratrain.cli import main
 from paratrain.runs import RunDir
 
@@ -38,27 +37,12 @@ SPAWNED = {   # run name -> the config's overrides, run by the spawned pair of r
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _spawned_rank(rank: int, out: str, ports: list[int]) -> None:
     """One of the two spawned ranks: the SPAWNED runs, then the memory check on gpt-small."""
-    from paratrain.config import TrainConfig
-    from paratrain.engine.loop import run_rank
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
     # zero1 averages through shared memory, as ddp does by default on CPU ranks.
     placement = dict(backend="gloo", device_type="cpu", threads_per_worker=1, allreduce="shm")
-    for port, (name, overrides) in zip(ports, SPAWNED.items()):
-        os.environ["MASTER_PORT"] = str(port)
-        run_dir = Path(out) / name
-        cfg = TrainConfig.model_validate(synthetic(Path(out), run_dir=run_dir, **overrides)).model_dump(mode="json")
-        summary = run_rank(cfg, placement, str(run_dir))
-        if rank == 0:
-            (run_dir / "summary.json").write_text(json.dumps(summary))
+    train_spawned(rank, Path(out), ports, {name: (overrides, placement) for name, overrides in SPAWNED.items()})
     os.environ["MASTER_PORT"] = str(ports[-1])
     _memory_of_strategies(rank, Path(out))
 
@@ -123,7 +107,7 @@ def runs(tmp_path_factory):
 
 
 def _run_all(out: Path) -> None:
-    ports = [_free_port() for _ in range(len(SPAWNED) + 1)]
+    ports = [free_port() for _ in range(len(SPAWNED) + 1)]
     spawned = mp.start_processes(_spawned_rank, args=(str(out), ports), nprocs=2, join=False, start_method="spawn")
     # A 101 M-parameter gpt (2 blocks 2048 wide; 403 MB of float32 weights) on a few tokens: the weights
     # fit under 1G beside the interpreter's ~300 MiB, the gradients do not.
@@ -217,7 +201,7 @@ def test_memory_per_rank_shrinks_with_fsdp_and_zero1(runs):
                          ("zero1", "optimizer_bytes")):
         assert sum(r[name][figure] for r in ranks) == pytest.approx(whole[figure], rel=0.01), (name, figure)
     for rank, held in enumerate(ranks):
-        ddp, zero1, fsdp = held["ddp"], held["zero1"], held["fsdp"]
+        ddp, zero1 = held["ddp"], held["zero1"]
         params = ddp["model_parameters"]
         assert params >= 10_000_000
         assert ddp["parameters_bytes"] == pytest.approx(4 * params, rel=0.01)

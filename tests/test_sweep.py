@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import browser_page, write_trial_script
+from conftest import browser_page, free_port, write_trial_script
 
 PARATRAIN = [sys.executable, "-m", "paratrain", "sweep"]
 
@@ -303,7 +303,7 @@ def postgres(tmp_path):
     if os.getuid() == 0:
         shutil.chown(home, "postgres")
         shutil.chown(data, "postgres")
-    port = _free_port()
+    port = free_port()
     subprocess.run([*as_postgres, str(initdb), "-D", str(data), "-A", "trust", "-U", "postgres"], check=True, capture_output=True)
     started = subprocess.run([*as_postgres, str(bin_dir / "pg_ctl"), "-D", str(data), "-w", "-l", str(data / "log"), "-o",
                               f"-p {port} -k {data} -c listen_addresses=127.0.0.1", "start"], capture_output=True, text=True)
@@ -317,13 +317,6 @@ def postgres(tmp_path):
         subprocess.run([*as_postgres, str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"], capture_output=True)
         shutil.rmtree(home, ignore_errors=True)
 
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_postgresql_storage_shared_by_two_drivers(tmp_path, script, postgres):

@@ -16,7 +16,7 @@ import pytest
 import paratrain
 import user_factories
 from conftest import synthetic
-from paratrain.errors import TrainingDiverged, UsageError
+from paratrain.errors import UsageError
 
 PARATRAIN = [sys.executable, "-m", "paratrain"]
 TINY = ["--workload", "synthetic-cnn", "--synthetic-samples", "512", "--batch-size", "32", "--threads-per-worker", "1",

@@ -57,7 +57,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args, extras = parser.parse_known_args(argv[:len(argv) - len(passthrough) - (1 if cut else 0)])
     if extras:
         parser.commands.get(getattr(args, "command", None), parser).unrecognized(extras)
-    if getattr(args, "command", None) in ("sweep", "scale"):
+    if getattr(args, "command", None) in ("sweep", "scale", "slurm"):
         args.script_args = passthrough
     elif cut:
         parser.error("arguments after -- are only for paratrain sweep --script and scale --script")
@@ -178,24 +178,105 @@ def build_parser() -> Parser:
     doctor.add_argument("--json", action="store_true", help="print the diagnosis as JSON (for tools)")
     doctor.set_defaults(handler=_doctor, command="doctor")
 
+    from paratrain.config import PlanConfig
+
+    plan = commands.add_parser(
+        "plan", help="predict memory, step time and speedup of every strategy on 1 ... N devices, before you queue",
+        description="Measure the model here (FLOPs, parameters, activation bytes per sample, on the meta device: nothing "
+                    "is trained), then predict per-device memory and step time for ddp, zero1, fsdp, pipeline and hybrid "
+                    "on 1 ... N devices of a table of accelerators (or this machine's cores), which strategies fit, and "
+                    "one recommendation with its reason. See docs/planner.md.",
+        epilog="example: paratrain plan --workload gpt-medium --device a100 --precision bf16 --nodes 8 --gpus-per-node 8")
+    for name, field in PlanConfig.model_fields.items():
+        option = "--" + name.replace("_", "-")
+        if name == "calibrate":
+            plan.add_argument(option, nargs="+", type=Path, default=argparse.SUPPRESS, metavar="RUN_DIR", help=field.description)
+            continue
+        kind, choices = _flag_type(field.annotation)
+        plan.add_argument(option, type=kind if kind in (int, float) else str, choices=choices, default=argparse.SUPPRESS,
+                          metavar=None if choices else name.upper(), help=field.description)
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON (the same numbers as the table)")
+    plan.set_defaults(handler=_plan, command="plan")
+
     workloads = commands.add_parser("workloads", help="list the named workloads and models")
     workloads.set_defaults(handler=_workloads, command="workloads")
 
     download = commands.add_parser("download-cifar10", help="download the canonical CIFAR-10 archive (needs internet)")
     download.add_argument("data_dir", type=Path, help="directory to put cifar-10-python.tar.gz in")
     download.set_defaults(handler=_download, command="download-cifar10")
+
+    slurm = commands.add_parser(
+        "slurm", help="sbatch scripts for a run, each point of a scaling study, or a sweep on a SLURM cluster",
+        description="Write the sbatch scripts of `paratrain train|scale|sweep` with these flags: one job per run or "
+                    "study point (--gres, --ntasks-per-node, --cpus-per-task and srun line from its ranks), and for a "
+                    "study a last job that collects the points into OUT (paratrain report OUT). --submit submits them. "
+                    "`paratrain slurm scale --help` lists both the study's flags and the SLURM flags. See docs/cluster.md.",
+        epilog="example: paratrain slurm scale --workers 1,2,4 --workload cifar10-resnet50v2 --gpus-per-node 4 "
+               "--time 00:30:00 --partition gpu --setup 'module load python' --out study")
+    slurm.add_argument("target", choices=["train", "scale", "sweep"], help="the command every job runs")
+    slurm.add_argument("options", nargs=argparse.REMAINDER, help="that command's flags, and the SLURM flags")
+    slurm.set_defaults(handler=_slurm, command="slurm")
     cache = commands.add_parser("cache", help="list the decoded-dataset cache with sizes, or clear it")
     cache.add_argument("--clear", nargs="?", const="", metavar="PREFIX",
                        help="delete every entry, or those whose names start with PREFIX")
     cache.add_argument("--cache-dir", type=Path, help="the cache (default $PARATRAIN_CACHE or ~/.cache/paratrain)")
     cache.set_defaults(handler=_cache, command="cache")
+    from paratrain.config import CommbenchConfig, flag
+
+    bench = commands.add_parser(
+        "commbench", help="collective latency and bandwidth on N local ranks, fitted to latency + bytes/bandwidth",
+        description="Time all-reduce, broadcast, all-gather and reduce-scatter on the backend (and the shared-memory "
+                    "average of CPU ranks) from --min-size to --max-size, fit t = alpha + bytes/beta to each, and save "
+                    "the JSON (paratrain plan --interconnect FILE reads it). See docs/synchronisation.md.",
+        epilog="example: paratrain commbench --workers 2 --out commbench.json")
+    for name, field in CommbenchConfig.model_fields.items():
+        kind, choices = _flag_type(field.annotation)
+        if kind is bool:
+            bench.add_argument(flag(name), action="store_true", default=argparse.SUPPRESS, help=field.description)
+        else:
+            bench.add_argument(flag(name), type=kind, choices=choices, default=argparse.SUPPRESS, help=field.description)
+    bench.set_defaults(handler=_commbench, command="commbench")
+
+    from paratrain.config import FindBatchConfig, LRFindConfig, NoiseScaleConfig, RecommendConfig
+
+    for name, model, handler, about, example in (
+            ("find-batch", FindBatchConfig, _find_batch, "the largest per-worker batch that fits (probe runs, doubling then "
+             "bisection) and the throughput knee", "paratrain find-batch --workload cifar10-cnn --memory-limit 2G --out batch"),
+            ("noise-scale", NoiseScaleConfig, _noise_scale, "the gradient noise scale B_simple, which predicts the critical "
+             "batch, measured during a short run", "paratrain noise-scale --workers 2 --batch-size 32 --steps 200 --out batch"),
+            ("lr-find", LRFindConfig, _lr_find, "the LR range test: an exponential LR sweep and the LR it suggests",
+             "paratrain lr-find --batch-size 32 --out batch"),
+            ("recommend", RecommendConfig, _recommend, "batch per worker and in all, LR and its scaling, warmup and "
+             "optimizer for N workers, from find-batch, noise-scale and lr-find", "paratrain recommend --workers 2 --epochs 10 --out batch --apply")):
+        command = commands.add_parser(name, help=about, description=f"Measure {about}. See docs/batch-size.md.",
+                                      epilog=f"example: {example}")
+        for field_name, field in model.model_fields.items():
+            if field_name != "train":
+                _add_field(command, field_name, field)
+        _add_model_flags(command, TRAIN_SECTIONS, exclude=BATCH_OWNS + (("workers",) if name == "recommend" else ()))
+        command.set_defaults(handler=handler, command=name)
     parser.commands = commands.choices    # for suggestions when a subcommand's flag is mistyped
     return parser
 
 
-# Train flags that `scale` and `sweep` replace with their own.
-SCALE_OWNS = ("workers", "workload", "strategy", "run_dir", "resume", "quiet")
-SWEEP_OWNS = ("workers", "run_dir", "resume", "quiet", "allow_oversubscribe")
+def _commbench(args: argparse.Namespace) -> int:
+    from paratrain.config import CommbenchConfig, validate
+    from paratrain.measure.commbench import run_commbench
+
+    result = run_commbench(validate(CommbenchConfig, {k: v for k, v in vars(args).items() if k not in ("handler", "command")}))
+    for c in result["collectives"]:
+        beta = f"{c['beta_bytes_per_s'] / 1e9:.2f} GB/s" if c["beta_bytes_per_s"] else "unbounded"
+        print(f"{c['op']:15} {c['path']:5} alpha {c['alpha_s'] * 1e6:8.1f} us  beta {beta:>10}  worst fit error {c['max_error']:.0%}")
+    print(f"saved: {result['path']}")
+    return 0
+
+
+# Train flags that `scale` and `sweep` replace with their own. Their runs are on this machine, so the
+# flags of a run across nodes are train's only (sweep's own --timeout limits the whole search).
+ACROSS_NODES = ("nodes", "node_rank", "rdzv", "rdzv_backend", "rdzv_timeout")
+SCALE_OWNS = ("workers", "workload", "strategy", "run_dir", "resume", "quiet", *ACROSS_NODES)
+SWEEP_OWNS = ("workers", "run_dir", "resume", "quiet", "allow_oversubscribe", "timeout", *ACROSS_NODES)
+BATCH_OWNS = ("run_dir", "resume", "quiet", "max_steps", "grad_noise", "schedule", "lr_end", *ACROSS_NODES)
 
 
 def _add_model_flags(parser: argparse.ArgumentParser, sections: dict[str, str], exclude: Sequence[str] = ()) -> None:
@@ -207,19 +288,24 @@ def _add_model_flags(parser: argparse.ArgumentParser, sections: dict[str, str], 
             group = parser.add_argument_group(sections[name])
         if name in exclude:
             continue
-        flag = "--" + name.replace("_", "-")
-        default = field.get_default(call_default_factory=True)
-        shown = "" if default in (None, [], False) else f" (default: {_show(default)})"
-        kind, choices = _flag_type(field.annotation)
-        if kind is bool and default is True:
-            # On by default: the flag takes a value so that it can be turned off; pydantic reads the word.
-            group.add_argument(flag, choices=["true", "false"], default=argparse.SUPPRESS,
-                               help=f"{field.description}{shown}")
-        elif kind is bool:
-            group.add_argument(flag, action="store_true", default=argparse.SUPPRESS, help=field.description)
-        else:
-            group.add_argument(flag, type=kind, choices=choices, default=argparse.SUPPRESS,
-                               metavar=name.upper() if choices is None else None, help=f"{field.description}{shown}")
+        _add_field(group, name, field)
+
+
+def _add_field(group: Any, name: str, field: Any) -> None:
+    """One flag from one pydantic field: its name, type, default and description."""
+    flag = "--" + name.replace("_", "-")
+    default = field.get_default(call_default_factory=True)
+    shown = "" if default in (None, [], False) or field.is_required() else f" (default: {_show(default)})"
+    kind, choices = _flag_type(field.annotation)
+    if kind is bool and default is True:
+        # On by default: the flag takes a value so that it can be turned off; pydantic reads the word.
+        group.add_argument(flag, choices=["true", "false"], default=argparse.SUPPRESS,
+                           help=f"{field.description}{shown}")
+    elif kind is bool:
+        group.add_argument(flag, action="store_true", default=argparse.SUPPRESS, help=field.description)
+    else:
+        group.add_argument(flag, type=kind, choices=choices, default=argparse.SUPPRESS,
+                           metavar=name.upper() if choices is None else None, help=f"{field.description}{shown}")
 
 
 def _show(value: Any) -> str:
@@ -265,15 +351,29 @@ def _mib(size: int) -> str:
     return f"{size / 2**20:,.1f} MiB"
 
 
-def _train(args: argparse.Namespace) -> int:
-    from paratrain.config import load_config_file
-    from paratrain.launch import train
+def _train_values(args: argparse.Namespace) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    if args.config:
+        from paratrain.config import load_config_file
 
-    values = load_config_file(args.config) if args.config else {}
+        values = load_config_file(args.config)
     values.update({k: v for k, v in vars(args).items() if k not in ("handler", "command", "config", "json")})
-    summary = train(values)
+    return values
+
+
+def _train(args: argparse.Namespace) -> int:
+    from paratrain import forkserver
+
+    values = _train_values(args)
+    # Started before this process imports torch (and pydantic): see paratrain/forkserver.py.
+    with forkserver.serving(values.get("workers", 1) != 1):
+        from paratrain.launch import train
+
+        summary = train(values)
     if args.json:
         print(json.dumps(summary, indent=2))
+    elif "role" in summary:       # a process of a run across nodes or tasks that rank 0 writes
+        print(f"{summary['role']}: completed; rank 0 writes the summary to {summary['run_dir']}")
     elif not values.get("quiet"):
         _print_summary(summary)
     return 0
@@ -295,6 +395,8 @@ def _print_summary(summary: dict[str, Any]) -> None:
                        + (f", {summary['tokens_per_s']:,.0f} tokens/s" if "tokens_per_s" in summary else "")),
         ("step time", f"data {b['data_s'] * 1e3:.1f} ms, compute {b['compute_s'] * 1e3:.1f} ms, "
                       f"comm {b['comm_s'] * 1e3:.1f} ms, optimizer {b['optimizer_s'] * 1e3:.1f} ms, other {b['other_s'] * 1e3:.1f} ms"),
+        *[("sent per step", " / ".join(f"{n / 2**10:,.0f} KiB" for n in sent) + f" per rank, through {summary['allreduce']}")
+          for sent in [summary.get("comm_bytes_per_step")] if sent and summary["workers"] > 1],
         *[("pipeline", f"{p['stages']} stages x {p['dp']} replica(s), {p['schedule']}, {p['microbatches']} micro-batches; "
                        f"bubble {'n/a' if summary['bubble_fraction'] is None else format(summary['bubble_fraction'], '.1%')}"
                        f" measured, {summary['bubble_fraction_theory']:.1%} in theory")
@@ -316,21 +418,25 @@ def _print_summary(summary: dict[str, Any]) -> None:
     _wide_console().print(table)
 
 
+def _scale_values(args: argparse.Namespace) -> dict[str, Any]:
+    own = {"workers", "mode", "repeats", "workload", "strategy", "out", "resume", "script", "script_args", "handler", "command"}
+    train = {k: v for k, v in vars(args).items() if k not in own}
+    return {"workers": args.workers, "mode": args.mode, "repeats": args.repeats,
+            **({"workload": args.workload} if args.workload else {}),
+            **({"strategy": args.strategy} if args.strategy else {}), "out": args.out,
+            "resume": args.resume, "train": train, "script": args.script, "script_args": args.script_args}
+
+
 def _scale(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from paratrain import forkserver
     from paratrain.config import ScaleConfig, validate
     from paratrain.reporting import write_report
     from paratrain.reporting.plots import study_plots
     from paratrain.scale import run_study
 
-    own = {"workers", "mode", "repeats", "workload", "strategy", "out", "resume", "script", "script_args", "handler", "command"}
-    train = {k: v for k, v in vars(args).items() if k not in own}
-    study = validate(ScaleConfig, {"workers": args.workers, "mode": args.mode, "repeats": args.repeats,
-                                   **({"workload": args.workload} if args.workload else {}),
-                                   **({"strategy": args.strategy} if args.strategy else {}), "out": args.out,
-                                   "resume": args.resume, "train": train, "script": args.script,
-                                   "script_args": args.script_args})
+    study = validate(ScaleConfig, _scale_values(args))
     console = Console(stderr=True)
 
     def banner() -> None:
@@ -346,7 +452,8 @@ def _scale(args: argparse.Namespace) -> int:
                  *(["contended"] if summary.get("machine_load", {}).get("contended") else [])]
         console.print(f"  {Path(summary['run_dir']).name}: {', '.join(shown)}")
 
-    result = run_study(study, on_start=banner, on_point=progress)
+    with forkserver.serving(max(study.workers) > 1 and study.script is None):
+        result = run_study(study, on_start=banner, on_point=progress)
     study_plots(result, study.out)
     page = write_report([study.out])
     _print_study(result)
@@ -385,6 +492,14 @@ def _launch(args: argparse.Namespace) -> int:
     return summary["exit_code"]
 
 
+def _sweep_values(args: argparse.Namespace) -> dict[str, Any]:
+    own = {"config", "jobs", "out", "script", "script_args", "param_style", "workers_per_trial", "storage", "join",
+           "study_name", "pruner", "trial_timeout", "n_trials", "timeout", "allow_oversubscribe", "quiet"}
+    values = {k: v for k, v in vars(args).items() if k in own}
+    values["train"] = {k: v for k, v in vars(args).items() if k not in own | {"handler", "command"}}
+    return values
+
+
 def _sweep(args: argparse.Namespace) -> int:
     from paratrain.config import SweepConfig, validate
     from paratrain.reporting import write_report
@@ -392,11 +507,7 @@ def _sweep(args: argparse.Namespace) -> int:
     from paratrain.sweep.driver import run_sweep
     from paratrain.sweep.progress import SweepProgress
 
-    own = {"config", "jobs", "out", "script", "script_args", "param_style", "workers_per_trial", "storage", "join",
-           "study_name", "pruner", "trial_timeout", "n_trials", "timeout", "allow_oversubscribe", "quiet"}
-    values = {k: v for k, v in vars(args).items() if k in own}
-    values["train"] = {k: v for k, v in vars(args).items() if k not in own | {"handler", "command"}}
-    cfg = validate(SweepConfig, values)
+    cfg = validate(SweepConfig, _sweep_values(args))
     progress: list[SweepProgress] = []
 
     def ready(sweep, slots, where, items, done) -> None:
@@ -456,6 +567,50 @@ def _wide_console():
     return console if console.is_terminal else Console(width=160)
 
 
+def _slurm(args: argparse.Namespace) -> int:
+    from paratrain.config import SlurmConfig, validate
+    from paratrain.launch.slurm import write_slurm
+
+    # One parser knows the target's flags and the SLURM flags, so a typo in either is caught
+    # (with a suggestion) and `paratrain slurm scale --help` shows both.
+    inner = build_parser().commands[args.target]
+    inner.prog = f"paratrain slurm {args.target}"
+    group = inner.add_argument_group("SLURM")
+    for name, field in SlurmConfig.model_fields.items():
+        option = "--" + name.replace("_", "-")
+        if option in inner._option_string_actions:       # --out of scale and sweep, --nodes of train: one flag
+            continue
+        kind, _ = _flag_type(field.annotation)
+        if kind is bool:
+            group.add_argument(option, action="store_true", default=argparse.SUPPRESS, help=field.description)
+        elif typing.get_origin(field.annotation) is list:
+            group.add_argument(option, action="append", default=argparse.SUPPRESS, metavar="LINE", help=field.description)
+        else:
+            group.add_argument(option, type=kind, default=argparse.SUPPRESS, metavar=name.upper(), help=field.description)
+    parsed, extras = inner.parse_known_args(args.options)
+    if extras:
+        inner.unrecognized(extras)
+    if args.target == "train":
+        if args.script_args:
+            raise UsageError("arguments after -- are only for paratrain slurm sweep --script")
+    else:
+        parsed.script_args = args.script_args
+    values = vars(parsed)
+    slurm = {k: values.pop(k) for k in SlurmConfig.model_fields if k in values and k != "out"}
+    slurm["out"] = values.pop("out") if args.target == "train" and "out" in values else values.get("out")
+    command = {"train": _train_values, "scale": _scale_values, "sweep": _sweep_values}[args.target](argparse.Namespace(**values))
+    result = write_slurm(args.target, command, validate(SlurmConfig, slurm))
+    for name, path in result["scripts"].items():
+        job = result["job_ids"].get(name)
+        print(f"{path}" + (f"  submitted: job {job}" if job else ""))
+    if not result["job_ids"]:
+        scripts = [p for n, p in result["scripts"].items() if n != "collect"]
+        collect = result["scripts"].get("collect")
+        print(f"submit: for s in {' '.join(scripts)}; do sbatch \"$s\"; done"
+              + (f"; then, once they have finished, sbatch {collect}" if collect else ""))
+    return 0
+
+
 def _report(args: argparse.Namespace) -> int:
     from paratrain.reporting import write_report
 
@@ -488,6 +643,51 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plan(args: argparse.Namespace) -> int:
+    from paratrain.config import PlanConfig, validate
+    from paratrain.plan import run_plan, write_plan
+
+    cfg = validate(PlanConfig, {k: v for k, v in vars(args).items() if k not in ("handler", "command", "json")})
+    result = run_plan(cfg)
+    page = write_plan(result, cfg.out) if cfg.out is not None else None
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        _print_plan(result)
+        if page is not None:
+            print(f"report: {page}")
+    return 0
+
+
+def _print_plan(result: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    from paratrain.reporting.verdict import human
+
+    model, device = result["model"], result["device"]
+    table = Table(title=f"plan: {model['name']} ({model['params']:,} parameters, {model['flops_per_sample']:.3g} FLOPs/sample) "
+                        f"on {device['name']} {device['precision']}, {result['optimizer']}")
+    for col in ("devices", "strategy", "layout", "global batch", "step time", "samples/s", "speedup", "efficiency",
+                "memory/device", "fits"):
+        table.add_column(col, justify="left" if col in ("strategy", "layout") else "right")
+    for r in result["rows"]:
+        layout = f"{r['data_parallel']} x {r['stages']} stages, M={r['microbatches']}" if r["stages"] > 1 else f"{r['data_parallel']} replica(s)"
+        table.add_row(str(r["devices"]), r["strategy"], layout, str(r["global_batch"]), f"{r['step_time_s'] * 1e3:,.2f} ms",
+                      f"{r['samples_per_s']:,.0f}", f"{r['speedup']:.2f}", f"{r['efficiency']:.2f}",
+                      human("rss_peak_bytes", r["memory_per_device_bytes"]), "yes" if r["fits"] else "no")
+    console = _wide_console()
+    console.print(table)
+    rec = result["recommendation"]
+    console.print(f"recommendation: {rec['strategy'] or 'none'} on {rec['devices']} device(s): {rec['reason']}",
+                  soft_wrap=True, markup=False, style="bold")
+    console.print(f"efficiency {device['efficiency']:.3f} of the peak: {device['efficiency_source']}", soft_wrap=True, markup=False)
+    bend = result["pareto"]["bend_devices"]
+    if bend:
+        console.print(f"cost against time bends at {bend} devices: beyond it each halving of the wall time costs more "
+                      "device-hours", soft_wrap=True, markup=False)
+    console.print(f"backend: {result['backend']['use']} ({result['backend']['why']})", soft_wrap=True, markup=False)
+
+
 def _doctor(args: argparse.Namespace) -> int:
     from paratrain.doctor import diagnose, format_text
 
@@ -505,6 +705,110 @@ def _workloads(args: argparse.Namespace) -> int:
         print(f"{name:24} {workload.description}")
     print(f"\nmodels (--model): {', '.join([*MODELS, *PRESETS])}; datasets (--dataset): cifar10, synthetic, text; "
           "or your own pkg.module:factory for either")
+    return 0
+
+
+def _batch_config(args: argparse.Namespace, model: Any) -> Any:
+    """A batch command's own options, with every other flag as the train flags of its runs."""
+    from paratrain.config import validate
+
+    own = set(model.model_fields) - {"train"}
+    values = {k: v for k, v in vars(args).items() if k in own}
+    values["train"] = {k: v for k, v in vars(args).items() if k not in own | {"handler", "command"}}
+    return validate(model, values)
+
+
+def _find_batch(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from paratrain.batch.find_batch import find_batch
+    from paratrain.config import FindBatchConfig
+
+    cfg = _batch_config(args, FindBatchConfig)
+    console = Console(stderr=True)
+    with console.status("find-batch: preparing") as status:
+        def on_probe(kind: str, probe: dict[str, Any]) -> None:
+            # A spinner, not lines: every probe is in the table at the end, and bad input stays one line.
+            if kind == "start":
+                status.update(f"find-batch: probing batch {probe['batch']}")
+            else:
+                status.update(f"find-batch: batch {probe['batch']} " + (f"fits, {probe['samples_per_s']:,.0f} samples/s"
+                                                                         if probe["fits"] else "ran out of memory"))
+        result = find_batch(cfg.train, cfg.out, cfg.margin, cfg.max_batch, cfg.probe_steps, cfg.knee_within, on_probe)
+    table = Table(title=f"find-batch ({result['device']}, memory limit {result['memory_limit'] or 'the GPU'})")
+    for col in ("batch", "fits", "samples/s", "peak memory", "activations"):
+        table.add_column(col, justify="right")
+    for p in result["probes"]:
+        table.add_row(str(p["batch"]), "yes" if p["fits"] else "no", f"{p['samples_per_s']:,.0f}" if p["fits"] else "-",
+                      f"{p['peak_memory_bytes'] / 2**20:,.0f} MiB" if p["fits"] else "-",
+                      f"{p['activations_peak_bytes'] / 2**20:,.1f} MiB" if p["fits"] else "-")
+    _wide_console().print(table)
+    print(f"largest batch that fits: {result['max_batch']} (limited by {result['limited_by']}); with the "
+          f"{result['margin']:.0%} margin use at most {result['safe_batch']}; knee (within {result['knee_within']:.0%} of the "
+          f"best {result['best_samples_per_s']:,.0f} samples/s): {result['knee_batch']}")
+    print(f"saved: {Path(cfg.out) / 'find_batch.json'}")
+    return 0
+
+
+def _noise_scale(args: argparse.Namespace) -> int:
+    from paratrain.batch.noise_scale import RESULT_FILE, measure_noise_scale
+    from paratrain.config import NoiseScaleConfig
+
+    cfg = _batch_config(args, NoiseScaleConfig)
+    r = measure_noise_scale(cfg.train, cfg.out, cfg.steps, cfg.ema_steps)
+
+    def shown(value: Optional[float], error: Optional[float]) -> str:
+        return "not measurable (|G|² estimate <= 0)" if value is None else f"{value:,.1f} ± {error:,.1f}"
+
+    print(f"gradient noise scale B_simple over {r['steps']} steps ({r['source']}; batches {r['small_batch']} and "
+          f"{r['big_batch']}, {r['ranks']} rank(s)): at the end {shown(r['b_simple'], r['b_simple_stderr'])} "
+          f"(moving averages over {r['ema_steps']} steps); whole run {shown(r['b_simple_run'], r['b_simple_run_stderr'])}")
+    if r["curve"]:
+        print("predicted cost to reach the same loss, relative to its minimum (McCandlish et al. 2018):")
+        print("   batch   steps / S_min   examples / E_min")
+        for row in r["curve"]:
+            print(f"{row['batch']:>8}   {row['steps_vs_min']:13.2f}   {row['examples_vs_min']:16.2f}")
+        print(f"critical batch ≈ {r['critical_batch']:,.0f}: above it, more batch buys few fewer steps")
+    print(f"saved: {Path(cfg.out) / RESULT_FILE}")
+    return 0
+
+
+def _lr_find(args: argparse.Namespace) -> int:
+    from paratrain.batch.lr_find import RESULT_FILE, find_lr
+    from paratrain.config import LRFindConfig
+
+    cfg = _batch_config(args, LRFindConfig)
+    r = find_lr(cfg.train, cfg.out, cfg.steps, cfg.lr_min, cfg.lr_max, cfg.target_batch)
+    stop = f"diverged at LR {r['diverged_at_lr']:.3g}" if r["diverged_at_lr"] else "did not diverge"
+    print(f"LR range test {r['lr_min']:g} -> {r['lr_max']:g} over {r['steps']} steps at global batch "
+          f"{r['global_batch_size']}: {stop}")
+    print(f"suggested LR {r['suggested_lr']:.3g} ({r['rule']}); fastai's minimum/10: {r['minimum_over_10_lr']:.3g}")
+    s = r["scaled"]
+    print(f"for global batch {s['global_batch_size']}: LR {s['lr']:.3g} ({s['scaling']} scaling)")
+    print(f"saved: {Path(cfg.out) / RESULT_FILE}")
+    return 0
+
+
+def _recommend(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from paratrain.batch.recommend import RESULT_FILE, recommend
+    from paratrain.config import RecommendConfig
+
+    cfg = _batch_config(args, RecommendConfig)
+    console = Console(stderr=True)
+    r = recommend(cfg.train, cfg.workers, cfg.out, cfg.noise_steps, cfg.lr_steps, cfg.max_batch,
+                  on_stage=lambda stage: console.print(f"recommend: {stage}"))
+    for key in ("per_worker_batch", "global_batch", "lr", "warmup_epochs", "optimizer"):
+        value = r[key]["value"]
+        print(f"{key.replace('_', ' '):17} {value:.4g}  " if isinstance(value, float) else f"{key.replace('_', ' '):17} {value}  ",
+              f"({r[key]['source']})", sep="")
+    for note in r["notes"]:
+        print(f"note: {note}")
+    if cfg.apply:
+        print(r["command"])
+    print(f"saved: {Path(cfg.out) / RESULT_FILE}")
     return 0
 
 

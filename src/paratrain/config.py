@@ -13,7 +13,7 @@ import sys
 import json
 import tomllib
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -22,12 +22,14 @@ from paratrain.errors import UsageError
 
 Precision = Literal["32", "bf16", "fp16"]
 LRScaling = Literal["none", "linear", "sqrt"]
-Schedule = Literal["constant", "step", "exp", "inverse-time", "poly", "cosine"]
+Schedule = Literal["constant", "step", "exp", "inverse-time", "poly", "cosine", "range-test"]
 Optimizer = Literal["sgd", "adam", "adamw", "lars", "lamb"]
 Backend = Literal["auto", "gloo", "nccl", "mpi"]
 Device = Literal["auto", "cpu", "cuda"]
 AllReduce = Literal["auto", "shm", "backend"]
 PipelineSchedule = Literal["gpipe", "1f1b", "interleaved"]
+GradCompression = Literal["none", "fp16", "bf16", "powersgd"]
+Reduce = Literal["allreduce", "ps"]
 # Strategies that split the model's layers into stages, one per rank of a pipeline.
 STAGED_STRATEGIES = ("pipeline", "model-parallel", "hybrid")
 
@@ -35,7 +37,9 @@ STAGED_STRATEGIES = ("pipeline", "model-parallel", "hybrid")
 # Fields that say where and how to record a run, not what it trains: a resumed run may change them.
 # --memory-limit too: a run that ran out of memory resumes with a higher limit.
 RUN_CONTROL_FIELDS = ("run_dir", "resume", "quiet", "checkpoint_every", "log_every", "cache_dir", "tensorboard",
-                      "mlflow", "mlflow_experiment", "monitor_hz", "memory_limit")
+                      "mlflow", "mlflow_experiment", "monitor_hz", "memory_limit",
+                      # Where the ranks run and how failures are handled do not change the trajectory.
+                      "nodes", "node_rank", "rdzv", "rdzv_backend", "rdzv_timeout", "max_restarts", "timeout")
 
 
 class TrainConfig(BaseModel):
@@ -65,7 +69,7 @@ class TrainConfig(BaseModel):
 
     # How to parallelise.
     workers: int = Field(1, gt=0, description="number of ranks (one per GPU, or per group of CPU cores)")
-    strategy: Optional[str] = Field(None, description="parallel strategy: single, ddp, zero1, fsdp, pipeline, model-parallel or hybrid (default: ddp for workers > 1)")
+    strategy: Optional[str] = Field(None, description="parallel strategy: single, ddp, zero1, fsdp, pipeline, model-parallel, hybrid or async-ps (default: ddp for workers > 1)")
     stages: Optional[int] = Field(None, gt=0, description="pipeline, model-parallel, hybrid: pipeline stages (default: --workers, or --workers / --dp for hybrid)")
     dp: Optional[int] = Field(None, gt=0, description="hybrid: data-parallel replicas of the pipeline; --dp x --stages = --workers")
     microbatches: int = Field(4, gt=0, description="pipeline, hybrid: micro-batches each batch is cut into; must divide --batch-size")
@@ -81,6 +85,25 @@ class TrainConfig(BaseModel):
     bucket_cap_mb: float = Field(25.0, gt=0, description="DDP gradient bucket size in MB (DDP's default 25); smaller buckets start averaging earlier in backward")
     threads_per_worker: Optional[int] = Field(None, gt=0, description="CPU threads per rank (default: cores // workers)")
     allow_oversubscribe: bool = Field(False, description="allow more threads than cores (slow; for testing only)")
+
+    # Across nodes, and surviving a lost worker (launch/nodes.py, docs/cluster.md).
+    nodes: int = Field(1, gt=0, description="machines taking part; --workers counts the ranks of all of them and is split evenly")
+    node_rank: Optional[int] = Field(None, ge=0, description="this machine's index, 0 .. --nodes - 1; node 0 hosts the rendezvous, holds global rank 0 and writes the run directory")
+    rdzv: Optional[str] = Field(None, description="HOST:PORT of the rendezvous, an address of node 0 that every node can reach (needs --nodes > 1)")
+    rdzv_backend: Literal["c10d"] = Field("c10d", description="torch elastic rendezvous backend (c10d: a TCP store hosted by node 0's agent)")
+    rdzv_timeout: float = Field(900.0, gt=0, description="seconds to wait for the rendezvous to be reached and for every node to join")
+    max_restarts: int = Field(0, description="when a rank dies, restart every rank up to this many times; each restart resumes from the last checkpoint")
+    timeout: float = Field(600.0, gt=0, description="seconds a collective may wait for a peer before the run fails naming the rank and what it was doing")
+
+    # Synchronising less, sending less, waiting less (engine/strategies/ddp.py, async_ps.py; docs/synchronisation.md).
+    sync_every: int = Field(1, gt=0, description="ddp: local SGD: each rank steps on its own gradients and the parameters are averaged every H optimizer steps (1: gradients averaged every step, plain DDP)")
+    sync_warmup: int = Field(0, ge=0, description="ddp with --sync-every > 1: average gradients every step for the first S optimizer steps, then local SGD")
+    grad_compression: GradCompression = Field("none", description="ddp: compress gradients before averaging: fp16 or bf16 (half the bytes; bf16 needs a CUDA build of torch), powersgd (low-rank, --powersgd-rank)")
+    powersgd_rank: int = Field(2, gt=0, description="--grad-compression powersgd: rank of each gradient matrix's approximation (2: one of the ranks Vogels et al. report on CIFAR-10)")
+    powersgd_start: int = Field(10, gt=1, description="--grad-compression powersgd: optimizer steps of uncompressed averaging first (at least 2: DDP rebuilds its buckets after step 1)")
+    reduce: Reduce = Field("allreduce", description="ddp: allreduce (every rank sums), or ps: gradients reduced to rank 0, which broadcasts the average back (a synchronous parameter server)")
+    ps_ranks: int = Field(1, gt=0, description="async-ps: ranks that hold the parameters (sharded across them when > 1); the other --workers train")
+    max_staleness: Optional[int] = Field(None, ge=0, description="async-ps: a worker more than S updates ahead of the slowest waits (stale-synchronous, Ho et al. 2013); default: fully asynchronous")
 
     # Batch, learning rate, optimizer.
     batch_size: int = Field(32, gt=0, description="samples per worker per micro-step")
@@ -101,6 +124,11 @@ class TrainConfig(BaseModel):
     epochs: int = Field(3, gt=0, description="passes over the training set")
     early_stop: int = Field(0, ge=0, description="stop when the validation loss has not improved for this many epochs (0: never); needs a validation split")
 
+    # Measurements for choosing the batch and the LR (paratrain find-batch, noise-scale, lr-find; docs/batch-size.md).
+    max_steps: Optional[int] = Field(None, gt=0, description="stop after this many optimizer steps (the last epoch may be partial); schedules end there")
+    lr_end: Optional[float] = Field(None, gt=0, description="--schedule range-test: the LR of the last step; the LR grows exponentially from --lr to it (an LR range test)")
+    grad_noise: bool = Field(False, description="record each step's squared gradient norms of a small and a big batch (ddp: this rank's gradient and the average; one worker: the first micro-batch and the whole --grad-accum step) into RUN_DIR/grad_noise/rank<R>.jsonl, for the gradient noise scale")
+
     # Compute.
     precision: Precision = Field("32", description="32, bf16 or fp16 autocast (fp16 uses a GradScaler on GPUs)")
     checkpoint_activations: bool = Field(False, description="recompute each block's activations in backward to save memory")
@@ -111,7 +139,7 @@ class TrainConfig(BaseModel):
     # Run bookkeeping.
     seed: int = Field(0, description="seed of model init, shuffling and augmentation")
     run_dir: Optional[Path] = Field(None, description="run directory (default runs/<time>-<workload>-w<workers>)")
-    checkpoint_every: int = Field(0, ge=0, description="save a checkpoint every N epochs (0: never)")
+    checkpoint_every: Union[str, int] = Field(0, description="save a checkpoint every N epochs (N or Nepochs) or every N optimizer steps (Nsteps); 0: never")
     resume: bool = Field(False, description="continue the run in --run-dir from its checkpoint (same configuration)")
     log_every: int = Field(50, gt=0, description="optimizer steps between step events in metrics.jsonl (each reads the loss once)")
     monitor_hz: float = Field(2.0, gt=0, description="samples per second of the monitor (CPU, memory and GPU use of the host and each rank) into RUN_DIR/system.jsonl")
@@ -157,6 +185,33 @@ class TrainConfig(BaseModel):
             parse_size(value)
         return value
 
+    @field_validator("checkpoint_every")
+    @classmethod
+    def _checkpoint_interval(cls, value: Union[str, int]) -> Union[str, int]:
+        """N or Nepochs -> N (epochs, an int as before); Nsteps -> "Nsteps"."""
+        match = re.fullmatch(r"\s*(\d+)\s*(epochs?|steps?)?\s*", str(value).lower())
+        if isinstance(value, bool) or not match:
+            raise ValueError(f"{value!r} is not an interval; write N or Nepochs (every N epochs) or Nsteps (every N optimizer steps)")
+        count, unit = int(match.group(1)), match.group(2) or "epochs"
+        return f"{count}steps" if unit.startswith("step") and count else count
+
+    @field_validator("max_restarts")
+    @classmethod
+    def _restarts(cls, value: int) -> int:
+        if value < 0:
+            raise ValueError("must be 0 (a rank that dies ends the run) or more (restarts, each resuming from the last "
+                             "checkpoint)")
+        return value
+
+    @field_validator("rdzv")
+    @classmethod
+    def _host_port(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None:
+            host, sep, port = value.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"{value!r} is not HOST:PORT; give node 0's address and a free port, e.g. 10.0.0.1:29400")
+        return value
+
     @field_validator("augment")
     @classmethod
     def _known_augmentations(cls, value: list[str]) -> list[str]:
@@ -176,9 +231,88 @@ class TrainConfig(BaseModel):
                                  "from there (or use --workers 1)")
         if self.strategy == "single" and self.workers != 1:
             raise ValueError("strategy 'single' runs one worker; use --strategy ddp for --workers > 1")
+        if self.nodes > 1:
+            if self.node_rank is None or self.rdzv is None:
+                raise ValueError(f"--nodes {self.nodes} needs --node-rank (0 .. {self.nodes - 1}, this machine's index) and "
+                                 "--rdzv HOST:PORT (node 0's address) on every node")
+            if self.node_rank >= self.nodes:
+                raise ValueError(f"--node-rank {self.node_rank} is out of range for --nodes {self.nodes}; number the nodes "
+                                 f"0 .. {self.nodes - 1}")
+            if self.workers % self.nodes:
+                raise ValueError(f"--workers {self.workers} (the ranks of all nodes) does not split evenly over --nodes "
+                                 f"{self.nodes}; use a multiple of {self.nodes}, e.g. --workers {self.nodes}")
+        elif self.node_rank or self.rdzv is not None:
+            given = "--rdzv" if self.rdzv is not None else f"--node-rank {self.node_rank}"
+            raise ValueError(f"{given} is for runs across machines; add --nodes N (and the other nodes' commands), or drop it")
         if self.warmup_epochs >= self.epochs and self.warmup_epochs > 0:
             raise ValueError(f"--warmup-epochs ({self.warmup_epochs}) must be shorter than --epochs ({self.epochs})")
+        self._check_measurements()
+        self._check_synchronisation()
         return self
+
+    def _check_synchronisation(self) -> None:
+        """--sync-every, --grad-compression and --reduce change DDP's averaging; --ps-ranks and
+        --max-staleness lay out async-ps. Each applies where it means something, one at a time."""
+        name, defaults = self.strategy_name, type(self).model_fields
+        given = [f for f in ("sync_every", "sync_warmup", "grad_compression", "reduce", "powersgd_rank", "powersgd_start",
+                             "ps_ranks", "max_staleness") if getattr(self, f) != defaults[f].default]
+        if self.reduce == "ps" and name in ("zero1", "fsdp"):
+            raise ValueError(f"--reduce ps sends whole gradients to rank 0, and --strategy {name} shards them; use --strategy "
+                             "ddp --reduce ps")
+        ps_only = [f for f in given if f in ("ps_ranks", "max_staleness")]
+        if name == "async-ps":
+            if self.workers < 2:
+                raise ValueError(f"--strategy async-ps needs at least 2 ranks (--ps-ranks servers and at least one worker); "
+                                 f"use --workers {self.ps_ranks + 1} or more")
+            if self.ps_ranks >= self.workers:
+                raise ValueError(f"--ps-ranks {self.ps_ranks} leaves none of --workers {self.workers} to train; use --ps-ranks "
+                                 f"{self.workers - 1} or fewer (or more --workers)")
+            if self.checkpoint_every:
+                raise ValueError("--checkpoint-every: async-ps keeps the optimizer state on its servers, which checkpoints do not "
+                                 "hold; drop --checkpoint-every")
+            wrong = [f for f in given if f not in ps_only]
+            if wrong:
+                raise ValueError(f"{flag(wrong[0])} changes DDP's averaging and async-ps does not average; use --strategy ddp")
+            return
+        if ps_only:
+            raise ValueError(f"{flag(ps_only[0])} lays out a parameter server; it applies to --strategy async-ps, not {name}")
+        if given and name != "ddp":
+            raise ValueError(f"{flag(given[0])} changes DDP's gradient averaging; it applies to --strategy ddp, not {name}")
+        if self.sync_warmup and self.sync_every == 1:
+            raise ValueError(f"--sync-warmup {self.sync_warmup} is the synchronous start of local SGD; add --sync-every H (H > 1)")
+        if self.sync_every > 1 and (self.grad_compression != "none" or self.reduce != "allreduce"):
+            other = "--grad-compression" if self.grad_compression != "none" else "--reduce ps"
+            raise ValueError(f"--sync-every {self.sync_every} averages parameters, not gradients, after its warm-up; {other} "
+                             "would only touch the warm-up: choose one of them")
+        if self.grad_compression == "powersgd" and self.reduce == "ps":
+            raise ValueError("--grad-compression powersgd all-reduces its low-rank factors and has no reduce-to-one form; "
+                             "drop --reduce ps (or use --grad-compression fp16)")
+        if self.grad_compression != "powersgd" and {"powersgd_rank", "powersgd_start"} & set(given):
+            raise ValueError(f"{flag(next(f for f in given if f.startswith('powersgd')))} applies to --grad-compression powersgd")
+
+    def _check_measurements(self) -> None:
+        """The range-test schedule and the gradient-noise recording need the runs they can measure."""
+        if (self.schedule == "range-test") != (self.lr_end is not None):
+            raise ValueError("--schedule range-test and --lr-end go together: the range test sweeps the LR from --lr to --lr-end")
+        if self.lr_end is not None and self.lr_end <= self.lr:
+            raise ValueError(f"--lr-end {self.lr_end:g} must be above --lr {self.lr:g}: the range test raises the LR from one to the other")
+        if self.lr_end is not None and self.warmup_epochs > 0:
+            raise ValueError("--schedule range-test sets every step's LR itself; drop --warmup-epochs")
+        if not self.grad_noise:
+            return
+        if self.strategy_name not in ("single", "ddp", "zero1"):
+            raise ValueError(f"--grad-noise measures through DDP's gradient averaging or gradient accumulation; use --strategy "
+                             f"ddp, zero1 or single, not {self.strategy_name}")
+        if self.sync_every > 1 or self.grad_compression == "powersgd":
+            given = "--sync-every" if self.sync_every > 1 else "--grad-compression powersgd"
+            raise ValueError(f"--grad-noise compares each rank's gradient with the exact average, which {given} replaces "
+                             "(local steps, or a low-rank approximation); drop one of them")
+        if self.workers == 1 and self.grad_accum < 2:
+            raise ValueError("--grad-noise on one worker compares a micro-batch with the whole step: add --grad-accum 2 or more "
+                             "(or use --workers 2)")
+        if self.precision == "fp16":
+            raise ValueError("--grad-noise reads gradients that fp16's loss scaling multiplies by a changing factor; use "
+                             "--precision bf16 or 32")
 
     @model_validator(mode="after")
     def _pipeline_layout(self) -> "TrainConfig":
@@ -231,6 +365,19 @@ class TrainConfig(BaseModel):
 
     # Derived values: computed here once so config.json, the ranks and the analysis agree.
     @property
+    def workers_per_node(self) -> int:
+        return self.workers // self.nodes
+
+    @property
+    def checkpoint_every_steps(self) -> int:
+        """Optimizer steps between checkpoints (0: checkpoints are per epoch, or none)."""
+        return int(self.checkpoint_every[:-5]) if isinstance(self.checkpoint_every, str) else 0
+
+    @property
+    def checkpoint_every_epochs(self) -> int:
+        return self.checkpoint_every if isinstance(self.checkpoint_every, int) else 0
+
+    @property
     def strategy_name(self) -> str:
         return self.strategy or ("ddp" if self.workers > 1 else "single")
 
@@ -246,6 +393,8 @@ class TrainConfig(BaseModel):
     @property
     def data_parallel_size(self) -> int:
         """Replicas that each take a different share of the batch."""
+        if self.strategy_name == "async-ps":
+            return 1        # every update applies one worker's batch: the LR is scaled for that batch
         return max(1, self.workers // self.pipeline_stages)
 
     @property
@@ -399,6 +548,65 @@ class ScaleConfig(BaseModel):
         return self
 
 
+PlanPrecision = Literal["fp32", "tf32", "bf16", "fp16"]
+PLAN_STRATEGIES = ("ddp", "zero1", "fsdp", "pipeline", "hybrid")
+
+
+class PlanConfig(BaseModel):
+    """`paratrain plan`: the performance and memory model of a model on 1 ... N devices (plan/)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    workload: Optional[str] = Field(None, description="named workload whose model is planned; see `paratrain workloads`")
+    model: Optional[str] = Field(None, description="the model instead: a registered name or pkg.module:factory")
+    dataset: Optional[str] = TrainConfig.model_fields["dataset"]
+    image_size: Optional[int] = TrainConfig.model_fields["image_size"]
+    seq_len: Optional[int] = TrainConfig.model_fields["seq_len"]
+    num_classes: int = Field(10, gt=1, description="classes of the model's output (image models)")
+    device: str = Field(description="accelerator: p100, v100, a100, h100, l4, t4, or cpu (this machine, measured)")
+    gpus: list[int] = Field(default_factory=list, description="device counts to plan, e.g. 8,64,1024 (on nodes of --gpus-per-node)")
+    nodes: Optional[int] = Field(None, description="nodes (with --gpus-per-node): plans nodes x gpus-per-node devices")
+    gpus_per_node: Optional[int] = Field(None, description="devices per node (default: 8 GPUs, or this machine's cores for cpu)")
+    batch_size: int = Field(32, gt=0, description="samples per device per step (weak scaling: the global batch grows with the devices)")
+    global_batch: Optional[int] = Field(None, gt=0, description="a fixed global batch split over the devices instead (strong scaling)")
+    precision: PlanPrecision = Field("fp32", description="fp32, tf32, bf16 or fp16 (the device's peak for that dtype)")
+    strategy: list[str] = Field(default_factory=lambda: list(PLAN_STRATEGIES), description="strategies to plan, comma-separated (default: all of ddp,zero1,fsdp,pipeline,hybrid)")
+    optimizer: Optimizer = Field("adam", description="the optimizer whose state is counted: sgd (momentum), adam, adamw, lars, lamb")
+    microbatches: int = Field(4, gt=0, description="pipeline and hybrid: micro-batches per step (at least the stages)")
+    interconnect: Optional[str] = Field(None, description="the inter-node network (ib-edr, ib-hdr, ib-ndr, 25gbe, 100gbe; default ib-hdr) or a paratrain commbench JSON file")
+    intra_node_gbps: Optional[float] = Field(None, gt=0, description="bandwidth between devices of a node, Gb/s per direction (default: the device's own link)")
+    inter_node_gbps: Optional[float] = Field(None, gt=0, description="bandwidth between nodes, Gb/s per direction (default: the --interconnect's)")
+    calibrate: list[Path] = Field(default_factory=list, description="run directories measured here whose compute efficiency, overhead and synchronisation the plan uses")
+    out: Optional[Path] = Field(None, description="also write plan.json, the plots and report.html into this directory")
+    cache_dir: Optional[Path] = TrainConfig.model_fields["cache_dir"]
+
+    @field_validator("gpus", "strategy", mode="before")
+    @classmethod
+    def _split_lists(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "PlanConfig":
+        if (self.workload is None) == (self.model is None):
+            raise ValueError("give the model to plan: --workload NAME or --model NAME_OR_FACTORY (one of them)")
+        for name in ("nodes", "gpus_per_node"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{flag(name)} must be at least 1 (got {value})")
+        if self.gpus and self.nodes is not None:
+            raise ValueError("give the devices once: --gpus N[,N...] or --nodes N --gpus-per-node G")
+        if not self.gpus and self.nodes is None:
+            raise ValueError("how many devices? give --gpus N[,N...] or --nodes N --gpus-per-node G")
+        if self.gpus and min(self.gpus) <= 0:
+            raise ValueError(f"--gpus counts must be positive (got {min(self.gpus)})")
+        unknown = [s for s in self.strategy if s not in PLAN_STRATEGIES]
+        if unknown or not self.strategy:
+            raise ValueError(f"unknown strategy {unknown[0] if unknown else '(none)'!r}; choose from {','.join(PLAN_STRATEGIES)}")
+        return self
+
+
 class LaunchConfig(BaseModel):
     """`paratrain launch`: any torchrun-style script on N local ranks, into a run directory."""
 
@@ -453,4 +661,140 @@ class SweepConfig(BaseModel):
         if self.script is not None and self.train:
             names = ", ".join(flag(k) for k in self.train)
             raise ValueError(f"train flags ({names}) apply to built-in workloads; with --script pass them after --")
+        return self
+
+
+class SlurmConfig(BaseModel):
+    """`paratrain slurm`: sbatch scripts for a train run, each point of a scaling study, or a sweep."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpus_per_node: int = Field(ge=0, description="GPUs of one node a job may use (0: CPU nodes, one rank per --cpus-per-worker cores)")
+    nodes: int = Field(1, gt=0, description="nodes a job may span at most; a point with more workers than --gpus-per-node spans several")
+    time: str = Field(description="the jobs' time limit, HH:MM:SS or D-HH:MM:SS")
+    partition: str = Field(description="the SLURM partition (queue) to submit to")
+    setup: list[str] = Field(default_factory=list, description="shell lines run before paratrain in every job, e.g. 'module load python' or 'source ~/venv/bin/activate' (repeatable)")
+    gres: Optional[str] = Field(None, description="the node's GPU resource as SLURM names it, gpu[:TYPE]:COUNT, e.g. gpu:v100:4; COUNT must be --gpus-per-node (default gpu:G)")
+    cpus_per_worker: Optional[int] = Field(None, gt=0, description="CPU cores per rank; --cpus-per-task is this x the ranks of a node (default: --threads-per-worker, else 1)")
+    account: Optional[str] = Field(None, description="the SLURM account to charge")
+    sbatch_option: list[str] = Field(default_factory=list, description="another #SBATCH option for every job, written with =: --sbatch-option=--qos=training (repeatable)")
+    out: Optional[Path] = Field(None, description="the directory of the job's results, scripts in DIR/slurm/ (scale, sweep: their --out; train: the run goes to DIR/run)")
+    submit: bool = Field(False, description="submit the jobs with sbatch (the study's collection job after its points)")
+
+    @field_validator("time")
+    @classmethod
+    def _a_time(cls, value: str) -> str:
+        if not re.fullmatch(r"(\d+-)?\d{1,2}:[0-5]\d:[0-5]\d", value):
+            raise ValueError(f"{value!r} is not a SLURM time limit; write HH:MM:SS (e.g. 00:30:00) or D-HH:MM:SS")
+        return value
+
+    @field_validator("gres")
+    @classmethod
+    def _a_gpu_gres(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None and not re.fullmatch(r"gpu(:[\w.-]+)?:\d+", value):
+            raise ValueError(f"{value!r} is not a GPU resource; write gpu:COUNT or gpu:TYPE:COUNT (e.g. gpu:v100:4)")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "SlurmConfig":
+        if self.gres is not None:
+            count = int(self.gres.rsplit(":", 1)[1])
+            if count != self.gpus_per_node:
+                raise ValueError(f"--gres {self.gres} gives {count} GPUs per node and --gpus-per-node says {self.gpus_per_node}; "
+                                 f"make them agree (e.g. --gres {self.gres.rsplit(':', 1)[0]}:{self.gpus_per_node})")
+        return self
+
+    @property
+    def gpu_resource(self) -> str:
+        """The gres name without its count: gpu or gpu:TYPE."""
+        return self.gres.rsplit(":", 1)[0] if self.gres else "gpu"
+
+
+# -- choosing the batch and the LR by measurement (paratrain/batch/, docs/batch-size.md) ------------
+
+class FindBatchConfig(BaseModel):
+    """`paratrain find-batch`: the largest per-worker batch that fits, and the throughput knee."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    out: Path = Field(description="directory for find_batch.json (the probes' run directories are removed)")
+    margin: float = Field(0.05, ge=0, lt=1, description="safety margin: the batch to use is the largest that fits, less this fraction (Lightning's BatchSizeFinder margin)")
+    max_batch: Optional[int] = Field(None, gt=0, description="probe no batch above this (default: the training set split over the workers)")
+    probe_steps: int = Field(12, ge=3, description="optimizer steps of each probe; samples/s is measured over the steps after the first third")
+    knee_within: float = Field(0.05, gt=0, lt=1, description="the knee: the smallest batch whose samples/s is within this fraction of the best")
+    train: dict[str, Any] = Field(default_factory=dict, description="the train flags every probe shares")
+
+
+class NoiseScaleConfig(BaseModel):
+    """`paratrain noise-scale`: the gradient noise scale B_simple measured during a short run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    out: Path = Field(description="directory for noise_scale.json and the measured run (OUT/noise-scale-run)")
+    steps: int = Field(200, gt=0, description="optimizer steps of the measured run")
+    ema_steps: Optional[int] = Field(None, gt=0, description="span of the moving averages of |G|² and tr(Σ), in steps (default: a quarter of --steps, at least 10)")
+    train: dict[str, Any] = Field(default_factory=dict, description="the train flags of the measured run")
+
+
+class LRFindConfig(BaseModel):
+    """`paratrain lr-find`: the LR range test."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    out: Path = Field(description="directory for lr_find.json and the sweep's run (OUT/lr-find-run)")
+    steps: int = Field(100, gt=0, description="optimizer steps of the sweep from --lr-min to --lr-max")
+    lr_min: float = Field(1e-6, gt=0, description="the LR of the first step")
+    lr_max: float = Field(1.0, gt=0, description="the LR of the last step")
+    target_batch: Optional[int] = Field(None, gt=0, description="also give the LR scaled to this global batch (default: the sweep's own)")
+    train: dict[str, Any] = Field(default_factory=dict, description="the train flags of the sweep")
+
+    @model_validator(mode="after")
+    def _range(self) -> "LRFindConfig":
+        if self.lr_min >= self.lr_max:
+            raise ValueError(f"--lr-min {self.lr_min:g} must be below --lr-max {self.lr_max:g}: the range test raises the "
+                             "LR from one to the other")
+        return self
+
+
+class RecommendConfig(BaseModel):
+    """`paratrain recommend`: per-worker batch, global batch, LR, warmup and optimizer for N workers."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    workers: int = Field(gt=0, description="the workers the recommended run will use")
+    out: Path = Field(description="directory for recommend.json and the measurements (their JSON files are reused when the same train flags made them)")
+    apply: bool = Field(False, description="print the paratrain train command of the recommendation")
+    max_batch: Optional[int] = Field(None, gt=0, description="find-batch probes no per-worker batch above this (default: the training set)")
+    noise_steps: int = Field(NoiseScaleConfig.model_fields["steps"].default, gt=0, description="optimizer steps of the noise-scale measurement")
+    lr_steps: int = Field(LRFindConfig.model_fields["steps"].default, gt=0, description="optimizer steps of the LR range test")
+    train: dict[str, Any] = Field(default_factory=dict, description="the train flags of the measurements and the recommended run")
+
+
+class CommbenchConfig(BaseModel):
+    """`paratrain commbench`: collective latency and bandwidth on N local ranks, fitted to alpha-beta."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    workers: int = Field(2, gt=1, description="ranks taking part (at least 2)")
+    out: Optional[Path] = Field(None, description="the JSON result (default: <cache>/commbench/<backend>-<device>-w<N>.json); paratrain plan --interconnect FILE reads it")
+    min_size: str = Field("1K", description="smallest message, e.g. 1K")
+    max_size: str = Field("256M", description="largest message, e.g. 256M; sizes go up by 4x from --min-size")
+    backend: Backend = TrainConfig.model_fields["backend"]
+    device: Device = TrainConfig.model_fields["device"]
+    threads_per_worker: Optional[int] = TrainConfig.model_fields["threads_per_worker"]
+    allow_oversubscribe: bool = TrainConfig.model_fields["allow_oversubscribe"]
+    seconds_per_size: float = Field(0.2, gt=0, description="seconds spent timing each collective at each size, in 5 rounds (the median round counts)")
+
+    @field_validator("min_size", "max_size")
+    @classmethod
+    def _a_size(cls, value: str) -> str:
+        parse_size(value)
+        return value
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "CommbenchConfig":
+        if parse_size(self.min_size) > parse_size(self.max_size):
+            raise ValueError(f"--min-size {self.min_size} is above --max-size {self.max_size}; swap them")
+        if parse_size(self.min_size) < 4 * self.workers:
+            raise ValueError(f"--min-size {self.min_size} holds less than one float32 per rank; use 1K or more")
         return self

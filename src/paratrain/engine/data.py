@@ -10,6 +10,7 @@ float, augmentation and normalisation run batched on the device.
 """
 from __future__ import annotations
 
+import itertools
 from typing import Any, Callable, Iterator, Optional
 
 import torch
@@ -79,9 +80,11 @@ class TensorBatches:
     def __len__(self) -> int:
         return -(-self.per_rank // self.batch_size)
 
-    def epoch(self, epoch: int) -> Iterator[Batch]:
+    def epoch(self, epoch: int, first: int = 0) -> Iterator[Batch]:
+        """This rank's batches of `epoch`, from batch `first` on (a run resumed mid-epoch); skipped
+        batches are never prepared, so they draw no augmentation randomness."""
         idx = shard_indices(len(self.y), self.ctx, self.seed, epoch, shuffle=True).to(self.ctx.device)
-        for start in range(0, len(idx), self.batch_size):
+        for start in range(first * self.batch_size, len(idx), self.batch_size):
             batch = idx[start : start + self.batch_size]
             yield self.prepare(self.x.index_select(0, batch), train=True), self.y.index_select(0, batch)
 
@@ -107,12 +110,12 @@ class WindowBatches:
     def __len__(self) -> int:
         return -(-self.per_rank // self.batch_size)
 
-    def epoch(self, epoch: int) -> Iterator[Batch]:
+    def epoch(self, epoch: int, first: int = 0) -> Iterator[Batch]:
         generator = torch.Generator().manual_seed(self.seed + epoch)
         starts = torch.randint(0, len(self.tokens) - self.seq_len, (self.samples,), generator=generator)
         mine = starts[shard_indices(self.samples, self.ctx, self.seed, epoch, shuffle=False)].to(self.ctx.device)
-        for first in range(0, len(mine), self.batch_size):
-            windows = self.tokens[mine[first : first + self.batch_size, None] + self.offsets].long()
+        for start in range(first * self.batch_size, len(mine), self.batch_size):
+            windows = self.tokens[mine[start : start + self.batch_size, None] + self.offsets].long()
             yield windows[:, :-1], windows[:, 1:]
 
 
@@ -130,9 +133,9 @@ class LoaderBatches:
     def __len__(self) -> int:
         return len(self.loader)
 
-    def epoch(self, epoch: int) -> Iterator[Batch]:
+    def epoch(self, epoch: int, first: int = 0) -> Iterator[Batch]:
         self.sampler.set_epoch(epoch)
-        for x, y in self.loader:
+        for x, y in itertools.islice(self.loader, first, None):     # skipped batches are loaded, never prepared
             x = x.to(self.ctx.device, non_blocking=True)
             yield self.prepare(x, train=True), y.to(self.ctx.device, non_blocking=True)
 

@@ -7,12 +7,16 @@ the CPU affinity are right from the first tensor op.
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Optional
 
 import torch
 import torch.distributed as dist
+
+
+STARTUP_TIMEOUT_S = 600.0      # torch's own default for gloo collectives, for the waits before training
 
 
 @dataclass(frozen=True)
@@ -22,6 +26,10 @@ class Placement:
     threads_per_worker: int
     cpu_sets: Optional[list[list[int]]] = None   # cores of each local rank; None leaves affinity alone
     allreduce: str = "backend"        # shm | backend: how data-parallel ranks average gradients
+    timeout_s: float = 600.0          # how long a collective may wait for a peer (--timeout)
+    node_rank: Optional[int] = None   # --node-rank of a run across nodes: global rank = node_rank x ranks per node + local rank
+    spans_hosts: bool = False         # the ranks are on several machines (--nodes, srun or mpirun across nodes)
+    store_host: Optional[str] = None  # node 0's address, where rank 0 hosts each attempt's store (--nodes with --max-restarts)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -34,6 +42,7 @@ class RankContext:
     local_rank: int
     device: torch.device
     allreduce: str = "backend"
+    timeout_s: float = 600.0          # --timeout: how long a collective waits for a peer
 
     @property
     def is_main(self) -> bool:
@@ -49,6 +58,14 @@ class RankContext:
             dist.all_reduce(tensor)
         return tensor
 
+    def broadcast_object(self, obj: object) -> object:
+        """Rank 0's `obj` on every rank (other ranks pass anything)."""
+        if not self.distributed:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
     def gather_objects(self, obj: object) -> list:
         if not self.distributed:
             return [obj]
@@ -62,6 +79,16 @@ def init_rank(placement: Placement) -> RankContext:
     rank = int(os.environ.get("RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if placement.node_rank is not None:
+        # The rendezvous numbers nodes in the order of their addresses; paratrain numbers them by
+        # --node-rank, so node 0 holds global rank 0 (which writes the run directory) on every
+        # start and restart. Any numbering that every rank agrees on is a valid process group.
+        rank = placement.node_rank * int(os.environ["LOCAL_WORLD_SIZE"]) + local_rank
+        os.environ["RANK"] = str(rank)
+        if placement.store_host is not None:
+            # Rank 0 hosts the store (launch/local.py: a fresh one per attempt), and rank 0 is on
+            # node 0, whichever node the rendezvous put first and published as MASTER_ADDR.
+            os.environ["MASTER_ADDR"] = placement.store_host
 
     if placement.device_type == "cuda":
         device = torch.device("cuda", local_rank)
@@ -69,9 +96,20 @@ def init_rank(placement: Placement) -> RankContext:
     else:
         device = torch.device("cpu")
 
+    if world_size > 1 and placement.spans_hosts and placement.backend == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ:
+        # gloo listens on the address the host name resolves to, which may be one the other
+        # machines cannot reach (Debian maps it to 127.0.1.1): use the interface that reaches rank
+        # 0's host instead (a GLOO_SOCKET_IFNAME set by the user wins).
+        interface = interface_of(address_towards(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])))
+        if interface is not None:
+            os.environ["GLOO_SOCKET_IFNAME"] = interface
     if world_size > 1 and not dist.is_initialized():
         kwargs = {"device_id": device} if placement.device_type == "cuda" else {}
-        dist.init_process_group(placement.backend, timeout=timedelta(minutes=10), **kwargs)
+        # Until training starts, ranks may legitimately be far apart (loading data, building the
+        # model on a busy machine): the start-up waits get at least STARTUP_TIMEOUT_S; the loop
+        # then bounds every collective by --timeout (bound_collectives).
+        dist.init_process_group(placement.backend, timeout=timedelta(seconds=max(placement.timeout_s, STARTUP_TIMEOUT_S)),
+                                **kwargs)
 
     if placement.cpu_sets is not None:
         # Pin the compute thread (and the OpenMP threads it starts later) to this rank's cores, so
@@ -81,7 +119,30 @@ def init_rank(placement: Placement) -> RankContext:
         # instead of 0.36 ms on 2 cores (see docs/benchmarks.md).
         os.sched_setaffinity(0, placement.cpu_sets[local_rank])
     torch.set_num_threads(placement.threads_per_worker)
-    return RankContext(rank, world_size, local_rank, device, placement.allreduce)
+    return RankContext(rank, world_size, local_rank, device, placement.allreduce, placement.timeout_s)
+
+
+def bound_collectives(seconds: float) -> None:
+    """From now on a collective of the default group waits at most `seconds` for a peer: one that
+    stops answering (killed, stopped, cut off) fails the waiting rank instead of hanging it."""
+    if dist.is_initialized():
+        from torch.distributed.distributed_c10d import _set_pg_timeout    # torch's own setter, used by its tests
+
+        _set_pg_timeout(timedelta(seconds=seconds))
+
+
+def address_towards(host: str, port: int) -> str:
+    """This machine's address on its route to `host`. A UDP socket "connected" there sends nothing:
+    the kernel only picks the route, and with it the source address."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((host, port))
+        return probe.getsockname()[0]
+
+
+def interface_of(address: str) -> Optional[str]:
+    import psutil
+
+    return next((name for name, addrs in psutil.net_if_addrs().items() for a in addrs if a.address == address), None)
 
 
 def shutdown() -> None:

@@ -9,13 +9,14 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import statistics
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 from torch import nn
@@ -24,7 +25,8 @@ from paratrain.config import TrainConfig
 from paratrain.engine.augment import BatchAugment
 from paratrain.engine.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from paratrain.engine.data import BatchPreparer, eval_batches, training_batches
-from paratrain.engine.distributed import Placement, RankContext, init_rank, shutdown
+from paratrain.engine.distributed import Placement, RankContext, bound_collectives, init_rank, shutdown
+from paratrain.engine.grad_noise import GradNoiseRecorder
 from paratrain.engine.flops import count_flops_per_sample, cpu_peak, gpu_peak, mfu
 from paratrain.engine.lr import LRSchedule, scaled_lr
 from paratrain.engine.memory import (MemoryMeter, is_out_of_memory, limit_rank_memory, peak_memory_bytes, per_rank,
@@ -42,22 +44,40 @@ from paratrain.workloads.objective import build_objective
 log = logging.getLogger("paratrain.rank")
 
 
-def run_rank(config: dict[str, Any], placement: dict[str, Any], run_dir: str) -> Optional[dict[str, Any]]:
-    """Entry point of one rank; returns the run summary on rank 0 and None elsewhere."""
+def run_rank(config: dict[str, Any], placement: dict[str, Any], run_dir: str,
+             environ: Optional[dict[str, Optional[str]]] = None) -> Optional[dict[str, Any]]:
+    """Entry point of one rank; returns the run summary on rank 0 and None elsewhere.
+
+    `environ`: changes to this process's environment, applied first (None: remove the variable). A
+    rank forked from the CLI's fork server has the environment the server started with, and the
+    launcher's may have changed since (paratrain/forkserver.py).
+    """
+    for name, value in (environ or {}).items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
     cfg = TrainConfig.model_validate(config)
     if cfg.memory_limit is not None:
         limit_rank_memory(cfg.memory_limit_bytes)     # launch runs such ranks in processes of their own
     ctx = init_rank(Placement(**placement))
     run = RunDir(Path(run_dir))
     handler = _log_to_file(run.rank_log(ctx.rank), ctx)
+    activity = Activity()
     try:
-        return Trainer(cfg, ctx, run).fit()
+        return Trainer(cfg, ctx, run, activity).fit()
     except BaseException as exc:
-        log.exception("rank %d failed", ctx.rank)
+        log.exception("rank %d failed %s", ctx.rank, activity)
         if cfg.memory_limit is not None and is_out_of_memory(exc):
             raise MemoryLimitExceeded(
                 f"rank {ctx.rank} needs more memory than --memory-limit {cfg.memory_limit} allows; shard the model "
                 "over the ranks with --strategy fsdp (or split it with --strategy pipeline), or raise --memory-limit") from None
+        if ctx.distributed and _is_collective_failure(exc):
+            # torch's text, without the source locations and wrappers it adds around gloo's message.
+            reason = re.sub(r"\[[^\]]*\.(cc|cpp|h):\d+\] ?", "", " ".join(str(exc).split())).split(" At: ")[0]
+            reason = reason.rpartition("RuntimeError: ")[2] or type(exc).__name__
+            raise CollectiveFailed(f"rank {ctx.rank} stopped {activity}: a peer stopped answering or went away "
+                                   f"(--timeout {cfg.timeout:g} s): {reason}") from None
         raise
     finally:
         shutdown()
@@ -81,6 +101,45 @@ def _log_to_file(path: Path, ctx: RankContext) -> logging.Handler:
     return handler
 
 
+class CollectiveFailed(RuntimeError):
+    """A collective failed or timed out because a peer died, hung or was cut off."""
+
+
+# What torch's backends raise when a peer is gone: gloo's timeouts and closed connections, NCCL's
+# watchdog; the shared-memory average raises TimeoutError itself.
+_COLLECTIVE_ERROR = re.compile(r"gloo|nccl|timed out|timeout|connection (closed|reset)|broken pipe", re.IGNORECASE)
+
+
+def _is_collective_failure(exc: BaseException) -> bool:
+    import torch.distributed as dist
+
+    return isinstance(exc, (TimeoutError, dist.DistError)) or (
+        isinstance(exc, RuntimeError) and bool(_COLLECTIVE_ERROR.search(str(exc))))
+
+
+@dataclass
+class Activity:
+    """What the rank is doing, kept up to date by the Trainer, so that a collective that fails
+    (a peer died or hangs) ends with an error saying where the run was."""
+
+    phase: str = "setting up (joining the other ranks, building and wrapping the model)"
+    epoch: Optional[int] = None
+    step: Optional[int] = None        # the optimizer step under way (1-based)
+
+    def __str__(self) -> str:
+        if self.phase == "training":
+            return f"in step {self.step} (epoch {self.epoch + 1}, training: forward, backward, averaging the gradients)"
+        return f"while {self.phase}"
+
+    @contextmanager
+    def doing(self, phase: str) -> Iterator[None]:
+        before, self.phase = self.phase, phase
+        try:
+            yield
+        finally:
+            self.phase = before
+
+
 class MemoryLimitExceeded(RuntimeError):
     """An allocation failed under --memory-limit: the run's model, gradients, optimizer state and
     activations do not fit the limit on this rank."""
@@ -100,11 +159,13 @@ class RunState:
     samples: int = 0               # training samples processed, all ranks
     elapsed_s: float = 0.0         # training wall time before this launch (resumed runs)
     epochs_done: list[dict[str, Any]] = field(default_factory=list)
+    position: Optional[dict[str, Any]] = None    # a checkpoint taken mid-epoch (--checkpoint-every Nsteps): where in it
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig, ctx: RankContext, run: RunDir):
+    def __init__(self, cfg: TrainConfig, ctx: RankContext, run: RunDir, activity: Optional[Activity] = None):
         self.cfg, self.ctx, self.run = cfg, ctx, run
+        self.activity = activity or Activity()
         self.started = time.perf_counter()
         reset_peak_memory(ctx.device)
         self.data = load_data(cfg)
@@ -118,8 +179,6 @@ class Trainer:
 
         module = build_model(cfg, self.data).to(ctx.device)
         self.objective = build_objective(cfg.loss, module)
-        # Counted before activation checkpointing: MFU credits no recomputation.
-        self.flops_per_sample = model_flops_per_sample(module, self.objective, self.data, ctx, cfg) if ctx.is_main else None
         if cfg.checkpoint_activations:
             _checkpoint_activations(module)
         self.model = self.strategy.wrap(module)
@@ -139,7 +198,9 @@ class Trainer:
             base_lr=cfg.lr, peak_lr=scaled_lr(cfg.lr, cfg.global_batch_size, cfg.reference_batch_size, cfg.lr_scaling),
             steps_per_epoch=self.steps_per_epoch, epochs=cfg.epochs, warmup_epochs=cfg.warmup_epochs,
             schedule=cfg.schedule, step_size=cfg.lr_step_size, gamma=cfg.lr_gamma, decay_rate=cfg.lr_decay_rate,
-            power=cfg.lr_power, min_lr=cfg.min_lr)
+            power=cfg.lr_power, min_lr=cfg.min_lr, end_lr=cfg.lr_end, max_steps=cfg.max_steps)
+        self.grad_noise = GradNoiseRecorder(cfg, ctx.rank, cfg.data_parallel_size, run.path, self.strategy.bucket_norms,
+                                            self.strategy.allreduce) if cfg.grad_noise else None
 
         half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
         self.autocast = (lambda: torch.autocast(ctx.device.type, dtype=half)) if half else nullcontext
@@ -147,13 +208,23 @@ class Trainer:
         self.scaler = torch.amp.GradScaler("cuda", enabled=cfg.precision == "fp16" and ctx.device.type == "cuda")
 
         self.state = RunState()
-        if cfg.resume:
+        # The elastic agents restart every rank after one dies (--max-restarts). A run that is not a
+        # --resume starts in an empty directory, so events or a checkpoint found there were written
+        # by this run before the restart: it resumes from the checkpoint by itself (or starts over
+        # if there is none yet). Rank 0 decides; an agent restarting for another node's sake does
+        # not count the restart (TORCHELASTIC_RESTART_COUNT), so that cannot tell.
+        restartable = cfg.max_restarts > 0 and not cfg.resume
+        self.restarts = self._earlier_restarts() + 1 if restartable and ctx.is_main and run.metrics.exists() else 0
+        self.resumed_from_step: Optional[int] = None
+        self._partial: Optional[dict[str, torch.Tensor]] = None     # this rank's sums of a checkpointed partial epoch
+        if cfg.resume or restartable:
             self._restore()
         self.memory = MemoryMeter(self.state.step, self.steps_per_epoch * cfg.epochs)
         # Rank 0 records events: metrics.jsonl always, TensorBoard when asked.
         self.sinks: list[Any] = []
         if ctx.is_main:
-            self.sinks.append(MetricsWriter(run.metrics, keep_until_step=self.state.step if cfg.resume else None))
+            rewind = cfg.resume or self.restarts > 0
+            self.sinks.append(MetricsWriter(run.metrics, keep_until_step=self.state.step if rewind else None))
             if cfg.tensorboard is not None:
                 from paratrain.runs.tensorboard import TensorBoardSink
 
@@ -167,7 +238,11 @@ class Trainer:
         log.info("training %s with %s on %d rank(s), %d steps/epoch", cfg.workload, cfg.strategy_name,
                  ctx.world_size, self.steps_per_epoch)
         # Wall-clock start of training, for launch overhead (time from launch to the first step).
-        self._event("start", step=self.state.step, unix_time=time.time())
+        # `time` is on the clock of the step events, so a step's Unix time is unix_time + (its time - this time).
+        self._event("start", step=self.state.step, unix_time=time.time(), time=self.state.elapsed_s + time.perf_counter() - self.started,
+                    **({"restart": self.restarts} if self.restarts else {}))
+        bound_collectives(cfg.timeout)
+        self.first_step = self.state.step       # bytes sent are counted from here (a resumed run's launch)
         self.checked_step = self.state.step     # the loss was last seen finite after this step
         try:
             for epoch in range(self.state.epoch, cfg.epochs):
@@ -177,8 +252,10 @@ class Trainer:
                 record["evals"] = self.evaluate(epoch)
                 self.state.epochs_done.append(record)
                 self.state.epoch = epoch + 1
-                if cfg.checkpoint_every and self.state.epoch % cfg.checkpoint_every == 0:
+                if cfg.checkpoint_every_epochs and self.state.epoch % cfg.checkpoint_every_epochs == 0:
                     self._save()
+                if self._steps_done():
+                    break
                 if cfg.early_stop and epoch - self._best_epoch() >= cfg.early_stop:
                     log.info("early stop after epoch %d: no better validation loss for %d epochs", epoch + 1, cfg.early_stop)
                     break
@@ -204,15 +281,28 @@ class Trainer:
         epoch_start = time.perf_counter()
         t_elapsed0 = self.state.elapsed_s + (epoch_start - self.started)
         last_micro = self.micro_steps - 1
+        first_micro = 0
+        position, self.state.position = self.state.position, None
+        if position is not None and position["epoch"] == epoch:
+            # Resumed from a checkpoint taken mid-epoch: the epoch goes on from the next batch, with
+            # the sums and time of its first part (the random streams were restored with the rest).
+            first_micro, epoch_samples, t_elapsed0 = position["micro"], position["epoch_samples"], position["time_start"]
+            epoch_start -= position["epoch_elapsed_s"]
+            if self._partial is not None:
+                totals.copy_(self._partial["totals"])
+                interval.copy_(self._partial["interval"])
+        self.activity.phase, self.activity.epoch, self.activity.step = "training", epoch, self.state.step + 1
 
         step_start = data_start = clock.stamp()
-        for micro, (x, y) in enumerate(self.batches.epoch(epoch)):
+        for micro, (x, y) in enumerate(self.batches.epoch(epoch, first_micro), start=first_micro):
             data_ready = clock.stamp()
             sync = (micro + 1) % cfg.grad_accum == 0 or micro == last_micro
             # All micro-steps but the last accumulate locally: DDP skips the all-reduce in no_sync.
             with (nullcontext() if sync else self.strategy.no_sync(model)), self.memory.watch(self.state.step):
                 loss, out = self.strategy.forward_backward(model, self.objective, x, y, cfg.grad_accum, self.scaler, self.autocast)
             backward_end = clock.stamp()
+            if self.grad_noise is not None:
+                self.grad_noise.micro_step(model, micro % cfg.grad_accum, sync, len(y), self.state.step + 1)
             breakdown.span("data_s", data_start, data_ready)
             breakdown.span("forward_backward", data_ready, backward_end)
             comm_start = self.strategy.comm_started()
@@ -228,8 +318,9 @@ class Trainer:
                 for group in self.optimizer.param_groups:
                     group["lr"] = lr
                 opt_start = clock.stamp()
-                self.scaler.step(self.optimizer)
-                self.scaler.update()
+                step_comm = self.strategy.optimizer_step(self.optimizer, self.scaler)
+                if step_comm is not None:       # communication inside the step: exposed, so it is comm_s
+                    breakdown.span("optimizer_comm_s", *step_comm)
                 self.memory.count(self.state.step, model, self.optimizer)
                 self.optimizer.zero_grad(set_to_none=True)
                 step_end = clock.stamp()
@@ -253,7 +344,17 @@ class Trainer:
                     totals += interval
                     interval.zero_()
                     interval_start = now
+                    if self.grad_noise is not None:
+                        self.grad_noise.flush()
                 step_start = step_end
+                self.activity.step = self.state.step + 1
+                if cfg.checkpoint_every_steps and self.state.step % cfg.checkpoint_every_steps == 0:
+                    self._save(position={"epoch": epoch, "micro": micro + 1, "epoch_samples": epoch_samples,
+                                         "epoch_elapsed_s": time.perf_counter() - epoch_start, "time_start": t_elapsed0},
+                               partial={"totals": totals.clone(), "interval": interval.clone()})
+                    step_start = clock.stamp()      # the checkpoint's time is not the next step's
+                if self._steps_done():
+                    break
             data_start = clock.stamp()
 
         totals += interval
@@ -264,10 +365,15 @@ class Trainer:
         n = int(n)
         self.state.samples += n - epoch_samples      # the samples since the last log point
         self._check_finite(loss_sum)
+        if self.grad_noise is not None:
+            self.grad_noise.flush()
         phases = self.breakdown.means()
         # Every tensor handed to a collective lives on the rank's device: NCCL has no CPU tensors.
-        means = torch.tensor(list(phases.values()), dtype=torch.float64, device=ctx.device)
-        phases = dict(zip(phases, (ctx.sum(means) / ctx.world_size).tolist()))
+        # The mean is over the ranks that train: a parameter server's loop only keeps step with them.
+        trains = 1.0 if self.strategy.trains else 0.0
+        means = torch.tensor([*(trains * v for v in phases.values()), trains], dtype=torch.float64, device=ctx.device)
+        *sums, training_ranks = ctx.sum(means).tolist()
+        phases = dict(zip(phases, (total / training_ranks for total in sums)))
         record = {
             "epoch": epoch, "step": self.state.step, "samples": self.state.samples, "epoch_samples": n,
             "train_loss": loss_sum / n, "train_accuracy": correct / n, "epoch_time_s": seconds,
@@ -286,6 +392,10 @@ class Trainer:
                 f"{self.state.step}; lower --lr (the scaled LR was {self.schedule.peak_lr:.4g}) or add --warmup-epochs")
         self.checked_step = self.state.step
 
+    def _steps_done(self) -> bool:
+        """--max-steps reached: the run ends after this step, in the middle of an epoch if need be."""
+        return self.cfg.max_steps is not None and self.state.step >= self.cfg.max_steps
+
     def _best_epoch(self) -> int:
         """The epoch with the lowest validation loss so far (early stopping watches it)."""
         epochs = self.state.epochs_done
@@ -295,6 +405,7 @@ class Trainer:
     def evaluate(self, epoch: int) -> dict[str, dict[str, float]]:
         """Loss and accuracy on each held-out split, sharded across ranks and summed."""
         self.model.eval()
+        self.activity.phase = f"evaluating epoch {epoch + 1}"
         splits = {"test": self.data.test}
         if self.data.val is not None:
             splits["val"] = self.data.val
@@ -329,21 +440,38 @@ class Trainer:
             state["cuda"] = torch.cuda.get_rng_state(self.ctx.device)
         return state
 
-    def _save(self) -> None:
-        rngs = self.ctx.gather_objects(self._rng_state())
-        states = self.strategy.checkpoint_state(self.model, self.optimizer)
+    def _save(self, position: Optional[dict[str, Any]] = None, partial: Optional[dict[str, torch.Tensor]] = None) -> None:
+        """Every rank calls it. `position` and `partial` (this rank's sums so far) for a checkpoint
+        taken in the middle of an epoch."""
+        with self.activity.doing(f"saving the checkpoint after step {self.state.step}"):
+            rngs = self.ctx.gather_objects({**self._rng_state(), **({"partial": partial} if partial else {})})
+            states = self.strategy.checkpoint_state(self.model, self.optimizer)
         if not self.ctx.is_main:
             return
         s = self.state
         save_checkpoint(self.run.path / CHECKPOINT_NAME, {
             "identity": self.cfg.identity(), "device": self.ctx.device.type, "epoch": s.epoch, "step": s.step, "samples": s.samples,
             "elapsed_s": s.elapsed_s + time.perf_counter() - self.started, "epochs_done": s.epochs_done,
-            **states, "scaler": self.scaler.state_dict(), "rng": rngs,
+            **states, "scaler": self.scaler.state_dict(), "rng": rngs, "position": position,
         })
-        log.info("checkpoint after epoch %d", s.epoch)
+        log.info("checkpoint after step %d (epoch %d%s)", s.step, s.epoch + (position is not None),
+                 f", batch {position['micro']} of {self.micro_steps}" if position else "")
+
+    def _earlier_restarts(self) -> int:
+        starts = [line for line in self.run.metrics.read_text().splitlines() if '"event": "start"' in line]
+        return sum(1 for line in starts if '"restart"' in line)
 
     def _restore(self) -> None:
-        ckpt = load_checkpoint(self.run.path / CHECKPOINT_NAME)
+        """--resume, or a restart by the elastic agent (or nothing to restore). Rank 0 reads the
+        checkpoint and sends it to the others, so across nodes it has to be on node 0's disk only."""
+        path = self.run.path / CHECKPOINT_NAME
+        with self.activity.doing("loading the checkpoint"):
+            mine = load_checkpoint(path) if self.ctx.is_main and (self.cfg.resume or path.exists()) else None
+            ckpt = self.ctx.broadcast_object(mine)
+        if ckpt is None:
+            if self.restarts:
+                log.warning("restart %d: no checkpoint yet; training starts over", self.restarts)
+            return
         self.strategy.load_checkpoint_state(self.model, self.optimizer, ckpt)
         if self.scaler.is_enabled():
             self.scaler.load_state_dict(ckpt["scaler"])
@@ -354,14 +482,18 @@ class Trainer:
                 self.augment.load_state_dict(rng["augment"])
             if "cuda" in rng:
                 torch.cuda.set_rng_state(rng["cuda"], self.ctx.device)
+            self._partial = rng.get("partial")
         else:
             # Resharded (fsdp) onto another number of ranks: each rank's random stream (augmentation,
             # dropout) has no counterpart, so the streams restart from the seed.
             log.warning("resumed on %d ranks from a checkpoint of %d: random streams restart from --seed",
                         self.ctx.world_size, len(ckpt["rng"]))
         self.state = RunState(epoch=ckpt["epoch"], step=ckpt["step"], samples=ckpt["samples"],
-                              elapsed_s=ckpt["elapsed_s"], epochs_done=list(ckpt["epochs_done"]))
-        log.info("resumed after epoch %d (step %d)", self.state.epoch, self.state.step)
+                              elapsed_s=ckpt["elapsed_s"], epochs_done=list(ckpt["epochs_done"]),
+                              position=ckpt.get("position"))
+        self.resumed_from_step = self.state.step
+        log.info("resumed after epoch %d (step %d)%s", self.state.epoch, self.state.step,
+                 f" on restart {self.restarts}" if self.restarts else "")
 
     def _diverged_summary(self, message: str) -> Optional[dict[str, Any]]:
         if not self.ctx.is_main:
@@ -371,10 +503,27 @@ class Trainer:
                 "batch_size": cfg.batch_size, "global_batch_size": cfg.global_batch_size, "lr": self.schedule.peak_lr,
                 "base_lr": cfg.lr, "epochs": cfg.epochs, "steps": self.state.step, "diverged_after_step": self.checked_step}
 
+    def model_flops(self) -> Optional[int]:
+        """FLOPs of one sample, for MFU, counted at the end of the run on the model built again on the
+        meta device (shapes only; without activation checkpointing: MFU credits no recomputation).
+        Counting imports torch._dynamo and sympy, which took longer than torch itself here: counted
+        before training, it delayed every run's first step (docs/benchmarks.md, launch time)."""
+        try:
+            with torch.device("meta"):
+                module = build_model(self.cfg, self.data)
+        except Exception as exc:        # a user model that builds only on a real device: no FLOPs, no MFU
+            log.warning("cannot build the model on the meta device to count FLOPs (%s: %s); no MFU for this run",
+                        type(exc).__name__, exc)
+            return None
+        return model_flops_per_sample(module, self.objective, self.data, self.ctx, self.cfg)
+
     def _summary(self) -> Optional[dict[str, Any]]:
+        self.activity.phase = "gathering the summary"
         peak = self.ctx.gather_objects(peak_memory_bytes(self.ctx.device))
         memory = per_rank(self.ctx.gather_objects(self.memory.figures()))
         strategy_fields = self.strategy.summary_fields()
+        sent = self.ctx.gather_objects(self.strategy.bytes_sent())
+        steps_here = max(self.state.step - self.first_step, 1)
         if not self.ctx.is_main:
             return None
         cfg, epochs = self.cfg, self.state.epochs_done
@@ -386,6 +535,7 @@ class Trainer:
         return {
             "status": "completed", "workers": self.ctx.world_size, "strategy": cfg.strategy_name,
             "allreduce": self.strategy.allreduce,
+            "comm_bytes_per_step": None if None in sent else [b / steps_here for b in sent],
             "batch_size": cfg.batch_size, "global_batch_size": cfg.global_batch_size, "grad_accum": cfg.grad_accum,
             "lr": self.schedule.peak_lr, "base_lr": cfg.lr, "lr_scaling": cfg.lr_scaling, "epochs": cfg.epochs,
             "steps": self.state.step, "steps_per_epoch": self.steps_per_epoch,
@@ -400,8 +550,10 @@ class Trainer:
             "train_time_s": self.state.elapsed_s + time.perf_counter() - self.started,
             "breakdown": breakdown, "peak_memory_bytes": peak, "memory": memory,
             "epochs_run": len(epochs), "early_stopped": len(epochs) < cfg.epochs,
+            "restarts": self.restarts, "resumed_from_step": self.resumed_from_step,
             **({"best_epoch": self._best_epoch() + 1} if cfg.early_stop else {}),
             **model_throughput(self, sum(e["epoch_samples"] for e in steady) / steady_time, last["evals"]),
+            **({"grad_noise": self.grad_noise.summary()} if self.grad_noise is not None else {}),
             **strategy_fields,
         }
 
@@ -423,7 +575,7 @@ def model_throughput(trainer: Trainer, samples_per_s: float, evals: dict[str, An
         if trainer.objective.in_nats:       # cross-entropy in nats per byte
             fields["val_bits_per_byte"] = evals.get("val", evals["test"])["loss"] / math.log(2)
             fields["test_bits_per_byte"] = evals["test"]["loss"] / math.log(2)
-    fields["flops_per_sample"] = trainer.flops_per_sample
+    fields["flops_per_sample"] = trainer.flops_per_sample = trainer.model_flops()
     if ctx.device.type == "cuda":
         peak = gpu_peak(torch.cuda.get_device_name(ctx.device), cfg.precision)
     else:

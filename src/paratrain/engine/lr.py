@@ -5,6 +5,9 @@
   scaled LR is too large for the random initial weights.
 - Square-root scaling (discussed by You, Gitman, Ginsburg 2017, arXiv:1708.03888): multiply by √k,
   which keeps the variance of the update constant.
+- The LR range test (`range-test`, Smith 2017; fastai's and Lightning's `lr_find`): the LR grows
+  exponentially from `--lr` to `--lr-end` over the run, so every step tries a larger LR and the
+  loss curve shows where training is fastest and where it diverges (`paratrain lr-find`).
 
 The LR is a pure function of the optimizer step, so a resumed run needs only its step count to
 continue on exactly the same schedule.
@@ -13,10 +16,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 from paratrain.errors import UsageError
 
-SCHEDULES: tuple[str, ...] = ("constant", "step", "exp", "inverse-time", "poly", "cosine")
+SCHEDULES: tuple[str, ...] = ("constant", "step", "exp", "inverse-time", "poly", "cosine", "range-test")
 SCALING_RULES: tuple[str, ...] = ("none", "linear", "sqrt")
 
 
@@ -37,7 +41,8 @@ class LRSchedule:
     With no scaling (`base_lr == peak_lr`) the warmup is a flat ramp, i.e. a no-op, exactly as
     Goyal et al.'s rule gives. After warmup the schedule runs on epochs counted from the end of
     warmup (fractional epochs, so exp and inverse-time decay smoothly; step decays in whole steps);
-    cosine and poly reach `min_lr` at the last step.
+    cosine and poly reach `min_lr` at the last step, range-test `end_lr` (scaled as `peak_lr` is);
+    `max_steps` ends the run, and so the schedule, early.
     """
 
     base_lr: float
@@ -51,6 +56,8 @@ class LRSchedule:
     decay_rate: float = 0.5
     power: float = 2.0
     min_lr: float = 0.0
+    end_lr: Optional[float] = None
+    max_steps: Optional[int] = None
 
     def __post_init__(self) -> None:
         if self.base_lr <= 0 or self.peak_lr <= 0:
@@ -68,7 +75,7 @@ class LRSchedule:
 
     @property
     def total_steps(self) -> int:
-        return self.epochs * self.steps_per_epoch
+        return min(self.epochs * self.steps_per_epoch, self.max_steps or self.epochs * self.steps_per_epoch)
 
     def lr_at(self, step: int) -> float:
         """LR for optimizer step `step` (0-based)."""
@@ -88,6 +95,9 @@ class LRSchedule:
         if self.schedule == "inverse-time":
             return peak / (1.0 + self.decay_rate * epochs_after)
         progress = min(after / max(remaining - 1, 1), 1.0)
+        if self.schedule == "range-test":
+            assert self.end_lr is not None, "config validation pairs range-test with --lr-end"
+            return peak * (self.end_lr / self.base_lr) ** progress
         if self.schedule == "poly":
             return self.min_lr + (peak - self.min_lr) * (1.0 - progress) ** self.power
         return self.min_lr + (peak - self.min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import re
 import resource
+import sys
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 
 _STATUS = Path("/proc/self/status")
@@ -71,8 +71,12 @@ def release_cached_memory(device: torch.device) -> None:
 # -- where a rank's memory goes ------------------------------------------------------------------
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
-    """The part of a tensor this rank holds: a DTensor's local shard, else the tensor."""
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    """The part of a tensor this rank holds: a DTensor's local shard, else the tensor.
+
+    DTensors exist only once torch.distributed.tensor is imported (fsdp imports it); importing it
+    here for the check cost every run about a second of start-up (docs/benchmarks.md, launch time)."""
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    return tensor.to_local() if dtensor is not None and isinstance(tensor, dtensor.DTensor) else tensor
 
 
 def _storage_key(tensor: torch.Tensor) -> tuple[str, int]:

@@ -102,11 +102,13 @@ class SharedMemoryAverage:
             # rank) is waiting for it; otherwise returns at once and the poll goes on.
             os.sched_yield()
             if time.monotonic() > deadline:
-                raise TimeoutError(f"shared-memory all-reduce: ranks {[r for r in range(self.world_size) if counters[r] < calls]} "
-                                   f"did not arrive within {self.timeout_s:g} s")
+                missing = ", ".join(str(r) for r in range(self.world_size) if counters[r] < calls)
+                raise TimeoutError(f"shared-memory all-reduce: rank(s) {missing} did not arrive within --timeout "
+                                   f"{self.timeout_s:g} s (stopped, hung or dead)")
 
 
-def open_shared_average(rank: int, world_size: int, chunk_bytes: int = CHUNK_BYTES) -> Optional[SharedMemoryAverage]:
+def open_shared_average(rank: int, world_size: int, chunk_bytes: int = CHUNK_BYTES,
+                        timeout_s: float = 600.0) -> Optional[SharedMemoryAverage]:
     """Collective: rank 0 creates the segment, every rank maps it. None (on every rank) when any
     rank cannot map it, e.g. because the ranks are on different hosts or /dev/shm is too small."""
     size = segment_bytes(world_size, chunk_bytes)
@@ -126,7 +128,7 @@ def open_shared_average(rank: int, world_size: int, chunk_bytes: int = CHUNK_BYT
     engine: Optional[SharedMemoryAverage] = None
     if path is not None and os.path.exists(path):
         try:
-            engine = SharedMemoryAverage(path, rank, world_size, chunk_bytes)
+            engine = SharedMemoryAverage(path, rank, world_size, chunk_bytes, timeout_s)
         except (OSError, RuntimeError) as exc:
             log.warning("rank %d cannot map %s: %s", rank, path, exc)
     everyone = torch.tensor([1 if engine is not None else 0])

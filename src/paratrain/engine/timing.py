@@ -40,8 +40,10 @@ class StepBreakdown:
     - `data_s`: waiting for the batch (indexing, host-to-device copy, augmentation);
     - `compute_s`: forward and backward, minus the exposed communication;
     - `comm_s`: exposed communication: the part of backward after the last gradient bucket was
-      handed to the all-reduce, i.e. the synchronisation that computation did not hide;
-    - `optimizer_s`: the optimizer step;
+      handed to the all-reduce, i.e. the synchronisation that computation did not hide, plus
+      communication inside the optimizer step (local SGD's parameter averaging, a parameter
+      server's push and pull), which nothing overlaps;
+    - `optimizer_s`: the optimizer step, that communication excluded;
     - `other_s`: the rest (loss bookkeeping, LR update, Python overhead).
     The five add up to the step time.
     """
@@ -53,7 +55,7 @@ class StepBreakdown:
         self.steps = 0
 
     def span(self, phase: str, start: Any, end: Any) -> None:
-        """Add one span to a phase: data_s, forward_backward, comm_s, optimizer_s or step."""
+        """Add one span to a phase: data_s, forward_backward, comm_s, optimizer_s, optimizer_comm_s or step."""
         if self.clock.cuda:
             self.pending.append((phase, start, end))
         else:
@@ -69,10 +71,12 @@ class StepBreakdown:
                 self.totals[phase] += self.clock.seconds(start, end)
             self.pending.clear()
         n = max(self.steps, 1)
-        t = {phase: self.totals.get(phase, 0.0) / n for phase in ("data_s", "forward_backward", "comm_s", "optimizer_s", "step")}
+        t = {phase: self.totals.get(phase, 0.0) / n
+             for phase in ("data_s", "forward_backward", "comm_s", "optimizer_s", "optimizer_comm_s", "step")}
         comm = min(max(t["comm_s"], 0.0), t["forward_backward"])
-        out = {"data_s": t["data_s"], "compute_s": t["forward_backward"] - comm, "comm_s": comm,
-               "optimizer_s": t["optimizer_s"]}
+        in_step = min(t["optimizer_comm_s"], t["optimizer_s"])
+        out = {"data_s": t["data_s"], "compute_s": t["forward_backward"] - comm, "comm_s": comm + in_step,
+               "optimizer_s": t["optimizer_s"] - in_step}
         out["other_s"] = max(t["step"] - sum(out.values()), 0.0)
         return out
 

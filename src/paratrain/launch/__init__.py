@@ -6,22 +6,28 @@ and before any rank starts, so bad input leaves nothing behind.
 from __future__ import annotations
 
 import datetime as _dt
+import shutil
 import time
+from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 from paratrain.config import RUN_CONTROL_FIELDS, TrainConfig, validate
 from paratrain.engine.checkpoint import CHECKPOINT_NAME, load_checkpoint
-from paratrain.engine.strategies import check_strategy
-from paratrain.engine.strategies.fsdp import check_fsdp
+from paratrain.engine.distributed import Placement
+from paratrain.engine.strategies import check_fsdp, check_strategy
+from paratrain.engine.strategies.async_ps import check_async_ps
+from paratrain.engine.strategies.ddp import check_synchronisation
 from paratrain.engine.strategies.pipeline_split import check_pipeline_split
 from paratrain.errors import TrainingDiverged, UsageError
 from paratrain.export import check_mlflow, to_mlflow
-from paratrain.launch.local import RanksFailed, launch_local
+from paratrain.launch.local import RanksFailed, RendezvousFailed
 from paratrain.launch.load import LoadMeter
+from paratrain.launch.nodes import Tasks, adopt_tasks, default_run_dir, run_ranks, task_placement, writes_run_dir
 from paratrain.launch.placement import plan_placement
 from paratrain.measure.monitor import monitor_run, ranks_by_log
 from paratrain.runs import RunDir, write_json
+from paratrain.runs.lock import run_dir_entries, run_dir_lock
 from paratrain.runs.tensorboard import check_tensorboard
 
 
@@ -33,12 +39,13 @@ def train(config: Union[TrainConfig, dict[str, Any], None] = None, **overrides: 
     in a notebook; from a script, call it under `if __name__ == "__main__":` as multiprocessing
     requires.
     """
-    from paratrain.workloads import check_loss, check_model, load_data, workload_of
+    from paratrain.workloads import check_loss, check_model, load_data
 
     command_started = time.perf_counter()
     values = config.model_dump() if isinstance(config, TrainConfig) else dict(config or {})
     cfg: TrainConfig = validate(TrainConfig, {**values, **overrides})
-    placement = plan_placement(cfg)
+    cfg, tasks = adopt_tasks(cfg)      # inside srun or mpirun: their ranks, world size and rank 0's host (launch/nodes.py)
+    placement = task_placement(cfg, tasks) if tasks is not None else plan_placement(cfg)
     if cfg.tensorboard is not None:
         check_tensorboard()
     if cfg.mlflow is not None:
@@ -61,12 +68,43 @@ def train(config: Union[TrainConfig, dict[str, Any], None] = None, **overrides: 
     check_loss(cfg, data)
     check_pipeline_split(cfg, data)
     check_fsdp(cfg, data, placement.device_type)
+    check_synchronisation(cfg, placement.device_type)
+    check_async_ps(cfg, placement.device_type)
     if cfg.memory_limit is not None and placement.device_type == "cuda":
         raise UsageError("--memory-limit bounds CPU ranks' host memory, not a GPU's; drop it, or use --device cpu")
 
-    run = RunDir(cfg.run_dir or _default_run_dir(cfg))
+    run = RunDir(cfg.run_dir or default_run_dir(cfg, tasks) or _default_run_dir(cfg))
     cfg.run_dir = run.path
-    _prepare_run_dir(run, cfg, placement.device_type)
+    writes = writes_run_dir(cfg, tasks)
+    if writes:
+        _prepare_run_dir(run, cfg, placement.device_type)
+    existed = run.path.exists()
+    # Held until the run ends, so a second run into this directory is refused (runs/lock.py). Node 0
+    # writes the run directory; the other nodes of a run only take part.
+    try:
+        with run_dir_lock(run.path, fresh=not cfg.resume) if writes else nullcontext():
+            return _launch(cfg, run, placement, data, prepare_s, command_started, tasks)
+    except RendezvousFailed:
+        # The nodes never met and nothing ran: bad input leaves nothing behind. Only node 0 removes
+        # what it made; another node may share node 0's directory (a shared file system).
+        if writes and not existed:
+            shutil.rmtree(run.path, ignore_errors=True)
+        raise
+
+
+def _launch(cfg: TrainConfig, run: RunDir, placement: Placement, data: Any, prepare_s: float,
+            command_started: float, tasks: Optional[Tasks] = None) -> dict[str, Any]:
+    """Write config.json, run the ranks under the monitor, write summary.json."""
+    from paratrain.workloads import workload_of
+
+    if not writes_run_dir(cfg, tasks):
+        # Global rank 0's process (on node 0) writes the run directory; this one runs its ranks,
+        # which add their logs, and says where the summary is.
+        run_ranks(cfg, placement, run.path, tasks)
+        role = f"rank {tasks.rank}" if tasks is not None else f"node {cfg.node_rank}"
+        return {"status": "completed", "workers": cfg.workers, "role": role, "run_dir": str(run.path),
+                "wall_time_s": time.perf_counter() - command_started}
+    (run.path / "logs").mkdir(parents=True, exist_ok=True)
     resolved = {**cfg.model_dump(mode="json"), "resolved": {
         "strategy": cfg.strategy_name, "global_batch_size": cfg.global_batch_size,
         "reference_batch_size": cfg.reference_batch_size, "backend": placement.backend,
@@ -84,7 +122,7 @@ def train(config: Union[TrainConfig, dict[str, Any], None] = None, **overrides: 
     gpus = range(cfg.workers) if placement.device_type == "cuda" else ()
     try:
         with monitor_run(run.path, cfg.monitor_hz, ranks_by_log(run.path), gpus):
-            summary = launch_local(cfg, placement, run.path)
+            summary = run_ranks(cfg, placement, run.path, tasks)
     except (RanksFailed, KeyboardInterrupt) as exc:
         failed = {"status": "failed", "error": str(exc) or type(exc).__name__, "workers": cfg.workers,
                   "strategy": cfg.strategy_name, "prepare_s": prepare_s, "wall_time_s": time.perf_counter() - command_started}
@@ -136,7 +174,5 @@ def _prepare_run_dir(run: RunDir, cfg: TrainConfig, device_type: str) -> None:
             raise UsageError(f"--resume: the checkpoint in {path} was written by {written_on} ranks and this run would use "
                              f"{device_type}; resume with --device {written_on} on a machine that has it, or start a new --run-dir")
         return
-    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+    if path.exists() and (not path.is_dir() or run_dir_entries(path)):
         raise UsageError(f"{path} already exists and is not empty; pass --resume to continue that run or choose another --run-dir")
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "logs").mkdir(exist_ok=True)

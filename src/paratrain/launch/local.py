@@ -2,29 +2,37 @@
 
 The same machinery as `torchrun --standalone`: a c10d rendezvous on a free local port, one agent
 supervising N worker processes, a failure of any rank tearing the others down. Workers are spawned
-(not forked), so this works from scripts and from notebooks alike.
+(not forked), so this works from scripts and from notebooks alike. Across nodes (--nodes) each
+node's agent starts its share of the ranks and the agents meet at node 0's rendezvous, as torchrun
+does; with --max-restarts the agents restart every rank when one dies (docs/cluster.md).
 """
 from __future__ import annotations
 
 import logging
+import math
 import os
+import re
 import shutil
 import signal
+import sys
+import tempfile
 import uuid
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
 import torch
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.rendezvous import RendezvousError, RendezvousTimeoutError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+from paratrain import forkserver
 from paratrain.config import TrainConfig
-from paratrain.engine.distributed import Placement
+from paratrain.engine.distributed import Placement, address_towards
 from paratrain.engine.loop import run_rank
 from paratrain.engine.memory import LIMITED_RANK_ENV
-from paratrain.errors import RunFailed
+from paratrain.errors import RunFailed, UsageError
 
 
 class RanksFailed(RunFailed):
@@ -61,32 +69,113 @@ def quiet_elastic_logs() -> None:
 
 def launch_local(cfg: TrainConfig, placement: Placement, run_dir: Path) -> Optional[dict[str, Any]]:
     """Run `cfg` on `cfg.workers` local ranks; returns rank 0's summary."""
-    # A memory limit bounds a process of the rank's own, never the caller's.
-    if cfg.workers == 1 and cfg.memory_limit is None:
+    # A memory limit bounds a process of the rank's own, never the caller's; restarts need an agent.
+    if cfg.workers == 1 and cfg.memory_limit is None and cfg.max_restarts == 0:
         return _run_here(cfg, placement, run_dir)
     quiet_elastic_logs()
     # The agent's own files (each rank's error.json) go into the run directory, not a temporary
-    # directory that nothing removes; kept when a rank fails, removed after a clean run.
-    elastic_logs = run_dir / "logs" / "elastic"
+    # directory that nothing removes; kept when a rank fails, removed after a clean run. Another
+    # node than node 0 must not write there before the nodes have met (node 0 refuses a directory
+    # that is not empty, and on a shared file system it is the same one): it uses one of its own.
+    elastic_logs = run_dir / "logs" / "elastic" if not cfg.node_rank else Path(tempfile.mkdtemp(prefix="paratrain-elastic-"))
+    start_method = "spawn" if cfg.memory_limit else forkserver.start_method()
     launch_config = LaunchConfig(
-        min_nodes=1, max_nodes=1, nproc_per_node=cfg.workers, run_id=str(uuid.uuid4()),
-        rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1,
-        start_method="spawn", logs_specs=DefaultLogsSpecs(log_dir=str(elastic_logs)),
+        nproc_per_node=cfg.workers_per_node, **rendezvous(cfg), local_addr=node_address(cfg),
+        max_restarts=cfg.max_restarts, monitor_interval=0.1,
+        # A rank that does not end on SIGTERM (hung, stopped) is killed after this; paratrain's ranks
+        # have nothing to flush (checkpoints are written atomically), so torch's 30 s are not waited.
+        shutdown_timeout=5,
+        # Forked from the CLI's fork server when it runs (paratrain/forkserver.py: torch already
+        # imported); spawned otherwise, and always under --memory-limit, whose malloc setting
+        # (LIMITED_RANK_ENV) a process reads when it starts.
+        start_method=start_method,
+        logs_specs=DefaultLogsSpecs(log_dir=str(elastic_logs)),
     )
+    # Another node's terminal shows one line at the end: the C++ store's retries while it waits for
+    # node 0 (and its ranks' output before they open their logs) go to a file in its agent directory.
+    quiet = _stderr_to(elastic_logs / "agent-stderr.log") if cfg.node_rank else nullcontext()
+    # torch 2.13's agents keep one TCP store for the ranks across restarts, with the last attempt's
+    # keys in it: restarted gloo ranks read their peers' old addresses and fail to connect. With
+    # restarts, rank 0 hosts a fresh store for every attempt instead (torch's own opt-out).
+    fresh_store = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if cfg.max_restarts else {}
     try:
-        with scoped_environ({**thread_env(placement.threads_per_worker), **(LIMITED_RANK_ENV if cfg.memory_limit else {})}):
-            results = elastic_launch(launch_config, run_rank)(cfg.model_dump(mode="json"), placement.to_dict(), str(run_dir))
+        with scoped_environ({**thread_env(placement.threads_per_worker), **(LIMITED_RANK_ENV if cfg.memory_limit else {}),
+                             **fresh_store}), quiet:
+            # A forked rank has the environment the fork server started with: it applies what changed since.
+            changes = forkserver.environ_changes() if start_method == "forkserver" else None
+            results = elastic_launch(launch_config, run_rank)(cfg.model_dump(mode="json"), placement.to_dict(), str(run_dir), changes)
     except SignalException as exc:
         # SIGTERM or SIGHUP to the launcher (`kill`, a scheduler's time limit): the agent has already
         # stopped the ranks; the run ends as a failed one, with its summary.
         raise RanksFailed(f"stopped by {signal.Signals(exc.sigval).name}; the ranks were terminated") from None
     except ChildFailedError as exc:
         rank, failure = min(exc.failures.items())
+        if cfg.nodes > 1:       # the agent numbers ranks by the rendezvous; paratrain by --node-rank (engine/distributed.py)
+            rank = cfg.node_rank * cfg.workers_per_node + failure.local_rank
         message = failure.message.get("message", "") if isinstance(failure.message, dict) else str(failure.message)
-        reason = _last_line(message) or f"exit code {failure.exitcode}"
-        raise RanksFailed(f"rank {rank} failed: {reason} (see {run_dir / 'logs' / f'rank{rank}.log'})") from None
+        # paratrain's own errors are whole sentences; torch's record prefixes their class names.
+        reason = re.sub(r"^(CollectiveFailed|MemoryLimitExceeded): ", "", _last_line(message)) or f"exit code {failure.exitcode}"
+        restarts = f" after {cfg.max_restarts} restart(s)" if cfg.max_restarts else ""
+        raise RanksFailed(f"rank {rank} failed{restarts}: {reason} (see {run_dir / 'logs' / f'rank{rank}.log'})") from None
+    except RendezvousError as exc:
+        raise RendezvousFailed(rendezvous_failure(cfg, exc)) from None
+    finally:
+        if cfg.node_rank:
+            shutil.rmtree(elastic_logs, ignore_errors=True)
     shutil.rmtree(elastic_logs, ignore_errors=True)
-    return results[0]
+    # Rank 0 returns the summary; across nodes it runs on node 0 and the other nodes get None.
+    return next((summary for summary in results.values() if summary is not None), None)
+
+
+class RendezvousFailed(UsageError):
+    """The nodes did not meet: an address that cannot be reached, or nodes that never came."""
+
+
+def rendezvous(cfg: TrainConfig) -> dict[str, Any]:
+    """The elastic agent's rendezvous: a private one on a free local port, or the nodes' shared one.
+
+    Across nodes the run id is the configuration's identity, so every node started with the same
+    training command joins the same rendezvous, and a node started with a different one waits
+    alone and fails after --rdzv-timeout instead of training something else. Node 0 hosts the
+    rendezvous's TCP store at --rdzv (`is_host`); the others connect to it, for up to
+    --rdzv-timeout (`read_timeout`), and all wait for each other as long (`join_timeout`).
+    """
+    if cfg.nodes == 1:
+        return dict(min_nodes=1, max_nodes=1, run_id=str(uuid.uuid4()), rdzv_backend="c10d", rdzv_endpoint="localhost:0")
+    seconds = max(1, math.ceil(cfg.rdzv_timeout))
+    return dict(min_nodes=cfg.nodes, max_nodes=cfg.nodes, run_id=f"paratrain-{cfg.identity()}", rdzv_backend=cfg.rdzv_backend,
+                rdzv_endpoint=cfg.rdzv, rdzv_configs={"is_host": cfg.node_rank == 0, "join_timeout": seconds,
+                                                       "read_timeout": seconds, "timeout": seconds})
+
+
+def node_address(cfg: TrainConfig) -> Optional[str]:
+    """This machine's address on the route to node 0 (None on one machine: torch's default is right).
+
+    The node that the rendezvous makes its rank 0 publishes its address as the workers'
+    MASTER_ADDR; torch would take the host name's, which may not be reachable from the other nodes
+    (Debian maps the host name to 127.0.1.1).
+    """
+    if cfg.nodes == 1:
+        return None
+    host, _, port = cfg.rdzv.rpartition(":")
+    try:
+        return address_towards(host.strip("[]"), int(port))
+    except OSError as exc:
+        raise RendezvousFailed(f"--rdzv {cfg.rdzv}: no route from this machine to {host} ({exc.strerror or exc}); give "
+                               "node 0's address as the other nodes reach it") from None
+
+
+def rendezvous_failure(cfg: TrainConfig, exc: RendezvousError) -> str:
+    where = f"the rendezvous at {cfg.rdzv}" if cfg.rdzv else "the local rendezvous"
+    if isinstance(exc, RendezvousTimeoutError):
+        return (f"not every node joined {where} within --rdzv-timeout {cfg.rdzv_timeout:g} s (--nodes {cfg.nodes}); start "
+                "the same command with each --node-rank on the other nodes")
+    cause = _last_line(str(exc.__cause__ or exc)) or type(exc).__name__
+    if cfg.node_rank == 0:
+        return (f"node 0 cannot host {where} ({cause}); --rdzv must be an address of this machine that the other nodes "
+                "can reach, with a free port")
+    return (f"cannot reach {where} within --rdzv-timeout {cfg.rdzv_timeout:g} s ({cause}); start node 0 first and check "
+            "that this machine reaches that address and port")
 
 
 def _run_here(cfg: TrainConfig, placement: Placement, run_dir: Path) -> Optional[dict[str, Any]]:
@@ -106,6 +195,22 @@ def _run_here(cfg: TrainConfig, placement: Placement, run_dir: Path) -> Optional
     finally:
         os.sched_setaffinity(0, affinity)
         torch.set_num_threads(threads)
+
+
+@contextmanager
+def _stderr_to(path: Path) -> Iterator[None]:
+    """Send this process's file descriptor 2 (C++ logging writes there directly) to `path` for the block."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(target, 2)
+    os.close(target)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def _last_line(text: str) -> str:

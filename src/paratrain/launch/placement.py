@@ -52,18 +52,27 @@ def plan_placement(cfg: TrainConfig) -> Placement:
         raise UsageError("--allreduce shm is for CPU ranks; on GPUs the gradients go through NCCL (use --allreduce auto)")
     if cfg.allreduce == "shm" and not shm_supported():
         raise UsageError("--allreduce shm needs Linux on x86-64 (/dev/shm and its store ordering); use --allreduce backend")
+    if cfg.allreduce == "shm" and cfg.nodes > 1:
+        raise UsageError("--allreduce shm averages between the ranks of one host and --nodes puts them on several; "
+                         "use --allreduce auto (the process group's backend)")
+    # Cores and GPUs are this machine's; across nodes each node places its own share of the ranks.
+    local = cfg.workers_per_node
+    across = {"timeout_s": cfg.timeout, "node_rank": cfg.node_rank if cfg.nodes > 1 else None, "spans_hosts": cfg.nodes > 1,
+              "store_host": cfg.rdzv.rpartition(":")[0].strip("[]") if cfg.nodes > 1 and cfg.max_restarts else None}
     if cuda:
         gpus = torch.cuda.device_count()
-        if cfg.workers > gpus:
-            raise UsageError(f"--workers {cfg.workers} needs {cfg.workers} GPUs but {gpus} are visible; use --workers {gpus} or fewer")
-        threads = cfg.threads_per_worker or max(1, len(cores) // cfg.workers)
-        return Placement(backend=backend, device_type="cuda", threads_per_worker=threads)
+        if local > gpus:
+            raise UsageError(f"--workers {local} needs {local} GPUs but {gpus} are visible; use --workers {gpus} or fewer")
+        threads = cfg.threads_per_worker or max(1, len(cores) // local)
+        return Placement(backend=backend, device_type="cuda", threads_per_worker=threads, **across)
 
-    threads, cpu_sets = core_sets(cfg.workers, cfg.threads_per_worker, cfg.allow_oversubscribe, cores)
-    # Waiting ranks poll shared memory; that is free only when each rank has cores of its own.
-    own_cores = cpu_sets is not None and cfg.workers > 1
+    threads, cpu_sets = core_sets(local, cfg.threads_per_worker, cfg.allow_oversubscribe, cores)
+    # Waiting ranks poll shared memory; that is free only when each rank has cores of its own, and
+    # it reaches only the ranks of one host.
+    own_cores = cpu_sets is not None and cfg.workers > 1 and cfg.nodes == 1
     allreduce = "shm" if cfg.allreduce == "shm" or (cfg.allreduce == "auto" and own_cores and shm_supported()) else "backend"
-    return Placement(backend=backend, device_type="cpu", threads_per_worker=threads, cpu_sets=cpu_sets, allreduce=allreduce)
+    return Placement(backend=backend, device_type="cpu", threads_per_worker=threads, cpu_sets=cpu_sets, allreduce=allreduce,
+                     **across)
 
 
 def core_sets(workers: int, threads_per_worker: Optional[int], allow_oversubscribe: bool,

@@ -27,7 +27,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 from paratrain.config import LaunchConfig, validate
 from paratrain.errors import UsageError
@@ -36,6 +36,7 @@ from paratrain.launch.local import quiet_elastic_logs, scoped_environ, thread_en
 from paratrain.launch.placement import available_cores, core_sets, resolve_device
 from paratrain.measure.monitor import monitor_run, ranks_by_environment
 from paratrain.runs import RunDir, write_json
+from paratrain.runs.lock import run_dir_entries, run_dir_lock
 from paratrain.sweep.client import REPORT_FILE_ENV
 
 # The keys of summary.json that launch itself writes; a reported metric of the same name is kept
@@ -84,9 +85,15 @@ def launch_script(config: Union[LaunchConfig, dict[str, Any], None] = None, **ov
     else:
         threads, cpu_sets = core_sets(cfg.workers, cfg.threads_per_worker, cfg.allow_oversubscribe, cores)
     run = RunDir(cfg.run_dir or Path("runs") / f"{_dt.datetime.now():%Y%m%d-%H%M%S}-{script.stem}-w{cfg.workers}")
-    if run.path.exists() and (not run.path.is_dir() or any(run.path.iterdir())):
+    if run.path.exists() and (not run.path.is_dir() or run_dir_entries(run.path)):
         raise UsageError(f"{run.path} already exists and is not empty; choose another --run-dir")
+    with run_dir_lock(run.path, fresh=True):      # one run at a time in it (runs/lock.py)
+        return _launch(cfg, run, script, program, cuda, threads, cpu_sets)
 
+
+def _launch(cfg: LaunchConfig, run: RunDir, script: Path, program: list[str], cuda: bool, threads: int,
+            cpu_sets: Optional[list[list[int]]]) -> dict[str, Any]:
+    """Write config.json, run the ranks under the monitor, write summary.json."""
     for sub in ("logs", "reports"):
         (run.path / sub).mkdir(parents=True, exist_ok=True)
     run_id = str(uuid.uuid4())

@@ -156,8 +156,14 @@ class Monitor:
         for rank, proc in sorted(ready):
             try:
                 with proc.oneshot():
+                    rss = proc.memory_info().rss
+                    # A rank that is exiting has released its memory before it is reaped, and reads as
+                    # 0 bytes rather than raising (seen here: a last sample of rank 0 at 0 bytes, 2
+                    # threads): it has ended, like one that is gone.
+                    if rss == 0 or proc.status() == psutil.STATUS_ZOMBIE:
+                        raise psutil.ZombieProcess(proc.pid)
                     out.append({"time": now, "kind": "rank", "rank": rank, "pid": proc.pid,
-                                "cpu_percent": round(proc.cpu_percent(), 1), "rss_bytes": proc.memory_info().rss,
+                                "cpu_percent": round(proc.cpu_percent(), 1), "rss_bytes": rss,
                                 "num_threads": proc.num_threads(), "cores": proc.cpu_affinity()})
             except psutil.Error:          # it ended since it was listed
                 self._ranks.pop(proc.pid, None)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from paratrain.errors import UsageError
-from paratrain.reporting.verdict import (comparison_verdict, doctor_html, human, run_verdict, study_verdict,
+from paratrain.reporting.verdict import (comparison_verdict, doctor_html, human, run_verdict, study_points, study_verdict,
                                          sweep_verdict, verdict_html)
 from paratrain.runs import SCALING_FILE, SWEEP_FILE, RunDir
 
@@ -39,19 +39,36 @@ def kind_of(path: Path) -> str:
         return "study"
     if (path / SWEEP_FILE).is_file():
         return "sweep"
+    if any((path / name).is_file() for name in BATCH_FILES.values()):
+        return "batch"
     if RunDir(path).is_run():
         return "run"
-    raise UsageError(f"{path} is not a paratrain run (config.json), scaling study (scaling.json) or sweep (sweep.json)")
+    if (path / PLAN_FILE).is_file():
+        return "plan"
+    raise UsageError(f"{path} is not a paratrain run (config.json), scaling study (scaling.json) or sweep (sweep.json), "
+                     "nor a plan (plan.json)")
+
+
+def _scheduled_study(path: Path) -> bool:
+    """A study written by `paratrain slurm scale`: its study.json says so."""
+    spec = path / "study.json"
+    return spec.is_file() and json.loads(spec.read_text()).get("scheduler") == "slurm"
 
 
 def write_report(paths: Sequence[Path], out: Optional[Path] = None) -> Path:
     """Write the report for `paths` (one study, one run, or several runs to compare); return its path."""
     if not paths:
         raise UsageError("give at least one run or study directory")
+    for path in paths:
+        if _scheduled_study(Path(path)):
+            from paratrain.scale import collect_study
+
+            collect_study(Path(path))     # its points ran as separate jobs: the table is built from what has finished
     kinds = [kind_of(Path(p)) for p in paths]
     if len(paths) == 1:
         out = out or Path(paths[0]) / "report.html"
-        body = {"study": _study_body, "sweep": _sweep_body}.get(kinds[0], lambda p: _run_body(RunDir(p)))(Path(paths[0]))
+        body = {"study": _study_body, "sweep": _sweep_body, "plan": _plan_body, "batch": _batch_body}.get(
+            kinds[0], lambda p: _run_body(RunDir(p)))(Path(paths[0]))
         title = f"paratrain {kinds[0]}: {Path(paths[0]).name}"
     else:
         if set(kinds) != {"run"}:
@@ -68,6 +85,61 @@ def write_report(paths: Sequence[Path], out: Optional[Path] = None) -> Path:
 
 
 # -- pieces ------------------------------------------------------------------------------------
+
+# paratrain find-batch / noise-scale / lr-find / recommend --out DIR (the batch package's RESULT_FILEs)
+BATCH_FILES = {"find_batch": "find_batch.json", "noise_scale": "noise_scale.json", "lr_find": "lr_find.json",
+               "recommend": "recommend.json"}
+
+
+def _batch_body(path: Path) -> str:
+    """The batch-size measurements in one directory: the recommendation if any, the headline figures, the plots."""
+    from paratrain.reporting.plots import batch_plots
+
+    results = {key: json.loads((path / name).read_text()) for key, name in BATCH_FILES.items() if (path / name).is_file()}
+    lines = []
+    if "recommend" in results:
+        r = results["recommend"]
+        lines += [f"{key.replace('_', ' ')}: {r[key]['value']:.4g} ({r[key]['source']})" if isinstance(r[key]["value"], float)
+                  else f"{key.replace('_', ' ')}: {r[key]['value']} ({r[key]['source']})"
+                  for key in ("per_worker_batch", "global_batch", "lr", "warmup_epochs", "optimizer")]
+    if "find_batch" in results:
+        f = results["find_batch"]
+        lines.append(f"find-batch: largest batch that fits {f['max_batch']} (limited by {f['limited_by']}), "
+                     f"{f['safe_batch']} with the {f['margin']:.0%} margin; knee {f['knee_batch']}")
+    if "noise_scale" in results and results["noise_scale"]["b_simple"] is not None:
+        n = results["noise_scale"]
+        lines.append(f"noise scale B_simple {n['b_simple']:,.1f} ± {n['b_simple_stderr']:,.1f} after {n['steps']} steps")
+    if "lr_find" in results:
+        lines.append(f"lr-find: suggested LR {results['lr_find']['suggested_lr']:.3g} at global batch "
+                     f"{results['lr_find']['global_batch_size']}")
+    with tempfile.TemporaryDirectory() as tmp:
+        images = "".join(_img(p, name) for name, p in batch_plots(results, Path(tmp)).items())
+    return ("<div id='verdict'>" + "".join(f"<p>{html.escape(line)}</p>" for line in lines) + "</div>"
+            f"<div class='plots'>{images}</div>")
+
+
+PLAN_FILE = "plan.json"      # paratrain plan --out DIR (plan.PLAN_FILE)
+PLAN_PLOTS = ("plan_scaling.png", "plan_memory.png", "plan_pareto.png")
+
+
+def _plan_body(path: Path) -> str:
+    """The plan's recommendation, its table and its three plots (written beside plan.json by plan_plots)."""
+    plan = json.loads((path / PLAN_FILE).read_text())
+    rec = plan["recommendation"]
+    rows = [(r["devices"], r["strategy"], r["global_batch"], f"{r['step_time_s'] * 1e3:.2f} ms", f"{r['samples_per_s']:,.0f}",
+             f"{r['speedup']:.2f}", f"{r['efficiency']:.2f}", human("rss_peak_bytes", r["memory_per_device_bytes"]),
+             "yes" if r["fits"] else "no") for r in plan["rows"]]
+    plots = "".join(_img(path / name, name) for name in PLAN_PLOTS if (path / name).is_file())
+    device = plan["device"]
+    return (f"<div id='verdict'><p class='headline'>{html.escape(str(rec['strategy']))} on {rec['devices']} device(s)</p>"
+            f"<p>{html.escape(rec['reason'])}</p></div>"
+            f"<p class='note'>{html.escape(plan['model']['name'])}: {plan['model']['params']:,} parameters, "
+            f"{plan['model']['flops_per_sample']:.3g} FLOPs per sample; {html.escape(device['name'])} {device['precision']}, "
+            f"efficiency {device['efficiency']:.3f} ({html.escape(device['efficiency_source'])})</p>"
+            + _table(("devices", "strategy", "global batch", "step time", "samples/s", "speedup", "efficiency",
+                      "memory/device", "fits"), rows)
+            + f"<div class='plots'>{plots}</div>")
+
 
 def _img(path: Path, alt: str) -> str:
     data = base64.b64encode(path.read_bytes()).decode()
@@ -141,13 +213,7 @@ def study_table(result: dict[str, Any]) -> tuple[tuple[str, ...], list[tuple[str
 def study_headline(result: dict[str, Any]) -> list[str]:
     """Per workload, the comparison a user faces: the most workers against one process on all cores."""
     lines = []
-    rows = result["rows"]
-    for workload in dict.fromkeys(r["workload"] for r in rows):
-        scaling = [r for r in rows if r["workload"] == workload and r.get("point", "scaling") == "scaling"]
-        reference = next((r for r in rows if r["workload"] == workload and r.get("point") == ALL_CORES_POINT), None)
-        if not scaling:
-            continue
-        top, base = scaling[-1], scaling[0]
+    for workload, base, top, reference in study_points(result):
         who = f"{top['workers']} worker(s) x {top.get('threads_per_worker', '?')} core(s)"
         per_core = (f"speedup {top['speedup']:.2f} and efficiency {top['efficiency']:.2f} against {base['workers']} "
                     f"worker(s) x {base.get('threads_per_worker', '?')} core(s)")

@@ -292,3 +292,118 @@ def monitor_plot(ev: Any, path: Path) -> Optional[Path]:
     axes[-1, 0].set_xlabel(f"seconds since the ranks started (metrics.jsonl time; shaded: evaluation{checkpoints}; "
                            "dotted: epoch starts)" if ev.start_unix else "seconds since the first sample")
     return _save(fig, path)
+
+
+def plan_plots(plan: dict[str, Any], out: Path) -> dict[str, Path]:
+    """A plan's three plots: predicted scaling with the ideal line, memory per device by strategy at
+    the largest device count planned, and device-hours against wall time with the bend marked."""
+    paths = {}
+    curve = [c for c in plan["curve"] if c.get("strategy")]
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    xs = [c["devices"] for c in curve]
+    ax.plot(xs, xs, ":", color="grey", label="ideal (speedup = devices)")
+    for strategy in dict.fromkeys(c["strategy"] for c in curve):
+        mine = [c for c in curve if c["strategy"] == strategy]
+        ax.plot([c["devices"] for c in mine], [c["speedup"] for c in mine], "o", label=f"best: {strategy}")
+    ax.plot(xs, [c["speedup"] for c in curve], "-", color="C0", alpha=0.5)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log", base=2)
+    ax.set_xlabel("devices")
+    ax.set_ylabel("predicted speedup")
+    ax.set_title(f"{plan['model']['name']} on {plan['device']['name']} ({plan['device']['precision']})", fontsize=9)
+    ax.legend(fontsize=7)
+    paths["scaling"] = _save(fig, out / "plan_scaling.png")
+
+    top = max(r["devices"] for r in plan["rows"])
+    rows = [r for r in plan["rows"] if r["devices"] == top]
+    parts = ("parameters_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes", "gathered_bytes",
+             "buffers_bytes", "runtime_bytes")
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    bottom = np.zeros(len(rows))
+    for part in parts:
+        values = np.array([r["memory"][part] / 2**30 for r in rows])
+        if values.any():
+            ax.bar([r["strategy"] for r in rows], values, bottom=bottom, label=part.replace("_bytes", ""))
+            bottom += values
+    usable = plan["device"]["memory_bytes"] * plan["device"]["usable_fraction"] / 2**30
+    ax.axhline(usable, color="red", linestyle="--", label=f"usable {usable:.1f} GiB")
+    ax.set_ylabel("GiB per device")
+    ax.set_title(f"memory per device, {top} device(s)", fontsize=9)
+    ax.legend(fontsize=7)
+    paths["memory"] = _save(fig, out / "plan_memory.png")
+
+    pareto = plan["pareto"]
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    points = pareto["points"]
+    frontier = [p for p in points if p["devices"] in pareto["frontier"]]
+    ax.plot([p["wall_hours"] for p in points], [p["device_hours"] for p in points], "o", color="grey", markersize=3,
+            label="dominated: slower and no cheaper")
+    ax.plot([p["wall_hours"] for p in frontier], [p["device_hours"] for p in frontier], "o-", markersize=4, label="frontier")
+    for p in frontier:
+        ax.annotate(str(p["devices"]), (p["wall_hours"], p["device_hours"]), fontsize=6, xytext=(2, 2),
+                    textcoords="offset points")
+    bend = next((p for p in points if p["devices"] == pareto["bend_devices"]), None)
+    if bend:
+        ax.plot([bend["wall_hours"]], [bend["device_hours"]], "r*", markersize=12,
+                label=f"bend: {bend['devices']} devices")
+    ax.legend(fontsize=7)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(f"wall time (hours) for {pareto['samples']:,} samples")
+    ax.set_ylabel("device-hours")
+    ax.set_title("cost against time: the Pareto frontier", fontsize=9)
+    paths["pareto"] = _save(fig, out / "plan_pareto.png")
+    return paths
+
+
+def batch_plots(results: dict[str, dict[str, Any]], out: Path) -> dict[str, Path]:
+    """The batch-size measurements (paratrain find-batch, noise-scale, lr-find) of one --out directory."""
+    paths = {}
+    if "noise_scale" in results:
+        noise = results["noise_scale"]
+        fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+        series = [s for s in noise["series"] if s["b_simple"] is not None]
+        left.plot([s["step"] for s in series], [s["b_simple"] for s in series])
+        left.set_xlabel("optimizer step")
+        left.set_ylabel("B_simple (ratio of moving averages)")
+        left.set_title(f"gradient noise scale; batches {noise['small_batch']} and {noise['big_batch']}", fontsize=9)
+        if noise["curve"]:
+            batches = [c["batch"] for c in noise["curve"]]
+            right.plot(batches, [c["steps_vs_min"] for c in noise["curve"]], "o-", label="steps / S_min")
+            right.plot(batches, [c["examples_vs_min"] for c in noise["curve"]], "s-", label="examples / E_min")
+            right.axvline(noise["critical_batch"], color="grey", ls=":", label=f"critical batch ≈ {noise['critical_batch']:,.0f}")
+            right.set_xscale("log", base=2)
+            right.set_yscale("log")
+            right.set_xlabel("batch size")
+            right.set_title("predicted cost to reach the same loss (McCandlish et al. 2018)", fontsize=9)
+            right.legend(fontsize=7)
+        paths["noise_scale"] = _save(fig, out / "noise_scale.png")
+    if "find_batch" in results:
+        found = results["find_batch"]
+        fitted = [p for p in found["probes"] if p["fits"]]
+        fig, ax = plt.subplots(figsize=(5.5, 3.8))
+        ax.plot([p["batch"] for p in fitted], [p["samples_per_s"] for p in fitted], "o-", color="C0")
+        ax.axvline(found["knee_batch"], color="C0", ls=":", label=f"knee {found['knee_batch']}")
+        ax.axvline(found["max_batch"], color="C3", ls="--", label=f"largest that fits {found['max_batch']}")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch per worker")
+        ax.set_ylabel("samples/s", color="C0")
+        memory = ax.twinx()
+        memory.plot([p["batch"] for p in fitted], [p["peak_memory_bytes"] / 2**20 for p in fitted], "s--", color="C1")
+        memory.set_ylabel("peak memory per rank (MiB)", color="C1")
+        ax.legend(fontsize=7, loc="upper left")
+        paths["find_batch"] = _save(fig, out / "find_batch.png")
+    if "lr_find" in results:
+        found = results["lr_find"]
+        fig, ax = plt.subplots(figsize=(5.5, 3.8))
+        lrs = [c["lr"] for c in found["curve"]]
+        ax.plot(lrs, [c["loss"] for c in found["curve"]], color="C0", alpha=0.3, label="loss")
+        ax.plot(lrs, [c["smoothed"] for c in found["curve"]], color="C0", label="smoothed")
+        ax.axvline(found["suggested_lr"], color="C3", ls="--", label=f"suggested {found['suggested_lr']:.3g}")
+        ax.set_xscale("log")
+        ax.set_xlabel("learning rate")
+        ax.set_ylabel("training loss")
+        ax.set_title(f"LR range test at global batch {found['global_batch_size']}", fontsize=9)
+        ax.legend(fontsize=7)
+        paths["lr_find"] = _save(fig, out / "lr_find.png")
+    return paths

@@ -13,7 +13,7 @@ from __future__ import annotations
 import html
 import statistics
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 from paratrain.errors import UsageError
 
@@ -123,18 +123,25 @@ def run_verdict(summary: dict[str, Any], config: dict[str, Any]) -> list[str]:
     return lines
 
 
-def study_verdict(result: dict[str, Any]) -> list[str]:
-    """Per workload: the most workers against the alternative the user has, with efficiency and accuracy."""
+def study_points(result: dict[str, Any]) -> Iterator[tuple[str, dict, dict, Optional[dict]]]:
+    """Per workload of a study: (workload, base, top, reference): its fewest and most workers, and the
+    one process on all cores when the study measured it. The verdict and the CLI's headline both read these."""
     from paratrain.reporting import ALL_CORES_POINT
 
-    lines = []
     rows = result["rows"]
     for workload in dict.fromkeys(r["workload"] for r in rows):
         scaling = [r for r in rows if r["workload"] == workload and r.get("point", "scaling") == "scaling"]
         reference = next((r for r in rows if r["workload"] == workload and r.get("point") == ALL_CORES_POINT), None)
-        if not scaling or (len(scaling) == 1 and not reference):
+        if scaling:
+            yield workload, scaling[0], scaling[-1], reference
+
+
+def study_verdict(result: dict[str, Any]) -> list[str]:
+    """Per workload: the most workers against the alternative the user has, with efficiency and accuracy."""
+    lines = []
+    for workload, base, top, reference in study_points(result):
+        if top is base and not reference:
             continue
-        top, base = scaling[-1], scaling[0]
         base_what = f"{base['workers']} worker(s) x {base.get('threads_per_worker', '?')} core(s)"
         if reference and top.get("speedup_vs_all_cores"):
             ratio, against = top["speedup_vs_all_cores"], reference

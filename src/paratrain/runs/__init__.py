@@ -69,6 +69,14 @@ def open_run_dir(path: Path) -> RunDir:
     return run
 
 
+def _whole_event(line: str) -> bool:
+    """False for a blank line, or the torn last line of a rank killed while writing it."""
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False
+
+
 class MetricsWriter:
     """Appends events to metrics.jsonl, one line each, flushed so a killed run keeps what it logged."""
 
@@ -77,7 +85,7 @@ class MetricsWriter:
             # A resumed run rewinds the log to its checkpoint: events the interrupted run wrote
             # after that point describe work that is about to be redone.
             kept = [line for line in path.read_text().splitlines()
-                    if line.strip() and json.loads(line).get("step", 0) <= keep_until_step]
+                    if _whole_event(line) and json.loads(line).get("step", 0) <= keep_until_step]
             tmp = path.with_name(path.name + ".tmp")
             tmp.write_text("".join(line + "\n" for line in kept))
             os.replace(tmp, path)

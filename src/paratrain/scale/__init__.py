@@ -39,6 +39,7 @@ from paratrain.errors import RunFailed, UsageError
 from paratrain.launch.load import CONTENDED_ABOVE
 from paratrain.launch.placement import available_cores, resolve_device
 from paratrain.runs import SCALING_FILE, RunDir, write_json
+from paratrain.runs.lock import run_dir_entries, run_dir_lock
 
 # Repeats whose samples/s differ by more than this ratio (fastest / slowest) are flagged: on a quiet
 # machine repeats of these workloads agree within a few per cent.
@@ -113,6 +114,14 @@ def plan(study: ScaleConfig) -> list[tuple[str, int, int, dict[str, Any]]]:
     if study.script is not None and not study.script.is_file():
         raise UsageError(f"--script {study.script} does not exist; pass the path of your training script")
     on_cpu = not resolve_device(study.train.get("device", "auto"))
+    return study_points(study, on_cpu)
+
+
+def study_points(study: ScaleConfig, on_cpu: bool) -> list[tuple[str, int, int, dict[str, Any]]]:
+    """Every point of the study, each validated; `on_cpu` adds the one-process-on-all-cores reference.
+    Nothing here looks at this machine: `paratrain slurm` plans the points of a cluster's nodes."""
+    from paratrain.workloads import check_model
+
     for strategy in study.strategy:
         check_strategy(strategy)
     points = []
@@ -130,12 +139,12 @@ def plan(study: ScaleConfig) -> list[tuple[str, int, int, dict[str, Any]]]:
                         validate(LaunchConfig, cfg)
                     else:
                         cfg = point_config(study, workload, workers, repeat, all_cores, strategy)
-                        validate(TrainConfig, cfg)
+                        check_model(validate(TrainConfig, cfg))      # the workload and model exist
                     points.append((workload, workers, repeat, cfg))
     return points
 
 
-def _spec(study: ScaleConfig) -> dict[str, Any]:
+def study_spec(study: ScaleConfig) -> dict[str, Any]:
     """What makes a study this study: --out may only be resumed by the same spec."""
     spec = {"mode": study.mode, "workers": study.workers, "repeats": study.repeats, "workload": study.workload,
             **({"strategy": study.strategy} if study.strategy else {}),
@@ -157,51 +166,76 @@ def run_study(study: ScaleConfig, on_start: Optional[Callable[[], None]] = None,
     points = plan(study)
     out = study.out
     spec_file = out / "study.json"
-    spec = _spec(study)
-    if out.exists() and any(out.iterdir()):
+    spec = study_spec(study)
+    if out.exists() and run_dir_entries(out):
         if not spec_file.exists():
             raise UsageError(f"--out {out} exists and holds something else than a scaling study; choose another --out")
         if json.loads(spec_file.read_text()) != json.loads(json.dumps(spec, default=str)):
             raise UsageError(f"--out {out} holds a different study; choose another --out (or repeat that study's flags)")
         if not study.resume:
             raise UsageError(f"--out {out} already holds this study; pass --resume to finish it or choose another --out")
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(spec_file, spec)
-    if on_start:
-        on_start()
+    # One study process at a time in --out: a second one would restart the first one's running point.
+    with run_dir_lock(out, fresh=False, option="--out"):
+        write_json(spec_file, spec)
+        if on_start:
+            on_start()
 
-    for workload, workers, repeat, cfg in points:
-        run = RunDir(Path(cfg["run_dir"]))
-        if run.summary.exists() and _finished(run.read_summary()):
-            continue
-        if run.path.exists():
-            shutil.rmtree(run.path)      # an interrupted point starts over: its timing is incomplete
-        summary = launch_script(cfg) if study.script else train(cfg)
-        if study.script and summary["status"] != "completed":
-            raise RunFailed(f"{run.path.name}: {summary['error']}")
-        if study.script and summary.get("samples_per_s") is None:
-            raise UsageError(f"--script {study.script.name} reported no throughput (see {run.path / 'reports'}); call "
-                             "paratrain.report(samples_per_s=...) in it, or paratrain.report(samples=N, epoch_time_s=T) "
-                             "once per epoch (N: samples of one epoch over all ranks)")
-        if on_point:
-            on_point(workload, workers, repeat, summary)
+        for workload, workers, repeat, cfg in points:
+            run = RunDir(Path(cfg["run_dir"]))
+            if run.summary.exists() and _finished(run.read_summary()):
+                continue
+            if run.path.exists():
+                shutil.rmtree(run.path)      # an interrupted point starts over: its timing is incomplete
+            summary = launch_script(cfg) if study.script else train(cfg)
+            if study.script and summary["status"] != "completed":
+                raise RunFailed(f"{run.path.name}: {summary['error']}")
+            if study.script and summary.get("samples_per_s") is None:
+                raise UsageError(f"--script {study.script.name} reported no throughput (see {run.path / 'reports'}); call "
+                                 "paratrain.report(samples_per_s=...) in it, or paratrain.report(samples=N, epoch_time_s=T) "
+                                 "once per epoch (N: samples of one epoch over all ranks)")
+            if on_point:
+                on_point(workload, workers, repeat, summary)
 
-    result = {"mode": study.mode, "workload": study.workload, "repeats": study.repeats,
-              "timing": ("samples/s is what the script reported; speedup = samples/s(N) / samples/s(base) x base, "
-                         "efficiency = speedup / N; speedup_vs_all_cores = samples/s(N) / samples/s(one process on all cores)"
-                         if study.script else
-                         "epoch time is the median over the epochs after the first of each run; "
-                         "speedup = T(base) / T(N) x base, efficiency = speedup / N; "
-                         "speedup_vs_all_cores = T(one process on all cores) / T(N)"),
-              "cpu_worker": "one worker = one rank with its own core(s), playing the role of a GPU",
-              "flag_rules": {
-                  "contended": f"in n of the m runs, other work took over {CONTENDED_ABOVE:.0%} of the run's cores "
-                               "(summary.json machine_load.other_fraction)",
-                  "repeats_disagree": f"the repeats' samples/s differ by more than x{SPREAD_LIMIT} (fastest / slowest = R)",
-                  "includes_startup": "a run had a single epoch, so its time and samples/s include start-up",
-              },
-              **({"strategy": study.strategy} if study.strategy else {}),
-              "rows": scaling_rows([RunDir(Path(cfg["run_dir"])) for *_, cfg in points], study.strategy)}
+        result = study_result(study, [RunDir(Path(cfg["run_dir"])) for *_, cfg in points])
+        write_json(out / SCALING_FILE, result)
+        return result
+
+
+def study_result(study: ScaleConfig, runs: list[RunDir]) -> dict[str, Any]:
+    """What scaling.json holds: the study's table computed from its run directories."""
+    return {"mode": study.mode, "workload": study.workload, "repeats": study.repeats,
+            "timing": ("samples/s is what the script reported; speedup = samples/s(N) / samples/s(base) x base, "
+                       "efficiency = speedup / N; speedup_vs_all_cores = samples/s(N) / samples/s(one process on all cores)"
+                       if study.script else
+                       "epoch time is the median over the epochs after the first of each run; "
+                       "speedup = T(base) / T(N) x base, efficiency = speedup / N; "
+                       "speedup_vs_all_cores = T(one process on all cores) / T(N)"),
+            "cpu_worker": "one worker = one rank with its own core(s), playing the role of a GPU",
+            "flag_rules": {
+                "contended": f"in n of the m runs, other work took over {CONTENDED_ABOVE:.0%} of the run's cores "
+                             "(summary.json machine_load.other_fraction)",
+                "repeats_disagree": f"the repeats' samples/s differ by more than x{SPREAD_LIMIT} (fastest / slowest = R)",
+                "includes_startup": "a run had a single epoch, so its time and samples/s include start-up",
+            },
+            **({"strategy": study.strategy} if study.strategy else {}),
+            "rows": scaling_rows(runs, study.strategy)}
+
+
+def collect_study(out: Path) -> dict[str, Any]:
+    """Write OUT/scaling.json from the points that have finished so far, running nothing.
+
+    A study whose points ran as separate jobs (`paratrain slurm scale`) is collected this way:
+    `paratrain report OUT` calls it, so the report shows every point finished by then.
+    """
+    spec = json.loads((out / "study.json").read_text())
+    study = validate(ScaleConfig, {k: v for k, v in spec.items() if k in ScaleConfig.model_fields} | {"out": out})
+    on_cpu = spec["train"].get("device") == "cpu"
+    runs = [RunDir(Path(cfg["run_dir"])) for *_, cfg in study_points(study, on_cpu)]
+    finished = [run for run in runs if run.summary.exists() and _finished(run.read_summary())]
+    if not finished:
+        raise UsageError(f"no point of the study in {out} has finished yet (see its jobs' logs in {out / 'slurm' / 'logs'}); "
+                         "run paratrain report again once one has")
+    result = study_result(study, finished)
     write_json(out / SCALING_FILE, result)
     return result
 

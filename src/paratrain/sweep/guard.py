@@ -1,4 +1,5 @@
-"""Imported by the sweep's fork server, and only there, as it starts: die with the sweep driver.
+"""Imported by a fork server (the sweep's, and train's: paratrain/forkserver.py), and only there, as
+it starts: die with the process that started it (the sweep driver, the train command).
 
 Trial processes are children of the fork server, not of the driver, and each asks the kernel to
 kill it when its parent dies (PR_SET_PDEATHSIG). For that to fire when the driver is killed, the

@@ -7,6 +7,7 @@ module each.
 """
 from __future__ import annotations
 
+import importlib
 from contextlib import AbstractContextManager
 from typing import Any, Callable, Optional, Protocol
 
@@ -15,14 +16,8 @@ from torch import nn
 
 from paratrain.config import TrainConfig
 from paratrain.engine.distributed import RankContext
+from paratrain.engine.grad_noise import BucketNorms
 from paratrain.engine.strategies.base import OptimizerFactory, StepResult
-from paratrain.engine.strategies.ddp import DataParallel
-from paratrain.engine.strategies.fsdp import FullyShardedDataParallel
-from paratrain.engine.strategies.hybrid import Hybrid
-from paratrain.engine.strategies.model_parallel import ModelParallel
-from paratrain.engine.strategies.pipeline import PipelineParallel
-from paratrain.engine.strategies.single import SingleProcess
-from paratrain.engine.strategies.zero1 import ZeroOne
 from paratrain.errors import UsageError
 
 
@@ -32,6 +27,8 @@ class Strategy(Protocol):
 
     name: str
     allreduce: Optional[str]      # what averages gradients (shm, gloo, nccl, ...); None: nothing to average
+    bucket_norms: Optional[BucketNorms]     # --grad-noise on data-parallel ranks: gradient norms before and after averaging
+    trains: bool                  # False on a rank that only serves (async-ps's parameter servers)
 
     def data_shard(self) -> tuple[int, int]:
         """(index, count) of the training-data shard this rank reads; ranks of one pipeline share one."""
@@ -56,6 +53,12 @@ class Strategy(Protocol):
     def comm_started(self) -> Optional[Any]:
         """Clock stamp of this step's last gradient all-reduce launch (None: no communication)."""
 
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> Optional[tuple[Any, Any]]:
+        """Apply the step's gradients; the stamps (start, end) of communication it ran, else None."""
+
+    def bytes_sent(self) -> Optional[int]:
+        """Bytes this rank handed to communication so far; None where the strategy does not count."""
+
     def unwrap(self, model: nn.Module) -> nn.Module:
         """The plain module."""
 
@@ -69,21 +72,61 @@ class Strategy(Protocol):
         """Strategy-specific figures for summary.json (rank 0's are kept). Every rank calls it."""
 
 
+def _imported_when_built(path: str) -> Callable[[TrainConfig, RankContext, Callable[[], Any]], Strategy]:
+    """The strategy class at `module:Class`, imported when a run builds it: the parts of
+    torch.distributed some strategies stand on (DTensor and torch.distributed.checkpoint for fsdp,
+    torch._dynamo under torch.distributed.pipelining, torch.distributed.optim for zero1, rpc for
+    async-ps) took more than torch's own import time to import, on every run of any strategy."""
+    module, _, name = path.partition(":")
+
+    def build(cfg: TrainConfig, ctx: RankContext, stamp: Callable[[], Any]) -> Strategy:
+        return getattr(importlib.import_module(module), name)(cfg, ctx, stamp)
+
+    return build
+
+
 # Each is built from the run's config, the rank's context and the clock's stamp function.
 STRATEGIES: dict[str, Callable[[TrainConfig, RankContext, Callable[[], Any]], Strategy]] = {
-    "single": SingleProcess,
-    "ddp": DataParallel,
-    "zero1": ZeroOne,
-    "fsdp": FullyShardedDataParallel,
-    "pipeline": PipelineParallel,
-    "model-parallel": ModelParallel,
-    "hybrid": Hybrid,
+    name: _imported_when_built(f"paratrain.engine.strategies.{path}") for name, path in {
+        "single": "single:SingleProcess",
+        "ddp": "ddp:DataParallel",
+        "zero1": "zero1:ZeroOne",
+        "fsdp": "fsdp:FullyShardedDataParallel",
+        "pipeline": "pipeline:PipelineParallel",
+        "model-parallel": "model_parallel:ModelParallel",
+        "hybrid": "hybrid:Hybrid",
+        "async-ps": "async_ps:AsyncParameterServer",
+    }.items()
 }
 
 
 def check_strategy(name: str) -> None:
     if name not in STRATEGIES:
         raise UsageError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}")
+
+
+def check_fsdp(cfg: TrainConfig, data: Any, device_type: str) -> None:
+    """Refuse fsdp flags that cannot work, in the launching process, before anything is written.
+    (Here rather than in fsdp.py, so that checking a run of another strategy does not import FSDP.)"""
+    fsdp_only = [name for name in ("shard_unit", "cpu_offload") if name in cfg.model_fields_set and getattr(cfg, name)]
+    if "reshard_after_forward" in cfg.model_fields_set and not cfg.reshard_after_forward:
+        fsdp_only.append("reshard_after_forward")
+    if cfg.strategy_name != "fsdp":
+        if fsdp_only:
+            raise UsageError(f"--{fsdp_only[0].replace('_', '-')} applies to --strategy fsdp (this run uses {cfg.strategy_name})")
+        return
+    if cfg.cpu_offload and device_type != "cuda":
+        raise UsageError("--cpu-offload moves FSDP's shards from GPU to host memory; CPU ranks hold them in host memory "
+                         "already: drop --cpu-offload")
+    if cfg.precision == "fp16":
+        raise UsageError("--precision fp16 with --strategy fsdp is not supported (it would need a sharded loss scaler); "
+                         "use --precision bf16")
+    if cfg.shard_unit is not None:
+        from paratrain.engine.strategies.fsdp import shard_units
+        from paratrain.workloads import build_model
+
+        with torch.device("meta"):      # shapes only: free even for large models
+            shard_units(build_model(cfg, data), cfg.shard_unit)
 
 
 def build_strategy(cfg: TrainConfig, ctx: RankContext, stamp: Callable[[], Any]) -> Strategy:

@@ -16,6 +16,7 @@ from torch import nn
 
 from paratrain.config import TrainConfig
 from paratrain.engine.distributed import RankContext
+from paratrain.engine.grad_noise import BucketNorms
 
 # Builds the run's optimizer (--optimizer, --lr, ...) over a module's parameters.
 OptimizerFactory = Callable[[nn.Module], torch.optim.Optimizer]
@@ -25,6 +26,8 @@ StepResult = tuple[Optional[torch.Tensor], Optional[torch.Tensor]]   # (mean los
 class WholeModelStrategy:
     name = "whole-model"
     allreduce: Optional[str] = None
+    bucket_norms: Optional[BucketNorms] = None     # ddp with --grad-noise: per-step gradient norms from the comm hook
+    trains = True         # False on a rank that only serves (async-ps's parameter servers)
 
     def __init__(self, cfg: TrainConfig, ctx: RankContext, stamp: Callable[[], Any]):
         self.cfg, self.ctx, self.stamp = cfg, ctx, stamp
@@ -56,6 +59,17 @@ class WholeModelStrategy:
         return nullcontext()
 
     def comm_started(self) -> Optional[Any]:
+        return None
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> Optional[tuple[Any, Any]]:
+        """Apply this step's gradients; returns the clock stamps (start, end) of communication the
+        step ran (local SGD's parameter averaging, a parameter server's push and pull), else None."""
+        scaler.step(optimizer)
+        scaler.update()
+        return None
+
+    def bytes_sent(self) -> Optional[int]:
+        """Bytes this rank has handed to communication so far; None where the strategy does not count."""
         return None
 
     def unwrap(self, model: nn.Module) -> nn.Module:

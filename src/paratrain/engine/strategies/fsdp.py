@@ -84,28 +84,6 @@ def shard_units(model: nn.Module, class_name: Optional[str]) -> list[nn.Module]:
     return sorted(kept, key=lambda m: -depth[id(m)])
 
 
-def check_fsdp(cfg: TrainConfig, data: Any, device_type: str) -> None:
-    """Refuse fsdp flags that cannot work, in the launching process, before anything is written."""
-    fsdp_only = [name for name in ("shard_unit", "cpu_offload") if name in cfg.model_fields_set and getattr(cfg, name)]
-    if "reshard_after_forward" in cfg.model_fields_set and not cfg.reshard_after_forward:
-        fsdp_only.append("reshard_after_forward")
-    if cfg.strategy_name != "fsdp":
-        if fsdp_only:
-            raise UsageError(f"--{fsdp_only[0].replace('_', '-')} applies to --strategy fsdp (this run uses {cfg.strategy_name})")
-        return
-    if cfg.cpu_offload and device_type != "cuda":
-        raise UsageError("--cpu-offload moves FSDP's shards from GPU to host memory; CPU ranks hold them in host memory "
-                         "already: drop --cpu-offload")
-    if cfg.precision == "fp16":
-        raise UsageError("--precision fp16 with --strategy fsdp is not supported (it would need a sharded loss scaler); "
-                         "use --precision bf16")
-    if cfg.shard_unit is not None:
-        from paratrain.workloads import build_model
-
-        with torch.device("meta"):      # shapes only: free even for large models
-            shard_units(build_model(cfg, data), cfg.shard_unit)
-
-
 class _StampedReduceScatter(ReduceScatter):
     """FSDP's own reduce-scatter (`dist.reduce_scatter_single`), stamping when each one starts."""
 

@@ -35,6 +35,11 @@ class ZeroOne(DataParallel):
         groups = [{k: v for k, v in group.items()} for group in template.param_groups]
         return ZeroRedundancyOptimizer(groups, optimizer_class=type(template), **defaults)
 
+    def bytes_sent(self) -> Optional[int]:
+        # The hooks count the gradients; ZeRO's broadcast of the updated partitions happens inside
+        # its step, uncounted: half a count would read as the whole.
+        return None
+
     def checkpoint_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> Optional[dict[str, Any]]:
         """The whole optimizer state, gathered on rank 0 (every rank sends its partition)."""
         optimizer.consolidate_state_dict(to=0)

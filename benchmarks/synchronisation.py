@@ -1,0 +1,115 @@
+"""Synchronise less, send less, wait less: every remedy of docs/synchronisation.md on one workload,
+against one worker on one core (issue #13's evidence).
+
+Each configuration trains cifar10-cnn for the same epochs with batch 32 per worker on 2 workers of
+one core each (async-ps: 2 workers plus 1 server rank, 3 ranks on the 2 cores, unpinned, so the
+server takes time from the workers), and the 1-worker run gives the base. The LR is given for a batch of
+32 and scaled linearly with the batch each update averages (`--base-batch-size 32`), so every
+configuration gets the same rule. Runs alternate (base, sync, accum, ..., base, sync, ...) because the
+machine's speed drifts; the table gives medians of samples/s (epochs after the first) and of test
+accuracy, and efficiency = samples/s / (2 x the base's).
+
+    .venv/bin/python benchmarks/synchronisation.py --repeats 3 -- --data-dir ../shared/datasets/cifar10-jpg.tar.gz
+
+A trial of the script itself (not a measurement): --epochs 2 -- --limit-train 2048.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+TWO = ["--workers", "2"]
+
+# name -> the flags that make it (after the shared ones)
+CONFIGURATIONS = {
+    "1 worker (base)": ["--workers", "1"],
+    "sync every step (ddp)": TWO,
+    "--grad-accum 4": [*TWO, "--grad-accum", "4"],
+    "--sync-every 4": [*TWO, "--sync-every", "4"],
+    "--sync-every 8": [*TWO, "--sync-every", "8"],
+    "--grad-compression fp16": [*TWO, "--grad-compression", "fp16"],
+    "--grad-compression powersgd": [*TWO, "--grad-compression", "powersgd"],
+    "async-ps": ["--workers", "3", "--strategy", "async-ps", "--allow-oversubscribe"],
+    "async-ps --max-staleness 2": ["--workers", "3", "--strategy", "async-ps", "--max-staleness", "2", "--allow-oversubscribe"],
+    "--reduce ps": [*TWO, "--reduce", "ps"],
+}
+
+
+def run(flags: list[str], shared: list[str], out: Path) -> dict:
+    cmd = [str(BIN / "paratrain"), "train", "--workload", "cifar10-cnn", *flags, *shared, "--run-dir", str(out),
+           "--quiet", "--json"]
+    started = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    shown = " ".join(["paratrain", *(c for c in cmd[1:] if c not in ("--json", "--run-dir", str(out)))])
+    if proc.returncode != 0:
+        lines = proc.stderr.strip().splitlines()
+        return {"status": "failed", "error": lines[-1] if lines else "?", "command": shown}
+    return {**json.loads(proc.stdout), "command": shown, "command_s": time.perf_counter() - started}
+
+
+def table(results: dict[str, list[dict]]) -> str:
+    base_runs = [r for r in results["1 worker (base)"] if r.get("status") == "completed"]
+    base = statistics.median(r["samples_per_s"] for r in base_runs) if base_runs else None
+    sync = [r for r in results.get("sync every step (ddp)", []) if r.get("status") == "completed"]
+    sync_accuracy = statistics.median(r["test_accuracy"] for r in sync) if sync else None
+    lines = ["| configuration | samples/s (median; runs) | efficiency vs 1 worker | test accuracy | vs sync every step | "
+             "exposed comm / step | bytes sent / step / rank | path |", "|---|---|---|---|---|---|---|---|"]
+    for name, runs in results.items():
+        done = [r for r in runs if r.get("status") == "completed"]
+        if not done:
+            lines.append(f"| {name} | failed: {runs[0].get('error', '?')} | | | | | | |")
+            continue
+        rate = statistics.median(r["samples_per_s"] for r in done)
+        accuracy = statistics.median(r["test_accuracy"] for r in done)
+        workers = 1 if name.startswith("1 worker") else 2
+        efficiency = f"{rate / (workers * base):.2f}" if base else "n/a"
+        versus = f"{(accuracy - sync_accuracy) * 100:+.1f} pt" if sync_accuracy is not None and workers > 1 else ""
+        comm = statistics.median(r["breakdown"]["comm_s"] for r in done) * 1e3
+        sent = done[-1].get("comm_bytes_per_step")
+        sent_text = "/".join(f"{b / 1024:,.0f} KiB" for b in sent) if sent else "n/a"
+        path = done[-1].get("allreduce") or "none"
+        rates = ", ".join(f"{r['samples_per_s']:,.0f}" for r in done)
+        lines.append(f"| {name} | {rate:,.0f} ({rates}) | {efficiency} | {accuracy:.2%} | {versus} | {comm:.2f} ms | "
+                     f"{sent_text} | {path} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--batch-size", type=int, default=32, help="per worker")
+    parser.add_argument("--lr", type=float, default=0.01, help="for a batch of 32, scaled linearly")
+    parser.add_argument("--configurations", default=",".join(CONFIGURATIONS), help="comma-separated names from the table")
+    parser.add_argument("extra", nargs="*", help="train flags after --, e.g. --data-dir ../shared/datasets/cifar10-jpg.tar.gz")
+    args = parser.parse_args()
+    names = [n.strip() for n in args.configurations.split(",")]
+    unknown = [n for n in names if n not in CONFIGURATIONS]
+    if unknown or "1 worker (base)" not in names:
+        parser.error(f"unknown configuration(s) {unknown}; the base is required; choose from: {', '.join(CONFIGURATIONS)}")
+    shared = ["--threads-per-worker", "1", "--batch-size", str(args.batch_size), "--epochs", str(args.epochs),
+              "--lr", str(args.lr), "--base-batch-size", "32", "--lr-scaling", "linear", *args.extra]
+    results: dict[str, list[dict]] = {n: [] for n in names}
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        for repeat in range(args.repeats):
+            for i, name in enumerate(names):
+                summary = run(CONFIGURATIONS[name], shared, Path(tmp) / f"{i}-{repeat}")
+                results[name].append(summary)
+                print(f"repeat {repeat + 1} {name}: {summary.get('status')} {summary.get('samples_per_s', 0):,.0f} samples/s, "
+                      f"test accuracy {summary.get('test_accuracy', 0):.2%}, {summary.get('command_s', 0):.0f} s", file=sys.stderr)
+    print(table(results))
+    print(f"\n{args.repeats} alternating repeat(s), {time.perf_counter() - started:.0f} s in all. Commands:")
+    print("\n".join(runs[0]["command"] for runs in results.values()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""Choosing the batch size and the learning rate by measurement (docs/batch-size.md).
+
+One module per command: `find_batch` (the largest per-worker batch that fits, and the throughput
+knee), `noise_scale` (the gradient noise scale, McCandlish et al. 2018), `lr_find` (the LR range
+test) and `recommend` (all three combined for N workers). Each runs ordinary training runs through
+`paratrain.train` with the engine's general options (`--max-steps`, `--grad-noise`, `--schedule
+range-test`) and reads their run directories; the engine knows nothing of this package.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Optional
+
+from paratrain.config import TrainConfig, validate
+from paratrain.errors import UsageError
+from paratrain.runs import write_json
+
+# Flags each command sets itself on the runs it starts.
+COMMAND_OWNED = ("run_dir", "resume", "quiet", "max_steps", "grad_noise", "schedule", "lr_end")
+
+
+def check_train_flags(train: dict[str, Any], command: str) -> None:
+    """Refuse train flags the command sets itself, before anything runs."""
+    owned = [k for k in train if k in COMMAND_OWNED]
+    if owned:
+        raise UsageError(f"paratrain {command} sets --{owned[0].replace('_', '-')} itself on the runs it starts; drop it")
+
+
+def train_samples(cfg: TrainConfig) -> int:
+    """Training samples of the config's dataset (decoded once and cached, as `paratrain.train` does)."""
+    from paratrain.workloads import load_data
+
+    return len(load_data(cfg).train)
+
+
+def epochs_for(cfg: TrainConfig, steps: int, samples: int) -> int:
+    """Epochs that hold at least `steps` optimizer steps of `cfg` (the run stops at --max-steps)."""
+    per_rank = -(-samples // cfg.data_parallel_size)
+    steps_per_epoch = -(-(-(-per_rank // cfg.batch_size)) // cfg.grad_accum)
+    return max(1, math.ceil(steps / steps_per_epoch))
+
+
+def run_config(train: dict[str, Any], **overrides: Any) -> TrainConfig:
+    """The validated config of a measurement run: the user's train flags with the command's own."""
+    return validate(TrainConfig, {**train, **overrides})
+
+
+def steps_run_config(train: dict[str, Any], steps: int, **overrides: Any) -> TrainConfig:
+    """A measurement run of `steps` optimizer steps: --max-steps, with enough epochs to hold them."""
+    first = run_config(train, **overrides, max_steps=steps)
+    return run_config(train, **overrides, max_steps=steps, epochs=epochs_for(first, steps, train_samples(first)))
+
+
+def read_result(path: Path, train: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """A command's earlier result in `path`, if the same train flags made it (recommend reuses it)."""
+    if not path.is_file():
+        return None
+    result = json.loads(path.read_text())
+    return result if result.get("train") == json.loads(json.dumps(train, default=str)) else None
+
+
+def write_result(path: Path, result: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(path, result)

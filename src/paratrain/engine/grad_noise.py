@@ -1,0 +1,125 @@
+"""Squared gradient norms of a small and a big batch at every optimizer step (`--grad-noise`).
+
+They are what the unbiased two-batch estimators of the gradient noise scale take (McCandlish,
+Kaplan, Amodei 2018, arXiv:1812.06162, Appendix A); `paratrain noise-scale` computes the estimate
+from the files this writes. Each rank measures where the two batches already exist, so the
+measurement costs a squared norm per bucket or per step and no extra communication:
+
+- Data parallel on 2+ ranks (ddp, zero1): DDP's comm hook is wrapped, as k-diffusion's `gns.py`
+  does: each bucket's squared norm is taken before averaging (this rank's gradient: the small
+  batch, per-worker batch x --grad-accum) and after (the averaged gradient: the big batch, the
+  global batch). The wrapped hook is whichever one averages the gradients (the shared-memory
+  average or the process group's all-reduce), so the measurement does not change how they are
+  averaged; summary.json's `grad_noise.source` names it.
+- One worker with --grad-accum K: the loss of each micro-step is divided by K, so after the first
+  micro-step the accumulated gradient is that micro-batch's mean gradient / K (the small batch,
+  --batch-size) and after the last it is the step's mean gradient (the big batch, K x --batch-size).
+
+The norms stay on the device and are written at the loop's log points and epoch ends, where it
+reads the loss anyway, so no step waits for the device. Steps with a short batch (the end of an
+epoch) are not recorded: the estimators need the batch sizes they are told.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from paratrain.config import TrainConfig
+
+CommHook = Callable[[Any, dist.GradBucket], torch.futures.Future]
+
+
+def squared_norm(tensor: torch.Tensor) -> torch.Tensor:
+    return torch.linalg.vector_norm(tensor.float()).square()
+
+
+class BucketNorms:
+    """A DDP comm hook's wrapper that sums each bucket's squared norm before and after averaging."""
+
+    def __init__(self) -> None:
+        self.local: list[torch.Tensor] = []
+        self.averaged: list[torch.Tensor] = []
+
+    def wrap(self, hook: CommHook) -> CommHook:
+        # Unannotated: DDP checks a hook's annotations against the real classes, and this module's are strings.
+        def measured_hook(state, bucket):  # type: ignore[no-untyped-def]
+            # Taken before the hook runs: the backend hook divides the bucket in place.
+            self.local.append(squared_norm(bucket.buffer()))
+            return hook(state, bucket).then(self._after_averaging)
+        return measured_hook
+
+    def _after_averaging(self, future: torch.futures.Future) -> torch.Tensor:
+        averaged = future.value()
+        self.averaged.append(squared_norm(averaged))
+        return averaged
+
+    def take(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """This step's (|local gradient|², |averaged gradient|²); DDP has waited for every bucket."""
+        local, averaged = torch.stack(self.local).sum(), torch.stack(self.averaged).sum()
+        self.local.clear()
+        self.averaged.clear()
+        return local, averaged
+
+
+class GradNoiseRecorder:
+    """Collects one (small, big) pair per optimizer step and appends them to this rank's file."""
+
+    def __init__(self, cfg: TrainConfig, rank: int, data_parallel_ranks: int, run_path: Path,
+                 bucket_norms: Optional[BucketNorms], allreduce: Optional[str]):
+        self.accum = cfg.grad_accum
+        self.batch_size = cfg.batch_size
+        self.bucket_norms = bucket_norms
+        if bucket_norms is not None:
+            self.small_batch, self.big_batch = cfg.batch_size * cfg.grad_accum, cfg.global_batch_size
+            self.source = f"ddp comm hook around the {allreduce} average"
+        else:
+            self.small_batch, self.big_batch = cfg.batch_size, cfg.batch_size * cfg.grad_accum
+            self.source = "gradient accumulation (first micro-batch and whole step)"
+        self.ranks = data_parallel_ranks if bucket_norms is not None else 1
+        self.path = grad_noise_file(run_path, rank)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.pending: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+        self.first: Optional[torch.Tensor] = None
+        self.full = True
+
+    def micro_step(self, model: nn.Module, index: int, sync: bool, batch_len: int, step: int) -> None:
+        """After micro-step `index` (0-based within optimizer step `step`, 1-based) has run backward."""
+        self.full = (self.full or index == 0) and batch_len == self.batch_size
+        if self.bucket_norms is None and index == 0:
+            self.first = _gradient_squared_norm(model) * self.accum ** 2
+        if not sync:
+            return
+        if self.bucket_norms is not None:
+            small, big = self.bucket_norms.take()
+        else:
+            small, big = self.first, _gradient_squared_norm(model)
+        if self.full and index == self.accum - 1:
+            self.pending.append((step, small, big))
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        values = torch.stack([torch.stack([small, big]) for _, small, big in self.pending]).tolist()
+        with open(self.path, "a") as f:
+            for (step, _, _), (small, big) in zip(self.pending, values):
+                f.write(json.dumps({"step": step, "small_sq": small, "big_sq": big, "small_batch": self.small_batch,
+                                    "big_batch": self.big_batch}) + "\n")
+        self.pending.clear()
+
+    def summary(self) -> dict[str, Any]:
+        return {"source": self.source, "small_batch": self.small_batch, "big_batch": self.big_batch,
+                "ranks": self.ranks, "files": "grad_noise/rank<R>.jsonl"}
+
+
+def grad_noise_file(run_path: Path, rank: int) -> Path:
+    return Path(run_path) / "grad_noise" / f"rank{rank}.jsonl"
+
+
+def _gradient_squared_norm(model: nn.Module) -> torch.Tensor:
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    return torch.nn.utils.get_total_norm(grads).float().square()

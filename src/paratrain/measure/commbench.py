@@ -1,0 +1,189 @@
+"""`paratrain commbench`: how long collectives take here, and the alpha-beta model that fits them.
+
+N local ranks (pinned as training ranks are, under PyTorch's elastic launcher) time all-reduce,
+broadcast, all-gather and reduce-scatter on the process group's backend, and the shared-memory
+average that DDP uses between CPU ranks (engine/shm_allreduce.py), over message sizes from
+--min-size to --max-size in steps of 4x. Sizes follow nccl-tests' convention: the whole buffer
+(all-reduce and broadcast: the tensor; all-gather: the gathered output; reduce-scatter: the
+input), float32. Each size is timed in 5 rounds of back-to-back repetitions between barriers; a
+round's time is the slowest rank's mean, and the collective's time the median round.
+
+Each collective's times are fitted to t(n) = alpha + n / beta (Hockney's latency-bandwidth
+model), minimising the relative error at every size, since the sizes span five orders of
+magnitude; the result keeps each size's error so the fit can be judged where it is used.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import platform
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from paratrain.config import CommbenchConfig, parse_size
+from paratrain.engine.distributed import Placement, init_rank, shutdown
+from paratrain.engine.shm_allreduce import open_shared_average
+from paratrain.launch.placement import core_sets, available_cores, resolve_backend, resolve_device
+from paratrain.runs import write_json
+
+SCHEMA = "paratrain.commbench/1"
+OPERATIONS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter")
+# nccl-tests PERFORMANCE.md: bus bandwidth = algorithm bandwidth x this factor, comparable across ops.
+BUS_FACTOR: dict[str, Callable[[int], float]] = {
+    "all_reduce": lambda n: 2 * (n - 1) / n, "broadcast": lambda n: 1.0,
+    "all_gather": lambda n: (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
+}
+
+
+def default_path(backend: str, device: str, workers: int) -> Path:
+    from paratrain.workloads.datasets import default_cache_dir
+
+    return default_cache_dir() / "commbench" / f"{backend}-{device}-w{workers}.json"
+
+
+def message_sizes(smallest: int, largest: int) -> list[int]:
+    sizes, size = [], smallest
+    while size <= largest:
+        sizes.append(size)
+        size *= 4
+    return sizes
+
+
+def run_commbench(cfg: CommbenchConfig) -> dict[str, Any]:
+    """Measure, fit, write the JSON file; returns what was written (with `path`)."""
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+
+    from paratrain.launch.local import quiet_elastic_logs, scoped_environ, thread_env
+
+    cuda = resolve_device(cfg.device)
+    backend = resolve_backend(cfg.backend, cuda)
+    if cuda:
+        threads, cpu_sets = cfg.threads_per_worker or 1, None
+    else:
+        threads, cpu_sets = core_sets(cfg.workers, cfg.threads_per_worker, cfg.allow_oversubscribe, available_cores())
+    placement = Placement(backend=backend, device_type="cuda" if cuda else "cpu", threads_per_worker=threads,
+                          cpu_sets=cpu_sets, allreduce="backend")
+    out = cfg.out or default_path(backend, placement.device_type, cfg.workers)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    sizes = message_sizes(parse_size(cfg.min_size), parse_size(cfg.max_size))
+    # The shared-memory average is DDP's path only between CPU ranks that own their cores.
+    with_shm = not cuda and cpu_sets is not None
+    quiet_elastic_logs()
+    # The agent's per-rank files go to a directory removed afterwards, never left in /tmp.
+    with tempfile.TemporaryDirectory(prefix="paratrain-commbench-") as logs, scoped_environ(thread_env(threads)):
+        launch = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=cfg.workers, run_id=str(uuid.uuid4()),
+                              rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1,
+                              start_method="spawn", logs_specs=DefaultLogsSpecs(log_dir=logs))
+        results = elastic_launch(launch, _bench_rank)(placement.to_dict(), sizes, cfg.seconds_per_size, with_shm)
+    timings: dict[str, list[tuple[int, float]]] = results[0]
+    collectives = []
+    for (op, path), points in timings.items():
+        fit = fit_alpha_beta(points)
+        collectives.append({
+            "op": op, "path": path, "alpha_s": fit["alpha_s"], "beta_bytes_per_s": fit["beta_bytes_per_s"],
+            "max_error": max(abs(e) for e in fit["errors"]),
+            "points": [{"bytes": n, "seconds": t, "algbw_bytes_per_s": n / t, "busbw_bytes_per_s": n / t * BUS_FACTOR[op](cfg.workers),
+                        "fit_seconds": f, "error": e}
+                       for (n, t), f, e in zip(points, fit["fitted"], fit["errors"])],
+        })
+    training_path = "shm" if with_shm else backend
+    allreduce = next(c for c in collectives if c["op"] == "all_reduce" and c["path"] == training_path)
+    result = {
+        "schema": SCHEMA, "ranks": cfg.workers, "backend": backend, "device": placement.device_type,
+        "threads_per_worker": threads, "pinned": cpu_sets is not None, "torch": torch.__version__,
+        "host": platform.node(), "cpu": platform.processor() or platform.machine(),
+        "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        # The all-reduce on the path DDP averages gradients with here: what a planner models a step with.
+        "fit": {"op": "all_reduce", "path": training_path, "alpha_s": allreduce["alpha_s"],
+                "beta_bytes_per_s": allreduce["beta_bytes_per_s"], "max_error": allreduce["max_error"], "ranks": cfg.workers},
+        "collectives": collectives,
+    }
+    write_json(out, result)
+    return {**result, "path": str(out)}
+
+
+def _bench_rank(placement: dict[str, Any], sizes: list[int], seconds: float, with_shm: bool) -> dict:
+    ctx = init_rank(Placement(**placement))
+    try:
+        device, world = ctx.device, ctx.world_size
+        shm = open_shared_average(ctx.rank, world) if with_shm else None
+        timings: dict[tuple[str, str], list[tuple[int, float]]] = {}
+        backend = dist.get_backend()
+        for op in OPERATIONS:
+            timings[(op, backend)] = [(n, _time(_collective(op, n, world, device), seconds, device)) for n in sizes]
+        if shm is not None:
+            def average(n: int) -> Callable[[], Any]:
+                flat = torch.ones(n // 4, device=device)
+                return lambda: shm.average_(flat)
+            timings[("all_reduce", "shm")] = [(n, _time(average(n), seconds, device)) for n in sizes]
+        return timings if ctx.is_main else {}
+    finally:
+        shutdown()
+
+
+def _collective(op: str, nbytes: int, world: int, device: torch.device) -> Callable[[], Any]:
+    elements = max(world, nbytes // 4 // world * world)     # a whole number of float32 per rank
+    whole = torch.ones(elements, device=device)
+    part = torch.ones(elements // world, device=device)
+    if op == "all_reduce":
+        return lambda: dist.all_reduce(whole)
+    if op == "broadcast":
+        return lambda: dist.broadcast(whole, src=0)
+    if op == "all_gather":
+        return lambda: dist.all_gather_single(whole, part)
+    return lambda: dist.reduce_scatter_single(part, whole)
+
+
+def _time(run: Callable[[], Any], seconds: float, device: torch.device, rounds: int = 5) -> float:
+    """Seconds of one call: the median over `rounds` of the slowest rank's mean over back-to-back
+    calls (the median, so that a round another process interrupted does not count); every rank
+    runs the same repetitions."""
+    run()       # warm-up: connections, buffers
+    _sync(device)
+    once = _round(run, 1, device)
+    repeats = max(1, min(200, math.ceil(seconds / rounds / max(once, 1e-9))))
+    return statistics.median(_round(run, repeats, device) for _ in range(rounds))
+
+
+def _round(run: Callable[[], Any], repeats: int, device: torch.device) -> float:
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        run()
+    _sync(device)
+    mean = torch.tensor([(time.perf_counter() - start) / repeats], dtype=torch.float64, device=device)
+    dist.all_reduce(mean, op=dist.ReduceOp.MAX)
+    return mean.item()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def fit_alpha_beta(points: list[tuple[int, float]]) -> dict[str, Any]:
+    """Least squares of t = alpha + n * g (g = 1/beta) in relative error: rows (1/t, n/t) . (alpha, g) = 1.
+
+    alpha and g are kept non-negative (a negative latency or an infinite bandwidth is no model):
+    when the free fit gives one below zero it is refitted with that term at zero.
+    """
+    sizes = torch.tensor([float(n) for n, _ in points], dtype=torch.float64)
+    times = torch.tensor([t for _, t in points], dtype=torch.float64)
+    design = torch.stack([1 / times, sizes / times], dim=1)
+    ones = torch.ones_like(times)
+    alpha, g = torch.linalg.lstsq(design, ones.unsqueeze(1)).solution.squeeze(1).tolist()
+    if alpha < 0:
+        alpha, g = 0.0, float((design[:, 1] @ ones) / (design[:, 1] @ design[:, 1]))
+    elif g <= 0:
+        alpha, g = float((design[:, 0] @ ones) / (design[:, 0] @ design[:, 0])), 0.0
+    fitted = (alpha + sizes * g).tolist()
+    return {"alpha_s": alpha, "beta_bytes_per_s": 1 / g if g > 0 else None, "fitted": fitted,
+            "errors": [(f - t) / t for f, t in zip(fitted, times.tolist())]}

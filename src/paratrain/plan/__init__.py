@@ -1,0 +1,317 @@
+"""`paratrain plan`: will it fit, how fast, and how many devices before more stop paying.
+
+The user's model is measured here on the meta device (profile.py), the device and its links come
+from tables with sources (devices.py, links.py) or from this machine, and a model of memory
+(memory.py) and step time (step_time.py) predicts every strategy on 1 ... N devices; measured runs
+calibrate it (calibrate.py). The recommendation follows one rule: the model fits a device -> data
+parallel; it does not -> shard or pipeline, whichever is faster; neither fits -> hybrid.
+docs/planner.md explains the model, where it is known to be wrong, and how it compares with
+measurements.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+from paratrain.config import PlanConfig, TrainConfig
+from paratrain.errors import UsageError
+from paratrain.plan.devices import Device, get_device
+from paratrain.plan.links import DEFAULT_INTER_NODE, Link, commbench_link, custom_link, get_link, shm_link
+from paratrain.plan.memory import USABLE_FRACTION, Layout, memory_per_device
+from paratrain.plan.profile import ModelProfile, profile_model
+from paratrain.plan.step_time import Efficiency, Topology, bubble_fraction, step_time
+
+GPUS_PER_NODE = 8           # a DGX/HGX node: the default when --gpus-per-node is not given
+CURVE_MAX_DEVICES = 4096    # the scaling plot's reach
+PLAN_FILE = "plan.json"
+
+
+def run_plan(cfg: PlanConfig) -> dict[str, Any]:
+    """The plan as a JSON-ready dict: model, device, rows, recommendation, backend, curve."""
+    from paratrain.plan import calibrate
+
+    runs = calibrate.read_runs(cfg.calibrate) if cfg.calibrate else []
+    device = get_device(cfg.device, cfg.precision, cfg.cache_dir)
+    device.peak(cfg.precision)          # refuses a dtype the device lacks
+    per_node = cfg.gpus_per_node or (_cores() if device.name == "cpu" else GPUS_PER_NODE)
+    counts = [cfg.nodes * per_node] if cfg.nodes is not None else sorted(set(cfg.gpus))
+    if cfg.global_batch is not None:
+        for n in counts:
+            if cfg.global_batch % n:
+                raise UsageError(f"--global-batch {cfg.global_batch} does not divide evenly over {n} devices; "
+                                 f"use a multiple of {n} (e.g. {cfg.global_batch // n * n or n})")
+    topo = _topology(cfg, device, per_node)
+    profile = profile_model(_train_config(cfg))
+    momentum = TrainConfig.model_fields["momentum"].default
+    eff = Efficiency(device.efficiency[cfg.precision], source=device.sources.get(f"efficiency.{cfg.precision}", ""))
+    if runs:
+        eff = calibrate.fit(runs, lambda s: _run_comm(profile, s, device, cfg, topo))
+
+    planner = _Planner(cfg, profile, device, topo, eff, momentum)
+    top = max(counts)
+    wanted = sorted({1, *counts, *(2 ** i for i in range(1, top.bit_length()) if 2 ** i < top)})
+    rows = [row for n in wanted for row in planner.rows(n)]
+    curve_counts = sorted({*(2 ** i for i in range((max(top, CURVE_MAX_DEVICES)).bit_length())), *counts})
+    curve = [planner.best(n) for n in curve_counts]
+    recommendation = planner.recommend(top)
+    return {
+        "model": {"name": profile.name, "params": profile.params, "flops_per_sample": profile.flops_per_sample,
+                  "activation_bytes_per_sample": profile.activation_bytes_per_sample,
+                  "activation_bytes_fixed": profile.activation_bytes_fixed, "param_bytes": profile.param_bytes,
+                  "buffer_bytes": profile.buffer_bytes, "largest_unit_bytes": profile.largest_unit_bytes,
+                  "pipeline_units": len(profile.units), "measured": "on the meta device, on this machine (profile.py)"},
+        "device": {"name": device.name, "precision": cfg.precision, "peak_flops_per_s": device.peak(cfg.precision),
+                   "memory_bytes": device.memory_bytes, "usable_fraction": USABLE_FRACTION,
+                   "memory_bandwidth_bytes_per_s": device.memory_bandwidth, "efficiency": eff.compute,
+                   "efficiency_source": eff.source, "overhead_s": eff.overhead_s, "sync_s": eff.sync_s,
+                   "per_node": per_node, "intra_node_link": _link_json(topo.intra), "inter_node_link": _link_json(topo.inter),
+                   "sources": device.sources},
+        "optimizer": cfg.optimizer, "batch": {"per_device": cfg.batch_size, "global": cfg.global_batch},
+        "rows": rows, "recommendation": recommendation, "backend": backend_guidance(device),
+        "curve": curve, "pareto": pareto(curve),
+    }
+
+
+PARETO_SAMPLES = 10_000_000     # the work the Pareto plot prices: ten million samples
+
+
+def pareto(curve: list[dict[str, Any]], samples: int = PARETO_SAMPLES) -> dict[str, Any]:
+    """Device-hours against wall time for the same work at each device count (McCandlish et al. 2018's
+    trade of compute against time), its frontier, and the point where it bends.
+
+    The bend is the frontier point farthest from the straight line joining its ends, in log-log
+    space (the "knee" of a curve): before it, more devices cut the wall time at little extra cost;
+    after it, each halving of the time costs ever more device-hours.
+    """
+    import math
+
+    points = [{"devices": c["devices"], "strategy": c["strategy"], "wall_hours": samples / c["samples_per_s"] / 3600,
+               "device_hours": c["devices"] * samples / c["samples_per_s"] / 3600}
+              for c in curve if c.get("strategy") and c["samples_per_s"] > 0]
+    points.sort(key=lambda p: p["wall_hours"])
+    frontier, cheapest = [], float("inf")
+    # From the fastest: a point is on the frontier when no faster point costs less (equal cost stays:
+    # perfect scaling is a flat stretch of the frontier, not a dominated one).
+    for point in sorted(points, key=lambda p: (p["wall_hours"], p["device_hours"])):
+        if point["device_hours"] <= cheapest * (1 + 1e-9):
+            cheapest = min(cheapest, point["device_hours"])
+            frontier.append(point)
+    bend = None
+    if len(frontier) >= 3:
+        xy = [(math.log(p["wall_hours"]), math.log(p["device_hours"])) for p in frontier]
+        (x0, y0), (x1, y1) = xy[0], xy[-1]
+        norm = math.hypot(x1 - x0, y1 - y0) or 1.0
+        distance = [abs((y1 - y0) * x - (x1 - x0) * y + x1 * y0 - y1 * x0) / norm for x, y in xy]
+        bend = frontier[max(range(len(frontier)), key=distance.__getitem__)]["devices"]
+    return {"samples": samples, "points": points, "frontier": [p["devices"] for p in frontier], "bend_devices": bend}
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _train_config(cfg: PlanConfig) -> TrainConfig:
+    from paratrain.config import validate
+
+    values = {k: getattr(cfg, k) for k in ("workload", "model", "dataset", "image_size", "seq_len", "num_classes", "cache_dir")
+              if getattr(cfg, k) is not None}
+    if cfg.workload is None:
+        from paratrain.workloads.gpt import PRESETS
+
+        # A model without a workload: a gpt preset reads text, anything else images (--dataset to change it).
+        values["workload"] = "synthetic-cnn"
+        values.setdefault("dataset", "text" if cfg.model in PRESETS else "synthetic")
+    return validate(TrainConfig, values)
+
+
+def _topology(cfg: PlanConfig, device: Device, per_node: int) -> Topology:
+    intra: Link = shm_link(device.memory_bandwidth) if device.intra_node_link == "shm" else get_link(device.intra_node_link)
+    inter: Link = get_link(DEFAULT_INTER_NODE if device.name != "cpu" else "25gbe")
+    if cfg.interconnect is not None:
+        if cfg.interconnect.endswith(".json") or Path(cfg.interconnect).is_file():
+            import json
+
+            measured = commbench_link(Path(cfg.interconnect))
+            nodes = json.loads(Path(cfg.interconnect).read_text()).get("nodes", 1)
+            if nodes and int(nodes) > 1:
+                inter = measured
+            else:
+                intra = measured
+        else:
+            inter = get_link(cfg.interconnect)
+    if cfg.intra_node_gbps is not None:
+        intra = custom_link("intra-node", cfg.intra_node_gbps)
+    if cfg.inter_node_gbps is not None:
+        inter = custom_link("inter-node", cfg.inter_node_gbps)
+    return Topology(per_node, intra, inter)
+
+
+def _link_json(link: Link) -> dict[str, Any]:
+    return {"name": link.name, "bandwidth_bytes_per_s": link.bandwidth, "latency_s": link.latency,
+            "base_latency_s": link.base_latency, "source": link.source}
+
+
+def _run_comm(profile: ModelProfile, summary: dict[str, Any], device: Device, cfg: PlanConfig, topo: Topology) -> float:
+    """The plan's exposed communication for a measured run's layout (what calibration subtracts)."""
+    n = summary["workers"]
+    layout = Layout(summary["strategy"], n, n, 1, 1, summary["batch_size"])
+    timing = step_time(profile, layout, device, cfg.precision, cfg.optimizer, topo, Efficiency(1.0))
+    return timing["exposed_comm_s"]
+
+
+class _Planner:
+    def __init__(self, cfg: PlanConfig, profile: ModelProfile, device: Device, topo: Topology, eff: Efficiency,
+                 momentum: float):
+        self.cfg, self.profile, self.device, self.topo, self.eff, self.momentum = cfg, profile, device, topo, eff, momentum
+        self._base: Optional[float] = None
+
+    def global_batch(self, n: int) -> int:
+        return self.cfg.global_batch if self.cfg.global_batch is not None else self.cfg.batch_size * n
+
+    def layouts(self, n: int) -> list[Layout]:
+        g = self.global_batch(n)
+        if n == 1:
+            return [Layout("single", 1, 1, 1, 1, g)]
+        if g % n:
+            return []
+        units = len(self.profile.units)
+        out = []
+        for name in self.cfg.strategy:
+            if name in ("ddp", "zero1", "fsdp"):
+                out.append(Layout(name, n, n, 1, 1, g // n))
+            elif name == "pipeline" and n <= units:
+                out.append(Layout(name, n, 1, n, max(self.cfg.microbatches, n), g))
+            elif name == "hybrid" and n >= 4:
+                layout = self._hybrid(n, g, units)
+                if layout is not None:
+                    out.append(layout)
+        return out
+
+    def _hybrid(self, n: int, g: int, units: int) -> Optional[Layout]:
+        """The fewest stages (at least 2, dividing N, at most the units) whose largest stage fits."""
+        candidates = [k for k in range(2, min(units, n // 2) + 1) if n % k == 0 and g % (n // k) == 0]
+        for k in candidates:
+            layout = Layout("hybrid", n, n // k, k, max(self.cfg.microbatches, k), g // (n // k))
+            if self.memory(layout)["total_bytes"] <= self.device.memory_bytes * USABLE_FRACTION:
+                return layout
+        if not candidates:
+            return None
+        k = candidates[-1]
+        return Layout("hybrid", n, n // k, k, max(self.cfg.microbatches, k), g // (n // k))
+
+    def memory(self, layout: Layout) -> dict[str, Any]:
+        return memory_per_device(self.profile, layout, self.cfg.optimizer, self.cfg.precision, self.device.runtime_bytes,
+                                 self.momentum)
+
+    def base_samples_per_s(self) -> float:
+        if self._base is None:
+            single = self.layouts(1)[0]
+            self._base = self.global_batch(1) / self._timing(single)["step_time_s"]
+        return self._base
+
+    def _timing(self, layout: Layout) -> dict[str, Any]:
+        return step_time(self.profile, layout, self.device, self.cfg.precision, self.cfg.optimizer, self.topo, self.eff)
+
+    def row(self, layout: Layout) -> dict[str, Any]:
+        timing, memory = self._timing(layout), self.memory(layout)
+        samples = self.global_batch(layout.devices) / timing["step_time_s"]
+        speedup = samples / self.base_samples_per_s()
+        return {"devices": layout.devices, "nodes": -(-layout.devices // self.topo.per_node), "strategy": layout.strategy,
+                "data_parallel": layout.data_parallel, "stages": layout.stages, "microbatches": layout.microbatches,
+                "global_batch": self.global_batch(layout.devices), "step_time_s": timing["step_time_s"],
+                "samples_per_s": samples, "speedup": speedup, "efficiency": speedup / layout.devices,
+                "memory_per_device_bytes": memory["total_bytes"],
+                "fits": memory["total_bytes"] <= self.device.memory_bytes * USABLE_FRACTION,
+                "memory": memory, "time": timing, "bubble_fraction": bubble_fraction(layout.stages, layout.microbatches)}
+
+    def rows(self, n: int) -> list[dict[str, Any]]:
+        return [self.row(layout) for layout in self.layouts(n)]
+
+    def best(self, n: int) -> dict[str, Any]:
+        """The fastest strategy that fits on N devices (the fastest of all when none fits)."""
+        rows = self.rows(n)
+        if not rows:
+            return {"devices": n, "strategy": None}
+        fitting = [r for r in rows if r["fits"]]
+        best = max(fitting or rows, key=lambda r: r["samples_per_s"])
+        keep = ("devices", "strategy", "step_time_s", "samples_per_s", "speedup", "efficiency", "fits", "global_batch")
+        return {k: best[k] for k in keep}
+
+    def recommend(self, n: int) -> dict[str, Any]:
+        """One strategy for N devices by the rule, with the reason in numbers."""
+        rows = {r["strategy"]: r for r in self.rows(n)}
+        usable = self.device.memory_bytes * USABLE_FRACTION
+        room = f"{_gib(usable)} usable of {_gib(self.device.memory_bytes)} per {self.device.name}"
+        if n == 1:
+            single = rows["single"]
+            verdict = "fits" if single["fits"] else "does not fit"
+            return {"devices": 1, "strategy": "single" if single["fits"] else None,
+                    "reason": f"one device: the model needs {_gib(single['memory_per_device_bytes'])} ({verdict}; {room})"}
+        need = {name: r["memory_per_device_bytes"] for name, r in rows.items()}
+        ddp = rows.get("ddp")
+        if ddp is not None and ddp["fits"]:
+            return self._pick(ddp, f"the model fits one device under ddp ({_gib(need['ddp'])} of {room}): data parallel; "
+                                   f"predicted {ddp['samples_per_s']:,.0f} samples/s, speedup {ddp['speedup']:.1f}, "
+                                   f"efficiency {ddp['efficiency']:.2f} on {n} devices")
+        sharded = [rows[s] for s in ("zero1", "fsdp", "pipeline") if s in rows and rows[s]["fits"]]
+        too_big = (f"ddp needs {_gib(need['ddp'])} per device, more than {room}" if "ddp" in need
+                   else "data parallel was not planned")
+        if sharded:
+            best = max(sharded, key=lambda r: r["samples_per_s"])
+            others = ", ".join(f"{r['strategy']} {r['samples_per_s']:,.0f}" for r in sharded if r is not best)
+            return self._pick(best, f"{too_big}: shard or pipeline; {best['strategy']} fits ({_gib(need[best['strategy']])}) "
+                                    f"and is the fastest that does ({best['samples_per_s']:,.0f} samples/s"
+                                    + (f"; {others}" if others else "") + ")")
+        hybrid = rows.get("hybrid")
+        if hybrid is not None and hybrid["fits"]:
+            return self._pick(hybrid, f"{too_big}, and neither sharding nor one pipeline fits: hybrid, {hybrid['data_parallel']} "
+                                      f"replicas x {hybrid['stages']} stages, {_gib(need['hybrid'])} per device, "
+                                      f"{hybrid['samples_per_s']:,.0f} samples/s")
+        least = min(rows.values(), key=lambda r: r["memory_per_device_bytes"])
+        return {"devices": n, "strategy": None,
+                "reason": f"nothing planned fits: the smallest, {least['strategy']}, needs {_gib(least['memory_per_device_bytes'])} "
+                          f"per device ({room}); use more devices, a smaller --batch-size, activation checkpointing, "
+                          "or a device with more memory"}
+
+    @staticmethod
+    def _pick(row: dict[str, Any], reason: str) -> dict[str, Any]:
+        return {"devices": row["devices"], "strategy": row["strategy"], "data_parallel": row["data_parallel"],
+                "stages": row["stages"], "samples_per_s": row["samples_per_s"], "efficiency": row["efficiency"],
+                "memory_per_device_bytes": row["memory_per_device_bytes"], "reason": reason}
+
+
+def _gib(size: float) -> str:
+    return f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.0f} MiB"
+
+
+def backend_guidance(device: Device) -> dict[str, Any]:
+    """Which torch.distributed back end, and what each lacks (PyTorch's torch.distributed docs, "Backends":
+    the table of collectives per back end and device)."""
+    import torch.distributed as dist
+
+    return {
+        "use": "nccl" if device.name != "cpu" else "gloo",
+        "why": ("GPUs: NCCL is the fastest for GPU collectives and uses NVLink and InfiniBand directly"
+                if device.name != "cpu" else "CPU ranks: Gloo (NCCL is GPU-only); paratrain averages gradients of CPU "
+                                             "ranks on one host through shared memory"),
+        "backends": {
+            "nccl": "GPU tensors only (no CPU collectives); collectives and point-to-point, over NVLink and InfiniBand",
+            "gloo": "CPU: the collectives and point-to-point; GPU tensors: broadcast and all-reduce only (in the "
+                    "table of torch 2.3's docs; newer releases add some)",
+            "mpi": ("available in this build" if dist.is_mpi_available() else "not in this build (needs torch built with MPI)")
+                   + "; CPU collectives (GPU only with a CUDA-aware MPI); rides on the cluster's interconnect",
+        },
+    }
+
+
+def write_plan(result: dict[str, Any], out: Path) -> Path:
+    """plan.json, the plots and report.html in `out`; returns the page."""
+    from paratrain.reporting import write_report
+    from paratrain.reporting.plots import plan_plots
+    from paratrain.runs import write_json
+
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / PLAN_FILE, result)
+    plan_plots(result, out)
+    return write_report([out])

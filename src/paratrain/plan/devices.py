@@ -1,0 +1,162 @@
+"""The accelerators a plan can target: peak FLOP/s by dtype, memory, memory bandwidth, each with its source.
+
+GPU figures are the vendors' data-sheet figures, dense (without the 2:4 sparsity that the newer
+data sheets quote as the headline), for the SXM form factor where there are several. They are
+peaks: no training reaches them, so a plan multiplies them by an achievable-efficiency factor
+(`efficiency`), which is calibrated: from published measurements by default (the table below says
+which) or from runs measured here (`paratrain plan --calibrate RUN_DIRS...`).
+
+`cpu` is this machine, measured, not looked up: one rank per core, as paratrain runs CPU ranks
+(docs/scaling.md), so a "device" is one core: its matrix-product peak (engine/flops.py's probe on one
+thread), its share of the host's memory and a memory bandwidth timed here.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from paratrain.errors import UsageError
+
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+GB = 1e9
+TFLOPS = 1e12
+
+# Data sheets, named by document (NVIDIA's product data sheets; the figures are those printed there).
+P100_DS = "NVIDIA Tesla P100 data sheet (SXM2, NVLink)"
+V100_DS = "NVIDIA Tesla V100 GPU data sheet (SXM2)"
+A100_DS = "NVIDIA A100 Tensor Core GPU data sheet (SXM4 80GB)"
+H100_DS = "NVIDIA H100 Tensor Core GPU data sheet (SXM5)"
+L4_DS = "NVIDIA L4 Tensor Core GPU data sheet"
+T4_DS = "NVIDIA T4 Tensor Core GPU data sheet"
+
+# The achievable share of the peak for dense training, from published measurements of ResNet-50
+# v1.5 training in PyTorch (NVIDIA DeepLearningExamples, PyTorch/Classification/ConvNets/
+# resnet50v1.5/README.md, "Training performance results", 1 GPU, pytorch-21.03 container), at
+# 24.3 GFLOPs per 224 px image (forward + backward, counted here by torch.utils.flop_counter on
+# paratrain's resnet50v2 at 224 px, 1,000 classes: pre-activation, 25.5 M parameters; v1.5 has
+# 25.6 M and the same convolutions, placed differently):
+#   A100 80GB: TF32 938 img/s -> 22.8 of 156 TFLOP/s = 0.146; AMP 2,470 img/s -> 60.0 of 312 = 0.192
+#   V100 16GB: FP32 367 img/s -> 8.9 of 15.7 TFLOP/s = 0.568;  AMP 1,200 img/s -> 29.2 of 125 = 0.233
+# A convolutional network leaves tensor cores far from their peak; transformers reach more (PaLM
+# reports 46 % MFU), so for a transformer these defaults are pessimistic: calibrate.
+DLE_RESNET50 = "NVIDIA DeepLearningExamples ResNet-50 v1.5 PyTorch README, 1-GPU training throughput"
+FLOPS_PER_IMAGE_RESNET50 = 24.3e9
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    peak_flops: dict[str, Optional[float]]       # FLOP/s by precision; None where the device has no such unit
+    memory_bytes: float
+    memory_bandwidth: float                      # bytes/s
+    intra_node_link: str                         # the links.py name of how devices of one node are joined
+    efficiency: dict[str, float]                 # achievable share of the peak, by precision
+    sources: dict[str, str] = field(default_factory=dict)     # figure -> where it comes from
+    overlap: bool = True                         # communication runs beside compute (own copy engines, NCCL streams)
+    runtime_bytes: float = 0.0                   # memory the process holds before any model
+
+    def peak(self, precision: str) -> float:
+        value = self.peak_flops.get(precision)
+        if value is None:
+            have = ", ".join(p for p, v in self.peak_flops.items() if v is not None)
+            raise UsageError(f"{self.name} has no {precision} units; choose --precision from {have}")
+        return value
+
+
+def _gpu(name: str, sheet: str, fp32: float, tf32: Optional[float], bf16: Optional[float], fp16: Optional[float],
+         memory_gb: float, bandwidth_gbs: float, link: str, efficiency: dict[str, float], efficiency_source: str) -> Device:
+    flops = {"fp32": fp32 * TFLOPS, "tf32": tf32 * TFLOPS if tf32 else None,
+             "bf16": bf16 * TFLOPS if bf16 else None, "fp16": fp16 * TFLOPS if fp16 else None}
+    sources = {f"peak_flops.{p}": f"{sheet}: {v / TFLOPS:g} TFLOP/s dense" for p, v in flops.items() if v is not None}
+    sources["memory_bytes"] = f"{sheet}: {memory_gb:g} GB"
+    sources["memory_bandwidth"] = f"{sheet}: {bandwidth_gbs:g} GB/s"
+    sources["intra_node_link"] = f"{sheet}: {link}"
+    for precision in efficiency:
+        sources[f"efficiency.{precision}"] = efficiency_source
+    return Device(name, flops, memory_gb * GB, bandwidth_gbs * GB, link, efficiency, sources)
+
+
+_A100_EFF = {"fp32": 0.568, "tf32": 0.146, "bf16": 0.192, "fp16": 0.192}
+_A100_EFF_SOURCE = (f"{DLE_RESNET50}: A100 TF32 938 img/s = 0.146, AMP 2,470 img/s = 0.192 of the peak; "
+                    "fp32 (no TF32) taken from V100's 0.568")
+_V100_EFF = {"fp32": 0.568, "fp16": 0.233}
+_V100_EFF_SOURCE = f"{DLE_RESNET50}: V100 FP32 367 img/s = 0.568, AMP 1,200 img/s = 0.233 of the peak"
+_ASSUMED = "no published measurement used: assumed equal to {0}'s share for the same kind of unit ({1}); calibrate"
+
+GPUS: dict[str, Device] = {
+    "p100": _gpu("p100", P100_DS, 10.6, None, None, 21.2, 16, 732, "nvlink1",
+                 {"fp32": 0.568, "fp16": 0.233}, _ASSUMED.format("V100", DLE_RESNET50)),
+    "v100": _gpu("v100", V100_DS, 15.7, None, None, 125.0, 16, 900, "nvlink2", _V100_EFF, _V100_EFF_SOURCE),
+    "a100": _gpu("a100", A100_DS, 19.5, 156.0, 312.0, 312.0, 80, 2039, "nvlink3", _A100_EFF, _A100_EFF_SOURCE),
+    "h100": _gpu("h100", H100_DS, 67.0, 494.7, 989.4, 989.4, 80, 3350, "nvlink4",
+                 dict(_A100_EFF), _ASSUMED.format("A100", DLE_RESNET50)),
+    "l4": _gpu("l4", L4_DS, 30.3, 60.0, 121.0, 121.0, 24, 300, "pcie4",
+               dict(_A100_EFF), _ASSUMED.format("A100", DLE_RESNET50)),
+    "t4": _gpu("t4", T4_DS, 8.1, None, None, 65.0, 16, 320, "pcie3",
+               {"fp32": 0.568, "fp16": 0.233}, _ASSUMED.format("V100", DLE_RESNET50)),
+}
+DEVICE_NAMES = (*GPUS, "cpu")
+
+# A rank's interpreter with torch and paratrain loaded holds about 300 MiB before any model
+# (docs/strategies.md, "--memory-limit", measured here).
+CPU_RUNTIME_BYTES = 300 * 2**20
+# Without calibration, a CPU rank is assumed to reach this share of its matrix-product peak over a
+# whole training step (the CNNs and gpt models measured here spread widely around it: calibrate).
+CPU_DEFAULT_EFFICIENCY = 0.3
+
+
+def get_device(name: str, precision: str = "fp32", cache_dir: Optional[Path] = None) -> Device:
+    key = name.lower()
+    if key == "cpu":
+        return measure_cpu(precision, cache_dir)
+    if key not in GPUS:
+        raise UsageError(f"unknown device {name!r}; choose from {', '.join(DEVICE_NAMES)}")
+    return GPUS[key]
+
+
+def measure_cpu(precision: str = "fp32", cache_dir: Optional[Path] = None) -> Device:
+    """One core of this machine as a device: its peak measured on one thread (in `precision`; CPUs have
+    no TF32 and torch no fast fp16 CPU matmul), its share of the host's memory."""
+    import psutil
+
+    from paratrain.engine.flops import cpu_peak
+    from paratrain.workloads.datasets import default_cache_dir
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if precision not in ("fp32", "bf16"):
+        raise UsageError(f"cpu has no {precision} units; choose --precision from fp32, bf16")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)        # a rank per core: the peak of one core's thread
+    try:
+        peak, how = cpu_peak("32" if precision == "fp32" else precision, cache_dir or default_cache_dir())
+        bandwidth = _copy_bandwidth()
+    finally:
+        torch.set_num_threads(threads)
+    total = psutil.virtual_memory().total
+    flops: dict[str, Optional[float]] = {"fp32": None, "tf32": None, "bf16": None, "fp16": None}
+    flops[precision] = peak
+    sources = {f"peak_flops.{precision}": how,
+               "memory_bytes": f"measured: this host's {total / 2**30:.1f} GiB (psutil) shared by {cores} core(s), one rank each",
+               "memory_bandwidth": "measured: a 64 MiB float32 tensor copied on one thread, best of 5",
+               "intra_node_link": "paratrain's shared-memory averaging between CPU ranks of one host (engine/shm_allreduce.py)",
+               "runtime_bytes": "measured here: a rank's interpreter with torch and paratrain, docs/strategies.md (--memory-limit)",
+               f"efficiency.{precision}": f"default {CPU_DEFAULT_EFFICIENCY}: an assumption; calibrate with --calibrate RUN_DIRS"}
+    return Device("cpu", flops, total / cores, bandwidth, "shm", {precision: CPU_DEFAULT_EFFICIENCY}, sources,
+                  overlap=False, runtime_bytes=CPU_RUNTIME_BYTES)
+
+
+def _copy_bandwidth() -> float:
+    """Bytes/s one core moves copying a tensor larger than its caches (read + write counted)."""
+    src = torch.ones(16 * 2**20)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - start)
+    return 2 * src.numel() * src.element_size() / best

@@ -1,0 +1,114 @@
+"""Memory per device for each strategy, in the terms of summary.json's `memory` block.
+
+What a rank holds, as paratrain's strategies hold it (docs/strategies.md):
+- parameters and gradients: float32, whatever `--precision` (autocast computes in 16 bits and keeps
+  the weights and their gradients in 32; DDP's gradients live in its buckets, one copy);
+- optimizer state per parameter byte: SGD with momentum and LARS keep one buffer (1x), Adam, AdamW
+  and LAMB two moments (2x) and a 4-byte step counter per tensor;
+- `ddp`: everything whole on every rank; `zero1`: the optimizer state split N ways
+  (ZeroRedundancyOptimizer); `fsdp`: parameters, gradients and optimizer state split N ways, plus
+  the gathered parameters of the units in flight (two units when resharding after forward:
+  the one running and the one prefetched; the whole model when not);
+- `pipeline`/`hybrid`: a stage's layers and their state; the stages are cut where the pipeline's
+  `--split auto` would cut them when the blocks' times follow their FLOPs (balanced_starts over
+  the units' FLOPs), so the heaviest stage is the one reported;
+- activations: the saved tensors of the rank's share of the batch (profile.py measures bytes per
+  sample); a 1F1B pipeline stage i keeps min(M, K − i) micro-batches in flight, GPipe all M. With
+  16-bit precisions the saved activations are taken as half (autocast saves most in 16 bits; the
+  fp32 ones it keeps, norms and softmax, make this an underestimate);
+- `runtime_bytes`: what the process holds before any model (a CPU rank's interpreter, ~300 MiB).
+A device fits when the total is at most USABLE_FRACTION of its memory.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from paratrain.plan.profile import ModelProfile
+
+OPTIMIZER_STATES = {"sgd": 1, "lars": 1, "adam": 2, "adamw": 2, "lamb": 2}
+STEP_COUNTER_BYTES = {"sgd": 0, "lars": 0, "adam": 4, "adamw": 4, "lamb": 4}
+# Room left for the CUDA context, the allocator's fragmentation and library workspaces: an
+# assumption (10 %), not a measurement.
+USABLE_FRACTION = 0.9
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How N devices are used by one strategy."""
+
+    strategy: str
+    devices: int
+    data_parallel: int          # replicas that each take a different share of the batch
+    stages: int                 # pipeline stages per replica (1 for whole-model strategies)
+    microbatches: int           # per step, per replica (1 for whole-model strategies)
+    replica_batch: int          # samples per replica per step
+    schedule: str = "1f1b"
+    reshard_after_forward: bool = True
+
+
+def optimizer_bytes(param_bytes: float, tensors: float, optimizer: str, momentum: float = 0.9) -> float:
+    states = OPTIMIZER_STATES[optimizer]
+    if optimizer == "sgd" and momentum == 0:
+        states = 0
+    return states * param_bytes + STEP_COUNTER_BYTES[optimizer] * tensors
+
+
+def stage_bounds(profile: ModelProfile, stages: int) -> list[tuple[int, int]]:
+    """The [start, end) unit ranges of each stage, balanced by FLOPs as `--split auto` balances time."""
+    from paratrain.engine.strategies.pipeline_split import balanced_starts
+
+    costs = [max(float(u["flops_per_sample"]), 1.0) for u in profile.units]
+    starts = balanced_starts(costs, stages)
+    return list(zip(starts, [*starts[1:], len(costs)]))
+
+
+def memory_per_device(profile: ModelProfile, layout: Layout, optimizer: str, precision: str,
+                      runtime_bytes: float = 0.0, momentum: float = 0.9) -> dict[str, Any]:
+    """The largest rank's figures, in bytes: parameters, gradients, optimizer, activations, gathered
+    (FSDP's parameters in flight), buffers, runtime and their total."""
+    n = layout.data_parallel
+    act_scale = 0.5 if precision in ("bf16", "fp16") else 1.0
+    per_sample = profile.activation_bytes_per_sample * act_scale
+    fixed = profile.activation_bytes_fixed * act_scale
+    if layout.stages == 1:
+        params = float(profile.param_bytes)
+        tensors = float(profile.param_tensors)
+        local_batch = layout.replica_batch
+        figures = {"parameters_bytes": params, "gradients_bytes": params,
+                   "optimizer_bytes": optimizer_bytes(params, tensors, optimizer, momentum),
+                   "activations_bytes": fixed + per_sample * local_batch, "gathered_bytes": 0.0}
+        if layout.strategy == "zero1":
+            figures["optimizer_bytes"] /= n
+        elif layout.strategy == "fsdp":
+            for key in ("parameters_bytes", "gradients_bytes", "optimizer_bytes"):
+                figures[key] /= n
+            if n > 1:
+                figures["gathered_bytes"] = (2 * profile.largest_unit_bytes if layout.reshard_after_forward
+                                             else params)
+        buffers = float(profile.buffer_bytes)
+    else:
+        figures, buffers = _largest_stage(profile, layout, optimizer, per_sample, fixed, momentum)
+    figures["buffers_bytes"] = buffers
+    figures["runtime_bytes"] = runtime_bytes
+    figures["total_bytes"] = sum(figures.values())
+    return figures
+
+
+def _largest_stage(profile: ModelProfile, layout: Layout, optimizer: str, per_sample: float, fixed: float,
+                   momentum: float) -> tuple[dict[str, float], float]:
+    total_flops = sum(max(u["flops_per_sample"], 1) for u in profile.units) or 1
+    micro = layout.replica_batch / layout.microbatches
+    best: dict[str, float] = {}
+    for index, (start, end) in enumerate(stage_bounds(profile, layout.stages)):
+        units = profile.units[start:end]
+        params = float(sum(u["param_bytes"] for u in units))
+        share = sum(max(u["flops_per_sample"], 1) for u in units) / total_flops     # activations follow FLOPs
+        in_flight = layout.microbatches if layout.schedule == "gpipe" else min(layout.microbatches, layout.stages - index)
+        tensors = profile.param_tensors * params / max(profile.param_bytes, 1)
+        stage = {"parameters_bytes": params, "gradients_bytes": params,
+                 "optimizer_bytes": optimizer_bytes(params, tensors, optimizer, momentum),
+                 "activations_bytes": share * (fixed + per_sample * micro * in_flight), "gathered_bytes": 0.0}
+        if sum(stage.values()) > sum(best.values()):
+            best = stage
+    return best, float(profile.buffer_bytes) / layout.stages

@@ -1,0 +1,161 @@
+"""Step time: compute plus the communication that compute does not hide.
+
+- Compute: FLOPs per sample x the rank's samples / (peak x achievable efficiency). Backward is
+  taken as 2/3 of it (twice the forward's FLOPs).
+- Optimizer: memory-bound: the bytes it reads and writes per parameter byte (SGD with momentum:
+  parameter, gradient, buffer read, buffer and parameter written = 5; Adam-like: 7) over the
+  device's memory bandwidth; sharded strategies step 1/N of the parameters.
+- Collectives (alpha-beta; Patarasuk & Yuan 2009, nccl-tests PERFORMANCE.md, Calculon):
+  ring all-reduce of S bytes on n ranks: base + 2(n−1)·latency + 2(n−1)/n · S / bandwidth;
+  all-gather and reduce-scatter: base + (n−1)·latency + (n−1)/n · S / bandwidth (S the whole);
+  across nodes, hierarchical: reduce-scatter inside each node, all-reduce of the node's 1/g share
+  across nodes, all-gather inside the node (the inter-node link carries 1/g of the bytes).
+- Overlap: where the device communicates beside compute (GPUs: NCCL runs on its own stream), DDP's
+  all-reduce hides behind backward except its last bucket (DDP's 25 MB), FSDP's all-gathers and
+  reduce-scatters behind forward and backward except one unit's; CPU ranks here average once the
+  backward is done (engine/strategies/ddp.py), so nothing is hidden.
+- ZeRO-1 broadcasts the updated parameters after the step (an all-gather, exposed).
+- Pipelines: (M + K − 1) slots of one micro-batch on the slowest stage (the bubble (K−1)/(M+K−1)
+  of GPipe and 1F1B), plus the activations and their gradients sent between stages (exposed on
+  CPU, only in the fill and drain where the device overlaps); `hybrid` adds the all-reduce of a
+  stage's gradients across its replicas, after the last micro-batch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from paratrain.plan.devices import Device
+from paratrain.plan.links import Link
+from paratrain.plan.memory import Layout, stage_bounds
+from paratrain.plan.profile import ModelProfile
+
+BACKWARD_SHARE = 2 / 3
+DDP_BUCKET_BYTES = 25 * 2**20
+OPTIMIZER_TRAFFIC = {"sgd": 5, "lars": 5, "adam": 7, "adamw": 7, "lamb": 7}
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Where the devices are: `per_node` devices share the intra-node link; nodes share the inter-node one."""
+
+    per_node: int
+    intra: Link
+    inter: Link
+
+
+def ring_allreduce_s(size: float, ranks: int, link: Link) -> float:
+    if ranks <= 1 or size <= 0:
+        return 0.0
+    return link.base_latency + 2 * (ranks - 1) * link.latency + 2 * (ranks - 1) / ranks * size / link.bandwidth
+
+
+def ring_allgather_s(size: float, ranks: int, link: Link) -> float:
+    """All-gather (or reduce-scatter) of `size` bytes in all, each rank holding 1/ranks of them."""
+    if ranks <= 1 or size <= 0:
+        return 0.0
+    return link.base_latency + (ranks - 1) * link.latency + (ranks - 1) / ranks * size / link.bandwidth
+
+
+def allreduce_s(size: float, ranks: int, per_node: int, topo: Topology) -> float:
+    """All-reduce over `ranks` laid out `per_node` to a node: a ring in one node, hierarchical across nodes."""
+    if ranks <= per_node:
+        return ring_allreduce_s(size, ranks, topo.intra)
+    nodes = -(-ranks // per_node)
+    return (2 * ring_allgather_s(size, per_node, topo.intra)
+            + ring_allreduce_s(size / per_node, nodes, topo.inter))
+
+
+def allgather_s(size: float, ranks: int, per_node: int, topo: Topology) -> float:
+    if ranks <= per_node:
+        return ring_allgather_s(size, ranks, topo.intra)
+    nodes = -(-ranks // per_node)
+    return ring_allgather_s(size, per_node, topo.intra) + ring_allgather_s(size / per_node, nodes, topo.inter)
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """What the compute reaches, and the per-step costs a model of FLOPs and bytes leaves out."""
+
+    compute: float                  # achievable share of the peak
+    overhead_s: float = 0.0         # per step: data, bookkeeping (calibrated from runs' data_s + other_s)
+    sync_s: float = 0.0             # per synchronised step: waiting for the slowest rank (calibrated)
+    source: str = ""
+    # Calibrated per device count: CPU ranks of one host share its memory bandwidth, so two ranks each
+    # compute slower than one alone; N devices take the share measured at the largest count <= N.
+    by_devices: tuple[tuple[int, float], ...] = ()
+
+    def compute_for(self, devices: int) -> float:
+        measured = [share for count, share in self.by_devices if count <= devices]
+        return measured[-1] if measured else self.compute
+
+
+def step_time(profile: ModelProfile, layout: Layout, device: Device, precision: str, optimizer: str,
+              topo: Topology, eff: Efficiency) -> dict[str, Any]:
+    """Seconds per optimizer step and where they go."""
+    speed = device.peak(precision) * eff.compute_for(layout.devices)
+    n = layout.data_parallel
+    grads = float(profile.param_bytes)
+    traffic = OPTIMIZER_TRAFFIC[optimizer]
+    sync = eff.sync_s if layout.devices > 1 else 0.0
+    if layout.stages == 1:
+        compute = profile.flops_per_sample * layout.replica_batch / speed
+        backward = BACKWARD_SHARE * compute
+        shard = n if layout.strategy in ("zero1", "fsdp") else 1
+        optimizer_s = traffic * grads / shard / device.memory_bandwidth
+        comm, exposed = _data_parallel_comm(profile, layout, device, topo, compute, backward)
+    else:
+        compute, comm, exposed, optimizer_s = _pipeline(profile, layout, device, topo, speed, traffic)
+    total = compute + exposed + optimizer_s + eff.overhead_s + sync
+    return {"step_time_s": total, "compute_s": compute, "comm_s": comm, "exposed_comm_s": exposed,
+            "optimizer_s": optimizer_s, "overhead_s": eff.overhead_s + sync}
+
+
+def _data_parallel_comm(profile: ModelProfile, layout: Layout, device: Device, topo: Topology, compute: float,
+                        backward: float) -> tuple[float, float]:
+    n, per_node = layout.data_parallel, topo.per_node
+    size = float(profile.param_bytes)
+    if n <= 1:
+        return 0.0, 0.0
+    if layout.strategy in ("ddp", "zero1"):
+        comm = allreduce_s(size, n, per_node, topo)
+        exposed = max(comm - backward, allreduce_s(min(size, DDP_BUCKET_BYTES), n, per_node, topo)) if device.overlap else comm
+        if layout.strategy == "zero1":
+            broadcast = allgather_s(size, n, per_node, topo)
+            comm, exposed = comm + broadcast, exposed + broadcast
+        return comm, exposed
+    # fsdp: reduce-scatter of the gradients, all-gathers of the parameters (twice with resharding).
+    gathers = 2 if layout.reshard_after_forward else 1
+    comm = allgather_s(size, n, per_node, topo) * (1 + gathers)
+    unit = allgather_s(float(profile.largest_unit_bytes), n, per_node, topo)
+    exposed = max(comm - compute, 2 * unit) if device.overlap else comm
+    return comm, exposed
+
+
+def _pipeline(profile: ModelProfile, layout: Layout, device: Device, topo: Topology, speed: float,
+              traffic: int) -> tuple[float, float, float, float]:
+    k, m = layout.stages, layout.microbatches
+    micro = layout.replica_batch / m
+    bounds = stage_bounds(profile, k)
+    stage_flops = [sum(u["flops_per_sample"] for u in profile.units[a:b]) for a, b in bounds]
+    stage_params = [sum(u["param_bytes"] for u in profile.units[a:b]) for a, b in bounds]
+    slot = max(stage_flops) * micro / speed
+    compute = (m + k - 1) * slot
+    # Bytes handed between neighbouring stages per micro-batch: the output of the last unit of each stage.
+    handed = max([profile.units[b - 1]["output_bytes_per_sample"] for a, b in bounds[:-1]] or [0]) * micro
+    link = topo.intra if k <= topo.per_node else topo.inter
+    hop = link.base_latency + link.latency + handed / link.bandwidth
+    sends = 2 * (k - 1) if device.overlap else 2 * (m + k - 1)
+    comm = exposed = sends * hop
+    optimizer_s = traffic * max(stage_params) / device.memory_bandwidth
+    if layout.data_parallel > 1:
+        # the stage's gradients across its replicas, after the last micro-batch; replicas of a stage
+        # are `k` ranks apart, so a node holds per_node / k of them
+        per_node = max(topo.per_node // k, 1)
+        reduce = allreduce_s(float(max(stage_params)), layout.data_parallel, per_node, topo)
+        comm, exposed = comm + reduce, exposed + reduce
+    return compute, comm, exposed, optimizer_s
+
+
+def bubble_fraction(stages: int, microbatches: int) -> Optional[float]:
+    return (stages - 1) / (microbatches + stages - 1) if stages > 1 else None

@@ -1,0 +1,112 @@
+"""find-batch, noise-scale, lr-find: each recovers an answer known in advance (tests/batch_factories.py)."""
+import json
+import math
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from batch_factories import PLANTED_GIB_PER_SAMPLE, regression_tensors, exact_b_simple
+from paratrain.batch.find_batch import binsearch, knee
+from paratrain.cli import main
+from paratrain.reporting import write_report
+
+# Linear regression at w = 0 that barely moves (lr 1e-7), so every step sees the same B_simple.
+REGRESSION = dict(model="batch_factories:zero_linear", dataset="batch_factories:regression_data",
+                  loss="batch_factories:half_squared_error", device="cpu", threads_per_worker=1, lr=1e-7, log_every=100)
+
+
+def _run(capsys, command, out, **flags):
+    """The command through the CLI (its printing included); its JSON result and what it printed."""
+    argv = [command, "--out", str(out)]
+    for name, value in flags.items():
+        argv += [f"--{name.replace('_', '-')}", str(value)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    return json.loads((out / f"{command.replace('-', '_')}.json").read_text()), printed
+
+
+@pytest.mark.parametrize("layout", [dict(workers=1, batch_size=16, grad_accum=4), dict(workers=2, batch_size=32)],
+                         ids=["one-worker-accumulation", "two-ranks-comm-hook"])
+def test_noise_scale_recovers_a_known_b_simple(tmp_path, capsys, layout):
+    result, printed = _run(capsys, "noise-scale", tmp_path, steps=300, ema_steps=300, **REGRESSION, **layout)
+    assert "critical batch" in printed
+    exact = exact_b_simple()
+    assert 30 < exact < 100     # the problem is built so: d(1 + σ²) + 1 with d = 32, σ = 1 (about 65)
+    assert result["b_simple_run"] == pytest.approx(exact, rel=0.2), (result["b_simple_run"], exact)
+    assert result["b_simple"] == pytest.approx(exact, rel=0.2), (result["b_simple"], exact)
+    assert result["b_simple_stderr"] < 0.2 * exact
+    summary = json.loads((tmp_path / "noise-scale-run" / "summary.json").read_text())
+    if layout["workers"] == 2:
+        # The measurement wraps whichever hook averaged the gradients and says which it was.
+        assert summary["grad_noise"]["source"] == f"ddp comm hook around the {summary['allreduce']} average"
+        assert (result["small_batch"], result["big_batch"], result["ranks"]) == (32, 64, 2)
+        assert len(list((tmp_path / "noise-scale-run" / "grad_noise").glob("rank*.jsonl"))) == 2
+    else:
+        assert summary["grad_noise"]["source"].startswith("gradient accumulation")
+        assert (result["small_batch"], result["big_batch"]) == (16, 64)
+    assert result["steps"] == 300
+    assert result["curve"][0]["steps_vs_min"] == pytest.approx(1 + result["b_simple"])
+    assert write_report([tmp_path]).read_text().count("<img") == 1     # noise scale over steps, and the curve
+
+
+def test_binsearch_finds_every_planted_limit_exactly_in_few_probes():
+    for limit in range(1, 130):
+        probed = []
+        largest, failed = binsearch(lambda batch: probed.append(batch) or batch <= limit, 1, cap=100)
+        assert (largest, failed) == ((limit, limit + 1) if limit < 100 else (100, None))
+        assert len(probed) == len(set(probed)) <= 2 * math.ceil(math.log2(limit + 1)) + 1, (limit, probed)
+
+
+def test_find_batch_finds_a_planted_memory_limit_exactly(tmp_path, capsys):
+    # Real probes (2: a probe is a rank process of its own); the bisection is checked above for every limit.
+    largest = 1     # the limit leaves room for 1 planted GiB plus the rank's own < 0.9 GiB
+    result, printed = _run(capsys, "find-batch", tmp_path, probe_steps=3, model="batch_factories:planted_memory",
+                           workload="synthetic-cnn", synthetic_shape="3,4,4", synthetic_samples=64, device="cpu",
+                           threads_per_worker=1, memory_limit=f"{largest * PLANTED_GIB_PER_SAMPLE + 0.9}G")
+    assert f"largest batch that fits: {largest}" in printed
+    assert (result["max_batch"], result["first_failed"], result["limited_by"]) == (largest, largest + 1, "memory")
+    assert [(p["batch"], p["fits"]) for p in result["probes"]] == [(1, True), (2, False)]
+    assert result["safe_batch"] == 1        # never below 1, margin or not
+    assert all(p["samples_per_s"] > 0 and p["peak_memory_bytes"] > 0 for p in result["probes"] if p["fits"])
+    assert json.loads((tmp_path / "find_batch.json").read_text())["max_batch"] == largest
+    assert not list(Path(tempfile.gettempdir()).glob("paratrain-find-batch-*"))     # the probes' run directories are gone
+    assert write_report([tmp_path]).read_text().count("<img") == 1     # samples/s and memory against batch
+
+
+def test_knee_is_the_smallest_batch_within_five_percent_of_the_best():
+    curve = [(1, 100.0), (2, 190.0), (4, 350.0), (8, 600.0), (16, 640.0), (32, 660.0), (64, 650.0)]
+    assert knee(curve) == 16            # 640 >= 0.95 x 660 = 627; 600 is not
+    assert knee(curve, within=0.10) == 8
+    assert knee([(8, 10.0)]) == 8
+
+
+def test_lr_find_suggests_an_lr_in_the_stable_range_of_a_convex_problem(tmp_path, capsys):
+    x, _ = regression_tensors()
+    stable_below = 2 / torch.linalg.eigvalsh(x.T @ x / len(x)).max().item()   # gradient descent on ½|Xw − y|²/N
+    train = {**REGRESSION, "batch_size": 256, "momentum": 0.0}
+    del train["lr"]
+    result, printed = _run(capsys, "lr-find", tmp_path, steps=100, lr_min=1e-4, lr_max=10.0, **train)
+    assert f"suggested LR {result['suggested_lr']:.3g}" in printed
+    assert stable_below / 100 < result["suggested_lr"] < stable_below, (result["suggested_lr"], stable_below)
+    assert result["diverged_at_lr"] is not None and result["diverged_at_lr"] > stable_below / 2
+    lrs = [row["lr"] for row in result["curve"]]
+    assert lrs[0] == pytest.approx(1e-4) and all(b > a for a, b in zip(lrs, lrs[1:]))
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["noise-scale", "--steps", "5"], "at least 20"),
+    (["lr-find", "--lr-min", "1", "--lr-max", "0.1"], "must be below --lr-max"),
+    (["find-batch", "--workload", "synthetic-cnn", "--synthetic-samples", "64", "--memory-limit", "64K"],
+     "below the model's own state"),
+    (["find-batch", "--model", "batch_factories:planted_memory", "--workload", "synthetic-cnn", "--synthetic-shape", "3,4,4",
+      "--synthetic-samples", "64", "--memory-limit", "768M", "--threads-per-worker", "1"], "does not run at batch 1"),
+], ids=["too-few-steps", "lr-range-reversed", "limit-below-model", "not-even-batch-1"])
+def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, capsys, argv, words):
+    out = tmp_path / "out"
+    code = main([*argv, "--device", "cpu", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1 and words in err and "Traceback" not in err, err
+    assert not out.exists()

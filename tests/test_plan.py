@@ -1,0 +1,241 @@
+"""paratrain plan: memory per strategy against real runs' `memory` blocks, the collective formulas on
+hand-computed cases, a source for every table figure, the recommendation rule, and bad input.
+
+The real runs are shared (module-scoped): gpt-tiny with Adam, one run on one rank through
+`paratrain.train`, then ddp, zero1, fsdp and a 2-stage pipeline one after another in ONE pair of
+spawned ranks (each 2-rank launch costs ~10 s of start-up here; test_strategies_sharded.py does the same).
+"""
+import functools
+import json
+from pathlib import Path
+
+import pytest
+import torch.multiprocessing as mp
+
+import paratrain
+from conftest import free_port, synthetic, train_spawned
+from paratrain.cli import main
+from paratrain.config import TrainConfig
+from paratrain.plan import pareto
+from paratrain.plan.devices import GPUS
+from paratrain.plan.links import LINKS, Link
+from paratrain.plan.memory import Layout, memory_per_device
+from paratrain.plan.profile import profile_model
+from paratrain.plan.step_time import Topology, allgather_s, allreduce_s, ring_allgather_s, ring_allreduce_s
+
+# gpt-tiny (0.86 M parameters) on 64-byte windows, Adam; 4 optimizer steps (the memory meter measures the second).
+GPT = dict(workload="gpt-tiny", seq_len=64, samples_per_epoch=32, eval_samples=8, optimizer="adam", epochs=1,
+           lr_scaling="none", log_every=1)
+SPAWNED = {
+    "ddp": dict(GPT, workers=2, strategy="ddp", batch_size=4),
+    "zero1": dict(GPT, workers=2, strategy="zero1", batch_size=4),
+    "fsdp": dict(GPT, workers=2, strategy="fsdp", batch_size=4),
+    # the cut the FLOP-balanced plan makes too: embed, blocks.0, blocks.1 | blocks.2, blocks.3, head
+    "pipeline": dict(GPT, workers=2, strategy="pipeline", batch_size=8, microbatches=4, split="blocks.2"),
+}
+FIGURES = ("parameters_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes")
+
+
+
+def _spawned_rank(rank: int, out: str, ports: list[int]) -> None:
+    placement = dict(backend="gloo", device_type="cpu", threads_per_worker=1, allreduce="shm")
+    train_spawned(rank, Path(out), ports, {name: (overrides, placement) for name, overrides in SPAWNED.items()})
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("plan")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PARATRAIN_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+        # One rank in this process first: it also decodes the text corpus into the cache the ranks read.
+        paratrain.train(synthetic(out, run_dir=out / "single", workers=1, batch_size=8, **GPT))
+        spawned = mp.start_processes(_spawned_rank, args=(str(out), [free_port() for _ in SPAWNED]), nprocs=2,
+                                     join=False, start_method="spawn")
+        while not spawned.join():
+            pass
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _profile():
+    """gpt-tiny at 64 bytes, measured once on the meta device: every run above trains this model."""
+    return profile_model(TrainConfig(workload=GPT["workload"], seq_len=GPT["seq_len"]))
+
+
+def _predicted(overrides: dict) -> dict:
+    cfg = TrainConfig.model_validate({k: v for k, v in overrides.items() if k in TrainConfig.model_fields})
+    profile = _profile()
+    n = cfg.workers
+    layout = Layout(cfg.strategy_name, n, cfg.data_parallel_size, cfg.pipeline_stages,
+                    cfg.microbatches if cfg.pipeline_stages > 1 else 1, cfg.batch_size)
+    return memory_per_device(profile, layout, "adam", "fp32")
+
+
+@pytest.mark.parametrize("name", ["single", *SPAWNED])
+def test_memory_per_strategy_is_within_10_percent_of_the_measured_block(runs, name):
+    """Parameters, gradients, optimizer state and the activations' peak, predicted from the model
+    measured on the meta device, against what the largest rank held in the real run."""
+    overrides = dict(GPT, workers=1, batch_size=8) if name == "single" else SPAWNED[name]
+    measured = json.loads((runs / name / "summary.json").read_text())["memory"]
+    predicted = _predicted(overrides)
+    for figure in FIGURES:
+        actual = max(measured["activations_peak_bytes" if figure == "activations_bytes" else figure])
+        assert predicted[figure] == pytest.approx(actual, rel=0.10), (name, figure, predicted[figure], actual)
+
+
+def test_fsdp_and_zero1_shrink_what_the_plan_says_they_shrink(runs):
+    """The plan's split of the state is the strategies' split: on 2 ranks fsdp holds half of ddp's
+    parameters, zero1 half of its optimizer state and all of its parameters."""
+    ddp, zero1, fsdp = (_predicted(SPAWNED[n]) for n in ("ddp", "zero1", "fsdp"))
+    assert fsdp["parameters_bytes"] == pytest.approx(ddp["parameters_bytes"] / 2)
+    assert zero1["optimizer_bytes"] == pytest.approx(ddp["optimizer_bytes"] / 2)
+    assert zero1["parameters_bytes"] == ddp["parameters_bytes"]
+
+
+GB = 1e9
+
+
+def test_ring_all_reduce_and_all_gather_on_hand_computed_cases():
+    """1 GB on 4 ranks over a link of 1 GB/s, 1 us a step, 10 us a collective:
+    all-reduce 10 us + 6 x 1 us + 2·3/4 x 1 s = 1.500016 s; all-gather 10 us + 3 us + 3/4 s = 0.750013 s."""
+    link = Link("test", 1 * GB, 1e-6, "hand", base_latency=10e-6)
+    assert ring_allreduce_s(1 * GB, 4, link) == pytest.approx(1.500016, rel=1e-9)
+    assert ring_allgather_s(1 * GB, 4, link) == pytest.approx(0.750013, rel=1e-9)
+    assert ring_allreduce_s(1 * GB, 1, link) == 0.0       # one rank has nobody to talk to
+    assert ring_allreduce_s(1 * GB, 2, link) == pytest.approx(10e-6 + 2e-6 + 1.0)
+
+
+def test_hierarchical_all_reduce_across_nodes_on_a_hand_computed_case():
+    """8 GB over 2 nodes of 4: reduce-scatter and all-gather inside each node over 10 GB/s (each
+    10 us + 3 x 1 us + 3/4 x 8 GB / 10 GB/s = 0.600013 s), and the all-reduce of each device's 2 GB
+    share across the 2 nodes over 1 GB/s (20 us + 2 x 5 us + 2·1/2 x 2 GB / 1 GB/s = 2.00003 s):
+    3.200056 s, against 14 s for a flat ring whose every step crosses the slow link."""
+    intra = Link("intra", 10 * GB, 1e-6, "hand", base_latency=10e-6)
+    inter = Link("inter", 1 * GB, 5e-6, "hand", base_latency=20e-6)
+    topo = Topology(per_node=4, intra=intra, inter=inter)
+    assert allreduce_s(8 * GB, 8, 4, topo) == pytest.approx(2 * 0.600013 + 2.00003, rel=1e-9)
+    assert allreduce_s(8 * GB, 4, 4, topo) == pytest.approx(ring_allreduce_s(8 * GB, 4, intra))    # one node: a ring
+    assert ring_allreduce_s(8 * GB, 8, inter) == pytest.approx(20e-6 + 14 * 5e-6 + 14.0)
+    # all-gather: inside the node (0.600013 s), then each device's 2 GB across the nodes (20 us + 5 us + 1 s)
+    assert allgather_s(8 * GB, 8, 4, topo) == pytest.approx(0.600013 + 1.000025, rel=1e-9)
+
+
+def test_every_device_and_link_figure_names_its_source():
+    """Each peak, memory size, bandwidth, link and efficiency of the table carries the document it
+    comes from; dtypes a device lacks have no figure to source."""
+    documents = ("data sheet", "DeepLearningExamples")
+    for name, device in GPUS.items():
+        figures = [f"peak_flops.{p}" for p, v in device.peak_flops.items() if v is not None]
+        figures += ["memory_bytes", "memory_bandwidth", "intra_node_link", *(f"efficiency.{p}" for p in device.efficiency)]
+        for figure in figures:
+            source = device.sources.get(figure, "")
+            assert any(doc in source for doc in documents), (name, figure, source)
+        assert device.intra_node_link in LINKS, name
+        for precision in device.efficiency:
+            assert device.peak_flops[precision] is not None, (name, precision)
+    for name, link in LINKS.items():
+        assert "bandwidth: " in link.source and "latency: " in link.source and "tuning.cc" in link.source, name
+        assert any(doc in link.source for doc in ("data sheet", "Specification", "Trade Association", "IEEE")), name
+
+
+def test_the_pareto_bend_is_where_more_devices_stop_paying():
+    """Perfect scaling to 64 devices, then throughput growing as n^0.2: the frontier bends at 64;
+    1,024 devices at 64's speed are on no frontier."""
+    curve = [{"devices": n, "strategy": "ddp", "samples_per_s": 100.0 * (n if n <= 64 else 64 * (n / 64) ** 0.2)}
+             for n in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)]
+    curve.append({"devices": 1024, "strategy": "ddp", "samples_per_s": 6400.0})
+    result = pareto(curve, samples=1_000_000)
+    assert result["bend_devices"] == 64
+    assert 512 in result["frontier"] and 1024 not in result["frontier"]
+
+
+FACTORIES = """
+from torch import nn
+
+
+def needs_a_missing_file(num_classes=10):
+    return open('/nonexistent/weights.pt')
+
+
+def wide_mlp(num_classes=10):
+    # 1.12 G parameters: 18 GB of float32 weights, gradients and Adam's moments
+    return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 16384),
+                         *(nn.Linear(16384, 16384) for _ in range(4)), nn.Linear(16384, num_classes))
+"""
+
+
+@pytest.fixture
+def factories(tmp_path, monkeypatch):
+    """plan_factories.py, importable as --model plan_factories:NAME."""
+    where = tmp_path / "factories"
+    where.mkdir()
+    (where / "plan_factories.py").write_text(FACTORIES)
+    monkeypatch.syspath_prepend(str(where))
+
+
+def test_json_rows_and_the_rule_for_a_model_that_fits_and_one_that_does_not(factories, capsys):
+    """--json has the issue's keys; gpt-tiny fits one a100 (data parallel); a 1.12 G-parameter MLP with
+    Adam does not fit one t4 under ddp (18 GB of model state), and the plan shards it, saying why in numbers."""
+    assert main(["plan", "--workload", "gpt-tiny", "--device", "a100", "--gpus", "8", "--json"]) == 0
+    small = json.loads(capsys.readouterr().out)
+    assert set(small) >= {"model", "device", "rows", "recommendation"}
+    assert set(small["model"]) >= {"params", "flops_per_sample", "activation_bytes_per_sample"}
+    keys = {"devices", "strategy", "step_time_s", "samples_per_s", "speedup", "efficiency", "memory_per_device_bytes", "fits"}
+    assert all(keys <= set(row) for row in small["rows"])
+    assert small["recommendation"]["strategy"] == "ddp" and "fits one device" in small["recommendation"]["reason"]
+    eight = {r["strategy"]: r for r in small["rows"] if r["devices"] == 8}
+    assert 7.0 < eight["ddp"]["speedup"] <= 8.0 and set(eight) == {"ddp", "zero1", "fsdp", "hybrid"}, eight.keys()
+    # gpt-tiny is a chain of 6 blocks: a pipeline of 8 stages cannot be cut from it, one of 4 can
+    assert {r["strategy"] for r in small["rows"] if r["devices"] == 4} == {"ddp", "zero1", "fsdp", "pipeline", "hybrid"}
+
+    assert main(["plan", "--model", "plan_factories:wide_mlp", "--device", "t4", "--precision", "fp16", "--gpus", "8",
+                 "--json"]) == 0
+    big = json.loads(capsys.readouterr().out)
+    eight = {r["strategy"]: r for r in big["rows"] if r["devices"] == 8}
+    assert not eight["ddp"]["fits"] and eight["fsdp"]["fits"] and eight["zero1"]["fits"]
+    rec = big["recommendation"]
+    assert rec["strategy"] in ("zero1", "fsdp") and rec["samples_per_s"] == max(eight[s]["samples_per_s"] for s in ("zero1", "fsdp"))
+    assert "ddp needs 16." in rec["reason"] and "GiB" in rec["reason"], rec["reason"]
+
+
+def test_out_writes_the_plan_its_three_plots_and_a_report(tmp_path, capsys):
+    """--out DIR: plan.json (what --json prints), the scaling, memory and Pareto plots, and report.html
+    with the recommendation, which `paratrain report DIR` renders again."""
+    out = tmp_path / "plan"
+    assert main(["plan", "--workload", "gpt-tiny", "--seq-len", "64", "--device", "h100", "--precision", "bf16", "--gpus", "16",
+                 "--out", str(out)]) == 0
+    assert "recommendation: ddp on 16 device(s)" in capsys.readouterr().out
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["pareto"]["bend_devices"] in plan["pareto"]["frontier"]
+    for name in ("plan_scaling.png", "plan_memory.png", "plan_pareto.png"):
+        assert (out / name).stat().st_size > 10_000, name
+    page = (out / "report.html").read_text()
+    assert plan["recommendation"]["reason"].split(":")[0] in page and page.count("<img") == 3
+    (out / "report.html").unlink()
+    assert main(["report", str(out)]) == 0 and (out / "report.html").is_file()
+
+
+BAD = {
+    "unknown device": (["--workload", "gpt-tiny", "--device", "b200", "--gpus", "8"], "a100, h100"),
+    "no nodes": (["--workload", "gpt-tiny", "--device", "a100", "--nodes", "0", "--gpus-per-node", "8"], "--nodes"),
+    "no gpus per node": (["--workload", "gpt-tiny", "--device", "a100", "--nodes", "2", "--gpus-per-node", "-1"],
+                         "--gpus-per-node"),
+    "factory that fails": (["--model", "plan_factories:needs_a_missing_file", "--device", "a100", "--gpus", "2"],
+                           "fails to build"),
+    "indivisible global batch": (["--workload", "gpt-tiny", "--device", "a100", "--gpus", "3", "--global-batch", "64"],
+                                 "divide"),
+    "calibrate a non-run": (["--workload", "gpt-tiny", "--device", "a100", "--gpus", "2", "--calibrate", "{tmp}"],
+                            "not a paratrain run"),
+}
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, case, factories):
+    argv, expected = BAD[case]
+    out = tmp_path / "plan-out"
+    code = main(["plan", *[a.replace("{tmp}", str(tmp_path)) for a in argv], "--out", str(out)])
+    captured = capsys.readouterr()
+    assert code == 2, captured.err
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0] and "Traceback" not in captured.err, captured.err
+    assert not out.exists() and captured.out == ""
