@@ -83,7 +83,7 @@ def main() -> None:
         (f"recommended ({args.workers} workers)", recommended, time_to_reach(recommended_dir, target)),
     ]
     print(f"recommend (find-batch, noise-scale, lr-find) took {measuring_s:.0f} s:")
-    for key in ("per_worker_batch", "global_batch", "lr", "warmup_epochs", "optimizer"):
+    for key in ("per_worker_batch", "global_batch", "lr", "warmup_epochs", "schedule", "optimizer"):
         print(f"- {key.replace('_', ' ')}: {recommendation[key]['value']} ({recommendation[key]['source']})")
     print()
     print("| run | global batch | LR | epochs | test accuracy | wall time | training time to the reference's accuracy |")

@@ -783,7 +783,7 @@ def _lr_find(args: argparse.Namespace) -> int:
     stop = f"diverged at LR {r['diverged_at_lr']:.3g}" if r["diverged_at_lr"] else "did not diverge"
     print(f"LR range test {r['lr_min']:g} -> {r['lr_max']:g} over {r['steps']} steps at global batch "
           f"{r['global_batch_size']}: {stop}")
-    print(f"suggested LR {r['suggested_lr']:.3g} ({r['rule']}); fastai's minimum/10: {r['minimum_over_10_lr']:.3g}")
+    print(f"suggested LR {r['suggested_lr']:.3g} ({r['rule']}); steepest descent: {r['steepest_lr']:.3g}")
     s = r["scaled"]
     print(f"for global batch {s['global_batch_size']}: LR {s['lr']:.3g} ({s['scaling']} scaling)")
     print(f"saved: {Path(cfg.out) / RESULT_FILE}")
@@ -800,7 +800,7 @@ def _recommend(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     r = recommend(cfg.train, cfg.workers, cfg.out, cfg.noise_steps, cfg.lr_steps, cfg.max_batch,
                   on_stage=lambda stage: console.print(f"recommend: {stage}"))
-    for key in ("per_worker_batch", "global_batch", "lr", "warmup_epochs", "optimizer"):
+    for key in ("per_worker_batch", "global_batch", "lr", "warmup_epochs", "schedule", "optimizer"):
         value = r[key]["value"]
         print(f"{key.replace('_', ' '):17} {value:.4g}  " if isinstance(value, float) else f"{key.replace('_', ' '):17} {value}  ",
               f"({r[key]['source']})", sep="")

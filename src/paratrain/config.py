@@ -744,7 +744,7 @@ class LRFindConfig(BaseModel):
     out: Path = Field(description="directory for lr_find.json and the sweep's run (OUT/lr-find-run)")
     steps: int = Field(100, gt=0, description="optimizer steps of the sweep from --lr-min to --lr-max")
     lr_min: float = Field(1e-6, gt=0, description="the LR of the first step")
-    lr_max: float = Field(1.0, gt=0, description="the LR of the last step")
+    lr_max: float = Field(10.0, gt=0, description="the LR of the last step (10, as fastai and torch-lr-finder: high enough that the loss diverges before it)")
     target_batch: Optional[int] = Field(None, gt=0, description="also give the LR scaled to this global batch (default: the sweep's own)")
     train: dict[str, Any] = Field(default_factory=dict, description="the train flags of the sweep")
 

@@ -100,6 +100,13 @@ def recommend(train: dict[str, Any], workers: int, out: Path, noise_steps: int =
         "optimizer": {"value": optimizer, "source": f"global batch {ratio:.0f}x the LR's base batch "
                       + (f"> {GOYAL_MAX_RATIO}x: layer-wise adaptation (You et al. 2017, 2019)" if optimizer != cfg.optimizer
                          else f"<= {GOYAL_MAX_RATIO}x: {cfg.optimizer} with scaling and warmup suffices (Goyal et al. 2017)")},
+        # The LR found is the largest that trains stably; held constant it keeps the late epochs noisy.
+        # Measured (docs/batch-size.md): cifar10-cnn at global batch 222 plateaued at 53-58 % over
+        # 20 constant-LR epochs and reached 62 % in 10 with cosine decay.
+        "schedule": {"value": cfg.schedule if "schedule" in train else "cosine",
+                     "source": "--schedule as given" if "schedule" in train else
+                     "cosine decay to zero after the warmup (SGDR, Loshchilov & Hutter 2017): the found LR is the "
+                     "largest that trains stably, and decaying it lets the last epochs converge"},
         "notes": notes,
         "measurements": {"find_batch": str(out / find_batch_module.RESULT_FILE),
                          "noise_scale": str(out / noise_scale_module.RESULT_FILE), "lr_find": str(out / lr_find_module.RESULT_FILE)},
@@ -113,7 +120,8 @@ def train_command(train: dict[str, Any], result: dict[str, Any]) -> str:
     """The `paratrain train` command that runs the recommendation."""
     flags = {**train, "workers": result["workers"], "batch_size": result["per_worker_batch"]["value"],
              "lr": f"{result['base_lr']:.4g}", "base_batch_size": result["base_batch_size"],
-             "lr_scaling": result["lr_scaling"], "optimizer": result["optimizer"]["value"]}
+             "lr_scaling": result["lr_scaling"], "optimizer": result["optimizer"]["value"],
+             "schedule": result["schedule"]["value"]}
     if result["warmup_epochs"]["value"]:
         flags["warmup_epochs"] = result["warmup_epochs"]["value"]
     words = ["paratrain", "train"]
