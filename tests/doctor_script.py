@@ -33,4 +33,5 @@ if "rank0-eval" in modes and rank == 0:
     spin(4.0)          # evaluation under `if rank == 0:` while the others wait at the barrier
 dist.barrier()
 paratrain.report(samples_per_s=int(sys.argv[2]) * 8 * dist.get_world_size() / (time.perf_counter() - started))
+del model, opt     # DDP before its process group: torch 2.13 can abort at exit otherwise (docs/launch.md)
 dist.destroy_process_group()

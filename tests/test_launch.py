@@ -31,6 +31,7 @@ for epoch in range(3):
         torch.nn.functional.mse_loss(model(x), y).backward()
         opt.step()
     paratrain.report(step=epoch, samples=10 * 32 * world, epoch_time_s=time.perf_counter() - started)
+del model, opt     # DDP before its process group: torch 2.13 can abort at exit otherwise (docs/launch.md)
 dist.destroy_process_group()
 if os.environ.get("FAIL_RANK") == str(rank):
     sys.exit(3)

@@ -75,6 +75,7 @@ def _local_sgd_by_hand(rank: int, out: Path) -> None:
     if rank == 0:
         (out / "local-sgd.json").write_text(json.dumps({"identical": identical, "bytes_sent": sent,
                                                         "parameter_bytes": sum(p.numel() * 4 for p in model.parameters())}))
+    del model, optimizer, strategy     # DDP before its process group (docs/launch.md)
     dist.destroy_process_group()
 
 
