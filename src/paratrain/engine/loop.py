@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+import gc
 import os
 import re
 import statistics
@@ -80,6 +81,9 @@ def run_rank(config: dict[str, Any], placement: dict[str, Any], run_dir: str,
                                    f"(--timeout {cfg.timeout:g} s): {reason}") from None
         raise
     finally:
+        # The Trainer (its DDP model among it) sits in reference cycles, freed only by the collector:
+        # free it now, before its process group goes, or torch 2.13 can abort at exit (SIGABRT).
+        gc.collect()
         shutdown()
         release_cached_memory(ctx.device)
         logging.getLogger("paratrain").removeHandler(handler)
