@@ -29,6 +29,8 @@ from pathlib import Path
 
 import psutil
 
+from paratrain.measure.monitor import ranks_by_log
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -48,12 +50,12 @@ def _steps(run: Path, event: str = "step") -> list[dict]:
 
 
 def _rank_pid(root: int, run: Path, rank: int) -> int:
-    log = str((run / "logs" / f"rank{rank}.log").resolve())
+    rank_of = ranks_by_log(run)         # the monitor's rule: rank R holds RUN_DIR/logs/rank<R>.log open
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         for proc in psutil.Process(root).children(recursive=True):
             try:
-                if any(f.path == log for f in proc.open_files()):
+                if rank_of(proc) == rank:
                     return proc.pid
             except psutil.Error:
                 continue

@@ -93,6 +93,9 @@ def test_lr_find_suggests_an_lr_in_the_stable_range_of_a_convex_problem(tmp_path
     assert result["diverged_at_lr"] is not None and result["diverged_at_lr"] > stable_below / 2
     lrs = [row["lr"] for row in result["curve"]]
     assert lrs[0] == pytest.approx(1e-4) and all(b > a for a, b in zip(lrs, lrs[1:]))
+    # the same command again into the same --out replaces its own measurement run
+    again, _ = _run(capsys, "lr-find", tmp_path, steps=100, lr_min=1e-4, lr_max=10.0, **train)
+    assert again["suggested_lr"] == pytest.approx(result["suggested_lr"])
 
 
 @pytest.mark.parametrize("argv, words", [
@@ -102,7 +105,10 @@ def test_lr_find_suggests_an_lr_in_the_stable_range_of_a_convex_problem(tmp_path
      "below the model's own state"),
     (["find-batch", "--model", "batch_factories:planted_memory", "--workload", "synthetic-cnn", "--synthetic-shape", "3,4,4",
       "--synthetic-samples", "64", "--memory-limit", "768M", "--threads-per-worker", "1"], "does not run at batch 1"),
-], ids=["too-few-steps", "lr-range-reversed", "limit-below-model", "not-even-batch-1"])
+    (["recommend", "--workers", "2", "--lr-steps", "5"], "--lr-steps 5 is too few"),
+    (["recommend", "--workers", "2", "--strategy", "fsdp"], "--grad-noise"),
+], ids=["too-few-steps", "lr-range-reversed", "limit-below-model", "not-even-batch-1", "recommend-too-few-lr-steps",
+        "recommend-a-strategy-noise-scale-refuses"])
 def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, capsys, argv, words):
     out = tmp_path / "out"
     code = main([*argv, "--device", "cpu", "--out", str(out)])
@@ -110,3 +116,40 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, capsys, argv
     assert code == 2
     assert len(err.strip().splitlines()) == 1 and words in err and "Traceback" not in err, err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("given_schedule", [None, "step"])
+def test_recommend_combines_the_measurements_by_its_stated_rules(tmp_path, given_schedule):
+    """recommend on measurements already in --out (as a rerun reuses them): no training runs, only
+    the rules: the √N cap, linear LR scaling from lr-find's batch, Goyal's warmup, the schedule."""
+    from paratrain.batch import read_result, run_config, train_samples
+    from paratrain.batch.lr_find import RULE
+    from paratrain.batch.recommend import recommend
+
+    train = dict(workload="synthetic-cnn", device="cpu", synthetic_samples=4096, epochs=10, optimizer="sgd")
+    samples = train_samples(run_config(train))
+    cap = math.isqrt(samples)
+    per_worker = min(512, cap // 2)
+    written = {"find_batch.json": ({**train, "workers": 1}, dict(knee_batch=16, safe_batch=512, margin=0.05,
+                                                                  options={"max_batch": None})),
+               "noise_scale.json": ({**train, "workers": 2, "batch_size": 16},
+                                    dict(critical_batch=10 * cap, options={"steps": 200})),
+               "lr_find.json": ({**train, "workers": 1, "batch_size": per_worker},
+                                dict(suggested_lr=0.05, global_batch_size=per_worker, rule=RULE,
+                                     options={"steps": 100, "rule": RULE}))}
+    for name, (flags, result) in written.items():
+        (tmp_path / name).write_text(json.dumps({"train": flags, **result}))
+    # a measurement made with other options of its command is not reused
+    lr_flags = written["lr_find.json"][0]
+    assert read_result(tmp_path / "lr_find.json", lr_flags, steps=100, rule=RULE) is not None
+    assert read_result(tmp_path / "lr_find.json", lr_flags, steps=300, rule=RULE) is None
+    assert read_result(tmp_path / "lr_find.json", lr_flags, steps=100, rule="steepest descent") is None
+    given = {**train, **({"schedule": given_schedule} if given_schedule else {})}
+    r = recommend(given, workers=2, out=tmp_path)
+    assert r["per_worker_batch"]["value"] == per_worker and r["global_batch"]["value"] == 2 * per_worker
+    assert "√(training samples)" in r["global_batch"]["source"]
+    assert r["lr"]["value"] == pytest.approx(0.05 * 2) and r["lr_scaling"] == "linear"
+    assert r["warmup_epochs"]["value"] == 1.0 and r["optimizer"]["value"] == "sgd"
+    assert r["schedule"]["value"] == (given_schedule or "cosine")
+    assert (f"--batch-size {per_worker} --lr 0.05 --base-batch-size {per_worker} --lr-scaling linear" in r["command"]
+            and f"--schedule {given_schedule or 'cosine'}" in r["command"] and "--warmup-epochs 1.0" in r["command"])

@@ -27,6 +27,7 @@ from paratrain.errors import UsageError
 from paratrain.config import TrainConfig, validate
 from paratrain.engine.shm_allreduce import SharedMemoryAverage, segment_bytes
 from paratrain.launch.nodes import adopt_tasks, detect_tasks, expand_tasks_per_node, first_host
+from paratrain.measure.monitor import ranks_by_log
 
 PARATRAIN = [sys.executable, "-m", "paratrain"]
 # 4096 samples, 2 ranks of 32: 64 steps an epoch, a loss logged every 4 steps.
@@ -60,17 +61,17 @@ def _wait_for_step(run_dir: Path, proc: subprocess.Popen, ready: Callable[[int],
 
 
 def _rank_pid(root: int, run_dir: Path, rank: int) -> int:
-    """The process among `root`'s descendants that holds RUN_DIR/logs/rank<R>.log open: rank R."""
-    log = str((run_dir / "logs" / f"rank{rank}.log").resolve())
+    """Rank R among `root`'s descendants, by the monitor's rule: it holds RUN_DIR/logs/rank<R>.log open."""
+    rank_of = ranks_by_log(run_dir)
     for _ in range(3000):
         for proc in psutil.Process(root).children(recursive=True):
             try:
-                if any(f.path == log for f in proc.open_files()):
+                if rank_of(proc) == rank:
                     return proc.pid
             except psutil.Error:
                 continue
         time.sleep(0.02)
-    raise AssertionError(f"no process of {root} holds {log}")
+    raise AssertionError(f"no process of {root} holds {run_dir}/logs/rank{rank}.log")
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -279,6 +280,10 @@ def test_ranks_world_size_and_rank_0s_host_come_from_srun_and_mpirun_environment
     assert (hydra.rank, hydra.size, hydra.master_addr) == (1, 2, None), "ranks on two hosts: rank 0's is unknown"
     # Every task of a step derives the same port from the job.
     assert detect_tasks({**SRUN_TASK_3_OF_4, "SLURM_PROCID": "0"}).master_port == srun.master_port
+    # a variable that is not a number is one line naming it, not a traceback
+    for broken in ({**SRUN_TASK_3_OF_4, "MASTER_PORT": "abc"}, {**OPEN_MPI_RANK_1_OF_2, "OMPI_COMM_WORLD_SIZE": "two"}):
+        with pytest.raises(UsageError, match="is not a number"):
+            detect_tasks(broken)
 
     assert expand_tasks_per_node("2(x3),1") == [2, 2, 2, 1]
     assert [first_host(h) for h in ("cn[017-018]", "gpu[003-005,009],login1", "node7", "a[1-2]-ib,b3")] == \
@@ -356,3 +361,7 @@ def test_an_unreachable_rendezvous_fails_after_the_timeout_naming_host_and_port(
     assert "\n" not in message and f"127.0.0.1:{port}" in message and "--rdzv-timeout 2 s" in message, message
     assert capfd.readouterr().err == "", "the store's C++ retries reached the terminal"
     assert not run.exists()
+    # ... they went to the agent's file, kept for the failure and named at the end of the line
+    kept = Path(message.rpartition("this node's agent output: ")[2])
+    assert kept.name == "agent-stderr.log" and kept.is_file()
+    shutil.rmtree(kept.parent)

@@ -226,6 +226,8 @@ BAD = {
                                  "divide"),
     "calibrate a non-run": (["--workload", "gpt-tiny", "--device", "a100", "--gpus", "2", "--calibrate", "{tmp}"],
                             "not a paratrain run"),
+    "no layout of the strategies": (["--workload", "gpt-tiny", "--device", "a100", "--gpus", "2", "--strategy", "hybrid"],
+                                    "hybrid needs at least 4"),
 }
 
 

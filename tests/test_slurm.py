@@ -73,7 +73,7 @@ def test_each_point_asks_for_its_gpus_and_their_cores(bsc_study, gpus):
         "--nodes": "1", "--ntasks-per-node": "1", "--cpus-per-task": str(40 * gpus), "--gres": f"gpu:{gpus}",
         "--output": f"{bsc_study}/slurm/logs/%x-%j.out", "--qos": "training"}
     assert setup == [SETUP]
-    # srun gets the cores itself: Slurm 22.05-23.02 do not pass --cpus-per-task on from sbatch.
+    # srun gets the cores itself: Slurm 22.05 stopped passing --cpus-per-task on from sbatch.
     assert srun[:3] == ["srun", f"--cpus-per-task={40 * gpus}", "paratrain"]
     cfg = train_config_of(srun)
     assert (cfg.workers, cfg.device, cfg.threads_per_worker, cfg.workload) == (gpus, "cuda", 40, "cifar10-resnet50v2")

@@ -227,3 +227,15 @@ def test_bad_synchronisation_input_is_one_line_and_writes_nothing(tmp_path, caps
     err = capsys.readouterr().err
     assert code == 2 and wanted in err and len(err.strip().splitlines()) == 1, err
     assert not run_dir.exists()
+
+
+@pytest.mark.parametrize("args, wanted", [
+    (["--workers", "1"], "--workers"),
+    (["--min-size", "1M", "--max-size", "1K"], "swap them"),
+    (["--out", "{tmp}"], "is a directory"),
+])
+def test_bad_commbench_input_is_one_line_before_anything_runs(tmp_path, capsys, args, wanted):
+    code = main(["commbench", *[a.format(tmp=tmp_path) for a in args]])
+    err = capsys.readouterr().err
+    assert code == 2 and wanted in err and len(err.strip().splitlines()) == 1, err
+    assert list(tmp_path.iterdir()) == []

@@ -237,6 +237,7 @@ def build_parser() -> Parser:
             bench.add_argument(flag(name), type=kind, choices=choices, default=argparse.SUPPRESS, help=field.description)
     bench.set_defaults(handler=_commbench, command="commbench")
 
+    from paratrain.batch import COMMAND_OWNED
     from paratrain.config import FindBatchConfig, LRFindConfig, NoiseScaleConfig, RecommendConfig
 
     for name, model, handler, about, example in (
@@ -246,14 +247,17 @@ def build_parser() -> Parser:
              "batch, measured during a short run", "paratrain noise-scale --workers 2 --batch-size 32 --steps 200 --out batch"),
             ("lr-find", LRFindConfig, _lr_find, "the LR range test: an exponential LR sweep and the LR it suggests",
              "paratrain lr-find --batch-size 32 --out batch"),
-            ("recommend", RecommendConfig, _recommend, "batch per worker and in all, LR and its scaling, warmup and "
-             "optimizer for N workers, from find-batch, noise-scale and lr-find", "paratrain recommend --workers 2 --epochs 10 --out batch --apply")):
+            ("recommend", RecommendConfig, _recommend, "batch per worker and in all, LR and its scaling, warmup, "
+             "schedule and optimizer for N workers, from find-batch, noise-scale and lr-find", "paratrain recommend --workers 2 --epochs 10 --out batch --apply")):
         command = commands.add_parser(name, help=about, description=f"Measure {about}. See docs/batch-size.md.",
                                       epilog=f"example: {example}")
         for field_name, field in model.model_fields.items():
             if field_name != "train":
                 _add_field(command, field_name, field)
-        _add_model_flags(command, TRAIN_SECTIONS, exclude=BATCH_OWNS + (("workers",) if name == "recommend" else ()))
+        # recommend chooses the workers itself, and takes a --schedule for the run it recommends.
+        batch_owns = (*COMMAND_OWNED, *ACROSS_NODES)
+        owned = tuple(f for f in batch_owns if f != "schedule") + ("workers",) if name == "recommend" else batch_owns
+        _add_model_flags(command, TRAIN_SECTIONS, exclude=owned)
         command.set_defaults(handler=handler, command=name)
     parser.commands = commands.choices    # for suggestions when a subcommand's flag is mistyped
     return parser
@@ -276,7 +280,6 @@ def _commbench(args: argparse.Namespace) -> int:
 ACROSS_NODES = ("nodes", "node_rank", "rdzv", "rdzv_backend", "rdzv_timeout")
 SCALE_OWNS = ("workers", "workload", "strategy", "run_dir", "resume", "quiet", *ACROSS_NODES)
 SWEEP_OWNS = ("workers", "run_dir", "resume", "quiet", "allow_oversubscribe", "timeout", *ACROSS_NODES)
-BATCH_OWNS = ("run_dir", "resume", "quiet", "max_steps", "grad_noise", "schedule", "lr_end", *ACROSS_NODES)
 
 
 def _add_model_flags(parser: argparse.ArgumentParser, sections: dict[str, str], exclude: Sequence[str] = ()) -> None:
@@ -722,7 +725,7 @@ def _find_batch(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from paratrain.batch.find_batch import find_batch
+    from paratrain.batch.find_batch import RESULT_FILE, find_batch
     from paratrain.config import FindBatchConfig
 
     cfg = _batch_config(args, FindBatchConfig)
@@ -747,7 +750,7 @@ def _find_batch(args: argparse.Namespace) -> int:
     print(f"largest batch that fits: {result['max_batch']} (limited by {result['limited_by']}); with the "
           f"{result['margin']:.0%} margin use at most {result['safe_batch']}; knee (within {result['knee_within']:.0%} of the "
           f"best {result['best_samples_per_s']:,.0f} samples/s): {result['knee_batch']}")
-    print(f"saved: {Path(cfg.out) / 'find_batch.json'}")
+    print(f"saved: {Path(cfg.out) / RESULT_FILE}")
     return 0
 
 
@@ -759,7 +762,7 @@ def _noise_scale(args: argparse.Namespace) -> int:
     r = measure_noise_scale(cfg.train, cfg.out, cfg.steps, cfg.ema_steps)
 
     def shown(value: Optional[float], error: Optional[float]) -> str:
-        return "not measurable (|G|² estimate <= 0)" if value is None else f"{value:,.1f} ± {error:,.1f}"
+        return "not measurable (the |G|² or tr(Σ) estimate is not positive: more --steps, or a larger --batch-size)" if value is None else f"{value:,.1f} ± {error:,.1f}"
 
     print(f"gradient noise scale B_simple over {r['steps']} steps ({r['source']}; batches {r['small_batch']} and "
           f"{r['big_batch']}, {r['ranks']} rank(s)): at the end {shown(r['b_simple'], r['b_simple_stderr'])} "

@@ -797,4 +797,6 @@ class CommbenchConfig(BaseModel):
             raise ValueError(f"--min-size {self.min_size} is above --max-size {self.max_size}; swap them")
         if parse_size(self.min_size) < 4 * self.workers:
             raise ValueError(f"--min-size {self.min_size} holds less than one float32 per rank; use 1K or more")
+        if self.out is not None and self.out.is_dir():
+            raise ValueError(f"--out {self.out} is a directory; give the JSON file's path, e.g. {self.out / 'commbench.json'}")
         return self

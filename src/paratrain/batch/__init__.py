@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 from typing import Any, Optional
 
@@ -53,12 +54,23 @@ def steps_run_config(train: dict[str, Any], steps: int, **overrides: Any) -> Tra
     return run_config(train, **overrides, max_steps=steps, epochs=epochs_for(first, steps, train_samples(first)))
 
 
-def read_result(path: Path, train: dict[str, Any]) -> Optional[dict[str, Any]]:
-    """A command's earlier result in `path`, if the same train flags made it (recommend reuses it)."""
+def clear_measurement_run(run_dir: Path) -> None:
+    """A run left in OUT by an earlier measurement of the same command is its scratch, replaced like
+    the JSON result beside it (a rerun would otherwise be refused as a non-empty run directory).
+    Called once the new run's configuration is valid, so bad input leaves it as it was."""
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+
+
+def read_result(path: Path, train: dict[str, Any], **options: Any) -> Optional[dict[str, Any]]:
+    """A command's earlier result in `path`, if the same train flags and the same `options` of the
+    command (its recorded `options`) made it: recommend reuses it."""
     if not path.is_file():
         return None
     result = json.loads(path.read_text())
-    return result if result.get("train") == json.loads(json.dumps(train, default=str)) else None
+    made_by = result.get("options", {})
+    same = result.get("train") == json.loads(json.dumps(train, default=str))
+    return result if same and all(made_by.get(k) == v for k, v in options.items()) else None
 
 
 def write_result(path: Path, result: dict[str, Any]) -> None:

@@ -130,6 +130,7 @@ def find_batch(train: dict[str, Any], out: Path, margin: float = 0.05, max_batch
     fitted = sorted((p["batch"], p["samples_per_s"]) for p in probes.values() if p["fits"])
     result = {
         "train": json.loads(json.dumps(train, default=str)), "device": "cpu" if on_cpu else "cuda",
+        "options": {"margin": margin, "max_batch": max_batch, "probe_steps": probe_steps, "knee_within": knee_within},
         "workers": base.workers, "memory_limit": limit if on_cpu else None, "memory_limit_source": limit_source if on_cpu else None,
         "probe_steps": probe_steps, "margin": margin, "knee_within": knee_within,
         "max_batch": largest, "first_failed": failed,

@@ -8,7 +8,7 @@ infinite). The suggestion is fastai's "minimum/10": a tenth of the LR where the 
 lowest, before it diverged. The LR of the steepest descent of the smoothed loss against log(LR)
 (Lightning's and torch-lr-finder's rule; the first tenth of the curve skipped, where the average
 is still settling) is reported beside it, not used: on cifar10-cnn (100 steps, 1e-6 to 1, batch
-111) it sat at 0.33, a third of the way below the loss's minimum, and 10 epochs at that LR scaled
+111) it sat at 0.33, just below the loss's minimum at 0.43, and 10 epochs at that LR scaled
 to 2 workers never left chance accuracy (docs/batch-size.md). The suggested LR belongs to the batch the sweep ran at; it is also given
 scaled to --target-batch by the rule the optimizer follows (linear for SGD and LARS: Goyal et al.
 2017; square root for the Adam family: You et al. 2019).
@@ -20,8 +20,9 @@ import math
 from pathlib import Path
 from typing import Any, Optional
 
-from paratrain.batch import check_train_flags, steps_run_config, write_result
+from paratrain.batch import check_train_flags, clear_measurement_run, steps_run_config, write_result
 from paratrain.engine.lr import scaled_lr
+from paratrain.runs import RunDir
 from paratrain.errors import RunFailed, UsageError
 
 RESULT_FILE = "lr_find.json"
@@ -29,6 +30,7 @@ RUN_NAME = "lr-find-run"
 SMOOTHING = 0.98
 DIVERGED_ABOVE = 4.0          # x the lowest smoothed loss
 MIN_STEPS = 20
+RULE = "minimum/10: a tenth of the LR of the lowest smoothed loss (fastai)"
 
 
 def scaling_rule(optimizer: str) -> str:
@@ -78,29 +80,31 @@ def find_lr(train: dict[str, Any], out: Path, steps: int = 100, lr_min: float = 
     if steps < MIN_STEPS:
         raise UsageError(f"--steps {steps} is too few for a range test: it needs at least {MIN_STEPS} steps to smooth the "
                          f"loss (100 to 300 are usual); use --steps {MIN_STEPS} or more")
-    run_dir = Path(out) / RUN_NAME
     cfg = steps_run_config(train, steps, lr=lr_min, lr_end=lr_max, schedule="range-test", lr_scaling="none",
-                           log_every=1, quiet=True, run_dir=run_dir)
+                           log_every=1, quiet=True, run_dir=Path(out) / RUN_NAME)
+    run = RunDir(cfg.run_dir)
+    clear_measurement_run(run.path)
     from paratrain.launch import train as run_training
 
     try:
         run_training(cfg)
         diverged = False
     except RunFailed:
-        if json.loads((run_dir / "summary.json").read_text()).get("status") != "diverged":
+        if run.read_summary().get("status") != "diverged":
             raise
         diverged = True
-    events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    steps_logged = [e for e in events if e["event"] == "step"]
+    steps_logged = [e for e in run.read_metrics() if e["event"] == "step"]
     lrs, losses = [e["lr"] for e in steps_logged], [e["loss"] for e in steps_logged]
     found = suggest(lrs, losses)
     batch = cfg.global_batch_size
     target = target_batch or batch
     rule = scaling_rule(cfg.optimizer)
     result = {
-        "train": json.loads(json.dumps(train, default=str)), "run_dir": str(run_dir), "lr_min": lr_min, "lr_max": lr_max,
+        "train": json.loads(json.dumps(train, default=str)),
+        "options": {"steps": steps, "lr_min": lr_min, "lr_max": lr_max, "rule": RULE},
+        "run_dir": str(run.path), "lr_min": lr_min, "lr_max": lr_max,
         "steps": len(steps_logged), "stopped_by_nan": diverged, "global_batch_size": batch, "optimizer": cfg.optimizer,
-        "rule": "minimum/10: a tenth of the LR of the lowest smoothed loss (fastai)",
+        "rule": RULE,
         **{k: v for k, v in found.items() if k != "smoothed"},
         "curve": [{"lr": lr, "loss": loss, "smoothed": s} for lr, loss, s in zip(lrs, losses, found["smoothed"])],
         "scaled": {"global_batch_size": target, "scaling": rule,

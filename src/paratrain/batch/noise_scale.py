@@ -28,8 +28,9 @@ import math
 from pathlib import Path
 from typing import Any, Optional
 
-from paratrain.batch import check_train_flags, run_config, steps_run_config, train_samples, write_result
+from paratrain.batch import check_train_flags, clear_measurement_run, run_config, steps_run_config, train_samples, write_result
 from paratrain.config import TrainConfig
+from paratrain.runs import RunDir
 from paratrain.errors import RunFailed, UsageError
 
 RESULT_FILE = "noise_scale.json"
@@ -135,12 +136,13 @@ def measure_noise_scale(train: dict[str, Any], out: Path, steps: int, ema_steps:
         values["grad_accum"] = 2
     run_dir = Path(out) / RUN_NAME
     cfg = steps_run_config(values, steps + _short_steps(run_config(values), steps), grad_noise=True, quiet=True, run_dir=run_dir)
+    clear_measurement_run(run_dir)
     from paratrain.launch import train as run_training
 
     try:
         summary = run_training(cfg)
     except RunFailed:
-        summary = json.loads((run_dir / "summary.json").read_text())
+        summary = RunDir(run_dir).read_summary()
         if summary.get("status") != "diverged":
             raise
     norms = read_norms(run_dir)
@@ -148,7 +150,8 @@ def measure_noise_scale(train: dict[str, Any], out: Path, steps: int, ema_steps:
         raise RunFailed(f"the run recorded {len(norms)} steps of gradient norms ({summary.get('status')}); the estimate needs "
                         f"{MIN_STEPS}: see {run_dir}")
     result = {
-        "train": json.loads(json.dumps(train, default=str)), "run_dir": str(run_dir), "steps": len(norms),
+        "train": json.loads(json.dumps(train, default=str)), "options": {"steps": steps, "ema_steps": ema_steps},
+        "run_dir": str(run_dir), "steps": len(norms),
         "ema_steps": ema, "source": summary.get("grad_noise", {}).get("source"),
         "small_batch": norms[-1]["small_batch"], "big_batch": norms[-1]["big_batch"],
         "ranks": summary.get("grad_noise", {}).get("ranks", 1), "status": summary["status"],

@@ -1,4 +1,4 @@
-"""`paratrain recommend --workers N`: batch, LR, warmup and optimizer for N workers, from measurements.
+"""`paratrain recommend --workers N`: batch, LR, warmup, schedule and optimizer for N workers, from measurements.
 
 The three measurements run in this order (each reused from OUT when the same flags made it):
 1. find-batch on one worker: the largest per-worker batch that fits (less the safety margin) and the
@@ -12,7 +12,8 @@ The three measurements run in this order (each reused from OUT when the same fla
    Adam family, You et al. 2019), with Goyal et al.'s gradual warmup when the LR is scaled up.
 An optimizer hint (LARS for SGD, LAMB for Adam) is given when the global batch is more than 32x the
 LR's base batch: the largest ratio Goyal et al. trained with linear scaling and warmup alone
-(8192 / 256); You et al. needed layer-wise adaptation beyond it.
+(8192 / 256); You et al. needed layer-wise adaptation beyond it. The command keeps the optimizer
+lr-find measured. The schedule is cosine decay after the warmup unless --schedule is given.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import shlex
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from paratrain.batch import read_result, run_config, train_samples, write_result
+from paratrain.batch import check_train_flags, read_result, run_config, train_samples, write_result
 from paratrain.batch import find_batch as find_batch_module
 from paratrain.batch import lr_find as lr_find_module
 from paratrain.batch import noise_scale as noise_scale_module
@@ -43,16 +44,28 @@ def recommend(train: dict[str, Any], workers: int, out: Path, noise_steps: int =
     out = Path(out)
     cfg = run_config(train)
     samples = train_samples(cfg)
+    # A --schedule given is for the recommended run; the measurement runs set their own LR.
+    schedule = train.get("schedule")
+    train = {k: v for k, v in train.items() if k != "schedule"}
     one = {**train, "workers": 1}
+    # Everything that would stop a later stage is checked now, before the first measurement runs.
+    for flag, steps, least in (("--noise-steps", noise_steps, noise_scale_module.MIN_STEPS),
+                               ("--lr-steps", lr_steps, lr_find_module.MIN_STEPS)):
+        if steps < least:
+            raise UsageError(f"{flag} {steps} is too few: the measurement needs at least {least} optimizer steps; "
+                             f"use {flag} {least} or more")
+    for stage in ("find-batch", "noise-scale", "lr-find"):
+        check_train_flags(train, stage)
+    run_config({**train, "workers": workers}, grad_noise=True)     # the noise-scale run's layout, validated
 
     on_stage("find-batch")
-    batches = (read_result(out / find_batch_module.RESULT_FILE, one)
+    batches = (read_result(out / find_batch_module.RESULT_FILE, one, max_batch=max_batch)
                or find_batch_module.find_batch(one, out, max_batch=max_batch))
     knee, largest = batches["knee_batch"], batches["safe_batch"]
 
     on_stage("noise-scale")
     noise_train = {**train, "workers": workers, "batch_size": knee}
-    noise = (read_result(out / noise_scale_module.RESULT_FILE, noise_train)
+    noise = (read_result(out / noise_scale_module.RESULT_FILE, noise_train, steps=noise_steps)
              or noise_scale_module.measure_noise_scale(noise_train, out, noise_steps))
     critical = noise["critical_batch"]
     sqrt_rule = math.isqrt(samples)
@@ -69,7 +82,7 @@ def recommend(train: dict[str, Any], workers: int, out: Path, noise_steps: int =
 
     on_stage("lr-find")
     lr_train = {**train, "workers": 1, "batch_size": per_worker}
-    lrs = (read_result(out / lr_find_module.RESULT_FILE, lr_train)
+    lrs = (read_result(out / lr_find_module.RESULT_FILE, lr_train, steps=lr_steps, rule=lr_find_module.RULE)
            or lr_find_module.find_lr(lr_train, out, steps=lr_steps, target_batch=global_batch))
     rule = lr_find_module.scaling_rule(cfg.optimizer)
     base_lr, base_batch = lrs["suggested_lr"], lrs["global_batch_size"]
@@ -82,9 +95,9 @@ def recommend(train: dict[str, Any], workers: int, out: Path, noise_steps: int =
         warmup = min(5.0, max(1.0, round(cfg.epochs * GOYAL_WARMUP_FRACTION, 1)))
         if warmup >= cfg.epochs:
             warmup = cfg.epochs / 2
-    optimizer = cfg.optimizer
-    if ratio > GOYAL_MAX_RATIO:
-        optimizer = "lamb" if rule == "sqrt" else "lars"
+    # A hint, not a switch: the LR was found for the run's optimizer, and LARS/LAMB's layer-wise
+    # trust ratio changes what an LR means, so the command keeps the optimizer lr-find measured.
+    adaptive = ("lamb" if rule == "sqrt" else "lars") if ratio > GOYAL_MAX_RATIO else None
     result = {
         "train": json.loads(json.dumps(train, default=str)), "workers": workers,
         "per_worker_batch": {"value": per_worker, "source": f"find-batch: knee {knee}, largest that fits {largest} "
@@ -97,14 +110,15 @@ def recommend(train: dict[str, Any], workers: int, out: Path, noise_steps: int =
         "warmup_epochs": {"value": warmup, "source": "no scaling, no warmup" if ratio <= 1 else
                           f"Goyal et al. 2017: 5 of 90 epochs, here {GOYAL_WARMUP_FRACTION:.1%} of --epochs {cfg.epochs} "
                           "(at least 1, at most 5)"},
-        "optimizer": {"value": optimizer, "source": f"global batch {ratio:.0f}x the LR's base batch "
-                      + (f"> {GOYAL_MAX_RATIO}x: layer-wise adaptation (You et al. 2017, 2019)" if optimizer != cfg.optimizer
+        "optimizer": {"value": cfg.optimizer, "source": f"global batch {ratio:.0f}x the LR's base batch "
+                      + (f"> {GOYAL_MAX_RATIO}x: consider --optimizer {adaptive}, layer-wise adaptation (You et al. 2017, "
+                         f"2019), and run recommend again with it, so that lr-find measures its LR" if adaptive
                          else f"<= {GOYAL_MAX_RATIO}x: {cfg.optimizer} with scaling and warmup suffices (Goyal et al. 2017)")},
         # The LR found is the largest that trains stably; held constant it keeps the late epochs noisy.
         # Measured (docs/batch-size.md): cifar10-cnn at global batch 222 plateaued at 53-58 % over
         # 20 constant-LR epochs and reached 62 % in 10 with cosine decay.
-        "schedule": {"value": cfg.schedule if "schedule" in train else "cosine",
-                     "source": "--schedule as given" if "schedule" in train else
+        "schedule": {"value": schedule or "cosine",
+                     "source": "--schedule as given" if schedule else
                      "cosine decay to zero after the warmup (SGDR, Loshchilov & Hutter 2017): the found LR is the "
                      "largest that trains stably, and decaying it lets the last epochs converge"},
         "notes": notes,

@@ -6,9 +6,9 @@ serves torchrun-style launches, a notebook's spawned ranks and a single process.
 """
 from __future__ import annotations
 
+import gc
 import logging
 import math
-import gc
 import os
 import re
 import statistics

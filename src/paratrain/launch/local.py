@@ -94,6 +94,7 @@ def launch_local(cfg: TrainConfig, placement: Placement, run_dir: Path) -> Optio
     # Another node's terminal shows one line at the end: the C++ store's retries while it waits for
     # node 0 (and its ranks' output before they open their logs) go to a file in its agent directory.
     quiet = _stderr_to(elastic_logs / "agent-stderr.log") if cfg.node_rank else nullcontext()
+    agent_output = f"; this node's agent output: {elastic_logs / 'agent-stderr.log'}" if cfg.node_rank else ""
     # torch 2.13's agents keep one TCP store for the ranks across restarts, with the last attempt's
     # keys in it: restarted gloo ranks read their peers' old addresses and fail to connect. With
     # restarts, rank 0 hosts a fresh store for every attempt instead (torch's own opt-out).
@@ -116,12 +117,11 @@ def launch_local(cfg: TrainConfig, placement: Placement, run_dir: Path) -> Optio
         # paratrain's own errors are whole sentences; torch's record prefixes their class names.
         reason = re.sub(r"^(CollectiveFailed|MemoryLimitExceeded): ", "", _last_line(message)) or f"exit code {failure.exitcode}"
         restarts = f" after {cfg.max_restarts} restart(s)" if cfg.max_restarts else ""
-        raise RanksFailed(f"rank {rank} failed{restarts}: {reason} (see {run_dir / 'logs' / f'rank{rank}.log'})") from None
+        raise RanksFailed(f"rank {rank} failed{restarts}: {reason} (see {run_dir / 'logs' / f'rank{rank}.log'}"
+                          f"{agent_output})") from None
     except RendezvousError as exc:
-        raise RendezvousFailed(rendezvous_failure(cfg, exc)) from None
-    finally:
-        if cfg.node_rank:
-            shutil.rmtree(elastic_logs, ignore_errors=True)
+        raise RendezvousFailed(rendezvous_failure(cfg, exc) + agent_output) from None
+    # Kept when the run failed, like node 0's agent files; removed after a clean run.
     shutil.rmtree(elastic_logs, ignore_errors=True)
     # Rank 0 returns the summary; across nodes it runs on node 0 and the other nodes get None.
     return next((summary for summary in results.values() if summary is not None), None)

@@ -67,31 +67,43 @@ def detect_tasks(env: Mapping[str, str]) -> Optional[Tasks]:
     port = env.get("MASTER_PORT")
     if "SLURM_PROCID" in env and "SLURM_STEP_NUM_TASKS" in env:
         job = f"{env.get('SLURM_JOB_ID', '0')}.{env.get('SLURM_STEP_ID', '0')}"
-        node = int(env.get("SLURM_NODEID", 0))
+        node = _int(env, "SLURM_NODEID", 0)
         per_node = expand_tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or "1")
-        nodes = int(env.get("SLURM_STEP_NUM_NODES") or env.get("SLURM_NNODES") or len(per_node))
+        nodes = _int(env, "SLURM_STEP_NUM_NODES") or _int(env, "SLURM_NNODES") or len(per_node)
         hosts = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
         cpus = env.get("SLURM_CPUS_PER_TASK")
-        return Tasks("srun", int(env["SLURM_PROCID"]), int(env["SLURM_STEP_NUM_TASKS"]), int(env.get("SLURM_LOCALID", 0)),
+        return Tasks("srun", _int(env, "SLURM_PROCID"), _int(env, "SLURM_STEP_NUM_TASKS"), _int(env, "SLURM_LOCALID", 0),
                      per_node[min(node, len(per_node) - 1)], node, nodes,
                      env.get("MASTER_ADDR") or (first_host(hosts) if hosts else None),
                      # A port of the job's own: two jobs sharing a first node must not pick the same one.
-                     int(port) if port else 29500 + int(env.get("SLURM_JOB_ID", "0") or 0) % 2000,
+                     _int(env, "MASTER_PORT") if port else 29500 + (_int(env, "SLURM_JOB_ID") or 0) % 2000,
                      job, int(cpus) if cpus and cpus.isdigit() else None)
     for rank, size, local_rank, local_size in (
             ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
             ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS")):
         if rank in env and size in env:
-            world = int(env[size])
-            local = int(env.get(local_size, world))
+            world = _int(env, size)
+            local = _int(env, local_size, world)
             # Every process of one job sees the same job id: Open MPI 5 (PMIx), 4, Hydra.
             job = env.get("PMIX_NAMESPACE") or env.get("OMPI_MCA_ess_base_jobid") or env.get("PMI_JOBID") or "0"
             # All ranks on this machine: rank 0 is here too. Across machines only the user knows.
             here = "127.0.0.1" if local == world else None
-            return Tasks("mpirun", int(env[rank]), world, int(env.get(local_rank, 0)), local, 0, 1,
+            return Tasks("mpirun", _int(env, rank), world, _int(env, local_rank, 0), local, 0, 1,
                          env.get("MASTER_ADDR") or here,
-                         int(port) if port else 29500 + zlib.crc32(job.encode()) % 2000, job)
+                         _int(env, "MASTER_PORT") if port else 29500 + zlib.crc32(job.encode()) % 2000, job)
     return None
+
+
+def _int(env: Mapping[str, str], name: str, default: Optional[int] = None) -> Optional[int]:
+    """A launcher's variable as a number; one line naming it when it is not one."""
+    text = env.get(name)
+    if text is None or text == "":
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise UsageError(f"{name}={text!r} in the environment is not a number; unset it or set it to the launcher's "
+                         "value") from None
 
 
 def expand_tasks_per_node(text: str) -> list[int]:

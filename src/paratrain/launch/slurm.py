@@ -7,7 +7,7 @@ for torchrun under SLURM. So a job's resources follow from its ranks per node R:
 
     --gres=gpu[:TYPE]:R             one GPU per rank (GPU nodes)
     --cpus-per-task=R x C           C = --cpus-per-worker cores per rank
-    srun --cpus-per-task=R x C      Slurm 22.05 to 23.02 do not pass the job's value on to srun
+    srun --cpus-per-task=R x C      Slurm 22.05 stopped passing the job's value on to srun (harmless elsewhere)
 
 A study's points are one job each, writing the same run directories `paratrain scale` would
 (OUT/runs/<point>), beside OUT/study.json; a last job, after all of them, runs `paratrain report
@@ -26,6 +26,7 @@ from typing import Any
 from paratrain.config import ScaleConfig, SlurmConfig, SweepConfig, TrainConfig, flag, validate
 from paratrain.errors import RunFailed, UsageError
 from paratrain.runs import write_json
+from paratrain.runs.lock import run_dir_entries
 
 # The rendezvous port on the job's first node: torchrun's 29500, offset by the job id so that two
 # jobs sharing a first node do not meet at one port (as launch/nodes.py does for srun's ranks).
@@ -49,7 +50,7 @@ def write_slurm(target: str, command: dict[str, Any], slurm: SlurmConfig) -> dic
     if slurm.out is None:
         raise UsageError("--out DIR is required: the results and the scripts (DIR/slurm/) go there")
     out = slurm.out.absolute()
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    if out.exists() and (not out.is_dir() or run_dir_entries(out)):
         raise UsageError(f"--out {out} already exists and is not empty; choose another --out")
     sbatch = shutil.which("sbatch")
     if slurm.submit and sbatch is None:

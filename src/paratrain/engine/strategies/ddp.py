@@ -163,40 +163,41 @@ def _backend_allreduce(strategy: DataParallel, bucket: dist.GradBucket) -> torch
     return future.then(lambda fut: fut.value()[0])
 
 
-def _shm_average(strategy: DataParallel, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    # Buckets wait until the last one is ready and are then averaged together: the ranks meet
-    # once per step instead of once per bucket, and each meeting costs the wait for the slower
-    # rank. Little is lost to overlap on CPU: averaging would use the rank's own core, as backward does.
+def _at_the_last_bucket(strategy: DataParallel, bucket: dist.GradBucket,
+                        average: Callable[[torch.Tensor], tuple[torch.Tensor, int]]) -> torch.futures.Future[torch.Tensor]:
+    """Hold each bucket until the last one is ready, then `average` them all (each call returns the
+    averaged bucket and the bytes this rank handed over): the ranks meet once per step instead of
+    once per bucket, and each meeting costs the wait for the slower rank. Little is lost to
+    overlap on CPU: averaging would use the rank's own core, as backward does."""
     future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     strategy._pending.append((bucket.buffer(), future))
     if bucket.is_last():
         strategy._last_launch = strategy.stamp()
         for buffer, pending in strategy._pending:
-            strategy._bytes += _nbytes(buffer)
-            pending.set_result(strategy._shm.average_(buffer))
+            averaged, sent = average(buffer)
+            strategy._bytes += sent
+            pending.set_result(averaged)
         strategy._pending.clear()
     return future
+
+
+def _shm_average(strategy: DataParallel, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    return _at_the_last_bucket(strategy, bucket, lambda buffer: (strategy._shm.average_(buffer), _nbytes(buffer)))
 
 
 def _reduce_to_one(strategy: DataParallel, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     # --reduce ps, a synchronous parameter server made of torch.distributed's reduce and broadcast:
     # rank 0 receives every rank's gradient and sends the average back to each, so its traffic
-    # grows with the ranks where a ring all-reduce's stays flat. Buckets are held until the last,
-    # as the shared-memory hook does, so the server meets the ranks once per step. Each bucket is
-    # divided before it is summed, as the all-reduce hook does: with 2 ranks the two agree bitwise.
-    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    strategy._pending.append((bucket.buffer(), future))
-    if bucket.is_last():
-        strategy._last_launch = strategy.stamp()
-        for buffer, pending in strategy._pending:
-            buffer.div_(strategy.ctx.world_size)
-            dist.reduce(buffer, dst=0)
-            dist.broadcast(buffer, src=0)
-            # Every rank hands its gradient to the reduce; rank 0 also hands the average to the broadcast.
-            strategy._bytes += _nbytes(buffer) * (2 if strategy.ctx.is_main else 1)
-            pending.set_result(buffer)
-        strategy._pending.clear()
-    return future
+    # grows with the ranks where a ring all-reduce's stays flat. Each bucket is divided before it
+    # is summed, as the all-reduce hook does: with 2 ranks the two agree bitwise.
+    def via_rank_0(buffer: torch.Tensor) -> tuple[torch.Tensor, int]:
+        buffer.div_(strategy.ctx.world_size)
+        dist.reduce(buffer, dst=0)
+        dist.broadcast(buffer, src=0)
+        # Every rank hands its gradient to the reduce; rank 0 also hands the average to the broadcast.
+        return buffer, _nbytes(buffer) * (2 if strategy.ctx.is_main else 1)
+
+    return _at_the_last_bucket(strategy, bucket, via_rank_0)
 
 
 def _local_sgd(strategy: DataParallel, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
