@@ -6,8 +6,11 @@ one core each (async-ps: 2 workers plus 1 server rank, 3 ranks on the 2 cores, u
 server takes time from the workers), and the 1-worker run gives the base. The LR is given for a batch of
 32 and scaled linearly with the batch each update averages (`--base-batch-size 32`), so every
 configuration gets the same rule. Runs alternate (base, sync, accum, ..., base, sync, ...) because the
-machine's speed drifts; the table gives medians of samples/s (epochs after the first) and of test
-accuracy, and efficiency = samples/s / (2 x the base's).
+machine's speed drifts; repeat r runs every configuration with --seed r (the same initial model,
+order and augmentation for all of them within a repeat, another across repeats: a single seed's
+accuracy differs between configurations by a point or so by luck). The table gives medians of
+samples/s (epochs after the first) and of test accuracy, and efficiency = samples/s / (2 x the base's),
+of the medians and, in brackets, the median of each repeat's own ratio.
 
     .venv/bin/python benchmarks/synchronisation.py --repeats 3 -- --data-dir ../shared/datasets/cifar10-jpg.tar.gz
 
@@ -32,9 +35,13 @@ TWO = ["--workers", "2"]
 CONFIGURATIONS = {
     "1 worker (base)": ["--workers", "1"],
     "sync every step (ddp)": TWO,
+    "--grad-accum 2": [*TWO, "--grad-accum", "2"],
     "--grad-accum 4": [*TWO, "--grad-accum", "4"],
     "--sync-every 4": [*TWO, "--sync-every", "4"],
     "--sync-every 8": [*TWO, "--sync-every", "8"],
+    # Post-local SGD as Lin et al. (2020) run it: synchronous until the model has left its first
+    # steep descent (here the first epoch, 782 steps of 64), then local.
+    "--sync-every 8 --sync-warmup 782": [*TWO, "--sync-every", "8", "--sync-warmup", "782"],
     "--grad-compression fp16": [*TWO, "--grad-compression", "fp16"],
     "--grad-compression powersgd": [*TWO, "--grad-compression", "powersgd"],
     "async-ps": ["--workers", "3", "--strategy", "async-ps", "--allow-oversubscribe"],
@@ -60,24 +67,30 @@ def table(results: dict[str, list[dict]]) -> str:
     base = statistics.median(r["samples_per_s"] for r in base_runs) if base_runs else None
     sync = [r for r in results.get("sync every step (ddp)", []) if r.get("status") == "completed"]
     sync_accuracy = statistics.median(r["test_accuracy"] for r in sync) if sync else None
-    lines = ["| configuration | samples/s (median; runs) | efficiency vs 1 worker | test accuracy | vs sync every step | "
-             "exposed comm / step | bytes sent / step / rank | path |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| configuration | samples/s (median; runs) | efficiency vs 1 worker (paired by repeat) | test accuracy (median; runs) | vs sync every step | "
+             "train time, all epochs | exposed comm / step | bytes sent / step / rank | path |", "|---|---|---|---|---|---|---|---|---|"]
     for name, runs in results.items():
         done = [r for r in runs if r.get("status") == "completed"]
         if not done:
-            lines.append(f"| {name} | failed: {runs[0].get('error', '?')} | | | | | | |")
+            lines.append(f"| {name} | failed: {runs[0].get('error', '?')} | | | | | | | |")
             continue
         rate = statistics.median(r["samples_per_s"] for r in done)
         accuracy = statistics.median(r["test_accuracy"] for r in done)
         workers = 1 if name.startswith("1 worker") else 2
-        efficiency = f"{rate / (workers * base):.2f}" if base else "n/a"
+        efficiency = f"{rate / (workers * base):.3f}" if base else "n/a"
+        # The same repeat's base, run minutes apart rather than across the whole benchmark's drift.
+        paired = [r["samples_per_s"] / (workers * b["samples_per_s"]) for r, b in zip(runs, results["1 worker (base)"])
+                  if r.get("status") == "completed" and b.get("status") == "completed"]
+        efficiency += f" ({statistics.median(paired):.3f})" if paired else ""
         versus = f"{(accuracy - sync_accuracy) * 100:+.1f} pt" if sync_accuracy is not None and workers > 1 else ""
         comm = statistics.median(r["breakdown"]["comm_s"] for r in done) * 1e3
+        train_time = statistics.median(r["train_time_s"] for r in done)
         sent = done[-1].get("comm_bytes_per_step")
         sent_text = "/".join(f"{b / 1024:,.0f} KiB" for b in sent) if sent else "n/a"
         path = done[-1].get("allreduce") or "none"
         rates = ", ".join(f"{r['samples_per_s']:,.0f}" for r in done)
-        lines.append(f"| {name} | {rate:,.0f} ({rates}) | {efficiency} | {accuracy:.2%} | {versus} | {comm:.2f} ms | "
+        accuracies = ", ".join(f"{r['test_accuracy']:.1%}" for r in done)
+        lines.append(f"| {name} | {rate:,.0f} ({rates}) | {efficiency} | {accuracy:.2%} ({accuracies}) | {versus} | {train_time:.0f} s | {comm:.2f} ms | "
                      f"{sent_text} | {path} |")
     return "\n".join(lines)
 
@@ -102,7 +115,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
             for i, name in enumerate(names):
-                summary = run(CONFIGURATIONS[name], shared, Path(tmp) / f"{i}-{repeat}")
+                summary = run([*CONFIGURATIONS[name], "--seed", str(repeat)], shared, Path(tmp) / f"{i}-{repeat}")
                 results[name].append(summary)
                 print(f"repeat {repeat + 1} {name}: {summary.get('status')} {summary.get('samples_per_s', 0):,.0f} samples/s, "
                       f"test accuracy {summary.get('test_accuracy', 0):.2%}, {summary.get('command_s', 0):.0f} s", file=sys.stderr)

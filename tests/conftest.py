@@ -44,7 +44,8 @@ def free_port() -> int:
 def train_spawned(rank: int, out: Path, ports: Sequence[int], runs: dict[str, tuple[dict, dict]]) -> None:
     """On one of two ranks started with torch.multiprocessing: each named run of `runs` ({name:
     (config overrides, placement)}) in out/name, one after another, each on a port of its own (a
-    port is not reused at once after a process group closes); rank 0 writes the summary."""
+    port is not reused at once after a process group closes); rank 0 writes the configuration and
+    the summary, as the launcher would."""
     from paratrain.config import TrainConfig
     from paratrain.engine.loop import run_rank
 
@@ -55,6 +56,7 @@ def train_spawned(rank: int, out: Path, ports: Sequence[int], runs: dict[str, tu
         cfg = TrainConfig.model_validate(synthetic(Path(out), run_dir=run_dir, **overrides)).model_dump(mode="json")
         summary = run_rank(cfg, placement, str(run_dir))
         if rank == 0:
+            (run_dir / "config.json").write_text(json.dumps(cfg))
             (run_dir / "summary.json").write_text(json.dumps(summary))
 
 

@@ -16,7 +16,7 @@ import paratrain
 from conftest import free_port, synthetic, train_spawned
 from paratrain.cli import main
 from paratrain.config import TrainConfig
-from paratrain.plan import pareto
+from paratrain.plan import calibrate, pareto
 from paratrain.plan.devices import GPUS
 from paratrain.plan.links import LINKS, Link
 from paratrain.plan.memory import Layout, memory_per_device
@@ -90,6 +90,48 @@ def test_fsdp_and_zero1_shrink_what_the_plan_says_they_shrink(runs):
     assert fsdp["parameters_bytes"] == pytest.approx(ddp["parameters_bytes"] / 2)
     assert zero1["optimizer_bytes"] == pytest.approx(ddp["optimizer_bytes"] / 2)
     assert zero1["parameters_bytes"] == ddp["parameters_bytes"]
+
+
+def test_calibration_from_real_runs_predicts_their_own_compute(runs, capsys):
+    """Calibrated from the single run (batch 8) and the ddp run (2 ranks, batch 4 each), the plan's
+    compute for 1 and 2 devices at those batches is what those runs measured (on 2, with the wait
+    for the other rank that the link model leaves out): one batch size per count gives the
+    efficiency alone, no fixed cost."""
+    single, ddp = (json.loads((runs / name / "summary.json").read_text()) for name in ("single", "ddp"))
+    rows = {}
+    for batch in (8, 4):
+        assert main(["plan", "--workload", "gpt-tiny", "--seq-len", "64", "--device", "cpu", "--gpus", "2", "--strategy", "ddp",
+                     "--optimizer", "adam", "--batch-size", str(batch), "--calibrate", str(runs / "single"), str(runs / "ddp"),
+                     "--json"]) == 0
+        plan = json.loads(capsys.readouterr().out)
+        rows[batch] = {r["devices"]: r for r in plan["rows"]}
+    assert [c["fixed_compute_s"] for c in plan["device"]["calibrated_by_devices"]] == [0.0, 0.0]
+    assert rows[8][1]["time"]["compute_s"] == pytest.approx(single["breakdown"]["compute_s"], rel=1e-3)
+    waiting = max(ddp["breakdown"]["comm_s"] - rows[4][2]["time"]["exposed_comm_s"], 0.0)
+    assert rows[4][2]["time"]["compute_s"] == pytest.approx(ddp["breakdown"]["compute_s"] + waiting, rel=1e-3)
+
+
+def test_runs_at_two_batch_sizes_split_the_compute_into_a_fixed_cost_and_an_efficiency():
+    """Compute seconds = 2 ms + FLOPs / (0.25 x peak) (x 1.2 on two ranks), at 16 and 64 samples a
+    rank: the fit gives both back; the 0.4 ms two ranks wait beyond the predicted communication
+    counts as busy time, and the optimizer's 0.2 ms beyond its estimate as overhead. At one batch
+    size the fixed cost cannot be told apart: the efficiency is that batch's."""
+    peak, flops = 1e11, 1e7
+
+    def summary(workers: int, batch: int) -> dict:
+        compute = 2e-3 + flops * batch / (0.25 * peak) * (1.2 if workers == 2 else 1.0)
+        return {"workers": workers, "batch_size": batch, "flops_per_sample": flops, "mfu_peak": {"per_device": peak},
+                "breakdown": {"compute_s": compute, "data_s": 1e-4, "other_s": 0.0, "optimizer_s": 3e-4,
+                              "comm_s": 5e-4 if workers == 2 else 0.0}, "_path": f"w{workers}b{batch}"}
+
+    planned = {"exposed_comm_s": 1e-4, "optimizer_s": 1e-4}
+    eff = calibrate.fit([summary(w, b) for w in (1, 2) for b in (16, 64)], lambda _: planned)
+    assert eff.fixed_compute_s(1) == pytest.approx(2e-3) and eff.compute_for(1) == pytest.approx(0.25)
+    assert eff.fixed_compute_s(2) == pytest.approx(2.4e-3) and eff.compute_for(2) == pytest.approx(0.25 / 1.2)
+    assert eff.overhead_s == pytest.approx(3e-4)
+    one = calibrate.fit([summary(1, 16)], lambda _: planned)
+    assert one.fixed_compute_s(1) == 0.0
+    assert one.compute_for(1) == pytest.approx(flops * 16 / peak / summary(1, 16)["breakdown"]["compute_s"])
 
 
 GB = 1e9

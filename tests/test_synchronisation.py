@@ -20,7 +20,7 @@ import torch.multiprocessing as mp
 
 from conftest import free_port, train_spawned
 from paratrain.cli import main
-from paratrain.measure.commbench import fit_alpha_beta
+from paratrain.measure.commbench import TOLERANCE, fit_alpha_beta, fit_regimes, regime_for
 
 # 256 samples / a global batch of 64: 4 optimizer steps.
 COMMON = dict(workers=2, epochs=1, synthetic_samples=256, batch_size=32, lr=0.05, log_every=1, checkpoint_every=1)
@@ -208,6 +208,52 @@ def test_alpha_beta_fit_recovers_the_model_and_reports_its_error():
     fit = fit_alpha_beta(noisy)
     assert max(map(abs, fit["errors"])) < 0.08
     assert fit["alpha_s"] == pytest.approx(50e-6, rel=0.1) and fit["beta_bytes_per_s"] == pytest.approx(2e9, rel=0.1)
+
+
+def test_a_line_that_fits_stays_one_regime_and_one_that_cannot_is_split_where_the_regime_changes():
+    sizes = [1024 * 4 ** k for k in range(10)]
+    line = [(n, 50e-6 + n / 2e9) for n in sizes]
+    fit = fit_regimes(line)
+    assert len(fit["regimes"]) == 1 and fit["regimes"][0]["up_to_bytes"] is None
+    assert max(map(abs, fit["errors"])) < 1e-9
+    # Small messages: 600 us of latency and a fast copy; from 16M on, half the bandwidth and no
+    # latency (a buffer past the caches): no single line is within the tolerance of both ends.
+    small, large = (lambda n: 600e-6 + n / 20e9), (lambda n: n / 1e9)
+    bent = [(n, small(n) if n <= 4 * 2**20 else large(n)) for n in sizes]
+    assert max(map(abs, fit_alpha_beta(bent)["errors"])) > TOLERANCE
+    fit = fit_regimes(bent)
+    low, high = fit["regimes"]
+    assert low["up_to_bytes"] == 4 * 2**20 and high["up_to_bytes"] is None
+    assert low["alpha_s"] == pytest.approx(600e-6, rel=1e-6) and low["beta_bytes_per_s"] == pytest.approx(20e9, rel=1e-6)
+    assert high["beta_bytes_per_s"] == pytest.approx(1e9, rel=1e-6)
+    assert max(map(abs, fit["errors"])) < 1e-9 and len(fit["errors"]) == len(sizes)
+    assert regime_for(fit["regimes"], 1e6) is low and regime_for(fit["regimes"], 5 * 2**20) is high
+    # Past 32M every call also faults in fresh pages: a third regime, at a quarter of the bandwidth.
+    sizes = [1024 * 2 ** k for k in range(19)]
+    three = [(n, small(n) if n <= 4 * 2**20 else large(n) if n <= 32 * 2**20 else n / 0.25e9) for n in sizes]
+    assert max(map(abs, fit_regimes(three)["errors"])) < 1e-9
+    assert [r["up_to_bytes"] for r in fit_regimes(three)["regimes"]] == [4 * 2**20, 32 * 2**20, None]
+
+
+def test_commbench_measures_every_collective_and_the_plan_reads_its_fit(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    assert main(["commbench", "--workers", "2", "--max-size", "256K", "--seconds-per-size", "0.02", "--out", str(out)]) == 0
+    capsys.readouterr()
+    bench = json.loads(out.read_text())
+    assert bench["schema"] == "paratrain.commbench/1" and bench["ranks"] == 2 and bench["backend"] == "gloo"
+    series = {(c["op"], c["path"]): c for c in bench["collectives"]}
+    assert set(series) == {("all_reduce", "gloo"), ("broadcast", "gloo"), ("all_gather", "gloo"), ("reduce_scatter", "gloo"),
+                           ("all_reduce", "shm")}      # 2 cores, one pinned to each rank: DDP's shared-memory path too
+    for c in series.values():
+        assert [p["bytes"] for p in c["points"]] == [1024 * 2 ** k for k in range(9)]
+        assert all(p["seconds"] > 0 and p["error"] == pytest.approx((p["fit_seconds"] - p["seconds"]) / p["seconds"])
+                   for p in c["points"])
+        assert c["max_error"] == pytest.approx(max(abs(p["error"]) for p in c["points"]))
+    assert bench["fit"]["path"] == "shm" and bench["fit"]["regimes"] == series[("all_reduce", "shm")]["regimes"]
+    assert main(["plan", "--workload", "synthetic-cnn", "--device", "cpu", "--gpus", "2", "--interconnect", str(out), "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    link, regime = plan["device"]["intra_node_link"], regime_for(bench["fit"]["regimes"], plan["model"]["param_bytes"])
+    assert link["name"] == "commbench:bench.json" and link["base_latency_s"] == pytest.approx(regime["alpha_s"])
 
 
 @pytest.mark.parametrize("args, wanted", [

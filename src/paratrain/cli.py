@@ -269,8 +269,12 @@ def _commbench(args: argparse.Namespace) -> int:
 
     result = run_commbench(validate(CommbenchConfig, {k: v for k, v in vars(args).items() if k not in ("handler", "command")}))
     for c in result["collectives"]:
-        beta = f"{c['beta_bytes_per_s'] / 1e9:.2f} GB/s" if c["beta_bytes_per_s"] else "unbounded"
-        print(f"{c['op']:15} {c['path']:5} alpha {c['alpha_s'] * 1e6:8.1f} us  beta {beta:>10}  worst fit error {c['max_error']:.0%}")
+        regimes = []
+        for r in c["regimes"]:
+            beta = f"{r['beta_bytes_per_s'] / 1e9:.2f} GB/s" if r["beta_bytes_per_s"] else "unbounded"
+            upto = "" if len(c["regimes"]) == 1 else "larger: " if r["up_to_bytes"] is None else f"to {r['up_to_bytes'] // 1024:,}K: "
+            regimes.append(f"{upto}alpha {r['alpha_s'] * 1e6:.1f} us, beta {beta}")
+        print(f"{c['op']:15} {c['path']:5} worst fit error {c['max_error']:4.0%}  {'; '.join(regimes)}")
     print(f"saved: {result['path']}")
     return 0
 

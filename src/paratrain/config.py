@@ -778,12 +778,12 @@ class CommbenchConfig(BaseModel):
     workers: int = Field(2, gt=1, description="ranks taking part (at least 2)")
     out: Optional[Path] = Field(None, description="the JSON result (default: <cache>/commbench/<backend>-<device>-w<N>.json); paratrain plan --interconnect FILE reads it")
     min_size: str = Field("1K", description="smallest message, e.g. 1K")
-    max_size: str = Field("256M", description="largest message, e.g. 256M; sizes go up by 4x from --min-size")
+    max_size: str = Field("256M", description="largest message, e.g. 256M; sizes go up by 2x from --min-size")
     backend: Backend = TrainConfig.model_fields["backend"]
     device: Device = TrainConfig.model_fields["device"]
     threads_per_worker: Optional[int] = TrainConfig.model_fields["threads_per_worker"]
     allow_oversubscribe: bool = TrainConfig.model_fields["allow_oversubscribe"]
-    seconds_per_size: float = Field(0.2, gt=0, description="seconds spent timing each collective at each size, in 5 rounds (the median round counts)")
+    seconds_per_size: float = Field(0.2, gt=0, description="seconds spent timing each collective at each size: a tenth warming up, then 7 rounds (the median round counts)")
 
     @field_validator("min_size", "max_size")
     @classmethod

@@ -115,7 +115,7 @@ def launch_local(cfg: TrainConfig, placement: Placement, run_dir: Path) -> Optio
             rank = cfg.node_rank * cfg.workers_per_node + failure.local_rank
         message = failure.message.get("message", "") if isinstance(failure.message, dict) else str(failure.message)
         # paratrain's own errors are whole sentences; torch's record prefixes their class names.
-        reason = re.sub(r"^(CollectiveFailed|MemoryLimitExceeded): ", "", _last_line(message)) or f"exit code {failure.exitcode}"
+        reason = re.sub(r"^(CollectiveFailed|MemoryLimitExceeded): ", "", last_line(message)) or f"exit code {failure.exitcode}"
         restarts = f" after {cfg.max_restarts} restart(s)" if cfg.max_restarts else ""
         raise RanksFailed(f"rank {rank} failed{restarts}: {reason} (see {run_dir / 'logs' / f'rank{rank}.log'}"
                           f"{agent_output})") from None
@@ -170,7 +170,7 @@ def rendezvous_failure(cfg: TrainConfig, exc: RendezvousError) -> str:
     if isinstance(exc, RendezvousTimeoutError):
         return (f"not every node joined {where} within --rdzv-timeout {cfg.rdzv_timeout:g} s (--nodes {cfg.nodes}); start "
                 "the same command with each --node-rank on the other nodes")
-    cause = _last_line(str(exc.__cause__ or exc)) or type(exc).__name__
+    cause = last_line(str(exc.__cause__ or exc)) or type(exc).__name__
     if cfg.node_rank == 0:
         return (f"node 0 cannot host {where} ({cause}); --rdzv must be an address of this machine that the other nodes "
                 "can reach, with a free port")
@@ -190,7 +190,7 @@ def _run_here(cfg: TrainConfig, placement: Placement, run_dir: Path) -> Optional
         with scoped_environ(thread_env(placement.threads_per_worker)):
             return run_rank(cfg.model_dump(mode="json"), placement.to_dict(), str(run_dir))
     except Exception as exc:
-        reason = _last_line(str(exc)) or type(exc).__name__
+        reason = last_line(str(exc)) or type(exc).__name__
         raise RanksFailed(f"rank 0 failed: {reason} (see {run_dir / 'logs' / 'rank0.log'})") from None
     finally:
         os.sched_setaffinity(0, affinity)
@@ -213,6 +213,6 @@ def _stderr_to(path: Path) -> Iterator[None]:
         os.close(saved)
 
 
-def _last_line(text: str) -> str:
+def last_line(text: str) -> str:
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     return lines[-1] if lines else ""

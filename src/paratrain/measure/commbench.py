@@ -3,18 +3,25 @@
 N local ranks (pinned as training ranks are, under PyTorch's elastic launcher) time all-reduce,
 broadcast, all-gather and reduce-scatter on the process group's backend, and the shared-memory
 average that DDP uses between CPU ranks (engine/shm_allreduce.py), over message sizes from
---min-size to --max-size in steps of 4x. Sizes follow nccl-tests' convention: the whole buffer
+--min-size to --max-size in steps of 2x. Sizes follow nccl-tests' convention: the whole buffer
 (all-reduce and broadcast: the tensor; all-gather: the gathered output; reduce-scatter: the
-input), float32. Each size is timed in 5 rounds of back-to-back repetitions between barriers; a
-round's time is the slowest rank's mean, and the collective's time the median round.
+input), float32. Each size is warmed up, then timed in rounds of back-to-back repetitions between
+barriers, the sizes in turn; a round's time is the slowest rank's mean, and the collective's time
+the median round.
 
 Each collective's times are fitted to t(n) = alpha + n / beta (Hockney's latency-bandwidth
 model), minimising the relative error at every size, since the sizes span five orders of
-magnitude; the result keeps each size's error so the fit can be judged where it is used.
+magnitude. Where one line misses some size by more than TOLERANCE, the sizes are split in two or
+three regimes, each its own alpha-beta line, where they fit best: a collective library switches
+algorithm and protocol with the message size (Thakur, Rabenseifner & Gropp 2005: short and long
+messages take different algorithms in MPICH), and a buffer outgrows the caches or glibc's mmap
+threshold (32 MiB at most), past which each call faults in fresh pages. The result keeps each
+size's error so the fit can be judged where it is used.
 """
 from __future__ import annotations
 
 import datetime as _dt
+import itertools
 import math
 import platform
 import statistics
@@ -22,13 +29,14 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
 
 from paratrain.config import CommbenchConfig, parse_size
 from paratrain.engine.distributed import Placement, init_rank, shutdown
+from paratrain.errors import RunFailed
 from paratrain.engine.shm_allreduce import open_shared_average
 from paratrain.launch.placement import core_sets, available_cores, resolve_backend, resolve_device
 from paratrain.runs import write_json
@@ -36,6 +44,14 @@ from paratrain.runs import write_json
 SCHEMA = "paratrain.commbench/1"
 OPERATIONS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter")
 # nccl-tests PERFORMANCE.md: bus bandwidth = algorithm bandwidth x this factor, comparable across ops.
+# A fit that misses no measured size by more than this is one line; otherwise more regimes are tried.
+TOLERANCE = 0.15
+MAX_REGIMES = 3
+SIZE_FACTOR = 2             # nccl-tests' usual -f 2: each size twice the last
+# A regime has at least this many sizes: one more than its two parameters, so each is checked by a
+# size it was not solved from.
+REGIME_MIN_SIZES = 3
+ROUNDS = 7
 BUS_FACTOR: dict[str, Callable[[int], float]] = {
     "all_reduce": lambda n: 2 * (n - 1) / n, "broadcast": lambda n: 1.0,
     "all_gather": lambda n: (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
@@ -52,7 +68,7 @@ def message_sizes(smallest: int, largest: int) -> list[int]:
     sizes, size = [], smallest
     while size <= largest:
         sizes.append(size)
-        size *= 4
+        size *= SIZE_FACTOR
     return sizes
 
 
@@ -60,8 +76,9 @@ def run_commbench(cfg: CommbenchConfig) -> dict[str, Any]:
     """Measure, fit, write the JSON file; returns what was written (with `path`)."""
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    from paratrain.launch.local import quiet_elastic_logs, scoped_environ, thread_env
+    from paratrain.launch.local import last_line, quiet_elastic_logs, scoped_environ, thread_env
 
     cuda = resolve_device(cfg.device)
     backend = resolve_backend(cfg.backend, cuda)
@@ -82,14 +99,20 @@ def run_commbench(cfg: CommbenchConfig) -> dict[str, Any]:
         launch = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=cfg.workers, run_id=str(uuid.uuid4()),
                               rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1,
                               start_method="spawn", logs_specs=DefaultLogsSpecs(log_dir=logs))
-        results = elastic_launch(launch, _bench_rank)(placement.to_dict(), sizes, cfg.seconds_per_size, with_shm)
+        try:
+            results = elastic_launch(launch, _bench_rank)(placement.to_dict(), sizes, cfg.seconds_per_size, with_shm)
+        except ChildFailedError as exc:
+            rank, failure = min(exc.failures.items())
+            message = failure.message.get("message", "") if isinstance(failure.message, dict) else str(failure.message)
+            reason = last_line(message) or f"exit code {failure.exitcode}"
+            raise RunFailed(f"commbench: rank {rank} failed: {reason}; nothing was saved") from None
     timings: dict[str, list[tuple[int, float]]] = results[0]
     collectives = []
     for (op, path), points in timings.items():
-        fit = fit_alpha_beta(points)
+        line, fit = fit_alpha_beta(points), fit_regimes(points)
         collectives.append({
-            "op": op, "path": path, "alpha_s": fit["alpha_s"], "beta_bytes_per_s": fit["beta_bytes_per_s"],
-            "max_error": max(abs(e) for e in fit["errors"]),
+            "op": op, "path": path, "alpha_s": line["alpha_s"], "beta_bytes_per_s": line["beta_bytes_per_s"],
+            "line_max_error": _largest(line["errors"]), "regimes": fit["regimes"], "max_error": _largest(fit["errors"]),
             "points": [{"bytes": n, "seconds": t, "algbw_bytes_per_s": n / t, "busbw_bytes_per_s": n / t * BUS_FACTOR[op](cfg.workers),
                         "fit_seconds": f, "error": e}
                        for (n, t), f, e in zip(points, fit["fitted"], fit["errors"])],
@@ -103,7 +126,8 @@ def run_commbench(cfg: CommbenchConfig) -> dict[str, Any]:
         "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         # The all-reduce on the path DDP averages gradients with here: what a planner models a step with.
         "fit": {"op": "all_reduce", "path": training_path, "alpha_s": allreduce["alpha_s"],
-                "beta_bytes_per_s": allreduce["beta_bytes_per_s"], "max_error": allreduce["max_error"], "ranks": cfg.workers},
+                "beta_bytes_per_s": allreduce["beta_bytes_per_s"], "line_max_error": allreduce["line_max_error"],
+                "regimes": allreduce["regimes"], "max_error": allreduce["max_error"], "ranks": cfg.workers},
         "collectives": collectives,
     }
     write_json(out, result)
@@ -118,12 +142,13 @@ def _bench_rank(placement: dict[str, Any], sizes: list[int], seconds: float, wit
         timings: dict[tuple[str, str], list[tuple[int, float]]] = {}
         backend = dist.get_backend()
         for op in OPERATIONS:
-            timings[(op, backend)] = [(n, _time(_collective(op, n, world, device), seconds, device)) for n in sizes]
+            timings[(op, backend)] = list(zip(sizes, _time_sizes([_collective(op, n, world, device) for n in sizes],
+                                                                 seconds, device)))
         if shm is not None:
             def average(n: int) -> Callable[[], Any]:
                 flat = torch.ones(n // 4, device=device)
                 return lambda: shm.average_(flat)
-            timings[("all_reduce", "shm")] = [(n, _time(average(n), seconds, device)) for n in sizes]
+            timings[("all_reduce", "shm")] = list(zip(sizes, _time_sizes([average(n) for n in sizes], seconds, device)))
         return timings if ctx.is_main else {}
     finally:
         shutdown()
@@ -142,15 +167,20 @@ def _collective(op: str, nbytes: int, world: int, device: torch.device) -> Calla
     return lambda: dist.reduce_scatter_single(part, whole)
 
 
-def _time(run: Callable[[], Any], seconds: float, device: torch.device, rounds: int = 5) -> float:
-    """Seconds of one call: the median over `rounds` of the slowest rank's mean over back-to-back
-    calls (the median, so that a round another process interrupted does not count); every rank
-    runs the same repetitions."""
-    run()       # warm-up: connections, buffers
-    _sync(device)
-    once = _round(run, 1, device)
-    repeats = max(1, min(200, math.ceil(seconds / rounds / max(once, 1e-9))))
-    return statistics.median(_round(run, repeats, device) for _ in range(rounds))
+def _time_sizes(runs: list[Callable[[], Any]], seconds: float, device: torch.device, rounds: int = ROUNDS) -> list[float]:
+    """Seconds of one call of each of `runs` (one per size): the median over `rounds` of the slowest
+    rank's mean over back-to-back calls (the median, so that a round another process interrupted
+    does not count); every rank runs the same repetitions. The rounds go over the sizes in turn, so
+    that a noisy second of the machine costs one round of many sizes rather than every round of
+    one. A tenth of the time goes to warming each size up first (connections, buffers, the
+    backend's threads): one call was not enough, the first size timed came out slowest."""
+    repeats = []
+    for run in runs:
+        once = _round(run, 1, device)
+        _round(run, max(2, min(200, math.ceil(seconds / 10 / max(once, 1e-9)))), device)
+        repeats.append(max(1, min(400, math.ceil(seconds / rounds / max(once, 1e-9)))))
+    times = [[_round(run, n, device) for run, n in zip(runs, repeats)] for _ in range(rounds)]
+    return [statistics.median(per_round) for per_round in zip(*times)]
 
 
 def _round(run: Callable[[], Any], repeats: int, device: torch.device) -> float:
@@ -187,3 +217,37 @@ def fit_alpha_beta(points: list[tuple[int, float]]) -> dict[str, Any]:
     fitted = (alpha + sizes * g).tolist()
     return {"alpha_s": alpha, "beta_bytes_per_s": 1 / g if g > 0 else None, "fitted": fitted,
             "errors": [(f - t) / t for f, t in zip(fitted, times.tolist())]}
+
+
+def fit_regimes(points: list[tuple[int, float]]) -> dict[str, Any]:
+    """The fewest alpha-beta lines, one per regime of consecutive sizes (REGIME_MIN_SIZES or more
+    each, MAX_REGIMES at most), that fit every size within TOLERANCE; if none does, the split whose
+    worst size fits best. `regimes`: [{"up_to_bytes" (the regime's largest measured size; None for
+    the last, which takes every larger message), "alpha_s", "beta_bytes_per_s"}], smallest sizes first."""
+    points = sorted(points)
+    best: Optional[tuple[float, list[dict[str, Any]], list[int]]] = None
+    for count in range(1, MAX_REGIMES + 1):
+        for inner in itertools.combinations(range(REGIME_MIN_SIZES, len(points) - REGIME_MIN_SIZES + 1), count - 1):
+            cuts = [0, *inner, len(points)]
+            if count > 1 and any(b - a < REGIME_MIN_SIZES for a, b in zip(cuts, cuts[1:])):
+                continue
+            fits = [fit_alpha_beta(points[a:b]) for a, b in zip(cuts, cuts[1:])]
+            worst = max(_largest(f["errors"]) for f in fits)
+            if best is None or worst < best[0]:
+                best = (worst, fits, cuts)
+        if best is not None and best[0] <= TOLERANCE:
+            break
+    _, fits, cuts = best         # count 1 always gives a line
+    regimes = [{"up_to_bytes": points[end - 1][0] if end < len(points) else None, "alpha_s": f["alpha_s"],
+                "beta_bytes_per_s": f["beta_bytes_per_s"]} for f, end in zip(fits, cuts[1:])]
+    return {"regimes": regimes, "fitted": [x for f in fits for x in f["fitted"]],
+            "errors": [e for f in fits for e in f["errors"]]}
+
+
+def regime_for(regimes: list[dict[str, Any]], nbytes: float) -> dict[str, Any]:
+    """The regime a message of `nbytes` falls in: the first whose largest size it does not exceed."""
+    return next(r for r in regimes if r["up_to_bytes"] is None or nbytes <= r["up_to_bytes"])
+
+
+def _largest(errors: list[float]) -> float:
+    return max(abs(e) for e in errors)

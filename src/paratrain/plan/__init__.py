@@ -41,12 +41,12 @@ def run_plan(cfg: PlanConfig) -> dict[str, Any]:
             if cfg.global_batch % n:
                 raise UsageError(f"--global-batch {cfg.global_batch} does not divide evenly over {n} devices; "
                                  f"use a multiple of {n} (e.g. {cfg.global_batch // n * n or n})")
-    topo = _topology(cfg, device, per_node)
     profile = profile_model(_train_config(cfg))
+    topo = _topology(cfg, device, per_node, float(profile.param_bytes))
     momentum = TrainConfig.model_fields["momentum"].default
     eff = Efficiency(device.efficiency[cfg.precision], source=device.sources.get(f"efficiency.{cfg.precision}", ""))
     if runs:
-        eff = calibrate.fit(runs, lambda s: _run_comm(profile, s, device, cfg, topo))
+        eff = calibrate.fit(runs, lambda s: _run_timing(profile, s, device, cfg, topo))
 
     planner = _Planner(cfg, profile, device, topo, eff, momentum)
     top = max(counts)
@@ -68,7 +68,9 @@ def run_plan(cfg: PlanConfig) -> dict[str, Any]:
         "device": {"name": device.name, "precision": cfg.precision, "peak_flops_per_s": device.peak(cfg.precision),
                    "memory_bytes": device.memory_bytes, "usable_fraction": USABLE_FRACTION,
                    "memory_bandwidth_bytes_per_s": device.memory_bandwidth, "efficiency": eff.compute,
-                   "efficiency_source": eff.source, "overhead_s": eff.overhead_s, "sync_s": eff.sync_s,
+                   "efficiency_source": eff.source, "overhead_s": eff.overhead_s,
+                   "calibrated_by_devices": [{"devices": n, "efficiency": share, "fixed_compute_s": eff.fixed_compute_s(n)}
+                                             for n, share in eff.by_devices],
                    "per_node": per_node, "intra_node_link": _link_json(topo.intra), "inter_node_link": _link_json(topo.inter),
                    "sources": device.sources},
         "optimizer": cfg.optimizer, "batch": {"per_device": cfg.batch_size, "global": cfg.global_batch},
@@ -129,14 +131,14 @@ def _train_config(cfg: PlanConfig) -> TrainConfig:
     return validate(TrainConfig, values)
 
 
-def _topology(cfg: PlanConfig, device: Device, per_node: int) -> Topology:
+def _topology(cfg: PlanConfig, device: Device, per_node: int, gradient_bytes: float) -> Topology:
     intra: Link = shm_link(device.memory_bandwidth) if device.intra_node_link == "shm" else get_link(device.intra_node_link)
     inter: Link = get_link(DEFAULT_INTER_NODE if device.name != "cpu" else "25gbe")
     if cfg.interconnect is not None:
         if cfg.interconnect.endswith(".json") or Path(cfg.interconnect).is_file():
             import json
 
-            measured = commbench_link(Path(cfg.interconnect))
+            measured = commbench_link(Path(cfg.interconnect), gradient_bytes)
             nodes = json.loads(Path(cfg.interconnect).read_text()).get("nodes", 1)
             if nodes and int(nodes) > 1:
                 inter = measured
@@ -156,12 +158,13 @@ def _link_json(link: Link) -> dict[str, Any]:
             "base_latency_s": link.base_latency, "source": link.source}
 
 
-def _run_comm(profile: ModelProfile, summary: dict[str, Any], device: Device, cfg: PlanConfig, topo: Topology) -> float:
-    """The plan's exposed communication for a measured run's layout (what calibration subtracts)."""
+def _run_timing(profile: ModelProfile, summary: dict[str, Any], device: Device, cfg: PlanConfig,
+                topo: Topology) -> dict[str, float]:
+    """The plan's step for a measured run's layout, uncalibrated: the communication and optimizer
+    time that calibration compares the run's with."""
     n = summary["workers"]
     layout = Layout(summary["strategy"], n, n, 1, 1, summary["batch_size"])
-    timing = step_time(profile, layout, device, cfg.precision, cfg.optimizer, topo, Efficiency(1.0))
-    return timing["exposed_comm_s"]
+    return step_time(profile, layout, device, cfg.precision, cfg.optimizer, topo, Efficiency(1.0))
 
 
 class _Planner:

@@ -2,14 +2,19 @@
 
 From each completed run of a whole-model strategy (single, ddp, zero1, fsdp) its summary.json gives
 the step-time breakdown (data, compute, communication, optimizer, other) and the model FLOPs per
-sample and the per-device peak its MFU was computed against. Three figures are fitted, each the
-median over the runs:
-- compute efficiency: FLOPs per sample x samples per rank per step / (compute seconds x peak), per
-  number of ranks (ranks sharing a host's memory bandwidth compute slower: a plan for N devices takes
-  the figure of the largest count measured that is at most N);
-- per-step overhead: data_s + other_s (loading, bookkeeping), which no FLOP count predicts;
-- synchronisation: in runs of more than one rank, the measured exposed communication minus what the
-  link model predicts for it (on CPU ranks mostly waiting for the slower rank: docs/benchmarks.md).
+sample and the per-device peak its MFU was computed against. The plan's own step for the run's
+layout, uncalibrated, is the yardstick for the rest. Fitted:
+- per number of ranks, the busy time of a step against the seconds its FLOPs would take at the
+  peak. Busy time is the compute plus the communication the link model does not predict (on CPU
+  ranks mostly waiting for the slower rank, which grows with the step: docs/planner.md). With one
+  batch size per count: efficiency = the median of ideal / busy. With two or more (1.5x apart at
+  least): a least-squares line busy = fixed + ideal / efficiency, whose intercept is the fixed
+  compute per step (dispatching operators, launching kernels) that one batch size cannot tell from
+  the efficiency. A plan for N devices takes the figures of the largest count measured that is at
+  most N.
+- per-step overhead: the median of data_s + other_s (loading, bookkeeping) plus the optimizer time
+  beyond the plan's memory-traffic estimate (a small model's step is mostly the optimizer's own
+  per-tensor work), which no FLOP or byte count predicts.
 """
 from __future__ import annotations
 
@@ -36,7 +41,6 @@ def read_runs(paths: Sequence[Path]) -> list[dict[str, Any]]:
         why = _unusable(summary)
         if why:
             raise UsageError(f"--calibrate {path}: {why}")
-        summary["_config"] = run.read_config()
         summary["_path"] = str(path)
         runs.append(summary)
     return runs
@@ -54,32 +58,48 @@ def _unusable(summary: dict[str, Any]) -> str:
     return ""
 
 
-def fit(runs: list[dict[str, Any]], predicted_comm: Callable[[dict[str, Any]], float]) -> Efficiency:
-    """The median efficiency, overhead and synchronisation cost over `runs`.
+def fit(runs: list[dict[str, Any]], predicted: Callable[[dict[str, Any]], dict[str, float]]) -> Efficiency:
+    """The efficiency, fixed compute and overhead fitted to `runs`.
 
-    `predicted_comm(summary)` is the plan's exposed communication for that run's layout, subtracted
-    from the measured one to leave what the link model does not cover.
+    `predicted(summary)` is the plan's uncalibrated step for that run's layout (`exposed_comm_s`,
+    `optimizer_s`): what it leaves out of the measured communication and optimizer time is fitted.
     """
-    efficiencies, overheads, syncs = [], [], []
-    by_workers: dict[int, list[float]] = {}
+    overheads = []
+    # per rank count: (seconds the step's FLOPs would take at the peak, measured busy seconds)
+    by_workers: dict[int, list[tuple[float, float]]] = {}
     for summary in runs:
-        b = summary["breakdown"]
+        b, plan = summary["breakdown"], predicted(summary)
         per_rank = summary["batch_size"] * summary.get("grad_accum", 1)
+        waiting = max(b["comm_s"] - plan["exposed_comm_s"], 0.0) if summary["workers"] > 1 else 0.0
         if b["compute_s"] > 0:
-            share = summary["flops_per_sample"] * per_rank / (b["compute_s"] * summary["mfu_peak"]["per_device"])
-            efficiencies.append(share)
-            by_workers.setdefault(summary["workers"], []).append(share)
-        overheads.append(b["data_s"] + b["other_s"])
-        if summary["workers"] > 1:
-            syncs.append(max(b["comm_s"] - predicted_comm(summary), 0.0))
-    if not efficiencies:
+            ideal = summary["flops_per_sample"] * per_rank / summary["mfu_peak"]["per_device"]
+            by_workers.setdefault(summary["workers"], []).append((ideal, b["compute_s"] + waiting))
+        overheads.append(b["data_s"] + b["other_s"] + max(b["optimizer_s"] - plan["optimizer_s"], 0.0))
+    if not by_workers:
         raise UsageError("--calibrate: no run has a measured compute time; calibrate from runs of at least one epoch")
+    fitted = {workers: _compute_line(points) for workers, points in sorted(by_workers.items())}
+    per_count = tuple((workers, share) for workers, (share, _) in fitted.items())
+    fixed = tuple((workers, fixed_s) for workers, (_, fixed_s) in fitted.items()) if any(f for _, f in fitted.values()) else ()
     names = ", ".join(Path(s["_path"]).name for s in runs)
-    per_count = tuple(sorted((workers, statistics.median(shares)) for workers, shares in by_workers.items()))
-    shown = ", ".join(f"{share:.3f} on {workers} rank(s)" for workers, share in per_count)
-    return Efficiency(compute=statistics.median(efficiencies), overhead_s=statistics.median(overheads),
-                      sync_s=statistics.median(syncs) if syncs else 0.0, by_devices=per_count,
+    shown = ", ".join(f"{share:.3f} on {workers} rank(s)" + (f" + {fixed_s * 1e3:.2f} ms a step" if fixed else "")
+                      for workers, (share, fixed_s) in fitted.items())
+    return Efficiency(compute=per_count[0][1], overhead_s=statistics.median(overheads), by_devices=per_count,
+                      fixed_by_devices=fixed,
                       source=f"calibrated from {len(runs)} run(s) measured here ({names}): compute efficiency "
-                             f"{shown} of the peak, per-step overhead "
-                             f"{statistics.median(overheads) * 1e3:.2f} ms"
-                             + (f", synchronisation {statistics.median(syncs) * 1e3:.2f} ms" if syncs else ""))
+                             f"{shown} of the peak (waiting for other ranks included), per-step overhead "
+                             f"{statistics.median(overheads) * 1e3:.2f} ms")
+
+
+def _compute_line(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """(efficiency, fixed seconds) from (ideal seconds, busy seconds) of runs at one rank count:
+    busy = fixed + ideal / efficiency by least squares when the runs span batch sizes (at least
+    1.5x apart, or the line is all noise) and the line is a model (a positive slope, no negative
+    fixed cost); else the median ratio and no fixed cost."""
+    ideals = [x for x, _ in points]
+    if max(ideals) >= 1.5 * min(ideals):
+        mean_x, mean_y = statistics.fmean(ideals), statistics.fmean(y for _, y in points)
+        slope = (sum((x - mean_x) * (y - mean_y) for x, y in points) / sum((x - mean_x) ** 2 for x in ideals))
+        intercept = mean_y - slope * mean_x
+        if slope > 0 and intercept >= 0:
+            return 1 / slope, intercept
+    return statistics.median(x / y for x, y in points), 0.0

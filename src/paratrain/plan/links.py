@@ -80,11 +80,14 @@ def custom_link(name: str, gbits: float) -> Link:
     return Link(name, gbits * GB / 8, latency, f"bandwidth: given on the command line ({gbits:g} Gb/s); latency: {NCCL_TUNING}")
 
 
-def commbench_link(path: Path) -> Link:
+def commbench_link(path: Path, message_bytes: float) -> Link:
     """The alpha-beta fit `paratrain commbench` saved (schema paratrain.commbench/1, docs/synchronisation.md):
     its `fit` block, the all-reduce on the path DDP averages with, t(bytes) = alpha_s + bytes / beta_bytes_per_s
-    on `ranks` ranks. A file without them is refused.
+    on `ranks` ranks; where the fit has regimes, the one a message of `message_bytes` (the gradients a
+    step averages) falls in. A file without them is refused.
     """
+    from paratrain.measure.commbench import regime_for
+
     try:
         data: dict[str, Any] = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
@@ -94,10 +97,12 @@ def commbench_link(path: Path) -> Link:
         raise UsageError(f"--interconnect {path}: not a commbench result (it needs alpha_s and beta_bytes_per_s); "
                          "run paratrain commbench, or name a link from the table")
     ranks = int(fit.get("ranks", data.get("ranks", 2)))
+    line = regime_for(fit["regimes"], message_bytes) if fit.get("regimes") else fit
     # commbench's beta is the all-reduce's algorithm bandwidth; the ring's per-link bandwidth is
     # that times the bus factor 2(n-1)/n (nccl-tests PERFORMANCE.md). No beta: the fit found no
     # bandwidth term (latency-bound at every size measured).
-    beta = fit["beta_bytes_per_s"]
+    beta = line["beta_bytes_per_s"]
     bus = float(beta) * 2 * (ranks - 1) / ranks if beta else float("inf")
+    regime = f", the regime of {message_bytes / 2**20:,.1f} MiB messages" if fit.get("regimes") and len(fit["regimes"]) > 1 else ""
     return Link(f"commbench:{Path(path).name}", bus, 0.0, f"measured: paratrain commbench {path} "
-                f"(alpha {fit['alpha_s'] * 1e6:.1f} us, {ranks} ranks)", base_latency=float(fit["alpha_s"]))
+                f"(alpha {line['alpha_s'] * 1e6:.1f} us, {ranks} ranks{regime})", base_latency=float(line["alpha_s"]))

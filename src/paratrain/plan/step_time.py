@@ -1,7 +1,9 @@
 """Step time: compute plus the communication that compute does not hide.
 
-- Compute: FLOPs per sample x the rank's samples / (peak x achievable efficiency). Backward is
-  taken as 2/3 of it (twice the forward's FLOPs).
+- Compute: FLOPs per sample x the rank's samples / (peak x achievable efficiency), plus, when
+  calibrated from runs at two or more batch sizes, a fixed cost per step (dispatching operators,
+  launching kernels: what makes small batches run further from the peak). Backward is taken as
+  2/3 of it (twice the forward's FLOPs).
 - Optimizer: memory-bound: the bytes it reads and writes per parameter byte (SGD with momentum:
   parameter, gradient, buffer read, buffer and parameter written = 5; Adam-like: 7) over the
   device's memory bandwidth; sharded strategies step 1/N of the parameters.
@@ -78,16 +80,26 @@ class Efficiency:
     """What the compute reaches, and the per-step costs a model of FLOPs and bytes leaves out."""
 
     compute: float                  # achievable share of the peak
-    overhead_s: float = 0.0         # per step: data, bookkeeping (calibrated from runs' data_s + other_s)
-    sync_s: float = 0.0             # per synchronised step: waiting for the slowest rank (calibrated)
+    overhead_s: float = 0.0         # per step: data, bookkeeping, the optimizer's own (calibrated)
     source: str = ""
     # Calibrated per device count: CPU ranks of one host share its memory bandwidth, so two ranks each
-    # compute slower than one alone; N devices take the share measured at the largest count <= N.
+    # compute slower than one alone, and wait for each other; N devices take the share measured at
+    # the largest count <= N.
     by_devices: tuple[tuple[int, float], ...] = ()
+    # Compute seconds a step costs whatever its batch (dispatching each operator, launching each
+    # kernel), per device count; fitted only from runs at two or more batch sizes.
+    fixed_by_devices: tuple[tuple[int, float], ...] = ()
 
     def compute_for(self, devices: int) -> float:
-        measured = [share for count, share in self.by_devices if count <= devices]
-        return measured[-1] if measured else self.compute
+        return _at_most(self.by_devices, devices, self.compute)
+
+    def fixed_compute_s(self, devices: int) -> float:
+        return _at_most(self.fixed_by_devices, devices, 0.0)
+
+
+def _at_most(by_count: tuple[tuple[int, float], ...], devices: int, default: float) -> float:
+    measured = [value for count, value in by_count if count <= devices]
+    return measured[-1] if measured else default
 
 
 def step_time(profile: ModelProfile, layout: Layout, device: Device, precision: str, optimizer: str,
@@ -97,18 +109,18 @@ def step_time(profile: ModelProfile, layout: Layout, device: Device, precision: 
     n = layout.data_parallel
     grads = float(profile.param_bytes)
     traffic = OPTIMIZER_TRAFFIC[optimizer]
-    sync = eff.sync_s if layout.devices > 1 else 0.0
+    fixed = eff.fixed_compute_s(layout.devices)
     if layout.stages == 1:
-        compute = profile.flops_per_sample * layout.replica_batch / speed
+        compute = fixed + profile.flops_per_sample * layout.replica_batch / speed
         backward = BACKWARD_SHARE * compute
         shard = n if layout.strategy in ("zero1", "fsdp") else 1
         optimizer_s = traffic * grads / shard / device.memory_bandwidth
         comm, exposed = _data_parallel_comm(profile, layout, device, topo, compute, backward)
     else:
-        compute, comm, exposed, optimizer_s = _pipeline(profile, layout, device, topo, speed, traffic)
-    total = compute + exposed + optimizer_s + eff.overhead_s + sync
+        compute, comm, exposed, optimizer_s = _pipeline(profile, layout, device, topo, speed, traffic, fixed)
+    total = compute + exposed + optimizer_s + eff.overhead_s
     return {"step_time_s": total, "compute_s": compute, "comm_s": comm, "exposed_comm_s": exposed,
-            "optimizer_s": optimizer_s, "overhead_s": eff.overhead_s + sync}
+            "optimizer_s": optimizer_s, "overhead_s": eff.overhead_s}
 
 
 def _data_parallel_comm(profile: ModelProfile, layout: Layout, device: Device, topo: Topology, compute: float,
@@ -133,13 +145,14 @@ def _data_parallel_comm(profile: ModelProfile, layout: Layout, device: Device, t
 
 
 def _pipeline(profile: ModelProfile, layout: Layout, device: Device, topo: Topology, speed: float,
-              traffic: int) -> tuple[float, float, float, float]:
+              traffic: int, fixed: float) -> tuple[float, float, float, float]:
     k, m = layout.stages, layout.microbatches
     micro = layout.replica_batch / m
     bounds = stage_bounds(profile, k)
     stage_flops = [sum(u["flops_per_sample"] for u in profile.units[a:b]) for a, b in bounds]
     stage_params = [sum(u["param_bytes"] for u in profile.units[a:b]) for a, b in bounds]
-    slot = max(stage_flops) * micro / speed
+    # A slot runs one stage (about 1/k of the model's operators) on one micro-batch.
+    slot = fixed / k + max(stage_flops) * micro / speed
     compute = (m + k - 1) * slot
     # Bytes handed between neighbouring stages per micro-batch: the output of the last unit of each stage.
     handed = max([profile.units[b - 1]["output_bytes_per_sample"] for a, b in bounds[:-1]] or [0]) * micro
