@@ -37,6 +37,8 @@ CONFIGURATIONS = {
     "sync every step (ddp)": TWO,
     "--grad-accum 2": [*TWO, "--grad-accum", "2"],
     "--grad-accum 4": [*TWO, "--grad-accum", "4"],
+    # Goyal et al. 2017's remedy for the larger batch: the LR ramps up to its scaled value over an epoch.
+    "--grad-accum 4 --warmup-epochs 1": [*TWO, "--grad-accum", "4", "--warmup-epochs", "1"],
     "--sync-every 4": [*TWO, "--sync-every", "4"],
     "--sync-every 8": [*TWO, "--sync-every", "8"],
     # Post-local SGD as Lin et al. (2020) run it: synchronous until the model has left its first

@@ -36,22 +36,22 @@ import torch.distributed as dist
 
 from paratrain.config import CommbenchConfig, parse_size
 from paratrain.engine.distributed import Placement, init_rank, shutdown
-from paratrain.errors import RunFailed
 from paratrain.engine.shm_allreduce import open_shared_average
+from paratrain.errors import RunFailed
 from paratrain.launch.placement import core_sets, available_cores, resolve_backend, resolve_device
 from paratrain.runs import write_json
 
 SCHEMA = "paratrain.commbench/1"
 OPERATIONS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter")
-# nccl-tests PERFORMANCE.md: bus bandwidth = algorithm bandwidth x this factor, comparable across ops.
+SIZE_FACTOR = 2             # nccl-tests' usual -f 2: each size twice the last
+ROUNDS = 7
 # A fit that misses no measured size by more than this is one line; otherwise more regimes are tried.
 TOLERANCE = 0.15
 MAX_REGIMES = 3
-SIZE_FACTOR = 2             # nccl-tests' usual -f 2: each size twice the last
 # A regime has at least this many sizes: one more than its two parameters, so each is checked by a
 # size it was not solved from.
 REGIME_MIN_SIZES = 3
-ROUNDS = 7
+# nccl-tests PERFORMANCE.md: bus bandwidth = algorithm bandwidth x this factor, comparable across ops.
 BUS_FACTOR: dict[str, Callable[[int], float]] = {
     "all_reduce": lambda n: 2 * (n - 1) / n, "broadcast": lambda n: 1.0,
     "all_gather": lambda n: (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
