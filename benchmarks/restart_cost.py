@@ -27,9 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import psutil
 
-from paratrain.measure.monitor import ranks_by_log
+from paratrain.measure.monitor import ranks_by_log, wait_for_rank
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,17 +49,8 @@ def _steps(run: Path, event: str = "step") -> list[dict]:
 
 
 def _rank_pid(root: int, run: Path, rank: int) -> int:
-    rank_of = ranks_by_log(run)         # the monitor's rule: rank R holds RUN_DIR/logs/rank<R>.log open
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        for proc in psutil.Process(root).children(recursive=True):
-            try:
-                if rank_of(proc) == rank:
-                    return proc.pid
-            except psutil.Error:
-                continue
-        time.sleep(0.02)
-    raise SystemExit(f"rank {rank} never started")
+    # the monitor's rule: rank R holds RUN_DIR/logs/rank<R>.log open
+    return wait_for_rank(root, ranks_by_log(run), rank, timeout_s=120)
 
 
 def one_run(args: argparse.Namespace, run: Path, kill: bool) -> dict:

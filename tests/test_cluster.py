@@ -27,7 +27,7 @@ from paratrain.errors import UsageError
 from paratrain.config import TrainConfig, validate
 from paratrain.engine.shm_allreduce import SharedMemoryAverage, segment_bytes
 from paratrain.launch.nodes import adopt_tasks, detect_tasks, expand_tasks_per_node, first_host
-from paratrain.measure.monitor import ranks_by_log
+from paratrain.measure.monitor import ranks_by_log, wait_for_rank
 
 PARATRAIN = [sys.executable, "-m", "paratrain"]
 # 4096 samples, 2 ranks of 32: 64 steps an epoch, a loss logged every 4 steps.
@@ -62,16 +62,7 @@ def _wait_for_step(run_dir: Path, proc: subprocess.Popen, ready: Callable[[int],
 
 def _rank_pid(root: int, run_dir: Path, rank: int) -> int:
     """Rank R among `root`'s descendants, by the monitor's rule: it holds RUN_DIR/logs/rank<R>.log open."""
-    rank_of = ranks_by_log(run_dir)
-    for _ in range(3000):
-        for proc in psutil.Process(root).children(recursive=True):
-            try:
-                if rank_of(proc) == rank:
-                    return proc.pid
-            except psutil.Error:
-                continue
-        time.sleep(0.02)
-    raise AssertionError(f"no process of {root} holds {run_dir}/logs/rank{rank}.log")
+    return wait_for_rank(root, ranks_by_log(run_dir), rank)
 
 
 def _stop(proc: subprocess.Popen) -> None:

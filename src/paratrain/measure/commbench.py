@@ -157,11 +157,11 @@ def _bench_rank(placement: dict[str, Any], sizes: list[int], seconds: float, wit
 def _collective(op: str, nbytes: int, world: int, device: torch.device) -> Callable[[], Any]:
     elements = max(world, nbytes // 4 // world * world)     # a whole number of float32 per rank
     whole = torch.ones(elements, device=device)
-    part = torch.ones(elements // world, device=device)
     if op == "all_reduce":
         return lambda: dist.all_reduce(whole)
     if op == "broadcast":
         return lambda: dist.broadcast(whole, src=0)
+    part = torch.ones(elements // world, device=device)
     if op == "all_gather":
         return lambda: dist.all_gather_single(whole, part)
     return lambda: dist.reduce_scatter_single(part, whole)
@@ -173,7 +173,8 @@ def _time_sizes(runs: list[Callable[[], Any]], seconds: float, device: torch.dev
     does not count); every rank runs the same repetitions. The rounds go over the sizes in turn, so
     that a noisy second of the machine costs one round of many sizes rather than every round of
     one. A tenth of the time goes to warming each size up first (connections, buffers, the
-    backend's threads): one call was not enough, the first size timed came out slowest."""
+    backend's threads): one call was not enough, the first size timed came out slowest. The buffers
+    of every size are alive together: about twice the largest size (docs/synchronisation.md)."""
     repeats = []
     for run in runs:
         once = _round(run, 1, device)

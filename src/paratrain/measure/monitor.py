@@ -63,6 +63,22 @@ def ranks_by_log(run_dir: Path) -> RankOf:
     return rank_of
 
 
+def wait_for_rank(root_pid: int, rank_of: RankOf, rank: int, timeout_s: float = 60.0) -> int:
+    """The pid of rank `rank` among `root_pid`'s descendants, by the rule `rank_of`, once it exists
+    (a rank is recognised from when it has joined its process group); TimeoutError after `timeout_s`.
+    For tools that act on one rank of a run they started: a fault injection, a profiler."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for proc in psutil.Process(root_pid).children(recursive=True):
+            try:
+                if rank_of(proc) == rank:
+                    return proc.pid
+            except psutil.Error:        # exited meanwhile, or not ours to read
+                continue
+        time.sleep(0.02)
+    raise TimeoutError(f"no descendant of process {root_pid} became rank {rank} within {timeout_s:.0f} s")
+
+
 def ranks_by_environment(run_id: str) -> RankOf:
     """Scripts started by the elastic agent (`launch`): each worker is started with RANK and the
     agent's TORCHELASTIC_RUN_ID in its environment; the run id tells this run's ranks from others."""
