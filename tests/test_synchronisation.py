@@ -235,6 +235,27 @@ def test_a_line_that_fits_stays_one_regime_and_one_that_cannot_is_split_where_th
     assert [r["up_to_bytes"] for r in fit_regimes(three)["regimes"]] == [4 * 2**20, 32 * 2**20, None]
 
 
+def test_commbench_times_cpu_calls_one_by_one_and_takes_the_typical_call(tmp_path):
+    """A call delayed now and then (by the machine's scheduling, not the message) must not move the
+    typical call, only the mean beside it: on CPU, `_round` times each call alone."""
+    import torch.distributed as dist
+
+    from paratrain.measure.commbench import _round
+
+    calls = iter(range(100))
+
+    def run() -> None:    # every fourth call 20 ms, the others 1 ms
+        time.sleep(0.020 if next(calls) % 4 == 3 else 0.001)
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        typical, mean = _round(run, 12, torch.device("cpu"))
+    finally:
+        dist.destroy_process_group()
+    assert typical == pytest.approx(0.001, abs=0.0008)
+    assert mean == pytest.approx((9 * 0.001 + 3 * 0.020) / 12, rel=0.25)
+
+
 def test_commbench_measures_every_collective_and_the_plan_reads_its_fit(tmp_path, capsys):
     out = tmp_path / "bench.json"
     assert main(["commbench", "--workers", "2", "--max-size", "256K", "--seconds-per-size", "0.02", "--out", str(out)]) == 0

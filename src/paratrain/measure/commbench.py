@@ -6,8 +6,9 @@ average that DDP uses between CPU ranks (engine/shm_allreduce.py), over message 
 --min-size to --max-size in steps of 2x. Sizes follow nccl-tests' convention: the whole buffer
 (all-reduce and broadcast: the tensor; all-gather: the gathered output; reduce-scatter: the
 input), float32. Each size is warmed up, then timed in rounds of back-to-back repetitions between
-barriers, the sizes in turn; a round's time is the slowest rank's mean, and the collective's time
-the median round.
+barriers, each round taking the sizes in its own order; a round's time is the slowest rank's
+typical call (on CPU the median call, each timed alone; on a GPU the mean), and the collective's
+time the median round. The mean call is kept beside it.
 
 Each collective's times are fitted to t(n) = alpha + n / beta (Hockney's latency-bandwidth
 model), minimising the relative error at every size, since the sizes span five orders of
@@ -24,6 +25,7 @@ import datetime as _dt
 import itertools
 import math
 import platform
+import random
 import statistics
 import tempfile
 import time
@@ -106,16 +108,17 @@ def run_commbench(cfg: CommbenchConfig) -> dict[str, Any]:
             message = failure.message.get("message", "") if isinstance(failure.message, dict) else str(failure.message)
             reason = last_line(message) or f"exit code {failure.exitcode}"
             raise RunFailed(f"commbench: rank {rank} failed: {reason}; nothing was saved") from None
-    timings: dict[str, list[tuple[int, float]]] = results[0]
+    timings: dict[tuple[str, str], list[tuple[int, float, float]]] = results[0]
     collectives = []
-    for (op, path), points in timings.items():
+    for (op, path), measured in timings.items():
+        points = [(n, typical) for n, typical, _ in measured]
         line, fit = fit_alpha_beta(points), fit_regimes(points)
         collectives.append({
             "op": op, "path": path, "alpha_s": line["alpha_s"], "beta_bytes_per_s": line["beta_bytes_per_s"],
             "line_max_error": _largest(line["errors"]), "regimes": fit["regimes"], "max_error": _largest(fit["errors"]),
-            "points": [{"bytes": n, "seconds": t, "algbw_bytes_per_s": n / t, "busbw_bytes_per_s": n / t * BUS_FACTOR[op](cfg.workers),
-                        "fit_seconds": f, "error": e}
-                       for (n, t), f, e in zip(points, fit["fitted"], fit["errors"])],
+            "points": [{"bytes": n, "seconds": t, "mean_seconds": mean, "algbw_bytes_per_s": n / t,
+                        "busbw_bytes_per_s": n / t * BUS_FACTOR[op](cfg.workers), "fit_seconds": f, "error": e}
+                       for (n, t, mean), f, e in zip(measured, fit["fitted"], fit["errors"])],
         })
     training_path = "shm" if with_shm else backend
     allreduce = next(c for c in collectives if c["op"] == "all_reduce" and c["path"] == training_path)
@@ -139,16 +142,17 @@ def _bench_rank(placement: dict[str, Any], sizes: list[int], seconds: float, wit
     try:
         device, world = ctx.device, ctx.world_size
         shm = open_shared_average(ctx.rank, world) if with_shm else None
-        timings: dict[tuple[str, str], list[tuple[int, float]]] = {}
+        timings: dict[tuple[str, str], list[tuple[int, float, float]]] = {}
         backend = dist.get_backend()
         for op in OPERATIONS:
-            timings[(op, backend)] = list(zip(sizes, _time_sizes([_collective(op, n, world, device) for n in sizes],
-                                                                 seconds, device)))
+            timings[(op, backend)] = [(n, *t) for n, t in zip(sizes, _time_sizes(
+                [_collective(op, n, world, device) for n in sizes], seconds, device))]
         if shm is not None:
             def average(n: int) -> Callable[[], Any]:
                 flat = torch.ones(n // 4, device=device)
                 return lambda: shm.average_(flat)
-            timings[("all_reduce", "shm")] = list(zip(sizes, _time_sizes([average(n) for n in sizes], seconds, device)))
+            timings[("all_reduce", "shm")] = [(n, *t) for n, t in zip(sizes, _time_sizes([average(n) for n in sizes],
+                                                                                            seconds, device))]
         return timings if ctx.is_main else {}
     finally:
         shutdown()
@@ -167,32 +171,54 @@ def _collective(op: str, nbytes: int, world: int, device: torch.device) -> Calla
     return lambda: dist.reduce_scatter_single(part, whole)
 
 
-def _time_sizes(runs: list[Callable[[], Any]], seconds: float, device: torch.device, rounds: int = ROUNDS) -> list[float]:
-    """Seconds of one call of each of `runs` (one per size): the median over `rounds` of the slowest
-    rank's mean over back-to-back calls (the median, so that a round another process interrupted
-    does not count); every rank runs the same repetitions. The rounds go over the sizes in turn, so
-    that a noisy second of the machine costs one round of many sizes rather than every round of
-    one. A tenth of the time goes to warming each size up first (connections, buffers, the
-    backend's threads): one call was not enough, the first size timed came out slowest. The buffers
-    of every size are alive together: about twice the largest size (docs/synchronisation.md)."""
+def _time_sizes(runs: list[Callable[[], Any]], seconds: float, device: torch.device,
+                rounds: int = ROUNDS) -> list[tuple[float, float]]:
+    """(typical, mean) seconds of one call of each of `runs` (one per size): the median over
+    `rounds` of the slowest rank's typical and mean call in back-to-back repetitions (the median
+    round, so that a round another process interrupted does not count); every rank runs the same
+    repetitions. The rounds go over the sizes in turn, so that a noisy second of the machine costs
+    one round of many sizes rather than every round of one. A tenth of the time goes to warming each
+    size up first (connections, buffers, the backend's threads): one call was not enough, the first
+    size timed came out slowest. The buffers of every size are alive together: about twice the
+    largest size (docs/synchronisation.md)."""
     repeats = []
     for run in runs:
-        once = _round(run, 1, device)
+        once = _round(run, 1, device)[1]
         _round(run, max(2, min(200, math.ceil(seconds / 10 / max(once, 1e-9)))), device)
         repeats.append(max(1, min(400, math.ceil(seconds / rounds / max(once, 1e-9)))))
-    times = [[_round(run, n, device) for run, n in zip(runs, repeats)] for _ in range(rounds)]
-    return [statistics.median(per_round) for per_round in zip(*times)]
+    times: list[list[tuple[float, float]]] = [[] for _ in runs]
+    for round_index in range(rounds):
+        # Each round takes the sizes in its own order, the same on every rank: the first size after
+        # the largest came out slower, and a place in the order must not favour a size.
+        for i in random.Random(round_index).sample(range(len(runs)), len(runs)):
+            times[i].append(_round(runs[i], repeats[i], device))
+    return [(statistics.median(t for t, _ in size), statistics.median(m for _, m in size)) for size in times]
 
 
-def _round(run: Callable[[], Any], repeats: int, device: torch.device) -> float:
+def _round(run: Callable[[], Any], repeats: int, device: torch.device) -> tuple[float, float]:
+    """(typical, mean) seconds of one call over `repeats` calls, the slowest rank's. On a GPU both
+    are the mean of calls timed together (nccl-tests' way: a synchronisation per call would cost
+    more than a small collective). On CPU the backend's collectives block, so each call is timed
+    alone and the typical call is the median: on this machine a varying share of gloo's calls, 10 to
+    50 %, takes 3-8 ms instead of 0.3 ms at every size, a delay of the machine's scheduling, not of
+    the message, and the mean follows that share (benchmarks/gloo_call_latency.py)."""
     dist.barrier()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        run()
-    _sync(device)
-    mean = torch.tensor([(time.perf_counter() - start) / repeats], dtype=torch.float64, device=device)
-    dist.all_reduce(mean, op=dist.ReduceOp.MAX)
-    return mean.item()
+    if device.type == "cuda":
+        start = time.perf_counter()
+        for _ in range(repeats):
+            run()
+        _sync(device)
+        typical = mean = (time.perf_counter() - start) / repeats
+    else:
+        calls = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            run()
+            calls.append(time.perf_counter() - start)
+        typical, mean = statistics.median(calls), statistics.fmean(calls)
+    slowest = torch.tensor([typical, mean], dtype=torch.float64, device=device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return slowest[0].item(), slowest[1].item()
 
 
 def _sync(device: torch.device) -> None:
