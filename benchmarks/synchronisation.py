@@ -6,7 +6,8 @@ one core each (async-ps: 2 workers plus 1 server rank, 3 ranks on the 2 cores, u
 server takes time from the workers), and the 1-worker run gives the base. The LR is given for a batch of
 32 and scaled linearly with the batch each update averages (`--base-batch-size 32`), so every
 configuration gets the same rule. Runs alternate (base, sync, accum, ..., base, sync, ...) because the
-machine's speed drifts; repeat r runs every configuration with --seed r (the same initial model,
+machine's speed drifts; repeat r runs every configuration with --seed r (--first-seed F: F + r; a
+seed's accuracy is the same in every run, so seeds can be added later) (the same initial model,
 order and augmentation for all of them within a repeat, another across repeats: a single seed's
 accuracy differs between configurations by a point or so by luck). The table gives medians of
 samples/s (epochs after the first) and of test accuracy, and efficiency = samples/s / (2 x the base's),
@@ -65,11 +66,11 @@ def run(flags: list[str], shared: list[str], out: Path) -> dict:
 
 
 def table(results: dict[str, list[dict]]) -> str:
-    base_runs = [r for r in results["1 worker (base)"] if r.get("status") == "completed"]
+    base_runs = [r for r in results.get("1 worker (base)", []) if r.get("status") == "completed"]
     base = statistics.median(r["samples_per_s"] for r in base_runs) if base_runs else None
     sync = [r for r in results.get("sync every step (ddp)", []) if r.get("status") == "completed"]
     sync_accuracy = statistics.median(r["test_accuracy"] for r in sync) if sync else None
-    lines = ["| configuration | samples/s (median; runs) | efficiency vs 1 worker (paired by repeat) | test accuracy (median; runs) | vs sync every step | "
+    lines = ["| configuration | samples/s (median; runs) | efficiency vs 1 worker (paired by repeat) | test accuracy (median; runs) | vs sync every step (median; paired by seed: mean ± standard error) | "
              "train time, all epochs | exposed comm / step | bytes sent / step / rank | path |", "|---|---|---|---|---|---|---|---|---|"]
     for name, runs in results.items():
         done = [r for r in runs if r.get("status") == "completed"]
@@ -81,10 +82,16 @@ def table(results: dict[str, list[dict]]) -> str:
         workers = 1 if name.startswith("1 worker") else 2
         efficiency = f"{rate / (workers * base):.3f}" if base else "n/a"
         # The same repeat's base, run minutes apart rather than across the whole benchmark's drift.
-        paired = [r["samples_per_s"] / (workers * b["samples_per_s"]) for r, b in zip(runs, results["1 worker (base)"])
+        paired = [r["samples_per_s"] / (workers * b["samples_per_s"]) for r, b in zip(runs, results.get("1 worker (base)", []))
                   if r.get("status") == "completed" and b.get("status") == "completed"]
         efficiency += f" ({statistics.median(paired):.3f})" if paired else ""
         versus = f"{(accuracy - sync_accuracy) * 100:+.1f} pt" if sync_accuracy is not None and workers > 1 else ""
+        # The same seed's synchronous run: its mean difference, with the standard error over seeds.
+        differences = [(r["test_accuracy"] - d["test_accuracy"]) * 100 for r, d in zip(runs, results.get("sync every step (ddp)", []))
+                       if r.get("status") == "completed" and d.get("status") == "completed"]
+        if workers > 1 and len(differences) > 1 and name != "sync every step (ddp)":
+            error = statistics.stdev(differences) / len(differences) ** 0.5
+            versus += f" (paired mean {statistics.fmean(differences):+.1f} ± {error:.1f})"
         comm = statistics.median(r["breakdown"]["comm_s"] for r in done) * 1e3
         train_time = statistics.median(r["train_time_s"] for r in done)
         sent = done[-1].get("comm_bytes_per_step")
@@ -100,6 +107,7 @@ def table(results: dict[str, list[dict]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--first-seed", type=int, default=0, help="repeat r runs with --seed FIRST_SEED + r")
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=32, help="per worker")
     parser.add_argument("--lr", type=float, default=0.01, help="for a batch of 32, scaled linearly")
@@ -108,8 +116,8 @@ def main() -> None:
     args = parser.parse_args()
     names = [n.strip() for n in args.configurations.split(",")]
     unknown = [n for n in names if n not in CONFIGURATIONS]
-    if unknown or "1 worker (base)" not in names:
-        parser.error(f"unknown configuration(s) {unknown}; the base is required; choose from: {', '.join(CONFIGURATIONS)}")
+    if unknown:
+        parser.error(f"unknown configuration(s) {unknown}; choose from: {', '.join(CONFIGURATIONS)} (without the base, no efficiency)")
     shared = ["--threads-per-worker", "1", "--batch-size", str(args.batch_size), "--epochs", str(args.epochs),
               "--lr", str(args.lr), "--base-batch-size", "32", "--lr-scaling", "linear", *args.extra]
     results: dict[str, list[dict]] = {n: [] for n in names}
@@ -117,7 +125,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
             for i, name in enumerate(names):
-                summary = run([*CONFIGURATIONS[name], "--seed", str(repeat)], shared, Path(tmp) / f"{i}-{repeat}")
+                summary = run([*CONFIGURATIONS[name], "--seed", str(args.first_seed + repeat)], shared, Path(tmp) / f"{i}-{repeat}")
                 results[name].append(summary)
                 print(f"repeat {repeat + 1} {name}: {summary.get('status')} {summary.get('samples_per_s', 0):,.0f} samples/s, "
                       f"test accuracy {summary.get('test_accuracy', 0):.2%}, {summary.get('command_s', 0):.0f} s", file=sys.stderr)

@@ -22,6 +22,7 @@ from paratrain.plan.links import LINKS, Link
 from paratrain.plan.memory import Layout, memory_per_device
 from paratrain.plan.profile import profile_model
 from paratrain.plan.step_time import Topology, allgather_s, allreduce_s, ring_allgather_s, ring_allreduce_s
+from paratrain.reporting.verdict import size
 
 # gpt-tiny (0.86 M parameters) on 64-byte windows, Adam; 4 optimizer steps (the memory meter measures the second).
 GPT = dict(workload="gpt-tiny", seq_len=64, samples_per_epoch=32, eval_samples=8, optimizer="adam", epochs=1,
@@ -237,7 +238,8 @@ def test_json_rows_and_the_rule_for_a_model_that_fits_and_one_that_does_not(fact
     assert not eight["ddp"]["fits"] and eight["fsdp"]["fits"] and eight["zero1"]["fits"]
     rec = big["recommendation"]
     assert rec["strategy"] in ("zero1", "fsdp") and rec["samples_per_s"] == max(eight[s]["samples_per_s"] for s in ("zero1", "fsdp"))
-    assert "ddp needs 16." in rec["reason"] and "GiB" in rec["reason"], rec["reason"]
+    # the reason in numbers: what ddp would need, in the unit a person would write
+    assert f"ddp needs {size(eight['ddp']['memory_per_device_bytes'])} per device" in rec["reason"], rec["reason"]
 
 
 def test_out_writes_the_plan_its_three_plots_and_a_report(tmp_path, capsys):

@@ -14,14 +14,19 @@ from paratrain.launch.placement import plan_placement
 
 pytestmark = pytest.mark.skipif(not shm_supported(), reason="shared-memory all-reduce needs x86-64 Linux")
 
-# (numel, dtype): a single element, fewer elements than ranks, several chunks with a ragged end.
-CASES = [(1, torch.float32), (2, torch.float32), (1000, torch.float32), (777, torch.bfloat16), (300, torch.float64)]
+# (numel, dtype): a single element, fewer elements than ranks, several chunks with a ragged end;
+# fp16 with values whose sum overflows it.
+CASES = [(1, torch.float32), (2, torch.float32), (1000, torch.float32), (777, torch.bfloat16), (300, torch.float64),
+         (500, torch.float16)]
 CHUNK_BYTES = 1024
 
 
 def _data(rank: int, call: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
     g = torch.Generator().manual_seed(1000 * call + rank)
-    return torch.randn(numel, generator=g, dtype=torch.float64).to(dtype)
+    values = torch.randn(numel, generator=g, dtype=torch.float64)
+    if dtype == torch.float16:
+        values = values.sign() * 40000 + values    # near fp16's largest (65,504): a sum of two overflows
+    return values.to(dtype)
 
 
 def _rank(rank: int, world: int, init: str, calls: int) -> None:
@@ -34,11 +39,13 @@ def _rank(rank: int, world: int, init: str, calls: int) -> None:
             numel, dtype = CASES[call % len(CASES)]
             mine = _data(rank, call, numel, dtype)
             out = engine.average_(mine.clone())
-            # The reference sums in the same order (rank 0, 1, ...) in the same dtype.
-            expected = _data(0, call, numel, dtype)
+            # The reference sums in the same order (rank 0, 1, ...) in the same dtype; fp16 in float32.
+            wide = torch.float32 if dtype == torch.float16 else dtype
+            expected = _data(0, call, numel, dtype).to(wide)
             for other in range(1, world):
-                expected = expected + _data(other, call, numel, dtype)
-            expected = expected / world
+                expected = expected + _data(other, call, numel, dtype).to(wide)
+            expected = (expected / world).to(dtype)
+            assert torch.isfinite(expected).all()
             torch.testing.assert_close(out, expected, rtol=0, atol=0)
             # Every rank must hold the same bytes, or the replicas drift apart.
             gathered = [torch.empty_like(out) for _ in range(world)]

@@ -95,41 +95,66 @@ def gpu_peak(device_name: str, precision: str) -> Optional[tuple[float, str]]:
 def cpu_peak(precision: str, cache_dir: Path, size: int = 1024, seconds: float = 0.5) -> tuple[float, str]:
     """(peak FLOP/s, method) of this process's CPU threads, measured once and cached."""
     threads = torch.get_num_threads()
-    key = f"{_cpu_model()}|threads={threads}|{precision}|torch {torch.__version__}"
-    path = Path(cache_dir) / CPU_PEAK_FILE
-    cached = _read_json(path)
-    if key in cached:
-        return cached[key]["flops"], cached[key]["source"]
-    dtype = DTYPES[precision]
-    a = torch.randn(size, size, device="cpu").to(dtype)
-    b = torch.randn(size, size, device="cpu").to(dtype)
-    # Both products: on CPUs without native bf16 matmul, F.linear (x·Wᵀ, what nn.Linear runs)
-    # takes a much faster kernel than torch.mm, and a peak below what the model reaches is no peak.
-    # A product that is several times slower on a small probe is not timed at full size: bf16
-    # torch.mm took 3-8 s per 1024² product here, which made the first bf16 run wait a minute.
-    probe = {product: _time_once(product, a[:128, :128].contiguous(), b[:128, :128].contiguous())
-             for product in (F.linear, torch.mm)}
-    fastest = min(probe.values())
-    best = float("inf")
-    for product in (p for p in probe if probe[p] <= 4 * fastest):
-        for _ in range(2):
-            product(a, b)
-        deadline, repeats = time.perf_counter() + seconds / 2, 0
-        while time.perf_counter() < deadline or repeats < 3:
+
+    def measure() -> tuple[float, str]:
+        dtype = DTYPES[precision]
+        a = torch.randn(size, size, device="cpu").to(dtype)
+        b = torch.randn(size, size, device="cpu").to(dtype)
+        # Both products: on CPUs without native bf16 matmul, F.linear (x·Wᵀ, what nn.Linear runs)
+        # takes a much faster kernel than torch.mm, and a peak below what the model reaches is no peak.
+        # A product that is several times slower on a small probe is not timed at full size: bf16
+        # torch.mm took 3-8 s per 1024² product here, which made the first bf16 run wait a minute.
+        probe = {product: _time_once(product, a[:128, :128].contiguous(), b[:128, :128].contiguous())
+                 for product in (F.linear, torch.mm)}
+        fastest = min(probe.values())
+        best = float("inf")
+        for product in (p for p in probe if probe[p] <= 4 * fastest):
+            for _ in range(2):
+                product(a, b)
+            deadline, repeats = time.perf_counter() + seconds / 2, 0
+            while time.perf_counter() < deadline or repeats < 3:
+                start = time.perf_counter()
+                product(a, b)
+                best = min(best, time.perf_counter() - start)
+                repeats += 1
+        return 2 * size ** 3 / best, (
+            f"measured: {size}x{size} {dtype} matrix product (the faster of torch.mm and F.linear, best of at least 3 "
+            f"repeats over {seconds} s), {threads} thread(s), {_cpu_model()}, torch {torch.__version__}")
+
+    return _measured_once(cache_dir, f"{_cpu_model()}|threads={threads}|{precision}|torch {torch.__version__}", measure)
+
+
+def cpu_copy_bandwidth(cache_dir: Path, mib: int = 64) -> tuple[float, str]:
+    """(bytes/s, method) one thread moves copying a tensor larger than its caches (read and write
+    counted), measured once and cached: a plan made twice must not differ by a noisy copy."""
+    def measure() -> tuple[float, str]:
+        src = torch.ones(mib * 2**20 // 4)
+        dst = torch.empty_like(src)
+        best = float("inf")
+        for _ in range(5):
             start = time.perf_counter()
-            product(a, b)
+            dst.copy_(src)
             best = min(best, time.perf_counter() - start)
-            repeats += 1
-    flops = 2 * size ** 3 / best
-    source = (f"measured: {size}x{size} {dtype} matrix product (the faster of torch.mm and F.linear, best of at least 3 "
-              f"repeats over {seconds} s), {threads} thread(s), {_cpu_model()}, torch {torch.__version__}")
-    cached = _read_json(path)
-    cached[key] = {"flops": flops, "source": source, "measured_unix_time": time.time()}
+        return 2 * mib * 2**20 / best, f"measured: a {mib} MiB float32 tensor copied on one thread, best of 5, {_cpu_model()}"
+
+    return _measured_once(cache_dir, f"{_cpu_model()}|copy {mib} MiB|torch {torch.__version__}", measure)
+
+
+def _measured_once(cache_dir: Path, key: str, measure: Callable[[], tuple[float, str]]) -> tuple[float, str]:
+    """(value, how it was measured) from CPU_PEAK_FILE under `key`, or measured now and added to it
+    (an entry of an older paratrain, without `value`, is measured again)."""
+    path = Path(cache_dir) / CPU_PEAK_FILE
+    entry = _read_json(path).get(key, {})
+    if "value" in entry:
+        return entry["value"], entry["source"]
+    value, source = measure()
+    cached = _read_json(path)      # again: another process may have added its own entry meanwhile
+    cached[key] = {"value": value, "source": source, "measured_unix_time": time.time()}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(cached, indent=2) + "\n")
     os.replace(tmp, path)
-    return flops, source
+    return value, source
 
 
 def _time_once(product: Any, a: torch.Tensor, b: torch.Tensor) -> float:

@@ -9,8 +9,8 @@ polling costs nothing that would otherwise run, and nobody has to be woken.
 
 Per chunk of at most `chunk_bytes` (a reduce-scatter, then an all-gather):
   1. every rank copies its chunk into its own input slot, then arrives at barrier 0;
-  2. rank r sums slice r of every input slot, in rank order, into the result, divides by the
-     world size, then arrives at barrier 1;
+  2. rank r sums slice r of every input slot, in rank order, into the result (fp16 in float32,
+     which a sum of gradients could overflow), divides by the world size, then arrives at barrier 1;
   3. every rank copies the whole result back into its gradients.
 All ranks copy the same result bytes, so replicas stay bit-identical whatever the world size.
 One set of slots is enough: a rank writes its input for the next chunk only after barrier 1,
@@ -83,10 +83,17 @@ class SharedMemoryAverage:
             self._arrive(0)
             lo, hi = n * rank // world, n * (rank + 1) // world
             mine = result[lo:hi]
-            torch.add(inputs[0, lo:hi], inputs[1, lo:hi], out=mine)
-            for other in range(2, world):
-                mine.add_(inputs[other, lo:hi])
-            mine.div_(world)
+            if flat.dtype == torch.float16:
+                # fp16 overflows above 65,504: the sum of N gradients can where their mean cannot.
+                total = inputs[0, lo:hi].float()
+                for other in range(1, world):
+                    total.add_(inputs[other, lo:hi])
+                mine.copy_(total.div_(world))
+            else:
+                torch.add(inputs[0, lo:hi], inputs[1, lo:hi], out=mine)
+                for other in range(2, world):
+                    mine.add_(inputs[other, lo:hi])
+                mine.div_(world)
             self._arrive(1)
             piece.copy_(result[:n])
         return flat

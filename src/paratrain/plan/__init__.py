@@ -21,6 +21,7 @@ from paratrain.plan.links import DEFAULT_INTER_NODE, Link, commbench_link, custo
 from paratrain.plan.memory import USABLE_FRACTION, Layout, memory_per_device
 from paratrain.plan.profile import ModelProfile, profile_model
 from paratrain.plan.step_time import Efficiency, Topology, bubble_fraction, step_time
+from paratrain.reporting.verdict import size
 
 GPUS_PER_NODE = 8           # a DGX/HGX node: the default when --gpus-per-node is not given
 CURVE_MAX_DEVICES = 4096    # the scaling plot's reach
@@ -249,35 +250,35 @@ class _Planner:
         """One strategy for N devices by the rule, with the reason in numbers."""
         rows = {r["strategy"]: r for r in self.rows(n)}
         usable = self.device.memory_bytes * USABLE_FRACTION
-        room = f"{_gib(usable)} usable of {_gib(self.device.memory_bytes)} per {self.device.name}"
+        room = f"{size(usable)} usable of {size(self.device.memory_bytes)} per {self.device.name}"
         if n == 1:
             single = rows["single"]
             verdict = "fits" if single["fits"] else "does not fit"
             return {"devices": 1, "strategy": "single" if single["fits"] else None,
-                    "reason": f"one device: the model needs {_gib(single['memory_per_device_bytes'])} ({verdict}; {room})"}
+                    "reason": f"one device: the model needs {size(single['memory_per_device_bytes'])} ({verdict}; {room})"}
         need = {name: r["memory_per_device_bytes"] for name, r in rows.items()}
         ddp = rows.get("ddp")
         if ddp is not None and ddp["fits"]:
-            return self._pick(ddp, f"the model fits one device under ddp ({_gib(need['ddp'])} of {room}): data parallel; "
+            return self._pick(ddp, f"the model fits one device under ddp ({size(need['ddp'])} of {room}): data parallel; "
                                    f"predicted {ddp['samples_per_s']:,.0f} samples/s, speedup {ddp['speedup']:.1f}, "
                                    f"efficiency {ddp['efficiency']:.2f} on {n} devices")
         sharded = [rows[s] for s in ("zero1", "fsdp", "pipeline") if s in rows and rows[s]["fits"]]
-        too_big = (f"ddp needs {_gib(need['ddp'])} per device, more than {room}" if "ddp" in need
+        too_big = (f"ddp needs {size(need['ddp'])} per device, more than {room}" if "ddp" in need
                    else "data parallel was not planned")
         if sharded:
             best = max(sharded, key=lambda r: r["samples_per_s"])
             others = ", ".join(f"{r['strategy']} {r['samples_per_s']:,.0f}" for r in sharded if r is not best)
-            return self._pick(best, f"{too_big}: shard or pipeline; {best['strategy']} fits ({_gib(need[best['strategy']])}) "
+            return self._pick(best, f"{too_big}: shard or pipeline; {best['strategy']} fits ({size(need[best['strategy']])}) "
                                     f"and is the fastest that does ({best['samples_per_s']:,.0f} samples/s"
                                     + (f"; {others}" if others else "") + ")")
         hybrid = rows.get("hybrid")
         if hybrid is not None and hybrid["fits"]:
             return self._pick(hybrid, f"{too_big}, and neither sharding nor one pipeline fits: hybrid, {hybrid['data_parallel']} "
-                                      f"replicas x {hybrid['stages']} stages, {_gib(need['hybrid'])} per device, "
+                                      f"replicas x {hybrid['stages']} stages, {size(need['hybrid'])} per device, "
                                       f"{hybrid['samples_per_s']:,.0f} samples/s")
         least = min(rows.values(), key=lambda r: r["memory_per_device_bytes"])
         return {"devices": n, "strategy": None,
-                "reason": f"nothing planned fits: the smallest, {least['strategy']}, needs {_gib(least['memory_per_device_bytes'])} "
+                "reason": f"nothing planned fits: the smallest, {least['strategy']}, needs {size(least['memory_per_device_bytes'])} "
                           f"per device ({room}); use more devices, a smaller --batch-size, activation checkpointing, "
                           "or a device with more memory"}
 
@@ -286,10 +287,6 @@ class _Planner:
         return {"devices": row["devices"], "strategy": row["strategy"], "data_parallel": row["data_parallel"],
                 "stages": row["stages"], "samples_per_s": row["samples_per_s"], "efficiency": row["efficiency"],
                 "memory_per_device_bytes": row["memory_per_device_bytes"], "reason": reason}
-
-
-def _gib(size: float) -> str:
-    return f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.0f} MiB"
 
 
 def backend_guidance(device: Device) -> dict[str, Any]:

@@ -13,7 +13,6 @@ thread), its share of the host's memory and a memory bandwidth timed here.
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -124,7 +123,7 @@ def measure_cpu(precision: str = "fp32", cache_dir: Optional[Path] = None) -> De
     no TF32 and torch no fast fp16 CPU matmul), its share of the host's memory."""
     import psutil
 
-    from paratrain.engine.flops import cpu_peak
+    from paratrain.engine.flops import cpu_copy_bandwidth, cpu_peak
     from paratrain.workloads.datasets import default_cache_dir
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -134,7 +133,7 @@ def measure_cpu(precision: str = "fp32", cache_dir: Optional[Path] = None) -> De
     torch.set_num_threads(1)        # a rank per core: the peak of one core's thread
     try:
         peak, how = cpu_peak("32" if precision == "fp32" else precision, cache_dir or default_cache_dir())
-        bandwidth = _copy_bandwidth()
+        bandwidth, bandwidth_how = cpu_copy_bandwidth(cache_dir or default_cache_dir())
     finally:
         torch.set_num_threads(threads)
     total = psutil.virtual_memory().total
@@ -142,21 +141,9 @@ def measure_cpu(precision: str = "fp32", cache_dir: Optional[Path] = None) -> De
     flops[precision] = peak
     sources = {f"peak_flops.{precision}": how,
                "memory_bytes": f"measured: this host's {total / 2**30:.1f} GiB (psutil) shared by {cores} core(s), one rank each",
-               "memory_bandwidth": "measured: a 64 MiB float32 tensor copied on one thread, best of 5",
+               "memory_bandwidth": bandwidth_how,
                "intra_node_link": "paratrain's shared-memory averaging between CPU ranks of one host (engine/shm_allreduce.py)",
                "runtime_bytes": "measured here: a rank's interpreter with torch and paratrain, docs/strategies.md (--memory-limit)",
                f"efficiency.{precision}": f"default {CPU_DEFAULT_EFFICIENCY}: an assumption; calibrate with --calibrate RUN_DIRS"}
     return Device("cpu", flops, total / cores, bandwidth, "shm", {precision: CPU_DEFAULT_EFFICIENCY}, sources,
                   overlap=False, runtime_bytes=CPU_RUNTIME_BYTES)
-
-
-def _copy_bandwidth() -> float:
-    """Bytes/s one core moves copying a tensor larger than its caches (read + write counted)."""
-    src = torch.ones(16 * 2**20)
-    dst = torch.empty_like(src)
-    best = float("inf")
-    for _ in range(5):
-        start = time.perf_counter()
-        dst.copy_(src)
-        best = min(best, time.perf_counter() - start)
-    return 2 * src.numel() * src.element_size() / best
