@@ -26,6 +26,7 @@ WARMUP_LR_FACTOR = 8        # LR scaled up this much or more without warmup (Goy
 STRAGGLER_RATIO = 1.3       # a rank's CPU against the median of the others, while all ranks are busy...
 STRAGGLER_SHARE = 0.15      # ...in this share of the monitor samples or more...
 STRAGGLER_DOMINANCE = 2     # ...and this many times as often as any other rank leads that way
+STRAGGLER_MIN_SAMPLES = 3   # ...and in at least this many samples: once in a short run is chance (a healthy run led once in 6)
 ALONE_SHARE = 0.15          # rank 0 busy while every other rank idles, for this share of the monitored time
 # Oversubscription model: a rank on its own cores computes at this fraction of the machine's measured
 # matmul peak (summary mfu_peak). cifar10-cnn reached 13 % of it here and the gpt models 49-74 %
@@ -250,7 +251,7 @@ def straggler(ev: RunEvidence) -> Optional[Finding]:
     slow = max(ahead, key=lambda r: len(ahead[r]))
     share = len(ahead[slow]) / len(states)
     rest = max(len(v) for r, v in ahead.items() if r != slow)
-    if share < STRAGGLER_SHARE or len(ahead[slow]) < STRAGGLER_DOMINANCE * rest:
+    if share < STRAGGLER_SHARE or len(ahead[slow]) < max(STRAGGLER_MIN_SAMPLES, STRAGGLER_DOMINANCE * rest):
         return None
     ratio = statistics.mean(ahead[slow])
     saving = share * (1 - ratio)
