@@ -6,10 +6,11 @@ one core each (async-ps: 2 workers plus 1 server rank, 3 ranks on the 2 cores, u
 server takes time from the workers), and the 1-worker run gives the base. The LR is given for a batch of
 32 and scaled linearly with the batch each update averages (`--base-batch-size 32`), so every
 configuration gets the same rule. Runs alternate (base, sync, accum, ..., base, sync, ...) because the
-machine's speed drifts; repeat r runs every configuration with --seed r (--first-seed F: F + r; a
-seed's accuracy is the same in every run, so seeds can be added later) (the same initial model,
+machine's speed drifts; repeat r runs every configuration with --seed r (the same initial model,
 order and augmentation for all of them within a repeat, another across repeats: a single seed's
-accuracy differs between configurations by a point or so by luck). The table gives medians of
+accuracy differs between configurations by a point or so by luck). A seed's accuracy is the same
+in every run of it, so more seeds can be added later: --first-seed F makes repeat r use F + r.
+Without the base in --configurations the table has no efficiency. The table gives medians of
 samples/s (epochs after the first) and of test accuracy, and efficiency = samples/s / (2 x the base's),
 of the medians and, in brackets, the median of each repeat's own ratio.
 

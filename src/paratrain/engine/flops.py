@@ -126,7 +126,10 @@ def cpu_peak(precision: str, cache_dir: Path, size: int = 1024, seconds: float =
 
 def cpu_copy_bandwidth(cache_dir: Path, mib: int = 64) -> tuple[float, str]:
     """(bytes/s, method) one thread moves copying a tensor larger than its caches (read and write
-    counted), measured once and cached: a plan made twice must not differ by a noisy copy."""
+    counted) on this process's threads, measured once and cached: a plan made twice must not differ
+    by a noisy copy."""
+    threads = torch.get_num_threads()
+
     def measure() -> tuple[float, str]:
         src = torch.ones(mib * 2**20 // 4)
         dst = torch.empty_like(src)
@@ -135,9 +138,10 @@ def cpu_copy_bandwidth(cache_dir: Path, mib: int = 64) -> tuple[float, str]:
             start = time.perf_counter()
             dst.copy_(src)
             best = min(best, time.perf_counter() - start)
-        return 2 * mib * 2**20 / best, f"measured: a {mib} MiB float32 tensor copied on one thread, best of 5, {_cpu_model()}"
+        return 2 * mib * 2**20 / best, (f"measured: a {mib} MiB float32 tensor copied, {threads} thread(s), best of 5, "
+                                        f"{_cpu_model()}")
 
-    return _measured_once(cache_dir, f"{_cpu_model()}|copy {mib} MiB|torch {torch.__version__}", measure)
+    return _measured_once(cache_dir, f"{_cpu_model()}|threads={threads}|copy {mib} MiB|torch {torch.__version__}", measure)
 
 
 def _measured_once(cache_dir: Path, key: str, measure: Callable[[], tuple[float, str]]) -> tuple[float, str]:

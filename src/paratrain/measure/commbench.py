@@ -199,9 +199,9 @@ def _round(run: Callable[[], Any], repeats: int, device: torch.device) -> tuple[
     """(typical, mean) seconds of one call over `repeats` calls, the slowest rank's. On a GPU both
     are the mean of calls timed together (nccl-tests' way: a synchronisation per call would cost
     more than a small collective). On CPU the backend's collectives block, so each call is timed
-    alone and the typical call is the median: on this machine a varying share of gloo's calls, 10 to
-    50 %, takes 3-8 ms instead of 0.3 ms at every size, a delay of the machine's scheduling, not of
-    the message, and the mean follows that share (benchmarks/gloo_call_latency.py)."""
+    alone and the typical call is the median: on this machine a varying share of gloo's calls (10-25 %
+    in benchmarks/gloo_call_latency.py's runs) takes 3-8 ms instead of 0.3 ms at every size, a delay
+    of the machine's scheduling, not of the message, and the mean follows that share."""
     dist.barrier()
     if device.type == "cuda":
         start = time.perf_counter()
