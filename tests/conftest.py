@@ -1,6 +1,7 @@
 import json
 import os
 import socket
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -45,14 +46,24 @@ def train_spawned(rank: int, out: Path, ports: Sequence[int], runs: dict[str, tu
     """On one of two ranks started with torch.multiprocessing: each named run of `runs` ({name:
     (config overrides, placement)}) in out/name, one after another, each on a port of its own (a
     port is not reused at once after a process group closes); rank 0 writes the configuration and
-    the summary, as the launcher would."""
+    the summary, as the launcher would. A run of `workers=1` is rank 0's alone: rank 1 waits for its
+    summary before the next run of both (dialled earlier, the store's client backs off and the pair
+    starts up to a second late)."""
     from paratrain.config import TrainConfig
     from paratrain.engine.loop import run_rank
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
+    os.environ.update(MASTER_ADDR="127.0.0.1", RANK=str(rank), LOCAL_RANK=str(rank))
+    alone = None        # the summary of rank 0's last run alone, for rank 1 to wait for
     for port, (name, (overrides, placement)) in zip(ports, runs.items()):
-        os.environ["MASTER_PORT"] = str(port)
         run_dir = Path(out) / name
+        workers = overrides.get("workers", 2)
+        if rank >= workers:
+            alone = run_dir / "summary.json"
+            continue
+        while alone is not None and not alone.exists():
+            time.sleep(0.01)
+        alone = None
+        os.environ.update(WORLD_SIZE=str(workers), MASTER_PORT=str(port))
         cfg = TrainConfig.model_validate(synthetic(Path(out), run_dir=run_dir, **overrides)).model_dump(mode="json")
         summary = run_rank(cfg, placement, str(run_dir))
         if rank == 0:

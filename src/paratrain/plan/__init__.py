@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 from paratrain.config import PlanConfig, TrainConfig
 from paratrain.errors import UsageError
-from paratrain.plan.devices import Device, get_device
+from paratrain.plan.devices import NODE_DEVICES, Device, get_device
 from paratrain.plan.links import DEFAULT_INTER_NODE, Link, commbench_link, custom_link, get_link, shm_link
 from paratrain.plan.memory import USABLE_FRACTION, Layout, memory_per_device
 from paratrain.plan.profile import ModelProfile, profile_model
@@ -45,7 +45,7 @@ def run_plan(cfg: PlanConfig) -> dict[str, Any]:
     profile = profile_model(_train_config(cfg))
     topo = _topology(cfg, device, per_node, float(profile.param_bytes))
     momentum = TrainConfig.model_fields["momentum"].default
-    eff = Efficiency(device.efficiency[cfg.precision], source=device.sources.get(f"efficiency.{cfg.precision}", ""))
+    eff = _published_efficiency(device, cfg.precision)
     if runs:
         eff = calibrate.fit(runs, lambda s: _run_timing(profile, s, device, cfg, topo))
 
@@ -87,9 +87,11 @@ def pareto(curve: list[dict[str, Any]], samples: int = PARETO_SAMPLES) -> dict[s
     """Device-hours against wall time for the same work at each device count (McCandlish et al. 2018's
     trade of compute against time), its frontier, and the point where it bends.
 
-    The bend is the frontier point farthest from the straight line joining its ends, in log-log
-    space (the "knee" of a curve): before it, more devices cut the wall time at little extra cost;
-    after it, each halving of the time costs ever more device-hours.
+    The bend is the frontier point farthest *below* the straight line joining its ends, in log-log
+    space (the knee, as Kneedle finds it: Satopää et al. 2011, the largest difference in the
+    curve's own direction): before it, more devices cut the wall time at little extra cost; after
+    it, each halving of the time costs ever more device-hours. Points above the line are a cost paid
+    early and then no more (a full node's slower devices), not a knee; with none below, no bend.
     """
     import math
 
@@ -108,10 +110,27 @@ def pareto(curve: list[dict[str, Any]], samples: int = PARETO_SAMPLES) -> dict[s
     if len(frontier) >= 3:
         xy = [(math.log(p["wall_hours"]), math.log(p["device_hours"])) for p in frontier]
         (x0, y0), (x1, y1) = xy[0], xy[-1]
-        norm = math.hypot(x1 - x0, y1 - y0) or 1.0
-        distance = [abs((y1 - y0) * x - (x1 - x0) * y + x1 * y0 - y1 * x0) / norm for x, y in xy]
-        bend = frontier[max(range(len(frontier)), key=distance.__getitem__)]["devices"]
+        # how far each point's cost lies below the line's at its wall time (the ends lie on it)
+        below = [y0 + (y1 - y0) * (x - x0) / (x1 - x0) - y if x1 != x0 else 0.0 for x, y in xy]
+        knee = max(range(len(frontier)), key=below.__getitem__)
+        bend = frontier[knee]["devices"] if below[knee] > 1e-9 else None
     return {"samples": samples, "points": points, "frontier": [p["devices"] for p in frontier], "bend_devices": bend}
+
+
+def _published_efficiency(device: Device, precision: str) -> Efficiency:
+    """The device table's figures: the share of the peak one device reaches, and from NODE_DEVICES
+    devices on, that share times what each keeps when a whole node trains at once. Only 1 and
+    NODE_DEVICES were published: the counts between are interpolated linearly, a guess that keeps
+    the plan from predicting a sudden loss between 7 and 8 devices."""
+    one = device.efficiency[precision]
+    source = device.sources.get(f"efficiency.{precision}", "")
+    share = device.node_share.get(precision)
+    if share is None:
+        return Efficiency(one, source=source)
+    kept = [(n, one * (1 - (1 - share) * (n - 1) / (NODE_DEVICES - 1))) for n in range(1, NODE_DEVICES + 1)]
+    return Efficiency(one, source=f"{source}; x {share:.3f} from {NODE_DEVICES} devices on (linear from 1 to {NODE_DEVICES}): "
+                                  f"{device.sources.get(f'node_share.{precision}', '')}",
+                      by_devices=tuple(kept))
 
 
 def _cores() -> int:

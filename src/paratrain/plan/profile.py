@@ -4,7 +4,7 @@ Everything runs on the *meta* device (shapes only, no arithmetic, no memory), so
 model is profiled in seconds on a laptop:
 - parameters and buffers, counted from the built model;
 - FLOPs per sample of forward + loss + backward (`torch.utils.flop_counter.FlopCounterMode`, as
-  engine/flops.py counts them for MFU), and per pipeline unit (the blocks a pipeline is cut along);
+  engine/flops.py's `flop_counter` counts them for MFU), and per pipeline unit (the blocks a pipeline is cut along);
 - activation bytes per sample: the tensors autograd saves for backward, through
   `torch.autograd.graph.saved_tensors_hooks`, peak over forward and backward, as engine/memory.py's
   MemoryMeter measures real runs; measured at two batch sizes, so a part that does not grow with
@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
-from torch.utils.flop_counter import FlopCounterMode
 
 from paratrain.config import TrainConfig
+from paratrain.engine.flops import flop_counter
 from paratrain.errors import UsageError
 
 
@@ -118,7 +118,7 @@ def _batch(cfg: TrainConfig, data: Any, size: int) -> tuple[torch.Tensor, torch.
 
 
 def _count_flops(model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Tensor) -> tuple[int, dict[str, int]]:
-    counter = FlopCounterMode(display=False)
+    counter = flop_counter()
     try:
         with counter:
             objective(model, x, y)[0].backward()
