@@ -5,10 +5,10 @@ achieved per second over the peak FLOP/s of the devices it used. "Model FLOPs" a
 forward and one backward pass, not what the hardware executed: activation recomputation does not
 count, and neither do elementwise ops.
 
-- FLOPs per sample: counted once per run by `torch.utils.flop_counter.FlopCounterMode` (grouped
-  convolutions' backward corrected: `flop_counter`) over the
+- FLOPs per sample: counted once per run by `torch.utils.flop_counter.FlopCounterMode` over the
   forward, loss and backward of one sample, on the *meta* device: shapes only, no arithmetic and
-  no memory, so counting a 700 M-parameter model costs a second. On meta, attention runs as its
+  no memory, so counting a 700 M-parameter model costs a second. A grouped convolution's backward
+  is counted by paratrain's own formula (`flop_counter`): torch 2.13's counts it `groups` times over. On meta, attention runs as its
   math (two batched matmuls a head); the causal mask is not discounted, as in PaLM's formula.
 - Peak of a GPU: the dense (no sparsity) tensor-core figure of its data sheet for the run's
   dtype, from `GPU_PEAK_TFLOPS`; fp32 is the non-tensor-core figure, as PyTorch does not use

@@ -4,7 +4,8 @@ Everything runs on the *meta* device (shapes only, no arithmetic, no memory), so
 model is profiled in seconds on a laptop:
 - parameters and buffers, counted from the built model;
 - FLOPs per sample of forward + loss + backward (`torch.utils.flop_counter.FlopCounterMode`, as
-  engine/flops.py's `flop_counter` counts them for MFU), and per pipeline unit (the blocks a pipeline is cut along);
+  engine/flops.py's `flop_counter` counts them for MFU), and per pipeline unit (the blocks a
+  pipeline is cut along);
 - activation bytes per sample: the tensors autograd saves for backward, through
   `torch.autograd.graph.saved_tensors_hooks`, peak over forward and backward, as engine/memory.py's
   MemoryMeter measures real runs; measured at two batch sizes, so a part that does not grow with
