@@ -118,21 +118,23 @@ def test_calibration_from_real_runs_predicts_their_own_compute(runs, capsys):
 def test_runs_at_two_batch_sizes_split_the_compute_into_a_fixed_cost_and_an_efficiency():
     """Compute seconds = 2 ms + FLOPs / (0.25 x peak) (x 1.2 on two ranks), at 16 and 64 samples a
     rank: the fit gives both back; the 0.4 ms two ranks wait beyond the predicted communication
-    counts as busy time, and the optimizer's 0.2 ms beyond its estimate as overhead. At one batch
-    size the fixed cost cannot be told apart: the efficiency is that batch's."""
+    counts as busy time, and the optimizer's time beyond its estimate as overhead, per rank count
+    (0.2 ms on one rank, 0.4 on each of two, which share the memory bandwidth). At one batch size
+    the fixed cost cannot be told apart: the efficiency is that batch's."""
     peak, flops = 1e11, 1e7
 
     def summary(workers: int, batch: int) -> dict:
         compute = 2e-3 + flops * batch / (0.25 * peak) * (1.2 if workers == 2 else 1.0)
         return {"workers": workers, "batch_size": batch, "flops_per_sample": flops, "mfu_peak": {"per_device": peak},
-                "breakdown": {"compute_s": compute, "data_s": 1e-4, "other_s": 0.0, "optimizer_s": 3e-4,
+                "breakdown": {"compute_s": compute, "data_s": 1e-4, "other_s": 0.0, "optimizer_s": 3e-4 if workers == 1 else 5e-4,
                               "comm_s": 5e-4 if workers == 2 else 0.0}, "_path": f"w{workers}b{batch}"}
 
     planned = {"exposed_comm_s": 1e-4, "optimizer_s": 1e-4}
     eff = calibrate.fit([summary(w, b) for w in (1, 2) for b in (16, 64)], lambda _: planned)
     assert eff.fixed_compute_s(1) == pytest.approx(2e-3) and eff.compute_for(1) == pytest.approx(0.25)
     assert eff.fixed_compute_s(2) == pytest.approx(2.4e-3) and eff.compute_for(2) == pytest.approx(0.25 / 1.2)
-    assert eff.overhead_s == pytest.approx(3e-4)
+    assert eff.overhead_for(1) == pytest.approx(3e-4) and eff.overhead_for(2) == pytest.approx(5e-4)
+    assert eff.overhead_for(8) == pytest.approx(5e-4)     # the largest count measured
     one = calibrate.fit([summary(1, 16)], lambda _: planned)
     assert one.fixed_compute_s(1) == 0.0
     assert one.compute_for(1) == pytest.approx(flops * 16 / peak / summary(1, 16)["breakdown"]["compute_s"])

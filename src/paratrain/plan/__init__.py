@@ -70,8 +70,8 @@ def run_plan(cfg: PlanConfig) -> dict[str, Any]:
                    "memory_bytes": device.memory_bytes, "usable_fraction": USABLE_FRACTION,
                    "memory_bandwidth_bytes_per_s": device.memory_bandwidth, "efficiency": eff.compute,
                    "efficiency_source": eff.source, "overhead_s": eff.overhead_s,
-                   "calibrated_by_devices": [{"devices": n, "efficiency": share, "fixed_compute_s": eff.fixed_compute_s(n)}
-                                             for n, share in eff.by_devices],
+                   "calibrated_by_devices": [{"devices": n, "efficiency": share, "fixed_compute_s": eff.fixed_compute_s(n),
+                                              "overhead_s": eff.overhead_for(n)} for n, share in eff.by_devices],
                    "per_node": per_node, "intra_node_link": _link_json(topo.intra), "inter_node_link": _link_json(topo.inter),
                    "sources": device.sources},
         "optimizer": cfg.optimizer, "batch": {"per_device": cfg.batch_size, "global": cfg.global_batch},

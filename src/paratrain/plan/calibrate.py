@@ -12,9 +12,10 @@ layout, uncalibrated, is the yardstick for the rest. Fitted:
   compute per step (dispatching operators, launching kernels) that one batch size cannot tell from
   the efficiency. A plan for N devices takes the figures of the largest count measured that is at
   most N.
-- per-step overhead: the median of data_s + other_s (loading, bookkeeping) plus the optimizer time
-  beyond the plan's memory-traffic estimate (a small model's step is mostly the optimizer's own
-  per-tensor work), which no FLOP or byte count predicts.
+- per-step overhead, per number of ranks: the median of data_s + other_s (loading, bookkeeping)
+  plus the optimizer time beyond the plan's memory-traffic estimate (a small model's step is mostly
+  the optimizer's own per-tensor work), which no FLOP or byte count predicts; two CPU ranks share
+  the host's memory bandwidth, so their optimizer steps are slower than one rank's.
 """
 from __future__ import annotations
 
@@ -64,7 +65,7 @@ def fit(runs: list[dict[str, Any]], predicted: Callable[[dict[str, Any]], dict[s
     `predicted(summary)` is the plan's uncalibrated step for that run's layout (`exposed_comm_s`,
     `optimizer_s`): what it leaves out of the measured communication and optimizer time is fitted.
     """
-    overheads = []
+    overheads: dict[int, list[float]] = {}       # per rank count
     # per rank count: (seconds the step's FLOPs would take at the peak, measured busy seconds)
     by_workers: dict[int, list[tuple[float, float]]] = {}
     for summary in runs:
@@ -74,20 +75,22 @@ def fit(runs: list[dict[str, Any]], predicted: Callable[[dict[str, Any]], dict[s
         if b["compute_s"] > 0:
             ideal = summary["flops_per_sample"] * per_rank / summary["mfu_peak"]["per_device"]
             by_workers.setdefault(summary["workers"], []).append((ideal, b["compute_s"] + waiting))
-        overheads.append(b["data_s"] + b["other_s"] + max(b["optimizer_s"] - plan["optimizer_s"], 0.0))
+        overheads.setdefault(summary["workers"], []).append(
+            b["data_s"] + b["other_s"] + max(b["optimizer_s"] - plan["optimizer_s"], 0.0))
     if not by_workers:
         raise UsageError("--calibrate: no run has a measured compute time; calibrate from runs of at least one epoch")
     fitted = {workers: _compute_line(points) for workers, points in sorted(by_workers.items())}
     per_count = tuple((workers, share) for workers, (share, _) in fitted.items())
     fixed = tuple((workers, fixed_s) for workers, (_, fixed_s) in fitted.items()) if any(f for _, f in fitted.values()) else ()
+    overhead = tuple((workers, statistics.median(values)) for workers, values in sorted(overheads.items()))
     names = ", ".join(Path(s["_path"]).name for s in runs)
     shown = ", ".join(f"{share:.3f} on {workers} rank(s)" + (f" + {fixed_s * 1e3:.2f} ms a step" if fixed else "")
                       for workers, (share, fixed_s) in fitted.items())
-    return Efficiency(compute=per_count[0][1], overhead_s=statistics.median(overheads), by_devices=per_count,
-                      fixed_by_devices=fixed,
+    shown_overhead = ", ".join(f"{seconds * 1e3:.2f} ms on {workers} rank(s)" for workers, seconds in overhead)
+    return Efficiency(compute=per_count[0][1], overhead_s=overhead[0][1], by_devices=per_count, fixed_by_devices=fixed,
+                      overhead_by_devices=overhead,
                       source=f"calibrated from {len(runs)} run(s) measured here ({names}): compute efficiency "
-                             f"{shown} of the peak (waiting for other ranks included), per-step overhead "
-                             f"{statistics.median(overheads) * 1e3:.2f} ms")
+                             f"{shown} of the peak (waiting for other ranks included), per-step overhead {shown_overhead}")
 
 
 def _compute_line(points: list[tuple[float, float]]) -> tuple[float, float]:
