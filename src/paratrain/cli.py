@@ -110,6 +110,8 @@ def build_parser() -> Parser:
     scale.add_argument("--resume", action="store_true", help="finish an interrupted study, skipping finished points")
     scale.add_argument("--script", type=Path, help="study your own torchrun-style script (see paratrain launch); "
                                                    "arguments for it go after --; it reports paratrain.report(samples_per_s=...)")
+    scale.add_argument("--no-probe", dest="probe", action="store_false", default=argparse.SUPPRESS,
+                       help="with --script: run the script's ranks without the probe (no step breakdown)")
     _add_model_flags(scale, TRAIN_SECTIONS, exclude=SCALE_OWNS)
     scale.set_defaults(handler=_scale, command="scale")
 
@@ -156,6 +158,7 @@ def build_parser() -> Parser:
     launch.add_argument("--allow-oversubscribe", action="store_true", default=argparse.SUPPRESS, help=about["allow_oversubscribe"])
     launch.add_argument("--run-dir", type=Path, default=argparse.SUPPRESS, help=about["run_dir"])
     launch.add_argument("--monitor-hz", type=float, default=argparse.SUPPRESS, help=f"{about['monitor_hz']} (default: 2)")
+    launch.add_argument("--no-probe", dest="probe", action="store_false", default=argparse.SUPPRESS, help=about["probe"])
     launch.add_argument("script", type=Path, help=about["script"])
     launch.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
     launch.set_defaults(handler=_launch, command="launch")
@@ -426,11 +429,13 @@ def _print_summary(summary: dict[str, Any]) -> None:
 
 
 def _scale_values(args: argparse.Namespace) -> dict[str, Any]:
-    own = {"workers", "mode", "repeats", "workload", "strategy", "out", "resume", "script", "script_args", "handler", "command"}
+    own = {"workers", "mode", "repeats", "workload", "strategy", "out", "resume", "script", "script_args", "probe",
+           "handler", "command"}
     train = {k: v for k, v in vars(args).items() if k not in own}
     return {"workers": args.workers, "mode": args.mode, "repeats": args.repeats,
             **({"workload": args.workload} if args.workload else {}),
             **({"strategy": args.strategy} if args.strategy else {}), "out": args.out,
+            **({"probe": args.probe} if "probe" in vars(args) else {}),
             "resume": args.resume, "train": train, "script": args.script, "script_args": args.script_args}
 
 

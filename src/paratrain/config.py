@@ -507,6 +507,7 @@ class ScaleConfig(BaseModel):
     train: dict[str, Any] = Field(default_factory=dict, description="the train flags every point shares")
     script: Optional[Path] = Field(None, description="study your own torchrun-style script instead of a workload; it reports its throughput with paratrain.report(samples_per_s=...)")
     script_args: list[str] = Field(default_factory=list, description="arguments after -- passed to the script")
+    probe: bool = Field(True, description="with --script: time each rank's steps by phase (launch's probe)")
 
     @field_validator("workers", "workload", "strategy", mode="before")
     @classmethod
@@ -620,6 +621,8 @@ class LaunchConfig(BaseModel):
     run_dir: Optional[Path] = Field(None, description="run directory (default runs/<time>-<script>-w<ranks>)")
     monitor_hz: float = TrainConfig.model_fields["monitor_hz"]
     env: dict[str, str] = Field(default_factory=dict, description="extra environment variables of the ranks")
+    probe: bool = Field(True, description="time each rank's steps by phase for the doctor (torch-level hooks, "
+                                          "docs/doctor.md); --no-probe runs the script untouched")
 
 
 class SweepConfig(BaseModel):

@@ -14,6 +14,10 @@ The run directory:
     system.jsonl          the monitor's samples (see paratrain.measure.monitor)
     logs/rank<R>.log      each rank's stdout and stderr
     reports/rank<R>.jsonl each rank's `paratrain.report(...)` calls, one JSON line per call
+    probe/rank<R>.jsonl   each rank's steps timed by phase (launch/probe.py; not with --no-probe)
+
+summary.json then also holds `breakdown` (seconds per optimizer step: data, compute, comm,
+optimizer, other, as for built-in runs) and `probe` (what the probe saw per rank, or why it is off).
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ from typing import Any, Optional, Union
 
 from paratrain.config import LaunchConfig, validate
 from paratrain.errors import UsageError
+from paratrain.launch import probe, probe_summary
 from paratrain.launch.load import LoadMeter
 from paratrain.launch.local import quiet_elastic_logs, scoped_environ, thread_env
 from paratrain.launch.placement import available_cores, core_sets, resolve_device
@@ -42,7 +47,7 @@ from paratrain.sweep.client import REPORT_FILE_ENV
 # The keys of summary.json that launch itself writes; a reported metric of the same name is kept
 # under "reported" only.
 OWN_KEYS = ("status", "workers", "exit_code", "failed_rank", "error", "wall_time_s", "run_dir", "reported",
-            "machine_load", "samples_per_s", "epoch_times_s", "epoch_time_s")
+            "machine_load", "samples_per_s", "epoch_times_s", "epoch_time_s", "breakdown", "probe")
 
 # Each rank starts as `python -c RANK_EXEC PROGRAM...`: it pins itself to its cores, sends its
 # output to its log and names its report file, then exec()s the program: same process, same
@@ -64,6 +69,19 @@ os.execv(sys.argv[1], sys.argv[1:])
 """.replace("{report_env}", REPORT_FILE_ENV)
 
 
+# A probed rank runs `python -c PROBE_BOOT PROBE_FILE SCRIPT ARGS...`: the probe is loaded by its
+# path, not through the paratrain package (whose import would import torch before the script does),
+# and runs the script as __main__ (launch/probe.py).
+PROBE_BOOT = """\
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("paratrain_probe", sys.argv[1])
+probe = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = probe
+spec.loader.exec_module(probe)
+probe.run(sys.argv[2:])
+"""
+
+
 def launch_script(config: Union[LaunchConfig, dict[str, Any], None] = None, **overrides: Any) -> dict[str, Any]:
     """Run a torchrun-style script on `workers` local ranks; returns the summary (also RUN_DIR/summary.json).
 
@@ -78,6 +96,8 @@ def launch_script(config: Union[LaunchConfig, dict[str, Any], None] = None, **ov
     if script.suffix != ".py" and not os.access(script, os.X_OK):
         raise UsageError(f"{cfg.script} is not executable; chmod +x it, or pass a .py file (run with {sys.executable})")
     program = [sys.executable, str(script)] if script.suffix == ".py" else [str(script)]
+    if cfg.probe and script.suffix == ".py":
+        program = [sys.executable, "-c", PROBE_BOOT, str(Path(probe.__file__).resolve()), str(script)]
     cuda = resolve_device("auto")
     cores = available_cores()
     if cuda:        # GPU ranks, as in `train`: one GPU each, cores shared, unpinned
@@ -119,7 +139,10 @@ def _launch(cfg: LaunchConfig, run: RunDir, script: Path, program: list[str], cu
                "run_dir": str(run.path), "machine_load": load.finish()}
     reported = read_reports(run.path / "reports")
     summary = {**{k: v for k, v in reported.items() if k not in OWN_KEYS}, **summary, "reported": reported,
-               **throughput(run.path / "reports")}
+               **throughput(run.path / "reports"), **probed(cfg, script, run.path)}
+    if summary.get("samples_per_s") is None and summary["probe"].get("samples_per_s"):
+        # The script reported no throughput: the probe's count of the samples its ranks trained on.
+        summary["samples_per_s"] = summary["probe"]["samples_per_s"]
     write_json(run.summary, summary)
     return summary
 
@@ -155,6 +178,15 @@ def _run(command: list[str], workers: int, run_id: str, run_dir: Path, env: dict
                 "error": f"rank {rank} failed with {how}{': ' + last if last else ''} (see {log})"}
     shutil.rmtree(elastic_logs, ignore_errors=True)
     return {"status": "completed", "exit_code": 0}
+
+
+def probed(cfg: LaunchConfig, script: Path, run_dir: Path) -> dict[str, Any]:
+    """summary.json's `breakdown` and `probe` blocks (launch/probe_summary.py), or why there are none."""
+    if not cfg.probe:
+        return probe_summary.off("--no-probe")
+    if script.suffix != ".py":
+        return probe_summary.off(f"{script.name} is not a Python script (.py); only the monitor's samples describe it")
+    return probe_summary.summarise(run_dir)
 
 
 def read_reports(reports: Path) -> dict[str, float]:

@@ -101,7 +101,7 @@ def script_point_config(study: ScaleConfig, workers: int, repeat: int, all_cores
     # One core per worker, and every core for the reference, as for built-in workloads.
     launch["threads_per_worker"] = None if all_cores else launch.get("threads_per_worker", 1)
     return {**launch, "script": str(study.script), "script_args": study.script_args, "workers": workers,
-            "run_dir": str(study.out / "runs" / name), "env": {SCALE_MODE_ENV: study.mode}}
+            "run_dir": str(study.out / "runs" / name), "env": {SCALE_MODE_ENV: study.mode}, "probe": study.probe}
 
 
 def plan(study: ScaleConfig) -> list[tuple[str, int, int, dict[str, Any]]]:

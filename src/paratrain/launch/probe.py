@@ -1,0 +1,404 @@
+"""The rank-side probe: where the time of an unmodified training script goes, step by step.
+
+`paratrain launch` (and `scale --script`) start each rank of a Python script through `run()`
+instead of `python script.py`: it installs the probe, then runs the script as `__main__`, with its
+own argv and sys.path[0], the way the interpreter would. Nothing is imported before the script
+runs: the hooks go in when the script itself imports torch (a post-import hook), so a script that
+sets OMP_NUM_THREADS (or anything else) before `import torch` behaves exactly as without the probe.
+That is also why this file uses the standard library only at module level, and is loaded by path
+(launch/script.py), never through the paratrain package, whose import would pull in torch first.
+
+What it hooks, all at the torch level, so DDP, FSDP2, a bare model and frameworks on top
+(Lightning, Accelerate) are seen alike:
+    optimizer step   torch.optim's global step pre/post hooks: the step boundary, and its own time
+    data             DataLoader iterators' __next__ (the wait for the next batch)
+    forward          the outermost nn.Module call (global module hooks, nesting counted); a call
+                     without grad, or of a module in eval mode, is evaluation
+    backward         torch.autograd.backward (what loss.backward() calls)
+    communication    collectives called from Python (torch.distributed.*, Work.wait: FSDP2's and the
+                     script's own) and, for DDP, the tail of backward after its last gradient bucket
+                     was handed to the all-reduce (a timed copy of DDP's default all-reduce hook):
+                     the communication backward did not hide. No host synchronisation is added.
+    checkpoint       torch.save
+Time is charged exclusively to the innermost phase (a forward inside Lightning's optimizer closure
+is forward, not optimizer); what no phase claims is `other` (Python, logging, host reads).
+
+Each rank appends JSON lines to RUN_DIR/probe/rank<R>.jsonl: a `state` record when what it saw
+changes (torch's threads, DataLoader workers, DDP's settings), a `step` record per optimizer step
+(seconds per phase, samples, all-reduce rounds), and a `fallback` record if a hook ever failed:
+the probe then steps aside for the rest of the run and the script goes on untouched.
+launch/probe_summary.py turns the files into summary.json's `breakdown` and `probe` blocks.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import importlib.machinery
+import json
+import os
+import runpy
+import sys
+import time
+import weakref
+from typing import Any, Callable, Optional
+
+RUN_DIR_ENV = "PARATRAIN_RUN_DIR"
+PHASES = ("data", "forward", "backward", "comm", "optimizer", "eval", "checkpoint", "other")
+FLUSH_EVERY_S = 1.0         # buffered lines reach the file at least this often (a killed rank loses less)
+# Collectives a script (or FSDP2, or Lightning) calls from Python. A blocking call is exposed
+# communication; an async one is counted when its Work is waited for.
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single", "all_gather_object",
+               "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "broadcast",
+               "broadcast_object_list", "barrier", "all_to_all", "all_to_all_single", "reduce", "gather",
+               "gather_object", "scatter", "monitored_barrier")
+
+
+def _first_len(value: Any, torch: Any, depth: int = 0) -> Optional[int]:
+    """The leading dimension of the first tensor in a batch (a tensor, or a tuple, list or dict of them)."""
+    if isinstance(value, torch.Tensor):
+        return int(value.shape[0]) if value.dim() else None
+    if depth > 3:
+        return None
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            n = _first_len(item, torch, depth + 1)
+            if n is not None:
+                return n
+    return None
+
+
+class Probe:
+    """One rank's instrumentation: phase clocks, the step records and their file."""
+
+    def __init__(self, path: str, rank: int):
+        self.path, self.rank = path, rank
+        self.broken = False
+        self.clock = time.perf_counter
+        self.origin = self.clock()
+        self.mark = self.origin
+        self.stack: list[str] = []
+        self.step_started: Optional[float] = None
+        self.times = dict.fromkeys(PHASES, 0.0)
+        self.samples = 0            # training samples (outermost forward's batch) in this step
+        self.micro = 0              # training forwards in this step
+        self.rounds = 0             # DDP all-reduce rounds (last buckets) in this step
+        self.depth = 0              # nesting of module calls
+        self.outer_kind = ""        # the outermost module call's phase: forward or eval
+        self.backward_launch: Optional[float] = None  # when DDP's last bucket left, in this backward
+        self.steps = 0
+        self.state: dict[str, Any] = {}
+        self.lines: list[str] = []
+        self.flushed = self.origin
+        self.torch: Any = None
+        self.restore: list[Callable[[], None]] = []
+
+    # -- phase clocks ---------------------------------------------------------------------
+    def _charge(self, now: float) -> None:
+        self.times[self.stack[-1] if self.stack else "other"] += now - self.mark
+        self.mark = now
+
+    def enter(self, phase: str) -> None:
+        now = self.clock()
+        if self.step_started is None:
+            self.step_started, self.mark = now, now     # the first step starts at the first phase
+        self._charge(now)
+        self.stack.append(phase)
+
+    def leave(self, phase: str) -> float:
+        now = self.clock()
+        self._charge(now)
+        while self.stack:           # an exception may have skipped an inner leave
+            if self.stack.pop() == phase:
+                break
+        return now
+
+    def end_step(self) -> None:
+        now = self.clock()
+        self._charge(now)
+        started = self.step_started if self.step_started is not None else self.origin
+        self.steps += 1
+        threads = self.torch.get_num_threads()
+        if threads != self.state.get("threads"):
+            self.note(threads=threads)
+        record = {"kind": "step", "step": self.steps, "end_s": round(now - self.origin, 6),
+                  "wall_s": round(now - started, 6), **{k: round(v, 6) for k, v in self.times.items()},
+                  "samples": self.samples, "micro": self.micro, "rounds": self.rounds}
+        self.lines.append(json.dumps(record))
+        self.times = dict.fromkeys(PHASES, 0.0)
+        self.samples = self.micro = self.rounds = 0
+        self.stack.clear()
+        self.step_started = now
+        if now - self.flushed >= FLUSH_EVERY_S:
+            self.flush()
+
+    # -- records --------------------------------------------------------------------------
+    def note(self, **changes: Any) -> None:
+        """A change of what the rank runs with (threads, loader workers, DDP settings)."""
+        if all(self.state.get(k) == v for k, v in changes.items()):
+            return
+        self.state.update(changes)
+        self.lines.append(json.dumps({"kind": "state", "step": self.steps, **self.state}))
+
+    def flush(self) -> None:
+        self.flushed = self.clock()
+        if not self.lines:
+            return
+        with open(self.path, "a") as out:
+            out.write("\n".join(self.lines) + "\n")
+        self.lines.clear()
+
+    def fail(self, where: str, exc: BaseException) -> None:
+        """A hook failed: record why, remove every hook, and let the script run on untouched."""
+        if self.broken:
+            return
+        self.broken = True
+        self.lines.append(json.dumps({"kind": "fallback", "step": self.steps, "where": where,
+                                      "error": f"{type(exc).__name__}: {exc}"[:500]}))
+        for undo in reversed(self.restore):
+            try:
+                undo()
+            except Exception:       # best effort: a hook left behind checks `broken` and passes through
+                pass
+        try:
+            self.flush()
+        except OSError:
+            pass
+
+    # -- installation ---------------------------------------------------------------------
+    def install(self, torch: Any) -> None:
+        self.torch = torch
+        self.note(threads=torch.get_num_threads(), interop_threads=torch.get_num_interop_threads(),
+                  pid=os.getpid(), cpu_affinity=len(os.sched_getaffinity(0)))
+        for install in (self._optimizer_hooks, self._module_hooks, self._backward, self._loader,
+                        self._collectives, self._ddp, self._save):
+            install(torch)
+
+    def _patch(self, owner: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+        original = getattr(owner, name)
+        wrapper = make(original)
+        wrapper.__wrapped__ = original      # type: ignore[attr-defined]
+        setattr(owner, name, wrapper)
+        self.restore.append(lambda: setattr(owner, name, original))
+
+    def _guarded(self, where: str, body: Callable[..., Any]) -> Callable[..., Any]:
+        """A hook body that can never break the script: on any error the probe falls back."""
+        def hook(*args: Any, **kwargs: Any) -> Any:
+            if self.broken:
+                return None
+            try:
+                return body(*args, **kwargs)
+            except Exception as exc:
+                self.fail(where, exc)
+                return None
+        return hook
+
+    def _phase_call(self, phase: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        """`original` timed as `phase`; its own exceptions pass through unchanged."""
+        probe = self
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if probe.broken:
+                return original(*args, **kwargs)
+            probe.enter(phase)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                probe.leave(phase)
+        return timed
+
+    def _optimizer_hooks(self, torch: Any) -> None:
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+        handles = [register_optimizer_step_pre_hook(self._guarded("optimizer", lambda *a: self.enter("optimizer"))),
+                   register_optimizer_step_post_hook(self._guarded("optimizer", self._after_step))]
+        self.restore += [h.remove for h in handles]
+
+    def _after_step(self, *args: Any) -> None:
+        self.leave("optimizer")
+        self.end_step()
+
+    def _module_hooks(self, torch: Any) -> None:
+        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+
+        def pre(module: Any, args: Any) -> None:
+            self.depth += 1
+            if self.depth != 1:
+                return
+            training = module.training and torch.is_grad_enabled()
+            self.outer_kind = "forward" if training else "eval"
+            if training:
+                self.micro += 1
+                self.samples += _first_len(args, torch) or 0
+            self.enter(self.outer_kind)
+
+        def post(module: Any, args: Any, output: Any) -> None:
+            self.depth -= 1
+            if self.depth == 0:
+                self.leave(self.outer_kind)
+            elif self.depth < 0:        # hooks installed mid-call: re-synchronise
+                self.depth = 0
+
+        handles = [register_module_forward_pre_hook(self._guarded("forward", pre)),
+                   register_module_forward_hook(self._guarded("forward", post), always_call=True)]
+        self.restore += [h.remove for h in handles]
+
+    def _backward(self, torch: Any) -> None:
+        probe = self
+
+        def make(original: Callable[..., Any]) -> Callable[..., Any]:
+            def backward(*args: Any, **kwargs: Any) -> Any:
+                if probe.broken:
+                    return original(*args, **kwargs)
+                probe.enter("backward")
+                probe.backward_launch = None
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    now = probe.leave("backward")
+                    if probe.backward_launch is not None:
+                        # DDP: after its last bucket was handed over, backward only waited for the
+                        # all-reduce (and copied the averages back): exposed communication.
+                        tail = min(now - probe.backward_launch, probe.times["backward"])
+                        probe.times["backward"] -= tail
+                        probe.times["comm"] += tail
+            return backward
+        self._patch(torch.autograd, "backward", make)
+
+    def _loader(self, torch: Any) -> None:
+        from torch.utils.data import dataloader
+        probe = self
+
+        def make(original: Callable[..., Any]) -> Callable[..., Any]:
+            timed = probe._phase_call("data", original)
+
+            def next_batch(iterator: Any) -> Any:
+                if not probe.broken:
+                    try:
+                        probe.note(loader_workers=max(int(iterator._num_workers), probe.state.get("loader_workers", 0)))
+                    except Exception as exc:
+                        probe.fail("data", exc)
+                return timed(iterator)
+            return next_batch
+        self._patch(dataloader._BaseDataLoaderIter, "__next__", make)
+
+    def _collectives(self, torch: Any) -> None:
+        import torch.distributed as dist
+        if not dist.is_available():
+            return
+        for name in COLLECTIVES:
+            if callable(getattr(dist, name, None)):
+                self._patch(dist, name, lambda original: self._phase_call("comm", original))
+        self._patch(dist.Work, "wait", lambda original: self._phase_call("comm", original))
+
+    def _ddp(self, torch: Any) -> None:
+        """Time DDP's all-reduce without changing it: a user's comm hook is wrapped; without one, DDP's
+        default (average by all-reduce, what the reducer does built in) is registered, timed, at the
+        first forward, when the script can no longer register its own."""
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        probe = self
+        hooked: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+        def timed_hook(hook: Callable[..., Any]) -> Callable[..., Any]:
+            # wraps: DDP checks the hook's signature (and logs its name); inspect follows __wrapped__.
+            @functools.wraps(hook)
+            def hook_and_time(state: Any, bucket: Any) -> Any:
+                if not probe.broken and bucket.is_last():
+                    probe.rounds += 1
+                    probe.backward_launch = probe.clock()
+                return hook(state, bucket)
+            return hook_and_time
+
+        def make_register(original: Callable[..., Any]) -> Callable[..., Any]:
+            def register_comm_hook(ddp: Any, state: Any, hook: Callable[..., Any]) -> Any:
+                if probe.broken:
+                    return original(ddp, state, hook)
+                hooked.add(ddp)
+                return original(ddp, state, timed_hook(hook))
+            return register_comm_hook
+
+        def make_builtin(original: Callable[..., Any]) -> Callable[..., Any]:
+            def register_builtin(ddp: Any, *args: Any, **kwargs: Any) -> Any:
+                hooked.add(ddp)       # a C++ hook: its rounds cannot be timed from here
+                return original(ddp, *args, **kwargs)
+            return register_builtin
+
+        def make_init(original: Callable[..., Any]) -> Callable[..., Any]:
+            def init(ddp: Any, *args: Any, **kwargs: Any) -> None:
+                original(ddp, *args, **kwargs)
+                if probe.broken:
+                    return
+                try:
+                    grads = sum(p.numel() * p.element_size() for p in ddp.module.parameters() if p.requires_grad)
+                    probe.note(ddp=True, find_unused_parameters=bool(ddp.find_unused_parameters),
+                               gradient_bytes=int(grads), static_graph=bool(getattr(ddp, "static_graph", False)))
+                    ddp.register_forward_pre_hook(probe._guarded("ddp", first_forward), prepend=True)
+                except Exception as exc:
+                    probe.fail("ddp", exc)
+            return init
+
+        def first_forward(ddp: Any, args: Any) -> None:
+            if ddp not in hooked and ddp.process_group is not None:
+                hooked.add(ddp)
+                DDP.register_comm_hook(ddp, ddp.process_group, allreduce_hook)
+
+        self._patch(DDP, "register_comm_hook", make_register)
+        self._patch(DDP, "_register_builtin_comm_hook", make_builtin)
+        self._patch(DDP, "__init__", make_init)
+
+    def _save(self, torch: Any) -> None:
+        self._patch(torch, "save", lambda original: self._phase_call("checkpoint", original))
+
+
+class _AfterTorchImport(importlib.abc.MetaPathFinder):
+    """Calls `then(torch)` once `import torch` has finished, whoever imports it first."""
+
+    def __init__(self, then: Callable[[Any], None]):
+        self.then = then
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != "torch":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return spec
+        load, then = spec.loader.exec_module, self.then
+
+        def exec_module(module: Any) -> None:
+            load(module)
+            then(module)
+        spec.loader.exec_module = exec_module     # type: ignore[method-assign]
+        return spec
+
+
+def run(argv: list[str]) -> None:
+    """Run the script `argv[0]` with arguments `argv[1:]` as `python script.py ...` would, probed."""
+    import atexit
+    rank = int(os.environ.get("RANK", "0"))
+    folder = os.path.join(os.environ[RUN_DIR_ENV], "probe")
+    os.makedirs(folder, exist_ok=True)
+    probe = Probe(os.path.join(folder, f"rank{rank}.jsonl"), rank)
+
+    def install(torch: Any) -> None:
+        try:
+            probe.install(torch)
+        except Exception as exc:
+            probe.fail("install", exc)
+
+    def last_flush() -> None:
+        try:
+            probe.flush()
+        except OSError:
+            pass
+
+    if "torch" in sys.modules:
+        install(sys.modules["torch"])
+    else:
+        sys.meta_path.insert(0, _AfterTorchImport(install))
+    atexit.register(last_flush)
+    script = os.path.abspath(argv[0])
+    sys.argv = [argv[0], *argv[1:]]
+    sys.path[0] = os.path.dirname(script)
+    runpy.run_path(script, run_name="__main__")

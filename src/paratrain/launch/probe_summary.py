@@ -1,0 +1,104 @@
+"""The probe's files (RUN_DIR/probe/rank<R>.jsonl, written by launch/probe.py) as summary.json blocks.
+
+`breakdown` has the same five keys, in seconds per optimizer step, as a built-in run's, so one set
+of doctor checks reads both: compute is forward + backward, and evaluation and checkpoints, which
+a built-in run does between epochs, count as `other`. The `probe` block keeps what only the probe
+sees, per rank: every phase, the threads torch used, DataLoader workers, DDP's settings, samples
+and all-reduce rounds per step.
+
+Per-step figures are means over the steady steps, not medians: an evaluation or checkpoint every
+k steps is time the run spends, and the doctor's predicted gains are shares of that time.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+PROBE_DIR = "probe"
+PHASES = ("data", "forward", "backward", "comm", "optimizer", "eval", "checkpoint", "other")
+# Steps that pay for start-up (allocations, first kernels, DDP's bucket rebuild after the first
+# step) are left out, like a built-in run's first epoch: the first WARMUP_SHARE of the steps, and
+# at least WARMUP_MIN of them while as many remain.
+WARMUP_SHARE = 0.1
+WARMUP_MIN = 2
+
+
+def steady(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The steps after warm-up."""
+    skip = max(int(len(steps) * WARMUP_SHARE), WARMUP_MIN)
+    return steps[skip:] if len(steps) > 2 * skip else steps[len(steps) // 2:]
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:          # a rank killed mid-write leaves half a line
+            continue
+        if isinstance(record, dict):
+            out.append(record)
+    return out
+
+
+def rank_record(rank: int, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """One rank's steps summarised: means per steady step, and the last state it ran with."""
+    state: dict[str, Any] = {}
+    for r in records:
+        if r.get("kind") == "state":
+            state.update({k: v for k, v in r.items() if k not in ("kind", "step")})
+    steps = [r for r in records if r.get("kind") == "step"]
+    fallback = next((r for r in records if r.get("kind") == "fallback"), None)
+    used = steady(steps)
+    out: dict[str, Any] = {"rank": rank, "steps": len(steps), "steady_steps": len(used), **state}
+    if fallback:
+        out["fallback"] = f"{fallback['where']}: {fallback['error']}"
+    if used:
+        n = len(used)
+        wall = sum(s["wall_s"] for s in used)
+        out.update(
+            step_s=wall / n, wall_s=wall,
+            phases_s={p: sum(s.get(p, 0.0) for s in used) / n for p in PHASES},
+            samples_per_step=sum(s["samples"] for s in used) / n,
+            micro_per_step=sum(s["micro"] for s in used) / n,
+            rounds_per_step=sum(s["rounds"] for s in used) / n,
+            # per-step wall times, for the spread (a rank whose steps vary waits unevenly)
+            step_s_median=statistics.median(s["wall_s"] for s in used))
+    return out
+
+
+def summarise(run_dir: Path) -> dict[str, Any]:
+    """`breakdown` and `probe` for summary.json; the probe block alone when no step was seen or it fell back."""
+    files = sorted((run_dir / PROBE_DIR).glob("rank*.jsonl"), key=lambda p: int(p.stem[4:] or -1))
+    if not files:
+        return {"probe": {"status": "no data", "reason": "no rank wrote probe records (did the script import torch?)"}}
+    ranks = [rank_record(int(p.stem[4:]), _records(p)) for p in files]
+    fell_back = [r for r in ranks if "fallback" in r]
+    probe: dict[str, Any] = {"status": "on", "ranks": ranks}
+    if fell_back:
+        probe.update(status="fell back", reason="; ".join(f"rank {r['rank']}: {r['fallback']}" for r in fell_back)
+                     + " (the script ran on untouched; only the monitor's samples describe this run)")
+        return {"probe": probe}
+    timed = [r for r in ranks if "phases_s" in r]
+    if not timed:
+        probe.update(status="no steps", reason="no optimizer step was seen: the script never called "
+                                               "optimizer.step() of a torch.optim optimizer")
+        return {"probe": probe}
+    phases = {p: statistics.mean(r["phases_s"][p] for r in timed) for p in PHASES}
+    probe["phases_s"] = phases
+    probe["step_s"] = statistics.mean(r["step_s"] for r in timed)
+    breakdown = {"data_s": phases["data"], "compute_s": phases["forward"] + phases["backward"],
+                 "comm_s": phases["comm"], "optimizer_s": phases["optimizer"],
+                 "other_s": phases["other"] + phases["eval"] + phases["checkpoint"]}
+    out: dict[str, Any] = {"breakdown": breakdown, "probe": probe}
+    samples = sum(r["samples_per_step"] * r["steady_steps"] for r in timed)
+    wall = max(r["wall_s"] for r in timed)
+    if samples and wall:
+        probe["samples_per_s"] = samples / wall
+    return out
+
+
+def off(reason: str) -> dict[str, Any]:
+    return {"probe": {"status": "off", "reason": reason}}
