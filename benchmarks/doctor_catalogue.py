@@ -1,0 +1,146 @@
+"""The doctor's fault catalogue (issue #26): each planted fault against its fix, and what the doctor said.
+
+For each script of benchmarks/doctor_faults/ (or `--faults a,b`), `--repeats` rounds, each a faulty run
+then the fixed one (`--fix`), both under `paratrain launch -n 2`. The measured gain of a round is the fixed
+run's THROUGHPUT over the faulty run's (rank 0's last line of `THROUGHPUT <samples/s>`); the doctor reads
+every faulty run (`paratrain doctor RUN --json`) and its top finding gives the check and the predicted
+gain (`predicted_speedup`). The table quotes medians over the rounds; "within 30 %" compares the two
+medians (|predicted - measured| <= 0.3 x measured). The raw figures go to OUT/catalogue.json.
+
+`--overhead` measures the probe instead: healthy.py with and without `launch --no-probe`, alternating,
+and the ratio of the median throughputs.
+
+    .venv/bin/python benchmarks/doctor_catalogue.py --out runs/catalogue [--faults data_wait,straggler] [--repeats 3]
+    .venv/bin/python benchmarks/doctor_catalogue.py --overhead --out runs/overhead --repeats 5
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from rich.progress import Progress
+
+ROOT = Path(__file__).resolve().parents[1]
+FAULTS_DIR = Path(__file__).resolve().parent / "doctor_faults"
+PARATRAIN = Path(sys.executable).parent / "paratrain"
+FAULTS = ["healthy", "data_wait", "oversubscribed", "straggler", "rank0_eval", "small_batch", "exposed_comm",
+          "no_sync", "find_unused", "uneven_shards", "eval_heavy", "checkpoint_heavy", "host_sync"]
+
+
+def command(fault: str, launch_args: list[str], fix: bool, run_dir: Path | None = None) -> list[str]:
+    where = ["--run-dir", str(run_dir)] if run_dir else []
+    script = FAULTS_DIR / f"{fault}.py"
+    return ["paratrain", "launch", "-n", "2", *launch_args, *where, str(script.relative_to(ROOT)),
+            *(["--fix"] if fix else [])]
+
+
+def throughput(fault: str, launch_args: list[str], fix: bool, run_dir: Path) -> float:
+    """Launch one run and return rank 0's THROUGHPUT; one retry, since a local rendezvous fails now and then
+    (a port taken between choosing and binding it)."""
+    cmd = [str(PARATRAIN), *command(fault, launch_args, fix, run_dir)[1:]]
+    for attempt in (1, 2):
+        shutil.rmtree(run_dir, ignore_errors=True)
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        found = re.findall(r"^THROUGHPUT ([0-9.]+)$", (run_dir / "logs" / "rank0.log").read_text(), re.M) \
+            if (run_dir / "logs" / "rank0.log").exists() else []
+        if proc.returncode == 0 and found:
+            return float(found[-1])
+        print(f"attempt {attempt} failed ({proc.returncode}): {shlex.join(cmd)}\n{proc.stderr[-2000:]}",
+              file=sys.stderr)
+    raise SystemExit(f"run failed twice: {shlex.join(cmd)}")
+
+
+def diagnose(run_dir: Path) -> tuple[str, float | None]:
+    """The doctor's top finding on a run: its check and predicted speed-up (None when it gives none)."""
+    proc = subprocess.run([str(PARATRAIN), "doctor", str(run_dir), "--json"], capture_output=True, text=True)
+    if proc.returncode != 0:
+        return f"doctor exit {proc.returncode}", None
+    findings = json.loads(proc.stdout)["findings"]
+    if not findings:
+        return "none", None
+    top = findings[0]
+    speedup = top.get("predicted_speedup")
+    return top["check"], float(speedup) if isinstance(speedup, (int, float)) else None
+
+
+def median_or_none(values: list[float | None]) -> float | None:
+    numbers = [v for v in values if v is not None]
+    return statistics.median(numbers) if numbers else None
+
+
+def catalogue(args: argparse.Namespace, launch_args: list[str]) -> None:
+    faults = args.faults.split(",") if args.faults else FAULTS
+    unknown = [f for f in faults if not (FAULTS_DIR / f"{f}.py").exists()]
+    if unknown:
+        raise SystemExit(f"no such fault script: {', '.join(unknown)} (choose from {', '.join(FAULTS)})")
+    results = {f: {"faulty": [], "fixed": [], "checks": [], "predicted": []} for f in faults}
+    with Progress() as progress:
+        task = progress.add_task("catalogue", total=len(faults) * args.repeats * 2)
+        for r in range(1, args.repeats + 1):
+            for fault in faults:
+                row = results[fault]
+                for fix in (False, True):
+                    run_dir = args.out / f"{fault}-{r}-{'fixed' if fix else 'fault'}"
+                    progress.update(task, description=f"{run_dir.name}")
+                    row["fixed" if fix else "faulty"].append(throughput(fault, launch_args, fix, run_dir))
+                    progress.advance(task)
+                check, predicted = diagnose(args.out / f"{fault}-{r}-fault")
+                row["checks"].append(check)
+                row["predicted"].append(predicted)
+    (args.out / "catalogue.json").write_text(json.dumps(results, indent=1) + "\n")
+
+    print(f"\n{args.repeats} round(s), medians; raw figures in {args.out / 'catalogue.json'}\n")
+    print("| fault | top finding | predicted gain | measured gain | within 30 % | command |")
+    print("|---|---|---|---|---|---|")
+    for fault, row in results.items():
+        measured = statistics.median(fixed / faulty for fixed, faulty in zip(row["fixed"], row["faulty"]))
+        predicted = median_or_none(row["predicted"])
+        checks = sorted(set(row["checks"]), key=row["checks"].count, reverse=True)
+        within = "n/a" if predicted is None else ("yes" if abs(predicted - measured) <= 0.3 * measured else "no")
+        print(f"| {fault} | {' / '.join(checks)} | {'n/a' if predicted is None else f'{predicted:.2f}x'} | "
+              f"{measured:.2f}x | {within} | `{shlex.join(command(fault, launch_args, False))} [--fix]` |")
+
+
+def overhead(args: argparse.Namespace, launch_args: list[str]) -> None:
+    arms = {"probe": launch_args, "no-probe": [*launch_args, "--no-probe"]}
+    samples: dict[str, list[float]] = {arm: [] for arm in arms}
+    with Progress() as progress:
+        task = progress.add_task("overhead", total=args.repeats * 2)
+        for r in range(1, args.repeats + 1):
+            for arm, extra in arms.items():
+                progress.update(task, description=f"healthy-{r}-{arm}")
+                samples[arm].append(throughput("healthy", extra, False, args.out / f"healthy-{r}-{arm}"))
+                progress.advance(task)
+    (args.out / "overhead.json").write_text(json.dumps(samples, indent=1) + "\n")
+    probe, bare = statistics.median(samples["probe"]), statistics.median(samples["no-probe"])
+    for arm, values in samples.items():
+        print(f"{arm}: median {statistics.median(values):.1f} samples/s over {len(values)} runs "
+              f"({', '.join(f'{v:.0f}' for v in values)})")
+    print(f"probe / no-probe throughput: {probe / bare:.3f} (overhead {100 * (1 - probe / bare):.1f} %)")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=ROOT / "runs" / "doctor-catalogue", help="run directories go here")
+    p.add_argument("--faults", help=f"comma-separated, of: {','.join(FAULTS)} (default: all)")
+    p.add_argument("--repeats", type=int, default=3, help="rounds of faulty and fixed runs, alternating")
+    p.add_argument("--launch-args", default="", help="extra `paratrain launch` flags, e.g. '--no-probe'")
+    p.add_argument("--overhead", action="store_true", help="healthy.py with and without --no-probe instead")
+    args = p.parse_args()
+    if args.repeats < 1:
+        p.error("--repeats must be at least 1")
+    args.out = args.out.resolve()
+    args.out.mkdir(parents=True, exist_ok=True)
+    launch_args = shlex.split(args.launch_args)
+    (overhead if args.overhead else catalogue)(args, launch_args)
+
+
+if __name__ == "__main__":
+    main()

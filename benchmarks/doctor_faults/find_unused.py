@@ -1,0 +1,59 @@
+"""`find_unused_parameters=True` where no parameter is unused: a deep stack of 256 small linear layers at 8
+samples per rank, so that what the flag adds to every step (DDP searches the autograd graph for unused
+parameters after each forward and all-reduces a map of the used ones) costs more than the
+little compute. Fix (`--fix`): `find_unused_parameters=False` (the default).
+
+    paratrain launch -n 2 benchmarks/doctor_faults/find_unused.py [--fix] [--steps N] [--seconds S]
+"""
+import itertools
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+from common import Meter, arguments, synthetic_cifar
+
+
+class DeepLinearNet(nn.Module):
+    """A conv stem, then a deep linear network: 256 small linear layers without activations between them
+    (each factor of the product is a module and two parameters, so 512 parameters for DDP to look for)."""
+
+    def __init__(self, depth: int = 256, width: int = 32):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, stride=2, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(2),
+                                  nn.Flatten(), nn.Linear(16 * 2 * 2, width))
+        self.layers = nn.Sequential(*(nn.Linear(width, width) for _ in range(depth)))
+        self.head = nn.Linear(width, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.layers(self.stem(x)))
+
+
+args = arguments(__doc__).parse_args()
+dist.init_process_group("gloo")
+
+dataset = TensorDataset(*synthetic_cifar(1024))
+sampler = DistributedSampler(dataset, shuffle=True, seed=0)
+loader = DataLoader(dataset, batch_size=8, sampler=sampler, drop_last=True)
+
+torch.manual_seed(0)
+# "in case some parameter gets no gradient": copied from a model that had a branch, this one has none
+model = DDP(DeepLinearNet(), find_unused_parameters=not args.fix)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+meter = Meter(args)
+for epoch in itertools.count():
+    sampler.set_epoch(epoch)
+    for images, labels in loader:
+        optimizer.zero_grad(set_to_none=True)
+        loss = nn.functional.cross_entropy(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        if meter.step(len(images)):
+            break
+    if meter.end_epoch():
+        break
+meter.report()
+del model, optimizer
+dist.destroy_process_group()

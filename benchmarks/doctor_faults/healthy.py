@@ -1,0 +1,38 @@
+"""Healthy: a plain DDP training script with no planted fault (`--fix` changes nothing).
+
+    paratrain launch -n 2 benchmarks/doctor_faults/healthy.py [--steps N] [--seconds S]
+"""
+import itertools
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+from common import Meter, SmallCNN, arguments, synthetic_cifar
+
+args = arguments(__doc__).parse_args()
+dist.init_process_group("gloo")
+
+dataset = TensorDataset(*synthetic_cifar(4096))
+sampler = DistributedSampler(dataset, shuffle=True, seed=0)
+loader = DataLoader(dataset, batch_size=32, sampler=sampler, drop_last=True)
+
+torch.manual_seed(0)
+model = DDP(SmallCNN())
+optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+meter = Meter(args)
+for epoch in itertools.count():
+    sampler.set_epoch(epoch)
+    for images, labels in loader:
+        optimizer.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.cross_entropy(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        if meter.step(len(images)):
+            break
+    if meter.end_epoch():
+        break
+meter.report()
+del model, optimizer
+dist.destroy_process_group()

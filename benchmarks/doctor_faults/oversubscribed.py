@@ -1,0 +1,42 @@
+"""Oversubscribed: the script asks torch for 4 threads, but the launcher gave each rank one core, so the 4
+threads take turns on it and spin at every operator's barrier waiting for each other. Fix (`--fix`): no
+`torch.set_num_threads` call; torch then uses the threads the launcher set (OMP_NUM_THREADS = cores).
+
+    paratrain launch -n 2 benchmarks/doctor_faults/oversubscribed.py [--fix] [--steps N] [--seconds S]
+"""
+import itertools
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+from common import Meter, SmallCNN, arguments, synthetic_cifar
+
+args = arguments(__doc__).parse_args()
+if not args.fix:
+    torch.set_num_threads(4)    # "4 threads make the convolutions faster": on a workstation with 4 free cores
+dist.init_process_group("gloo")
+
+dataset = TensorDataset(*synthetic_cifar(4096))
+sampler = DistributedSampler(dataset, shuffle=True, seed=0)
+loader = DataLoader(dataset, batch_size=32, sampler=sampler, drop_last=True)
+
+torch.manual_seed(0)
+model = DDP(SmallCNN())
+optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+meter = Meter(args)
+for epoch in itertools.count():
+    sampler.set_epoch(epoch)
+    for images, labels in loader:
+        optimizer.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.cross_entropy(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        if meter.step(len(images)):
+            break
+    if meter.end_epoch():
+        break
+meter.report()
+del model, optimizer
+dist.destroy_process_group()
