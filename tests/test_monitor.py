@@ -70,20 +70,29 @@ class _FakeNVML(types.SimpleNamespace):
     def nvmlShutdown(self):
         self.calls.append("shutdown")
 
+    def nvmlDeviceGetCount(self):
+        return 4
+
     def nvmlDeviceGetHandleByIndex(self, index):
         return f"nvml{index}"
+
+    def nvmlDeviceGetPciInfo(self, handle):
+        return types.SimpleNamespace(busId=f"00000000:{handle[-1]}0:00.0")
+
+    def nvmlDeviceGetUUID(self, handle):
+        return f"GPU-{handle}"
 
     def nvmlDeviceGetHandleByUUID(self, uuid):
         return uuid
 
     def nvmlDeviceGetUtilizationRates(self, handle):
-        return types.SimpleNamespace(gpu={"nvml3": 87, "GPU-abc": 12}[handle], memory=40)
+        return types.SimpleNamespace(gpu={"nvml3": 87, "MIG-abc": 12}[handle], memory=40)
 
     def nvmlDeviceGetMemoryInfo(self, handle):
         return types.SimpleNamespace(used=3 * 2**30, total=16 * 2**30, free=13 * 2**30)
 
     def nvmlDeviceGetPowerUsage(self, handle):
-        if handle == "GPU-abc":
+        if handle == "MIG-abc":
             raise self.NVMLError("Not Supported")
         return 215_500       # milliwatts
 
@@ -94,10 +103,11 @@ class _FakeNVML(types.SimpleNamespace):
 
 def test_gpu_samples_follow_nvml_through_cuda_visible_devices(tmp_path):
     """CPU stand-in for pynvml (this machine has no GPU; never run on one): CUDA devices 0 and 1
-    under CUDA_VISIBLE_DEVICES=3,GPU-abc are NVML index 3 and that UUID; power in W; a reading
+    under CUDA_VISIBLE_DEVICES=3,MIG-abc are NVML index 3 and that MIG device; power in W; a reading
     the device does not support is null, not an error."""
     nvml = _FakeNVML()
-    with Monitor(tmp_path / SYSTEM_FILE, 20.0, lambda proc: None, gpus=[0, 1], nvml=nvml, visible_devices="3,GPU-abc"):
+    with Monitor(tmp_path / SYSTEM_FILE, 20.0, lambda proc: None, cuda_ranks=2, nvml=nvml,
+                 environ={"CUDA_VISIBLE_DEVICES": "3,MIG-abc"}):
         time.sleep(0.3)
     gpus = [r for r in _records(tmp_path / SYSTEM_FILE) if r["kind"] == "gpu"]
     assert nvml.calls == ["init", "shutdown"]

@@ -97,3 +97,13 @@ def odd_float_pairs():
     """float_pairs with an odd-sized test set (63): 2 ranks cannot split it evenly."""
     train, test = float_pairs()
     return train, TensorDataset(*(t[:63] for t in test.tensors))
+
+
+def frozen_tower(num_classes: int = 10) -> nn.Module:
+    """A frozen backbone under a small trainable head, as when fine-tuning: 81 frozen layers, 80 of
+    them 2048 x 2048 (1.3 GB of float32 weights). Training keeps gradients for the head only and
+    runs no backward through the backbone, so an fsdp rank needs its shard of the weights and one
+    gathered layer at a time."""
+    backbone = nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 2048), *(nn.Linear(2048, 2048) for _ in range(80)))
+    backbone.requires_grad_(False)
+    return nn.Sequential(backbone, nn.Linear(2048, num_classes))

@@ -36,10 +36,26 @@ from paratrain.errors import RunFailed, UsageError
 
 RESULT_FILE = "find_batch.json"
 OPTIMIZER_STATES = {"sgd": 1, "lars": 1, "adam": 2, "adamw": 2, "lamb": 2}   # tensors of state per parameter
-OUT_OF_MEMORY = ("needs more memory than --memory-limit", "out of memory", "can't allocate memory")
+# What a probe that ran out of memory says: paratrain's own line under --memory-limit, the host
+# allocator's, CUDA's caching allocator's (torch.OutOfMemoryError), and the library allocations that
+# fail without saying "out of memory", which Lightning's batch-size finder also counts as such
+# (lightning.pytorch.utilities.memory.is_oom_error: cuDNN's NOT_SUPPORTED for a workspace that does
+# not fit, pytorch/pytorch#4107): cuBLAS's and cuDNN's handles and workspaces, and torch's message
+# when no cuDNN algorithm's workspace fits.
+OUT_OF_MEMORY = ("needs more memory than --memory-limit", "out of memory", "can't allocate memory",
+                 "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED", "CUDNN_STATUS_NOT_SUPPORTED",
+                 "Unable to find a valid cuDNN algorithm")
 MAX_PROBES = 25     # Lightning's max_trials
 
 Probe = dict[str, Any]
+
+
+class ProbeFailed(RunFailed):
+    """A GPU probe's `paratrain train` child failed: its last line, and all it wrote to stderr."""
+
+    def __init__(self, message: str, output: str):
+        super().__init__(message)
+        self.output = output
 
 
 def knee(points: list[tuple[int, float]], within: float = 0.05) -> int:
@@ -156,8 +172,12 @@ def _probe(values: dict[str, Any], steps: int, run_dir: Path, on_cpu: bool) -> P
         else:
             _train_in_child(cfg, run_dir)
     except RunFailed as exc:
-        message = str(exc)
-        if not any(marker in message for marker in OUT_OF_MEMORY):
+        # Everything the probe wrote: the marker may sit on any line of a traceback (CUDA errors end
+        # with a hint about TORCH_USE_CUDA_DSA), and a rank's traceback is in its log.
+        logs = sorted((run_dir / "logs").glob("rank*.log")) if (run_dir / "logs").is_dir() else []
+        said = "\n".join([str(exc), exc.output if isinstance(exc, ProbeFailed) else "",
+                          *(log.read_text(errors="replace") for log in logs)])
+        if not any(marker in said for marker in OUT_OF_MEMORY):
             raise
         return {"batch": batch, "fits": False, "error": "out of memory", "samples_per_s": None, "peak_memory_bytes": None}
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -175,7 +195,8 @@ def _train_in_child(cfg: TrainConfig, run_dir: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "paratrain", "train", "--config", str(config_file)],
                           capture_output=True, text=True)
     if done.returncode != 0:
-        raise RunFailed(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit status {done.returncode}")
+        raise ProbeFailed(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit status {done.returncode}",
+                          done.stderr)
 
 
 def _events(run_dir: Path, kind: str) -> list[dict[str, Any]]:

@@ -91,7 +91,10 @@ def init_rank(placement: Placement) -> RankContext:
             os.environ["MASTER_ADDR"] = placement.store_host
 
     if placement.device_type == "cuda":
-        device = torch.device("cuda", local_rank)
+        # Modulo the devices this rank sees: a task that srun bound to one GPU (--gpus-per-task=1)
+        # sees it as device 0 whatever its local rank; ranks that see every GPU of the machine get
+        # one each (placement refuses more local ranks than GPUs there: launch/placement.py).
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
@@ -120,6 +123,14 @@ def init_rank(placement: Placement) -> RankContext:
         os.sched_setaffinity(0, placement.cpu_sets[local_rank])
     torch.set_num_threads(placement.threads_per_worker)
     return RankContext(rank, world_size, local_rank, device, placement.allreduce, placement.timeout_s)
+
+
+def host_group() -> Optional[dist.ProcessGroup]:
+    """A process group of all ranks whose object collectives keep their buffers in host memory: None
+    (the default group) when that is gloo, else a new gloo group. Every rank calls it, in the same order."""
+    if dist.get_backend() == "gloo":
+        return None
+    return dist.new_group(backend="gloo")
 
 
 def bound_collectives(seconds: float) -> None:

@@ -10,9 +10,14 @@ count, and neither do elementwise ops.
   no memory, so counting a 700 M-parameter model costs a second. A grouped convolution's backward
   is counted by paratrain's own formula (`flop_counter`): torch 2.13's counts it `groups` times over. On meta, attention runs as its
   math (two batched matmuls a head); the causal mask is not discounted, as in PaLM's formula.
-- Peak of a GPU: the dense (no sparsity) tensor-core figure of its data sheet for the run's
-  dtype, from `GPU_PEAK_TFLOPS`; fp32 is the non-tensor-core figure, as PyTorch does not use
-  TF32 for matmuls unless told to. Unknown devices get no MFU rather than a guess.
+- Peak of a GPU: the dense (no sparsity) figure of its data sheet for the math the run uses, from
+  `GPU_PEAK_TFLOPS`, matched on whole words of torch.cuda.get_device_name() ("L4" is not "L40").
+  bf16 and fp16 runs: the tensor-core figure. fp32 runs: convolutions run in TF32 on tensor cores
+  when `torch.backends.cudnn.allow_tf32` (true by default) and matrix products when
+  `torch.backends.cuda.matmul.allow_tf32` (false by default; `torch.set_float32_matmul_precision`
+  "high" or "medium" sets it), each on the fp32 units otherwise. The peak is then the rate at
+  which the run's own mix of FLOPs would run: FLOPs / (convolution FLOPs / convolution peak +
+  other FLOPs / matmul peak). Unknown devices get no MFU rather than a guess.
 - Peak of a CPU rank: measured on this machine with a square matrix product in the run's dtype,
   on the rank's threads and cores (the faster of torch.mm and F.linear, best of several timings),
   cached per CPU model, thread count, dtype and torch version in the cache directory (delete
@@ -24,9 +29,10 @@ import json
 import logging
 import os
 import platform
+import re
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
@@ -35,21 +41,23 @@ from torch.utils.flop_counter import FlopCounterMode, conv_flop_count
 
 log = logging.getLogger("paratrain.rank")
 
-# Data-sheet peaks in TFLOP/s, dense: (fp32, bf16, fp16); None where the GPU has no such unit.
-# Patterns are matched in order against torch.cuda.get_device_name(), lower-cased.
-GPU_PEAK_TFLOPS: list[tuple[str, tuple[Optional[float], Optional[float], Optional[float]], str]] = [
-    ("h100 pcie", (51.0, 756.0, 756.0), "NVIDIA H100 Tensor Core GPU datasheet (PCIe)"),
-    ("h100", (67.0, 989.4, 989.4), "NVIDIA H100 Tensor Core GPU datasheet (SXM)"),
-    ("a100", (19.5, 312.0, 312.0), "NVIDIA A100 Tensor Core GPU datasheet"),
-    ("v100 pcie", (14.0, None, 112.0), "NVIDIA V100 Tensor Core GPU datasheet (PCIe)"),
-    ("v100", (15.7, None, 125.0), "NVIDIA V100 Tensor Core GPU datasheet (SXM2)"),
-    ("l40s", (91.6, 362.05, 362.05), "NVIDIA L40S datasheet"),
-    ("l4", (30.3, 121.0, 121.0), "NVIDIA L4 Tensor Core GPU datasheet"),
+# Data-sheet peaks in TFLOP/s, dense: (fp32, tf32, bf16, fp16); None where the GPU has no such unit.
+# A pattern's words must all be words of torch.cuda.get_device_name() (lower-cased); the first
+# matching row wins, so a variant comes before its family.
+GPU_PEAK_TFLOPS: list[tuple[str, tuple[Optional[float], Optional[float], Optional[float], Optional[float]], str]] = [
+    ("h100 pcie", (51.0, 378.0, 756.0, 756.0), "NVIDIA H100 Tensor Core GPU datasheet (PCIe)"),
+    ("h100", (67.0, 494.7, 989.4, 989.4), "NVIDIA H100 Tensor Core GPU datasheet (SXM)"),
+    ("a100", (19.5, 156.0, 312.0, 312.0), "NVIDIA A100 Tensor Core GPU datasheet"),
+    ("v100 pcie", (14.0, None, None, 112.0), "NVIDIA V100 Tensor Core GPU datasheet (PCIe)"),
+    ("v100", (15.7, None, None, 125.0), "NVIDIA V100 Tensor Core GPU datasheet (SXM2)"),
+    ("l40s", (91.6, 183.0, 362.05, 362.05), "NVIDIA L40S datasheet"),
+    ("l40", (90.5, 90.5, 181.0, 181.0), "NVIDIA L40 datasheet"),
+    ("l4", (30.3, 60.0, 121.0, 121.0), "NVIDIA L4 Tensor Core GPU datasheet"),
     # AWS's A10G is a variant with its own clocks and no NVIDIA data sheet: no peak rather than A10's.
-    ("a10g", (None, None, None), "no published data sheet"),
-    ("a10", (31.2, 125.0, 125.0), "NVIDIA A10 Tensor Core GPU datasheet"),
-    ("rtx 4090", (82.6, 165.2, 165.2), "NVIDIA Ada GPU architecture whitepaper (RTX 4090, FP32 accumulate)"),
-    ("t4", (8.1, None, 65.0), "NVIDIA T4 Tensor Core GPU datasheet"),
+    ("a10g", (None, None, None, None), "no published data sheet"),
+    ("a10", (31.2, 62.5, 125.0, 125.0), "NVIDIA A10 Tensor Core GPU datasheet"),
+    ("rtx 4090", (82.6, 82.6, 165.2, 165.2), "NVIDIA Ada GPU architecture whitepaper (RTX 4090, FP32 accumulate)"),
+    ("t4", (8.1, None, None, 65.0), "NVIDIA T4 Tensor Core GPU datasheet"),
 ]
 DTYPES = {"32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 CPU_PEAK_FILE = "cpu-peak.json"
@@ -71,8 +79,22 @@ def flop_counter() -> FlopCounterMode:
     return FlopCounterMode(display=False, custom_mapping={torch.ops.aten.convolution_backward: _conv_backward_flops})
 
 
+class FlopCount(NamedTuple):
+    """FLOPs of one sample: all of them, and those of convolutions (which TF32 speeds up separately)."""
+
+    total: int
+    convolution: int
+
+
 def count_flops_per_sample(module: nn.Module, objective: Callable[[Callable[..., Any], torch.Tensor, torch.Tensor], tuple[torch.Tensor, Any]],
                            x: torch.Tensor, y: torch.Tensor) -> Optional[int]:
+    """FLOPs of forward + loss + backward for one sample; see `count_flops`."""
+    count = count_flops(module, objective, x, y)
+    return count.total if count is not None else None
+
+
+def count_flops(module: nn.Module, objective: Callable[[Callable[..., Any], torch.Tensor, torch.Tensor], tuple[torch.Tensor, Any]],
+                x: torch.Tensor, y: torch.Tensor) -> Optional[FlopCount]:
     """FLOPs of forward + loss + backward for one sample (x, y have a batch dimension of 1).
 
     `objective(model, x, y)` returns (loss, output). Runs on meta copies of the parameters: the module's own
@@ -92,20 +114,32 @@ def count_flops_per_sample(module: nn.Module, objective: Callable[[Callable[...,
     except Exception as exc:        # a user model that needs real values: no FLOPs, no MFU
         log.warning("cannot count FLOPs on the meta device (%s: %s); no MFU for this run", type(exc).__name__, exc)
         return None
-    return int(counter.get_total_flops())
+    by_op = counter.get_flop_counts().get("Global", {})
+    convolution = sum(n for op, n in by_op.items() if "convolution" in str(op))
+    return FlopCount(int(counter.get_total_flops()), int(convolution))
 
 
-def gpu_peak(device_name: str, precision: str) -> Optional[tuple[float, str]]:
-    """(peak FLOP/s, source) of one GPU for the run's precision, or None if the table lacks it."""
-    name = device_name.lower()
-    column = {"32": 0, "bf16": 1, "fp16": 2}[precision]
-    for pattern, peaks, source in GPU_PEAK_TFLOPS:
-        if pattern in name:
-            tflops = peaks[column]
-            if tflops is None:
-                return None
-            kind = "fp32 (no TF32)" if precision == "32" else f"{precision} tensor core, dense"
-            return tflops * 1e12, f"{source}: {tflops:g} TFLOP/s {kind} for {device_name!r}"
+def gpu_peak(device_name: str, precision: str, convolution_share: float = 0.0) -> Optional[tuple[float, str]]:
+    """(peak FLOP/s, source) of one GPU for the run's precision, or None if the table lacks it.
+    `convolution_share`: the convolutions' share of the run's FLOPs (fp32 runs: TF32 may apply to
+    them and to matrix products separately; see the module docstring)."""
+    words = set(re.findall(r"[a-z0-9]+", device_name.lower()))
+    for pattern, (fp32, tf32, bf16, fp16), source in GPU_PEAK_TFLOPS:
+        if not set(pattern.split()) <= words:
+            continue
+        if precision != "32":
+            tflops = bf16 if precision == "bf16" else fp16
+            return (tflops * 1e12, f"{source}: {tflops:g} TFLOP/s {precision} tensor core, dense, for {device_name!r}"
+                    ) if tflops is not None else None
+        if fp32 is None:
+            return None
+        conv_tf32 = torch.backends.cudnn.allow_tf32 and tf32 is not None
+        matmul_tf32 = torch.backends.cuda.matmul.allow_tf32 and tf32 is not None
+        conv, matmul = (tf32 if conv_tf32 else fp32), (tf32 if matmul_tf32 else fp32)
+        tflops = 1 / (convolution_share / conv + (1 - convolution_share) / matmul)
+        return tflops * 1e12, (f"{source}: {tflops:.4g} TFLOP/s for {device_name!r} at this run's fp32 math: convolutions "
+                               f"({convolution_share:.0%} of the FLOPs) {conv:g} ({'TF32' if conv_tf32 else 'fp32'}), "
+                               f"the rest {matmul:g} ({'TF32' if matmul_tf32 else 'fp32'})")
     return None
 
 

@@ -28,7 +28,7 @@ from paratrain.engine.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_c
 from paratrain.engine.data import BatchPreparer, eval_batches, training_batches
 from paratrain.engine.distributed import Placement, RankContext, bound_collectives, init_rank, shutdown
 from paratrain.engine.grad_noise import GradNoiseRecorder
-from paratrain.engine.flops import count_flops_per_sample, cpu_peak, gpu_peak, mfu
+from paratrain.engine.flops import FlopCount, count_flops, cpu_peak, gpu_peak, mfu
 from paratrain.engine.lr import LRSchedule, scaled_lr
 from paratrain.engine.memory import (MemoryMeter, is_out_of_memory, limit_rank_memory, peak_memory_bytes, per_rank,
                                      release_cached_memory, reset_peak_memory)
@@ -181,7 +181,9 @@ class Trainer:
         shard, shards = self.strategy.data_shard()
         self.data_ctx = replace(ctx, rank=shard, world_size=shards)
 
-        module = build_model(cfg, self.data).to(ctx.device)
+        # The peak memory counts from the start of this run (reset above): built whole, the model is
+        # in it; built on meta and sharded (fsdp), only this rank's shards ever were.
+        module = self.strategy.build(lambda: build_model(cfg, self.data))
         self.objective = build_objective(cfg.loss, module)
         if cfg.checkpoint_activations:
             _checkpoint_activations(module)
@@ -507,7 +509,7 @@ class Trainer:
                 "batch_size": cfg.batch_size, "global_batch_size": cfg.global_batch_size, "lr": self.schedule.peak_lr,
                 "base_lr": cfg.lr, "epochs": cfg.epochs, "steps": self.state.step, "diverged_after_step": self.checked_step}
 
-    def model_flops(self) -> Optional[int]:
+    def model_flops(self) -> Optional[FlopCount]:
         """FLOPs of one sample, for MFU, counted at the end of the run on the model built again on the
         meta device (shapes only; without activation checkpointing: MFU credits no recomputation).
         Counting imports torch._dynamo and sympy, which took longer than torch itself here: counted
@@ -562,11 +564,11 @@ class Trainer:
         }
 
 
-def model_flops_per_sample(module: nn.Module, objective: Any, data: Any, ctx: RankContext, cfg: TrainConfig) -> Optional[int]:
+def model_flops_per_sample(module: nn.Module, objective: Any, data: Any, ctx: RankContext, cfg: TrainConfig) -> Optional[FlopCount]:
     """FLOPs of one sample, counted on its shapes; the sample comes from the test split, so no
     augmentation or random number is drawn and the training run is unchanged."""
     x, y = next(eval_batches(data.test, ctx, 1, BatchPreparer(cfg.image_size)))
-    return count_flops_per_sample(module, objective, x, y)
+    return count_flops(module, objective, x, y)
 
 
 def model_throughput(trainer: Trainer, samples_per_s: float, evals: dict[str, Any]) -> dict[str, Any]:
@@ -579,9 +581,11 @@ def model_throughput(trainer: Trainer, samples_per_s: float, evals: dict[str, An
         if trainer.objective.in_nats:       # cross-entropy in nats per byte
             fields["val_bits_per_byte"] = evals.get("val", evals["test"])["loss"] / math.log(2)
             fields["test_bits_per_byte"] = evals["test"]["loss"] / math.log(2)
-    fields["flops_per_sample"] = trainer.flops_per_sample = trainer.model_flops()
+    count = trainer.model_flops()
+    fields["flops_per_sample"] = trainer.flops_per_sample = count.total if count is not None else None
     if ctx.device.type == "cuda":
-        peak = gpu_peak(torch.cuda.get_device_name(ctx.device), cfg.precision)
+        share = count.convolution / count.total if count is not None and count.total else 0.0
+        peak = gpu_peak(torch.cuda.get_device_name(ctx.device), cfg.precision, share)
     else:
         peak = cpu_peak(cfg.precision, cfg.cache_dir or default_cache_dir())
     fields["mfu"] = mfu(trainer.flops_per_sample, samples_per_s, peak[0] if peak else None, ctx.world_size)

@@ -6,6 +6,9 @@ high-water marks that never go down by themselves, so each run resets them when 
 - GPUs: `torch.cuda.max_memory_allocated`, reset by `torch.cuda.reset_peak_memory_stats`; at the
   end the caching allocator's blocks go back to the driver (`torch.cuda.empty_cache`) so the next
   run in the process starts from what it allocates itself.
+  The reset comes before the rank builds its model, so the peak holds everything the run put in
+  memory: the whole model where it was built whole, only the shards where fsdp built it on the
+  meta device and materialised its own part (engine/strategies/fsdp.py).
 - CPU: the process's peak resident set (`VmHWM` in /proc/self/status), reset by writing 5 to
   /proc/self/clear_refs (Linux 4.0 and newer); elsewhere `ru_maxrss`, which cannot be reset.
 
@@ -216,8 +219,8 @@ def per_rank(figures: list[dict[str, Optional[int]]]) -> dict[str, list[Optional
 # The environment of ranks started under --memory-limit. glibc's malloc serves large blocks with
 # mmap and hands them back to the system when freed, but it raises that threshold (up to 32 MiB)
 # each time such a block is freed, after which blocks of that size come from its heap and stay
-# counted by RLIMIT_DATA after they are freed. Measured here: an fsdp rank, which builds the whole
-# model before it keeps its shards, failed under a 1.5G limit with the moving threshold and
+# counted by RLIMIT_DATA after they are freed. Measured here: an fsdp rank, which then built the
+# whole model before it kept its shards (now it builds on the meta device), failed under a 1.5G limit with the moving threshold and
 # trained (peak RSS 1.28 GB) with it fixed at 128 KiB, glibc's default. Setting it fixes it.
 LIMITED_RANK_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072"}
 

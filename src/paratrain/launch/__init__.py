@@ -119,9 +119,11 @@ def _launch(cfg: TrainConfig, run: RunDir, placement: Placement, data: Any, prep
 
     load = LoadMeter(placement.cpu_sets)      # what else ran on the run's cores meanwhile
     started = time.perf_counter()
-    gpus = range(cfg.workers) if placement.device_type == "cuda" else ()
+    # The monitor samples this machine's GPU ranks: the whole run's on one node, this node's share
+    # across nodes, and under srun or mpirun this process's machine's tasks (as this process sees them).
+    local_ranks = tasks.local_size if tasks is not None else cfg.workers_per_node
     try:
-        with monitor_run(run.path, cfg.monitor_hz, ranks_by_log(run.path), gpus):
+        with monitor_run(run.path, cfg.monitor_hz, ranks_by_log(run.path), local_ranks if placement.device_type == "cuda" else 0):
             summary = run_ranks(cfg, placement, run.path, tasks)
     except (RanksFailed, KeyboardInterrupt) as exc:
         failed = {"status": "failed", "error": str(exc) or type(exc).__name__, "workers": cfg.workers,

@@ -35,7 +35,7 @@ from paratrain.config import TrainConfig, validate
 from paratrain.engine.distributed import Placement
 from paratrain.errors import UsageError
 from paratrain.launch.local import RanksFailed, launch_local, scoped_environ, thread_env
-from paratrain.launch.placement import available_cores, resolve_backend, resolve_device
+from paratrain.launch.placement import available_cores, check_gpus, resolve_backend, resolve_device
 
 
 @dataclass(frozen=True)
@@ -174,6 +174,8 @@ def task_placement(cfg: TrainConfig, tasks: Tasks) -> Placement:
     --threads-per-worker, else srun's --cpus-per-task, else its cores shared by the ranks on its machine."""
     cuda = resolve_device(cfg.device)
     backend = resolve_backend(cfg.backend, cuda)
+    if cuda:
+        check_gpus(tasks.local_size, tasks.launcher)
     if cfg.allreduce == "shm" and tasks.local_size != tasks.size:
         raise UsageError("--allreduce shm averages between the ranks of one host and these ranks span several; use --allreduce auto")
     threads = cfg.threads_per_worker or tasks.cpus_per_task or max(1, len(available_cores()) // tasks.local_size)

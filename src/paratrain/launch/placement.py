@@ -44,6 +44,25 @@ def resolve_device(requested: str) -> bool:
     return requested == "cuda" or (requested == "auto" and available)
 
 
+def check_gpus(local_ranks: int, launcher: Optional[str] = None) -> None:
+    """Refuse GPU ranks on this machine that would share a GPU (NCCL refuses two ranks on one device).
+
+    Rank `local_rank` computes on CUDA device `local_rank % device_count` (engine/distributed.py).
+    Ranks paratrain starts itself (`launcher` None: --workers) see the same devices, so each needs one
+    of its own. Ranks that srun or mpirun (`launcher`) started each see their own environment: one
+    visible GPU per task is the task's own (`srun --gpus-per-task=1`, or a GPU bound per task), and
+    tasks that see several must see at least one each.
+    """
+    gpus = torch.cuda.device_count()
+    if local_ranks <= gpus:
+        return
+    if launcher is None:
+        raise UsageError(f"--workers {local_ranks} needs {local_ranks} GPUs but {gpus} are visible; use --workers {gpus} or fewer")
+    if gpus > 1:
+        raise UsageError(f"{launcher} started {local_ranks} tasks on this machine and each sees the same {gpus} GPUs, so "
+                         f"ranks would share one; bind one GPU per task (srun --gpus-per-task=1) or start {gpus} tasks per machine")
+
+
 def plan_placement(cfg: TrainConfig) -> Placement:
     cuda = resolve_device(cfg.device)
     backend = resolve_backend(cfg.backend, cuda)
@@ -60,9 +79,7 @@ def plan_placement(cfg: TrainConfig) -> Placement:
     across = {"timeout_s": cfg.timeout, "node_rank": cfg.node_rank if cfg.nodes > 1 else None, "spans_hosts": cfg.nodes > 1,
               "store_host": cfg.rdzv.rpartition(":")[0].strip("[]") if cfg.nodes > 1 and cfg.max_restarts else None}
     if cuda:
-        gpus = torch.cuda.device_count()
-        if local > gpus:
-            raise UsageError(f"--workers {local} needs {local} GPUs but {gpus} are visible; use --workers {gpus} or fewer")
+        check_gpus(local)
         threads = cfg.threads_per_worker or max(1, len(cores) // local)
         return Placement(backend=backend, device_type="cuda", threads_per_worker=threads, **across)
 

@@ -129,7 +129,7 @@ def _launch(cfg: LaunchConfig, run: RunDir, script: Path, program: list[str], cu
     started = time.perf_counter()
     outcome: dict[str, Any] = {"status": "completed", "exit_code": 0}
     try:
-        with monitor_run(run.path, cfg.monitor_hz, ranks_by_environment(run_id), range(cfg.workers) if cuda else ()):
+        with monitor_run(run.path, cfg.monitor_hz, ranks_by_environment(run_id), cfg.workers if cuda else 0, env):
             outcome = _run(program + cfg.script_args, cfg.workers, run_id, run.path, env)
     except KeyboardInterrupt:
         write_json(run.summary, {"status": "failed", "workers": cfg.workers, "exit_code": 130, "error": "interrupted",

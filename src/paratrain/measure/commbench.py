@@ -40,7 +40,7 @@ from paratrain.config import CommbenchConfig, parse_size
 from paratrain.engine.distributed import Placement, init_rank, shutdown
 from paratrain.engine.shm_allreduce import open_shared_average
 from paratrain.errors import RunFailed
-from paratrain.launch.placement import core_sets, available_cores, resolve_backend, resolve_device
+from paratrain.launch.placement import available_cores, check_gpus, core_sets, resolve_backend, resolve_device
 from paratrain.runs import write_json
 
 SCHEMA = "paratrain.commbench/1"
@@ -85,6 +85,7 @@ def run_commbench(cfg: CommbenchConfig) -> dict[str, Any]:
     cuda = resolve_device(cfg.device)
     backend = resolve_backend(cfg.backend, cuda)
     if cuda:
+        check_gpus(cfg.workers)
         threads, cpu_sets = cfg.threads_per_worker or 1, None
     else:
         threads, cpu_sets = core_sets(cfg.workers, cfg.threads_per_worker, cfg.allow_oversubscribe, available_cores())

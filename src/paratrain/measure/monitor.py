@@ -15,10 +15,17 @@ bogus 0). Which process is which rank is read from the process itself (see `rank
 `ranks_by_environment`).
 
 GPU figures come from NVML (`nvidia-ml-py`, imported as `pynvml`; the `gpu` extra) only when the
-ranks use CUDA devices. NVML numbers every GPU of the machine while CUDA numbers the ones in
-CUDA_VISIBLE_DEVICES, so CUDA device i is looked up as the i-th entry of that list (an NVML index,
-a GPU-UUID or a MIG-UUID). NVML orders devices by PCI bus id; CUDA does too under
-CUDA_DEVICE_ORDER=PCI_BUS_ID (its default, FASTEST_FIRST, may differ on a machine with mixed GPUs).
+ranks use CUDA devices, and only for the devices of this machine's ranks: rank `local_rank` computes
+on CUDA device `local_rank % device count` (engine/distributed.py), so `n` local ranks use devices
+0 .. min(n, count) - 1 (a run across nodes samples node 0's). NVML sees every GPU of the machine
+while CUDA numbers the ones the ranks' CUDA_VISIBLE_DEVICES names (indices, GPU-UUIDs or their
+unique prefixes, MIG-UUIDs; the list ends at the first entry that names no device, as in CUDA),
+in the order CUDA_DEVICE_ORDER says. The monitor reads those two variables from the ranks'
+environment (this process's, plus `launch --env`), and the ranks are started with
+CUDA_DEVICE_ORDER=PCI_BUS_ID unless that environment sets it: CUDA's default, FASTEST_FIRST, may
+differ from PCI order on a machine with mixed GPUs, and NVML's own index order is not promised
+to be PCI order either, so the monitor sorts NVML's devices by PCI bus id itself (NVIDIA's CUDA
+C Programming Guide, "CUDA Environment Variables").
 """
 from __future__ import annotations
 
@@ -30,7 +37,7 @@ import threading
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional
 
 import psutil
 
@@ -92,10 +99,44 @@ def ranks_by_environment(run_id: str) -> RankOf:
     return rank_of
 
 
-def cuda_to_nvml(indices: Sequence[int], visible: Optional[str]) -> list[tuple[int, str]]:
-    """(CUDA device number, NVML index or UUID) of each device the ranks use."""
-    entries = [entry.strip() for entry in (visible or "").split(",") if entry.strip()]
-    return [(i, entries[i] if entries else str(i)) for i in indices]
+PCI_ORDER = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+
+def _text(value: Any) -> str:
+    """NVML's strings: bytes in older nvidia-ml-py releases, str in newer ones."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def devices_in_cuda_order(nvml: Any, environ: Mapping[str, str]) -> list[Any]:
+    """The NVML handle of each device, in the order CUDA numbers them in a process with
+    `environ`, assuming PCI order. NVMLError when NVML cannot list them."""
+    handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+    by_pci = sorted(handles, key=lambda h: _text(nvml.nvmlDeviceGetPciInfo(h).busId).upper())
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return by_pci
+    uuids = [_text(nvml.nvmlDeviceGetUUID(h)) for h in by_pci]
+    out: list[Any] = []
+    seen: set[int] = set()
+    for entry in (e.strip() for e in visible.split(",")):
+        if entry.startswith("MIG-"):
+            try:
+                out.append(nvml.nvmlDeviceGetHandleByUUID(entry))
+            except nvml.NVMLError:
+                break
+            continue
+        if entry.isdigit():
+            position = int(entry) if int(entry) < len(by_pci) else -1
+        else:
+            matches = [i for i, uuid in enumerate(uuids) if entry and uuid.startswith(entry)]
+            position = matches[0] if len(matches) == 1 else -1
+        if position < 0:
+            break       # CUDA stops at the first entry that names no device (or more than one)
+        if position in seen:
+            return []   # and a device named twice makes none visible
+        seen.add(position)
+        out.append(by_pci[position])
+    return out
 
 
 class Monitor:
@@ -104,16 +145,20 @@ class Monitor:
     `root` is the launching process (default: this one); the ranks are found among it and its
     descendants by `rank_of`. The first process found for a rank is the rank: processes it forks
     later (DataLoader workers) inherit its environment and open files but are not ranks.
-    `gpus`: the CUDA device numbers the ranks use; `nvml` replaces the `pynvml` module (tests).
+    `cuda_ranks`: how many ranks on this machine compute on GPUs; `environ`: the ranks' environment
+    (default: this process's), whose CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER say which devices
+    those are; `nvml` replaces the `pynvml` module (tests).
     """
 
     def __init__(self, path: Path, hz: float, rank_of: RankOf, root: Optional[psutil.Process] = None,
-                 gpus: Sequence[int] = (), nvml: Any = None, visible_devices: Optional[str] = None):
+                 cuda_ranks: int = 0, nvml: Any = None, environ: Optional[Mapping[str, str]] = None):
         if hz <= 0:
             raise ValueError(f"monitor frequency must be positive (got {hz})")
         self.path, self.period, self.rank_of = Path(path), 1.0 / hz, rank_of
         self.root = root or psutil.Process()
-        self.gpus, self._nvml, self._visible = list(gpus), nvml, visible_devices
+        self.cuda_ranks, self._nvml = cuda_ranks, nvml
+        self._environ = dict(os.environ if environ is None else environ)
+        self._exported: Optional[dict[str, Optional[str]]] = None     # what start() changed in os.environ
         self._handles: list[tuple[int, Any]] = []
         self._ranks: dict[int, tuple[int, psutil.Process]] = {}     # pid -> (rank, process), baseline taken
         self._cores_before: list[Any] = []          # the host's per-core baseline, read by start()
@@ -130,7 +175,13 @@ class Monitor:
 
     def start(self) -> None:
         self._file = open(self.path, "a")
-        if self.gpus:
+        if self.cuda_ranks and "CUDA_DEVICE_ORDER" not in self._environ:
+            # The ranks started from here while the monitor runs number their GPUs in PCI order, the
+            # order the mapping below assumes (a setting of the user's own wins, and is followed).
+            self._exported = {name: os.environ.get(name) for name in PCI_ORDER}
+            os.environ.update(PCI_ORDER)
+            self._environ.update(PCI_ORDER)
+        if self.cuda_ranks:
             self._open_gpus()
         self._cores_before = psutil.cpu_times(percpu=True)
         self._thread = threading.Thread(target=self._loop, name="paratrain-monitor", daemon=True)
@@ -144,6 +195,11 @@ class Monitor:
             self._file.close()
         if self._handles:
             self._nvml.nvmlShutdown()
+        for name, value in (self._exported or {}).items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
     def _loop(self) -> None:
         due = time.monotonic() + self.period
@@ -223,16 +279,22 @@ class Monitor:
         except nvml.NVMLError as exc:
             log.warning("no GPU samples: NVML did not start (%s)", exc)
             return
-        handles = []
-        for index, device in cuda_to_nvml(self.gpus, self._visible):
-            try:
-                handles.append((index, nvml.nvmlDeviceGetHandleByIndex(int(device)) if device.isdigit()
-                                else nvml.nvmlDeviceGetHandleByUUID(device)))
-            except nvml.NVMLError as exc:
-                log.warning("no samples of CUDA device %d (%s): %s", index, device, exc)
-        if not handles:
+        try:
+            devices = devices_in_cuda_order(nvml, self._environ)
+        except nvml.NVMLError as exc:
+            log.warning("no GPU samples: NVML did not list the devices (%s)", exc)
             nvml.nvmlShutdown()
-        self._handles = handles
+            return
+        order = self._environ.get("CUDA_DEVICE_ORDER", "FASTEST_FIRST")
+        if order != "PCI_BUS_ID" and len(devices) > 1:
+            log.warning("the ranks number their GPUs with CUDA_DEVICE_ORDER=%s; the GPU samples assume PCI order and may "
+                        "be attributed to the wrong CUDA device numbers", order)
+        # Local rank r computes on CUDA device r % count: n ranks use the first min(n, count) devices.
+        self._handles = list(enumerate(devices[:self.cuda_ranks]))
+        if not self._handles:
+            log.warning("no GPU samples: CUDA_VISIBLE_DEVICES=%r names none of this machine's %d GPU(s)",
+                        self._environ.get("CUDA_VISIBLE_DEVICES"), nvml.nvmlDeviceGetCount())
+            nvml.nvmlShutdown()
 
     def _gpu(self, now: float, index: int, handle: Any) -> dict[str, Any]:
         nvml = self._nvml
@@ -273,6 +335,9 @@ def _busy_percent(before: Any, after: Any) -> float:
     return round(100.0 * (elapsed - (idle(after) - idle(before))) / elapsed, 1) if elapsed > 0 else 0.0
 
 
-def monitor_run(run_dir: Path, hz: float, rank_of: RankOf, gpus: Sequence[int] = ()) -> Monitor:
-    """The monitor of a run launched from this process, writing RUN_DIR/system.jsonl."""
-    return Monitor(Path(run_dir) / SYSTEM_FILE, hz, rank_of, gpus=gpus, visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
+def monitor_run(run_dir: Path, hz: float, rank_of: RankOf, cuda_ranks: int = 0,
+                env: Optional[Mapping[str, str]] = None) -> Monitor:
+    """The monitor of a run launched from this process, writing RUN_DIR/system.jsonl. `cuda_ranks`:
+    the GPU ranks this process starts on this machine (never the whole run's across nodes); `env`:
+    what the ranks' environment adds to this process's (`launch --env`)."""
+    return Monitor(Path(run_dir) / SYSTEM_FILE, hz, rank_of, cuda_ranks=cuda_ranks, environ={**os.environ, **(env or {})})

@@ -141,12 +141,17 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.head = Head(config)
         self.head.lm_head.weight = self.embed.wte.weight
+        self.init_weights()
+
+    def init_weights(self) -> None:
+        """GPT-2's initialisation over the layers' defaults; also run by fsdp on the shards of a
+        model built on the meta device (engine/strategies/fsdp.py)."""
         self.apply(self._init_weights)
         # GPT-2: the projections that write into the residual stream shrink with depth, so the
         # stream's variance does not grow with the number of blocks.
         for block in self.blocks:
             for proj in (block.attn.proj, block.mlp.proj):
-                nn.init.normal_(proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+                nn.init.normal_(proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:

@@ -110,6 +110,11 @@ class ResNet(nn.Module):
         # v2 networks end with the BN-ReLU their blocks deferred.
         self.head_norm = nn.Sequential(nn.BatchNorm2d(in_planes), nn.ReLU(inplace=True)) if preact else nn.Identity()
         self.fc = nn.Linear(in_planes, num_classes)
+        self.init_weights()
+
+    def init_weights(self) -> None:
+        """He et al.'s initialisation of the convolutions over the layers' defaults; also run by fsdp
+        on the shards of a model built on the meta device (engine/strategies/fsdp.py)."""
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")

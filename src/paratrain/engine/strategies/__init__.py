@@ -33,6 +33,10 @@ class Strategy(Protocol):
     def data_shard(self) -> tuple[int, int]:
         """(index, count) of the training-data shard this rank reads; ranks of one pipeline share one."""
 
+    def build(self, make: Callable[[], nn.Module]) -> nn.Module:
+        """The model to wrap, from `make` (seeds and builds it): on the rank's device, or on meta
+        for a strategy that materialises only its shards (fsdp)."""
+
     def wrap(self, model: nn.Module) -> nn.Module:
         """Return the model to train, wrapped (or split) for this kind of parallelism."""
 

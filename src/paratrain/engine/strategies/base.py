@@ -36,6 +36,10 @@ class WholeModelStrategy:
         """(index, count) of the training-data shard this rank reads: one per data-parallel replica."""
         return self.ctx.rank, self.ctx.world_size
 
+    def build(self, make: Callable[[], nn.Module]) -> nn.Module:
+        """The model this rank wraps, from `make` (which seeds and builds it on the host): on the rank's device."""
+        return make().to(self.ctx.device)
+
     def wrap(self, model: nn.Module) -> nn.Module:
         return model
 

@@ -28,10 +28,28 @@ keeping the averaged gradient of its own shard.
   resumes from the previous complete one.
 - BatchNorm statistics (buffers) are not sharded or averaged: each rank keeps its own, as DDP
   would with `broadcast_buffers=False`; checkpoints keep rank 0's.
+- The device mesh is explicit, on the rank's own device type: without one, `fully_shard` builds
+  its mesh on torch's compile-time accelerator (`torch._C._get_accelerator()`), which is cuda in
+  any CUDA build of torch, and moves CPU ranks' parameters to a GPU.
+- No rank holds the whole model (torchtitan's idiom): the model is built on the meta device
+  (shapes, no memory), sharded, materialised with `to_empty` on the rank's device, then
+  initialised. Each module's own `reset_parameters` (FSDP's default initialisation of meta modules)
+  runs on a full-size copy of that one module on the host, drawing from the seeded CPU generator in
+  module order as the model's constructor did, and the rank keeps its shard of it: for a model
+  whose constructor initialises its layers that way (the CNNs of PyTorch's tutorials, most small
+  models), the weights equal those of the ordinary build for the same seed. A model with an
+  initialisation of its own over the whole model defines `init_weights()` (torchtitan's name; gpt
+  and the ResNets do), which then runs on the shards: the same distributions, other draws (on CPU
+  meshes, where DTensor has no sharded random generator, each rank draws from a stream of its own
+  so that the shards differ). A model that creates parameters or buffers no `reset_parameters`
+  initialises is built whole on the host instead, as before, and the rank log says so.
 """
 from __future__ import annotations
 
+import copy
+import logging
 import shutil
+import warnings
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
@@ -41,13 +59,18 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
+from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor._random import is_rng_supported_mesh
 
 from paratrain.config import TrainConfig
 from paratrain.engine.distributed import RankContext
 from paratrain.engine.strategies.base import StepResult, WholeModelStrategy
 from paratrain.errors import UsageError
+
+log = logging.getLogger("paratrain.rank")
 
 # Where the sharded state of a checkpoint lives: RUN_DIR/checkpoint.dcp/save-NNNNNN/.
 DCP_DIR = "checkpoint.dcp"
@@ -84,6 +107,28 @@ def shard_units(model: nn.Module, class_name: Optional[str]) -> list[nn.Module]:
     return sorted(kept, key=lambda m: -depth[id(m)])
 
 
+def _resets(module: nn.Module) -> bool:
+    return callable(getattr(module, "reset_parameters", None))
+
+
+def _on_meta(model: nn.Module) -> bool:
+    return any(t.is_meta for t in (*model.parameters(), *model.buffers()))
+
+
+def uninitialisable(model: nn.Module) -> Optional[str]:
+    """Why a model built on the meta device cannot be initialised after sharding, or None if it can:
+    every module that holds parameters or buffers of its own must reset them, and all of them must
+    be on meta (a factory may place some tensors on a device itself)."""
+    if not all(t.is_meta for t in (*model.parameters(), *model.buffers())):
+        return "the model factory put some of its tensors on a real device under torch.device('meta')"
+    for name, module in model.named_modules():
+        owns = next(module.parameters(recurse=False), None) is not None or next(module.buffers(recurse=False), None) is not None
+        if owns and not _resets(module):
+            return (f"{name or 'the model'} ({type(module).__name__}) holds parameters or buffers and has no reset_parameters() "
+                    "to initialise them after sharding")
+    return None
+
+
 class _StampedReduceScatter(ReduceScatter):
     """FSDP's own reduce-scatter (`dist.reduce_scatter_single`), stamping when each one starts."""
 
@@ -109,14 +154,29 @@ class FullyShardedDataParallel(WholeModelStrategy):
             # one: the same code path, and its checkpoints resume on any number of ranks.
             dist.init_process_group("nccl" if ctx.device.type == "cuda" else "gloo", store=dist.HashStore(),
                                     rank=0, world_size=1)
+        # Every fully_shard call gets this mesh: the default one would be on the compile-time accelerator.
+        self.mesh = init_device_mesh(ctx.device.type, (dist.get_world_size(),))
         self.allreduce = f"reduce-scatter ({dist.get_backend()})"
         self._last_launch: Optional[Any] = None
         self._saved: Optional[str] = None          # the DCP directory checkpoint.pt names (relative to the run)
         self.run_dir = Path(cfg.run_dir) if cfg.run_dir is not None else Path(".")
 
+    def build(self, make: Callable[[], nn.Module]) -> nn.Module:
+        """The model on the meta device, for `wrap` to shard and materialise; built whole on the host
+        when meta construction would leave something uninitialised (module docstring)."""
+        with torch.device("meta"):
+            model = make()
+        missing = uninitialisable(model)
+        if missing is None:
+            return model
+        log.warning("building the whole model on every rank before sharding it: %s", missing)
+        return super().build(make)
+
     def wrap(self, model: nn.Module) -> nn.Module:
         cfg = self.cfg
-        options: dict[str, Any] = {"reshard_after_forward": cfg.reshard_after_forward}
+        # Full-size meta copies of the modules that initialise themselves, taken before sharding.
+        twins = [(m, copy.deepcopy(m)) for m in model.modules() if _resets(m)] if _on_meta(model) else None
+        options: dict[str, Any] = {"mesh": self.mesh, "reshard_after_forward": cfg.reshard_after_forward}
         if cfg.precision == "bf16":
             options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         if cfg.cpu_offload:
@@ -124,11 +184,42 @@ class FullyShardedDataParallel(WholeModelStrategy):
         for unit in shard_units(model, cfg.shard_unit):
             fully_shard(unit, **options)
         fully_shard(model, **options)
+        if twins is not None:
+            self._materialise(model, twins)
         comm = _StampedReduceScatter(self)
         for module in model.modules():
             if isinstance(module, FSDPModule):
                 module.set_custom_reduce_scatter(comm)
         return model
+
+    @torch.no_grad()
+    def _materialise(self, model: nn.Module, twins: list[tuple[nn.Module, nn.Module]]) -> None:
+        """Storage for this rank's shards (and the buffers), then their initial values (module docstring)."""
+        model.to_empty(device=self.ctx.device)
+        torch.manual_seed(self.cfg.seed)        # as build_model seeded the ordinary construction
+        while twins:
+            # One module's full-size copy at a time: dropped from the list as soon as its shard is taken.
+            module, twin = twins.pop(0)
+            twin.to_empty(device="cpu")
+            twin.reset_parameters()
+            for name, full in [*twin.named_parameters(recurse=False), *twin.named_buffers(recurse=False)]:
+                mine = getattr(module, name)
+                if isinstance(mine, DTensor):
+                    mine.copy_(distribute_tensor(full.detach(), mine.device_mesh, mine.placements, src_data_rank=None))
+                else:
+                    mine.copy_(full)
+        init_weights = getattr(model, "init_weights", None)
+        if not callable(init_weights):
+            return
+        with warnings.catch_warnings():
+            # DTensor warns at each random op on a CPU mesh; the separate streams below are the answer.
+            warnings.filterwarnings("ignore", message="DTensor random operators may not have complete support")
+            if is_rng_supported_mesh(self.mesh):
+                init_weights()       # DTensor's own generator gives each shard its part of one stream
+            else:
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(self.cfg.seed * 1000 + self.ctx.rank)
+                    init_weights()
 
     def forward_backward(self, model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Tensor,
                          loss_divisor: int, scaler: torch.amp.GradScaler, autocast: Callable[[], AbstractContextManager]) -> StepResult:

@@ -40,7 +40,7 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 from torch.nn.parallel import DistributedDataParallel
 
 from paratrain.config import TrainConfig
-from paratrain.engine.distributed import RankContext
+from paratrain.engine.distributed import RankContext, host_group
 from paratrain.engine.strategies.base import OptimizerFactory, StepResult, WholeModelStrategy
 from paratrain.engine.strategies.pipeline_split import (
     StageModule, Unit, balanced_starts, measure_unit_seconds, model_units, named_starts, stage_slots,
@@ -135,6 +135,9 @@ class PipelineParallel(WholeModelStrategy):
         self.dp_rank = self.mesh.get_local_rank("dp")
         self.pp_rank = self.mesh.get_local_rank("pp")
         self.pp_group = self.mesh.get_group("pp")
+        # Checkpoints gather each stage's state as pickled bytes: over a host (gloo) group, never
+        # NCCL, whose object gather would hold world size x the largest stage's state on rank 0's GPU.
+        self.object_group = host_group() if ctx.distributed else None
         self.busy = BusyClock(stamp)
         self.schedules: dict[tuple[bool, int], tuple[Any, int]] = {}     # (train, batch size) -> (schedule, M)
         self.shaped: set[int] = set()       # batch sizes whose training schedule has inferred the stages' shapes
@@ -313,7 +316,7 @@ class PipelineParallel(WholeModelStrategy):
                     "optimizer": _to_cpu({order[i]: s for i, s in state.items()})}
         gathered: Optional[list[Any]] = [None] * self.ctx.world_size if self.ctx.is_main else None
         if self.ctx.distributed:
-            dist.gather_object(mine, gathered, dst=0)
+            dist.gather_object(mine, gathered, dst=0, group=self.object_group)
         else:
             gathered = [mine]
         if not self.ctx.is_main:
