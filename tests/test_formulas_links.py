@@ -1,0 +1,154 @@
+"""Links and commbench's fit, pinned exactly (issue #25): the figures a plan is made of and the
+alpha-beta fit that replaces them. Expected values are worked out by hand in the comments."""
+import json
+import math
+
+import pytest
+
+from paratrain.errors import UsageError
+from paratrain.measure.commbench import BUS_FACTOR, fit_alpha_beta, fit_regimes, regime_for
+from paratrain.plan.links import (LINKS, NCCL_BASE_LATENCY_S, SHM_LATENCY_S, commbench_link, custom_link, get_link,
+                                  shm_link)
+
+
+@pytest.mark.parametrize("name,gbytes,latency_us,kind", [
+    ("nvlink3", 300, 3.4, "NVLink"), ("nvlink4", 450, 3.4, "NVLink"), ("pcie4", 31.5, 5.7, "PCIe"),
+    ("ib-hdr", 25.0, 9.6, "network"), ("25gbe", 3.125, 9.6, "network"),
+])
+def test_table_links_are_per_direction_bytes_and_nccls_step_latency(name, gbytes, latency_us, kind):
+    link = get_link(name)
+    # the plan prints the link's name and where each figure comes from
+    assert link.name == name and link.source.endswith(f"hwLat {kind} {latency_us:g} us per step")
+    assert link.bandwidth == pytest.approx(gbytes * 1e9, rel=1e-12)
+    assert link.latency == pytest.approx(latency_us * 1e-6, rel=1e-12)
+    assert link.base_latency == NCCL_BASE_LATENCY_S == pytest.approx(8.4e-6, rel=1e-12)
+
+
+def test_unknown_link_names_the_choices():
+    with pytest.raises(UsageError, match="unknown interconnect 'nvlink9'.*nvlink1"):
+        get_link("nvlink9")
+    assert len(LINKS) == 12
+
+
+def test_shared_memory_link_is_half_the_copy_bandwidth_and_one_latency_a_collective():
+    link = shm_link(10e9)
+    assert (link.bandwidth, link.latency, link.base_latency) == (5e9, 0.0, SHM_LATENCY_S)
+    assert link.name == "shm" and link.source.startswith("bandwidth: half the core's measured copy bandwidth")
+    assert SHM_LATENCY_S == pytest.approx(0.17e-3, rel=1e-12)
+
+
+def test_custom_links_are_gigabits_over_8_with_nvlink_or_network_latency():
+    intra, inter = custom_link("intra-node", 100), custom_link("inter-node", 200)
+    assert intra.bandwidth == pytest.approx(12.5e9, rel=1e-12) and intra.latency == pytest.approx(3.4e-6, rel=1e-12)
+    assert inter.bandwidth == pytest.approx(25e9, rel=1e-12) and inter.latency == pytest.approx(9.6e-6, rel=1e-12)
+    assert intra.base_latency == NCCL_BASE_LATENCY_S
+    assert (intra.name, inter.name) == ("intra-node", "inter-node")
+    assert intra.source.startswith("bandwidth: given on the command line (100 Gb/s); latency: NVIDIA/nccl")
+
+
+@pytest.mark.parametrize("op,n,factor", [
+    ("all_reduce", 2, 1.0), ("all_reduce", 4, 1.5), ("all_reduce", 8, 1.75),
+    ("all_gather", 2, 0.5), ("all_gather", 4, 0.75), ("reduce_scatter", 8, 0.875), ("broadcast", 8, 1.0),
+])
+def test_commbench_bus_factors_per_collective_and_rank_count(op, n, factor):
+    # nccl-tests PERFORMANCE.md: 2(n-1)/n for all-reduce, (n-1)/n for all-gather / reduce-scatter, 1 for broadcast
+    assert BUS_FACTOR[op](n) == pytest.approx(factor, rel=1e-12)
+
+
+def write(tmp_path, data) -> str:
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_commbench_link_is_the_fit_times_the_all_reduce_bus_factor(tmp_path):
+    # algorithm bandwidth 1 GB/s on 4 ranks: the ring's link carries 2(3)/4 = 1.5 GB/s; alpha is
+    # charged once a collective, no per-step latency
+    link = commbench_link(write(tmp_path, {"fit": {"alpha_s": 2e-5, "beta_bytes_per_s": 1e9, "ranks": 4}}), 1e6)
+    assert link.bandwidth == pytest.approx(1.5e9, rel=1e-12)
+    assert (link.latency, link.base_latency) == (0.0, 2e-5)
+    assert link.name == "commbench:bench.json"
+    assert link.source.endswith("bench.json (alpha 20.0 us, 4 ranks)")      # one line: no regime named
+    # no ranks in the file: 2 (factor 1); the fit at the top level is read too
+    two = commbench_link(write(tmp_path, {"alpha_s": 1e-5, "beta_bytes_per_s": 3e9}), 1e6)
+    assert two.bandwidth == pytest.approx(3e9, rel=1e-12)
+    # ranks beside the fit, not in it
+    eight = commbench_link(write(tmp_path, {"ranks": 8, "fit": {"alpha_s": 1e-5, "beta_bytes_per_s": 1e9}}), 1e6)
+    assert eight.bandwidth == pytest.approx(1.75e9, rel=1e-12)
+
+
+def test_commbench_link_takes_the_regime_of_the_step_s_message(tmp_path):
+    fit = {"alpha_s": 9.0, "beta_bytes_per_s": 9.0, "ranks": 2, "regimes": [
+        {"up_to_bytes": 2**20, "alpha_s": 1e-5, "beta_bytes_per_s": 1e8},
+        {"up_to_bytes": None, "alpha_s": 1e-4, "beta_bytes_per_s": 1e9}]}
+    path = write(tmp_path, {"fit": fit})
+    small, exactly, large = (commbench_link(path, size) for size in (1e3, 2**20, 2**20 + 1))
+    assert (small.bandwidth, small.base_latency) == (1e8, 1e-5)
+    assert (exactly.bandwidth, exactly.base_latency) == (1e8, 1e-5)      # a regime includes its largest size
+    assert (large.bandwidth, large.base_latency) == (1e9, 1e-4)
+    assert exactly.source.endswith("(alpha 10.0 us, 2 ranks, the regime of 1.0 MiB messages)")
+    # a fit of one regime names none
+    single = write(tmp_path, {"fit": {"alpha_s": 1e-5, "beta_bytes_per_s": 1e8, "regimes": fit["regimes"][1:]}})
+    assert commbench_link(single, 1e3).source.endswith("(alpha 100.0 us, 2 ranks)")
+
+
+def test_commbench_link_without_a_bandwidth_term_is_latency_bound(tmp_path):
+    link = commbench_link(write(tmp_path, {"fit": {"alpha_s": 3e-5, "beta_bytes_per_s": None}}), 1e6)
+    assert link.bandwidth == math.inf and link.base_latency == 3e-5
+
+
+@pytest.mark.parametrize("content", ['{"fit": {"alpha_s": 1}}', '[1, 2]', "not json"])
+def test_commbench_link_refuses_what_is_not_a_fit(tmp_path, content):
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.raises(UsageError, match="--interconnect"):
+        commbench_link(path, 1e6)
+
+
+# -- commbench's fit ----------------------------------------------------------------------------
+
+def test_alpha_beta_fit_recovers_an_exact_line():
+    points = [(n, 1e-4 + n / 1e9) for n in (1024, 4096, 65536, 2**20)]
+    fit = fit_alpha_beta(points)
+    assert fit["alpha_s"] == pytest.approx(1e-4, rel=1e-9)
+    assert fit["beta_bytes_per_s"] == pytest.approx(1e9, rel=1e-9)
+    assert max(map(abs, fit["errors"])) < 1e-9
+
+
+def test_alpha_beta_fit_with_a_negative_latency_refits_through_zero():
+    # (1000 B, 1 us), (2000 B, 3 us): the free line is -1 us + 2 ns/B. In relative error, with alpha
+    # at 0: rows x = n / t = 1e9 and 2e9/3; g = sum(x) / sum(x^2) = (5e9/3) / (13e18/9) = 15 / 13e9
+    fit = fit_alpha_beta([(1000, 1e-6), (2000, 3e-6)])
+    assert fit["alpha_s"] == 0.0
+    assert fit["beta_bytes_per_s"] == pytest.approx(13e9 / 15, rel=1e-9)
+
+
+def test_alpha_beta_fit_with_a_negative_slope_is_latency_only():
+    # (1000 B, 20 us), (2000 B, 10 us): the free slope is negative; alpha alone: rows 1/t = 5e4, 1e5;
+    # alpha = sum(1/t) / sum(1/t^2) = 1.5e5 / 1.25e10 = 12 us; no bandwidth term
+    fit = fit_alpha_beta([(1000, 2e-5), (2000, 1e-5)])
+    assert fit["alpha_s"] == pytest.approx(1.2e-5, rel=1e-9)
+    assert fit["beta_bytes_per_s"] is None
+
+
+def test_regimes_one_line_when_it_fits_and_a_cut_where_it_does_not():
+    line = [(n, 1e-4 + n / 1e9) for n in (2**10, 2**12, 2**14, 2**16, 2**18, 2**20)]
+    one = fit_regimes(line)
+    assert len(one["regimes"]) == 1 and one["regimes"][0]["up_to_bytes"] is None
+    assert one["regimes"][0]["alpha_s"] == pytest.approx(1e-4, rel=1e-9)
+    # three sizes on a latency-bound line (1 ms), three on a bandwidth-bound one that starts below
+    # it (64 KiB in 0.66 ms): no line fits both within 15 %, and the only allowed cut (3 sizes a
+    # regime) is after the third
+    small = [(n, 1e-3 + n / 1e11) for n in (2**10, 2**12, 2**14)]
+    large = [(n, 1e-5 + n / 1e8) for n in (2**16, 2**18, 2**20)]
+    two = fit_regimes(large + small)                     # any order: sorted first
+    assert [r["up_to_bytes"] for r in two["regimes"]] == [2**14, None]
+    assert two["regimes"][0]["alpha_s"] == pytest.approx(1e-3, rel=1e-6)
+    assert two["regimes"][0]["beta_bytes_per_s"] == pytest.approx(1e11, rel=1e-6)
+    assert two["regimes"][1]["beta_bytes_per_s"] == pytest.approx(1e8, rel=1e-6)
+    assert max(map(abs, two["errors"])) < 1e-6
+
+
+def test_regime_for_takes_the_first_whose_largest_size_it_does_not_exceed():
+    regimes = [{"up_to_bytes": 100, "id": 0}, {"up_to_bytes": 1000, "id": 1}, {"up_to_bytes": None, "id": 2}]
+    assert [regime_for(regimes, n)["id"] for n in (1, 100, 101, 1000, 1001, 1e12)] == [0, 0, 1, 1, 2, 2]

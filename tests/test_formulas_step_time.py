@@ -1,0 +1,253 @@
+"""The planner's step-time model and its calibration, pinned exactly (issue #25).
+
+The accuracy of the model against real runs is a benchmark (benchmarks/planner_step_time.py,
+docs/planner.md): its verdict rests on this machine's timing noise. Here every term is checked on
+hand-computed cases with round numbers, so a change to any term (fixed cost, per-rank overhead,
+efficiency per rank count, the collectives, overlap, the optimizer's traffic, the pipeline's slots)
+changes an expected value. The arithmetic is written out in the comments; no figure was copied
+from the code's output.
+"""
+import pytest
+
+from paratrain.errors import UsageError
+from paratrain.plan.calibrate import _compute_line, fit
+from paratrain.plan.devices import Device
+from paratrain.plan.links import Link
+from paratrain.plan.memory import Layout
+from paratrain.plan.profile import ModelProfile
+from paratrain.plan.step_time import (Efficiency, Topology, allgather_s, allreduce_s, bubble_fraction, ring_allgather_s,
+                                      ring_allreduce_s, step_time)
+
+# 1e8 B/s, 0.1 ms a ring step, 1 ms a collective; across nodes 1e7 B/s, 1 ms a step, 10 ms a collective.
+INTRA = Link("intra", 1e8, 1e-4, "test", base_latency=1e-3)
+INTER = Link("inter", 1e7, 1e-3, "test", base_latency=1e-2)
+TWO_PER_NODE = Topology(per_node=2, intra=INTRA, inter=INTER)
+FOUR_PER_NODE = Topology(per_node=4, intra=INTRA, inter=INTER)
+
+
+def device(overlap: bool) -> Device:
+    # 1 GFLOP/s peak, 1 GB/s of memory bandwidth.
+    return Device("test", {"fp32": 1e9}, 1e10, 1e9, "intra", {"fp32": 0.5}, overlap=overlap)
+
+
+def profile(param_bytes: float = 4e6) -> ModelProfile:
+    # Four pipeline units of 1 MFLOP a sample each; the second's output is what a 2-stage cut hands on.
+    units = [dict(name=f"u{i}", param_bytes=p, flops_per_sample=1e6, output_bytes_per_sample=o)
+             for i, (p, o) in enumerate([(1e6, 100), (2e6, 5e5), (5e5, 300), (5e5, 400)])]
+    return ModelProfile("toy", int(param_bytes / 4), int(param_bytes), 10, 0, int(1e6), 0.0, 0.0, int(1e6), units)
+
+
+# Efficiency per rank count: 0.5 on one rank, 0.4 on two or more; fixed compute 1 ms and 3 ms a
+# step; overhead 2 ms and 5 ms a step.
+EFF = Efficiency(compute=0.9, overhead_s=0.1, by_devices=((1, 0.5), (2, 0.4)), fixed_by_devices=((1, 1e-3), (2, 3e-3)),
+                 overhead_by_devices=((1, 2e-3), (2, 5e-3)))
+
+
+def whole(strategy: str, devices: int, batch: int = 100, reshard: bool = True) -> Layout:
+    return Layout(strategy, devices, devices, 1, 1, batch, reshard_after_forward=reshard)
+
+
+def test_ring_collectives_on_hand_computed_cases():
+    # all-reduce of 4 MB on 2 ranks: 1 ms + 2(1)(0.1 ms) + 2(1)/2 x 4e6/1e8 = 1 + 0.2 + 40 ms
+    assert ring_allreduce_s(4e6, 2, INTRA) == pytest.approx(0.0412, rel=1e-12)
+    # on 4 ranks: 1 ms + 6 x 0.1 ms + 6/4 x 40 ms = 1 + 0.6 + 60 ms
+    assert ring_allreduce_s(4e6, 4, INTRA) == pytest.approx(0.0616, rel=1e-12)
+    # all-gather of 4 MB in all on 2 ranks: 1 ms + 0.1 ms + 1/2 x 40 ms; on 4: 1 + 0.3 + 30 ms
+    assert ring_allgather_s(4e6, 2, INTRA) == pytest.approx(0.0211, rel=1e-12)
+    assert ring_allgather_s(4e6, 4, INTRA) == pytest.approx(0.0313, rel=1e-12)
+    # one rank, or nothing to send: free (not even the base latency)
+    assert ring_allreduce_s(4e6, 1, INTRA) == ring_allgather_s(4e6, 1, INTRA) == 0.0
+    assert ring_allreduce_s(0, 2, INTRA) == ring_allgather_s(0, 2, INTRA) == 0.0
+
+
+def test_hierarchical_collectives_across_nodes():
+    # one node holds all 4 ranks: the plain ring
+    assert allreduce_s(4e6, 4, 4, FOUR_PER_NODE) == pytest.approx(0.0616, rel=1e-12)
+    # 4 ranks, 2 a node: reduce-scatter + all-gather in the node (2 x 21.1 ms), all-reduce of the
+    # node's half (2 MB) across 2 nodes: 10 ms + 2 x 1 ms + 2e6/1e7 = 212 ms
+    assert allreduce_s(4e6, 4, 2, TWO_PER_NODE) == pytest.approx(2 * 0.0211 + 0.212, rel=1e-12)
+    # all-gather: 21.1 ms in the node + all-gather of 2 MB across 2 nodes: 10 + 1 + 1/2 x 200 ms
+    assert allgather_s(4e6, 4, 2, TWO_PER_NODE) == pytest.approx(0.0211 + 0.111, rel=1e-12)
+    # 3 ranks at 2 a node need 2 nodes (rounded up), the same as 4
+    assert allreduce_s(4e6, 3, 2, TWO_PER_NODE) == pytest.approx(2 * 0.0211 + 0.212, rel=1e-12)
+    assert allgather_s(4e6, 2, 2, TWO_PER_NODE) == pytest.approx(0.0211, rel=1e-12)
+
+
+def test_efficiency_takes_the_largest_measured_count_at_most_n():
+    eff = Efficiency(compute=0.9, overhead_s=0.1, by_devices=((2, 0.4), (8, 0.3)), fixed_by_devices=((2, 3e-3),),
+                     overhead_by_devices=((2, 5e-3), (4, 7e-3)))
+    assert [eff.compute_for(n) for n in (1, 2, 7, 8, 64)] == [0.9, 0.4, 0.4, 0.3, 0.3]
+    assert [eff.fixed_compute_s(n) for n in (1, 2, 3)] == [0.0, 3e-3, 3e-3]
+    assert [eff.overhead_for(n) for n in (1, 2, 3, 4, 5)] == [0.1, 5e-3, 5e-3, 7e-3, 7e-3]
+
+
+def test_one_device_step():
+    t = step_time(profile(), whole("single", 1), device(False), "fp32", "sgd", TWO_PER_NODE, EFF)
+    # compute: 1 ms fixed + 1e6 FLOPs x 100 / (1e9 x 0.5) = 201 ms; SGD: 5 x 4e6 B / 1e9 B/s = 20 ms;
+    # overhead 2 ms (the one-rank figure)
+    assert t["compute_s"] == pytest.approx(0.201, rel=1e-12)
+    assert t["optimizer_s"] == pytest.approx(0.020, rel=1e-12)
+    assert t["overhead_s"] == 2e-3
+    assert t["comm_s"] == t["exposed_comm_s"] == 0.0
+    assert t["step_time_s"] == pytest.approx(0.223, rel=1e-12)
+    # Adam moves 7 bytes per parameter byte: 28 ms
+    adam = step_time(profile(), whole("single", 1), device(False), "fp32", "adam", TWO_PER_NODE, EFF)
+    assert adam["optimizer_s"] == pytest.approx(0.028, rel=1e-12)
+
+
+def test_ddp_on_cpu_ranks_exposes_the_whole_all_reduce():
+    t = step_time(profile(), whole("ddp", 2), device(False), "fp32", "sgd", TWO_PER_NODE, EFF)
+    # compute on 2 ranks: 3 ms + 1e8 / (1e9 x 0.4) = 253 ms; all-reduce 41.2 ms, all exposed;
+    # SGD 20 ms (every rank steps all parameters); overhead 5 ms (the two-rank figure)
+    assert t["compute_s"] == pytest.approx(0.253, rel=1e-12)
+    assert t["comm_s"] == t["exposed_comm_s"] == pytest.approx(0.0412, rel=1e-12)
+    assert t["optimizer_s"] == pytest.approx(0.020, rel=1e-12)
+    assert t["step_time_s"] == pytest.approx(0.253 + 0.0412 + 0.020 + 0.005, rel=1e-12)
+
+
+def test_ddp_overlap_hides_the_all_reduce_behind_backward_but_its_last_bucket():
+    big = profile(param_bytes=1e8)          # 100 MB of gradients: 1 ms + 0.2 ms + 1 s = 1.0012 s to all-reduce
+    last_bucket = 1e-3 + 2e-4 + 25 * 2**20 / 1e8          # DDP's 25 MiB bucket: 263.344 ms
+    # batch 2000: backward = 2/3 x (3 ms + 5 s) hides everything but the last bucket
+    slow = step_time(big, whole("ddp", 2, batch=2000), device(True), "fp32", "sgd", TWO_PER_NODE, EFF)
+    assert slow["comm_s"] == pytest.approx(1.0012, rel=1e-12)
+    assert slow["exposed_comm_s"] == pytest.approx(last_bucket, rel=1e-12)
+    # batch 100: backward = 2/3 x 253 ms hides only that much of it
+    fast = step_time(big, whole("ddp", 2), device(True), "fp32", "sgd", TWO_PER_NODE, EFF)
+    assert fast["exposed_comm_s"] == pytest.approx(1.0012 - 2 / 3 * 0.253, rel=1e-12)
+
+
+def test_zero1_adds_an_exposed_parameter_broadcast_and_shards_the_optimizer():
+    t = step_time(profile(), whole("zero1", 2), device(False), "fp32", "sgd", TWO_PER_NODE, EFF)
+    # all-reduce 41.2 ms + all-gather of the parameters 21.1 ms; SGD on half: 10 ms
+    assert t["comm_s"] == t["exposed_comm_s"] == pytest.approx(0.0623, rel=1e-12)
+    assert t["optimizer_s"] == pytest.approx(0.010, rel=1e-12)
+    assert t["step_time_s"] == pytest.approx(0.253 + 0.0623 + 0.010 + 0.005, rel=1e-12)
+    on_gpu = step_time(profile(), whole("zero1", 2), device(True), "fp32", "sgd", TWO_PER_NODE, EFF)
+    # the all-reduce (4 MB, under one bucket) stays exposed, the broadcast after the step too
+    assert on_gpu["exposed_comm_s"] == pytest.approx(0.0623, rel=1e-12)
+
+
+def test_fsdp_gathers_twice_with_resharding_and_hides_all_but_two_units_on_gpus():
+    reshard = step_time(profile(), whole("fsdp", 2), device(False), "fp32", "sgd", TWO_PER_NODE, EFF)
+    # reduce-scatter + two all-gathers, 21.1 ms each; SGD on half the parameters: 10 ms
+    assert reshard["comm_s"] == reshard["exposed_comm_s"] == pytest.approx(3 * 0.0211, rel=1e-12)
+    assert reshard["optimizer_s"] == pytest.approx(0.010, rel=1e-12)
+    assert reshard["step_time_s"] == pytest.approx(0.253 + 3 * 0.0211 + 0.010 + 0.005, rel=1e-12)
+    kept = step_time(profile(), whole("fsdp", 2, reshard=False), device(False), "fp32", "sgd", TWO_PER_NODE, EFF)
+    assert kept["comm_s"] == pytest.approx(2 * 0.0211, rel=1e-12)
+    overlapped = step_time(profile(), whole("fsdp", 2), device(True), "fp32", "sgd", TWO_PER_NODE, EFF)
+    # the largest unit, 1 MB: 1 ms + 0.1 ms + 1/2 x 10 ms = 6.1 ms; two of them exposed
+    assert overlapped["comm_s"] == pytest.approx(3 * 0.0211, rel=1e-12)
+    assert overlapped["exposed_comm_s"] == pytest.approx(2 * 0.0061, rel=1e-12)
+
+
+def test_one_rank_of_a_data_parallel_strategy_communicates_nothing():
+    t = step_time(profile(), whole("ddp", 1), device(False), "fp32", "sgd", TWO_PER_NODE, EFF)
+    assert t["comm_s"] == t["exposed_comm_s"] == 0.0
+
+
+def test_pipeline_slots_sends_and_the_heaviest_stage():
+    layout = Layout("pipeline", 2, 1, 2, 4, 8)          # 2 stages, 4 micro-batches of 2
+    cpu = step_time(profile(), layout, device(False), "fp32", "sgd", TWO_PER_NODE, EFF)
+    # stages cut by FLOPs: units 0-1 and 2-3, 2 MFLOPs a sample each. A slot: 3 ms / 2 stages +
+    # 2e6 x 2 / (1e9 x 0.4) = 1.5 + 10 ms; (M + K - 1) = 5 slots
+    assert cpu["compute_s"] == pytest.approx(5 * 0.0115, rel=1e-12)
+    # handed on: unit 1's 5e5 B a sample x 2 = 1 MB a hop: 1 ms + 0.1 ms + 10 ms. On CPU every slot
+    # sends and receives: 2 x 5 hops
+    assert cpu["comm_s"] == cpu["exposed_comm_s"] == pytest.approx(10 * 0.0111, rel=1e-12)
+    # the heavier stage holds 1 + 2 MB: SGD 5 x 3e6 / 1e9
+    assert cpu["optimizer_s"] == pytest.approx(0.015, rel=1e-12)
+    assert cpu["step_time_s"] == pytest.approx(5 * 0.0115 + 10 * 0.0111 + 0.015 + 0.005, rel=1e-12)
+    # where the device overlaps, only the fill and drain send: 2 (K - 1) hops
+    gpu = step_time(profile(), layout, device(True), "fp32", "sgd", TWO_PER_NODE, EFF)
+    assert gpu["exposed_comm_s"] == pytest.approx(2 * 0.0111, rel=1e-12)
+
+
+def test_hybrid_adds_the_stage_all_reduce_across_replicas():
+    layout = Layout("hybrid", 4, 2, 2, 4, 8)            # 2 replicas of 2 stages
+    t = step_time(profile(), layout, device(False), "fp32", "sgd", FOUR_PER_NODE, EFF)
+    # the heavier stage's 3 MB over 2 replicas in one node: 1 ms + 0.2 ms + 30 ms
+    assert t["comm_s"] == pytest.approx(10 * 0.0111 + 0.0312, rel=1e-12)
+    # replicas of a stage are 2 ranks apart: with 2 devices a node, each node holds one, so the
+    # all-reduce crosses nodes: the hierarchical form with one rank a node is the inter-node ring
+    across = step_time(profile(), layout, device(False), "fp32", "sgd", TWO_PER_NODE, EFF)
+    # hop: K = 2 stages fit a node, so the intra link; the stage's all-reduce: 10 ms + 2 ms + 3e6/1e7
+    assert across["comm_s"] == pytest.approx(10 * 0.0111 + 0.312, rel=1e-12)
+
+
+@pytest.mark.parametrize("stages,microbatches,expected", [(2, 4, 1 / 5), (4, 8, 3 / 11), (4, 1, 3 / 4), (8, 8, 7 / 15)])
+def test_planner_bubble_is_k_minus_1_over_m_plus_k_minus_1(stages, microbatches, expected):
+    assert bubble_fraction(stages, microbatches) == pytest.approx(expected, rel=1e-12)
+
+
+def test_no_bubble_without_stages():
+    assert bubble_fraction(1, 4) is None
+
+
+# -- calibration ------------------------------------------------------------------------------
+
+def run(workers: int, batch: int, compute: float, comm: float = 0.0, data: float = 0.0, other: float = 0.0,
+        optimizer: float = 0.0, grad_accum: int = 1, name: str = "r") -> dict:
+    """A summary.json of a run of a model of 1 MFLOP a sample on a 1 GFLOP/s device."""
+    return {"workers": workers, "batch_size": batch, "grad_accum": grad_accum, "flops_per_sample": 1e6,
+            "mfu_peak": {"per_device": 1e9}, "_path": f"/runs/{name}",
+            "breakdown": {"data_s": data, "compute_s": compute, "comm_s": comm, "optimizer_s": optimizer, "other_s": other}}
+
+
+def flat(pairs) -> list:
+    return [x for pair in pairs for x in pair]
+
+
+def plan_says(summary: dict) -> dict:
+    # the uncalibrated plan: 5 ms of exposed communication on 2 ranks, 4 ms of optimizer traffic
+    return {"exposed_comm_s": 5e-3 if summary["workers"] > 1 else 0.0, "optimizer_s": 4e-3}
+
+
+def test_calibration_fits_efficiency_fixed_cost_and_overhead_per_rank_count():
+    runs = [
+        # one rank, one batch (100 samples: 0.1 s at the peak): busy 0.25, 0.2, 0.4 -> shares 0.4,
+        # 0.5, 0.25, median 0.4. The comm_s of a one-rank run is not waiting: it is left out.
+        run(1, 100, 0.25, comm=0.05, data=1e-3, other=2e-3, optimizer=0.010),     # overhead 3 + (10 - 4) = 9 ms
+        run(1, 100, 0.20, data=2e-3, other=2e-3, optimizer=0.003),                # 4 + 0 (below the plan's) = 4 ms
+        run(1, 100, 0.40, data=3e-3, other=3e-3, optimizer=0.006),                # 6 + 2 = 8 ms
+        # two ranks, two batches 3x apart (0.1 s and, with 2 accumulated steps of 150, 0.3 s at the
+        # peak); busy = compute + comm beyond the plan's 5 ms: 0.2 + 0.01, and 0.61 + 0 (its comm
+        # is below the plan's): the line 0.01 + ideal / 0.5
+        run(2, 100, 0.20, comm=0.015, other=1e-3),
+        run(2, 150, 0.61, comm=0.004, other=3e-3, grad_accum=2),
+    ]
+    eff = fit(runs, plan_says)
+    assert flat(eff.by_devices) == pytest.approx([1, 0.4, 2, 0.5], rel=1e-9)
+    assert eff.fixed_by_devices[0] == (1, 0.0)
+    assert eff.fixed_by_devices[1] == (2, pytest.approx(0.01, rel=1e-9))
+    # overheads: median of 9, 4, 8 ms on one rank; of 1 and 3 ms on two
+    assert flat(eff.overhead_by_devices) == pytest.approx([1, 8e-3, 2, 2e-3], rel=1e-9)
+    assert eff.compute == pytest.approx(0.4) and eff.overhead_s == pytest.approx(8e-3)
+    assert "0.400 on 1 rank(s)" in eff.source and "+ 10.00 ms a step" in eff.source
+
+
+def test_calibration_from_one_batch_size_has_no_fixed_cost():
+    eff = fit([run(1, 100, 0.25), run(2, 100, 0.20, comm=0.025)], plan_says)
+    # 2 ranks: busy 0.2 + (25 - 5) ms = 0.22 -> 0.1 / 0.22
+    assert flat(eff.by_devices) == pytest.approx([1, 0.4, 2, 0.1 / 0.22], rel=1e-9)
+    assert eff.fixed_by_devices == ()
+
+
+def test_calibration_needs_a_measured_compute_time():
+    with pytest.raises(UsageError, match="no run has a measured compute time"):
+        fit([run(1, 100, 0.0)], plan_says)
+
+
+def test_compute_line_by_least_squares_and_its_fallbacks():
+    # two batches exactly 1.5x apart: the line through (2, 5) and (3, 7): slope 2, intercept 1
+    assert _compute_line([(2.0, 5.0), (3.0, 7.0)]) == pytest.approx((0.5, 1.0), rel=1e-12)
+    # three points: mean (2, 5), slope (2 + 0 + 3) / 2 = 2.5, intercept 5 - 5 = 0 (kept: not negative)
+    assert _compute_line([(1.0, 3.0), (2.0, 4.0), (3.0, 8.0)]) == pytest.approx((0.4, 0.0), abs=1e-12)
+    # under 1.5x apart: the median of ideal / busy, no fixed cost
+    assert _compute_line([(2.0, 5.0), (2.9, 6.8)]) == pytest.approx(((2 / 5 + 2.9 / 6.8) / 2, 0.0), rel=1e-12)
+    assert _compute_line([(1.0, 4.0), (1.0, 2.0), (1.0, 5.0)]) == pytest.approx((0.25, 0.0), rel=1e-12)
+    # a negative fixed cost (slope 2.5 through (2, 3) and (4, 8): intercept -2) is no model: median
+    assert _compute_line([(2.0, 3.0), (4.0, 8.0)]) == pytest.approx(((2 / 3 + 0.5) / 2, 0.0), rel=1e-12)
+    # nor is a flat line: median of 0.4 and 0.8
+    assert _compute_line([(2.0, 5.0), (4.0, 5.0)]) == pytest.approx((0.6, 0.0), rel=1e-12)
