@@ -6,7 +6,7 @@ BIN     := $(VENV)/bin
 TORCH   ?= torch==2.13.0
 STAMP   := $(VENV)/.installed
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test bench mutate clean
 
 install: $(STAMP)
 
@@ -28,6 +28,12 @@ test: install
 
 bench: install
 	$(BIN)/python benchmarks/anchor_ddp.py --repeats 5
+
+# Mutation testing of one module (not part of `make test`): make mutate MODULE=plan/links.py
+# (scripts/mutate.py lists the modules and their fast tests; docs/benchmarks.md the kill rates).
+mutate: install
+	$(BIN)/python -c "import mutmut" 2>/dev/null || $(BIN)/python -m pip install -q -e ".[mutate]"
+	$(BIN)/python scripts/mutate.py $(MODULE)
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache
