@@ -101,3 +101,85 @@ def browser_page(page_path: Path) -> Iterator[Any]:
         page.screenshot(path=str(page_path.with_suffix(".png")), full_page=True)
         browser.close()
     assert all(url.startswith(("file:", "data:")) for url in requests), requests
+
+
+# -- nothing left running (issue #25) ----------------------------------------------------------
+# A process the suite started that outlives it (a rank, a sweep driver, slurmstepd and its job's
+# srun, slurmctld/slurmd/munged, postgres) keeps cores busy and ports bound for whatever runs next,
+# and once left a real-SLURM job running 10 minutes after pytest ended. At the end of the session
+# the run fails if one survives: a descendant of this pytest process, or any process whose command
+# line or environment names this session's temporary directory (daemons detach from pytest, but
+# they are all given paths under it, and jobs inherit PARATRAIN_CACHE / SLURM_CONF pointing there).
+# multiprocessing's own helpers (the forkserver paratrain's CLI starts in-process, the resource
+# tracker) live as long as the interpreter by design and exit with it: they are not counted.
+LEFTOVER_GRACE_S = 15
+_INTERPRETER_HELPERS = ("multiprocessing.forkserver import main", "multiprocessing.resource_tracker import main")
+
+
+def leftover_processes(basetemp: Path | None, descendants: bool = True) -> list[Any]:
+    """Live processes naming `basetemp` (command line or environment), and with `descendants` this
+    process's children too, less multiprocessing's helpers."""
+    import re
+
+    import psutil
+
+    me = psutil.Process()
+    mine = {me.pid, *(p.pid for p in me.parents())}
+    named = re.compile(re.escape(str(basetemp)) + r"(?![\w.-])") if basetemp else None
+    found = {p.pid: p for p in me.children(recursive=True)} if descendants else {}
+    if named is not None:
+        for process in psutil.process_iter(["pid", "cmdline"]):
+            if process.pid in mine or process.pid in found:
+                continue
+            try:
+                text = " ".join(process.info["cmdline"] or [])
+                if not named.search(text):
+                    text = " ".join(process.environ().values())
+            except (psutil.Error, OSError):
+                continue
+            if named.search(text):
+                found[process.pid] = process
+    alive = []
+    for process in found.values():
+        try:
+            cmdline = " ".join(process.cmdline())
+            if process.status() == psutil.STATUS_ZOMBIE or any(h in cmdline for h in _INTERPRETER_HELPERS):
+                continue
+            alive.append(process)
+        except psutil.Error:
+            continue
+    return alive
+
+
+def pytest_sessionfinish(session, exitstatus):
+    import psutil
+
+    factory = getattr(session.config, "_tmp_path_factory", None)
+    try:
+        basetemp = factory.getbasetemp() if factory is not None and factory._basetemp is not None else None
+    except Exception:
+        basetemp = None
+    deadline = time.monotonic() + LEFTOVER_GRACE_S
+    alive = leftover_processes(basetemp)
+    while alive and time.monotonic() < deadline:       # a process stopped at teardown may take a moment to exit
+        time.sleep(0.5)
+        alive = leftover_processes(basetemp)
+    if not alive:
+        return
+    lines = []
+    for process in alive:
+        try:
+            lines.append(f"  pid {process.pid}: {' '.join(process.cmdline())[:200]}")
+        except psutil.Error:
+            continue
+    # Fail the run, and stop them so that they do not also spoil whatever runs next.
+    for process in alive:
+        try:
+            for child in process.children(recursive=True):
+                child.kill()
+            process.kill()
+        except psutil.Error:
+            pass
+    session.config.get_terminal_writer().line(
+        f"\nLEFT RUNNING: {len(lines)} process(es) the suite started outlived it (killed now):\n" + "\n".join(lines), red=True)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED

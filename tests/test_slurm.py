@@ -188,6 +188,18 @@ def slurm_cluster(tmp_path_factory):
             time.sleep(0.3)
         yield env
     finally:
+        # Jobs first, while slurmctld and slurmd can still end them: stopped before their jobs,
+        # the daemons once left a batch step's slurmstepd and its `srun ... paratrain report`
+        # running 10 minutes after pytest ended (issue #25). Then the daemons, then whatever of
+        # this cluster survived them (slurmstepd detaches from slurmd), each waited for.
+        if started and all(p.poll() is None for p in started):
+            jobs = subprocess.run(["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True).stdout.split()
+            if jobs:
+                subprocess.run(["scancel", *jobs], env=env, capture_output=True)
+            deadline = time.monotonic() + 30
+            while (subprocess.run(["squeue", "-h"], env=env, capture_output=True, text=True).stdout.strip()
+                   and time.monotonic() < deadline):
+                time.sleep(0.3)
         for process in started:
             process.terminate()
         for process in started:
@@ -195,8 +207,29 @@ def slurm_cluster(tmp_path_factory):
                 process.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 process.kill()
+                process.wait()
         if (d / "munged.pid").exists():
-            os.kill(int((d / "munged.pid").read_text()), 15)
+            try:
+                os.kill(int((d / "munged.pid").read_text()), 15)
+            except ProcessLookupError:
+                pass
+        _stop_processes_naming(d)
+
+
+def _stop_processes_naming(directory: Path, timeout: float = 10.0) -> None:
+    """Kill, and wait for, every process whose command line or environment names `directory`: the
+    cluster's slurmstepd (its environment holds SLURM_CONF), the jobs' processes, munged."""
+    import psutil
+
+    from conftest import leftover_processes
+
+    remaining = leftover_processes(directory, descendants=False)
+    for process in remaining:
+        try:
+            process.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(remaining, timeout=timeout)
 
 
 def test_a_study_submitted_to_a_real_slurm_is_collected(slurm_cluster, tmp_path, capsys, monkeypatch):
@@ -221,6 +254,11 @@ def test_a_study_submitted_to_a_real_slurm_is_collected(slurm_cluster, tmp_path,
         assert queue.strip() or (out / "report.html").exists(), f"the queue emptied without a report: {printed}"
         assert time.monotonic() < deadline, f"the jobs did not finish: {queue}"
         time.sleep(0.5)
+    # report.html is written before the collection job's step ends: wait for the queue to empty,
+    # so the job's slurmstepd and srun end here and not after the daemons are stopped.
+    while subprocess.run(["squeue", "-h"], env=os.environ, capture_output=True, text=True).stdout.strip():
+        assert time.monotonic() < deadline + 60, "the collection job did not end after writing the report"
+        time.sleep(0.3)
     rows = json.loads((out / "scaling.json").read_text())["rows"]
     assert [(r["workers"], r["point"]) for r in rows] == [(1, "scaling"), (1, "all_cores_reference")]
     assert rows[1]["threads_per_worker"] == os.cpu_count()       # the reference job got every core SLURM has
