@@ -108,7 +108,9 @@ def _jobs(target: str, values: dict[str, Any], slurm: SlurmConfig, out: Path, de
     if slurm.gpus_per_node and ranks > slurm.gpus_per_node:
         raise UsageError(f"-j {sweep.jobs} x --workers-per-trial {sweep.workers_per_trial} = {ranks} GPUs and a node has "
                          f"--gpus-per-node {slurm.gpus_per_node}; lower -j")
-    return [Job("sweep", 1, ranks, ranks * _cpus_per_worker(sweep.train, slurm), sweep_command(sweep))], None
+    # GPUs only on GPU nodes: a CPU sweep asking for --gres=gpu:N is refused, or pends forever (#25)
+    return [Job("sweep", 1, ranks if slurm.gpus_per_node else 0, ranks * _cpus_per_worker(sweep.train, slurm),
+                sweep_command(sweep))], None
 
 
 def _train_values(values: dict[str, Any], slurm: SlurmConfig, device: str) -> dict[str, Any]:
