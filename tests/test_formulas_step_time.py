@@ -251,3 +251,65 @@ def test_compute_line_by_least_squares_and_its_fallbacks():
     assert _compute_line([(2.0, 3.0), (4.0, 8.0)]) == pytest.approx(((2 / 3 + 0.5) / 2, 0.0), rel=1e-12)
     # nor is a flat line: median of 0.4 and 0.8
     assert _compute_line([(2.0, 5.0), (4.0, 5.0)]) == pytest.approx((0.6, 0.0), rel=1e-12)
+
+
+def test_compute_line_keeps_a_slope_below_one_and_any_point_order():
+    # slope 0.5 (an efficiency above 1 is still a line with a positive slope), intercept 3 - 1 = 2
+    assert _compute_line([(2.0, 3.0), (4.0, 4.0)]) == pytest.approx((2.0, 2.0), rel=1e-12)
+    # three uneven points on busy = 1 + 2 x ideal
+    assert _compute_line([(4.0, 9.0), (1.0, 3.0), (2.0, 5.0)]) == pytest.approx((0.5, 1.0), rel=1e-12)
+
+
+def test_a_run_without_grad_accum_counts_its_batch_once_and_is_named():
+    one = run(1, 100, 0.25, name="first")
+    del one["grad_accum"]
+    eff = fit([one, run(1, 200, 0.5, name="second")], plan_says)
+    # ideal 0.1 s and 0.2 s, busy 0.25 and 0.5: slope 2.5, intercept 0 -> efficiency 0.4, no fixed cost
+    assert flat(eff.by_devices) == pytest.approx([1, 0.4], rel=1e-9)
+    assert eff.source.startswith("calibrated from 2 run(s) measured here (first, second): compute efficiency 0.400 on 1 rank(s)")
+
+
+@pytest.mark.parametrize("change,why", [
+    ({"status": "failed"}, "the run did not complete (status 'failed')"),
+    ({"strategy": "pipeline"}, "strategy 'pipeline' splits the model"),
+    ({"flops_per_sample": None}, "the run has no FLOPs per sample or device peak"),
+    ({"mfu_peak": {}}, "the run has no FLOPs per sample or device peak"),
+])
+def test_runs_that_cannot_calibrate_say_why(change, why):
+    from paratrain.plan.calibrate import _unusable
+
+    summary = {**run(1, 100, 0.25), "status": "completed", "strategy": "ddp", **change}
+    assert _unusable(summary).startswith(why)
+    assert _unusable({**run(1, 100, 0.25), "status": "completed", "strategy": "zero1"}) == ""
+
+
+def test_one_byte_is_still_a_collective_and_odd_rank_counts_round_up_to_nodes():
+    # 1 ms + 0.2 ms + 1 B / 1e8: the latency terms, not zero
+    assert ring_allreduce_s(1, 2, INTRA) == pytest.approx(1.2e-3 + 1e-8, rel=1e-12)
+    assert ring_allgather_s(1, 2, INTRA) == pytest.approx(1.1e-3 + 0.5e-8, rel=1e-12)
+    # 3 ranks at 2 a node: 2 nodes, not 1.5
+    assert allgather_s(4e6, 3, 2, TWO_PER_NODE) == pytest.approx(0.0211 + 0.111, rel=1e-12)
+
+
+def test_cpu_ddp_of_a_large_model_exposes_all_of_it():
+    # on CPU ranks nothing hides behind backward, whatever the bucket
+    t = step_time(profile(param_bytes=1e8), whole("ddp", 2), device(False), "fp32", "sgd", TWO_PER_NODE, EFF)
+    assert t["exposed_comm_s"] == pytest.approx(1.0012, rel=1e-12)
+
+
+def test_a_pipeline_wider_than_a_node_hands_on_over_the_network():
+    layout = Layout("pipeline", 4, 1, 4, 4, 8)          # 4 stages of one unit, 4 micro-batches of 2
+    cpu = step_time(profile(), layout, device(False), "fp32", "sgd", TWO_PER_NODE, EFF)
+    # a slot: 3 ms / 4 + 1e6 x 2 / 4e8 = 5.75 ms; 7 slots
+    assert cpu["compute_s"] == pytest.approx(7 * 0.00575, rel=1e-12)
+    # the largest hand-over, from units 0-2: unit 1's 5e5 B x 2; 4 stages > 2 a node: the inter-node
+    # link, 10 ms + 1 ms + 1e6 / 1e7 = 111 ms a hop; 2 x 7 hops on CPU, 2 x 3 where the device overlaps
+    assert cpu["comm_s"] == pytest.approx(14 * 0.111, rel=1e-12)
+    gpu = step_time(profile(), layout, device(True), "fp32", "sgd", TWO_PER_NODE, EFF)
+    assert gpu["exposed_comm_s"] == pytest.approx(6 * 0.111, rel=1e-12)
+    assert cpu["optimizer_s"] == pytest.approx(5 * 2e6 / 1e9, rel=1e-12)
+
+
+def test_hybrid_stage_all_reduce_is_exposed():
+    t = step_time(profile(), Layout("hybrid", 4, 2, 2, 4, 8), device(False), "fp32", "sgd", FOUR_PER_NODE, EFF)
+    assert t["exposed_comm_s"] == pytest.approx(10 * 0.0111 + 0.0312, rel=1e-12)
