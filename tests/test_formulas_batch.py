@@ -68,11 +68,20 @@ def test_no_divergence_keeps_the_whole_curve():
 
 
 def test_steepest_descent_skips_the_first_tenth_of_the_curve():
-    # 25 points: the first 25 // 10 = 2 are skipped, so the plunge at i = 1 (4.9 - 10) does not
+    # 20 points: the first 20 // 10 = 2 are skipped, so the plunge at i = 1 (4.9 - 10) does not
     # count; from i = 2 on the differences are -0.15 (4.85 - 5), -0.07, -0.021, then -0.002: i = 2
-    curve = [10, 5, 4.9, 4.85, 4.83] + [4.829 - 0.001 * k for k in range(20)]
-    found = suggest(lrs(25), losses_for(curve))
-    assert found["steepest_lr"] == pytest.approx(lrs(25)[2], rel=1e-12)
+    curve = [10, 5, 4.9, 4.85, 4.83] + [4.829 - 0.001 * k for k in range(15)]
+    found = suggest(lrs(20), losses_for(curve))
+    assert found["steepest_lr"] == pytest.approx(lrs(20)[2], rel=1e-12)
+
+
+def test_steepest_descent_is_per_log_lr_on_uneven_steps_and_may_be_the_last_point():
+    # LRs 1, 2, 4, 100, 200 (x 1e-6): central differences over log(LR): i = 1: (3 - 5) / ln 4 = -1.44,
+    # i = 2: (2.9 - 4) / ln 50 = -0.28, i = 3: (1 - 3) / ln 50 = -0.51: the steepest is i = 1
+    x = [1e-6, 2e-6, 4e-6, 1e-4, 2e-4]
+    assert suggest(x, losses_for([5, 4, 3, 2.9, 1]))["steepest_lr"] == pytest.approx(2e-6, rel=1e-12)
+    # the last central difference counts: (1 - 4.8) at i = 3 against -0.2 before it
+    assert suggest(lrs(5), losses_for([5, 4.9, 4.8, 4.7, 1]))["steepest_lr"] == pytest.approx(lrs(5)[3], rel=1e-12)
 
 
 def test_a_non_finite_loss_ends_the_curve():

@@ -96,7 +96,12 @@ def test_gpipe_keeps_every_micro_batch_and_the_last_stage_can_be_heaviest():
     late = memory_per_device(profile((5e5, 5e5, 1e6, 2e6)), Layout("pipeline", 2, 1, 2, 4, 8), "sgd", "fp32")
     # stage 1 holds 3 MB and, last in a 1F1B pipeline, one micro-batch: 0.5 x (50 kB + 20 kB)
     assert late["parameters_bytes"] == 3e6
+    assert late["runtime_bytes"] == 0.0                                # nothing given, nothing counted
     assert late["activations_bytes"] == pytest.approx(3.5e4, rel=1e-12)
+
+
+def test_a_pipeline_of_plain_sgd_keeps_no_optimizer_state():
+    assert memory(Layout("pipeline", 2, 1, 2, 4, 8), momentum=0)["optimizer_bytes"] == 0
 
 
 def test_a_device_fits_below_90_percent_of_its_memory():
