@@ -12,8 +12,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-from paratrain.doctor.checks import RUN_CHECKS, Finding, batch_knee, lr_not_scaled
+from paratrain.doctor.checks import (RUN_CHECKS, batch_knee, contended, first_epoch_overhead, lr_not_scaled,
+                                     rank0_alone)
 from paratrain.doctor.evidence import RunEvidence, idle_fractions, json_file, read_run
+from paratrain.doctor.finding import Finding
+from paratrain.doctor.script_checks import SCRIPT_CHECKS, probe_status
 from paratrain.errors import UsageError
 from paratrain.runs import SCALING_FILE, SWEEP_FILE, RunDir
 
@@ -37,10 +40,24 @@ def diagnose(path: Path) -> dict[str, Any]:
 
 
 def diagnose_run(ev: RunEvidence) -> list[Finding]:
+    if ev.is_script and ev.probe.get("status") == "no steps":
+        seen = ", ".join(f"rank {r['rank']}: {r.get('threads', '?')} threads, {r.get('loader_workers', 0)} DataLoader "
+                         "workers" for r in ev.probe.get("ranks", []))
+        raise UsageError(f"{ev.path}: the probe saw no optimizer step ({seen}); the doctor times steps at "
+                         "torch.optim's optimizer.step(): train with a torch.optim optimizer, or run long enough for "
+                         "a step to finish")
     if not ev.has_steps:
         raise UsageError(f"{ev.path}: the run has no steps to diagnose (no epoch in metrics.jsonl, no breakdown in "
                          "summary.json, no monitor samples of its ranks); rerun it until at least one epoch finishes")
-    return [f for check in RUN_CHECKS if (f := check(ev)) is not None]
+    # A probed script: its per-rank phases replace the monitor-based straggler guess; rank 0 working
+    # alone after the last step (a final evaluation) is in no step, so the monitor still looks for it.
+    checks = ((contended, *SCRIPT_CHECKS, rank0_alone, first_epoch_overhead) if ev.probe_ranks
+              else (*RUN_CHECKS, probe_status))
+    findings: dict[str, Finding] = {}
+    for check in checks:
+        if (f := check(ev)) is not None:
+            findings.setdefault(f.check, f)      # the probe's figure before the monitor's, for one cause
+    return list(findings.values())
 
 
 # Problems that distort every other timing, fixed (or ruled out) first whatever their own saving:

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import asdict, dataclass
 from typing import Any, Callable, Optional
 
 from paratrain.doctor.evidence import IDLE_CPU_PERCENT, RunEvidence, idle_fractions, rerun_command
+from paratrain.doctor.finding import Finding, ms, pct, speedup
 
 # Thresholds: a share of the optimizer step (breakdown) above which a phase is worth fixing.
 COMM_SHARE = 0.20           # exposed all-reduce time that backward did not hide
@@ -33,39 +33,6 @@ ALONE_SHARE = 0.15          # rank 0 busy while every other rank idles, for this
 # (docs/doctor.md, docs/workloads.md), so 10 % is the conservative end on a quiet machine; other work on
 # the cores slows the fixed run too, and the prediction then overshoots (docs/doctor.md's example).
 FIXED_MFU = 0.10
-
-
-@dataclass
-class Finding:
-    check: str
-    finding: str
-    evidence: str
-    cause: str
-    remedy: str
-    predicted_gain: str
-    saving: Optional[float]     # predicted fraction of time saved; None: not a time finding (accuracy, advice)
-    severity: str = ""
-
-    def __post_init__(self) -> None:
-        if not self.severity:
-            s = self.saving
-            self.severity = "advice" if s is None else "high" if s >= 0.3 else "medium" if s >= 0.1 else "low"
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.1f} ms" if seconds < 0.1 else f"{seconds * 1e3:,.0f} ms"
-
-
-def pct(fraction: float) -> str:
-    return f"{fraction:.0%}" if fraction >= 0.01 else f"{fraction:.1%}"
-
-
-def speedup(saving: float) -> str:
-    """A saved fraction of time as the speed-up it buys."""
-    return f"{1 / (1 - saving):.2f}x faster" if saving < 0.995 else "more than 100x faster"
 
 
 def _steps_text(ev: RunEvidence) -> str:

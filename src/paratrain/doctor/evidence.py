@@ -139,6 +139,20 @@ class RunEvidence:
         return bool(self.epochs or self.summary.get("breakdown") or self.summary.get("steps")
                     or any(s["kind"] == "rank" for s in self.system))
 
+    # -- probe (launched scripts: launch/probe.py, launch/probe_summary.py) ---------------------
+    @property
+    def probe(self) -> dict[str, Any]:
+        return self.summary.get("probe") or {}
+
+    @property
+    def probe_ranks(self) -> list[dict[str, Any]]:
+        """Per rank, what the probe measured over its steady steps; empty without a working probe."""
+        return [r for r in self.probe.get("ranks", []) if "phases_s" in r] if self.probe.get("status") == "on" else []
+
+    def rank_phase(self, phase: str) -> list[float]:
+        """Seconds per step in `phase` (a probe phase: data, forward, ..., eval, checkpoint), per rank."""
+        return [r["phases_s"][phase] for r in self.probe_ranks]
+
     # -- monitor --------------------------------------------------------------------------
     @property
     def rank_samples(self) -> dict[int, list[dict[str, Any]]]:

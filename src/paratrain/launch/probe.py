@@ -37,13 +37,16 @@ import importlib.machinery
 import json
 import os
 import runpy
+import statistics
 import sys
 import time
 import weakref
 from typing import Any, Callable, Optional
 
 RUN_DIR_ENV = "PARATRAIN_RUN_DIR"
-PHASES = ("data", "forward", "backward", "comm", "optimizer", "eval", "checkpoint", "other")
+# `collective`: a collective the script itself calls between the phases (a loss averaged for a log
+# line, a barrier); `comm`: one inside forward or backward (FSDP2's, DDP's exposed tail).
+PHASES = ("data", "forward", "backward", "comm", "collective", "optimizer", "eval", "checkpoint", "other")
 FLUSH_EVERY_S = 1.0         # buffered lines reach the file at least this often (a killed rank loses less)
 # Collectives a script (or FSDP2, or Lightning) calls from Python. A blocking call is exposed
 # communication; an async one is counted when its Work is waited for.
@@ -69,6 +72,36 @@ def _first_len(value: Any, torch: Any, depth: int = 0) -> Optional[int]:
     return None
 
 
+def fair_threads() -> int:
+    """The threads a rank can run without oversubscribing: its cores, and its share of the machine's
+    when the ranks are not pinned (every rank may use every core)."""
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return max(1, min(len(os.sched_getaffinity(0)), (os.cpu_count() or 1) // local_ranks))
+
+
+def thread_penalty(torch: Any, threads: int, fair: int, size: int = 192, repeats: int = 5) -> float:
+    """How much slower a matrix product runs on `threads` threads than on `fair` ones, here and now:
+    the oversubscription check's measured slow-down (the median of `repeats` rounds of 8 products each,
+    about 10 ms in all on a free core)."""
+    a = torch.randn(size, size)
+
+    def best(n: int) -> float:
+        torch.set_num_threads(n)
+        times = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            for _ in range(8):
+                torch.mm(a, a)
+            times.append(time.perf_counter() - started)
+        return statistics.median(times)
+
+    try:
+        best(fair)          # warm-up: first-call allocations
+        return best(threads) / best(fair)
+    finally:
+        torch.set_num_threads(threads)
+
+
 class Probe:
     """One rank's instrumentation: phase clocks, the step records and their file."""
 
@@ -81,6 +114,11 @@ class Probe:
         self.stack: list[str] = []
         self.step_started: Optional[float] = None
         self.times = dict.fromkeys(PHASES, 0.0)
+        self.data_cpu = 0.0         # CPU seconds of this thread inside the data phase
+        self.modules = 0            # module calls inside training forwards
+        self.ddp_overhead = 0.0     # DDP's own forward work around the wrapped module's (find_unused_parameters)
+        self.wrapped: Any = None    # the module a DDP at the outermost call wraps
+        self.outer_started = self.inner_started = self.inner_s = 0.0
         self.samples = 0            # training samples (outermost forward's batch) in this step
         self.micro = 0              # training forwards in this step
         self.rounds = 0             # DDP all-reduce rounds (last buckets) in this step
@@ -124,11 +162,17 @@ class Probe:
             self.note(threads=threads)
         record = {"kind": "step", "step": self.steps, "end_s": round(now - self.origin, 6),
                   "wall_s": round(now - started, 6), **{k: round(v, 6) for k, v in self.times.items()},
-                  "samples": self.samples, "micro": self.micro, "rounds": self.rounds}
+                  "data_cpu": round(self.data_cpu, 6), "ddp_overhead": round(self.ddp_overhead, 6),
+                  "samples": self.samples, "micro": self.micro, "rounds": self.rounds, "modules": self.modules}
         self.lines.append(json.dumps(record))
         self.times = dict.fromkeys(PHASES, 0.0)
-        self.samples = self.micro = self.rounds = 0
+        self.data_cpu = self.ddp_overhead = 0.0
+        self.samples = self.micro = self.rounds = self.modules = 0
         self.stack.clear()
+        fair = fair_threads()
+        if threads > fair and "thread_penalty" not in self.state:
+            self.note(thread_penalty=round(thread_penalty(self.torch, threads, fair), 3), fair_threads=fair)
+            now = self.mark = self.clock()      # the measurement is no part of any step
         self.step_started = now
         if now - self.flushed >= FLUSH_EVERY_S:
             self.flush()
@@ -201,11 +245,12 @@ class Probe:
         def timed(*args: Any, **kwargs: Any) -> Any:
             if probe.broken:
                 return original(*args, **kwargs)
-            probe.enter(phase)
+            now = phase if phase != "comm" or probe.stack else "collective"
+            probe.enter(now)
             try:
                 return original(*args, **kwargs)
             finally:
-                probe.leave(phase)
+                probe.leave(now)
         return timed
 
     def _optimizer_hooks(self, torch: Any) -> None:
@@ -223,19 +268,31 @@ class Probe:
 
         def pre(module: Any, args: Any) -> None:
             self.depth += 1
+            if self.depth == 2 and module is self.wrapped:
+                self.inner_started = self.clock()
             if self.depth != 1:
+                self.modules += self.outer_kind == "forward"
                 return
             training = module.training and torch.is_grad_enabled()
             self.outer_kind = "forward" if training else "eval"
             if training:
                 self.micro += 1
                 self.samples += _first_len(args, torch) or 0
+            # Under DDP, its forward's own work (find_unused_parameters' graph search) is the outer
+            # call's time less the wrapped module's.
+            self.wrapped = getattr(module, "module", None) if type(module).__name__ == "DistributedDataParallel" else None
+            self.inner_s = 0.0
             self.enter(self.outer_kind)
+            self.outer_started = self.mark
 
         def post(module: Any, args: Any, output: Any) -> None:
             self.depth -= 1
-            if self.depth == 0:
-                self.leave(self.outer_kind)
+            if self.depth == 1 and module is self.wrapped:
+                self.inner_s += self.clock() - self.inner_started
+            elif self.depth == 0:
+                now = self.leave(self.outer_kind)
+                if self.wrapped is not None and self.outer_kind == "forward":
+                    self.ddp_overhead += now - self.outer_started - self.inner_s
             elif self.depth < 0:        # hooks installed mid-call: re-synchronise
                 self.depth = 0
 
@@ -273,12 +330,19 @@ class Probe:
             timed = probe._phase_call("data", original)
 
             def next_batch(iterator: Any) -> Any:
-                if not probe.broken:
-                    try:
-                        probe.note(loader_workers=max(int(iterator._num_workers), probe.state.get("loader_workers", 0)))
-                    except Exception as exc:
-                        probe.fail("data", exc)
-                return timed(iterator)
+                if probe.broken:
+                    return original(iterator)
+                try:
+                    probe.note(loader_workers=max(int(iterator._num_workers), probe.state.get("loader_workers", 0)))
+                except Exception as exc:
+                    probe.fail("data", exc)
+                # CPU time of this thread beside the wait: decoding in the rank's own process is
+                # CPU, reading or a loader worker's batch not yet ready is waiting.
+                cpu = time.thread_time()
+                try:
+                    return timed(iterator)
+                finally:
+                    probe.data_cpu += time.thread_time() - cpu
             return next_batch
         self._patch(dataloader._BaseDataLoaderIter, "__next__", make)
 

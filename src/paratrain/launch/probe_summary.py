@@ -16,8 +16,9 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from paratrain.launch.probe import PHASES
+
 PROBE_DIR = "probe"
-PHASES = ("data", "forward", "backward", "comm", "optimizer", "eval", "checkpoint", "other")
 # Steps that pay for start-up (allocations, first kernels, DDP's bucket rebuild after the first
 # step) are left out, like a built-in run's first epoch: the first WARMUP_SHARE of the steps, and
 # at least WARMUP_MIN of them while as many remain.
@@ -64,6 +65,11 @@ def rank_record(rank: int, records: list[dict[str, Any]]) -> dict[str, Any]:
             samples_per_step=sum(s["samples"] for s in used) / n,
             micro_per_step=sum(s["micro"] for s in used) / n,
             rounds_per_step=sum(s["rounds"] for s in used) / n,
+            modules_per_step=sum(s["modules"] for s in used) / n,
+            data_cpu_s=sum(s["data_cpu"] for s in used) / n,
+            eval_steps=sum(s["eval"] > 0 for s in used),
+            checkpoint_steps=sum(s["checkpoint"] > 0 for s in used),
+            ddp_overhead_s=sum(s["ddp_overhead"] for s in used) / n,
             # per-step wall times, for the spread (a rank whose steps vary waits unevenly)
             step_s_median=statistics.median(s["wall_s"] for s in used))
     return out
@@ -90,7 +96,7 @@ def summarise(run_dir: Path) -> dict[str, Any]:
     probe["phases_s"] = phases
     probe["step_s"] = statistics.mean(r["step_s"] for r in timed)
     breakdown = {"data_s": phases["data"], "compute_s": phases["forward"] + phases["backward"],
-                 "comm_s": phases["comm"], "optimizer_s": phases["optimizer"],
+                 "comm_s": phases["comm"] + phases["collective"], "optimizer_s": phases["optimizer"],
                  "other_s": phases["other"] + phases["eval"] + phases["checkpoint"]}
     out: dict[str, Any] = {"breakdown": breakdown, "probe": probe}
     samples = sum(r["samples_per_step"] * r["steady_steps"] for r in timed)

@@ -1,0 +1,43 @@
+"""A finding of the doctor, and the few formats its texts share."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Optional
+
+
+@dataclass
+class Finding:
+    check: str
+    finding: str
+    evidence: str
+    cause: str
+    remedy: str
+    predicted_gain: str
+    saving: Optional[float]     # predicted fraction of time saved; None: not a time finding (accuracy, advice)
+    severity: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.severity:
+            s = self.saving
+            self.severity = "advice" if s is None else "high" if s >= 0.3 else "medium" if s >= 0.1 else "low"
+
+    @property
+    def predicted_speedup(self) -> Optional[float]:
+        """The saving as a speed-up factor (2.0: twice as fast); None for advice."""
+        return None if self.saving is None else 1 / max(1 - self.saving, 0.005)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "predicted_speedup": self.predicted_speedup}
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms" if seconds < 0.1 else f"{seconds * 1e3:,.0f} ms"
+
+
+def pct(fraction: float) -> str:
+    return f"{fraction:.0%}" if fraction >= 0.01 else f"{fraction:.1%}"
+
+
+def speedup(saving: float) -> str:
+    """A saved fraction of time as the speed-up it buys."""
+    return f"{1 / (1 - saving):.2f}x faster" if saving < 0.995 else "more than 100x faster"

@@ -1,0 +1,285 @@
+"""The doctor's checks on what the probe measured inside a launched script (summary.json `probe`).
+
+A launched script has no paratrain training loop, so these read the probe's per-rank seconds per
+optimizer step by phase (launch/probe.py) and the settings it saw (torch's threads, DataLoader
+workers, DDP's). Each predicted gain is the step with the named phase changed as the remedy changes
+it, every other phase as measured: a stated model on the measured breakdown, not a floor.
+benchmarks/doctor_catalogue.py applies each remedy to a planted fault and measures the gain.
+"""
+from __future__ import annotations
+
+import statistics
+from typing import Any, Callable, Optional
+
+from paratrain.doctor.evidence import RunEvidence, rerun_command
+from paratrain.doctor.finding import Finding, ms, pct, speedup
+
+DATA_SHARE = 0.15           # waiting for the next batch, of the step
+COMM_SHARE = 0.20           # gradient all-reduce that backward did not hide, of the step
+EXTRA_ROUNDS = 1.5          # all-reduce rounds per optimizer step above which accumulation is not skipping them
+COLLECTIVE_SHARE = 0.10     # the script's own blocking collectives (logging a global loss), of the step
+EVAL_SHARE = 0.20           # evaluation, of the run's step time
+CHECKPOINT_SHARE = 0.10     # torch.save, of the step
+STRAGGLER_EXCESS = 0.10     # one rank's extra busy time, of the step, that the others wait for...
+STRAGGLER_RATIO = 1.2       # ...and this much busier than the median of the others
+UNEVEN_STEPS = 1.10         # the rank with the most steps against the mean
+DDP_OVERHEAD_SHARE = 0.05   # DDP's own forward work with find_unused_parameters=True, of the step
+# The remedies' settings, which the predictions assume.
+EVAL_FRACTION = 8           # evaluate 1/8 of the held-out set (or every 8th time)
+CHECKPOINT_EVERY = 100      # save every 100 steps
+COLLECTIVE_EVERY = 50       # reduce a logged value every 50 steps
+ACCUMULATE = (2, 4, 8)      # micro-steps per all-reduce the accumulation remedy may choose
+
+
+def _mean(values: list[float]) -> float:
+    return statistics.mean(values) if values else 0.0
+
+
+def _step(ev: RunEvidence) -> float:
+    return _mean([r["step_s"] for r in ev.probe_ranks])
+
+
+def _steps_text(ev: RunEvidence) -> str:
+    p = ev.probe["phases_s"]
+    shown = [f"{name} {ms(p[name])}" for name in ("data", "forward", "backward", "comm", "collective", "optimizer",
+                                                   "eval", "checkpoint", "other") if p[name] >= 0.0005 * _step(ev)]
+    return f"step {ms(_step(ev))} (mean of {len(ev.probe_ranks)} ranks): " + ", ".join(shown)
+
+
+def _code_change(text: str, ev: RunEvidence) -> str:
+    return f"code change in {ev.config.get('script', 'the script')}: {text}"
+
+
+def threads(ev: RunEvidence) -> Optional[Finding]:
+    """Torch's intra-op threads beyond the cores a rank has: a matrix product slowed by that much was measured."""
+    ranks = [r for r in ev.probe_ranks if r.get("thread_penalty")]
+    if not ranks:
+        return None
+    penalty = statistics.median(r["thread_penalty"] for r in ranks)
+    used, fair = ranks[0]["threads"], ranks[0]["fair_threads"]
+    threaded = _mean([r["phases_s"]["forward"] + r["phases_s"]["backward"] + r["phases_s"]["optimizer"]
+                      + r["phases_s"]["eval"] for r in ranks])
+    saving = max(0.0, threaded * (1 - 1 / penalty) / _step(ev)) if penalty > 1 else 0.0
+    launched_threads = ev.resolved.get("threads_per_worker")
+    if used == launched_threads:        # launch gave these threads: its own flag is the remedy
+        remedy = rerun_command(ev, threads_per_worker=fair, allow_oversubscribe=None)
+    else:
+        remedy = _code_change(f"the script sets {used} threads: drop its torch.set_num_threads({used}) (launch sets "
+                              f"OMP_NUM_THREADS to the rank's cores) or use torch.set_num_threads(len(os.sched_getaffinity(0)))", ev)
+    return Finding(
+        "oversubscription", f"torch runs {used} threads on a rank that has {fair} core(s)",
+        f"{_steps_text(ev)}; a matrix product ran {penalty:.1f}x slower on {used} threads than on {fair} (measured "
+        f"in each rank)", "threads beyond the cores time-slice: each parallel operator waits at its barrier for "
+        "threads that are not running, so every multi-threaded phase slows down",
+        remedy, f"{speedup(saving)}: forward, backward, optimizer and evaluation ({ms(threaded)} a step) run "
+        f"{penalty:.1f}x faster, the rest as measured", saving)
+
+
+def data_wait(ev: RunEvidence) -> Optional[Finding]:
+    ranks = ev.probe_ranks
+    data, cpu = _mean(ev.rank_phase("data")), _mean([r["data_cpu_s"] for r in ranks])
+    if not ranks or data / _step(ev) < DATA_SHARE:
+        return None
+    workers = max(int(r.get("loader_workers", 0)) for r in ranks)
+    spare = all(r.get("cpu_affinity", 1) > r.get("threads", 1) for r in ranks)
+    # Loader workers prepare batches while the step runs. The rank's waiting (reads) is hidden either
+    # way; the CPU part (decoding) only where there are cores to spare: launch pins each rank and
+    # its workers to the rank's cores.
+    hidden = data if spare else max(0.0, data - cpu)
+    saving = hidden / _step(ev)
+    more = max(2, 2 * workers)
+    return Finding(
+        "data_wait", f"ranks wait for data {pct(data / _step(ev))} of every step",
+        f"{_steps_text(ev)}; of the data time {ms(cpu)} is CPU in the rank's own thread, {ms(data - cpu)} waiting; "
+        f"DataLoader workers: {workers}", "the next batch is read and prepared in the rank's own process between steps",
+        _code_change(f"DataLoader(..., num_workers={more}, persistent_workers=True)", ev)
+        + ("" if spare else "; the ranks' cores are all in use, so the CPU part stays: make __getitem__ cheaper "
+                            "(decode once, keep tensors in memory) to hide that too"),
+        f"{speedup(saving)}: the {'whole data time' if spare else 'waiting part of the data time'} ({ms(hidden)}) "
+        "overlaps with the step", saving)
+
+
+def exposed_communication(ev: RunEvidence) -> Optional[Finding]:
+    ranks = ev.probe_ranks
+    if len(ranks) < 2 or not all(r.get("ddp") for r in ranks):
+        return None
+    # The rank that reaches the all-reduce last waits least: its exposed time is the all-reduce's own,
+    # the others' includes waiting for it (the straggler check's business).
+    comm, step = min(ev.rank_phase("comm")), _step(ev)
+    rounds = _mean([r["rounds_per_step"] for r in ranks])
+    if comm / step < COMM_SHARE or rounds > EXTRA_ROUNDS:
+        return None
+    # k micro-steps under no_sync() share one all-reduce: per k micro-steps, k x (the step without its
+    # exposed all-reduce) + one all-reduce, against k steps now.
+    work = step - comm
+    for k in ACCUMULATE:
+        if comm / (k * work + comm) <= 0.10:
+            break
+    saving = 1 - (k * work + comm) / (k * step)
+    gbytes = ranks[0].get("gradient_bytes", 0)
+    return Finding(
+        "exposed_communication", f"{pct(comm / step)} of every step is the gradient all-reduce that backward did not hide",
+        f"{_steps_text(ev)}; {gbytes / 2**20:.1f} MiB of gradients all-reduced per step",
+        "the all-reduce costs the same whatever the batch, and this batch's backward is too short to hide it",
+        _code_change(f"accumulate {k} micro-steps per optimizer step, the first {k - 1} under `with model.no_sync():` "
+                     f"(or a {k}x larger per-rank batch if it fits), the LR scaled with the global batch", ev),
+        f"{speedup(saving)} per sample: {k} micro-steps share one all-reduce ({ms(k * work + comm)} per {k} "
+        f"micro-steps against {ms(k * step)})", saving)
+
+
+def all_reduce_every_micro_step(ev: RunEvidence) -> Optional[Finding]:
+    ranks = ev.probe_ranks
+    rounds = _mean([r["rounds_per_step"] for r in ranks])
+    micro = _mean([r["micro_per_step"] for r in ranks])
+    if len(ranks) < 2 or rounds <= EXTRA_ROUNDS:
+        return None
+    comm, step = min(ev.rank_phase("comm")), _step(ev)
+    # Without the rounds before the last, their exposed all-reduce goes.
+    saving = comm * (1 - 1 / rounds) / step
+    return Finding(
+        "no_sync_missing", f"gradients are all-reduced {rounds:.0f} times per optimizer step",
+        f"{_steps_text(ev)}; {micro:.0f} forward/backward micro-steps and {rounds:.0f} all-reduce rounds per "
+        "optimizer step", "gradient accumulation without `no_sync()`: DDP all-reduces after every backward, "
+        "although only the last micro-step's averages are used",
+        _code_change("wrap every micro-step but the last in `with model.no_sync():` (torch's DDP idiom; "
+                     "Lightning and Accelerate do it for you)", ev),
+        f"{speedup(saving)}: {rounds - 1:.0f} of {rounds:.0f} exposed all-reduces ({ms(comm)} a step) go", saving)
+
+
+def script_collectives(ev: RunEvidence) -> Optional[Finding]:
+    collective, step = _mean(ev.rank_phase("collective")), _step(ev)
+    if not ev.probe_ranks or collective / step < COLLECTIVE_SHARE:
+        return None
+    saving = collective * (1 - 1 / COLLECTIVE_EVERY) / step
+    return Finding(
+        "host_sync_stalls", f"the script's own collectives take {pct(collective / step)} of every step",
+        f"{_steps_text(ev)}: {ms(collective)} a step in collectives the script calls between the phases",
+        "a blocking collective every step (an all_reduce of the loss for a log line, a barrier) makes every rank wait "
+        "for the slowest and for the network, and reads the value on the host",
+        _code_change(f"keep running sums on the device and reduce them every {COLLECTIVE_EVERY} steps (or only when "
+                     "logging)", ev),
+        f"{speedup(saving)}: {COLLECTIVE_EVERY}x fewer of those collectives", saving)
+
+
+def evaluation(ev: RunEvidence) -> Optional[Finding]:
+    ranks = ev.probe_ranks
+    evals = ev.rank_phase("eval")
+    step, n = _step(ev), len(ranks)
+    if not ranks or max(evals) / step < EVAL_SHARE:
+        return None
+    alone = n > 1 and sorted(evals)[-2] < 0.1 * max(evals)
+    if alone:
+        who = max(range(n), key=lambda i: evals[i])
+        # Sharded, each rank evaluates 1/n of the set: the step loses (n-1)/n of the lone rank's evaluation.
+        saving = max(evals) * (1 - 1 / n) / step
+        return Finding(
+            "rank0_alone", f"rank {ranks[who]['rank']} evaluates alone, {pct(max(evals) / step)} of the time, "
+                           f"while the other {n - 1} rank(s) wait",
+            f"{_steps_text(ev)}; evaluation per step by rank: " + ", ".join(ms(e) for e in evals),
+            "evaluation under `if rank == 0:`: the other ranks wait at the next collective",
+            _code_change("evaluate on every rank: a DistributedSampler over the held-out set, then all_reduce the "
+                         "sums of loss and correct predictions", ev),
+            f"{speedup(saving)}: the evaluation split over {n} ranks takes 1/{n} of the time", saving)
+    share = _mean(evals) / step
+    saving = share * (1 - 1 / EVAL_FRACTION)
+    return Finding(
+        "evaluation_share", f"evaluation takes {pct(share)} of the run",
+        f"{_steps_text(ev)}; evaluation {ms(_mean(evals))} per training step on every rank",
+        "the held-out set is large against the training done between two evaluations",
+        _code_change(f"evaluate 1/{EVAL_FRACTION} of the held-out set (a fixed random subset), or every "
+                     f"{EVAL_FRACTION}th time", ev),
+        f"{speedup(saving)}: evaluation takes 1/{EVAL_FRACTION} of its time", saving)
+
+
+def checkpoints(ev: RunEvidence) -> Optional[Finding]:
+    ranks = ev.probe_ranks
+    saves = ev.rank_phase("checkpoint")
+    step = _step(ev)
+    if not ranks or max(saves) / step < CHECKPOINT_SHARE:
+        return None
+    saver = ranks[max(range(len(ranks)), key=lambda i: saves[i])]
+    every = saver["steady_steps"] / max(1, saver["checkpoint_steps"])
+    new_every = max(CHECKPOINT_EVERY, 10 * every)
+    # The slowest rank sets the pace: the saver's checkpoint time per step shrinks by every / new_every.
+    saving = max(saves) * (1 - every / new_every) / step
+    return Finding(
+        "checkpoint_share", f"checkpoints take {pct(max(saves) / step)} of every step on rank {saver['rank']}",
+        f"{_steps_text(ev)}; torch.save on {saver['checkpoint_steps']} of {saver['steady_steps']} steps "
+        f"(every {every:.0f})", "a full model and optimizer state written every few steps; the other ranks wait for "
+        "the saving rank at the next collective",
+        _code_change(f"save every {new_every:.0f} steps (or use torch.distributed.checkpoint.async_save)", ev),
+        f"{speedup(saving)}: {new_every / every:.0f}x fewer saves", saving)
+
+
+def straggler(ev: RunEvidence) -> Optional[Finding]:
+    """The rank whose own work (data, forward, backward, optimizer, Python) is longest: the others wait for it."""
+    ranks = ev.probe_ranks
+    if len(ranks) < 2:
+        return None
+    busy = [sum(r["phases_s"][p] for p in ("data", "forward", "backward", "optimizer", "other")) for r in ranks]
+    slow = max(range(len(ranks)), key=lambda i: busy[i])
+    others = statistics.median(b for i, b in enumerate(busy) if i != slow)
+    excess, step = busy[slow] - others, _step(ev)
+    if excess / step < STRAGGLER_EXCESS or busy[slow] < STRAGGLER_RATIO * others:
+        return None
+    saving = excess / step
+    return Finding(
+        "straggler", f"rank {ranks[slow]['rank']} is a straggler: the others wait {ms(excess)} for it every step",
+        f"{_steps_text(ev)}; each rank's own work per step: " + ", ".join(
+            f"rank {r['rank']} {ms(b)}" for r, b in zip(ranks, busy)),
+        f"rank {ranks[slow]['rank']} has more work per step (an uneven shard, work under `if rank == ...`, a slower "
+        "or shared core); synchronous training goes at the pace of the slowest rank",
+        _code_change("give every rank the same work per step (equal shards from a DistributedSampler, no "
+                     "rank-specific work in the loop)", ev),
+        f"{speedup(saving)} if rank {ranks[slow]['rank']} did the others' {ms(others)} of work a step", saving)
+
+
+def uneven_steps(ev: RunEvidence) -> Optional[Finding]:
+    ranks = ev.probe_ranks
+    steps = [r["steps"] for r in ranks]
+    if len(ranks) < 2 or max(steps) < UNEVEN_STEPS * _mean(steps):
+        return None
+    # The run lasts as long as the rank with the most steps; equal shards give every rank the mean.
+    saving = 1 - _mean(steps) / max(steps)
+    return Finding(
+        "uneven_shards", f"the ranks took different numbers of steps ({', '.join(map(str, steps))})",
+        f"optimizer steps per rank: " + ", ".join(f"rank {r['rank']} {r['steps']}" for r in ranks),
+        "uneven data shards: ranks that finish early wait (or, under DDP's join(), shadow the others' all-reduces) "
+        "while the rank with the most data trains on",
+        _code_change("split the data evenly: a DistributedSampler (drop_last=True if the ranks must match exactly)", ev),
+        f"{speedup(saving)}: every rank takes the mean number of steps, {_mean(steps):.0f}", saving)
+
+
+def find_unused_parameters(ev: RunEvidence) -> Optional[Finding]:
+    ranks = [r for r in ev.probe_ranks if r.get("find_unused_parameters")]
+    if not ranks:
+        return None
+    overhead, step = _mean([r["ddp_overhead_s"] for r in ranks]), _step(ev)
+    if overhead / step < DDP_OVERHEAD_SHARE:
+        return None
+    saving = overhead / step
+    return Finding(
+        "find_unused_parameters", f"DDP searches the autograd graph every step: {pct(saving)} of the step",
+        f"{_steps_text(ev)}; DDP's forward took {ms(overhead)} beyond the wrapped model's with "
+        "find_unused_parameters=True", "with find_unused_parameters=True DDP walks the autograd graph after every "
+        "forward to find parameters that get no gradient",
+        _code_change("DistributedDataParallel(model, find_unused_parameters=False) when every parameter is used "
+                     "in every step (torch then errors if one is not, naming it)", ev),
+        f"{speedup(saving)}: DDP's forward overhead ({ms(overhead)}) goes", saving)
+
+
+SCRIPT_CHECKS: tuple[Callable[[RunEvidence], Optional[Finding]], ...] = (
+    threads, data_wait, exposed_communication, all_reduce_every_micro_step, script_collectives, evaluation,
+    checkpoints, straggler, uneven_steps, find_unused_parameters)
+
+
+def probe_status(ev: RunEvidence) -> Optional[Finding]:
+    """A launched script whose probe fell back or was off: say what the diagnosis rests on."""
+    probe: dict[str, Any] = ev.probe
+    if not ev.is_script or probe.get("status") in (None, "on"):
+        return None
+    return Finding(
+        "probe_off", f"no step breakdown: the probe is {probe['status']}",
+        probe.get("reason", ""), "the findings rest on the monitor's samples and wall time only",
+        rerun_command(ev) + " (without --no-probe)" if probe["status"] == "off" else
+        "report the fallback's error; the run itself is unaffected", "none: a measurement note", None, "advice")

@@ -1,0 +1,99 @@
+"""A plain torchrun-style DDP script (no paratrain import) with one planted fault, chosen by argv[1]:
+healthy, data, threads, straggler, rank0-eval, eval, checkpoint, no-sync, collective, uneven,
+find-unused, comm, broken-loader. tests/test_doctor_probe.py launches it and checks the doctor's top finding."""
+import gc
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+fault = sys.argv[1]
+STEPS = 24
+
+
+class Images(Dataset):
+    def __init__(self, n, slow=False):
+        g = torch.Generator().manual_seed(0)
+        self.x, self.y, self.slow = torch.randn(n, 3, 16, 16, generator=g), torch.randint(0, 10, (n,), generator=g), slow
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        if self.slow:
+            time.sleep(0.003)       # reading a sample from a slow disk
+        return self.x[i], self.y[i]
+
+
+def spin(seconds):
+    """CPU work of `seconds` of this thread's CPU time, whatever else runs on the machine."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+torch.manual_seed(0)
+if fault == "threads":
+    torch.set_num_threads(4)        # on a rank that launch gave one core
+if fault == "comm":
+    net = nn.Sequential(nn.Flatten(), nn.Linear(768, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 10))
+elif fault == "find-unused":
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), *[nn.Sequential(nn.Conv2d(8, 8, 1), nn.ReLU()) for _ in range(60)],
+                        nn.Flatten(), nn.Linear(8 * 16 * 16, 10))
+else:
+    net = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(),
+                        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+model = nn.parallel.DistributedDataParallel(net, find_unused_parameters=fault == "find-unused")
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+batch = 4 if fault == "comm" else 32
+train = Images((2 * STEPS * batch * world) if fault != "uneven" else 2 * STEPS * batch, slow=fault == "data")
+if fault == "uneven":       # rank 1 gets twice rank 0's samples; join() keeps DDP from hanging
+    share = [range(0, STEPS * batch * 2 // 3), range(STEPS * batch * 2 // 3, 2 * STEPS * batch)][rank]
+    loader = DataLoader(torch.utils.data.Subset(train, list(share)), batch_size=batch)
+else:
+    loader = DataLoader(train, batch_size=batch, sampler=DistributedSampler(train))
+held_out = Images(256)
+accumulate = 4 if fault == "no-sync" else 1
+iterator = iter(loader)
+if fault == "broken-loader":
+    iterator._num_workers = "several"   # an iterator the probe cannot read: it must step aside
+# join() only where the shards are uneven: under it every DDP forward is a collective, so a rank
+# evaluating alone through the DDP model would wait for ranks that are not evaluating.
+with model.join(enable=fault == "uneven"):
+    for i, (x, y) in enumerate(iterator):
+        loss = nn.functional.cross_entropy(model(x), y) / accumulate
+        loss.backward()                 # with accumulation and no no_sync(): an all-reduce every micro-step
+        if fault == "straggler" and rank == 1:
+            spin(0.02)
+        if (i + 1) % accumulate:
+            continue
+        opt.step()
+        opt.zero_grad()
+        if fault == "collective":
+            for _ in range(100):        # a global loss for every one of many logged values
+                dist.all_reduce(loss.detach().clone())
+        if fault == "checkpoint" and rank == 0:
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "pad": torch.zeros(2_000_000)},
+                       os.path.join(os.environ.get("TMPDIR", "/tmp"), f"probe-fault-{os.getpid()}.pt"))
+        if fault in ("rank0-eval", "eval") and (i + 1) % 8 == 0 and (rank == 0 or fault == "eval"):
+            model.eval()
+            with torch.no_grad():
+                for _ in range(4):
+                    for x, _ in DataLoader(held_out, batch_size=64):
+                        model(x)
+            model.train()
+        if fault == "rank0-eval" and (i + 1) % 8 == 0:
+            dist.barrier()
+if fault == "checkpoint" and rank == 0:
+    os.remove(os.path.join(os.environ.get("TMPDIR", "/tmp"), f"probe-fault-{os.getpid()}.pt"))
+print(f"rank {rank} done")
+# DDP (in reference cycles) freed before its process group: torch 2.13 can abort at exit otherwise
+del model, opt, loss, iterator
+gc.collect()
+dist.destroy_process_group()
