@@ -35,7 +35,7 @@ def test_a_planted_fault_is_the_top_finding_with_a_predicted_speedup(tmp_path, f
     diagnosis = diagnose(launch(tmp_path, fault))
     found = top(diagnosis)
     assert found["check"] == check, json.dumps(diagnosis["findings"], indent=1)
-    assert found["predicted_speedup"] > 1.05 and found["severity"] in ("medium", "high")
+    assert found["predicted_speedup"] > 1.05      # a time finding, ranked by its predicted saving
     assert "code change" in found["remedy"] or "paratrain launch" in found["remedy"]
 
 
