@@ -243,7 +243,7 @@ def uneven_steps(ev: RunEvidence) -> Optional[Finding]:
     saving = 1 - _mean(steps) / max(steps)
     return Finding(
         "uneven_shards", f"the ranks took different numbers of steps ({', '.join(map(str, steps))})",
-        f"optimizer steps per rank: " + ", ".join(f"rank {r['rank']} {r['steps']}" for r in ranks),
+        "optimizer steps per rank: " + ", ".join(f"rank {r['rank']} {r['steps']}" for r in ranks),
         "uneven data shards: ranks that finish early wait (or, under DDP's join(), shadow the others' all-reduces) "
         "while the rank with the most data trains on",
         _code_change("split the data evenly: a DistributedSampler (drop_last=True if the ranks must match exactly)", ev),

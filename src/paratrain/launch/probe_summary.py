@@ -11,12 +11,12 @@ k steps is time the run spends, and the doctor's predicted gains are shares of t
 """
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 from typing import Any
 
 from paratrain.launch.probe import PHASES
+from paratrain.runs import json_records
 
 PROBE_DIR = "probe"
 # Steps that pay for start-up (allocations, first kernels, DDP's bucket rebuild after the first
@@ -30,18 +30,6 @@ def steady(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The steps after warm-up."""
     skip = max(int(len(steps) * WARMUP_SHARE), WARMUP_MIN)
     return steps[skip:] if len(steps) > 2 * skip else steps[len(steps) // 2:]
-
-
-def _records(path: Path) -> list[dict[str, Any]]:
-    out = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:          # a rank killed mid-write leaves half a line
-            continue
-        if isinstance(record, dict):
-            out.append(record)
-    return out
 
 
 def rank_record(rank: int, records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -80,7 +68,7 @@ def summarise(run_dir: Path) -> dict[str, Any]:
     files = sorted((run_dir / PROBE_DIR).glob("rank*.jsonl"), key=lambda p: int(p.stem[4:] or -1))
     if not files:
         return {"probe": {"status": "no data", "reason": "no rank wrote probe records (did the script import torch?)"}}
-    ranks = [rank_record(int(p.stem[4:]), _records(p)) for p in files]
+    ranks = [rank_record(int(p.stem[4:]), json_records(p)) for p in files]
     fell_back = [r for r in ranks if "fallback" in r]
     probe: dict[str, Any] = {"status": "on", "ranks": ranks}
     if fell_back:

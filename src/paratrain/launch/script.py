@@ -22,7 +22,6 @@ optimizer, other, as for built-in runs) and `probe` (what the probe saw per rank
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
 import shutil
 import signal
@@ -40,7 +39,7 @@ from paratrain.launch.load import LoadMeter
 from paratrain.launch.local import quiet_elastic_logs, scoped_environ, thread_env
 from paratrain.launch.placement import available_cores, core_sets, resolve_device
 from paratrain.measure.monitor import monitor_run, ranks_by_environment
-from paratrain.runs import RunDir, write_json
+from paratrain.runs import RunDir, json_records, write_json
 from paratrain.runs.lock import run_dir_entries, run_dir_lock
 from paratrain.sweep.client import REPORT_FILE_ENV
 
@@ -193,7 +192,7 @@ def read_reports(reports: Path) -> dict[str, float]:
     """The last value of every metric the ranks reported; rank 0's win over the others'."""
     merged: dict[str, float] = {}
     for path in sorted(reports.glob("rank*.jsonl"), key=_rank_number, reverse=True):
-        for record in _records(path):
+        for record in json_records(path):
             merged.update(_floats(record.get("metrics", {})))
     return merged
 
@@ -206,7 +205,7 @@ def throughput(reports: Path) -> dict[str, Any]:
     time is the median of the epochs after the first (which pays for start-up), as for built-in
     workloads, and samples/s = samples / that time.
     """
-    records = _records(reports / "rank0.jsonl")
+    records = json_records(reports / "rank0.jsonl")
     epochs = [v["epoch_time_s"] for v in (_floats(r.get("metrics", {})) for r in records) if "epoch_time_s" in v]
     last: dict[str, float] = {}
     for record in records:
@@ -219,20 +218,6 @@ def throughput(reports: Path) -> dict[str, Any]:
         out["samples_per_s"] = float(last["samples_per_s"])
     elif epochs and "samples" in last:
         out["samples_per_s"] = float(last["samples"]) / out["epoch_time_s"]
-    return out
-
-
-def _records(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:        # a rank killed mid-write leaves half a line
-            continue
-        if isinstance(record, dict):
-            out.append(record)
     return out
 
 

@@ -31,6 +31,22 @@ def write_json(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
+def json_records(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines file written by ranks (none if it is missing); a line a killed
+    rank left half-written is skipped."""
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            out.append(record)
+    return out
+
+
 class RunDir:
     def __init__(self, path: Path):
         self.path = Path(path)
