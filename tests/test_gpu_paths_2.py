@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 import time
 import types
 from pathlib import Path
@@ -355,6 +356,9 @@ def test_find_batch_bisects_through_cudnn_and_cublas_allocation_failures(tmp_pat
         return types.SimpleNamespace(returncode=0, stderr="")
 
     monkeypatch.setattr(fb, "subprocess", types.SimpleNamespace(run=child))
+    # The failed search keeps its scratch directory for the user to read: here, inside tmp_path
+    # (test_batch checks that no search leaves one in the system's temporary directory).
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     train = {k: v for k, v in synthetic(tmp_path).items() if k not in ("batch_size", "run_dir", "quiet")}
     result = fb.find_batch(train, tmp_path / "out")
     assert result["max_batch"] == 37 and result["first_failed"] == 38 and result["limited_by"] == "memory"
