@@ -72,3 +72,63 @@ def test_no_probe_runs_the_script_untouched(tmp_path):
     run = launch(tmp_path, "healthy", "--no-probe")
     summary = json.loads((run / "summary.json").read_text())
     assert summary["probe"] == {"status": "off", "reason": "--no-probe"} and not (run / "probe").exists()
+
+
+def test_a_launched_script_without_optimizer_steps_is_refused_in_one_line(tmp_path):
+    script = tmp_path / "no_steps.py"
+    script.write_text("import torch\nprint(torch.ones(2).sum())\n")
+    run = tmp_path / "run"
+    subprocess.run([*PARATRAIN, "launch", "--run-dir", str(run), str(script)], check=True, capture_output=True)
+    done = subprocess.run([*PARATRAIN, "doctor", str(run)], capture_output=True, text=True)
+    assert done.returncode == 2 and done.stdout == "", done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "saw no optimizer step" in done.stderr
+
+
+def probed_run(tmp_path, ranks):
+    """A run directory whose summary holds the probe block of `ranks` (seconds per step by phase)."""
+    from paratrain.launch.probe import PHASES
+    full = [{"rank": i, "steps": 100, "steady_steps": 90, "threads": 1, "cpu_affinity": 1, "ddp": True,
+             "rounds_per_step": 1.0, "micro_per_step": 1.0, "data_cpu_s": 0.0, "checkpoint_steps": 0,
+             "gradient_bytes": 2**20, "ddp_overhead_s": 0.0,
+             **r, "phases_s": {p: r["phases_s"].get(p, 0.0) for p in PHASES},
+             "step_s": sum(r["phases_s"].values())} for i, r in enumerate(ranks)]
+    tmp_path.mkdir()
+    (tmp_path / "config.json").write_text(json.dumps({"script": "train.py", "workers": len(ranks), "resolved": {}}))
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "completed", "workers": len(ranks),
+                                                       "breakdown": {"data_s": 0.0},
+                                                       "probe": {"status": "on", "ranks": full, "phases_s": {
+                                                           p: sum(r["phases_s"][p] for r in full) / len(full)
+                                                           for p in PHASES}}}))
+    return tmp_path
+
+
+def test_predicted_gains_of_the_probed_checks_by_hand(tmp_path):
+    from paratrain.doctor.evidence import read_run
+    from paratrain.doctor import script_checks as sc
+
+    # data: 40 ms a step of which 10 ms CPU, no spare core: the 30 ms of waiting overlaps -> 30/100.
+    ev = read_run(probed_run(tmp_path / "a", [{"phases_s": {"data": 0.04, "forward": 0.03, "backward": 0.03},
+                                               "data_cpu_s": 0.01}] * 2))
+    assert sc.data_wait(ev).saving == pytest.approx(0.03 / 0.10)
+    # exposed all-reduce: the least-waiting rank's 30 ms of a 100 ms step; k=4 is the first with comm <= 10 %
+    # (30 / (4 x 70 + 30) = 9.7 %; k=2: 17.6 %): per 4 micro-steps 4 x 70 + 30 = 310 ms against 400 ms.
+    ev = read_run(probed_run(tmp_path / "b", [{"phases_s": {"forward": 0.03, "backward": 0.04, "comm": 0.03}},
+                                              {"phases_s": {"forward": 0.03, "backward": 0.02, "comm": 0.05}}]))
+    assert sc.exposed_communication(ev).saving == pytest.approx(1 - 0.31 / 0.4)
+    # four rounds per step, 40 ms exposed (least of the ranks): three of four go -> 30/100.
+    ev = read_run(probed_run(tmp_path / "c", [{"phases_s": {"forward": 0.03, "backward": 0.03, "comm": 0.04},
+                                               "rounds_per_step": 4.0, "micro_per_step": 4.0}] * 2))
+    assert sc.all_reduce_every_micro_step(ev).saving == pytest.approx(0.03 / 0.10)
+    # rank 1 works 80 ms against rank 0's 50 ms (which waits 30 ms): the 30 ms go -> 30/80 (mean step 80 ms).
+    ev = read_run(probed_run(tmp_path / "d", [{"phases_s": {"forward": 0.05, "comm": 0.03}},
+                                              {"phases_s": {"forward": 0.08}}]))
+    assert sc.straggler(ev).saving == pytest.approx(0.03 / 0.08)
+    # rank 0 evaluates 40 ms a step alone on 2 ranks: sharded, half of it goes -> 20/100.
+    ev = read_run(probed_run(tmp_path / "e", [{"phases_s": {"forward": 0.06, "eval": 0.04}},
+                                              {"phases_s": {"forward": 0.06, "comm": 0.04}}]))
+    found = sc.evaluation(ev)
+    assert found.check == "rank0_alone" and found.saving == pytest.approx(0.02 / 0.10)
+    # checkpoints every 2 steps, 20 ms a step, on rank 0: every 100 steps keeps 2/100 of it -> 19.6/100.
+    ev = read_run(probed_run(tmp_path / "f", [{"phases_s": {"forward": 0.08, "checkpoint": 0.02},
+                                               "checkpoint_steps": 45}, {"phases_s": {"forward": 0.08, "comm": 0.02}}]))
+    assert sc.checkpoints(ev).saving == pytest.approx(0.02 * (1 - 2 / 100) / 0.10)

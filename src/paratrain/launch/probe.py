@@ -130,6 +130,7 @@ class Probe:
         self.lines: list[str] = []
         self.flushed = self.origin
         self.torch: Any = None
+        self.fair = fair_threads()  # launch pinned the rank before it started: read once, not every step
         self.restore: list[Callable[[], None]] = []
 
     # -- phase clocks ---------------------------------------------------------------------
@@ -169,7 +170,7 @@ class Probe:
         self.data_cpu = self.ddp_overhead = 0.0
         self.samples = self.micro = self.rounds = self.modules = 0
         self.stack.clear()
-        fair = fair_threads()
+        fair = self.fair
         if threads > fair and "thread_penalty" not in self.state:
             self.note(thread_penalty=round(thread_penalty(self.torch, threads, fair), 3), fair_threads=fair)
             now = self.mark = self.clock()      # the measurement is no part of any step
