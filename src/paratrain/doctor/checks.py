@@ -11,7 +11,7 @@ import statistics
 from typing import Any, Callable, Optional
 
 from paratrain.doctor.evidence import IDLE_CPU_PERCENT, RunEvidence, idle_fractions, rerun_command
-from paratrain.doctor.finding import Finding, ms, pct, speedup
+from paratrain.doctor.finding import Finding, accumulation, ms, pct, speedup
 
 # Thresholds: a share of the optimizer step (breakdown) above which a phase is worth fixing.
 COMM_SHARE = 0.20           # exposed all-reduce time that backward did not hide
@@ -83,15 +83,8 @@ def exposed_communication(ev: RunEvidence) -> Optional[Finding]:
     if ev.workers < 2 or ev.is_script or ev.share("comm_s") < COMM_SHARE:
         return None
     b = ev.breakdown
-    work = b["data_s"] + b["compute_s"]
     accum = int(ev.summary.get("grad_accum", 1))
-    # Accumulating g micro-steps per all-reduce: g x (data + compute) + comm + optimizer + other
-    # per g times the samples. g is the smallest power of two that brings comm under 10 %, at most 8.
-    for g in (2, 4, 8):
-        new_step = g * work + b["comm_s"] + b["optimizer_s"] + b["other_s"]
-        if b["comm_s"] / new_step <= 0.10:
-            break
-    saving = 1 - new_step / (g * ev.step_s)
+    g, new_step, saving = accumulation(b["data_s"] + b["compute_s"], b["optimizer_s"] + b["other_s"], b["comm_s"])
     batch = ev.summary.get("batch_size", ev.config.get("batch_size"))
     # CPU ranks with cores of their own average faster through shared memory than through gloo's sockets.
     shm = (ev.on_cpu and ev.summary.get("allreduce") not in (None, "shm") and ev.resolved.get("cpu_sets")

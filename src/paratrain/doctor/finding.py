@@ -41,3 +41,16 @@ def pct(fraction: float) -> str:
 def speedup(saving: float) -> str:
     """A saved fraction of time as the speed-up it buys."""
     return f"{1 / (1 - saving):.2f}x faster" if saving < 0.995 else "more than 100x faster"
+
+
+def accumulation(per_micro_step: float, per_step: float, comm: float) -> tuple[int, float, float]:
+    """Accumulating g micro-steps per all-reduce: g x the per-micro-step work, then the all-reduce and
+    the per-step work (optimizer, ...) once, for g times the samples. g is the smallest power of two
+    up to 8 that brings the all-reduce under 10 % of that. Returns g, the time of g micro-steps, and
+    the saved fraction against g steps now."""
+    now = per_micro_step + per_step + comm
+    for g in (2, 4, 8):
+        new = g * per_micro_step + per_step + comm
+        if comm / new <= 0.10:
+            break
+    return g, new, 1 - new / (g * now)

@@ -12,7 +12,7 @@ import statistics
 from typing import Any, Callable, Optional
 
 from paratrain.doctor.evidence import RunEvidence, rerun_command
-from paratrain.doctor.finding import Finding, ms, pct, speedup
+from paratrain.doctor.finding import Finding, accumulation, ms, pct, speedup
 
 DATA_SHARE = 0.15           # waiting for the next batch, of the step
 COMM_SHARE = 0.20           # gradient all-reduce that backward did not hide, of the step
@@ -28,7 +28,6 @@ DDP_OVERHEAD_SHARE = 0.05   # DDP's own forward work with find_unused_parameters
 EVAL_FRACTION = 8           # evaluate 1/8 of the held-out set (or every 8th time)
 CHECKPOINT_EVERY = 100      # save every 100 steps
 COLLECTIVE_EVERY = 50       # reduce a logged value every 50 steps
-ACCUMULATE = (2, 4, 8)      # micro-steps per all-reduce the accumulation remedy may choose
 
 
 def _mean(values: list[float]) -> float:
@@ -109,13 +108,9 @@ def exposed_communication(ev: RunEvidence) -> Optional[Finding]:
     rounds = _mean([r["rounds_per_step"] for r in ranks])
     if comm / step < COMM_SHARE or rounds > EXTRA_ROUNDS:
         return None
-    # k micro-steps under no_sync() share one all-reduce: per k micro-steps, k x (the step without its
-    # exposed all-reduce) + one all-reduce, against k steps now.
-    work = step - comm
-    for k in ACCUMULATE:
-        if comm / (k * work + comm) <= 0.10:
-            break
-    saving = 1 - (k * work + comm) / (k * step)
+    # k micro-steps under no_sync() share one all-reduce and one optimizer step (the built-in check's model).
+    optimizer = _mean(ev.rank_phase("optimizer"))
+    k, new_step, saving = accumulation(step - comm - optimizer, optimizer, comm)
     gbytes = ranks[0].get("gradient_bytes", 0)
     return Finding(
         "exposed_communication", f"{pct(comm / step)} of every step is the gradient all-reduce that backward did not hide",
@@ -123,7 +118,7 @@ def exposed_communication(ev: RunEvidence) -> Optional[Finding]:
         "the all-reduce costs the same whatever the batch, and this batch's backward is too short to hide it",
         _code_change(f"accumulate {k} micro-steps per optimizer step, the first {k - 1} under `with model.no_sync():` "
                      f"(or a {k}x larger per-rank batch if it fits), the LR scaled with the global batch", ev),
-        f"{speedup(saving)} per sample: {k} micro-steps share one all-reduce ({ms(k * work + comm)} per {k} "
+        f"{speedup(saving)} per sample: {k} micro-steps share one all-reduce ({ms(new_step)} per {k} "
         f"micro-steps against {ms(k * step)})", saving)
 
 
