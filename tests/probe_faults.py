@@ -1,6 +1,6 @@
 """A plain torchrun-style DDP script (no paratrain import) with one planted fault, chosen by argv[1]:
 healthy, data, threads, straggler, rank0-eval, eval, checkpoint, no-sync, collective, uneven,
-find-unused, comm, broken-loader. tests/test_doctor_probe.py launches it and checks the doctor's top finding."""
+find-unused, comm, small-batch, broken-loader. tests/test_doctor_probe.py launches it and checks the doctor's top finding."""
 import gc
 import os
 import sys
@@ -46,12 +46,14 @@ if fault == "comm":
 elif fault == "find-unused":
     net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), *[nn.Sequential(nn.Conv2d(8, 8, 1), nn.ReLU()) for _ in range(60)],
                         nn.Flatten(), nn.Linear(8 * 16 * 16, 10))
+elif fault == "small-batch":     # little work per sample: a step's fixed costs dominate at 2 samples
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
 else:
     net = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(),
                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
 model = nn.parallel.DistributedDataParallel(net, find_unused_parameters=fault == "find-unused")
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
-batch = 4 if fault == "comm" else 32
+batch = 32 if fault == "comm" else 2 if fault == "small-batch" else 32
 train = Images((2 * STEPS * batch * world) if fault != "uneven" else 2 * STEPS * batch, slow=fault == "data")
 if fault == "uneven":       # rank 1 gets twice rank 0's samples; join() keeps DDP from hanging
     share = [range(0, STEPS * batch * 2 // 3), range(STEPS * batch * 2 // 3, 2 * STEPS * batch)][rank]

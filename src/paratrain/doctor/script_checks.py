@@ -23,6 +23,9 @@ CHECKPOINT_SHARE = 0.10     # torch.save, of the step
 STRAGGLER_EXCESS = 0.10     # one rank's extra busy time, of the step, that the others wait for...
 STRAGGLER_RATIO = 1.2       # ...and this much busier than the median of the others
 UNEVEN_STEPS = 1.10         # the rank with the most steps against the mean
+FIXED_COMPUTE_SHARE = 0.5   # forward and backward time that does not grow with the batch, of theirs
+BATCH_TARGET_FIXED = 0.25   # the remedy's batch: the fewest doublings that bring a step's fixed costs under this
+MAX_BATCH_FACTOR = 32
 DDP_OVERHEAD_SHARE = 0.05   # DDP's own forward work with find_unused_parameters=True, of the step
 # The remedies' settings, which the predictions assume.
 EVAL_FRACTION = 8           # evaluate 1/8 of the held-out set (or every 8th time)
@@ -122,6 +125,46 @@ def exposed_communication(ev: RunEvidence) -> Optional[Finding]:
         f"micro-steps against {ms(k * step)})", saving)
 
 
+def small_batch(ev: RunEvidence) -> Optional[Finding]:
+    """Forward and backward that hardly grow with the batch: the device is kept busy by per-call
+    overheads, not by samples. The probe timed the model's own layers at the script's batch and at a
+    larger one (launch/probe.py batch_slope): that slope is the part of the step that grows."""
+    ranks = [r for r in ev.probe_ranks if r.get("batch_slope_s") is not None and r.get("samples_per_step")]
+    if not ranks:
+        return None
+    step = _step(ev)
+    samples = _mean([r["samples_per_step"] for r in ranks])
+    batch = _mean([r["samples_per_step"] / max(r.get("micro_per_step", 1), 1) for r in ranks])
+    compute = _mean([r["phases_s"]["forward"] + r["phases_s"]["backward"] for r in ranks])
+    growing_compute = min(compute, _mean([r["batch_slope_s"] for r in ranks]) * samples)
+    if compute <= 0 or 1 - growing_compute / compute < FIXED_COMPUTE_SHARE:
+        return None
+    # What a k times larger batch multiplies: the samples' compute, their loading, and evaluation per
+    # step (an epoch has k times fewer steps). The rest (per-call overheads, the all-reduce of the same
+    # gradients, the optimizer) is paid once per step whatever the batch.
+    grows = growing_compute + _mean(ev.rank_phase("data")) + _mean(ev.rank_phase("eval"))
+    fixed = step - grows
+    # No further than the probe timed the layers: the slope holds between its two batches.
+    largest = max(2, min(MAX_BATCH_FACTOR, *(r["batch_slope_between"][1] // r["batch_slope_between"][0]
+                                             for r in ranks)))
+    k = 2
+    while fixed / (step + (k - 1) * grows) > BATCH_TARGET_FIXED and k < largest:
+        k *= 2
+    new_step = step + (k - 1) * grows
+    saving = 1 - new_step / (k * step)
+    return Finding(
+        "small_batch", f"{batch:.0f} samples per rank per step are too few to keep the rank busy: "
+        f"{pct(fixed / step)} of the step does not grow with the batch",
+        f"{_steps_text(ev)}; forward and backward of the model's layers grow by {ms(growing_compute / samples)} per "
+        f"sample (timed at {' and '.join(map(str, ranks[0].get('batch_slope_between', [])))} samples), {ms(growing_compute)} of their {ms(compute)} a step",
+        "per-call overheads (operator dispatch, Python, DDP's hooks), the all-reduce of the same gradients and the "
+        "optimizer step are paid once per step whatever the batch",
+        _code_change(f"batch_size={k * batch:.0f} per rank ({k}x), the learning rate scaled {k}x with a warm-up "
+                     "(Goyal et al. 2017); or accumulate micro-batches if memory is short", ev),
+        f"{speedup(saving)} per sample: a step of {k * batch:.0f} samples takes {ms(new_step)} against "
+        f"{ms(k * step)} for {k} steps now", saving)
+
+
 def all_reduce_every_micro_step(ev: RunEvidence) -> Optional[Finding]:
     ranks = ev.probe_ranks
     rounds = _mean([r["rounds_per_step"] for r in ranks])
@@ -209,7 +252,9 @@ def checkpoints(ev: RunEvidence) -> Optional[Finding]:
 def straggler(ev: RunEvidence) -> Optional[Finding]:
     """The rank whose own work (data, forward, backward, optimizer, Python) is longest: the others wait for it."""
     ranks = ev.probe_ranks
-    if len(ranks) < 2:
+    # Ranks with different step counts are not comparable per step (under join() a rank that ran out
+    # shadows the others' all-reduces, which reads as busy time): uneven_steps names that cause.
+    if len(ranks) < 2 or _uneven(ranks):
         return None
     busy = [sum(r["phases_s"][p] for p in ("data", "forward", "backward", "optimizer", "other")) for r in ranks]
     slow = max(range(len(ranks)), key=lambda i: busy[i])
@@ -229,10 +274,15 @@ def straggler(ev: RunEvidence) -> Optional[Finding]:
         f"{speedup(saving)} if rank {ranks[slow]['rank']} did the others' {ms(others)} of work a step", saving)
 
 
+def _uneven(ranks: list[dict[str, Any]]) -> bool:
+    steps = [r["steps"] for r in ranks]
+    return len(ranks) >= 2 and max(steps) >= UNEVEN_STEPS * _mean(steps)
+
+
 def uneven_steps(ev: RunEvidence) -> Optional[Finding]:
     ranks = ev.probe_ranks
     steps = [r["steps"] for r in ranks]
-    if len(ranks) < 2 or max(steps) < UNEVEN_STEPS * _mean(steps):
+    if not _uneven(ranks):
         return None
     # The run lasts as long as the rank with the most steps; equal shards give every rank the mean.
     saving = 1 - _mean(steps) / max(steps)
@@ -264,7 +314,7 @@ def find_unused_parameters(ev: RunEvidence) -> Optional[Finding]:
 
 
 SCRIPT_CHECKS: tuple[Callable[[RunEvidence], Optional[Finding]], ...] = (
-    threads, data_wait, exposed_communication, all_reduce_every_micro_step, script_collectives, evaluation,
+    threads, data_wait, exposed_communication, small_batch, all_reduce_every_micro_step, script_collectives, evaluation,
     checkpoints, straggler, uneven_steps, find_unused_parameters)
 
 

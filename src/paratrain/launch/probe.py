@@ -47,6 +47,13 @@ RUN_DIR_ENV = "PARATRAIN_RUN_DIR"
 # `collective`: a collective the script itself calls between the phases (a loss averaged for a log
 # line, a barrier); `comm`: one inside forward or backward (FSDP2's, DDP's exposed tail).
 PHASES = ("data", "forward", "backward", "comm", "collective", "optimizer", "eval", "checkpoint", "other")
+# A per-device batch this small or smaller gets its forward and backward timed at a larger batch once
+# (the small-batch check's measured slope), on copies of the model's own layers.
+SMALL_BATCH = 16
+CALIBRATION_STEP = 3        # after warm-up: the first steps allocate and fill caches
+# The larger batch, as a multiple of the script's; the doctor predicts no further than it measured
+# (a layer bound by reading its weights at a small batch becomes bound by arithmetic at a large one).
+CALIBRATION_FACTOR = 16
 FLUSH_EVERY_S = 1.0         # buffered lines reach the file at least this often (a killed rank loses less)
 # Collectives a script (or FSDP2, or Lightning) calls from Python. A blocking call is exposed
 # communication; an async one is counted when its Work is waited for.
@@ -102,6 +109,55 @@ def thread_penalty(torch: Any, threads: int, fair: int, size: int = 192, repeats
         torch.set_num_threads(threads)
 
 
+def batch_slope(torch: Any, layers: list[tuple[Any, tuple[Any, ...]]], batch: int,
+                factor: int = CALIBRATION_FACTOR, repeats: int = 3) -> Optional[float]:
+    """Seconds of forward and backward per extra sample: the model's own leaf layers (copies, with the
+    inputs they got in a training step) timed at the script's batch and at `factor` times it. A step's
+    fixed costs (per-call dispatch, the optimizer, the all-reduce) stay; this slope is what grows.
+    None when no layer could be timed. Randomness is restored, so the script's stream is unchanged."""
+    import copy
+    rng = torch.get_rng_state()
+    cuda = torch.cuda.is_available() and any(
+        isinstance(a, torch.Tensor) and a.is_cuda for _, args in layers for a in args)
+
+    def grown(args: tuple[Any, ...], k: int) -> tuple[Any, ...]:
+        return tuple(torch.cat([a] * k) if isinstance(a, torch.Tensor) and a.dim() and a.shape[0] == batch else a
+                     for a in args)
+
+    def timed(layer: Any, args: tuple[Any, ...]) -> float:
+        times = []
+        for _ in range(repeats):
+            if cuda:
+                torch.cuda.synchronize()
+            started = time.perf_counter()
+            out = layer(*args)
+            out = out[0] if isinstance(out, (tuple, list)) else out
+            if isinstance(out, torch.Tensor) and out.requires_grad:
+                out.float().sum().backward()
+            if cuda:
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - started)
+        return statistics.median(times)
+
+    small = large = 0.0
+    try:
+        for layer, args in layers:
+            try:
+                twin = copy.deepcopy(layer)
+                base, bigger = grown(args, 1), grown(args, factor)
+                timed(twin, base)            # warm-up at both sizes: a new shape allocates, and picks kernels
+                timed(twin, bigger)
+                small += timed(twin, base)
+                large += timed(twin, bigger)
+            except Exception:       # a layer that cannot run alone (keyword inputs, state): not timed
+                continue
+    finally:
+        torch.set_rng_state(rng)
+    if large <= 0:
+        return None
+    return max(0.0, (large - small) / ((factor - 1) * batch))
+
+
 class Probe:
     """One rank's instrumentation: phase clocks, the step records and their file."""
 
@@ -119,6 +175,7 @@ class Probe:
         self.ddp_overhead = 0.0     # DDP's own forward work around the wrapped module's (find_unused_parameters)
         self.wrapped: Any = None    # the module a DDP at the outermost call wraps
         self.outer_started = self.inner_started = self.inner_s = 0.0
+        self.last_batch = 0         # samples per training forward in the last step
         self.samples = 0            # training samples (outermost forward's batch) in this step
         self.micro = 0              # training forwards in this step
         self.rounds = 0             # DDP all-reduce rounds (last buckets) in this step
@@ -126,6 +183,8 @@ class Probe:
         self.outer_kind = ""        # the outermost module call's phase: forward or eval
         self.backward_launch: Optional[float] = None  # when DDP's last bucket left, in this backward
         self.steps = 0
+        self.paused = False         # the probe's own measurements run: hooks pass through
+        self.layers: Optional[list[tuple[Any, tuple[Any, ...]]]] = None  # leaf calls captured for batch_slope
         self.state: dict[str, Any] = {}
         self.lines: list[str] = []
         self.flushed = self.origin
@@ -168,15 +227,32 @@ class Probe:
         self.lines.append(json.dumps(record))
         self.times = dict.fromkeys(PHASES, 0.0)
         self.data_cpu = self.ddp_overhead = 0.0
+        self.last_batch = self.samples // max(self.micro, 1)
         self.samples = self.micro = self.rounds = self.modules = 0
         self.stack.clear()
         fair = self.fair
         if threads > fair and "thread_penalty" not in self.state:
             self.note(thread_penalty=round(thread_penalty(self.torch, threads, fair), 3), fair_threads=fair)
             now = self.mark = self.clock()      # the measurement is no part of any step
+        if self.layers is not None:
+            now = self._calibrate()
+        elif self.steps == CALIBRATION_STEP - 1 and 0 < self.last_batch <= SMALL_BATCH:
+            self.layers = []        # the next step's training forward records its leaf calls
         self.step_started = now
+
         if now - self.flushed >= FLUSH_EVERY_S:
             self.flush()
+
+    def _calibrate(self) -> float:
+        layers, self.layers = self.layers or [], None
+        self.paused = True
+        try:
+            slope = batch_slope(self.torch, layers, self.last_batch)
+        finally:
+            self.paused = False
+        self.note(batch_slope_s=None if slope is None else round(slope, 9), batch_slope_between=[self.last_batch, CALIBRATION_FACTOR * self.last_batch])
+        self.mark = self.clock()    # the measurement is no part of any step
+        return self.mark
 
     # -- records --------------------------------------------------------------------------
     def note(self, **changes: Any) -> None:
@@ -230,7 +306,7 @@ class Probe:
     def _guarded(self, where: str, body: Callable[..., Any]) -> Callable[..., Any]:
         """A hook body that can never break the script: on any error the probe falls back."""
         def hook(*args: Any, **kwargs: Any) -> Any:
-            if self.broken:
+            if self.broken or self.paused:
                 return None
             try:
                 return body(*args, **kwargs)
@@ -244,7 +320,7 @@ class Probe:
         probe = self
 
         def timed(*args: Any, **kwargs: Any) -> Any:
-            if probe.broken:
+            if probe.broken or probe.paused:
                 return original(*args, **kwargs)
             now = phase if phase != "comm" or probe.stack else "collective"
             probe.enter(now)
@@ -273,6 +349,10 @@ class Probe:
                 self.inner_started = self.clock()
             if self.depth != 1:
                 self.modules += self.outer_kind == "forward"
+                if self.layers is not None and self.outer_kind == "forward" and next(module.children(), None) is None:
+                    # detached copies that still ask for their gradient, so the input's backward is timed too
+                    self.layers.append((module, tuple(a.detach().requires_grad_(a.requires_grad)
+                                                      if isinstance(a, torch.Tensor) else a for a in args)))
                 return
             training = module.training and torch.is_grad_enabled()
             self.outer_kind = "forward" if training else "eval"
@@ -306,7 +386,7 @@ class Probe:
 
         def make(original: Callable[..., Any]) -> Callable[..., Any]:
             def backward(*args: Any, **kwargs: Any) -> Any:
-                if probe.broken:
+                if probe.broken or probe.paused:
                     return original(*args, **kwargs)
                 probe.enter("backward")
                 probe.backward_launch = None
