@@ -132,6 +132,24 @@ def test_predicted_gains_of_the_probed_checks_by_hand(tmp_path):
     ev = read_run(probed_run(tmp_path / "f", [{"phases_s": {"forward": 0.08, "checkpoint": 0.02},
                                                "checkpoint_steps": 45}, {"phases_s": {"forward": 0.08, "comm": 0.02}}]))
     assert sc.checkpoints(ev).saving == pytest.approx(0.02 * (1 - 2 / 100) / 0.10)
+    # small batch: 2 samples, the layers grow 1 ms a sample (timed at 2 and 32), so 2 of the 20 ms of forward and
+    # backward grow (90 % fixed). With the 30 ms of data, 32 ms grow and 68 ms do not: k=8 is the first with
+    # 68 / (100 + 7 x 32) <= 25 % (k=4: 35 %): 324 ms per 8 x 2 samples against 800 ms.
+    small = {"samples_per_step": 2.0, "batch_slope_s": 0.001, "batch_slope_between": [2, 32]}
+    ev = read_run(probed_run(tmp_path / "g", [{"phases_s": {"data": 0.03, "forward": 0.01, "backward": 0.01,
+                                                            "comm": 0.03, "optimizer": 0.01, "other": 0.01},
+                                               **small}] * 2))
+    found = sc.small_batch(ev)
+    assert found.saving == pytest.approx(1 - 0.324 / 0.8) and "batch_size=16 per rank (8x)" in found.remedy
+    # ...no further than the timed range: without the data, 96 ms stay fixed and k stops at 32 / 2 = 16.
+    ev = read_run(probed_run(tmp_path / "h", [{"phases_s": {"data": 0.002, "forward": 0.01, "backward": 0.01,
+                                                            "comm": 0.05, "optimizer": 0.02, "other": 0.008},
+                                               **small}] * 2))
+    assert sc.small_batch(ev).saving == pytest.approx(1 - (0.1 + 15 * 0.004) / 1.6)
+    # forward and backward that grow with the batch (half of them or more) are no small-batch problem.
+    ev = read_run(probed_run(tmp_path / "i", [{"phases_s": {"forward": 0.01, "backward": 0.01, "comm": 0.08},
+                                               **small, "batch_slope_s": 0.006}] * 2))
+    assert sc.small_batch(ev) is None
 
 
 def test_accumulation_runs_the_optimizer_once_per_optimizer_step():
