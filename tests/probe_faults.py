@@ -1,6 +1,6 @@
 """A plain torchrun-style DDP script (no paratrain import) with one planted fault, chosen by argv[1]:
 healthy, data, threads, straggler, rank0-eval, eval, checkpoint, no-sync, collective, uneven,
-find-unused, comm, small-batch, broken-loader. tests/test_doctor_probe.py launches it and checks the doctor's top finding."""
+find-unused, comm, small-batch, host-sync, broken-loader. tests/test_doctor_probe.py launches it and checks the doctor's top finding."""
 import gc
 import os
 import sys
@@ -77,6 +77,8 @@ with model.join(enable=fault == "uneven"):
             continue
         opt.step()
         opt.zero_grad()
+        if fault == "host-sync":
+            logged = [loss.item(), loss.detach().tolist(), x.mean().item()]     # three host reads a step
         if fault == "collective":
             for _ in range(100):        # a global loss for every one of many logged values
                 dist.all_reduce(loss.detach().clone())

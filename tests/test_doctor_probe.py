@@ -1,6 +1,7 @@
 """The doctor inside unmodified scripts: tests/probe_faults.py (plain DDP, no paratrain import) with one
 planted fault each, under `paratrain launch -n 2` with the probe, must get that fault as its top finding."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,10 +14,10 @@ SCRIPT = Path(__file__).parent / "probe_faults.py"
 PARATRAIN = [sys.executable, "-m", "paratrain"]
 
 
-def launch(tmp_path, fault, *flags):
+def launch(tmp_path, fault, *flags, env=None):
     run = tmp_path / fault
     done = subprocess.run([*PARATRAIN, "launch", "-n", "2", *flags, "--run-dir", str(run), str(SCRIPT), fault],
-                          capture_output=True, text=True, timeout=240)
+                          capture_output=True, text=True, timeout=240, env=env and {**os.environ, **env})
     assert done.returncode == 0, done.stderr + (run / "logs" / "rank0.log").read_text()
     return run
 
@@ -44,6 +45,19 @@ def test_the_scripts_own_collectives_every_step_are_found(tmp_path):
     found = {f["check"]: f for f in diagnose(launch(tmp_path, "collective"))["findings"]}
     assert found["host_sync_stalls"]["predicted_speedup"] > 1.05, json.dumps(found, indent=1)
     assert "every 50 steps" in found["host_sync_stalls"]["remedy"]
+
+
+def test_host_reads_are_counted_on_the_sync_device(tmp_path):
+    # A CPU stand-in for a GPU's host-device syncs: the probe counts host reads of tensors on the device
+    # PARATRAIN_PROBE_SYNC_DEVICE names (cuda unless set), here the CPU's.
+    stand_in = {"PARATRAIN_PROBE_SYNC_DEVICE": "cpu"}      # ranks inherit launch's environment
+    found = {f["check"]: f for f in diagnose(launch(tmp_path, "host-sync", env=stand_in))["findings"]}
+    assert found["host_syncs"]["severity"] == "advice", json.dumps(found, indent=1)
+    assert "3.0 reads of device tensors" in found["host_syncs"]["evidence"]
+    healthy = {f["check"] for f in diagnose(launch(tmp_path, "healthy", env=stand_in))["findings"]}
+    assert "host_syncs" not in healthy
+    # on the default device (cuda, absent here) nothing is counted
+    assert "host_syncs" not in {f["check"] for f in diagnose(launch(tmp_path / "gpu", "host-sync"))["findings"]}
 
 
 def test_a_healthy_script_gets_nothing_marked_high_and_its_breakdown_is_the_built_in_one(tmp_path):

@@ -17,6 +17,7 @@ from paratrain.doctor.finding import Finding, accumulation, ms, pct, speedup
 DATA_SHARE = 0.15           # waiting for the next batch, of the step
 COMM_SHARE = 0.20           # gradient all-reduce that backward did not hide, of the step
 EXTRA_ROUNDS = 1.5          # all-reduce rounds per optimizer step above which accumulation is not skipping them
+SYNCS_PER_STEP = 1.0       # host reads of device tensors per step (a loss printed every step is one)
 COLLECTIVE_SHARE = 0.10     # the script's own blocking collectives (logging a global loss), of the step
 EVAL_SHARE = 0.20           # evaluation, of the run's step time
 CHECKPOINT_SHARE = 0.10     # torch.save, of the step
@@ -199,6 +200,24 @@ def script_collectives(ev: RunEvidence) -> Optional[Finding]:
         f"{speedup(saving)}: {COLLECTIVE_EVERY}x fewer of those collectives", saving)
 
 
+def host_syncs(ev: RunEvidence) -> Optional[Finding]:
+    """Host reads of device tensors every step (the probe counts them on GPUs). Each drains the device's
+    queue, and the device idles while the host catches up. How long it idles needs device timings (CUDA
+    events), which the probe does not record yet: so the count and the remedy, without a predicted gain."""
+    syncs = _mean([r.get("syncs_per_step", 0.0) for r in ev.probe_ranks])
+    if syncs < SYNCS_PER_STEP:
+        return None
+    return Finding(
+        "host_syncs", f"{syncs:.0f} host-device synchronisations every step",
+        f"{_steps_text(ev)}; {syncs:.1f} reads of device tensors on the host per step (.item(), .tolist(), .cpu(), "
+        ".numpy(), torch.cuda.synchronize)", "each read waits until the device has run everything queued before it; "
+        "the device then idles until the host has queued the next work, so the host's Python time stops hiding",
+        _code_change(f"keep running values on the device (loss_sum += loss.detach()) and read them every "
+                     f"{COLLECTIVE_EVERY} steps; no .item() in the step's path", ev),
+        "not predicted: the device's idle time after each read needs CUDA event timings, which the probe does not "
+        "record yet", None, "advice")
+
+
 def evaluation(ev: RunEvidence) -> Optional[Finding]:
     ranks = ev.probe_ranks
     evals = ev.rank_phase("eval")
@@ -314,8 +333,8 @@ def find_unused_parameters(ev: RunEvidence) -> Optional[Finding]:
 
 
 SCRIPT_CHECKS: tuple[Callable[[RunEvidence], Optional[Finding]], ...] = (
-    threads, data_wait, exposed_communication, small_batch, all_reduce_every_micro_step, script_collectives, evaluation,
-    checkpoints, straggler, uneven_steps, find_unused_parameters)
+    threads, data_wait, exposed_communication, small_batch, all_reduce_every_micro_step, script_collectives,
+    host_syncs, evaluation, checkpoints, straggler, uneven_steps, find_unused_parameters)
 
 
 def probe_status(ev: RunEvidence) -> Optional[Finding]:

@@ -20,6 +20,8 @@ What it hooks, all at the torch level, so DDP, FSDP2, a bare model and framework
                      was handed to the all-reduce (a timed copy of DDP's default all-reduce hook):
                      the communication backward did not hide. No host synchronisation is added.
     checkpoint       torch.save
+    host syncs       counted, not timed: Tensor.item/.tolist/.cpu/.numpy of a GPU tensor and
+                     torch.cuda.synchronize (each drains the device's queue)
 Time is charged exclusively to the innermost phase (a forward inside Lightning's optimizer closure
 is forward, not optimizer); what no phase claims is `other` (Python, logging, host reads).
 
@@ -54,6 +56,11 @@ CALIBRATION_STEP = 3        # after warm-up: the first steps allocate and fill c
 # The larger batch, as a multiple of the script's; the doctor predicts no further than it measured
 # (a layer bound by reading its weights at a small batch becomes bound by arithmetic at a large one).
 CALIBRATION_FACTOR = 16
+# Host reads of a device tensor wait for the device's queue to drain: a host-device synchronisation.
+# They are counted on this device type (a CUDA build's GPU; tests name "cpu" as a stand-in, since a
+# CPU tensor's read is no sync at all). HOST_READS are the Tensor methods that read values on the host.
+SYNC_DEVICE_ENV = "PARATRAIN_PROBE_SYNC_DEVICE"
+HOST_READS = ("item", "tolist", "cpu", "numpy")
 FLUSH_EVERY_S = 1.0         # buffered lines reach the file at least this often (a killed rank loses less)
 # Collectives a script (or FSDP2, or Lightning) calls from Python. A blocking call is exposed
 # communication; an async one is counted when its Work is waited for.
@@ -179,6 +186,7 @@ class Probe:
         self.samples = 0            # training samples (outermost forward's batch) in this step
         self.micro = 0              # training forwards in this step
         self.rounds = 0             # DDP all-reduce rounds (last buckets) in this step
+        self.syncs = 0              # host-device synchronisations in this step
         self.depth = 0              # nesting of module calls
         self.outer_kind = ""        # the outermost module call's phase: forward or eval
         self.backward_launch: Optional[float] = None  # when DDP's last bucket left, in this backward
@@ -223,12 +231,13 @@ class Probe:
         record = {"kind": "step", "step": self.steps, "end_s": round(now - self.origin, 6),
                   "wall_s": round(now - started, 6), **{k: round(v, 6) for k, v in self.times.items()},
                   "data_cpu": round(self.data_cpu, 6), "ddp_overhead": round(self.ddp_overhead, 6),
-                  "samples": self.samples, "micro": self.micro, "rounds": self.rounds, "modules": self.modules}
+                  "samples": self.samples, "micro": self.micro, "rounds": self.rounds, "modules": self.modules,
+                  "syncs": self.syncs}
         self.lines.append(json.dumps(record))
         self.times = dict.fromkeys(PHASES, 0.0)
         self.data_cpu = self.ddp_overhead = 0.0
         self.last_batch = self.samples // max(self.micro, 1)
-        self.samples = self.micro = self.rounds = self.modules = 0
+        self.samples = self.micro = self.rounds = self.modules = self.syncs = 0
         self.stack.clear()
         fair = self.fair
         if threads > fair and "thread_penalty" not in self.state:
@@ -293,7 +302,7 @@ class Probe:
         self.note(threads=torch.get_num_threads(), interop_threads=torch.get_num_interop_threads(),
                   pid=os.getpid(), cpu_affinity=len(os.sched_getaffinity(0)))
         for install in (self._optimizer_hooks, self._module_hooks, self._backward, self._loader,
-                        self._collectives, self._ddp, self._save):
+                        self._collectives, self._ddp, self._save, self._host_syncs):
             install(torch)
 
     def _patch(self, owner: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
@@ -494,6 +503,30 @@ class Probe:
 
     def _save(self, torch: Any) -> None:
         self._patch(torch, "save", lambda original: self._phase_call("checkpoint", original))
+
+
+    def _host_syncs(self, torch: Any) -> None:
+        device = os.environ.get(SYNC_DEVICE_ENV, "cuda")
+        if device == "cuda" and not torch.cuda.is_available():
+            return
+        probe = self
+
+        def counted(original: Callable[..., Any]) -> Callable[..., Any]:
+            def read(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+                if not (probe.broken or probe.paused) and tensor.device.type == device:
+                    probe.syncs += 1
+                return original(tensor, *args, **kwargs)
+            return read
+
+        for name in HOST_READS:
+            self._patch(torch.Tensor, name, counted)
+        if device == "cuda":
+            def synchronize(original: Callable[..., Any]) -> Callable[..., Any]:
+                def counted_synchronize(*args: Any, **kwargs: Any) -> Any:
+                    probe.syncs += not (probe.broken or probe.paused)
+                    return original(*args, **kwargs)
+                return counted_synchronize
+            self._patch(torch.cuda, "synchronize", synchronize)
 
 
 class _AfterTorchImport(importlib.abc.MetaPathFinder):
