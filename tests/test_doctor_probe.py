@@ -146,6 +146,12 @@ def test_predicted_gains_of_the_probed_checks_by_hand(tmp_path):
     ev = read_run(probed_run(tmp_path / "f", [{"phases_s": {"forward": 0.08, "checkpoint": 0.02},
                                                "checkpoint_steps": 45}, {"phases_s": {"forward": 0.08, "comm": 0.02}}]))
     assert sc.checkpoints(ev).saving == pytest.approx(0.02 * (1 - 2 / 100) / 0.10)
+    # threads: the layers ran 2x slower on 4 threads than on 1, a matrix product 1.5x: forward and backward's
+    # 60 ms lose half, the optimizer's 20 ms a third -> (30 + 20/3)/100.
+    ev = read_run(probed_run(tmp_path / "t", [{"phases_s": {"forward": 0.03, "backward": 0.03, "optimizer": 0.02,
+                                                            "other": 0.02}, "threads": 4, "fair_threads": 1,
+                                               "thread_penalty": 1.5, "layer_thread_penalty": 2.0}] * 2))
+    assert sc.threads(ev).saving == pytest.approx((0.03 + 0.02 / 3) / 0.1)
     # small batch: 2 samples, the layers grow 1 ms a sample (timed at 2 and 32), so 2 of the 20 ms of forward and
     # backward grow (90 % fixed). With the 30 ms of data, 32 ms grow and 68 ms do not: k=8 is the first with
     # 68 / (100 + 7 x 32) <= 25 % (k=4: 35 %): 324 ms per 8 x 2 samples against 800 ms.

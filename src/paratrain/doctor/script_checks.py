@@ -54,15 +54,23 @@ def _code_change(text: str, ev: RunEvidence) -> str:
 
 
 def threads(ev: RunEvidence) -> Optional[Finding]:
-    """Torch's intra-op threads beyond the cores a rank has: a matrix product slowed by that much was measured."""
+    """Torch's intra-op threads beyond the cores a rank has. Each rank measured the slow-down: of the
+    model's own layers (copies timed at both thread counts) for forward and backward, and of a matrix
+    product for the optimizer and evaluation (and for all four when no layer could be timed)."""
     ranks = [r for r in ev.probe_ranks if r.get("thread_penalty")]
     if not ranks:
         return None
     penalty = statistics.median(r["thread_penalty"] for r in ranks)
+    layered = [r["layer_thread_penalty"] for r in ranks if r.get("layer_thread_penalty")]
+    layer_penalty = statistics.median(layered) if layered else penalty
     used, fair = ranks[0]["threads"], ranks[0]["fair_threads"]
-    threaded = _mean([r["phases_s"]["forward"] + r["phases_s"]["backward"] + r["phases_s"]["optimizer"]
-                      + r["phases_s"]["eval"] for r in ranks])
-    saving = max(0.0, threaded * (1 - 1 / penalty) / _step(ev)) if penalty > 1 else 0.0
+    compute = _mean([r["phases_s"]["forward"] + r["phases_s"]["backward"] for r in ranks])
+    rest = _mean([r["phases_s"]["optimizer"] + r["phases_s"]["eval"] for r in ranks])
+    saved = compute * (1 - 1 / layer_penalty) if layer_penalty > 1 else 0.0
+    saved += rest * (1 - 1 / penalty) if penalty > 1 else 0.0
+    saving = saved / _step(ev)
+    slower = (f"the model's layers {layer_penalty:.1f}x slower, a matrix product {penalty:.1f}x" if layered
+              else f"a matrix product {penalty:.1f}x slower (the model's layers could not be timed alone)")
     launched_threads = ev.resolved.get("threads_per_worker")
     if used == launched_threads:        # launch gave these threads: its own flag is the remedy
         remedy = rerun_command(ev, threads_per_worker=fair, allow_oversubscribe=None)
@@ -71,11 +79,11 @@ def threads(ev: RunEvidence) -> Optional[Finding]:
                               f"OMP_NUM_THREADS to the rank's cores) or use torch.set_num_threads(len(os.sched_getaffinity(0)))", ev)
     return Finding(
         "oversubscription", f"torch runs {used} threads on a rank that has {fair} core(s)",
-        f"{_steps_text(ev)}; a matrix product ran {penalty:.1f}x slower on {used} threads than on {fair} (measured "
-        f"in each rank)", "threads beyond the cores time-slice: each parallel operator waits at its barrier for "
+        f"{_steps_text(ev)}; on {used} threads against {fair}, measured in each rank: {slower}",
+        "threads beyond the cores time-slice: each parallel operator waits at its barrier for "
         "threads that are not running, so every multi-threaded phase slows down",
-        remedy, f"{speedup(saving)}: forward, backward, optimizer and evaluation ({ms(threaded)} a step) run "
-        f"{penalty:.1f}x faster, the rest as measured", saving)
+        remedy, f"{speedup(saving)}: forward and backward ({ms(compute)} a step) run {layer_penalty:.1f}x faster, "
+        f"optimizer and evaluation ({ms(rest)}) {penalty:.1f}x, the rest as measured", saving)
 
 
 def data_wait(ev: RunEvidence) -> Optional[Finding]:

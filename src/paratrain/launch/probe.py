@@ -116,53 +116,72 @@ def thread_penalty(torch: Any, threads: int, fair: int, size: int = 192, repeats
         torch.set_num_threads(threads)
 
 
-def batch_slope(torch: Any, layers: list[tuple[Any, tuple[Any, ...]]], batch: int,
-                factor: int = CALIBRATION_FACTOR, repeats: int = 3) -> Optional[float]:
-    """Seconds of forward and backward per extra sample: the model's own leaf layers (copies, with the
-    inputs they got in a training step) timed at the script's batch and at `factor` times it. A step's
-    fixed costs (per-call dispatch, the optimizer, the all-reduce) stay; this slope is what grows.
-    None when no layer could be timed. Randomness is restored, so the script's stream is unchanged."""
-    import copy
-    rng = torch.get_rng_state()
-    cuda = torch.cuda.is_available() and any(
-        isinstance(a, torch.Tensor) and a.is_cuda for _, args in layers for a in args)
+class LayerTwins:
+    """Copies of the model's own leaf layers, with the inputs they got in one training step, timed
+    (forward and backward) under a changed condition: a larger batch (the small-batch check's slope),
+    other thread counts (the oversubscription check's slow-down). Layers that cannot run alone
+    (keyword inputs, sharded parameters) are left out. Randomness is restored after each timing, so
+    the script's random stream is unchanged."""
 
-    def grown(args: tuple[Any, ...], k: int) -> tuple[Any, ...]:
-        return tuple(torch.cat([a] * k) if isinstance(a, torch.Tensor) and a.dim() and a.shape[0] == batch else a
-                     for a in args)
-
-    def timed(layer: Any, args: tuple[Any, ...]) -> float:
-        times = []
-        for _ in range(repeats):
-            if cuda:
-                torch.cuda.synchronize()
-            started = time.perf_counter()
-            out = layer(*args)
-            out = out[0] if isinstance(out, (tuple, list)) else out
-            if isinstance(out, torch.Tensor) and out.requires_grad:
-                out.float().sum().backward()
-            if cuda:
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - started)
-        return statistics.median(times)
-
-    small = large = 0.0
-    try:
+    def __init__(self, torch: Any, layers: list[tuple[Any, tuple[Any, ...]]], batch: int):
+        import copy
+        self.torch, self.batch, self.twins = torch, batch, []
         for layer, args in layers:
             try:
-                twin = copy.deepcopy(layer)
-                base, bigger = grown(args, 1), grown(args, factor)
-                timed(twin, base)            # warm-up at both sizes: a new shape allocates, and picks kernels
-                timed(twin, bigger)
-                small += timed(twin, base)
-                large += timed(twin, bigger)
-            except Exception:       # a layer that cannot run alone (keyword inputs, state): not timed
+                self.twins.append((copy.deepcopy(layer), args))
+            except Exception:
                 continue
-    finally:
-        torch.set_rng_state(rng)
-    if large <= 0:
-        return None
-    return max(0.0, (large - small) / ((factor - 1) * batch))
+        self.cuda = torch.cuda.is_available() and any(
+            isinstance(a, torch.Tensor) and a.is_cuda for _, args in self.twins for a in args)
+
+    def _grown(self, args: tuple[Any, ...], k: int) -> tuple[Any, ...]:
+        torch = self.torch
+        return tuple(torch.cat([a] * k) if isinstance(a, torch.Tensor) and a.dim() and a.shape[0] == self.batch
+                     else a for a in args)
+
+    def _once(self, layer: Any, args: tuple[Any, ...]) -> float:
+        if self.cuda:
+            self.torch.cuda.synchronize()
+        started = time.perf_counter()
+        out = layer(*args)
+        out = out[0] if isinstance(out, (tuple, list)) else out
+        if isinstance(out, self.torch.Tensor) and out.requires_grad:
+            out.float().sum().backward()
+        if self.cuda:
+            self.torch.cuda.synchronize()
+        return time.perf_counter() - started
+
+    def seconds(self, grow: int = 1, threads: Optional[int] = None, repeats: int = 3) -> float:
+        """Forward and backward of every layer that runs, the batch `grow` times larger, on `threads`
+        threads: each layer warmed up once (a new shape allocates and picks kernels), then the median."""
+        torch, total = self.torch, 0.0
+        before, rng = torch.get_num_threads(), torch.get_rng_state()
+        try:
+            if threads is not None:
+                torch.set_num_threads(threads)
+            for layer, args in self.twins:
+                try:
+                    grown = self._grown(args, grow)
+                    self._once(layer, grown)
+                    total += statistics.median(self._once(layer, grown) for _ in range(repeats))
+                except Exception:
+                    continue
+        finally:
+            torch.set_num_threads(before)
+            torch.set_rng_state(rng)
+        return total
+
+    def batch_slope(self, factor: int = CALIBRATION_FACTOR) -> Optional[float]:
+        """Seconds of forward and backward per extra sample, between the script's batch and `factor`
+        times it. A step's fixed costs (per-call dispatch, the optimizer, the all-reduce) stay; this is
+        what grows. None when no layer could be timed."""
+        small, large = self.seconds(), self.seconds(grow=factor)
+        return None if large <= 0 else max(0.0, (large - small) / ((factor - 1) * self.batch))
+
+    def thread_penalty(self, threads: int, fair: int) -> Optional[float]:
+        """How much slower the layers run on `threads` threads than on `fair`."""
+        slow, fast = self.seconds(threads=threads), self.seconds(threads=fair)
+        return None if fast <= 0 else slow / fast
 
 
 class Probe:
@@ -245,10 +264,9 @@ class Probe:
             now = self.mark = self.clock()      # the measurement is no part of any step
         if self.layers is not None:
             now = self._calibrate()
-        elif self.steps == CALIBRATION_STEP - 1 and 0 < self.last_batch <= SMALL_BATCH:
+        elif self.steps == CALIBRATION_STEP - 1 and (0 < self.last_batch <= SMALL_BATCH or threads > fair):
             self.layers = []        # the next step's training forward records its leaf calls
         self.step_started = now
-
         if now - self.flushed >= FLUSH_EVERY_S:
             self.flush()
 
@@ -256,10 +274,17 @@ class Probe:
         layers, self.layers = self.layers or [], None
         self.paused = True
         try:
-            slope = batch_slope(self.torch, layers, self.last_batch)
+            twins = LayerTwins(self.torch, layers, self.last_batch)
+            if 0 < self.last_batch <= SMALL_BATCH:
+                slope = twins.batch_slope()
+                self.note(batch_slope_s=None if slope is None else round(slope, 9),
+                          batch_slope_between=[self.last_batch, CALIBRATION_FACTOR * self.last_batch])
+            threads = self.torch.get_num_threads()
+            if threads > self.fair:
+                penalty = twins.thread_penalty(threads, self.fair)
+                self.note(layer_thread_penalty=None if penalty is None else round(penalty, 3))
         finally:
             self.paused = False
-        self.note(batch_slope_s=None if slope is None else round(slope, 9), batch_slope_between=[self.last_batch, CALIBRATION_FACTOR * self.last_batch])
         self.mark = self.clock()    # the measurement is no part of any step
         return self.mark
 
