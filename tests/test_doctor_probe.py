@@ -142,6 +142,10 @@ def test_predicted_gains_of_the_probed_checks_by_hand(tmp_path):
                                               {"phases_s": {"forward": 0.06, "comm": 0.04}}]))
     found = sc.evaluation(ev)
     assert found.check == "rank0_alone" and found.saving == pytest.approx(0.02 / 0.10)
+    # ...and when the steps holding that evaluation took 50 ms a step longer than plain ones, half of that goes.
+    ev = read_run(probed_run(tmp_path / "e2", [{"phases_s": {"forward": 0.06, "eval": 0.04}, "eval_excess_s": 0.05},
+                                               {"phases_s": {"forward": 0.06, "comm": 0.04}}]))
+    assert sc.evaluation(ev).saving == pytest.approx(0.025 / 0.10)
     # checkpoints every 2 steps, 20 ms a step, on rank 0: every 100 steps keeps 2/100 of it -> 19.6/100.
     ev = read_run(probed_run(tmp_path / "f", [{"phases_s": {"forward": 0.08, "checkpoint": 0.02},
                                                "checkpoint_steps": 45}, {"phases_s": {"forward": 0.08, "comm": 0.02}}]))
@@ -170,6 +174,14 @@ def test_predicted_gains_of_the_probed_checks_by_hand(tmp_path):
     ev = read_run(probed_run(tmp_path / "i", [{"phases_s": {"forward": 0.01, "backward": 0.01, "comm": 0.08},
                                                **small, "batch_slope_s": 0.006}] * 2))
     assert sc.small_batch(ev) is None
+
+
+def test_the_excess_of_steps_holding_an_evaluation_is_over_the_median_plain_step():
+    from paratrain.launch.probe_summary import excess_s
+    steps = [{"wall_s": w, "eval": e, "checkpoint": c} for w, e, c in
+             [(0.010, 0, 0), (0.012, 0, 0), (0.011, 0, 0), (0.061, 0.03, 0), (0.031, 0, 0.01)]]
+    # plain median 11 ms: the evaluating step is 50 ms over, the saving one 20 ms, over 5 steps
+    assert excess_s(steps) == pytest.approx({"eval_excess_s": 0.050 / 5, "checkpoint_excess_s": 0.020 / 5})
 
 
 def test_accumulation_runs_the_optimizer_once_per_optimizer_step():

@@ -59,9 +59,22 @@ def rank_record(rank: int, records: list[dict[str, Any]]) -> dict[str, Any]:
             eval_steps=sum(s["eval"] > 0 for s in used),
             checkpoint_steps=sum(s["checkpoint"] > 0 for s in used),
             ddp_overhead_s=sum(s["ddp_overhead"] for s in used) / n,
+            **excess_s(used),
             # per-step wall times, for the spread (a rank whose steps vary waits unevenly)
             step_s_median=statistics.median(s["wall_s"] for s in used))
     return out
+
+
+def excess_s(used: list[dict[str, Any]]) -> dict[str, float]:
+    """What steps with an evaluation (or a checkpoint) cost beyond a plain step, per step of the run:
+    more than the evaluation's own time, since after it the caches are cold and the ranks meet at the
+    next all-reduce as unevenly as their evaluations ended. A plain step is the median of the others."""
+    plain = [s["wall_s"] for s in used if s["eval"] == 0 and s["checkpoint"] == 0]
+    if not plain:
+        return {}
+    base = statistics.median(plain)
+    return {f"{phase}_excess_s": sum(max(0.0, s["wall_s"] - base) for s in used if s[phase] > 0) / len(used)
+            for phase in ("eval", "checkpoint")}
 
 
 def summarise(run_dir: Path) -> dict[str, Any]:
