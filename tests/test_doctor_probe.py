@@ -176,6 +176,22 @@ def test_predicted_gains_of_the_probed_checks_by_hand(tmp_path):
     assert sc.small_batch(ev) is None
 
 
+def test_gpus_idle_in_a_share_of_the_monitors_samples_are_named_as_a_symptom(tmp_path):
+    # GPU samples as the monitor writes them from NVML (a stand-in: no GPU here): GPU 1 idle in 3 of 10.
+    from paratrain.doctor import diagnose_run
+    from paratrain.doctor.evidence import read_run
+    run = probed_run(tmp_path / "run", [{"phases_s": {"forward": 0.05, "backward": 0.05}}] * 2)
+    samples = [{"time": float(t), "kind": "gpu", "index": i, "utilization_percent": 2 if i == 1 and t < 3 else 95}
+               for t in range(10) for i in (0, 1)]
+    (run / "system.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
+    found = {f.check: f for f in diagnose_run(read_run(run))}["idle_devices"]
+    assert found.finding == "GPU 1 idle 30% of the run" and found.severity == "advice", found
+    # below the line (1 in 10), nothing
+    samples = [{**s, "utilization_percent": 95} if s["index"] == 1 and s["time"] > 0 else s for s in samples]
+    (run / "system.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
+    assert "idle_devices" not in {f.check for f in diagnose_run(read_run(run))}
+
+
 def test_the_excess_of_steps_holding_an_evaluation_is_over_the_median_plain_step():
     from paratrain.launch.probe_summary import excess_s
     steps = [{"wall_s": w, "eval": e, "checkpoint": c} for w, e, c in

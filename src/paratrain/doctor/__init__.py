@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-from paratrain.doctor.checks import (RUN_CHECKS, batch_knee, contended, first_epoch_overhead, lr_not_scaled,
-                                     rank0_alone)
+from paratrain.doctor.checks import (RUN_CHECKS, batch_knee, contended, first_epoch_overhead, idle_devices,
+                                     lr_not_scaled, rank0_alone)
 from paratrain.doctor.evidence import RunEvidence, idle_fractions, json_file, read_run
 from paratrain.doctor.finding import Finding
 from paratrain.doctor.script_checks import SCRIPT_CHECKS, probe_status
@@ -51,7 +51,7 @@ def diagnose_run(ev: RunEvidence) -> list[Finding]:
                          "summary.json, no monitor samples of its ranks); rerun it until at least one epoch finishes")
     # A probed script: its per-rank phases replace the monitor-based straggler guess; rank 0 working
     # alone after the last step (a final evaluation) is in no step, so the monitor still looks for it.
-    checks = ((contended, *SCRIPT_CHECKS, rank0_alone, first_epoch_overhead) if ev.probe_ranks
+    checks = ((contended, *SCRIPT_CHECKS, rank0_alone, first_epoch_overhead, idle_devices) if ev.probe_ranks
               else (*RUN_CHECKS, probe_status))
     findings: dict[str, Finding] = {}
     for check in checks:

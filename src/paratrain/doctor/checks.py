@@ -27,6 +27,7 @@ STRAGGLER_RATIO = 1.3       # a rank's CPU against the median of the others, whi
 STRAGGLER_SHARE = 0.15      # ...in this share of the monitor samples or more...
 STRAGGLER_DOMINANCE = 2     # ...and this many times as often as any other rank leads that way
 STRAGGLER_MIN_SAMPLES = 3   # ...and in at least this many samples: once in a short run is chance (a healthy run led once in 6)
+IDLE_DEVICE_SHARE = 0.2     # a GPU idle in this share of the monitor's samples (start-up and evaluation included)
 ALONE_SHARE = 0.15          # rank 0 busy while every other rank idles, for this share of the monitored time
 # Oversubscription model: a rank on its own cores computes at this fraction of the machine's measured
 # matmul peak (summary mfu_peak). cifar10-cnn reached 13 % of it here and the gpt models 49-74 %
@@ -333,9 +334,30 @@ def contended(ev: RunEvidence) -> Optional[Finding]:
         "unknown: the run's own speed could not be measured", None, "advice")
 
 
+def idle_devices(ev: RunEvidence) -> Optional[Finding]:
+    """GPUs whose utilisation (NVML, sampled by the monitor) stayed low in a share of the run: a symptom,
+    whose causes the other findings name with their gains."""
+    idle = {label: share for label, share in idle_fractions(ev).items()
+            if label.startswith("GPU") and share >= IDLE_DEVICE_SHARE}
+    if not idle:
+        return None
+    samples = {i: len(s) for i, s in ev.gpu_samples.items()}
+    return Finding(
+        "idle_devices", f"{', '.join(idle)} idle {pct(max(idle.values()))} of the run",
+        "share of the monitor's samples with utilisation under "
+        f"{IDLE_CPU_PERCENT:.0f} %: " + ", ".join(f"{label} {pct(share)} of {samples[int(label.split()[1])]}"
+                                                  for label, share in idle.items()),
+        "a GPU idles while its rank waits: for data, for another rank (evaluation or checkpoints on one rank, a "
+        "straggler), for the host (syncs, Python between kernels), or at start-up and between epochs",
+        "fix the findings with a predicted gain first, in their order; when none names a cause, launch the script "
+        "under the probe (without --no-probe), or trace a few steps with torch.profiler and read them with Holistic "
+        "Trace Analysis' idle-time breakdown", "not predicted: idle time is a symptom; the findings of its causes "
+        "carry the gains", None, "advice")
+
+
 RUN_CHECKS: tuple[Callable[[RunEvidence], Optional[Finding]], ...] = (
     contended, oversubscription, exposed_communication, data_wait, host_sync_stalls, straggler, rank0_alone,
-    evaluation_share, first_epoch_overhead, small_device_batch, global_batch_sqrt_n, no_warmup)
+    evaluation_share, first_epoch_overhead, small_device_batch, global_batch_sqrt_n, no_warmup, idle_devices)
 
 
 # -- study and sweep checks ----------------------------------------------------------------------
