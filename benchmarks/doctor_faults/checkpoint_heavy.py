@@ -3,6 +3,7 @@ other rank waits for it at the next gradient all-reduce. Fix (`--fix`): save eve
 
     paratrain launch -n 2 benchmarks/doctor_faults/checkpoint_heavy.py [--fix] [--steps N] [--seconds S]
 """
+import gc
 import itertools
 import os
 import tempfile
@@ -52,4 +53,5 @@ for epoch in itertools.count():
         break
 meter.report()
 del model, optimizer
+gc.collect()        # DDP (in reference cycles) freed before its process group: torch 2.13 can abort at exit
 dist.destroy_process_group()

@@ -4,6 +4,7 @@ next batches while the model trains on this one.
 
     paratrain launch -n 2 benchmarks/doctor_faults/data_wait.py [--fix] [--steps N] [--seconds S]
 """
+import gc
 import itertools
 import time
 
@@ -56,4 +57,5 @@ for epoch in itertools.count():
         break
 meter.report()
 del model, optimizer
+gc.collect()        # DDP (in reference cycles) freed before its process group: torch 2.13 can abort at exit
 dist.destroy_process_group()

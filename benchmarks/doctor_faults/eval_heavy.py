@@ -3,6 +3,7 @@ so the run spends more time evaluating than training. Fix (`--fix`): score a fix
 
     paratrain launch -n 2 benchmarks/doctor_faults/eval_heavy.py [--fix] [--steps N] [--seconds S]
 """
+import gc
 import itertools
 
 import torch
@@ -49,4 +50,5 @@ for epoch in itertools.count():
         break
 meter.report()
 del model, optimizer
+gc.collect()        # DDP (in reference cycles) freed before its process group: torch 2.13 can abort at exit
 dist.destroy_process_group()

@@ -5,6 +5,7 @@ accumulation over 8 micro-batches, `model.no_sync()` on the first 7, so one all-
 
     paratrain launch -n 2 benchmarks/doctor_faults/exposed_comm.py [--fix] [--steps N] [--seconds S]
 """
+import gc
 import itertools
 from contextlib import nullcontext
 
@@ -46,4 +47,5 @@ for epoch in itertools.count():
         break
 meter.report()
 del model, optimizer
+gc.collect()        # DDP (in reference cycles) freed before its process group: torch 2.13 can abort at exit
 dist.destroy_process_group()

@@ -5,6 +5,7 @@ little compute. Fix (`--fix`): `find_unused_parameters=False` (the default).
 
     paratrain launch -n 2 benchmarks/doctor_faults/find_unused.py [--fix] [--steps N] [--seconds S]
 """
+import gc
 import itertools
 
 import torch
@@ -56,4 +57,5 @@ for epoch in itertools.count():
         break
 meter.report()
 del model, optimizer
+gc.collect()        # DDP (in reference cycles) freed before its process group: torch 2.13 can abort at exit
 dist.destroy_process_group()

@@ -2,6 +2,7 @@
 
     paratrain launch -n 2 benchmarks/doctor_faults/healthy.py [--steps N] [--seconds S]
 """
+import gc
 import itertools
 
 import torch
@@ -35,4 +36,5 @@ for epoch in itertools.count():
         break
 meter.report()
 del model, optimizer
+gc.collect()        # DDP (in reference cycles) freed before its process group: torch 2.13 can abort at exit
 dist.destroy_process_group()

@@ -7,6 +7,7 @@ tensor) every 50 steps.
 
     paratrain launch -n 2 benchmarks/doctor_faults/host_sync.py [--fix] [--steps N] [--seconds S]
 """
+import gc
 import itertools
 
 import torch
@@ -75,4 +76,5 @@ for epoch in itertools.count():
         break
 meter.report()
 del model, optimizer
+gc.collect()        # DDP (in reference cycles) freed before its process group: torch 2.13 can abort at exit
 dist.destroy_process_group()

@@ -4,6 +4,7 @@ classifier makes each all-reduce cost). Fix (`--fix`): `model.no_sync()` around 
 
     paratrain launch -n 2 benchmarks/doctor_faults/no_sync.py [--fix] [--steps N] [--seconds S]
 """
+import gc
 import itertools
 from contextlib import nullcontext
 
@@ -47,4 +48,5 @@ for epoch in itertools.count():
         break
 meter.report()
 del model, optimizer
+gc.collect()        # DDP (in reference cycles) freed before its process group: torch 2.13 can abort at exit
 dist.destroy_process_group()

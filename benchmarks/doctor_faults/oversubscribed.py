@@ -4,6 +4,7 @@ threads take turns on it and spin at every operator's barrier waiting for each o
 
     paratrain launch -n 2 benchmarks/doctor_faults/oversubscribed.py [--fix] [--steps N] [--seconds S]
 """
+import gc
 import itertools
 
 import torch
@@ -39,4 +40,5 @@ for epoch in itertools.count():
         break
 meter.report()
 del model, optimizer
+gc.collect()        # DDP (in reference cycles) freed before its process group: torch 2.13 can abort at exit
 dist.destroy_process_group()

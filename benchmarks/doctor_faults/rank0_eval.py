@@ -4,6 +4,7 @@ DistributedSampler over it) and an all_reduce adds up the counts.
 
     paratrain launch -n 2 benchmarks/doctor_faults/rank0_eval.py [--fix] [--steps N] [--seconds S]
 """
+import gc
 import itertools
 
 import torch
@@ -59,4 +60,5 @@ for epoch in itertools.count():
         break
 meter.report()
 del model, optimizer
+gc.collect()        # DDP (in reference cycles) freed before its process group: torch 2.13 can abort at exit
 dist.destroy_process_group()

@@ -4,6 +4,7 @@ Fix (`--fix`): 32 samples per rank, the learning rate scaled linearly with the b
 
     paratrain launch -n 2 benchmarks/doctor_faults/small_batch.py [--fix] [--steps N] [--seconds S]
 """
+import gc
 import itertools
 
 import torch
@@ -39,4 +40,5 @@ for epoch in itertools.count():
         break
 meter.report()
 del model, optimizer
+gc.collect()        # DDP (in reference cycles) freed before its process group: torch 2.13 can abort at exit
 dist.destroy_process_group()

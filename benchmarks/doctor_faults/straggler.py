@@ -4,6 +4,7 @@ Fix (`--fix`): no extra work on one rank (compute such statistics rarely, or on 
 
     paratrain launch -n 2 benchmarks/doctor_faults/straggler.py [--fix] [--steps N] [--seconds S]
 """
+import gc
 import itertools
 
 import torch
@@ -44,4 +45,5 @@ for epoch in itertools.count():
         break
 meter.report()
 del model, optimizer
+gc.collect()        # DDP (in reference cycles) freed before its process group: torch 2.13 can abort at exit
 dist.destroy_process_group()

@@ -5,6 +5,7 @@ equal share.
 
     paratrain launch -n 2 benchmarks/doctor_faults/uneven_shards.py [--fix] [--steps N] [--seconds S]
 """
+import gc
 import itertools
 
 import torch
@@ -46,4 +47,5 @@ for epoch in itertools.count():
         break
 meter.report()
 del model, optimizer
+gc.collect()        # DDP (in reference cycles) freed before its process group: torch 2.13 can abort at exit
 dist.destroy_process_group()
