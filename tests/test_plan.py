@@ -325,3 +325,19 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, case,
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0] and "Traceback" not in captured.err, captured.err
     assert not out.exists() and captured.out == ""
+
+
+@pytest.mark.parametrize("factory,pipelined", [("layered_net", True), ("flattening_layered_net", False)])
+def test_a_model_whose_blocks_are_a_module_list_is_planned(capsys, factory, pipelined):
+    """The nanoGPT/torchtitan layout (`self.layers = nn.ModuleList`, looped over in forward): the
+    list's items are pipeline units; a forward that does more than chain its children is planned
+    with data parallelism only, without a traceback."""
+    argv = ["plan", "--model", f"user_factories:{factory}", "--dataset", "user_factories:float_pairs",
+            "--device", "a100", "--gpus", "4", "--strategy", "ddp,pipeline", "--json"]
+    assert main(argv) == 0
+    result = json.loads(capsys.readouterr().out)
+    four = {r["strategy"] for r in result["rows"] if r["devices"] == 4}
+    if pipelined:
+        assert result["model"]["pipeline_units"] == 5 and four == {"ddp", "pipeline"}, (result["model"], four)
+    else:
+        assert result["model"]["pipeline_units"] == 0 and four == {"ddp"}, (result["model"], four)

@@ -107,3 +107,47 @@ def frozen_tower(num_classes: int = 10) -> nn.Module:
     backbone = nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 2048), *(nn.Linear(2048, 2048) for _ in range(80)))
     backbone.requires_grad_(False)
     return nn.Sequential(backbone, nn.Linear(2048, num_classes))
+
+
+class Block(nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.fc = nn.Linear(width, width)
+
+    def forward(self, x):
+        return x + torch.relu(self.fc(x))
+
+
+class LayeredNet(nn.Module):
+    """The nanoGPT/torchtitan layout: blocks in an nn.ModuleList that forward() loops over."""
+
+    def __init__(self, num_classes: int):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 32))
+        self.layers = nn.ModuleList([Block(32) for _ in range(3)])
+        self.head = nn.Linear(32, num_classes)
+
+    def forward(self, x):
+        x = self.stem(x)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+def layered_net(num_classes: int = 10) -> nn.Module:
+    return LayeredNet(num_classes)
+
+
+class FlatteningLayeredNet(LayeredNet):
+    """The same blocks, but forward flattens before the stem: its children applied in order fail."""
+
+    def __init__(self, num_classes: int):
+        super().__init__(num_classes)
+        self.stem = nn.Linear(3 * 8 * 8, 32)
+
+    def forward(self, x):
+        return super().forward(x.flatten(1))
+
+
+def flattening_layered_net(num_classes: int = 10) -> nn.Module:
+    return FlatteningLayeredNet(num_classes)

@@ -101,7 +101,7 @@ def _shapes(cfg: TrainConfig) -> Any:
 
 def _batch(cfg: TrainConfig, data: Any, size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """A batch of `size` samples on the meta device, shaped as the loop would feed it."""
-    if data.train is not None and len(data.shape) == 3:        # a user's dataset: its own samples
+    if data.train is not None:        # a user's dataset: its own samples, of whatever shape
         from paratrain.engine.data import BatchPreparer, eval_batches
         from paratrain.engine.distributed import RankContext
 
@@ -217,7 +217,16 @@ def _pipeline_units(model: nn.Module, units: list[Any], per_module: dict[str, in
         return call
 
     with torch.no_grad():
-        run_units(model, [type(u)(u.name, u.modules, record(u)) for u in units], x)
+        try:
+            chained = run_units(model, [type(u)(u.name, u.modules, record(u)) for u in units], x)
+            whole = model(x)
+        except Exception:
+            chained = whole = None
+    # The units are pipeline stages only when applied in order they give the model's output; a
+    # forward that does more than call its children (flattens, adds, loops with extra inputs) cannot
+    # be pipelined, and the plan then offers no pipeline layout for it.
+    if not isinstance(chained, torch.Tensor) or not isinstance(whole, torch.Tensor) or chained.shape != whole.shape:
+        return []
     rows = []
     for unit, output in zip(units, outputs):
         modules = [model.get_submodule(m) for m in unit.modules]

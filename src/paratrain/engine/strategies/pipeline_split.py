@@ -6,7 +6,8 @@ previous one's output, and a stage is a run of consecutive units.
 - `gpt`: `embed`, `blocks.0` ... `blocks.<L-1>`, `head`.
 - ResNets: `stem`, `blocks.0` ... `blocks.<n-1>`, `head_norm` (final norm, pooling, flatten and `fc`).
 - the tutorial CNN: `conv1`, `conv2` (each conv, ReLU and pooling; `conv2` flattens), `fc1`, `fc2`, `fc3`.
-- any other model: its top-level children in registration order. That is only the model when its
+- any other model: its top-level children in registration order, the items of a ModuleList child one
+  by one (`layers.0`, `layers.1`, ...). That is only the model when its
   forward chains its children (an nn.Sequential does); launch checks it on the meta device and
   refuses a model whose children in order do not give its output's shape, or that holds parameters
   outside its children.
@@ -80,7 +81,10 @@ def model_units(model: nn.Module) -> list[Unit]:
                 Unit("conv2", ("conv2", "pool"), _cnn_conv("conv2", flatten=True)),
                 Unit("fc1", ("fc1",), _cnn_fc("fc1", relu=True)), Unit("fc2", ("fc2",), _cnn_fc("fc2", relu=True)),
                 Unit("fc3", ("fc3",), _cnn_fc("fc3", relu=False))]
-    return [Unit(name, (name,), _call(name)) for name, _ in model.named_children()]
+    # A ModuleList has no forward of its own: its items are the links (the nanoGPT/torchtitan
+    # layout, `self.layers = nn.ModuleList(...)` looped over in forward).
+    return [Unit(path, (path,), _call(path)) for name, child in model.named_children()
+            for path in ([f"{name}.{i}" for i in range(len(child))] if isinstance(child, nn.ModuleList) else [name])]
 
 
 def run_units(root: nn.Module, units: list[Unit], x: torch.Tensor) -> torch.Tensor:
