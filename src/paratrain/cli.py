@@ -179,6 +179,10 @@ def build_parser() -> Parser:
                                              "code change) and the predicted gain. See docs/doctor.md.")
     doctor.add_argument("path", type=Path, help="a run directory (--run-dir), a scaling study's or a sweep's --out")
     doctor.add_argument("--json", action="store_true", help="print the diagnosis as JSON (for tools)")
+    doctor.add_argument("--verify", action="store_true",
+                        help="rerun the run as it was and with the top finding's remedy (when it is a paratrain flag), "
+                             "alternating, into RUN-verify/, and print the predicted gain beside the measured one")
+    doctor.add_argument("--repeats", type=int, default=1, help="--verify: rounds of baseline and remedy runs (median)")
     doctor.set_defaults(handler=_doctor, command="doctor")
 
     from paratrain.config import PlanConfig
@@ -703,6 +707,13 @@ def _print_plan(result: dict[str, Any]) -> None:
 def _doctor(args: argparse.Namespace) -> int:
     from paratrain.doctor import diagnose, format_text
 
+    if args.repeats != 1 and not args.verify:
+        raise UsageError(f"--repeats {args.repeats} counts --verify's rounds; add --verify, or drop --repeats")
+    if args.verify:
+        from paratrain.doctor.verify import format_verify, verify
+        result = verify(args.path, args.repeats)
+        print(json.dumps(result, indent=2) if args.json else format_verify(result))
+        return 0
     diagnosis = diagnose(args.path)
     print(json.dumps(diagnosis, indent=2) if args.json else format_text(diagnosis))
     return 0

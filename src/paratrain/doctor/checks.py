@@ -77,7 +77,7 @@ def oversubscription(ev: RunEvidence) -> Optional[Finding]:
         "threads of different ranks time-slice on the same cores; a thread waiting at an operator's barrier for a "
         "descheduled sibling spins away the time slice, so every phase of the step slows down, not only compute "
         "(the other timing findings were measured in this state: fix this first, then diagnose again)",
-        rerun_command(ev, **changes), gain, saving)
+        rerun_command(ev, **changes), gain, saving, rerun=changes)
 
 
 def exposed_communication(ev: RunEvidence) -> Optional[Finding]:
@@ -99,7 +99,7 @@ def exposed_communication(ev: RunEvidence) -> Optional[Finding]:
         f"{batch * g} if it fits in memory; the global batch grows {g}x and the LR follows --lr-scaling)"
         + (f"; and average through shared memory: {rerun_command(ev, allreduce='auto')}" if shm else ""),
         f"{speedup(saving)} per sample: {g} micro-steps share one all-reduce ({ms(new_step)} per {g} micro-steps "
-        f"against {ms(g * ev.step_s)})", saving)
+        f"against {ms(g * ev.step_s)})", saving, rerun={"grad_accum": accum * g})
 
 
 def data_wait(ev: RunEvidence) -> Optional[Finding]:
@@ -119,7 +119,8 @@ def data_wait(ev: RunEvidence) -> Optional[Finding]:
         f"{_steps_text(ev)}; --loader-workers {loaders}; dataset {dataset}",
         "preparing a batch (reading, decoding, transforming samples) takes longer than the GPU/CPU needs to train on it, "
         "and it happens in the rank's own process, between steps",
-        remedy, f"{speedup(saving)} if the data time is hidden entirely (data_s -> 0)", saving)
+        remedy, f"{speedup(saving)} if the data time is hidden entirely (data_s -> 0)", saving,
+        rerun={"loader_workers": max(2, 2 * loaders)})
 
 
 def _stalls(ev: RunEvidence) -> tuple[int, float]:
@@ -161,7 +162,8 @@ def host_sync_stalls(ev: RunEvidence) -> Optional[Finding]:
         f"{STALL_RATE:.0%} of the median samples/s, losing {lost:.2f} s of {train_s:.1f} s",
         "the host waits for the device or for Python work outside the measured phases: a synchronising read of a "
         "tensor, logging, or a slow callback every step",
-        remedy, f"{speedup(saving)} if that time goes to training", saving)
+        remedy, f"{speedup(saving)} if that time goes to training", saving,
+        rerun={"log_every": 50} if log_every < 10 else None)
 
 
 def _monitored_states(ev: RunEvidence) -> list[dict[int, float]]:
@@ -255,7 +257,7 @@ def first_epoch_overhead(ev: RunEvidence) -> Optional[Finding]:
             "the first epoch pays for start-up (allocation, first kernels, caches, process-group set-up); a one-epoch "
             "timing mistakes that for the steady state",
             rerun_command(ev, epochs=2) + " (the summary then times the epochs after the first)",
-            "none in training speed; a truthful steady-state figure", None, "advice")
+            "none in training speed; a truthful steady-state figure", None, "advice", rerun={"epochs": 2})
     if len(times) < 2:
         return None
     steady = statistics.median(times[1:])
@@ -280,7 +282,8 @@ def small_device_batch(ev: RunEvidence) -> Optional[Finding]:
         f"--batch-size {batch} on {ev.workers} worker(s); no batch-size measurement in this run (heuristic, not measured)",
         "each step pays fixed costs (kernel launches, Python, the all-reduce) that a small batch does not amortise",
         f"{rerun_command(ev, batch_size=SMALL_BATCH)}; or measure the throughput knee with a sweep over batch_size",
-        "not predicted (heuristic); measure it with a batch-size sweep", None, "advice")
+        "not predicted (heuristic); measure it with a batch-size sweep", None, "advice",
+        rerun={"batch_size": SMALL_BATCH})
 
 
 def global_batch_sqrt_n(ev: RunEvidence) -> Optional[Finding]:
@@ -296,7 +299,8 @@ def global_batch_sqrt_n(ev: RunEvidence) -> Optional[Finding]:
         "few, large steps per epoch: large batches generalise worse (Keskar et al. 2016) unless the LR is scaled and "
         "warmed up; HPC centres' rule of thumb keeps the global batch under sqrt(N)",
         rerun_command(ev, batch_size=per_worker),
-        "accuracy, not time (a rule of thumb, no number predicted); compare the held-out accuracy of both runs", None, "advice")
+        "accuracy, not time (a rule of thumb, no number predicted); compare the held-out accuracy of both runs", None, "advice",
+        rerun={"batch_size": per_worker})
 
 
 def no_warmup(ev: RunEvidence) -> Optional[Finding]:
@@ -318,7 +322,8 @@ def no_warmup(ev: RunEvidence) -> Optional[Finding]:
         "a large scaled LR applied to the untrained network diverges or lands in a worse region early (Goyal et al. 2017 "
         "ramp it up over 5 epochs)",
         rerun_command(ev, warmup_epochs=warmup),
-        "accuracy and stability, not time (Goyal et al.: with warmup, batch 8192 matched batch 256's accuracy)", None, "advice")
+        "accuracy and stability, not time (Goyal et al.: with warmup, batch 8192 matched batch 256's accuracy)", None, "advice",
+        rerun={"warmup_epochs": warmup})
 
 
 def contended(ev: RunEvidence) -> Optional[Finding]:

@@ -219,10 +219,10 @@ def idle_fractions(ev: RunEvidence, spans: Optional[Sequence[Phase]] = None) -> 
 _NOT_REPEATED = ("run_dir", "resume", "quiet", "resolved", "tensorboard", "mlflow", "mlflow_experiment")
 
 
-def rerun_command(ev: RunEvidence, **changes: Any) -> str:
+def rerun_command(ev: RunEvidence, run_dir: Optional[str] = None, **changes: Any) -> str:
     """The command that reruns this run with `changes` (a value of None drops the flag), into a new
-    run directory beside the old one."""
-    run_dir = f"{ev.path}-fixed"
+    run directory (beside the old one unless given)."""
+    run_dir = run_dir or f"{ev.path}-fixed"
     if ev.is_script:
         cfg = {"threads_per_worker": ev.config.get("threads_per_worker"), **changes}
         parts = ["paratrain", "launch", "-n", str(cfg.get("workers") or ev.workers)]

@@ -15,6 +15,9 @@ class Finding:
     predicted_gain: str
     saving: Optional[float]     # predicted fraction of time saved; None: not a time finding (accuracy, advice)
     severity: str = ""
+    # When the remedy is a paratrain flag: the configuration changes it makes (rerun_command's), which
+    # `doctor --verify` applies; None for a code change or advice.
+    rerun: Optional[dict[str, Any]] = None
 
     def __post_init__(self) -> None:
         if not self.severity:

@@ -83,7 +83,8 @@ def threads(ev: RunEvidence) -> Optional[Finding]:
         "threads beyond the cores time-slice: each parallel operator waits at its barrier for "
         "threads that are not running, so every multi-threaded phase slows down",
         remedy, f"{speedup(saving)}: forward and backward ({ms(compute)} a step) run {layer_penalty:.1f}x faster, "
-        f"optimizer and evaluation ({ms(rest)}) {penalty:.1f}x, the rest as measured", saving)
+        f"optimizer and evaluation ({ms(rest)}) {penalty:.1f}x, the rest as measured", saving,
+        rerun={"threads_per_worker": fair, "allow_oversubscribe": None} if used == launched_threads else None)
 
 
 def data_wait(ev: RunEvidence) -> Optional[Finding]:
