@@ -65,6 +65,15 @@ BAD = {
     "launch script missing": (["launch", "nothere.py"], "does not exist"),
     "launch monitor rate zero": (["launch", "--monitor-hz", "0", "train.py"], "--monitor-hz"),
     "launch run dir holds something else": (["launch", "--run-dir", "notes", "train.py"], "not empty"),
+    "launch script is a directory": (["launch", "notes"], "notes is a directory"),
+    # paths under a regular file: NotADirectoryError for everyone, root included
+    "train run dir under a file": (["train", "--workload", "synthetic-cnn", "--run-dir", "file.txt/run"], "not a directory"),
+    "scale out under a file": (["scale", "--workers", "1", "--out", "file.txt/s", "--workload", "synthetic-cnn"],
+                               "not a directory"),
+    "sweep out under a file": (["sweep", "space.json", "--out", "file.txt/w"], "not a directory"),
+    "launch run dir under a file": (["launch", "--run-dir", "file.txt/run", "train.py"], "not a directory"),
+    "config file is a directory": (["train", "--config", "notes"], "notes is a directory"),
+    "recommend without flags": (["recommend"], "missing required options --workers, --out"),
     # reading commands
     "report of a directory that is no run": (["report", "notes"], "not a paratrain run"),
     "compare one run": (["compare", "notes"], "at least two"),

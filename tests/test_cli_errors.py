@@ -190,6 +190,17 @@ def test_the_installed_command_prints_no_traceback(tmp_path):
     assert not (tmp_path / "r").exists()
 
 
+def test_the_installed_command_reports_an_unmakeable_run_dir_and_all_missing_flags_in_one_line(tmp_path):
+    (tmp_path / "file").write_text("a file, not a directory")
+    proc = subprocess.run([sys.executable, "-m", "paratrain", "train", "--workload", "synthetic-cnn",
+                           "--run-dir", str(tmp_path / "file" / "run")], capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "file/run: Not a directory" in proc.stderr, proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "paratrain", "recommend"], capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "missing required options --workers, --out" in proc.stderr, proc.stderr
+
+
 def test_help_teaches_the_flags(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["train", "--help"])

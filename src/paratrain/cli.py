@@ -26,6 +26,16 @@ TRAIN_SECTIONS = {
 }
 
 
+# What to do about a path that cannot be made or read, by the error the operating system gave.
+FILE_SYSTEM_FIXES = {
+    PermissionError: "pass a path you may write to (or read, for an input), or change its permissions",
+    NotADirectoryError: "a part of the path is a file, not a directory; pass a path under a directory",
+    IsADirectoryError: "it is a directory; pass a file's path",
+    FileNotFoundError: "check the path",
+    FileExistsError: "pass a path that does not exist yet, or remove it",
+}
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, but bad input is one line on stderr and exit status 2 (no usage dump), and no
     abbreviated flags: `--epoch 1` must not quietly mean `--epochs 1`."""
@@ -72,6 +82,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         print("paratrain: interrupted", file=sys.stderr)
         return 130
+    except (PermissionError, NotADirectoryError, IsADirectoryError, FileNotFoundError, FileExistsError) as exc:
+        if exc.filename is None:
+            raise
+        # A path the user passed cannot be made or read: theirs to fix, so one line, not a traceback.
+        print(f"paratrain {args.command}: error: {exc.filename}: {exc.strerror}; {FILE_SYSTEM_FIXES[type(exc)]}",
+              file=sys.stderr)
+        return 2
     except Exception as exc:
         from paratrain.errors import RunFailed
 

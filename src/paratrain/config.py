@@ -449,6 +449,8 @@ def parse_size(text: str) -> int:
 
 def load_config_file(path: Path) -> dict[str, Any]:
     """Read a YAML, TOML or JSON config file into a dict of TrainConfig keys (dashes allowed)."""
+    if path.is_dir():
+        raise UsageError(f"config file {path} is a directory; pass a .yaml, .toml or .json file")
     if not path.is_file():
         raise UsageError(f"config file {path} does not exist; pass an existing .yaml, .toml or .json file")
     try:
@@ -473,6 +475,11 @@ def validate(model: type[BaseModel], values: dict[str, Any]) -> Any:
     try:
         return model.model_validate(values)
     except ValidationError as exc:
+        # Every missing required option in one message, so a user fixes them in one go.
+        missing = [flag(".".join(str(part) for part in e["loc"])) for e in exc.errors() if e["type"] == "missing"]
+        if missing:
+            raise UsageError(f"missing required option{'s' if len(missing) > 1 else ''} {', '.join(missing)}; "
+                             "see --help") from None
         error = exc.errors()[0]
         where = ".".join(str(part) for part in error["loc"] if not isinstance(part, int))
         message = error["msg"].removeprefix("Value error, ")

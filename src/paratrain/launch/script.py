@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -90,6 +91,8 @@ def launch_script(config: Union[LaunchConfig, dict[str, Any], None] = None, **ov
     values = config.model_dump() if isinstance(config, LaunchConfig) else dict(config or {})
     cfg: LaunchConfig = validate(LaunchConfig, {**values, **overrides})
     script = cfg.script.resolve()
+    if script.is_dir():
+        raise UsageError(f"{cfg.script} is a directory; pass the path of your training script, a file in it")
     if not script.is_file():
         raise UsageError(f"{cfg.script} does not exist; pass the path of your training script")
     if script.suffix != ".py" and not os.access(script, os.X_OK):
@@ -172,7 +175,7 @@ def _run(command: list[str], workers: int, run_id: str, run_dir: Path, env: dict
         code = failure.exitcode if failure.exitcode >= 0 else 128 - failure.exitcode
         how = f"exit status {code}" if failure.exitcode >= 0 else f"killed by {_signal_name(-failure.exitcode)}"
         log = run_dir / "logs" / f"rank{rank}.log"
-        last = _last_line(log)
+        last = _framework_fix(log) or _last_line(log)
         return {"status": "failed", "exit_code": code, "failed_rank": rank,
                 "error": f"rank {rank} failed with {how}{': ' + last if last else ''} (see {log})"}
     shutil.rmtree(elastic_logs, ignore_errors=True)
@@ -242,6 +245,25 @@ def _signal_name(number: int) -> str:
         return signal.Signals(number).name
     except ValueError:
         return f"signal {number}"
+
+
+# Lightning checks its Trainer(devices * num_nodes) against the launcher's WORLD_SIZE before training and
+# raises this; the usual cause is a devices count written into the script, which breaks as soon as the
+# launch (or a `scale --script` point) starts another number of ranks.
+LIGHTNING_WORLD = re.compile(r"You set `devices=(\d+)` and `num_nodes=(\d+)` in Lightning, but the product"
+                             r" \(\d+ \* \d+\) does not match the world size \((\d+)\)")
+
+
+def _framework_fix(path: Path) -> str:
+    """A framework's own error in a failed rank's log, turned into the one-line fix; "" if none is known."""
+    if not path.exists():
+        return ""
+    found = LIGHTNING_WORLD.search(path.read_text(errors="replace"))
+    if not found:
+        return ""
+    devices, nodes, world = found.groups()
+    return (f"Lightning's Trainer(devices={devices}, num_nodes={nodes}) does not match the {world} rank(s) "
+            f"started; set devices=int(os.environ['WORLD_SIZE']) and num_nodes=1 in your Trainer")
 
 
 def _last_line(path: Path) -> str:

@@ -111,6 +111,8 @@ def plan(study: ScaleConfig) -> list[tuple[str, int, int, dict[str, Any]]]:
     if max(study.workers) * threads > cores and not study.train.get("allow_oversubscribe"):
         raise UsageError(f"--workers {max(study.workers)} x {threads} thread(s) each needs {max(study.workers) * threads} cores "
                          f"but this machine gives {cores}; drop the larger worker counts")
+    if study.script is not None and study.script.is_dir():
+        raise UsageError(f"--script {study.script} is a directory; pass the path of your training script, a file in it")
     if study.script is not None and not study.script.is_file():
         raise UsageError(f"--script {study.script} does not exist; pass the path of your training script")
     on_cpu = not resolve_device(study.train.get("device", "auto"))

@@ -113,6 +113,8 @@ class ScriptCommand:
 
 
 def check_script(script: Path) -> None:
+    if script.is_dir():
+        raise UsageError(f"--script {script} is a directory; pass the path of your training script, a file in it")
     if not script.is_file():
         raise UsageError(f"--script {script} does not exist; pass the path of your training script")
     if script.suffix != ".py" and not os.access(script, os.X_OK):
