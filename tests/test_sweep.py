@@ -29,9 +29,10 @@ SCRIPT = textwrap.dedent('''\
     p.add_argument("--mode", default="report")
     p.add_argument("--sleep", type=float, default=0.0)
     p.add_argument("--steps", type=int, default=0)
+    p.add_argument("--batch_size", type=float, default=0.0)
     a, _ = p.parse_known_args()
     assert json.loads(os.environ["PARATRAIN_PARAMS"]).get("x", 0.0) == a.x, "argv and PARATRAIN_PARAMS disagree"
-    score = 10 * a.x
+    score = 10 * (a.x + a.batch_size)
     for step in range(a.steps):
         time.sleep(a.sleep)
         paratrain.report(score=score + a.steps - step, step=step)
@@ -166,12 +167,27 @@ def test_failing_trials_are_recorded_with_their_reason_and_the_sweep_goes_on(tmp
 def test_median_pruner_stops_trials_worse_than_the_median(tmp_path, script):
     cfg = space(tmp_path / "space.json", {"x": {"type": "discrete", "values": list(range(9))}})
     out = tmp_path / "out"
-    sweep(cfg, "-j", 2, "--out", out, "--script", script, "--quiet", "--", "--steps", 4, "--sleep", 0.3)
+    # A grid prunes only when asked: it is run to see every combination.
+    sweep(cfg, "-j", 2, "--out", out, "--script", script, "--pruner", "median", "--quiet", "--", "--steps", 4, "--sleep", 0.3)
     trials = results(out)["trials"]
     pruned = [t for t in trials if t["state"] == "PRUNED"]
     assert pruned, [(t["params"], t["state"]) for t in trials]
     assert all(t["reason"].startswith("pruned at step") and t["params"]["x"] >= 4 for t in pruned)
     assert all(t["intermediate"] for t in trials)
+
+
+@pytest.mark.parametrize("algorithm", ["grid", "random"])
+def test_default_flags_never_prune_a_grid_or_by_batch(tmp_path, script, algorithm):
+    """#27: a grid over batch sizes 8..512 lost both batch-512 trials "at step 0". Here a larger
+    batch_size is worse at every step (as a large batch is at an equal early epoch), so a median
+    pruner would stop the upper half: the grid must not prune by default, and a random sweep, which
+    does prune by default, must not prune by batch."""
+    cfg = space(tmp_path / "space.json", {"batch_size": {"type": "discrete", "values": list(range(9))}},
+                algorithm=algorithm, maxCombo=9)
+    out = tmp_path / "out"
+    sweep(cfg, "-j", 2, "--out", out, "--script", script, "--quiet", "--", "--steps", 4, "--sleep", 0.3)
+    trials = results(out)["trials"]
+    assert len(trials) == 9 and all(t["state"] == "COMPLETE" for t in trials), [(t["params"], t["state"]) for t in trials]
 
 
 def test_sigkill_and_rerun_loses_and_repeats_nothing(tmp_path, script):

@@ -150,8 +150,9 @@ def build_parser() -> Parser:
     sweep.add_argument("--storage", help="Optuna storage URL, e.g. postgresql://user@host/db (default: DIR/study.journal)")
     sweep.add_argument("--join", metavar="DIR_OR_URL", help="add workers to a running sweep (its directory or storage URL)")
     sweep.add_argument("--study-name", help="study name in the storage (default: the config's name)")
-    sweep.add_argument("--pruner", choices=["median", "none"], default="median",
-                       help="stop trials below the median of earlier ones at the same step (default: median)")
+    sweep.add_argument("--pruner", choices=["auto", "median", "none"], default="auto",
+                       help="stop trials below the median of earlier ones at the same epoch; auto (default): median for "
+                            "random and bayes, none for a grid or a sweep over a batch size (never pruned by batch)")
     sweep.add_argument("--trial-timeout", type=float, help="seconds before a trial is stopped and recorded as failed")
     sweep.add_argument("--n-trials", type=int, help="start at most N trials in this command, then stop (rerun to continue)")
     sweep.add_argument("--timeout", type=float, help="start no trial after this many seconds; running trials finish")

@@ -650,8 +650,10 @@ class SweepConfig(BaseModel):
                                                      "(default: a journal file in the sweep directory)")
     join: Optional[str] = Field(None, description="add workers to an existing sweep: its directory or storage URL")
     study_name: Optional[str] = Field(None, description="the study's name in the storage (default: the config's name)")
-    pruner: Literal["median", "none"] = Field("median", description="stop trials whose intermediate metric is worse than "
-                                                                      "the median of earlier trials at the same step")
+    pruner: Literal["auto", "median", "none"] = Field("auto", description="stop trials whose metric at an epoch is worse than "
+                                                                          "the median of earlier trials at that epoch; auto: "
+                                                                          "median for random and bayes, none for a grid or a "
+                                                                          "sweep over a batch size")
     trial_timeout: Optional[float] = Field(None, gt=0, description="seconds after which a trial is stopped and recorded as failed")
     # Optuna's study.optimize(n_trials=, timeout=): limits on what this command starts; running trials finish.
     n_trials: Optional[int] = Field(None, gt=0, description="start at most this many trials in this command, then stop "

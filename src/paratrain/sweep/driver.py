@@ -216,15 +216,24 @@ def _check_builtin(space: SearchSpace, train: dict[str, Any]) -> None:
     load_data(cfg)
 
 
+def prunes(space: SearchSpace, choice: str) -> bool:
+    """Whether trials may be pruned. Never by batch: a larger batch takes fewer steps per epoch, so
+    at an equal epoch it is behind by construction, and the median pruner would discard exactly the
+    large batches a batch study is run to see. A grid is run to see every combination, so it prunes
+    only when --pruner median asks; several metrics have no single median."""
+    if space.multi_objective or any("batch" in p.name for p in space.parameters):
+        return False
+    return choice == "median" or (choice == "auto" and space.algorithm != "grid")
+
+
 def _open_study(storage: Any, name: str, sweep: Sweep, create: bool, worker_salt: int = 0) -> Any:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     space = sweep.space
     directions = list(space.directions)
-    # Optuna's defaults: no pruning before 5 trials have finished; any step may be pruned after.
-    pruner = (optuna.pruners.MedianPruner()
-              if sweep.pruner == "median" and not space.multi_objective else optuna.pruners.NopPruner())
+    # Optuna's defaults: no pruning before 5 trials have finished; any epoch may be pruned after.
+    pruner = optuna.pruners.MedianPruner() if prunes(space, sweep.pruner) else optuna.pruners.NopPruner()
     sampler = _sampler(space, space.seed + worker_salt)
     if create:
         return optuna.create_study(storage=storage, study_name=name, directions=directions, sampler=sampler,
@@ -598,7 +607,10 @@ class Driver:
                 claim.trial.report(metrics[metric], step)
                 # Pruning a trial that has finished training would only throw its result away.
                 if alive and step != last_step and claim.trial.should_prune():
-                    stopped_because = ("PRUNED", f"pruned at step {step}: {metric} {metrics[metric]:.4g} worse than the median")
+                    # A built-in trial reports once per epoch, so its step is an epoch.
+                    unit = "epoch" if isinstance(self.sweep.command, BuiltinCommand) else "step"
+                    why = f"pruned at {unit} {step}: {metric} {metrics[metric]:.4g} worse than the median"
+                    stopped_because = ("PRUNED", why)
                     proc.stop()
             if not alive:
                 break
