@@ -180,3 +180,26 @@ def test_download_verifies_the_checksum(tmp_path):
     with pytest.raises(UsageError, match="md5"):
         download_cifar10(other, url=served.as_uri(), md5="0" * 32)
     assert list(other.iterdir()) == []
+
+
+@pytest.mark.parametrize("factory", ["vector_pairs", "one_vector_dataset"])
+def test_a_factory_of_vectors_or_one_dataset_trains_on_two_workers(tmp_path, factory):
+    """A dataset factory may return vectors (not C,H,W images), and one Dataset that paratrain
+    splits; the model factory gets in_features from the samples' shape."""
+    import json
+    import subprocess
+    import sys
+
+    tests = Path(__file__).parent
+    run = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "paratrain", "train", "--workers", "2", "--model", "user_factories:mlp",
+                           "--dataset", f"user_factories:{factory}", "--num-classes", "2", "--epochs", "1",
+                           "--batch-size", "16", "--run-dir", str(run), "--quiet"],
+                          cwd=tests, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((run / "summary.json").read_text())["status"] == "completed"
+    events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    trained = next(e["epoch_samples"] for e in events if e["event"] == "epoch")
+    tested = next(e["samples"] for e in events if e["event"] == "eval" and e["split"] == "test")
+    # the pair is 128 + 32; the one Dataset of 200 gives 20 % (40) to the test split
+    assert (trained, tested) == ((128, 32) if factory == "vector_pairs" else (160, 40))

@@ -151,3 +151,24 @@ class FlatteningLayeredNet(LayeredNet):
 
 def flattening_layered_net(num_classes: int = 10) -> nn.Module:
     return FlatteningLayeredNet(num_classes)
+
+
+def _vectors(n: int):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 16, generator=g)
+    return x, (x.sum(dim=1) > 0).long()
+
+
+def vector_pairs():
+    """(train, test) of 16-float vectors: no C,H,W anywhere."""
+    x, y = _vectors(160)
+    return TensorDataset(x[:128], y[:128]), TensorDataset(x[128:], y[128:])
+
+
+def one_vector_dataset():
+    """One Dataset: paratrain holds out the test split itself."""
+    return TensorDataset(*_vectors(200))
+
+
+def mlp(in_features: int, num_classes: int = 2) -> nn.Module:
+    return nn.Sequential(nn.Linear(in_features, 32), nn.ReLU(), nn.Linear(32, num_classes))

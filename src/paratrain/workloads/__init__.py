@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -58,7 +59,8 @@ class TrainingData:
     test: Any
     val: Optional[Any]
     num_classes: int
-    shape: tuple[int, ...]             # C,H,W of an image; (seq_len,) of text
+    shape: tuple[int, ...]             # C,H,W of an image; (seq_len,) of text; any shape of features
+    features: bool = False             # float samples that are not C,H,W images (vectors, sequences of vectors)
     info: dict[str, Any] = field(default_factory=dict)     # the data's provenance, recorded in config.json
 
 
@@ -153,17 +155,34 @@ def _text_data(config: TrainConfig) -> TrainingData:
                         num_classes=gpt.BYTE_VOCAB, shape=(seq_len,), info=info)
 
 
+# The share of a single Dataset from a factory that is held out as its test split.
+TEST_FRACTION = 0.2
+
+
 def _generic_data(spec: str, result: Any, config: TrainConfig) -> TrainingData:
+    if isinstance(result, torch.utils.data.Dataset) and hasattr(result, "__len__"):
+        # One Dataset: a seeded split, the same on every rank and every rerun with the same --seed.
+        test_size = max(1, int(len(result) * TEST_FRACTION))
+        if len(result) - test_size < 1:
+            raise UsageError(f"dataset factory {spec!r} returned {len(result)} sample(s): too few to hold out a test split")
+        result = tuple(torch.utils.data.random_split(result, [len(result) - test_size, test_size],
+                                                     generator=torch.Generator().manual_seed(config.seed)))
     if not (isinstance(result, tuple) and len(result) == 2):
-        raise UsageError(f"dataset factory {spec!r} must return a paratrain Dataset or a (train, test) pair of torch Datasets")
+        raise UsageError(f"dataset factory {spec!r} must return a torch Dataset, a (train, test) pair of them, "
+                         "or a paratrain Dataset")
     train, test = result
     if config.limit_train is not None or config.val_split > 0:
         raise UsageError("--limit-train and --val-split need labels up front: return a paratrain Dataset from the factory")
-    sample, _ = train[0]
-    shape = tuple(sample.shape)
-    if len(shape) != 3:
-        raise UsageError(f"dataset factory {spec!r}: samples must be C,H,W tensors (got shape {shape})")
-    return TrainingData(train=train, test=test, val=None, num_classes=config.num_classes, shape=shape)  # type: ignore[arg-type]
+    item = train[0]
+    if not (isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[0], torch.Tensor)):
+        raise UsageError(f"dataset factory {spec!r}: a sample must be an (input tensor, target) pair "
+                         f"(got {type(item).__name__})")
+    sample = item[0]
+    # Only these shapes are read: images (C,H,W) give a model in_channels and image_size, integer
+    # vectors are token ids (vocab_size, seq_len); anything else is fed to the model as it is.
+    features = sample.is_floating_point() and sample.dim() != 3
+    return TrainingData(train=train, test=test, val=None, num_classes=config.num_classes, shape=tuple(sample.shape),
+                        features=features)
 
 
 def build_model(config: TrainConfig, data: TrainingData) -> nn.Module:
@@ -172,7 +191,10 @@ def build_model(config: TrainConfig, data: TrainingData) -> nn.Module:
     torch.manual_seed(config.seed)
     if name in gpt.PRESETS:
         return gpt.GPT(gpt.resolve(name, config.n_layer, config.n_head, config.n_embd))
-    if len(data.shape) == 1:        # text: a user's sequence model
+    if data.features:
+        _check_inputs(name, data)
+        shape_kwargs = dict(in_features=math.prod(data.shape), input_shape=data.shape)
+    elif len(data.shape) == 1:        # text: a user's sequence model
         shape_kwargs = dict(vocab_size=data.num_classes, seq_len=data.shape[0])
     else:
         shape_kwargs = dict(in_channels=data.shape[0], image_size=config.image_size or data.shape[1])
@@ -183,6 +205,12 @@ def build_model(config: TrainConfig, data: TrainingData) -> nn.Module:
     if not isinstance(model, nn.Module):
         raise UsageError(f"model factory {name!r} returned {type(model).__name__}, not a torch.nn.Module")
     return model
+
+
+def _check_inputs(name: str, data: TrainingData) -> None:
+    if data.features and name in models.MODELS:
+        raise UsageError(f"model {name!r} takes C,H,W images and the dataset's samples have shape {data.shape}; "
+                         "pass --model pkg.module:factory with a model for them")
 
 
 def check_model(config: TrainConfig) -> None:
@@ -212,6 +240,7 @@ def check_loss(config: TrainConfig, data: TrainingData) -> None:
     The model is built on the meta device when it can be (shapes only: free even for gpt-xl).
     """
     name = workload_of(config).model
+    _check_inputs(name, data)       # here, before any rank starts or anything is written
     if config.loss is None and (name in models.MODELS or name in gpt.PRESETS):
         return
     from paratrain.engine.data import BatchPreparer, eval_batches
