@@ -224,6 +224,37 @@ def test_headlines_say_against_what_and_whether_it_pays_off():
                      "batch_size 16 -> 64: val_accuracy 61.0% -> 55.0%, trial time 42.0 s -> 12.0 s (means over completed trials)"]
 
 
+def test_a_contended_reference_or_disagreeing_comparisons_headline_no_gain():
+    """#27: on a busy machine the all-cores reference (one process, 2 threads) ran 6x slower than one
+    core, and the report opened with "4.99x faster ... pays off" while 2 workers were 0.84x of one."""
+    from paratrain.reporting.verdict import study_verdict
+
+    def rows(reference_flags=(), top_flags=(), vs_base=0.84, vs_all=4.99):
+        return {"rows": [
+            {"workload": "w", "workers": 1, "threads_per_worker": 1, "point": "scaling", "speedup": 1.0, "efficiency": 1.0,
+             "val_accuracy": 0.5, "flags": []},
+            {"workload": "w", "workers": 2, "threads_per_worker": 1, "point": "scaling", "speedup": vs_base,
+             "efficiency": vs_base / 2, "val_accuracy": 0.5, "speedup_vs_all_cores": vs_all, "flags": list(top_flags)},
+            {"workload": "w", "workers": 1, "threads_per_worker": 2, "point": "all_cores_reference", "speedup": vs_base / vs_all,
+             "efficiency": 0.1, "val_accuracy": 0.5, "flags": list(reference_flags)}]}
+
+    rerun = "rerun paratrain scale with the same flags on an idle machine, with --repeats 3"
+    (line,) = study_verdict(rows(reference_flags=["contended"]))
+    assert line.startswith("w: can't tell: the reference one process on all 2 cores was slowed by other work; "
+                           "against 1 worker(s) x 1 core(s): 0.84x;") and rerun in line
+    assert "pays off" not in line and "4.99" not in line
+    (line,) = study_verdict(rows(top_flags=["contended"], vs_base=1.5, vs_all=1.4))
+    assert line.startswith("w: can't tell: the 2-worker run was slowed by other work; measured against 1 worker(s) x "
+                           "1 core(s): 1.50x; against one process on all 2 cores: 1.40x;") and "pays off" not in line
+    # No contention, but the two comparisons point different ways: no verdict either.
+    (line,) = study_verdict(rows())
+    assert line.startswith("w: can't tell: the comparisons disagree (against 1 worker(s) x 1 core(s): 0.84x; against "
+                           "one process on all 2 cores: 4.99x)") and rerun in line
+    # Clean and consistent rows still get their verdict.
+    (line,) = study_verdict(rows(vs_base=1.8, vs_all=1.5))
+    assert line.endswith("accuracy +0.0 points: pays off")
+
+
 def test_one_rank_leading_in_one_sample_of_a_short_run_is_no_straggler():
     """A rank busier than the others at one monitor instant is chance; at several instants of many, a
     straggler. (A healthy CI run had rank 0 lead in 1 of 6 samples and was told to fix it.)"""

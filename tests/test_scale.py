@@ -315,8 +315,12 @@ def test_report_renders_in_a_real_browser(study_dir, tmp_path, kind):
             assert f"2 worker(s) x 1 core(s) against one process on all {CORES} cores" in headline
             # the verdict comes first: against what, how much faster, efficiency, accuracy, and whether it pays off
             verdict = page.evaluate("document.querySelector('#verdict .headline').innerText")
-            assert verdict.startswith("synthetic-cnn: 2 workers are ") and f"than one process on all {CORES} cores" in verdict
-            assert "efficiency against 1 worker(s) x 1 core(s), accuracy " in verdict and " points: " in verdict
+            # On a busy machine a contended row, or comparisons pointing different ways, gets no verdict (#27).
+            if verdict.startswith("synthetic-cnn: can't tell: "):
+                assert "rerun paratrain scale with the same flags on an idle machine" in verdict
+            else:
+                assert verdict.startswith("synthetic-cnn: 2 workers are ") and f"than one process on all {CORES} cores" in verdict
+                assert "efficiency against 1 worker(s) x 1 core(s), accuracy " in verdict and " points: " in verdict
             assert page.evaluate("document.querySelector('#doctor').innerText").startswith("Doctor: ")
             assert "spread xR: the repeats' samples/s differ by more than x1.15" in page.evaluate("document.body.innerText")
         elif kind == "comparison":

@@ -143,6 +143,10 @@ def study_verdict(result: dict[str, Any]) -> list[str]:
         if top is base and not reference:
             continue
         base_what = f"{base['workers']} worker(s) x {base.get('threads_per_worker', '?')} core(s)"
+        undecided = _cannot_tell(workload, base, top, reference, base_what)
+        if undecided:
+            lines.append(undecided)
+            continue
         if reference and top.get("speedup_vs_all_cores"):
             ratio, against = top["speedup_vs_all_cores"], reference
             what = f"one process on all {reference.get('threads_per_worker', '?')} cores"
@@ -152,6 +156,36 @@ def study_verdict(result: dict[str, Any]) -> list[str]:
         lines.append(f"{workload}: {top['workers']} workers are {_faster(ratio, what)}, {top['efficiency']:.0%} "
                      f"efficiency against {base_what}, {_accuracy_text(points)}: {judge(ratio, points)}")
     return lines
+
+
+def _contended(row: Optional[dict]) -> bool:
+    return bool(row) and "contended" in row.get("flags", [])
+
+
+def _cannot_tell(workload: str, base: dict, top: dict, reference: Optional[dict], base_what: str) -> Optional[str]:
+    """The headline when the table cannot back a verdict: a comparison whose rows other work slowed
+    (a 2-thread process collapses when its cores are taken, so a contended all-cores reference reads
+    as a large speedup), or the two comparisons pointing different ways. It says what the clean
+    comparison shows and the rerun that would decide; None when the rows support a verdict."""
+    vs_base = top["speedup"] / base["workers"] if top is not base else None
+    vs_ref = top.get("speedup_vs_all_cores") if reference else None
+    ref_what = f"one process on all {reference.get('threads_per_worker', '?')} cores" if reference else ""
+    rerun = ("rerun paratrain scale with the same flags on an idle machine, with --repeats 3 "
+             "(paratrain doctor on a run shows what else took its cores)")
+    shown = "; ".join(f"against {what}: {ratio:.2f}x" for what, ratio, row in
+                      ((base_what, vs_base, base), (ref_what, vs_ref, reference))
+                      if ratio is not None and not _contended(row))
+    if _contended(top):
+        return (f"{workload}: can't tell: the {top['workers']}-worker run was slowed by other work; "
+                f"measured {'; '.join(f'against {w}: {r:.2f}x' for w, r in ((base_what, vs_base), (ref_what, vs_ref)) if r is not None)}; {rerun}")
+    slowed = [what for what, row in ((base_what, base), (ref_what, reference)) if row is not top and _contended(row)]
+    if slowed and (vs_ref is not None or vs_base is not None):
+        return (f"{workload}: can't tell: the reference {' and '.join(slowed)} was slowed by other work"
+                f"{'; ' + shown if shown else ''}; {rerun}")
+    if vs_base is not None and vs_ref is not None and (vs_base >= 1) != (vs_ref >= 1):
+        return (f"{workload}: can't tell: the comparisons disagree (against {base_what}: {vs_base:.2f}x; against "
+                f"{ref_what}: {vs_ref:.2f}x); {rerun}")
+    return None
 
 
 def _metric_text(metric: str, values: Sequence[float]) -> str:
