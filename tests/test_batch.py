@@ -118,6 +118,32 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, capsys, argv
     assert not out.exists()
 
 
+def test_recommend_never_chooses_a_batch_larger_than_a_ranks_training_samples(tmp_path):
+    """#27: recommend --workers 2 --limit-train 4000 found a knee of 2048 on one worker and then
+    stopped at its own noise-scale run: 2048 samples per rank against a rank's 2000."""
+    from paratrain.batch import run_config, train_samples
+    from paratrain.batch.recommend import recommend
+
+    train = dict(workload="synthetic-cnn", device="cpu", synthetic_samples=4000, epochs=10, optimizer="sgd")
+    per_rank = train_samples(run_config(train)) // 2
+    assert per_rank < 2048
+    written = {"find_batch.json": ({**train, "workers": 1}, dict(knee_batch=2048, safe_batch=4096, margin=0.05,
+                                                                  options={"max_batch": None})),
+               # the noise-scale run is reused only if made at the capped knee, as recommend must ask for
+               "noise_scale.json": ({**train, "workers": 2, "batch_size": per_rank},
+                                    dict(critical_batch=10**6, options={"steps": 200}))}
+    for name, (flags, result) in written.items():
+        (tmp_path / name).write_text(json.dumps({"train": flags, **result}))
+    cap = math.isqrt(train_samples(run_config(train)))
+    from paratrain.batch.lr_find import RULE
+    (tmp_path / "lr_find.json").write_text(json.dumps({"train": {**train, "workers": 1, "batch_size": cap // 2},
+                                                       "suggested_lr": 0.05, "global_batch_size": cap // 2, "rule": RULE,
+                                                       "options": {"steps": 100, "rule": RULE}}))
+    r = recommend(train, workers=2, out=tmp_path)
+    assert r["per_worker_batch"]["value"] <= per_rank and r["global_batch"]["value"] <= 2 * per_rank
+    assert f"capped at a rank's {per_rank} training samples" in " ".join(r["notes"])
+
+
 @pytest.mark.parametrize("given_schedule", [None, "step"])
 def test_recommend_combines_the_measurements_by_its_stated_rules(tmp_path, given_schedule):
     """recommend on measurements already in --out (as a rerun reuses them): no training runs, only

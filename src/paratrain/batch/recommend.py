@@ -62,6 +62,13 @@ def recommend(train: dict[str, Any], workers: int, out: Path, noise_steps: int =
     batches = (read_result(out / find_batch_module.RESULT_FILE, one, max_batch=max_batch)
                or find_batch_module.find_batch(one, out, max_batch=max_batch))
     knee, largest = batches["knee_batch"], batches["safe_batch"]
+    # find-batch measures one worker on all the training samples; with N workers a rank holds a 1/N
+    # share, and a step larger than it cannot be run (the noise-scale run at the knee would refuse).
+    per_rank = samples // workers
+    notes = []
+    if largest > per_rank:
+        notes.append(f"find-batch's knee {knee} and largest batch {largest} capped at a rank's {per_rank} training samples")
+        knee, largest = min(knee, per_rank), per_rank
 
     on_stage("noise-scale")
     noise_train = {**train, "workers": workers, "batch_size": knee}
@@ -71,7 +78,6 @@ def recommend(train: dict[str, Any], workers: int, out: Path, noise_steps: int =
     sqrt_rule = math.isqrt(samples)
     caps = {"critical batch (noise scale)": critical, "√(training samples)": sqrt_rule}
     cap_name, cap = min(((k, v) for k, v in caps.items() if v), key=lambda kv: kv[1])
-    notes = []
     if workers * knee <= cap:
         per_worker = max(1, min(largest, int(cap // workers)))
     else:
