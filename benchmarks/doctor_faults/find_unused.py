@@ -1,7 +1,7 @@
-"""`find_unused_parameters=True` where no parameter is unused: a deep stack of 256 small linear layers at 8
-samples per rank, so that what the flag adds to every step (DDP searches the autograd graph for unused
-parameters after each forward and all-reduces a map of the used ones) costs more than the
-little compute. Fix (`--fix`): `find_unused_parameters=False` (the default).
+"""`find_unused_parameters=True` where no parameter is unused: a deep stack of 256 small linear layers at 32
+samples per rank (not fewer: at 8 the step is all per-call overhead, and the doctor rightly names the small
+batch first), so that what the flag adds to every step (DDP searches the autograd graph for unused
+parameters after each forward and all-reduces a map of the used ones) is as large a share as it gets. Fix (`--fix`): `find_unused_parameters=False` (the default).
 
     paratrain launch -n 2 benchmarks/doctor_faults/find_unused.py [--fix] [--steps N] [--seconds S]
 """
@@ -35,9 +35,9 @@ class DeepLinearNet(nn.Module):
 args = arguments(__doc__).parse_args()
 dist.init_process_group("gloo")
 
-dataset = TensorDataset(*synthetic_cifar(1024))
+dataset = TensorDataset(*synthetic_cifar(4096))
 sampler = DistributedSampler(dataset, shuffle=True, seed=0)
-loader = DataLoader(dataset, batch_size=8, sampler=sampler, drop_last=True)
+loader = DataLoader(dataset, batch_size=32, sampler=sampler, drop_last=True)
 
 torch.manual_seed(0)
 # "in case some parameter gets no gradient": copied from a model that had a branch, this one has none
