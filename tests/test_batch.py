@@ -144,6 +144,30 @@ def test_recommend_never_chooses_a_batch_larger_than_a_ranks_training_samples(tm
     assert f"capped at a rank's {per_rank} training samples" in " ".join(r["notes"])
 
 
+@pytest.mark.parametrize("stderr, per_worker", [(40.0, 32), (1.0, 2)], ids=["noise-scale-within-error", "noise-scale-sure"])
+def test_recommend_stays_at_the_knee_unless_the_noise_scale_says_so_beyond_its_error_bar(tmp_path, stderr, per_worker):
+    """#27: a small MLP got 2 samples per worker from a noise scale of 5 against a knee of 1,024. A
+    critical batch of 5 within 2 standard errors of the knee's global batch (2 x 32) keeps the knee."""
+    from paratrain.batch.lr_find import RULE
+    from paratrain.batch.recommend import recommend
+
+    train = dict(workload="synthetic-cnn", device="cpu", synthetic_samples=4096, epochs=10, optimizer="sgd")
+    written = {"find_batch.json": ({**train, "workers": 1}, dict(knee_batch=32, safe_batch=512, margin=0.05,
+                                                                  options={"max_batch": None})),
+               "noise_scale.json": ({**train, "workers": 2, "batch_size": 32},
+                                    dict(critical_batch=5.0, b_simple_stderr=stderr, options={"steps": 200})),
+               "lr_find.json": ({**train, "workers": 1, "batch_size": per_worker},
+                                dict(suggested_lr=0.05, global_batch_size=per_worker, rule=RULE,
+                                     options={"steps": 100, "rule": RULE}))}
+    for name, (flags, result) in written.items():
+        (tmp_path / name).write_text(json.dumps({"train": flags, **result}))
+    r = recommend(train, workers=2, out=tmp_path)
+    assert r["per_worker_batch"]["value"] == per_worker
+    # the LR is lr-find's at the batch recommended, scaled linearly to the global batch
+    assert r["base_batch_size"] == per_worker and r["lr"]["value"] == pytest.approx(0.05 * 2)
+    assert ("keeps its knee batch" in " ".join(r["notes"])) == (per_worker == 32)
+
+
 @pytest.mark.parametrize("given_schedule", [None, "step"])
 def test_recommend_combines_the_measurements_by_its_stated_rules(tmp_path, given_schedule):
     """recommend on measurements already in --out (as a rerun reuses them): no training runs, only

@@ -78,12 +78,23 @@ def recommend(train: dict[str, Any], workers: int, out: Path, noise_steps: int =
     sqrt_rule = math.isqrt(samples)
     caps = {"critical batch (noise scale)": critical, "√(training samples)": sqrt_rule}
     cap_name, cap = min(((k, v) for k, v in caps.items() if v), key=lambda kv: kv[1])
+    # Below the knee a device idles; only the noise scale, beyond its error bar (two standard
+    # errors), is evidence that a smaller global batch trains better. A rule of thumb is not.
+    stderr = noise.get("b_simple_stderr")
+    upper = critical + 2 * stderr if critical and stderr is not None else None
     if workers * knee <= cap:
         per_worker = max(1, min(largest, int(cap // workers)))
-    else:
+    elif cap_name.startswith("critical") and upper is not None and upper < workers * knee:
         per_worker = max(1, int(cap // workers))
-        notes.append(f"{workers} workers x the knee batch {knee} exceed the {cap_name} {cap:.0f}: each worker runs below "
-                     f"its knee; {max(1, int(cap // knee))} worker(s) would use theirs fully")
+        notes.append(f"{workers} workers x the knee batch {knee} exceed the critical batch {critical:.0f} "
+                     f"(+2 standard errors: {upper:.0f}): each worker runs below its knee; "
+                     f"{max(1, int(cap // knee))} worker(s) would use theirs fully")
+    else:
+        per_worker = knee
+        notes.append(f"{workers} workers x the knee batch {knee} exceed the {cap_name} {cap:.0f}, but "
+                     + (f"within its error bar (+2 standard errors: {upper:.0f})" if cap_name.startswith("critical")
+                        and upper is not None else "that is not a measurement of this model")
+                     + ": each worker keeps its knee batch, below which it idles")
     global_batch = workers * per_worker
 
     on_stage("lr-find")
