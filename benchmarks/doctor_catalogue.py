@@ -114,7 +114,9 @@ def overhead(args: argparse.Namespace, launch_args: list[str]) -> None:
     with Progress() as progress:
         task = progress.add_task("overhead", total=args.repeats * 2)
         for r in range(1, args.repeats + 1):
-            for arm, extra in arms.items():
+            # ABBA: which arm goes first alternates, so a drift within a round or a run's after-effects on
+            # the next (caches, clocks) do not favour one arm
+            for arm, extra in (list(arms.items()) if r % 2 else list(arms.items())[::-1]):
                 progress.update(task, description=f"healthy-{r}-{arm}")
                 samples[arm].append(throughput("healthy", extra, False, args.out / f"healthy-{r}-{arm}"))
                 progress.advance(task)
