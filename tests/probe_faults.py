@@ -46,6 +46,10 @@ if fault == "comm":
 elif fault == "find-unused":
     net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), *[nn.Sequential(nn.Conv2d(8, 8, 1), nn.ReLU()) for _ in range(60)],
                         nn.Flatten(), nn.Linear(8 * 16 * 16, 10))
+elif fault == "threads":        # the catalogue's CNN at 32x32: its backward really runs on the 4 threads
+    net = nn.Sequential(nn.Upsample(scale_factor=2), nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                        nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(64 * 16, 10))
 elif fault == "small-batch":     # little work per sample: a step's fixed costs dominate at 2 samples
     net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
 else:
