@@ -38,8 +38,11 @@ def train_samples(cfg: TrainConfig) -> int:
 
 def epochs_for(cfg: TrainConfig, steps: int, samples: int) -> int:
     """Epochs that hold at least `steps` optimizer steps of `cfg` (the run stops at --max-steps)."""
-    per_rank = -(-samples // cfg.data_parallel_size)
-    steps_per_epoch = -(-(-(-per_rank // cfg.batch_size)) // cfg.grad_accum)
+    def ceil_div(a: int, b: int) -> int:
+        return -(-a // b)
+
+    per_rank = ceil_div(samples, cfg.data_parallel_size)
+    steps_per_epoch = ceil_div(ceil_div(per_rank, cfg.batch_size), cfg.grad_accum)
     return max(1, math.ceil(steps / steps_per_epoch))
 
 
