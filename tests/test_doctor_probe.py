@@ -31,7 +31,7 @@ def top(diagnosis):
     ("data", "data_wait"), ("threads", "oversubscription"), ("straggler", "straggler"),
     ("rank0-eval", "rank0_alone"), ("eval", "evaluation_share"), ("checkpoint", "checkpoint_share"),
     ("no-sync", "no_sync_missing"), ("uneven", "uneven_shards"),
-    ("comm", "exposed_communication"), ("small-batch", "small_batch")])
+    ("comm", "exposed_communication"), ("small-batch", "small_batch"), ("collective", "host_sync_stalls")])
 def test_a_planted_fault_is_the_top_finding_with_a_predicted_speedup(tmp_path, fault, check):
     diagnosis = diagnose(launch(tmp_path, fault))
     found = top(diagnosis)
@@ -40,11 +40,13 @@ def test_a_planted_fault_is_the_top_finding_with_a_predicted_speedup(tmp_path, f
     assert "code change" in found["remedy"] or "paratrain launch" in found["remedy"]
 
 
-def test_the_scripts_own_collectives_every_step_are_found(tmp_path):
-    # Not the top finding here: on CPU ranks DDP's all-reduce tail outweighs 100 scalar reductions.
-    found = {f["check"]: f for f in diagnose(launch(tmp_path, "collective"))["findings"]}
-    assert found["host_sync_stalls"]["predicted_speedup"] > 1.05, json.dumps(found, indent=1)
-    assert "every 50 steps" in found["host_sync_stalls"]["remedy"]
+def test_the_scripts_own_collectives_are_charged_to_them_whole(tmp_path):
+    # A blocking torch.distributed call waits inside itself (Work.wait): that wait is the script's
+    # collective too, not the gradient all-reduce's exposed time.
+    run = launch(tmp_path, "collective")
+    phases = json.loads((run / "summary.json").read_text())["probe"]["phases_s"]
+    assert phases["collective"] > phases["comm"], phases
+    assert "every 50 steps" in top(diagnose(run))["remedy"]
 
 
 def test_host_reads_are_counted_on_the_sync_device(tmp_path):

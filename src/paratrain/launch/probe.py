@@ -356,7 +356,9 @@ class Probe:
         def timed(*args: Any, **kwargs: Any) -> Any:
             if probe.broken or probe.paused:
                 return original(*args, **kwargs)
-            now = phase if phase != "comm" or probe.stack else "collective"
+            # A collective outside forward and backward is the script's own; so is the Work.wait()
+            # a blocking torch.distributed call makes inside it.
+            now = "collective" if phase == "comm" and (not probe.stack or probe.stack[-1] == "collective") else phase
             probe.enter(now)
             try:
                 return original(*args, **kwargs)
