@@ -53,7 +53,6 @@ def rank_record(rank: int, records: list[dict[str, Any]]) -> dict[str, Any]:
             samples_per_step=sum(s["samples"] for s in used) / n,
             micro_per_step=sum(s["micro"] for s in used) / n,
             rounds_per_step=sum(s["rounds"] for s in used) / n,
-            modules_per_step=sum(s["modules"] for s in used) / n,
             syncs_per_step=sum(s.get("syncs", 0) for s in used) / n,
             data_cpu_s=sum(s["data_cpu"] for s in used) / n,
             eval_steps=sum(s["eval"] > 0 for s in used),
