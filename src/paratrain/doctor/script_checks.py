@@ -27,7 +27,8 @@ UNEVEN_STEPS = 1.10         # the rank with the most steps against the mean
 FIXED_COMPUTE_SHARE = 0.5   # forward and backward time that does not grow with the batch, of theirs
 BATCH_TARGET_FIXED = 0.25   # the remedy's batch: the fewest doublings that bring a step's fixed costs under this
 MAX_BATCH_FACTOR = 32
-DDP_OVERHEAD_SHARE = 0.05   # DDP's own forward work with find_unused_parameters=True, of the step
+DDP_OVERHEAD_SHARE = 0.05   # DDP's own forward work with find_unused_parameters=True, of the step...
+DDP_OVERHEAD_SHARE_NONE_UNUSED = 0.01   # ...or this, when DDP found no unused parameter: a free remedy
 # The remedies' settings, which the predictions assume.
 EVAL_FRACTION = 8           # evaluate 1/8 of the held-out set (or every 8th time)
 CHECKPOINT_EVERY = 100      # save every 100 steps
@@ -329,21 +330,32 @@ def uneven_steps(ev: RunEvidence) -> Optional[Finding]:
 
 
 def find_unused_parameters(ev: RunEvidence) -> Optional[Finding]:
+    """find_unused_parameters=True: DDP searches the autograd graph after every forward (the probe times
+    DDP's forward beyond the wrapped model's), marks each parameter used in backward and all-reduces that
+    map. Only the search is timed: the prediction is that part alone. When DDP saw no unused parameter
+    (its own logging data, read by the probe) the flag is pure cost and even a small share is named;
+    when some were unused the flag is needed and nothing is said."""
     ranks = [r for r in ev.probe_ranks if r.get("find_unused_parameters")]
     if not ranks:
         return None
+    unused = [r.get("unused_parameter_bytes") for r in ranks]
+    if any(u for u in unused):
+        return None
+    none_unused = all(u == 0 for u in unused)
     overhead, step = _mean([r["ddp_overhead_s"] for r in ranks]), _step(ev)
-    if overhead / step < DDP_OVERHEAD_SHARE:
+    if overhead / step < (DDP_OVERHEAD_SHARE_NONE_UNUSED if none_unused else DDP_OVERHEAD_SHARE):
         return None
     saving = overhead / step
     return Finding(
         "find_unused_parameters", f"DDP searches the autograd graph every step: {pct(saving)} of the step",
         f"{_steps_text(ev)}; DDP's forward took {ms(overhead)} beyond the wrapped model's with "
-        "find_unused_parameters=True", "with find_unused_parameters=True DDP walks the autograd graph after every "
-        "forward to find parameters that get no gradient",
+        "find_unused_parameters=True" + ("; DDP found no unused parameter (its logging data)" if none_unused else ""),
+        "with find_unused_parameters=True DDP walks the autograd graph after every forward to find parameters that "
+        "get no gradient, marks the used ones in backward and all-reduces that map every step",
         _code_change("DistributedDataParallel(model, find_unused_parameters=False) when every parameter is used "
                      "in every step (torch then errors if one is not, naming it)", ev),
-        f"{speedup(saving)}: DDP's forward overhead ({ms(overhead)}) goes", saving)
+        f"{speedup(saving)}: DDP's graph search in forward ({ms(overhead)}) goes; the marking in backward and the "
+        "map's all-reduce also go, but are not timed, so the gain may be larger", saving)
 
 
 SCRIPT_CHECKS: tuple[Callable[[RunEvidence], Optional[Finding]], ...] = (
