@@ -478,3 +478,37 @@ def test_an_exception_in_a_slot_thread_fails_the_sweep_and_records_what_ran(tmp_
     assert "failure" not in rerun
     assert sorted(t["params"]["x"] for t in rerun["trials"] if t["state"] == "COMPLETE") == [1, 2, 3, 4]
     assert finished(tmp_path) == [1, 2, 3, 4]
+
+
+TORCH_SCRIPT = textwrap.dedent('''\
+    import argparse
+    import torch
+    import paratrain
+    p = argparse.ArgumentParser()
+    p.add_argument("--lr", type=float)
+    lr = p.parse_args().lr
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    for _ in range(8):
+        loss = model(torch.randn(16, 4)).pow(2).mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    paratrain.report(score=loss.item())
+''')
+
+
+def test_script_trials_run_under_the_probe_unless_told_not_to(tmp_path):
+    # A .py --script trial starts as launch's ranks do, through the probe: its steps are timed by phase
+    # in TRIAL_DIR/probe/rank0.jsonl (docs/doctor.md); --no-probe runs the script untouched.
+    script = tmp_path / "train.py"
+    script.write_text(TORCH_SCRIPT)
+    config = space(tmp_path / "space.json", {"lr": {"type": "discrete", "values": [0.01, 0.1]}})
+    for flags, out in (([], tmp_path / "probed"), (["--no-probe"], tmp_path / "bare")):
+        sweep(config, "--out", out, "--script", script, *flags)
+        assert all(t["state"] == "COMPLETE" for t in results(out)["trials"]), _failures(results(out)["trials"])
+    for trial in sorted((tmp_path / "probed" / "trials").iterdir()):
+        records = [json.loads(line) for line in (trial / "probe" / "rank0.jsonl").read_text().splitlines()]
+        steps = [r for r in records if r["kind"] == "step"]
+        assert len(steps) == 8 and all(s["samples"] == 16 and s["forward"] > 0 for s in steps), records
+    assert not list((tmp_path / "bare" / "trials").glob("*/probe"))

@@ -158,6 +158,8 @@ def build_parser() -> Parser:
     sweep.add_argument("--timeout", type=float, help="start no trial after this many seconds; running trials finish")
     sweep.add_argument("--allow-oversubscribe", action="store_true", help="allow -j x --workers-per-trial beyond the cores/GPUs")
     sweep.add_argument("--quiet", action="store_true", help="no live table; a line per trial")
+    sweep.add_argument("--no-probe", dest="probe", action="store_false",
+                       help="with a .py --script: run each trial's script without the probe (no step breakdown)")
     _add_model_flags(sweep, TRAIN_SECTIONS, exclude=SWEEP_OWNS)
     sweep.set_defaults(handler=_sweep, command="sweep")
 
@@ -528,7 +530,7 @@ def _launch(args: argparse.Namespace) -> int:
 
 def _sweep_values(args: argparse.Namespace) -> dict[str, Any]:
     own = {"config", "jobs", "out", "script", "script_args", "param_style", "workers_per_trial", "storage", "join",
-           "study_name", "pruner", "trial_timeout", "n_trials", "timeout", "allow_oversubscribe", "quiet"}
+           "study_name", "pruner", "trial_timeout", "n_trials", "timeout", "allow_oversubscribe", "quiet", "probe"}
     values = {k: v for k, v in vars(args).items() if k in own}
     values["train"] = {k: v for k, v in vars(args).items() if k not in own | {"handler", "command"}}
     return values

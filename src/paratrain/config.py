@@ -646,6 +646,8 @@ class SweepConfig(BaseModel):
     param_style: Literal["space", "equals", "plain", "none"] = Field(
         "space", description="how parameters reach the script: --name value | --name=value | name=value | none (PARATRAIN_PARAMS only)")
     workers_per_trial: int = Field(1, gt=0, description="data-parallel workers (ranks) inside each trial")
+    probe: bool = Field(True, description="with a .py --script: time each trial's steps by phase (launch's probe; "
+                                          "TRIAL_DIR/probe/); --no-probe runs the script untouched")
     storage: Optional[str] = Field(None, description="Optuna storage URL shared by machines, e.g. postgresql://user@host/db "
                                                      "(default: a journal file in the sweep directory)")
     join: Optional[str] = Field(None, description="add workers to an existing sweep: its directory or storage URL")

@@ -1,12 +1,12 @@
 """The rank-side probe: where the time of an unmodified training script goes, step by step.
 
-`paratrain launch` (and `scale --script`) start each rank of a Python script through `run()`
-instead of `python script.py`: it installs the probe, then runs the script as `__main__`, with its
+`paratrain launch` (and `scale --script`, and sweep `--script` trials) start each rank of a Python
+script as `python probe.py script.py ...` (`command()`) instead of `python script.py ...`: it installs the probe, then runs the script as `__main__`, with its
 own argv and sys.path[0], the way the interpreter would. Nothing is imported before the script
 runs: the hooks go in when the script itself imports torch (a post-import hook), so a script that
 sets OMP_NUM_THREADS (or anything else) before `import torch` behaves exactly as without the probe.
-That is also why this file uses the standard library only at module level, and is loaded by path
-(launch/script.py), never through the paratrain package, whose import would pull in torch first.
+That is also why this file uses the standard library only at module level, and runs by its path,
+never through the paratrain package, whose import would pull in torch first.
 
 What it hooks, all at the torch level, so DDP, FSDP2, a bare model and frameworks on top
 (Lightning, Accelerate) are seen alike:
@@ -643,6 +643,13 @@ class _AfterTorchImport(importlib.abc.MetaPathFinder):
         return spec
 
 
+def command(script: str) -> list[str]:
+    """How a probed rank (or sweep trial) starts: `python PROBE_FILE SCRIPT ARGS...`. The probe runs as
+    the program, loaded by its path, not through the paratrain package (whose import would import
+    torch before the script does), and runs the script as __main__."""
+    return [sys.executable, os.path.abspath(__file__), script]
+
+
 def run(argv: list[str]) -> None:
     """Run the script `argv[0]` with arguments `argv[1:]` as `python script.py ...` would, probed."""
     import atexit
@@ -672,3 +679,7 @@ def run(argv: list[str]) -> None:
     sys.argv = [argv[0], *argv[1:]]
     sys.path[0] = os.path.dirname(script)
     runpy.run_path(script, run_name="__main__")
+
+
+if __name__ == "__main__":
+    run(sys.argv[1:])

@@ -69,19 +69,6 @@ os.execv(sys.argv[1], sys.argv[1:])
 """.replace("{report_env}", REPORT_FILE_ENV)
 
 
-# A probed rank runs `python -c PROBE_BOOT PROBE_FILE SCRIPT ARGS...`: the probe is loaded by its
-# path, not through the paratrain package (whose import would import torch before the script does),
-# and runs the script as __main__ (launch/probe.py).
-PROBE_BOOT = """\
-import importlib.util, sys
-spec = importlib.util.spec_from_file_location("paratrain_probe", sys.argv[1])
-probe = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = probe
-spec.loader.exec_module(probe)
-probe.run(sys.argv[2:])
-"""
-
-
 def launch_script(config: Union[LaunchConfig, dict[str, Any], None] = None, **overrides: Any) -> dict[str, Any]:
     """Run a torchrun-style script on `workers` local ranks; returns the summary (also RUN_DIR/summary.json).
 
@@ -99,7 +86,7 @@ def launch_script(config: Union[LaunchConfig, dict[str, Any], None] = None, **ov
         raise UsageError(f"{cfg.script} is not executable; chmod +x it, or pass a .py file (run with {sys.executable})")
     program = [sys.executable, str(script)] if script.suffix == ".py" else [str(script)]
     if cfg.probe and script.suffix == ".py":
-        program = [sys.executable, "-c", PROBE_BOOT, str(Path(probe.__file__).resolve()), str(script)]
+        program = probe.command(str(script))
     cuda = resolve_device("auto")
     cores = available_cores()
     if cuda:        # GPU ranks, as in `train`: one GPU each, cores shared, unpinned

@@ -77,7 +77,7 @@ def prepare(cfg: SweepConfig) -> tuple[Sweep, Any, "ClaimLock", str, list[Slot]]
     train = cfg.train if cfg.script else _with_validation(cfg.train, space)
     spec = {"config": raw, "script": str(cfg.script.resolve()) if cfg.script else None, "script_args": cfg.script_args,
             "param_style": cfg.param_style, "train": train, "workers_per_trial": cfg.workers_per_trial,
-            "pruner": cfg.pruner, "trial_timeout": cfg.trial_timeout}
+            "pruner": cfg.pruner, "trial_timeout": cfg.trial_timeout, "probe": cfg.probe}
     sweep = _build(spec, space, cfg.out)
     slots = plan_slots(cfg.jobs, sweep.workers_per_trial, cfg.allow_oversubscribe, gpus=gpu_count())
     study_name = cfg.study_name or space.name
@@ -177,7 +177,8 @@ def _join(cfg: SweepConfig) -> tuple[Sweep, Any, "ClaimLock", str, list[Slot]]:
 def _build(spec: dict[str, Any], space: SearchSpace, out: Path) -> Sweep:
     if spec["script"] is not None:
         check_script(Path(spec["script"]))
-        command: ScriptCommand | BuiltinCommand = ScriptCommand(spec["script"], tuple(spec["script_args"]), spec["param_style"])
+        command: ScriptCommand | BuiltinCommand = ScriptCommand(spec["script"], tuple(spec["script_args"]), spec["param_style"],
+                                                                   spec.get("probe", True))
     else:
         command = BuiltinCommand(spec["train"])
         _check_builtin(space, spec["train"])

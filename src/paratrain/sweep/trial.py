@@ -100,15 +100,31 @@ def visible_devices(gpus: Sequence[int], inherited: Optional[str]) -> str:
 
 # -- what a trial runs ------------------------------------------------------------------------
 
+# The probe's file (launch/probe.py), found by path: importing paratrain.launch would import torch into the
+# sweep driver and the script trials' fork server, which stay light. A probed trial starts as launch's
+# ranks do (probe.command()): `python PROBE_FILE SCRIPT ARGS...`, its records in TRIAL_DIR/probe/.
+PROBE_FILE = Path(__file__).resolve().parents[1] / "launch" / "probe.py"
+PROBE_RUN_DIR_ENV = "PARATRAIN_RUN_DIR"     # launch/probe.py's RUN_DIR_ENV
+
+
 @dataclass(frozen=True)
 class ScriptCommand:
-    """Any program; hyperparameters as arguments and in PARATRAIN_PARAMS."""
+    """Any program; hyperparameters as arguments and in PARATRAIN_PARAMS. A Python script runs under the
+    probe unless `probe` is off."""
     script: str
     args: tuple[str, ...] = ()
     param_style: str = "space"
+    probe: bool = False
+
+    @property
+    def probed(self) -> bool:
+        return self.probe and self.script.endswith(".py")
 
     def argv(self, params: dict[str, Any]) -> list[str]:
-        prefix = [sys.executable, self.script] if self.script.endswith(".py") else [self.script]
+        if self.script.endswith(".py"):
+            prefix = [sys.executable, str(PROBE_FILE), self.script] if self.probe else [sys.executable, self.script]
+        else:
+            prefix = [self.script]
         return prefix + list(self.args) + param_arguments(params, self.param_style)
 
 
@@ -201,6 +217,8 @@ class TrialProcess:
         if slot.gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = visible_devices(slot.gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
         if isinstance(command, ScriptCommand):
+            if command.probed:
+                env[PROBE_RUN_DIR_ENV] = str(trial_dir)
             what: Any = command.argv(params)
             (trial_dir / "command.txt").write_text(shlex.join(what) + "\n")
         else:
