@@ -122,7 +122,37 @@ def test_rows_measured_under_contention_are_flagged(tmp_path):
     one, two, ref = rows = scaling_rows(runs)
     assert (one["flags"], one["contended_runs"], two["flags"], ref["flags"]) == (["contended"], 1, ["contended"], [])
     assert _cell({"rows": rows}, 0, "flags") == "contended 1/2"
-    assert "Flagged (2: contended 1/1): read with care." in study_headline({"rows": rows})[0]
+    headline, = study_headline({"rows": rows})
+    assert "can't tell: the 2-worker run was slowed by other work" in headline
+    assert headline.endswith("Flagged (2: contended 1/1).") and "speedup" not in headline
+
+
+def test_a_headline_claims_no_gain_on_a_contended_reference(tmp_path):
+    """#27: on a busy machine the all-cores reference ran 6x slower than one core; the headline said
+    "speedup 4.99 against one process on all cores" while 2 workers were 0.84x of one worker."""
+    def study(reference_contended: bool) -> str:
+        where = tmp_path / str(reference_contended)
+        runs = [_fake_run(where / "a", "m", 1, [9.0, 5.0]), _fake_run(where / "b", "m", 2, [9.0, 5.95]),
+                _fake_run(where / "c", "m", 1, [9.0, 29.7], threads=2, all_cores=True, contended=reference_contended)]
+        headline, = study_headline({"rows": scaling_rows(runs)})
+        return headline
+
+    slowed = study(reference_contended=True)
+    assert slowed.startswith("m: 2 worker(s) x 1 core(s) against one process on all 2 cores (what 'paratrain train "
+                             "--workers 1' runs): can't tell: the reference one process on all 2 cores was slowed by "
+                             "other work; against 1 worker(s) x 1 core(s): 0.84x; rerun paratrain scale")
+    assert "speedup" not in slowed and "4.99" not in slowed and slowed.endswith("Flagged (1 all cores: contended 1/1).")
+    # The same numbers unflagged still disagree (0.84x of one worker, 4.99x the reference): no speedup either.
+    assert "can't tell: the comparisons disagree" in study(reference_contended=False)
+
+
+def test_a_clean_study_headlines_its_speedup(tmp_path):
+    runs = [_fake_run(tmp_path / "a", "m", 1, [9.0, 10.0]), _fake_run(tmp_path / "b", "m", 2, [9.0, 6.0]),
+            _fake_run(tmp_path / "c", "m", 1, [9.0, 8.0], threads=2, all_cores=True)]
+    headline, = study_headline({"rows": scaling_rows(runs)})
+    assert headline == ("m: 2 worker(s) x 1 core(s) against one process on all 2 cores (what 'paratrain train --workers 1' "
+                        "runs): speedup 1.33 (epoch 6.00 s against 8.00 s); speedup 1.67 and efficiency 0.83 against "
+                        "1 worker(s) x 1 core(s).")
 
 
 def test_single_epoch_runs_are_marked_as_including_start_up(tmp_path, capsys):

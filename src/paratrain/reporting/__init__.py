@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from paratrain.errors import UsageError
-from paratrain.reporting.verdict import (comparison_verdict, doctor_html, human, run_verdict, study_points, study_verdict,
-                                         sweep_verdict, verdict_html)
+from paratrain.reporting.verdict import (cannot_tell, comparison_verdict, doctor_html, human, run_verdict, study_points,
+                                         study_verdict, sweep_verdict, verdict_html, workers_what)
 from paratrain.runs import SCALING_FILE, SWEEP_FILE, RunDir
 
 
@@ -211,22 +211,28 @@ def study_table(result: dict[str, Any]) -> tuple[tuple[str, ...], list[tuple[str
 
 
 def study_headline(result: dict[str, Any]) -> list[str]:
-    """Per workload, the comparison a user faces: the most workers against one process on all cores."""
+    """Per workload, the comparison a user faces: the most workers against one process on all cores.
+    When the verdict cannot tell (a contended row, comparisons that disagree), neither can the
+    headline: it gives the verdict's reason, the clean comparison and the rerun, not a speedup."""
     lines = []
     for workload, base, top, reference in study_points(result):
         who = f"{top['workers']} worker(s) x {top.get('threads_per_worker', '?')} core(s)"
-        per_core = (f"speedup {top['speedup']:.2f} and efficiency {top['efficiency']:.2f} against {base['workers']} "
-                    f"worker(s) x {base.get('threads_per_worker', '?')} core(s)")
+        against_all = (f" against one process on all {reference['threads_per_worker']} cores (what "
+                       f"'paratrain train --workers 1' runs)" if reference else "")
+        flagged = [f"{r['workers']}{' all cores' if r is reference else ''}: {_flag_text(r).replace(chr(10), ' ')}"
+                   for r in (top, reference) if r and r.get("flags")]
+        undecided = cannot_tell(base, top, reference) if top is not base or reference else None
+        if undecided:
+            lines.append(f"{workload}: {who}{against_all}: {undecided}" + (f". Flagged ({'; '.join(flagged)})." if flagged else "."))
+            continue
+        per_core = f"speedup {top['speedup']:.2f} and efficiency {top['efficiency']:.2f} against {workers_what(base)}"
         if reference:
             measured = (f"epoch {top['epoch_time_s']:.2f} s against {reference['epoch_time_s']:.2f} s"
                         if top.get("speedup_basis", "epoch_time_s") == "epoch_time_s" else
                         f"{top['samples_per_s']:,.0f} against {reference['samples_per_s']:,.0f} samples/s")
-            line = (f"{workload}: {who} against one process on all {reference['threads_per_worker']} cores (what "
-                    f"'paratrain train --workers 1' runs): speedup {top['speedup_vs_all_cores']:.2f} ({measured}); {per_core}")
+            line = f"{workload}: {who}{against_all}: speedup {top['speedup_vs_all_cores']:.2f} ({measured}); {per_core}"
         else:
             line = f"{workload}: {who}: {per_core}"
-        flagged = [f"{r['workers']}{' all cores' if r is reference else ''}: {_flag_text(r).replace(chr(10), ' ')}"
-                   for r in (top, reference) if r and r.get("flags")]
         lines.append(line + (f". Flagged ({'; '.join(flagged)}): read with care." if flagged else "."))
     return lines
 

@@ -142,10 +142,10 @@ def study_verdict(result: dict[str, Any]) -> list[str]:
     for workload, base, top, reference in study_points(result):
         if top is base and not reference:
             continue
-        base_what = f"{base['workers']} worker(s) x {base.get('threads_per_worker', '?')} core(s)"
-        undecided = _cannot_tell(workload, base, top, reference, base_what)
+        base_what = workers_what(base)
+        undecided = cannot_tell(base, top, reference)
         if undecided:
-            lines.append(undecided)
+            lines.append(f"{workload}: {undecided}")
             continue
         if reference and top.get("speedup_vs_all_cores"):
             ratio, against = top["speedup_vs_all_cores"], reference
@@ -162,11 +162,17 @@ def _contended(row: Optional[dict]) -> bool:
     return bool(row) and "contended" in row.get("flags", [])
 
 
-def _cannot_tell(workload: str, base: dict, top: dict, reference: Optional[dict], base_what: str) -> Optional[str]:
-    """The headline when the table cannot back a verdict: a comparison whose rows other work slowed
-    (a 2-thread process collapses when its cores are taken, so a contended all-cores reference reads
-    as a large speedup), or the two comparisons pointing different ways. It says what the clean
-    comparison shows and the rerun that would decide; None when the rows support a verdict."""
+def workers_what(row: dict) -> str:
+    return f"{row['workers']} worker(s) x {row.get('threads_per_worker', '?')} core(s)"
+
+
+def cannot_tell(base: dict, top: dict, reference: Optional[dict]) -> Optional[str]:
+    """Why the table cannot back a verdict, for the verdict and the study's headline alike: a
+    comparison whose rows other work slowed (a 2-thread process collapses when its cores are taken,
+    so a contended all-cores reference reads as a large speedup), or the two comparisons pointing
+    different ways. It says what the clean comparison shows and the rerun that would decide; None
+    when the rows support a verdict."""
+    base_what = workers_what(base)
     vs_base = top["speedup"] / base["workers"] if top is not base else None
     vs_ref = top.get("speedup_vs_all_cores") if reference else None
     ref_what = f"one process on all {reference.get('threads_per_worker', '?')} cores" if reference else ""
@@ -176,14 +182,14 @@ def _cannot_tell(workload: str, base: dict, top: dict, reference: Optional[dict]
                       ((base_what, vs_base, base), (ref_what, vs_ref, reference))
                       if ratio is not None and not _contended(row))
     if _contended(top):
-        return (f"{workload}: can't tell: the {top['workers']}-worker run was slowed by other work; "
+        return (f"can't tell: the {top['workers']}-worker run was slowed by other work; "
                 f"measured {'; '.join(f'against {w}: {r:.2f}x' for w, r in ((base_what, vs_base), (ref_what, vs_ref)) if r is not None)}; {rerun}")
     slowed = [what for what, row in ((base_what, base), (ref_what, reference)) if row is not top and _contended(row)]
     if slowed and (vs_ref is not None or vs_base is not None):
-        return (f"{workload}: can't tell: the reference {' and '.join(slowed)} was slowed by other work"
+        return (f"can't tell: the reference {' and '.join(slowed)} was slowed by other work"
                 f"{'; ' + shown if shown else ''}; {rerun}")
     if vs_base is not None and vs_ref is not None and (vs_base >= 1) != (vs_ref >= 1):
-        return (f"{workload}: can't tell: the comparisons disagree (against {base_what}: {vs_base:.2f}x; against "
+        return (f"can't tell: the comparisons disagree (against {base_what}: {vs_base:.2f}x; against "
                 f"{ref_what}: {vs_ref:.2f}x); {rerun}")
     return None
 
