@@ -139,6 +139,12 @@ def test_predicted_gains_of_the_probed_checks_by_hand(tmp_path):
     ev = read_run(probed_run(tmp_path / "d", [{"phases_s": {"forward": 0.05, "comm": 0.03}},
                                               {"phases_s": {"forward": 0.08}}]))
     assert sc.straggler(ev).saving == pytest.approx(0.03 / 0.08)
+    # the waiting rank ran its forward slower (60 ms against the straggler's 40): with equal work each phase
+    # takes the fastest rank's time, 40 ms, plus the all-reduce's own 5 ms (the straggler's comm), against the
+    # mean step of 98 ms.
+    ev = read_run(probed_run(tmp_path / "d2", [{"phases_s": {"forward": 0.06, "comm": 0.04}},
+                                               {"phases_s": {"forward": 0.04, "other": 0.051, "comm": 0.005}}]))
+    assert sc.straggler(ev).saving == pytest.approx(1 - 0.045 / 0.098)
     # rank 0 evaluates 40 ms a step alone on 2 ranks: sharded, half of it goes -> 20/100.
     ev = read_run(probed_run(tmp_path / "e", [{"phases_s": {"forward": 0.06, "eval": 0.04}},
                                               {"phases_s": {"forward": 0.06, "comm": 0.04}}]))
@@ -172,6 +178,15 @@ def test_predicted_gains_of_the_probed_checks_by_hand(tmp_path):
                                                             "comm": 0.05, "optimizer": 0.02, "other": 0.008},
                                                **small}] * 2))
     assert sc.small_batch(ev).saving == pytest.approx(1 - (0.1 + 15 * 0.004) / 1.6)
+    # host syncs on a GPU rank: 10 reads a step, 30 ms of the 100 ms step waiting in them, the device's phases
+    # 50 ms (CUDA events): the host's own 70 ms set the step without the reads -> 30/100. Without device
+    # times: advice, no gain; and nothing when the device's phases alone take the whole step.
+    sync = {"phases_s": {"forward": 0.05, "backward": 0.03, "other": 0.02}, "syncs_per_step": 10.0, "sync_wait_s": 0.03}
+    ev = read_run(probed_run(tmp_path / "s", [{**sync, "device_phases_s": {"forward": 0.02, "backward": 0.03}}] * 2))
+    assert sc.host_syncs(ev).saving == pytest.approx(0.3)
+    found = sc.host_syncs(read_run(probed_run(tmp_path / "s2", [sync] * 2)))
+    assert found.saving is None and found.severity == "advice"
+    assert sc.host_syncs(read_run(probed_run(tmp_path / "s3", [{**sync, "device_phases_s": {"forward": 0.1}}] * 2))) is None
     # find_unused_parameters: DDP's forward took 3 ms beyond the model's of a 100 ms step. DDP saw no unused
     # parameter: a free remedy, named from 1 % -> 3/100; not knowing, only from 5 %; with unused ones, never.
     flag = {"phases_s": {"forward": 0.06, "backward": 0.04}, "find_unused_parameters": True, "ddp_overhead_s": 0.003}
@@ -182,10 +197,15 @@ def test_predicted_gains_of_the_probed_checks_by_hand(tmp_path):
                                      ).saving == pytest.approx(0.06)
     assert sc.find_unused_parameters(read_run(probed_run(tmp_path / "u4", [
         {**flag, "ddp_overhead_s": 0.02, "unused_parameter_bytes": 80}] * 2))) is None
-    # forward and backward that grow with the batch (half of them or more) are no small-batch problem.
-    ev = read_run(probed_run(tmp_path / "i", [{"phases_s": {"forward": 0.01, "backward": 0.01, "comm": 0.08},
-                                               **small, "batch_slope_s": 0.006}] * 2))
+    # a step that mostly grows with the batch is no small-batch problem: 2 x 30 ms of its 100 ms grow (40 % fixed).
+    ev = read_run(probed_run(tmp_path / "i", [{"phases_s": {"forward": 0.04, "backward": 0.04, "comm": 0.02},
+                                               **small, "batch_slope_s": 0.03}] * 2))
     assert sc.small_batch(ev) is None
+    # ...while a step whose forward and backward grow but whose all-reduce does not is one: 88 ms of 100 fixed,
+    # k = 16 (the timed range): 100 + 15 x 12 = 280 ms for 16 x 2 samples against 1,600 ms.
+    ev = read_run(probed_run(tmp_path / "j", [{"phases_s": {"forward": 0.01, "backward": 0.01, "comm": 0.08},
+                                               **small, "batch_slope_s": 0.006}] * 2))
+    assert sc.small_batch(ev).saving == pytest.approx(1 - 0.28 / 1.6)
 
 
 def test_gpus_idle_in_a_share_of_the_monitors_samples_are_named_as_a_symptom(tmp_path):

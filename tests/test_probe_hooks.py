@@ -67,3 +67,49 @@ def test_a_model_switched_to_eval_after_the_first_steps_is_evaluation(probe):
     last = steps(probe)[-1]
     assert last["eval"] > 0, last
     assert held_out_model in set(probe.tops)
+
+
+def test_device_times_come_from_events_read_once_the_device_has_passed_them(tmp_path, monkeypatch):
+    # The host clock stands in for CUDA events (PARATRAIN_PROBE_DEVICE_EVENTS=cpu) and the CPU for the
+    # device whose host reads are syncs (PARATRAIN_PROBE_SYNC_DEVICE=cpu): on a GPU rank the same code
+    # records torch.cuda.Event(enable_timing=True) at the outermost phase boundaries.
+    from paratrain.launch import probe_summary
+    monkeypatch.setenv(probe_module.DEVICE_EVENTS_ENV, "cpu")
+    monkeypatch.setenv(probe_module.SYNC_DEVICE_ENV, "cpu")
+    probe = probe_module.Probe(str(tmp_path / "rank0.jsonl"), 0)
+    probe.install(torch)
+    try:
+        model = nn.Sequential(nn.Linear(4, 64), nn.ReLU(), nn.Linear(64, 3))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(6):
+            loss = nn.functional.cross_entropy(model(torch.randn(32, 4)), torch.randint(0, 3, (32,)))
+            loss.backward()
+            loss.item()                 # a host read: a sync on the device
+            optimizer.step()
+            optimizer.zero_grad()
+        probe.flush()
+    finally:
+        for undo in reversed(probe.restore):
+            undo()
+    records = [json.loads(line) for line in open(probe.path)]
+    device = [r for r in records if r["kind"] == "device"]
+    assert [r["step"] for r in device] == [2, 3, 4, 5, 6]      # from the second step on
+    for r in device:
+        phases = sum(r[p] for p in probe_module.DEVICE_PHASES)
+        assert r["forward"] > 0 and r["backward"] > 0 and r["optimizer"] > 0 and phases <= r["span_s"], r
+    assert all(s["syncs"] == 1 and s["sync_wait"] > 0 for s in steps_of(records))      # the reads timed
+    summary = probe_summary.rank_record(0, records)
+    assert summary["device_steps"] >= 3 and summary["device_step_s"] > 0
+    assert set(summary["device_phases_s"]) == set(probe_module.DEVICE_PHASES)
+
+
+def test_no_device_times_on_a_cpu_rank(probe):
+    model = nn.Linear(4, 3)
+    train(model, torch.optim.SGD(model.parameters(), lr=0.1), 4)
+    probe.flush()
+    assert probe.timeline is None
+    assert not [line for line in open(probe.path) if '"device"' in line]
+
+
+def steps_of(records):
+    return [r for r in records if r["kind"] == "step"]

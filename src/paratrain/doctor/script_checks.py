@@ -18,13 +18,14 @@ DATA_SHARE = 0.15           # waiting for the next batch, of the step
 COMM_SHARE = 0.20           # gradient all-reduce that backward did not hide, of the step
 EXTRA_ROUNDS = 1.5          # all-reduce rounds per optimizer step above which accumulation is not skipping them
 SYNCS_PER_STEP = 1.0       # host reads of device tensors per step (a loss printed every step is one)
+SYNC_SHARE = 0.05           # what removing them would save, of the step, before it is named
 COLLECTIVE_SHARE = 0.10     # the script's own blocking collectives (logging a global loss), of the step
 EVAL_SHARE = 0.20           # evaluation, of the run's step time
 CHECKPOINT_SHARE = 0.10     # torch.save, of the step
 STRAGGLER_EXCESS = 0.10     # one rank's extra busy time, of the step, that the others wait for...
 STRAGGLER_RATIO = 1.2       # ...and this much busier than the median of the others
 UNEVEN_STEPS = 1.10         # the rank with the most steps against the mean
-FIXED_COMPUTE_SHARE = 0.5   # forward and backward time that does not grow with the batch, of theirs
+FIXED_STEP_SHARE = 0.5      # step time that does not grow with the batch, of the step
 BATCH_TARGET_FIXED = 0.25   # the remedy's batch: the fewest doublings that bring a step's fixed costs under this
 MAX_BATCH_FACTOR = 32
 DDP_OVERHEAD_SHARE = 0.05   # DDP's own forward work with find_unused_parameters=True, of the step...
@@ -137,9 +138,10 @@ def exposed_communication(ev: RunEvidence) -> Optional[Finding]:
 
 
 def small_batch(ev: RunEvidence) -> Optional[Finding]:
-    """Forward and backward that hardly grow with the batch: the device is kept busy by per-call
-    overheads, not by samples. The probe timed the model's own layers at the script's batch and at a
-    larger one (launch/probe.py batch_slope): that slope is the part of the step that grows."""
+    """A step that hardly grows with the batch: per-call overheads, the all-reduce of the same gradients
+    and the optimizer, paid once per step, outweigh the samples' work. The probe timed the model's own
+    layers at the script's batch and at a larger one (launch/probe.py batch_slope): that slope, the data
+    and evaluation per step are the part that grows."""
     ranks = [r for r in ev.probe_ranks if r.get("batch_slope_s") is not None and r.get("samples_per_step")]
     if not ranks:
         return None
@@ -148,13 +150,13 @@ def small_batch(ev: RunEvidence) -> Optional[Finding]:
     batch = _mean([r["samples_per_step"] / max(r.get("micro_per_step", 1), 1) for r in ranks])
     compute = _mean([r["phases_s"]["forward"] + r["phases_s"]["backward"] for r in ranks])
     growing_compute = min(compute, _mean([r["batch_slope_s"] for r in ranks]) * samples)
-    if compute <= 0 or 1 - growing_compute / compute < FIXED_COMPUTE_SHARE:
-        return None
     # What a k times larger batch multiplies: the samples' compute, their loading, and evaluation per
     # step (an epoch has k times fewer steps). The rest (per-call overheads, the all-reduce of the same
     # gradients, the optimizer) is paid once per step whatever the batch.
     grows = growing_compute + _mean(ev.rank_phase("data")) + _mean(ev.rank_phase("eval"))
     fixed = step - grows
+    if compute <= 0 or fixed / step < FIXED_STEP_SHARE:
+        return None
     # No further than the probe timed the layers: the slope holds between its two batches.
     largest = max(2, min(MAX_BATCH_FACTOR, *(r["batch_slope_between"][1] // r["batch_slope_between"][0]
                                              for r in ranks)))
@@ -211,21 +213,35 @@ def script_collectives(ev: RunEvidence) -> Optional[Finding]:
 
 
 def host_syncs(ev: RunEvidence) -> Optional[Finding]:
-    """Host reads of device tensors every step (the probe counts them on GPUs). Each drains the device's
-    queue, and the device idles while the host catches up. How long it idles needs device timings (CUDA
-    events), which the probe does not record yet: so the count and the remedy, without a predicted gain."""
+    """Host reads of device tensors every step (the probe counts them on GPUs, and times how long the host
+    waited inside them). Each drains the device's queue, and the device then idles until the host has
+    queued more. Where the probe recorded the device's own phase times (CUDA events), the model: without
+    the reads the host queues ahead, so a step takes the longer of the host's own work (the step less its
+    waits in the reads) and the device's phases; without device times, the count and the remedy only."""
     syncs = _mean([r.get("syncs_per_step", 0.0) for r in ev.probe_ranks])
     if syncs < SYNCS_PER_STEP:
         return None
+    step, wait = _step(ev), _mean([r.get("sync_wait_s", 0.0) for r in ev.probe_ranks])
+    timed = [r for r in ev.probe_ranks if r.get("device_phases_s")]
+    evidence = (f"{_steps_text(ev)}; {syncs:.1f} reads of device tensors on the host per step (.item(), .tolist(), "
+                f".cpu(), .numpy(), torch.cuda.synchronize), {ms(wait)} a step waiting in them")
+    cause = ("each read waits until the device has run everything queued before it; the device then idles until the "
+             "host has queued the next work, so the host's Python time stops hiding")
+    remedy = _code_change(f"keep running values on the device (loss_sum += loss.detach()) and read them every "
+                          f"{COLLECTIVE_EVERY} steps; no .item() in the step's path", ev)
+    if not timed:
+        return Finding("host_syncs", f"{syncs:.0f} host-device synchronisations every step", evidence, cause, remedy,
+                       "not predicted: the device's own phase times (CUDA events) were not recorded", None, "advice")
+    device = _mean([sum(r["device_phases_s"].values()) for r in timed])
+    new_step = max(step - wait, device)
+    saving = 1 - new_step / step
+    if saving < SYNC_SHARE:
+        return None
     return Finding(
-        "host_syncs", f"{syncs:.0f} host-device synchronisations every step",
-        f"{_steps_text(ev)}; {syncs:.1f} reads of device tensors on the host per step (.item(), .tolist(), .cpu(), "
-        ".numpy(), torch.cuda.synchronize)", "each read waits until the device has run everything queued before it; "
-        "the device then idles until the host has queued the next work, so the host's Python time stops hiding",
-        _code_change(f"keep running values on the device (loss_sum += loss.detach()) and read them every "
-                     f"{COLLECTIVE_EVERY} steps; no .item() in the step's path", ev),
-        "not predicted: the device's idle time after each read needs CUDA event timings, which the probe does not "
-        "record yet", None, "advice")
+        "host_syncs", f"{syncs:.0f} host-device synchronisations every step cost {pct(saving)} of it",
+        evidence + f"; the device's phases took {ms(device)} a step (CUDA events)", cause, remedy,
+        f"{speedup(saving)}: the host ({ms(step - wait)} of its own work a step) queues ahead of the device "
+        f"({ms(device)}), so a step takes the longer of the two, {ms(new_step)}, against {ms(step)}", saving)
 
 
 def evaluation(ev: RunEvidence) -> Optional[Finding]:
@@ -284,19 +300,25 @@ def checkpoints(ev: RunEvidence) -> Optional[Finding]:
 
 
 def straggler(ev: RunEvidence) -> Optional[Finding]:
-    """The rank whose own work (data, forward, backward, optimizer, Python) is longest: the others wait for it."""
+    """The rank whose own work (data, forward, backward, optimizer, Python) is longest: the others wait for it.
+    With equal work, each phase would take what the fastest rank took for it (a rank that waits runs its
+    own phases slower afterwards, its caches cold and its core idled) plus the all-reduce's own time (the
+    least-waiting rank's): that is the predicted step."""
     ranks = ev.probe_ranks
     # Ranks with different step counts are not comparable per step (under join() a rank that ran out
     # shadows the others' all-reduces, which reads as busy time): uneven_steps names that cause.
     if len(ranks) < 2 or _uneven(ranks):
         return None
-    busy = [sum(r["phases_s"][p] for p in ("data", "forward", "backward", "optimizer", "other")) for r in ranks]
+    own = ("data", "forward", "backward", "optimizer", "other")
+    busy = [sum(r["phases_s"][p] for p in own) for r in ranks]
     slow = max(range(len(ranks)), key=lambda i: busy[i])
     others = statistics.median(b for i, b in enumerate(busy) if i != slow)
     excess, step = busy[slow] - others, _step(ev)
     if excess / step < STRAGGLER_EXCESS or busy[slow] < STRAGGLER_RATIO * others:
         return None
-    saving = excess / step
+    shared = sum(min(r["phases_s"][p] for r in ranks) for p in own)
+    new_step = shared + min(ev.rank_phase("comm"))
+    saving = 1 - new_step / step
     return Finding(
         "straggler", f"rank {ranks[slow]['rank']} is a straggler: the others wait {ms(excess)} for it every step",
         f"{_steps_text(ev)}; each rank's own work per step: " + ", ".join(
@@ -305,7 +327,8 @@ def straggler(ev: RunEvidence) -> Optional[Finding]:
         "or shared core); synchronous training goes at the pace of the slowest rank",
         _code_change("give every rank the same work per step (equal shards from a DistributedSampler, no "
                      "rank-specific work in the loop)", ev),
-        f"{speedup(saving)} if rank {ranks[slow]['rank']} did the others' {ms(others)} of work a step", saving)
+        f"{speedup(saving)}: a step of {ms(new_step)}, each phase as fast as the fastest rank ran it ({ms(shared)} "
+        f"of own work) plus the all-reduce's own time", saving)
 
 
 def _uneven(ranks: list[dict[str, Any]]) -> bool:

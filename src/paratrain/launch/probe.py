@@ -66,6 +66,10 @@ CALIBRATION_FACTOR = 16
 # CPU tensor's read is no sync at all). HOST_READS are the Tensor methods that read values on the host.
 SYNC_DEVICE_ENV = "PARATRAIN_PROBE_SYNC_DEVICE"
 HOST_READS = ("item", "tolist", "cpu", "numpy")
+# On GPU ranks the phases' host times are the time to launch their kernels; CUDA events recorded at the
+# outermost phase boundaries give the device's own. Tests name "cpu" here for a host-clock stand-in.
+DEVICE_EVENTS_ENV = "PARATRAIN_PROBE_DEVICE_EVENTS"
+DEVICE_PHASES = ("forward", "backward", "optimizer", "eval")
 FLUSH_EVERY_S = 1.0         # buffered lines reach the file at least this often (a killed rank loses less)
 # Collectives a script (or FSDP2, or Lightning) calls from Python. A blocking call is exposed
 # communication; an async one is counted when its Work is waited for.
@@ -189,6 +193,64 @@ class LayerTwins:
         return None if fast <= 0 else slow / fast
 
 
+class HostEvent:
+    """A stand-in for torch.cuda.Event(enable_timing=True) on the host clock (tests without a GPU)."""
+
+    def record(self) -> None:
+        self.at = time.perf_counter()
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, end: "HostEvent") -> float:
+        return (end.at - self.at) * 1e3
+
+
+class DeviceTimeline:
+    """The device's own time per step and phase, from events recorded on the current stream at the
+    outermost phase boundaries (torch.cuda.Event(enable_timing=True).record(), PyTorch's idiom for
+    timing device work). An event is read only once the device has passed it (Event.query() is True),
+    a step or more later, so the timeline adds no host-device synchronisation."""
+
+    def __init__(self, make_event: Callable[[], Any]):
+        self.make_event = make_event
+        self.start: Any = None
+        self.spans: list[tuple[str, Any, Any]] = []
+        self.open: Optional[tuple[str, Any]] = None
+        self.pending: list[tuple[int, Any, Any, list[tuple[str, Any, Any]]]] = []
+
+    def _event(self) -> Any:
+        event = self.make_event()
+        event.record()
+        return event
+
+    def enter(self, phase: str) -> None:
+        if self.start is None:
+            self.start = self._event()
+        if phase in DEVICE_PHASES:
+            self.open = (phase, self._event())
+
+    def leave(self, phase: str) -> None:
+        if self.open is not None and self.open[0] == phase:
+            self.spans.append((phase, self.open[1], self._event()))
+            self.open = None
+
+    def end_step(self, step: int) -> list[dict[str, Any]]:
+        """Close this step; return the records of the steps the device has finished."""
+        if self.start is not None:
+            self.pending.append((step, self.start, self._event(), self.spans))
+        self.start, self.spans, self.open = None, [], None
+        done = []
+        while self.pending and self.pending[0][2].query():
+            step, start, end, spans = self.pending.pop(0)
+            record: dict[str, Any] = {"kind": "device", "step": step,
+                                      "span_s": round(start.elapsed_time(end) / 1e3, 6), **dict.fromkeys(DEVICE_PHASES, 0.0)}
+            for phase, began, ended in spans:
+                record[phase] = round(record[phase] + began.elapsed_time(ended) / 1e3, 6)
+            done.append(record)
+        return done
+
+
 class Probe:
     """One rank's instrumentation: phase clocks, the step records and their file."""
 
@@ -210,6 +272,8 @@ class Probe:
         self.micro = 0              # training forwards in this step
         self.rounds = 0             # DDP all-reduce rounds (last buckets) in this step
         self.syncs = 0              # host-device synchronisations in this step
+        self.sync_wait = 0.0        # seconds the host spent inside them (waiting for the device)
+        self.timeline: Optional[DeviceTimeline] = None     # device events, on GPU ranks once CUDA is in use
         self.depth = 0              # nesting of module calls
         self.outer_kind = ""        # the outermost module call's phase: forward or eval
         self.backward_launch: Optional[float] = None  # when DDP's last bucket left, in this backward
@@ -238,6 +302,8 @@ class Probe:
         if self.step_started is None:
             self.step_started, self.mark = now, now     # the first step starts at the first phase
         self._charge(now)
+        if not self.stack and self.timeline is not None:
+            self.timeline.enter(phase)
         self.stack.append(phase)
 
     def leave(self, phase: str) -> float:
@@ -246,6 +312,8 @@ class Probe:
         while self.stack:           # an exception may have skipped an inner leave
             if self.stack.pop() == phase:
                 break
+        if not self.stack and self.timeline is not None:
+            self.timeline.leave(phase)
         return now
 
     def end_step(self) -> None:
@@ -259,12 +327,18 @@ class Probe:
         record = {"kind": "step", "step": self.steps, "end_s": round(now - self.origin, 6),
                   "wall_s": round(now - started, 6), **{k: round(v, 6) for k, v in self.times.items()},
                   "data_cpu": round(self.data_cpu, 6), "ddp_overhead": round(self.ddp_overhead, 6),
-                  "samples": self.samples, "micro": self.micro, "rounds": self.rounds, "syncs": self.syncs}
+                  "samples": self.samples, "micro": self.micro, "rounds": self.rounds, "syncs": self.syncs,
+                  "sync_wait": round(self.sync_wait, 6)}
         self.lines.append(json.dumps(record))
         self.times = dict.fromkeys(PHASES, 0.0)
         self.data_cpu = self.ddp_overhead = 0.0
         self.last_batch = self.samples // max(self.micro, 1)
         self.samples = self.micro = self.rounds = self.syncs = 0
+        self.sync_wait = 0.0
+        if self.timeline is not None:
+            self.lines += [json.dumps(r) for r in self.timeline.end_step(self.steps)]
+        elif self.steps == 1:
+            self.timeline = self._device_timeline()
         self.stack.clear()
         fair = self.fair
         if threads > fair and "thread_penalty" not in self.state:
@@ -279,6 +353,16 @@ class Probe:
         self.step_started = now
         if now - self.flushed >= FLUSH_EVERY_S:
             self.flush()
+
+    def _device_timeline(self) -> Optional[DeviceTimeline]:
+        """From the second step, on a rank whose script has put CUDA to use (never initialising it for a
+        CPU script on a GPU machine)."""
+        if os.environ.get(DEVICE_EVENTS_ENV) == "cpu":
+            return DeviceTimeline(HostEvent)
+        cuda = self.torch.cuda
+        if cuda.is_available() and cuda.is_initialized():
+            return DeviceTimeline(lambda: cuda.Event(enable_timing=True))
+        return None
 
     def _calibrate(self) -> float:
         layers, self.layers = self.layers or [], None
@@ -605,9 +689,14 @@ class Probe:
 
         def counted(original: Callable[..., Any]) -> Callable[..., Any]:
             def read(tensor: Any, *args: Any, **kwargs: Any) -> Any:
-                if not (probe.broken or probe.paused) and tensor.device.type == device:
-                    probe.syncs += 1
-                return original(tensor, *args, **kwargs)
+                if probe.broken or probe.paused or tensor.device.type != device:
+                    return original(tensor, *args, **kwargs)
+                probe.syncs += 1
+                started = probe.clock()
+                try:
+                    return original(tensor, *args, **kwargs)
+                finally:
+                    probe.sync_wait += probe.clock() - started
             return read
 
         for name in HOST_READS:
@@ -615,8 +704,14 @@ class Probe:
         if device == "cuda":
             def synchronize(original: Callable[..., Any]) -> Callable[..., Any]:
                 def counted_synchronize(*args: Any, **kwargs: Any) -> Any:
-                    probe.syncs += not (probe.broken or probe.paused)
-                    return original(*args, **kwargs)
+                    if probe.broken or probe.paused:
+                        return original(*args, **kwargs)
+                    probe.syncs += 1
+                    started = probe.clock()
+                    try:
+                        return original(*args, **kwargs)
+                    finally:
+                        probe.sync_wait += probe.clock() - started
                 return counted_synchronize
             self._patch(torch.cuda, "synchronize", synchronize)
 

@@ -15,7 +15,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from paratrain.launch.probe import PHASES
+from paratrain.launch.probe import DEVICE_PHASES, PHASES
 from paratrain.runs import json_records
 
 PROBE_DIR = "probe"
@@ -54,6 +54,7 @@ def rank_record(rank: int, records: list[dict[str, Any]]) -> dict[str, Any]:
             micro_per_step=sum(s["micro"] for s in used) / n,
             rounds_per_step=sum(s["rounds"] for s in used) / n,
             syncs_per_step=sum(s.get("syncs", 0) for s in used) / n,
+            sync_wait_s=sum(s.get("sync_wait", 0.0) for s in used) / n,
             data_cpu_s=sum(s["data_cpu"] for s in used) / n,
             eval_steps=sum(s["eval"] > 0 for s in used),
             checkpoint_steps=sum(s["checkpoint"] > 0 for s in used),
@@ -61,7 +62,18 @@ def rank_record(rank: int, records: list[dict[str, Any]]) -> dict[str, Any]:
             **excess_s(used),
             # per-step wall times, for the spread (a rank whose steps vary waits unevenly)
             step_s_median=statistics.median(s["wall_s"] for s in used))
+        out.update(device_record(records, {s["step"] for s in used}))
     return out
+
+
+def device_record(records: list[dict[str, Any]], steps: set[int]) -> dict[str, Any]:
+    """The device's own time per steady step and phase (CUDA events: launch/probe.py DeviceTimeline)."""
+    device = [r for r in records if r.get("kind") == "device" and r["step"] in steps]
+    if not device:
+        return {}
+    n = len(device)
+    return {"device_step_s": sum(r["span_s"] for r in device) / n, "device_steps": n,
+            "device_phases_s": {p: sum(r[p] for r in device) / n for p in DEVICE_PHASES}}
 
 
 def excess_s(used: list[dict[str, Any]]) -> dict[str, float]:
