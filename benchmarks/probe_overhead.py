@@ -128,7 +128,9 @@ def main() -> None:
         print(f"{args.model}: median step with the probe {with_probe * 1e3:.2f} ms, without {without * 1e3:.2f} ms "
               f"({args.blocks} blocks of {args.steps} steps each): overhead {100 * (with_probe / without - 1):+.1f} %; "
               f"block pairs {min(pairs):.3f}-{max(pairs):.3f}, median {statistics.median(pairs):.3f}", flush=True)
-    del arms, bare, probed, optimizers
+    arms.clear()
+    optimizers.clear()
+    del bare, probed
     gc.collect()        # DDP freed before its process group: torch 2.13 can abort at exit
     dist.destroy_process_group()
 
