@@ -74,6 +74,8 @@ BAD = {
     "launch run dir under a file": (["launch", "--run-dir", "file.txt/run", "train.py"], "not a directory"),
     "config file is a directory": (["train", "--config", "notes"], "notes is a directory"),
     "recommend without flags": (["recommend"], "missing required options --workers, --out"),
+    "image smaller than the model takes": (["train", "--model", "resnet50v2", "--image-size", "4"],
+                                           "resnet50v2 needs images of at least 8 px a side"),
     "image model on vectors": (["train", "--dataset", "user_factories:vector_pairs", "--num-classes", "2"],
                                "takes C,H,W images and the dataset's samples have shape (16,)"),
     # reading commands

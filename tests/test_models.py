@@ -29,6 +29,14 @@ def test_resnets_take_any_input_size(name, size):
         assert model(torch.zeros(1, 3, size, size)).shape == (1, 7)
 
 
+@pytest.mark.parametrize("name", ["resnet18", "resnet50v2"])
+def test_a_resnet_refuses_images_smaller_than_its_downsampling(name):
+    # three stride-2 stages with the small-image stem: 8 px is the smallest that reaches the pooling
+    with pytest.raises(UsageError, match=f"{name} needs images of at least 8 px a side, its total downsampling .got 7.; use --image-size 8 or more"):
+        build_model(name, image_size=7)
+    assert build_model(name, image_size=8).eval()(torch.zeros(1, 3, 8, 8)).shape == (1, 10)
+
+
 def test_residual_blocks_are_the_checkpointing_units():
     blocks = residual_blocks(build_model("resnet50v2"))
     assert len(blocks) == 16 and all(isinstance(b, PreActBottleneck) for b in blocks)

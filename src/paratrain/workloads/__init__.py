@@ -229,6 +229,11 @@ def check_model(config: TrainConfig) -> None:
                          f"{name!r} is not one (choose from {', '.join(gpt.PRESETS)})")
     if name not in models.MODELS:
         import_factory(name, "model")
+    elif config.image_size is not None:
+        # The model knows the smallest size it takes; built on the meta device (shapes only, no
+        # weights) it refuses one below that here, before a run directory exists.
+        with torch.device("meta"):
+            models.build_model(name, image_size=config.image_size)
     if config.seq_len is not None and workload_of(config).dataset in ("cifar10", "synthetic"):
         raise UsageError("--seq-len applies to text workloads (e.g. --workload gpt-tiny), not to images")
 

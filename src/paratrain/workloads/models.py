@@ -7,7 +7,8 @@
 - `resnet50v2`, `resnet152v2`: pre-activation bottleneck ResNets (He et al. 2016, "Identity
   Mappings in Deep Residual Networks"), laid out as Keras' ResNet50V2/ResNet152V2: BN-ReLU before
   each convolution, a final BN-ReLU before pooling.
-All end in adaptive average pooling, so any input size works (e.g. 128x128).
+All end in adaptive average pooling, so any input size from the model's smallest works (e.g.
+128x128); below it the model refuses to be built (a UsageError naming the smallest size).
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ class TutorialCNN(nn.Module):
         self.conv2 = nn.Conv2d(6, 16, 5)
         side = ((image_size - 4) // 2 - 4) // 2
         if side < 1:
-            raise UsageError(f"cifar10-cnn needs images of at least 16 px (got {image_size})")
+            raise UsageError(f"cifar10-cnn needs images of at least 16 px a side (got {image_size}); use --image-size 16 or more")
         self.fc1 = nn.Linear(16 * side * side, 120)
         self.fc2 = nn.Linear(120, 84)
         self.fc3 = nn.Linear(84, num_classes)
@@ -88,10 +89,17 @@ class PreActBottleneck(nn.Module):
 
 
 class ResNet(nn.Module):
-    def __init__(self, block: type[nn.Module], layers: list[int], num_classes: int, in_channels: int,
+    def __init__(self, name: str, block: type[nn.Module], layers: list[int], num_classes: int, in_channels: int,
                  image_size: int, imagenet_stem_from: int, preact: bool):
         super().__init__()
         imagenet_stem = image_size >= imagenet_stem_from
+        # Every stage after the first halves the side (the ImageNet stem a further 4x). Padding keeps
+        # a smaller image from failing, but its last stages then convolve padding alone and the
+        # pooled features say next to nothing about the image: refused, not silently trained.
+        downsampling = (4 if imagenet_stem else 1) * 2 ** (len(layers) - 1)
+        if image_size < downsampling:
+            raise UsageError(f"{name} needs images of at least {downsampling} px a side, its total downsampling "
+                             f"(got {image_size}); use --image-size {downsampling} or more")
         if imagenet_stem:
             self.stem = nn.Sequential(nn.Conv2d(in_channels, 64, 7, 2, 3, bias=not preact),
                                       *([] if preact else [nn.BatchNorm2d(64), nn.ReLU(inplace=True)]),
@@ -125,15 +133,15 @@ class ResNet(nn.Module):
 
 
 def _resnet18(num_classes: int = 10, in_channels: int = 3, image_size: int = 32) -> nn.Module:
-    return ResNet(BasicBlock, [2, 2, 2, 2], num_classes, in_channels, image_size, imagenet_stem_from=96, preact=False)
+    return ResNet("resnet18", BasicBlock, [2, 2, 2, 2], num_classes, in_channels, image_size, imagenet_stem_from=96, preact=False)
 
 
 def _resnet50v2(num_classes: int = 10, in_channels: int = 3, image_size: int = 32) -> nn.Module:
-    return ResNet(PreActBottleneck, [3, 4, 6, 3], num_classes, in_channels, image_size, imagenet_stem_from=64, preact=True)
+    return ResNet("resnet50v2", PreActBottleneck, [3, 4, 6, 3], num_classes, in_channels, image_size, imagenet_stem_from=64, preact=True)
 
 
 def _resnet152v2(num_classes: int = 10, in_channels: int = 3, image_size: int = 32) -> nn.Module:
-    return ResNet(PreActBottleneck, [3, 8, 36, 3], num_classes, in_channels, image_size, imagenet_stem_from=64, preact=True)
+    return ResNet("resnet152v2", PreActBottleneck, [3, 8, 36, 3], num_classes, in_channels, image_size, imagenet_stem_from=64, preact=True)
 
 
 MODELS: dict[str, Callable[..., nn.Module]] = {
