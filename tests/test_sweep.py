@@ -481,16 +481,25 @@ def test_an_exception_in_a_slot_thread_fails_the_sweep_and_records_what_ran(tmp_
 
 
 TORCH_SCRIPT = textwrap.dedent('''\
-    import argparse
+    import argparse, time
     import torch
     import paratrain
+
+    class SlowDisk(torch.utils.data.Dataset):       # each sample takes 2 ms to read
+        def __len__(self):
+            return 128
+
+        def __getitem__(self, i):
+            time.sleep(0.002)
+            return torch.randn(4)
+
     p = argparse.ArgumentParser()
     p.add_argument("--lr", type=float)
     lr = p.parse_args().lr
     model = torch.nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-    for _ in range(8):
-        loss = model(torch.randn(16, 4)).pow(2).mean()
+    for x in torch.utils.data.DataLoader(SlowDisk(), batch_size=16):
+        loss = model(x).pow(2).mean()
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
@@ -500,7 +509,8 @@ TORCH_SCRIPT = textwrap.dedent('''\
 
 def test_script_trials_run_under_the_probe_unless_told_not_to(tmp_path):
     # A .py --script trial starts as launch's ranks do, through the probe: its steps are timed by phase
-    # in TRIAL_DIR/probe/rank0.jsonl (docs/doctor.md); --no-probe runs the script untouched.
+    # in TRIAL_DIR/probe/rank0.jsonl (docs/doctor.md), and the doctor reads the best trial's; --no-probe
+    # runs the script untouched.
     script = tmp_path / "train.py"
     script.write_text(TORCH_SCRIPT)
     config = space(tmp_path / "space.json", {"lr": {"type": "discrete", "values": [0.01, 0.1]}})
@@ -512,3 +522,8 @@ def test_script_trials_run_under_the_probe_unless_told_not_to(tmp_path):
         steps = [r for r in records if r["kind"] == "step"]
         assert len(steps) == 8 and all(s["samples"] == 16 and s["forward"] > 0 for s in steps), records
     assert not list((tmp_path / "bare" / "trials").glob("*/probe"))
+    doctor = subprocess.run([sys.executable, "-m", "paratrain", "doctor", str(tmp_path / "probed"), "--json"],
+                            capture_output=True, text=True, check=True)
+    findings = {f["check"]: f for f in json.loads(doctor.stdout)["findings"]}
+    assert findings["data_wait"]["finding"].startswith("best trial"), findings
+    assert str(script) in findings["data_wait"]["remedy"]

@@ -10,14 +10,16 @@ and models, docs/doctor.md explains them).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 from paratrain.doctor.checks import (RUN_CHECKS, batch_knee, contended, first_epoch_overhead, idle_devices,
                                      lr_not_scaled, rank0_alone)
-from paratrain.doctor.evidence import RunEvidence, idle_fractions, json_file, read_run
+from paratrain.doctor.evidence import RunEvidence, idle_fractions, json_file, read_run, system_samples
 from paratrain.doctor.finding import Finding
 from paratrain.doctor.script_checks import SCRIPT_CHECKS, probe_status
 from paratrain.errors import UsageError
+from paratrain.launch import probe_summary
+from paratrain.launch.probe_summary import PROBE_DIR
 from paratrain.runs import SCALING_FILE, SWEEP_FILE, RunDir
 
 __all__ = ["diagnose", "diagnose_run", "format_text", "idle_fractions", "Finding"]
@@ -109,20 +111,30 @@ def _study_findings(path: Path) -> list[Finding]:
 
 
 def _sweep_findings(path: Path) -> list[Finding]:
-    """The batch knee across trials, then the run checks of the best trial (built-in trials are runs)."""
+    """The batch knee across trials, then the run checks of the best trial (built-in trials are runs; a
+    probed script trial is read as a one-rank launched run)."""
     sweep = json_file(path / SWEEP_FILE)
     best = sweep.get("best") or {}
     findings = [f for f in (batch_knee(sweep.get("trials", []), best),) if f]
-    # A built-in trial's run directory is the trial directory's `run`; a script's trial has none.
-    trial_dir = next((p for p in (Path(best["run_dir"]) / "run", Path(best["run_dir"])) if RunDir(p).is_run()),
-                     None) if best.get("run_dir") else None
-    if trial_dir:
-        ev = read_run(trial_dir)
-        if ev.has_steps:
-            for f in diagnose_run(ev):
-                f.finding = f"best trial {best['number']}: {f.finding}"
-                findings.append(f)
+    ev = _best_trial(sweep, best)
+    if ev is not None and ev.has_steps:
+        for f in diagnose_run(ev):
+            f.finding = f"best trial {best['number']}: {f.finding}"
+            findings.append(f)
     return findings
+
+
+def _best_trial(sweep: dict[str, Any], best: dict[str, Any]) -> Optional[RunEvidence]:
+    if not best.get("run_dir"):
+        return None
+    trial = Path(best["run_dir"])
+    if RunDir(trial / "run").is_run():     # a built-in trial's run directory
+        return read_run(trial / "run")
+    if (trial / PROBE_DIR).is_dir():        # a script trial's probe records, summarised as launch does
+        summary = {"status": "completed", "workers": 1, **probe_summary.summarise(trial)}
+        config = {"script": sweep.get("script", "the script"), "workers": 1, "resolved": {}}
+        return RunEvidence(path=trial, config=config, summary=summary, events=[], system=system_samples(trial))
+    return None
 
 
 def _config(path: Path) -> dict[str, Any]:

@@ -193,8 +193,13 @@ def read_run(path: Path) -> RunEvidence:
     run = RunDir(Path(path))
     summary = json_file(run.summary) if run.summary.is_file() else {}
     return RunEvidence(path=run.path, config=json_file(run.config), summary=summary, events=_json_lines(run.metrics),
-                       system=sorted((s for s in _json_lines(run.path / SYSTEM_FILE)
-                                      if isinstance(s, dict) and "time" in s and "kind" in s), key=lambda s: s["time"]))
+                       system=system_samples(run.path))
+
+
+def system_samples(path: Path) -> list[dict[str, Any]]:
+    """The monitor's samples in PATH/system.jsonl, in time order."""
+    return sorted((s for s in _json_lines(path / SYSTEM_FILE) if isinstance(s, dict) and "time" in s and "kind" in s),
+                  key=lambda s: s["time"])
 
 
 def idle_fractions(ev: RunEvidence, spans: Optional[Sequence[Phase]] = None) -> dict[str, float]:

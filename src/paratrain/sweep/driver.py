@@ -689,7 +689,7 @@ def collect(sweep: Sweep, study: Any, where: str) -> dict[str, Any]:
     return {"name": space.name, "out": str(sweep.out), "algorithm": space.algorithm, "sampler": space.sampler,
             "metric": list(space.metrics), "objective": list(space.directions), "storage": where,
             "mode": "builtin" if builtin else "script",
-            **({"val_split": sweep.command.train.get("val_split")} if builtin else {}),
+            **({"val_split": sweep.command.train.get("val_split")} if builtin else {"script": sweep.command.script}),
             "recorded_metrics": _recorded_metrics(rows, space.metrics, builtin),
             "space": space.to_dict(), "items": space.combinations() * space.repeats,
             "counts": {s: sum(1 for r in rows if r["state"] == s) for s in ("COMPLETE", "PRUNED", "FAIL", "RUNNING")},
