@@ -1,8 +1,12 @@
 """Scaling studies: the arithmetic, the batch/LR rules, a real 1,2 study, the report in a browser."""
 import json
 import os
+import pty
 import shutil
 import statistics
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -377,3 +381,38 @@ def test_a_study_whose_smallest_count_is_two_workers(tmp_path, mode, batch_sizes
                               _fake_run(tmp_path / "w4", "synthetic-cnn", 4, [9.0, 5.0, 5.0])])
     assert (two["workers"], two["speedup"], two["efficiency"]) == (2, pytest.approx(2.0), pytest.approx(1.0))
     assert (four["workers"], four["speedup"], four["efficiency"]) == (4, pytest.approx(8 / 5 * 2), pytest.approx(0.8))
+
+
+def _run_on_a_terminal(argv: list[str]) -> tuple[int, str]:
+    """Run argv with stderr on a pseudo-terminal, where train draws its progress bar; its exit
+    status and what it wrote to stderr."""
+    master, terminal = pty.openpty()
+    written: list[bytes] = []
+
+    def drain() -> None:        # a full pty buffer would block the command
+        while True:
+            try:
+                data = os.read(master, 4096)
+            except OSError:         # the terminal side closed
+                return
+            if not data:
+                return
+            written.append(data)
+
+    reader = threading.Thread(target=drain)
+    reader.start()
+    proc = subprocess.run(argv, stderr=terminal, stdout=subprocess.DEVNULL)
+    os.close(terminal)
+    reader.join(timeout=10)
+    os.close(master)
+    return proc.returncode, b"".join(written).decode(errors="replace")
+
+
+def test_quiet_means_what_it_means_to_train_no_progress_bar(tmp_path):
+    # On a terminal a point shows train's bar ("epoch 1/1 ━━━ 16/16"); --quiet leaves the lines of finished points.
+    code, err = _run_on_a_terminal([sys.executable, "-m", "paratrain", "scale", "--workers", "1", "--workload", "synthetic-cnn",
+                                    "--synthetic-samples", "512", "--epochs", "1", "--batch-size", "32",
+                                    "--out", str(tmp_path / "s"), "--quiet"])
+    assert code == 0, err
+    assert "epoch 1/1" not in err and "━" not in err, err
+    assert "synthetic-cnn-w1-r0:" in err and "synthetic-cnn-w1-all-cores-r0:" in err, err

@@ -129,6 +129,7 @@ def build_parser() -> Parser:
                                                    "arguments for it go after --; it reports paratrain.report(samples_per_s=...)")
     scale.add_argument("--no-probe", dest="probe", action="store_false", default=argparse.SUPPRESS,
                        help="with --script: run the script's ranks without the probe (no step breakdown)")
+    scale.add_argument("--quiet", action="store_true", help="no progress bar of the running point; a line per finished point")
     _add_model_flags(scale, TRAIN_SECTIONS, exclude=SCALE_OWNS)
     scale.set_defaults(handler=_scale, command="scale")
 
@@ -454,9 +455,9 @@ def _print_summary(summary: dict[str, Any]) -> None:
 
 def _scale_values(args: argparse.Namespace) -> dict[str, Any]:
     own = {"workers", "mode", "repeats", "workload", "strategy", "out", "resume", "script", "script_args", "probe",
-           "handler", "command"}
+           "quiet", "handler", "command"}
     train = {k: v for k, v in vars(args).items() if k not in own}
-    return {"workers": args.workers, "mode": args.mode, "repeats": args.repeats,
+    return {"workers": args.workers, "mode": args.mode, "repeats": args.repeats, "quiet": args.quiet,
             **({"workload": args.workload} if args.workload else {}),
             **({"strategy": args.strategy} if args.strategy else {}), "out": args.out,
             **({"probe": args.probe} if "probe" in vars(args) else {}),

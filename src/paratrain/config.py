@@ -515,6 +515,7 @@ class ScaleConfig(BaseModel):
     script: Optional[Path] = Field(None, description="study your own torchrun-style script instead of a workload; it reports its throughput with paratrain.report(samples_per_s=...)")
     script_args: list[str] = Field(default_factory=list, description="arguments after -- passed to the script")
     probe: bool = Field(True, description="with --script: time each rank's steps by phase (launch's probe)")
+    quiet: bool = Field(False, description="no progress bar of the running point, as train --quiet; a line per finished point")
 
     @field_validator("workers", "workload", "strategy", mode="before")
     @classmethod

@@ -88,6 +88,7 @@ def _jobs(target: str, values: dict[str, Any], slurm: SlurmConfig, out: Path, de
             raise UsageError("paratrain slurm scale runs built-in workloads; for your own script write the job with "
                              "srun paratrain launch (docs/launch.md)")
         values["out"] = out
+        values["quiet"] = True       # a batch job has no terminal to draw a progress bar on
         values["train"] = _train_values(values.get("train", {}), slurm, device)
         study = validate(ScaleConfig, values)
         from paratrain.scale import study_points, study_spec

@@ -54,7 +54,7 @@ def point_config(study: ScaleConfig, workload: str, workers: int, repeat: int, a
     """The train configuration of one point of the study; `all_cores`: the one-process reference;
     `strategy`: a point of the strategy axis (None: the train default)."""
     name = f"{workload}-{strategy + '-' if strategy else ''}w{workers}-{'all-cores-' if all_cores else ''}r{repeat}"
-    train = {**study.train, "workload": workload, "workers": workers, "quiet": True,
+    train = {**study.train, "workload": workload, "workers": workers, "quiet": study.quiet,
              "run_dir": str(study.out / "runs" / name)}
     if study.strategy:
         # The layout flags of a strategy axis belong to the strategies that use them: --dp and
