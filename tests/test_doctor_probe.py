@@ -237,3 +237,18 @@ def test_accumulation_runs_the_optimizer_once_per_optimizer_step():
     # 70 ms per micro-step, 10 ms optimizer, 20 ms all-reduce: g=2 leaves 20/170 = 11.8 %, g=4 20/310 = 6.5 %.
     g, new, saving = accumulation(0.07, 0.01, 0.02)
     assert (g, new, saving) == (4, pytest.approx(0.31), pytest.approx(1 - 0.31 / 0.40))
+
+
+def test_find_unused_parameters_is_named_when_ddp_found_every_parameter_used(tmp_path):
+    # The fault catalogue's script (256 small linear layers, 96 samples a rank): DDP's logging data, read by
+    # the probe, saw no unused parameter, so the flag is pure cost and named; with --fix it is off.
+    script = Path(__file__).parents[1] / "benchmarks" / "doctor_faults" / "find_unused.py"
+    runs = {}
+    for fix in ([], ["--fix"]):
+        run = tmp_path / ("fixed" if fix else "fault")
+        subprocess.run([*PARATRAIN, "launch", "-n", "2", "--run-dir", str(run), str(script), "--steps", "40", *fix],
+                       check=True, capture_output=True, timeout=240)
+        runs[bool(fix)] = {f["check"]: f for f in diagnose(run)["findings"]}
+    found = runs[False]["find_unused_parameters"]
+    assert "DDP found no unused parameter" in found["evidence"] and found["predicted_speedup"] > 1.0, found
+    assert "find_unused_parameters" not in runs[True]
