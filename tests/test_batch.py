@@ -118,6 +118,15 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, capsys, argv
     assert not out.exists()
 
 
+def _probes(samples_per_s: dict[int, float]) -> list[dict]:
+    """find-batch's probe rows as it writes them: batch -> measured samples/s."""
+    return [{"batch": b, "fits": True, "samples_per_s": rate} for b, rate in samples_per_s.items()]
+
+
+# A throughput curve with its knee at 16 (within 5 % of the best from there on).
+KNEE_16 = _probes({1: 100, 2: 190, 4: 360, 8: 640, 16: 1000, 32: 1040, 64: 1050, 128: 1050, 256: 1050, 512: 1050})
+
+
 def test_recommend_never_chooses_a_batch_larger_than_a_ranks_training_samples(tmp_path):
     """#27: recommend --workers 2 --limit-train 4000 found a knee of 2048 on one worker and then
     stopped at its own noise-scale run: 2048 samples per rank against a rank's 2000."""
@@ -128,6 +137,7 @@ def test_recommend_never_chooses_a_batch_larger_than_a_ranks_training_samples(tm
     per_rank = train_samples(run_config(train)) // 2
     assert per_rank < 2048
     written = {"find_batch.json": ({**train, "workers": 1}, dict(knee_batch=2048, safe_batch=4096, margin=0.05,
+                                                                  probes=_probes({1024: 900, 2048: 1000, 4096: 1000}),
                                                                   options={"max_batch": None})),
                # the noise-scale run is reused only if made at the capped knee, as recommend must ask for
                "noise_scale.json": ({**train, "workers": 2, "batch_size": per_rank},
@@ -153,6 +163,7 @@ def test_recommend_stays_at_the_knee_unless_the_noise_scale_says_so_beyond_its_e
 
     train = dict(workload="synthetic-cnn", device="cpu", synthetic_samples=4096, epochs=10, optimizer="sgd")
     written = {"find_batch.json": ({**train, "workers": 1}, dict(knee_batch=32, safe_batch=512, margin=0.05,
+                                                                  probes=_probes({1: 40, 2: 80, 16: 640, 32: 1000, 512: 1000}),
                                                                   options={"max_batch": None})),
                "noise_scale.json": ({**train, "workers": 2, "batch_size": 32},
                                     dict(critical_batch=5.0, b_simple_stderr=stderr, options={"steps": 200})),
@@ -179,11 +190,14 @@ def test_recommend_combines_the_measurements_by_its_stated_rules(tmp_path, given
     train = dict(workload="synthetic-cnn", device="cpu", synthetic_samples=4096, epochs=10, optimizer="sgd")
     samples = train_samples(run_config(train))
     cap = math.isqrt(samples)
-    per_worker = min(512, cap // 2)
+    # The √ cap allows 32 a worker, predicted 4 % faster to the loss than the knee 16: far below the
+    # critical batch (100 x 64) doubling the batch nearly halves the steps, at 1,050 against 1,000 samples/s.
+    per_worker = cap // 2
     written = {"find_batch.json": ({**train, "workers": 1}, dict(knee_batch=16, safe_batch=512, margin=0.05,
+                                                                  probes=_probes({8: 640, 16: 1000, 32: 1050, 512: 1050}),
                                                                   options={"max_batch": None})),
                "noise_scale.json": ({**train, "workers": 2, "batch_size": 16},
-                                    dict(critical_batch=10 * cap, options={"steps": 200})),
+                                    dict(critical_batch=100 * cap, options={"steps": 200})),
                "lr_find.json": ({**train, "workers": 1, "batch_size": per_worker},
                                 dict(suggested_lr=0.05, global_batch_size=per_worker, rule=RULE,
                                      options={"steps": 100, "rule": RULE}))}
@@ -203,3 +217,34 @@ def test_recommend_combines_the_measurements_by_its_stated_rules(tmp_path, given
     assert r["schedule"]["value"] == (given_schedule or "cosine")
     assert (f"--batch-size {per_worker} --lr 0.05 --base-batch-size {per_worker} --lr-scaling linear" in r["command"]
             and f"--schedule {given_schedule or 'cosine'}" in r["command"] and "--warmup-epochs 1.0" in r["command"])
+
+
+def test_recommend_compares_the_options_time_to_the_same_loss(tmp_path):
+    """#27: the rationale weighs each option by its predicted time to the same loss: McCandlish et
+    al.'s steps (1 + B_noise/B) times a step's time at find-batch's samples/s. By hand, B_noise 100 on
+    2 workers: the knee 16, (1 + 100/32) x 16/1000 = 0.0660; the √(4096) cap's 32,
+    (1 + 100/64) x 32/1040 = 0.0788, 1.19x; the critical batch's 50, at 1,046 samples/s between the
+    probes at 32 and 64, (1 + 100/100) x 50/1045.6 = 0.0956, 1.45x, and above the √ cap."""
+    from paratrain.batch.lr_find import RULE
+    from paratrain.batch.recommend import recommend
+
+    train = dict(workload="synthetic-cnn", device="cpu", synthetic_samples=4096, epochs=10, optimizer="sgd")
+    written = {"find_batch.json": ({**train, "workers": 1}, dict(knee_batch=16, safe_batch=512, margin=0.05, probes=KNEE_16,
+                                                                  options={"max_batch": None})),
+               "noise_scale.json": ({**train, "workers": 2, "batch_size": 16},
+                                    dict(critical_batch=100.0, b_simple_stderr=10.0, options={"steps": 200})),
+               "lr_find.json": ({**train, "workers": 1, "batch_size": 16},
+                                dict(suggested_lr=0.05, global_batch_size=16, rule=RULE, options={"steps": 100, "rule": RULE}))}
+    for name, (flags, result) in written.items():
+        (tmp_path / name).write_text(json.dumps({"train": flags, **result}))
+    r = recommend(train, workers=2, out=tmp_path)
+    options = {o["batch"]: o for o in r["per_worker_batch"]["options"]}
+    assert r["per_worker_batch"]["value"] == 16 == min(options, key=lambda b: options[b]["relative_time_to_loss"])
+    assert [round(options[b]["relative_time_to_loss"], 2) for b in (16, 32, 50)] == [1.0, 1.19, 1.45]
+    assert options[50]["ruled_out"] == "its global batch 100 exceeds the √(training samples) 64"
+    (note,) = [n for n in r["notes"] if n.startswith("time to the same loss")]
+    assert "S = S_min (1 + B_noise/B)" in note and "B_noise the critical batch 100" in note
+    assert ("16 a worker (the knee; global 32, 1,000 samples/s): 1.00x, chosen; "
+            "32 a worker (the √(training samples) / 2 workers; global 64, 1,040 samples/s): 1.19x, slower; "
+            "50 a worker (the critical batch (noise scale) / 2 workers; global 100, 1,046 samples/s): 1.45x, ruled out: "
+            "its global batch 100 exceeds the √(training samples) 64. 16 a worker wins: of the options,") in note

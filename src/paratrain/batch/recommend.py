@@ -6,7 +6,10 @@ The three measurements run in this order (each reused from OUT when the same fla
 2. noise-scale on the N workers at the knee batch: B_simple, which stands in for the critical batch
    (McCandlish et al. 2018); with the HPC rule of thumb of a global batch under √(training samples),
    it caps the global batch: beyond the cap more batch buys few fewer steps and may generalise worse
-   (Keskar et al. 2016; Shallue et al. 2018 measured the diminishing returns).
+   (Keskar et al. 2016; Shallue et al. 2018 measured the diminishing returns). Of the options (the
+   knee, the largest batch under each cap) the bounds allow, the per-worker batch is the one with the
+   shortest predicted time to the same loss: McCandlish et al.'s steps S = S_min (1 + B_noise/B)
+   times a step's time at find-batch's measured samples/s.
 3. lr-find on one worker at the chosen per-worker batch: the base LR for that batch, scaled to the
    global batch by the optimizer's rule (linear for SGD/LARS, Goyal et al. 2017; square root for the
    Adam family, You et al. 2019), with Goyal et al.'s gradual warmup when the LR is scaled up.
@@ -82,19 +85,40 @@ def recommend(train: dict[str, Any], workers: int, out: Path, noise_steps: int =
     # errors), is evidence that a smaller global batch trains better. A rule of thumb is not.
     stderr = noise.get("b_simple_stderr")
     upper = critical + 2 * stderr if critical and stderr is not None else None
-    if workers * knee <= cap:
-        per_worker = max(1, min(largest, int(cap // workers)))
-    elif cap_name.startswith("critical") and upper is not None and upper < workers * knee:
-        per_worker = max(1, int(cap // workers))
+    below_knee_allowed = (workers * knee > cap and cap_name.startswith("critical") and upper is not None
+                          and upper < workers * knee)
+    # The options weighed: the knee, and the largest batch each cap allows a worker.
+    options: dict[int, list[str]] = {knee: ["the knee"]}
+    for name, value in caps.items():
+        if value:
+            options.setdefault(max(1, min(largest, int(value // workers))), []).append(f"the {name} / {workers} workers")
+
+    def ruled_out(batch: int) -> Optional[str]:
+        if batch < knee and not below_knee_allowed:
+            return "below the knee, where a worker idles, and the noise scale does not rule out the knee's global batch"
+        if workers * batch > cap and (batch != knee or below_knee_allowed):
+            return f"its global batch {workers * batch:,} exceeds the {cap_name} {cap:,.0f}"
+        return None
+
+    allowed = [b for b in options if ruled_out(b) is None]
+    times = {}
+    if critical:
+        rates = samples_per_s_at(batches["probes"])
+        times = {b: time_to_loss(b, workers, critical, rates(b)) for b in options}
+        per_worker = min(allowed, key=times.get)
+    else:
+        per_worker = max(allowed)      # no noise scale, no time model: the most the cap allows
+    if per_worker < knee:
         notes.append(f"{workers} workers x the knee batch {knee} exceed the critical batch {critical:.0f} "
                      f"(+2 standard errors: {upper:.0f}): each worker runs below its knee; "
                      f"{max(1, int(cap // knee))} worker(s) would use theirs fully")
-    else:
-        per_worker = knee
+    elif workers * knee > cap:
         notes.append(f"{workers} workers x the knee batch {knee} exceed the {cap_name} {cap:.0f}, but "
                      + (f"within its error bar (+2 standard errors: {upper:.0f})" if cap_name.startswith("critical")
                         and upper is not None else "that is not a measurement of this model")
                      + ": each worker keeps its knee batch, below which it idles")
+    if times:
+        notes.append(time_to_loss_note(options, times, rates, per_worker, workers, critical, ruled_out))
     global_batch = workers * per_worker
 
     on_stage("lr-find")
@@ -118,7 +142,12 @@ def recommend(train: dict[str, Any], workers: int, out: Path, noise_steps: int =
     result = {
         "train": json.loads(json.dumps(train, default=str)), "workers": workers,
         "per_worker_batch": {"value": per_worker, "source": f"find-batch: knee {knee}, largest that fits {largest} "
-                             f"(margin {batches['margin']:.0%}); capped by the {cap_name} / {workers} workers"},
+                             f"(margin {batches['margin']:.0%}); the global batch within the {cap_name}; "
+                             + ("of the options, the shortest predicted time to the same loss (note)" if times else
+                                "no noise scale to predict the time to a loss: the largest the cap allows"),
+                             "options": [{"batch": b, "global_batch": workers * b, "suggested_by": by,
+                                          "relative_time_to_loss": times[b] / times[per_worker] if times else None,
+                                          "ruled_out": ruled_out(b)} for b, by in sorted(options.items())]},
         "global_batch": {"value": global_batch, "source": f"{workers} x {per_worker}; {cap_name} {cap:.0f} "
                          f"(critical batch {critical and round(critical)}, √{samples} = {sqrt_rule})"},
         "lr": {"value": lr, "source": f"lr-find at batch {base_batch}: {base_lr:.3g} ({lrs['rule']}), "
@@ -145,6 +174,50 @@ def recommend(train: dict[str, Any], workers: int, out: Path, noise_steps: int =
     result["command"] = train_command(train, result)
     write_result(out / RESULT_FILE, result)
     return result
+
+
+def samples_per_s_at(probes: list[dict[str, Any]]) -> Callable[[int], float]:
+    """find-batch's samples/s at any batch: as measured where it probed, linear between the probes
+    either side, the nearest probe's outside them."""
+    points = sorted((p["batch"], p["samples_per_s"]) for p in probes if p["fits"])
+
+    def rate(batch: int) -> float:
+        for (b0, r0), (b1, r1) in zip(points, points[1:]):
+            if b0 <= batch <= b1:
+                return r0 + (r1 - r0) * (batch - b0) / (b1 - b0)
+        return points[0][1] if batch < points[0][0] else points[-1][1]
+    return rate
+
+
+def time_to_loss(batch: int, workers: int, b_noise: float, samples_per_s: float) -> float:
+    """Wall time to a given loss, divided by S_min: McCandlish et al. 2018's steps
+    S = S_min (1 + B_noise / B) at the global batch B = workers x batch, each step taking a worker
+    batch / samples_per_s (its throughput at that batch; the workers step together)."""
+    return (1 + b_noise / (workers * batch)) * batch / samples_per_s
+
+
+def _times(ratio: float) -> str:
+    return f"{ratio:.2f}x" if ratio < 10 else f"{ratio:,.0f}x"
+
+
+def time_to_loss_note(options: dict[int, list[str]], times: dict[int, float], rates: Callable[[int], float],
+                      chosen: int, workers: int, b_noise: float, ruled_out: Callable[[int], Optional[str]]) -> str:
+    """The options' predicted times to the same loss, relative to the chosen one, and why it was chosen."""
+    described = []
+    for batch, by in sorted(options.items()):
+        why_not = ruled_out(batch)
+        verdict = "chosen" if batch == chosen else ("slower" if why_not is None else f"ruled out: {why_not}")
+        described.append(f"{batch:,} a worker ({', '.join(by)}; global {workers * batch:,}, {rates(batch):,.0f} samples/s): "
+                         f"{_times(times[batch] / times[chosen])}, {verdict}")
+    fastest = min(times.values()) == times[chosen]
+    among = "the options" if fastest else "the options not ruled out"
+    return (f"time to the same loss, relative to the chosen batch (McCandlish et al. 2018: steps S = S_min (1 + B_noise/B) "
+            f"at the global batch B, with B_noise the critical batch {b_noise:,.0f}; a step takes a worker its batch / "
+            f"find-batch's samples/s at that batch, interpolated between probes; communication left out): "
+            + "; ".join(described) + f". {chosen:,} a worker wins: of {among}, its steps to the loss times "
+            "the time a step takes is the smallest" + ("" if fastest else
+            " (the model counts steps to a training loss; the bounds also stand for what it leaves out: a global batch "
+            "beyond the critical batch may generalise worse, Keskar et al. 2016, and below the knee a worker idles)"))
 
 
 def train_command(train: dict[str, Any], result: dict[str, Any]) -> str:

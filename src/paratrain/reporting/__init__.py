@@ -102,6 +102,7 @@ def _batch_body(path: Path) -> str:
         lines += [f"{key.replace('_', ' ')}: {r[key]['value']:.4g} ({r[key]['source']})" if isinstance(r[key]["value"], float)
                   else f"{key.replace('_', ' ')}: {r[key]['value']} ({r[key]['source']})"
                   for key in ("per_worker_batch", "global_batch", "lr", "warmup_epochs", "schedule", "optimizer")]
+        lines += [f"note: {note}" for note in r["notes"]]
     if "find_batch" in results:
         f = results["find_batch"]
         lines.append(f"find-batch: largest batch that fits {f['max_batch']} (limited by {f['limited_by']}), "
