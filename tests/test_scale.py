@@ -416,3 +416,48 @@ def test_quiet_means_what_it_means_to_train_no_progress_bar(tmp_path):
     assert code == 0, err
     assert "epoch 1/1" not in err and "━" not in err, err
     assert "synthetic-cnn-w1-r0:" in err and "synthetic-cnn-w1-all-cores-r0:" in err, err
+
+
+def test_the_accuracy_plot_names_the_split_the_table_names(tmp_path, monkeypatch):
+    from paratrain.reporting import plots
+
+    labels = {}
+
+    def keep_label(fig, path):
+        labels[path.name] = fig.axes[0].get_ylabel()
+        plots.plt.close(fig)
+        return path
+
+    monkeypatch.setattr(plots, "_save", keep_label)
+    rows = scaling_rows([_fake_run(tmp_path / "a", "m", 1, [9.0, 8.0]), _fake_run(tmp_path / "b", "m", 2, [9.0, 5.0])])
+    study_plots({"mode": "weak", "rows": rows}, tmp_path)
+    assert labels["accuracy.png"] == "test accuracy" and "test acc" in study_table({"rows": rows})[0]
+    study_plots({"mode": "weak", "rows": [{**r, "val_split": "val"} for r in rows]}, tmp_path)
+    assert labels["accuracy.png"] == "val accuracy"
+
+
+def test_the_accuracy_curves_name_the_split_they_were_measured_on(tmp_path, monkeypatch):
+    from paratrain.reporting import plots
+
+    labels = {}
+
+    def keep_label(fig, path):
+        labels[path.name] = fig.axes[0].get_ylabel()
+        plots.plt.close(fig)
+        return path
+
+    monkeypatch.setattr(plots, "_save", keep_label)
+    runs = {}
+    for split in ("test", "val"):
+        run = _fake_run(tmp_path / split, "m", 1, [9.0, 8.0])
+        events = [{"event": "step", "step": 1, "samples": 32, "time": 0.1, "loss": 2.0},
+                  {"event": "epoch", "epoch": 0, "step": 1, "samples": 32, "time_end": 0.2},
+                  {"event": "eval", "epoch": 0, "split": split, "accuracy": 0.4}]
+        run.metrics.write_text("".join(json.dumps(e) + "\n" for e in events))
+        runs[split] = run
+    plots.curves_plots([runs["test"]], ["a"], tmp_path, "run-")
+    assert labels == {"run-loss.png": "training loss", "run-accuracy.png": "test accuracy"}
+    plots.curves_plots([runs["val"]], ["b"], tmp_path, "run-")
+    assert labels["run-accuracy.png"] == "val accuracy"
+    plots.curves_plots([runs["test"], runs["val"]], ["a", "b"], tmp_path, "cmp-")
+    assert labels["cmp-accuracy.png"] == "val/test accuracy"

@@ -175,3 +175,49 @@ def test_bad_sweep_input_is_one_line_exit_2_and_writes_nothing(tmp_path, script,
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert expected in lines[0], lines[0]
     assert not out.exists(), "nothing written on bad input"
+
+
+def _result(params: dict[str, list], metric: list[str], metrics_of) -> dict:
+    """A sweep.json of completed trials over every combination of `params`."""
+    import itertools
+
+    combos = [dict(zip(params, values)) for values in itertools.product(*params.values())]
+    return {"metric": metric, "space": {"parameters": {p: {"type": "discrete", "values": v} for p, v in params.items()}},
+            "trials": [{"number": i, "state": "COMPLETE", "params": c, "metrics": metrics_of(c)} for i, c in enumerate(combos)]}
+
+
+def test_sweep_plots_colour_by_the_second_parameter_and_show_test_beside_validation():
+    from matplotlib.colors import to_hex
+
+    from paratrain.reporting.plots import sweep_param_figure
+
+    result = _result({"lr": [0.01, 0.1], "batch_size": [16, 32]}, ["val_accuracy"],
+                     lambda c: {"val_accuracy": c["lr"], "test_accuracy": c["lr"] / 2, "time_s": c["batch_size"] / 8})
+    fig = sweep_param_figure(result, "lr")
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    # test_accuracy beside val_accuracy, each labelled with the split its values come from
+    assert [ax.get_ylabel() for ax in panels] == ["val_accuracy", "test_accuracy", "trial time (s)"]
+    assert list(panels[1].collections[0].get_offsets()[:, 1]) == [0.005, 0.005, 0.05, 0.05]
+    # the trials at batch 16 share one colour, those at 32 another, in every panel
+    for ax in panels:
+        colours = [to_hex(c) for c in ax.collections[0].get_facecolors()]
+        assert colours[0] == colours[2] != colours[1] == colours[3], colours
+    legend = panels[0].get_legend()
+    assert legend.get_title().get_text() == "batch_size" and [t.get_text() for t in legend.get_texts()] == ["16", "32"]
+    assert [to_hex(h.get_color()) for h in legend.legend_handles] == [to_hex(c) for c in
+                                                                       panels[0].collections[0].get_facecolors()[:2]]
+
+
+def test_a_continuous_second_parameter_gets_a_colorbar_and_a_lone_parameter_no_key():
+    from paratrain.reporting.plots import DISTINCT_COLOURS, sweep_param_figure
+
+    weights = [i / 100 for i in range(DISTINCT_COLOURS + 2)]
+    fig = sweep_param_figure(_result({"lr": [0.01, 0.1], "weight_decay": weights}, ["score"],
+                                     lambda c: {"score": c["lr"] + c["weight_decay"], "time_s": 1.0}), "lr")
+    colorbars = [ax for ax in fig.axes if ax.get_ylabel() == "weight_decay"]
+    assert len(colorbars) == 1 and not any(ax.get_legend() for ax in fig.axes)
+    assert len({tuple(c) for c in fig.axes[0].collections[0].get_facecolors()}) == len(weights)
+
+    alone = sweep_param_figure(_result({"lr": [0.01, 0.1]}, ["score"], lambda c: {"score": c["lr"], "time_s": 1.0}), "lr")
+    assert [ax.get_ylabel() for ax in alone.axes if ax.get_visible()] == ["score", "trial time (s)"]
+    assert not any(ax.get_legend() for ax in alone.axes)

@@ -88,7 +88,9 @@ def study_plots(result: dict[str, Any], out: Path) -> dict[str, Path]:
         ax.plot([r["global_batch_size"] for r in mine], [r["val_accuracy"] for r in mine], marker="o", label=workload)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("global batch size")
-    ax.set_ylabel("validation accuracy")
+    # The split the table's accuracy column names: a study's runs measure on the test split unless given --val-split.
+    splits = {r.get("val_split", "test") for r in measured}
+    ax.set_ylabel(f"{splits.pop() if len(splits) == 1 else 'val/test'} accuracy")
     ax.set_title("accuracy against global batch")
     ax.grid(alpha=0.3)
     ax.legend()
@@ -97,11 +99,13 @@ def study_plots(result: dict[str, Any], out: Path) -> dict[str, Path]:
 
 
 def curves_plots(runs: list[RunDir], labels: list[str], out: Path, prefix: str) -> dict[str, Path]:
-    """Training loss and validation accuracy against steps, samples seen and wall time."""
+    """Training loss and held-out accuracy (the validation split where a run has one, else the test
+    split) against steps, samples seen and wall time."""
     axes_keys = (("step", "optimizer steps"), ("samples", "samples seen"), ("time", "wall time (s)"))
     paths = {}
-    for metric, ylabel in (("loss", "training loss"), ("accuracy", "validation accuracy")):
+    for metric in ("loss", "accuracy"):
         fig, axes = plt.subplots(1, 3, figsize=(13, 3.6), sharey=True)
+        splits: set[str] = set()
         for run, label in zip(runs, labels):
             events = list(run.read_metrics())
             if metric == "loss":
@@ -109,13 +113,16 @@ def curves_plots(runs: list[RunDir], labels: list[str], out: Path, prefix: str) 
             else:
                 ends = {e["epoch"]: e for e in events if e["event"] == "epoch"}
                 split = "val" if any(e.get("split") == "val" for e in events) else "test"
+                splits.add(split)
                 points = [(ends[e["epoch"]]["step"], ends[e["epoch"]]["samples"], ends[e["epoch"]]["time_end"], e["accuracy"])
                           for e in events if e["event"] == "eval" and e["split"] == split and e["epoch"] in ends]
             for i, (ax, (_, xlabel)) in enumerate(zip(axes, axes_keys)):
                 ax.plot([p[i] for p in points], [p[3] for p in points], marker="." if metric == "accuracy" else None, label=label)
                 ax.set_xlabel(xlabel)
                 ax.grid(alpha=0.3)
-        axes[0].set_ylabel(ylabel)
+        # The split the accuracy was measured on, named as compare's and report's tables name it.
+        axes[0].set_ylabel("training loss" if metric == "loss" else
+                           f"{splits.pop() if len(splits) == 1 else 'val/test'} accuracy")
         axes[0].legend()
         paths[metric] = _save(fig, out / f"{prefix}{metric}.png")
     return paths
@@ -145,29 +152,7 @@ def sweep_plots(result: dict[str, Any], out: Path) -> dict[str, Path]:
     if not trials:
         return paths
     for param in params:
-        shown = [m for m in metrics if m != "time_s"] + ["time_s"]
-        # At most three panels a row, each the size of a single plot: labels stay readable at page width.
-        cols = min(len(shown), 3)
-        fig, axes = plt.subplots(-(-len(shown) // cols), cols, figsize=(4.2 * cols, 3.4 * -(-len(shown) // cols)),
-                                 squeeze=False)
-        for ax in axes.flat[len(shown):]:
-            ax.set_visible(False)
-        values = [t["params"].get(param) for t in trials]
-        categorical = any(isinstance(v, str) for v in values)
-        order = sorted(set(values), key=str) if categorical else None
-        for ax, metric in zip(axes.flat, shown):
-            xs = [order.index(v) for v in values] if categorical else values
-            ys = [t["metrics"].get(metric, float("nan")) for t in trials]
-            ax.scatter(xs, ys, alpha=0.8)
-            if categorical:
-                ax.set_xticks(range(len(order)), order)
-            elif _spans_decades(values):
-                ax.set_xscale("log", base=2 if all(float(v).is_integer() for v in values) else 10)
-            ax.set_xlabel(param)
-            ax.set_ylabel("trial time (s)" if metric == "time_s" else metric)
-            ax.grid(alpha=0.3)
-        fig.suptitle(f"{', '.join(shown)} against {param}")
-        paths[f"by-{param}"] = _save(fig, out / f"sweep-by-{param}.png")
+        paths[f"by-{param}"] = _save(sweep_param_figure(result, param), out / f"sweep-by-{param}.png")
 
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     numbers = [t["number"] for t in trials]
@@ -200,6 +185,69 @@ def sweep_plots(result: dict[str, Any], out: Path) -> dict[str, Path]:
     if result["algorithm"] == "grid" and len(params) == 2:
         paths["heatmap"] = _heatmap(result, params, out / "sweep-heatmap.png")
     return paths
+
+
+def sweep_param_figure(result: dict[str, Any], param: str) -> Any:
+    """The figure of sweep-by-PARAM.png: one panel per metric and the trial time against `param`'s
+    values; a validation metric's test counterpart, where the trials report one, in the panel beside
+    it. With a second parameter the points take its values' colours (a legend naming the parameter
+    and each value; a colorbar where it has more values than colours)."""
+    trials = [t for t in result["trials"] if t["state"] == "COMPLETE"]
+    shown = []
+    for metric in [m for m in result["metric"] if m != "time_s"]:
+        test = "test_" + metric.removeprefix("val_")
+        shown += [metric, *([test] if metric.startswith("val_") and test not in result["metric"]
+                            and any(test in t["metrics"] for t in trials) else [])]
+    shown.append("time_s")
+    # At most three panels a row, each the size of a single plot: labels stay readable at page width.
+    cols = min(len(shown), 3)
+    fig, axes = plt.subplots(-(-len(shown) // cols), cols, figsize=(4.2 * cols, 3.4 * -(-len(shown) // cols)),
+                             squeeze=False)
+    for ax in axes.flat[len(shown):]:
+        ax.set_visible(False)
+    values = [t["params"].get(param) for t in trials]
+    categorical = any(isinstance(v, str) for v in values)
+    order = sorted(set(values), key=str) if categorical else None
+    others = [p for p in result["space"]["parameters"] if p != param]
+    colours, key = _colours_by(others[0], [t["params"].get(others[0]) for t in trials]) if others else (None, None)
+    for ax, metric in zip(axes.flat, shown):
+        xs = [order.index(v) for v in values] if categorical else values
+        ys = [t["metrics"].get(metric, float("nan")) for t in trials]
+        ax.scatter(xs, ys, c=colours, alpha=0.8)
+        if categorical:
+            ax.set_xticks(range(len(order)), order)
+        elif _spans_decades(values):
+            ax.set_xscale("log", base=2 if all(float(v).is_integer() for v in values) else 10)
+        ax.set_xlabel(param)
+        ax.set_ylabel("trial time (s)" if metric == "time_s" else metric)
+        ax.grid(alpha=0.3)
+    if isinstance(key, list):
+        axes.flat[0].legend(handles=key, title=others[0], fontsize="small", title_fontsize="small")
+    elif key is not None:
+        fig.colorbar(key, ax=axes.flat[len(shown) - 1], label=others[0])     # one panel's: tight_layout takes no more
+    fig.suptitle(f"{', '.join(shown)} against {param}" + (f", coloured by {others[0]}" if others else ""))
+    return fig
+
+
+# A second parameter with more values than this is coloured along a colormap, not value by value.
+DISTINCT_COLOURS = 10
+
+
+def _colours_by(param: str, values: list[Any]) -> tuple[list[Any], Any]:
+    """Each point's colour by its value of `param`, and the key to them: legend handles (one colour a
+    value) or, for a numeric parameter with more values than DISTINCT_COLOURS, a colorbar mappable."""
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import LogNorm, Normalize
+    from matplotlib.lines import Line2D
+
+    distinct = sorted(set(values), key=_order)
+    if len(distinct) > DISTINCT_COLOURS and all(isinstance(v, (int, float)) for v in values):
+        norm = (LogNorm if _spans_decades(values) else Normalize)(min(values), max(values))
+        mappable = ScalarMappable(norm=norm, cmap="viridis")
+        return [mappable.to_rgba(v) for v in values], mappable
+    colour = {v: f"C{i % DISTINCT_COLOURS}" for i, v in enumerate(distinct)}
+    return ([colour[v] for v in values],
+            [Line2D([], [], marker="o", linestyle="", color=colour[v], label=_label(v)) for v in distinct])
 
 
 def heatmap_cells(result: dict[str, Any], metric: str) -> tuple[list[Any], list[Any], list[list[float]]]:
