@@ -145,6 +145,11 @@ def test_predicted_gains_of_the_probed_checks_by_hand(tmp_path):
     ev = read_run(probed_run(tmp_path / "d2", [{"phases_s": {"forward": 0.06, "comm": 0.04}},
                                                {"phases_s": {"forward": 0.04, "other": 0.051, "comm": 0.005}}]))
     assert sc.straggler(ev).saving == pytest.approx(1 - 0.045 / 0.098)
+    # ...but not when the other rank's own evaluation or checkpoint (here 12 ms of saving, against an excess of
+    # 6 ms) explains why the waiting rank ran cold: the checkpoint check names that cause.
+    ev = read_run(probed_run(tmp_path / "d3", [{"phases_s": {"forward": 0.016, "checkpoint": 0.012, "comm": 0.006}},
+                                               {"phases_s": {"forward": 0.022, "comm": 0.012}}]))
+    assert sc.straggler(ev) is None
     # rank 0 evaluates 40 ms a step alone on 2 ranks: sharded, half of it goes -> 20/100.
     ev = read_run(probed_run(tmp_path / "e", [{"phases_s": {"forward": 0.06, "eval": 0.04}},
                                               {"phases_s": {"forward": 0.06, "comm": 0.04}}]))

@@ -316,6 +316,12 @@ def straggler(ev: RunEvidence) -> Optional[Finding]:
     excess, step = busy[slow] - others, _step(ev)
     if excess / step < STRAGGLER_EXCESS or busy[slow] < STRAGGLER_RATIO * others:
         return None
+    # A rank that waited for another's evaluation or checkpoint runs its own phases slower afterwards
+    # (cold): when that exclusive work is as large as the excess, it explains it, and the evaluation or
+    # checkpoint check names the cause.
+    exclusive = max(r["phases_s"]["eval"] + r["phases_s"]["checkpoint"] for i, r in enumerate(ranks) if i != slow)
+    if exclusive >= excess:
+        return None
     shared = sum(min(r["phases_s"][p] for r in ranks) for p in own)
     new_step = shared + min(ev.rank_phase("comm"))
     saving = 1 - new_step / step
