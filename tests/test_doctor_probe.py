@@ -150,6 +150,27 @@ def test_predicted_gains_of_the_probed_checks_by_hand(tmp_path):
     ev = read_run(probed_run(tmp_path / "d3", [{"phases_s": {"forward": 0.016, "checkpoint": 0.012, "comm": 0.006}},
                                                {"phases_s": {"forward": 0.022, "comm": 0.012}}]))
     assert sc.straggler(ev) is None
+    # rank 1 runs the same batch with forward (50 ms against 40) and backward (100 against 80) both 1.25x
+    # slower: a slower core, not more work. The same model predicts the gain (40 + 80 + 5 ms of rank 1's
+    # comm against the step of 155 ms); it is named slow_rank and ranked after the run's own findings.
+    ev = read_run(probed_run(tmp_path / "d4", [
+        {"phases_s": {"forward": 0.04, "backward": 0.08, "comm": 0.035}, "samples_per_step": 32.0},
+        {"phases_s": {"forward": 0.05, "backward": 0.10, "comm": 0.005}, "samples_per_step": 32.0}]))
+    slow = sc.straggler(ev)
+    assert slow.check == "slow_rank" and "1.25x slower" in slow.finding
+    assert slow.saving == pytest.approx(1 - 0.125 / 0.155)
+    from paratrain.doctor import rank
+    from paratrain.doctor.finding import Finding
+    smaller = Finding("host_syncs", "", "", "", "", "", 0.05)
+    assert [f.check for f in rank([slow, smaller])] == ["host_syncs", "slow_rank"]
+    # ...but extra work in backward alone (forward as fast as the others'), or a bigger batch, is a straggler.
+    for name, extra in (("d5", {"phases_s": {"forward": 0.04, "backward": 0.11, "comm": 0.005},
+                                "samples_per_step": 32.0}),
+                        ("d6", {"phases_s": {"forward": 0.05, "backward": 0.10, "comm": 0.005},
+                                "samples_per_step": 40.0})):
+        ev = read_run(probed_run(tmp_path / name, [
+            {"phases_s": {"forward": 0.04, "backward": 0.08, "comm": 0.035}, "samples_per_step": 32.0}, extra]))
+        assert sc.straggler(ev).check == "straggler", name
     # rank 0 evaluates 40 ms a step alone on 2 ranks: sharded, half of it goes -> 20/100.
     ev = read_run(probed_run(tmp_path / "e", [{"phases_s": {"forward": 0.06, "eval": 0.04}},
                                               {"phases_s": {"forward": 0.06, "comm": 0.04}}]))

@@ -65,14 +65,18 @@ def diagnose_run(ev: RunEvidence) -> list[Finding]:
 # Problems that distort every other timing, fixed (or ruled out) first whatever their own saving:
 # oversubscribed ranks slow every phase; other work on the run's cores makes ranks wait for each other.
 ROOT_CAUSES = ("oversubscription", "contended")
+# Causes in the machine rather than the run (one core or device running the same work slower): no change
+# to the script or its flags removes them, and the next run may not meet them, so they come after the
+# run's own findings, whatever their saving.
+MACHINE_CAUSES = ("slow_rank",)
 
 
 def rank(findings: Sequence[Finding]) -> list[Finding]:
-    """Root causes first, then time findings by predicted saving, largest first; then advice
-    (accuracy, measurement)."""
-    def key(f: Finding) -> tuple[int, float]:
+    """Root causes first, then the run's time findings by predicted saving, largest first, then the
+    machine's; then advice (accuracy, measurement)."""
+    def key(f: Finding) -> tuple[int, bool, float]:
         root = ROOT_CAUSES.index(f.check) if f.check in ROOT_CAUSES else len(ROOT_CAUSES)
-        return root, -f.saving if f.saving is not None else 1.0
+        return root, f.check in MACHINE_CAUSES, -f.saving if f.saving is not None else 1.0
     return sorted(findings, key=key)
 
 

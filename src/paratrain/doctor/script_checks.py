@@ -24,6 +24,10 @@ EVAL_SHARE = 0.20           # evaluation, of the run's step time
 CHECKPOINT_SHARE = 0.10     # torch.save, of the step
 STRAGGLER_EXCESS = 0.10     # one rank's extra busy time, of the step, that the others wait for...
 STRAGGLER_RATIO = 1.2       # ...and this much busier than the median of the others
+# A straggler whose excess is this share in forward and backward, both slower by factors within this
+# spread of each other, runs the same work on a slower core or device (slow_rank), not more work.
+SLOW_CORE_COMPUTE_SHARE = 2 / 3
+SLOW_CORE_SPREAD = 1.25
 UNEVEN_STEPS = 1.10         # the rank with the most steps against the mean
 FIXED_STEP_SHARE = 0.5      # step time that does not grow with the batch, of the step
 BATCH_TARGET_FIXED = 0.25   # the remedy's batch: the fewest doublings that bring a step's fixed costs under this
@@ -325,16 +329,50 @@ def straggler(ev: RunEvidence) -> Optional[Finding]:
     shared = sum(min(r["phases_s"][p] for r in ranks) for p in own)
     new_step = shared + min(ev.rank_phase("comm"))
     saving = 1 - new_step / step
+    predicted = (f"{speedup(saving)}: a step of {ms(new_step)}, each phase as fast as the fastest rank ran it "
+                 f"({ms(shared)} of own work) plus the all-reduce's own time")
+    evidence = f"{_steps_text(ev)}; each rank's own work per step: " + ", ".join(
+        f"rank {r['rank']} {ms(b)}" for r, b in zip(ranks, busy))
+    factor = _same_work_slower(ranks, slow)
+    if factor is not None:
+        who = ranks[slow]["rank"]
+        return Finding(
+            "slow_rank", f"rank {who} runs the same work {factor:.2f}x slower: the others wait {ms(excess)} for it "
+                         "every step", evidence + f"; the same samples per step, and its forward and backward each "
+                                                  f"about {factor:.2f}x the others'",
+            "the ranks do the same work, but one core (or device) runs it slower: shared with other work, throttled, "
+            "or a fail-slow part; synchronous training goes at the pace of the slowest rank",
+            f"not in the script: see what else runs on rank {who}'s core or device (top, nvidia-smi) and whether it "
+            "is slower again in the next run; if it is, leave that node or device out", predicted, saving)
     return Finding(
         "straggler", f"rank {ranks[slow]['rank']} is a straggler: the others wait {ms(excess)} for it every step",
-        f"{_steps_text(ev)}; each rank's own work per step: " + ", ".join(
-            f"rank {r['rank']} {ms(b)}" for r, b in zip(ranks, busy)),
-        f"rank {ranks[slow]['rank']} has more work per step (an uneven shard, work under `if rank == ...`, a slower "
+        evidence, f"rank {ranks[slow]['rank']} has more work per step (an uneven shard, work under `if rank == ...`, a slower "
         "or shared core); synchronous training goes at the pace of the slowest rank",
         _code_change("give every rank the same work per step (equal shards from a DistributedSampler, no "
-                     "rank-specific work in the loop)", ev),
-        f"{speedup(saving)}: a step of {ms(new_step)}, each phase as fast as the fastest rank ran it ({ms(shared)} "
-        f"of own work) plus the all-reduce's own time", saving)
+                     "rank-specific work in the loop)", ev), predicted, saving)
+
+
+def _same_work_slower(ranks: list[dict[str, Any]], slow: int) -> Optional[float]:
+    """The factor by which the slow rank ran the others' work, when its excess looks like a slower core
+    rather than more work: the same samples per step, the excess in forward and backward (not in data or
+    the loop's own Python, where rank-specific work lands) and both slower by about one factor. Extra work
+    inside the model's forward slows forward alone; a bigger batch shows in the samples. None otherwise."""
+    others = [r for i, r in enumerate(ranks) if i != slow]
+    mine = ranks[slow]
+    samples = [r.get("samples_per_step", 0.0) for r in others]
+    if not all(abs(s - mine.get("samples_per_step", 0.0)) <= 0.01 * max(s, 1e-9) for s in samples):
+        return None
+    def phase(p: str) -> float:
+        return statistics.median(r["phases_s"][p] for r in others)
+    compute = ("forward", "backward")
+    excess = sum(mine["phases_s"][p] - phase(p) for p in ("data", *compute, "optimizer", "other"))
+    in_compute = sum(mine["phases_s"][p] - phase(p) for p in compute)
+    if excess <= 0 or in_compute < SLOW_CORE_COMPUTE_SHARE * excess or min(phase(p) for p in compute) <= 0:
+        return None
+    ratios = [mine["phases_s"][p] / phase(p) for p in compute]
+    if max(ratios) > SLOW_CORE_SPREAD * min(ratios):
+        return None
+    return statistics.mean(ratios)
 
 
 def _uneven(ranks: list[dict[str, Any]]) -> bool:
