@@ -266,7 +266,7 @@ def test_accumulation_runs_the_optimizer_once_per_optimizer_step():
 
 
 def test_find_unused_parameters_is_named_when_ddp_found_every_parameter_used(tmp_path):
-    # The fault catalogue's script (256 small linear layers, 96 samples a rank): DDP's logging data, read by
+    # The fault catalogue's script (256 small linear layers, 192 samples a rank): DDP's logging data, read by
     # the probe, saw no unused parameter, so the flag is pure cost and named; with --fix it is off.
     script = Path(__file__).parents[1] / "benchmarks" / "doctor_faults" / "find_unused.py"
     runs = {}
