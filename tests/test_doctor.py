@@ -94,6 +94,27 @@ def test_doctor_cli_prints_ranked_findings_and_json(runs):
     data = json.loads(subprocess.run([*run, str(runs["comm_heavy"]), "--json"], capture_output=True, text=True).stdout)
     for f in data["findings"]:
         assert {"finding", "evidence", "cause", "remedy", "predicted_gain"} <= set(f)
+    # read by a pager or `head` that has left before the report is written: no traceback for the closed pipe
+    reader, writer = os.pipe()
+    os.close(reader)
+    piped = subprocess.run([*run, str(runs["oversubscribed"])], stdout=writer, stderr=subprocess.PIPE, text=True)
+    os.close(writer)
+    assert piped.returncode == 1 and piped.stderr == "", piped.stderr
+
+
+def test_exact_remedies_whose_cost_hides_in_the_all_reduce_come_first():
+    # An all-reduce on every micro-step is fixed by no_sync() without changing the training; the small-batch
+    # finding counts those all-reduces as fixed cost, so it predicts more (1.61x) but is ranked second.
+    from paratrain.doctor import rank, verdict
+    from paratrain.doctor.finding import Finding
+    small = Finding("small_batch", "8 samples per rank", "", "", "", "1.61x faster per sample: ...", 0.38)
+    no_sync = Finding("no_sync_missing", "gradients are all-reduced 4 times", "", "", "", "1.53x faster: ...", 0.35)
+    comm = Finding("exposed_communication", "20% all-reduce", "", "", "", "1.32x faster per sample: ...", 0.24)
+    unused = Finding("find_unused_parameters", "DDP searches the graph", "", "", "", "1.02x faster: ...", 0.02)
+    assert [f.check for f in rank([small, no_sync])] == ["no_sync_missing", "small_batch"]
+    assert [f.check for f in rank([comm, unused])] == ["find_unused_parameters", "exposed_communication"]
+    assert verdict(rank([small, no_sync])).startswith("2 problem(s) costing time; fix first: gradients are all-reduced")
+    assert verdict([comm]).startswith("1 problem(s) costing time; the biggest: 20% all-reduce")
 
 
 @pytest.fixture(scope="module")

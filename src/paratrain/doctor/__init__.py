@@ -65,6 +65,11 @@ def diagnose_run(ev: RunEvidence) -> list[Finding]:
 # Problems that distort every other timing, fixed (or ruled out) first whatever their own saving:
 # oversubscribed ranks slow every phase; other work on the run's cores makes ranks wait for each other.
 ROOT_CAUSES = ("oversubscription", "contended")
+# Then faults whose remedy is exact (the same training, no LR or batch change) and whose cost is counted
+# inside the all-reduce that other checks read: an all-reduce on every micro-step, and
+# find_unused_parameters (its used-parameter map is all-reduced every step, after the last bucket).
+# Until they are fixed, the exposed-communication and small-batch findings count their time too.
+EXACT_FIRST = ("no_sync_missing", "find_unused_parameters")
 # Causes in the machine rather than the run (one core or device running the same work slower): no change
 # to the script or its flags removes them, and the next run may not meet them, so they come after the
 # run's own findings, whatever their saving.
@@ -72,11 +77,13 @@ MACHINE_CAUSES = ("slow_rank",)
 
 
 def rank(findings: Sequence[Finding]) -> list[Finding]:
-    """Root causes first, then the run's time findings by predicted saving, largest first, then the
-    machine's; then advice (accuracy, measurement)."""
+    """Root causes first, then exact remedies whose cost hides in the all-reduce, then the run's time
+    findings by predicted saving, largest first, then the machine's; then advice (accuracy, measurement)."""
+    order = (*ROOT_CAUSES, *EXACT_FIRST)
+
     def key(f: Finding) -> tuple[int, bool, float]:
-        root = ROOT_CAUSES.index(f.check) if f.check in ROOT_CAUSES else len(ROOT_CAUSES)
-        return root, f.check in MACHINE_CAUSES, -f.saving if f.saving is not None else 1.0
+        first = order.index(f.check) if f.check in order else len(order)
+        return first, f.check in MACHINE_CAUSES, -f.saving if f.saving is not None else 1.0
     return sorted(findings, key=key)
 
 
@@ -91,6 +98,10 @@ def verdict(findings: Sequence[Finding]) -> str:
                else "the timings below were measured in that state")
         first = "fix first" if top.saving is not None else "read with care"
         return f"{first}: {top.finding} ({why})" + (f"; {len(others)} more problem(s) costing time below" if others else "")
+    if top.check in EXACT_FIRST and len(timed) > 1:
+        return (f"{len(timed)} problem(s) costing time; fix first: {top.finding} (predicted: "
+                f"{top.predicted_gain.split(':')[0]}): an exact remedy, and its cost is counted in the all-reduce "
+                "the findings below read")
     if timed:
         return (f"{len(timed)} problem(s) costing time; the biggest: {timed[0].finding} "
                 f"(predicted: {timed[0].predicted_gain.split(':')[0]})")
