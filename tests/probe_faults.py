@@ -1,6 +1,9 @@
 """A plain torchrun-style DDP script (no paratrain import) with one planted fault, chosen by argv[1]:
 healthy, data, threads, straggler, rank0-eval, eval, checkpoint, no-sync, collective, uneven,
-find-unused, comm, small-batch, host-sync, broken-loader. tests/test_doctor_probe.py launches it and checks the doctor's top finding."""
+find-unused, comm, small-batch, host-sync, broken-loader; and two healthy ones wrapped otherwise: fsdp (FSDP2's
+fully_shard instead of DDP) and bare (no wrapper, one rank). tests/test_doctor_probe.py launches it and checks the
+doctor's top finding."""
+import contextlib
 import gc
 import os
 import sys
@@ -55,7 +58,18 @@ elif fault == "small-batch":     # little work per sample: a step's fixed costs 
 else:
     net = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(),
                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
-model = nn.parallel.DistributedDataParallel(net, find_unused_parameters=fault == "find-unused")
+if fault == "fsdp":      # FSDP2 on a CPU mesh: each conv and the head sharded, then the root
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in net:
+        if any(True for _ in layer.parameters()):
+            fully_shard(layer, mesh=mesh)
+    model = fully_shard(net, mesh=mesh)
+elif fault == "bare":
+    model = net
+else:
+    model = nn.parallel.DistributedDataParallel(net, find_unused_parameters=fault == "find-unused")
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 batch = 32 if fault == "comm" else 2 if fault == "small-batch" else 32
 train = Images((2 * STEPS * batch * world) if fault != "uneven" else 2 * STEPS * batch, slow=fault == "data")
@@ -71,7 +85,7 @@ if fault == "broken-loader":
     iterator._num_workers = "several"   # an iterator the probe cannot read: it must step aside
 # join() only where the shards are uneven: under it every DDP forward is a collective, so a rank
 # evaluating alone through the DDP model would wait for ranks that are not evaluating.
-with model.join(enable=fault == "uneven"):
+with model.join() if fault == "uneven" else contextlib.nullcontext():
     for i, (x, y) in enumerate(iterator):
         loss = nn.functional.cross_entropy(model(x), y) / accumulate
         loss.backward()                 # with accumulation and no no_sync(): an all-reduce every micro-step
