@@ -6,7 +6,7 @@ BIN     := $(VENV)/bin
 TORCH   ?= torch==2.13.0
 STAMP   := $(VENV)/.installed
 
-.PHONY: install demo test bench mutate clean
+.PHONY: install demo test bench mutate flake clean
 
 install: $(STAMP)
 
@@ -34,6 +34,12 @@ bench: install
 mutate: install
 	$(BIN)/python -c "import mutmut" 2>/dev/null || $(BIN)/python -m pip install -q -e ".[mutate]"
 	$(BIN)/python scripts/mutate.py $(MODULE)
+
+# The flake loop (not part of `make test`; hours for every file): make flake FILES="tests/test_launch.py" N=20
+# (scripts/flake.py; runs/flake/flake.json keeps runs and failures per file).
+flake: install
+	bash scripts/test-deps.sh
+	$(BIN)/python scripts/flake.py $(FILES) --runs $(or $(N),20)
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache
