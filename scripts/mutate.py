@@ -36,6 +36,8 @@ TESTS = {
     "batch/find_batch.py": ["tests/test_formulas_batch.py"],
     "sweep/space.py": ["tests/test_formulas_sweep_space.py", "tests/test_sweep_space.py"],
     "launch/slurm.py": ["tests/test_formulas_slurm.py"],
+    "doctor/script_checks.py": ["tests/test_formulas_doctor.py"],
+    "doctor/finding.py": ["tests/test_formulas_doctor.py"],
 }
 # module -> the functions whose mutants count, where the module also runs things (probes, runs,
 # benchmarks) that no unit test here can afford; none listed: the whole module.
