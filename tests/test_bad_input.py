@@ -73,6 +73,11 @@ BAD = {
     "sweep out under a file": (["sweep", "space.json", "--out", "file.txt/w"], "not a directory"),
     "launch run dir under a file": (["launch", "--run-dir", "file.txt/run", "train.py"], "not a directory"),
     "config file is a directory": (["train", "--config", "notes"], "notes is a directory"),
+    # a plain OSError, not one of its subclasses: the file system's own limit on a name
+    "train run dir name too long": (["train", "--workload", "synthetic-cnn", "--run-dir", "r" * 300],
+                                    "File name too long; a name in the path is longer"),
+    "scale out name too long": (["scale", "--workers", "1", "--out", "o" * 300, "--workload", "synthetic-cnn"],
+                                "File name too long"),
     "recommend without flags": (["recommend"], "missing required options --workers, --out"),
     "image smaller than the model takes": (["train", "--model", "resnet50v2", "--image-size", "4"],
                                            "resnet50v2 needs images of at least 8 px a side"),

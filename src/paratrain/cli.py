@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import errno
 import json
 import sys
 import types
@@ -26,13 +27,21 @@ TRAIN_SECTIONS = {
 }
 
 
-# What to do about a path that cannot be made or read, by the error the operating system gave.
+# What to do about a path that cannot be made or read, by the error the operating system gave. By
+# errno, not exception class: a read-only file system (what root meets where permissions would not
+# stop it), a name too long or a full disk are plain OSErrors.
+_UNWRITABLE = "pass a path you may write to (or read, for an input), or change its permissions"
 FILE_SYSTEM_FIXES = {
-    PermissionError: "pass a path you may write to (or read, for an input), or change its permissions",
-    NotADirectoryError: "a part of the path is a file, not a directory; pass a path under a directory",
-    IsADirectoryError: "it is a directory; pass a file's path",
-    FileNotFoundError: "check the path",
-    FileExistsError: "pass a path that does not exist yet, or remove it",
+    errno.EACCES: _UNWRITABLE,
+    errno.EPERM: _UNWRITABLE,
+    errno.EROFS: "the file system is read-only; pass a path on a writable one",
+    errno.ENOTDIR: "a part of the path is a file, not a directory; pass a path under a directory",
+    errno.EISDIR: "it is a directory; pass a file's path",
+    errno.ENOENT: "check the path",
+    errno.EEXIST: "pass a path that does not exist yet, or remove it",
+    errno.ENAMETOOLONG: "a name in the path is longer than the file system allows; pass a shorter one",
+    errno.ENOSPC: "the disk is full; free space or pass a path on another disk",
+    errno.EDQUOT: "the disk quota is used up; free space or pass a path on another disk",
 }
 
 
@@ -82,11 +91,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         print("paratrain: interrupted", file=sys.stderr)
         return 130
-    except (PermissionError, NotADirectoryError, IsADirectoryError, FileNotFoundError, FileExistsError) as exc:
-        if exc.filename is None:
+    except OSError as exc:
+        if exc.filename is None or exc.errno not in FILE_SYSTEM_FIXES:
             raise
         # A path the user passed cannot be made or read: theirs to fix, so one line, not a traceback.
-        print(f"paratrain {args.command}: error: {exc.filename}: {exc.strerror}; {FILE_SYSTEM_FIXES[type(exc)]}",
+        print(f"paratrain {args.command}: error: {exc.filename}: {exc.strerror}; {FILE_SYSTEM_FIXES[exc.errno]}",
               file=sys.stderr)
         return 2
     except Exception as exc:
