@@ -73,3 +73,17 @@ class PlantedMemory(nn.Module):
 
 def planted_memory(num_classes: int = 10) -> nn.Module:
     return PlantedMemory(num_classes)
+
+
+MLP_SAMPLES, MLP_FEATURES = 4096, 16
+
+
+def mlp_vectors():
+    """(train, test) for a small MLP (user_factories:mlp): 16-float vectors of class 1 when a fixed
+    linear function of them exceeds a threshold (about one in nine do). The samples' gradients at the
+    start mostly agree, so the noise scale is small and sure (about 10 ± 1.5), below 2 workers x any
+    knee from 8 up, as for the MLP of issue #27 (a noise scale of 5)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(MLP_SAMPLES + 512, MLP_FEATURES, generator=g)
+    y = (x @ torch.randn(MLP_FEATURES, generator=g) > 4.0).long()
+    return TensorDataset(x[:MLP_SAMPLES], y[:MLP_SAMPLES]), TensorDataset(x[MLP_SAMPLES:], y[MLP_SAMPLES:])

@@ -248,3 +248,34 @@ def test_recommend_compares_the_options_time_to_the_same_loss(tmp_path):
             "32 a worker (the √(training samples) / 2 workers; global 64, 1,040 samples/s): 1.19x, slower; "
             "50 a worker (the critical batch (noise scale) / 2 workers; global 100, 1,046 samples/s): 1.45x, ruled out: "
             "its global batch 100 exceeds the √(training samples) 64. 16 a worker wins: of the options,") in note
+
+
+def test_recommend_on_a_small_mlp_stays_inside_its_stated_bounds(tmp_path, capsys):
+    """#27: on a small MLP recommend advised 2 samples per worker (a noise scale of 5 against a knee of
+    1,024) and SGD at LR 2. Measured end to end here (find-batch, noise-scale and lr-find on a 16-32-2
+    MLP whose noise scale is small and sure, so that its batch, like the issue's, goes below the knee
+    wherever the knee is measured at 8 or more): the per-worker batch is at most the largest batch that
+    fits, below the knee only where the noise scale says so beyond its error bar; the global batch is
+    within its cap unless the knee is kept; the LR is lr-find's at the batch recommended, scaled
+    linearly (SGD), and below where the range test's loss turned up."""
+    from batch_factories import MLP_SAMPLES
+
+    workers, out = 2, tmp_path / "rec"
+    result, printed = _run(capsys, "recommend", out, workers=workers, model="user_factories:mlp",
+                           dataset="batch_factories:mlp_vectors", num_classes=2, device="cpu", epochs=5,
+                           max_batch=128, noise_steps=40, lr_steps=40)
+    found, noise, lrs = (json.loads((out / f"{name}.json").read_text()) for name in ("find_batch", "noise_scale", "lr_find"))
+    per_rank = MLP_SAMPLES // workers
+    knee, largest = min(found["knee_batch"], per_rank), min(found["safe_batch"], per_rank)
+    per_worker, global_batch = result["per_worker_batch"]["value"], result["global_batch"]["value"]
+    critical, stderr = noise["critical_batch"], noise["b_simple_stderr"]
+    assert global_batch == workers * per_worker and 1 <= per_worker <= largest, (per_worker, knee, largest)
+    if per_worker < knee:
+        assert critical + 2 * stderr < workers * knee, (per_worker, knee, critical, stderr)
+    cap = min(c for c in (critical, math.isqrt(MLP_SAMPLES)) if c)       # no noise scale measured: the √ rule alone
+    assert global_batch <= cap or per_worker == knee, (global_batch, cap, knee)
+    # the LR: lr-find's, measured at the batch recommended, scaled to the global batch
+    assert lrs["train"]["batch_size"] == per_worker and result["base_lr"] == lrs["suggested_lr"]
+    assert result["lr"]["value"] == pytest.approx(lrs["suggested_lr"] * global_batch / lrs["global_batch_size"])
+    assert lrs["diverged_at_lr"] is None or lrs["suggested_lr"] < lrs["diverged_at_lr"]
+    assert f"saved: {out / 'recommend.json'}" in printed
