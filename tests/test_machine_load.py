@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -43,3 +44,29 @@ def test_a_run_sharing_its_core_with_a_busy_process_is_recorded_as_contended(tmp
     assert load["other_fraction"] > 0.3 and load["contended"] is True, load
     # ...and the run's own CPU time was not counted as other work
     assert 0.15 * load["wall_s"] < load["run_cpu_s"] < 1.1 * load["wall_s"], load
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="the all-cores reference needs two cores to be one process on")
+def test_a_busy_core_under_the_all_cores_reference_is_a_flag_not_a_speedup(tmp_path):
+    """#27: on a busy machine the all-cores reference (one process, a thread per core) collapsed, and
+    the headline read 4.99x for 2 workers. A busy loop on the last core takes a core from the
+    reference and none from the 1-worker point (pinned to the first): the reference's row is
+    flagged contended and the headline claims no gain against it."""
+    last = max(os.sched_getaffinity(0))
+    busy = subprocess.Popen([sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{last}}})\nwhile True: pass"])
+    try:
+        done = subprocess.run([PARATRAIN, "scale", "--workers", "1", "--workload", "synthetic-cnn", "--synthetic-samples",
+                               "1024", "--epochs", "2", "--device", "cpu", "--quiet", "--out", str(tmp_path / "s")],
+                              capture_output=True, text=True, timeout=300)
+    finally:
+        busy.kill()
+        busy.wait()
+    assert done.returncode == 0, done.stderr
+    (ref,) = [r for r in json.loads((tmp_path / "s" / "scaling.json").read_text())["rows"]
+              if r["point"] == "all_cores_reference"]
+    # measured on every core the reference ran on, the busy one included
+    load = json.loads((Path(ref["run_dir"]) / "summary.json").read_text())["machine_load"]
+    assert load["cores"] == len(os.sched_getaffinity(0)) and load["contended"] is True, load
+    assert "contended" in ref["flags"], ref
+    (headline,) = [line for line in done.stdout.splitlines() if "(what 'paratrain train --workers 1' runs)" in line]
+    assert "can't tell" in headline and "was slowed by other work" in headline and "speedup" not in headline, headline
