@@ -9,6 +9,7 @@ import argparse
 import difflib
 import errno
 import json
+import os
 import sys
 import types
 import typing
@@ -91,6 +92,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         print("paratrain: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader left (`paratrain doctor RUN | head`): what it read is all it wanted. Python's own
+        # idiom (signal module docs): point stdout at devnull so the flush at exit raises nothing more.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except OSError as exc:
         if exc.filename is None or exc.errno not in FILE_SYSTEM_FIXES:
             raise
