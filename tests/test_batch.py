@@ -279,3 +279,25 @@ def test_recommend_on_a_small_mlp_stays_inside_its_stated_bounds(tmp_path, capsy
     assert result["lr"]["value"] == pytest.approx(lrs["suggested_lr"] * global_batch / lrs["global_batch_size"])
     assert lrs["diverged_at_lr"] is None or lrs["suggested_lr"] < lrs["diverged_at_lr"]
     assert f"saved: {out / 'recommend.json'}" in printed
+
+
+@pytest.mark.parametrize("command", ["find-batch", "recommend"])
+@pytest.mark.parametrize("out", ["file.txt/out", "o" * 300], ids=["under-a-file", "name-too-long"])
+def test_an_out_that_cannot_be_written_is_refused_before_any_measurement(tmp_path, monkeypatch, capsys, command, out):
+    """#27: an --out that cannot be written was found only when the result was saved, after every
+    probe of find-batch had run (minutes, on a real model); it is one line before the first."""
+    from paratrain.batch import find_batch as find_batch_module
+
+    def probe(*args, **kwargs):
+        raise AssertionError("a probe ran before --out was checked")
+
+    monkeypatch.setattr(find_batch_module, "_probe", probe)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "file.txt").write_text("a file, not a directory")
+    argv = [command, *(["--workers", "2"] if command == "recommend" else []), "--workload", "synthetic-cnn",
+            "--synthetic-samples", "64", "--device", "cpu", "--out", out]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert ("a file, not a directory" if "/" in out else "File name too long") in err, err
+    assert [p.name for p in tmp_path.iterdir()] == ["file.txt"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 from pathlib import Path
 from typing import Any, Optional
@@ -27,6 +28,19 @@ def check_train_flags(train: dict[str, Any], command: str) -> None:
     owned = [k for k in train if k in COMMAND_OWNED]
     if owned:
         raise UsageError(f"paratrain {command} sets --{owned[0].replace('_', '-')} itself on the runs it starts; drop it")
+
+
+def check_out(out: Path) -> None:
+    """Refuse an --out that cannot be written before the measurement runs, not minutes later when the
+    result is saved: the nearest directory on its path that exists must be one this process may write
+    to. (A name longer than the file system allows raises its OSError here, which the CLI words.)"""
+    out = Path(out)
+    existing = next(p for p in (out, *out.parents) if p.exists())
+    if not existing.is_dir():
+        raise UsageError(f"--out {out}: {existing} is a file, not a directory; pass a path under a directory")
+    if not os.access(existing, os.W_OK):
+        raise UsageError(f"--out {out}: {existing} is not writable (its permissions, or a read-only file system); "
+                         "pass a path you may write to")
 
 
 def train_samples(cfg: TrainConfig) -> int:

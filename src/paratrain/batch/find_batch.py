@@ -30,7 +30,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from paratrain.batch import check_train_flags, run_config, steps_run_config, train_samples, write_result
+from paratrain.batch import check_out, check_train_flags, run_config, steps_run_config, train_samples, write_result
 from paratrain.config import TrainConfig
 from paratrain.errors import RunFailed, UsageError
 
@@ -100,6 +100,7 @@ def find_batch(train: dict[str, Any], out: Path, margin: float = 0.05, max_batch
     check_train_flags(train, "find-batch")
     if "batch_size" in train:
         raise UsageError("paratrain find-batch chooses --batch-size itself; drop it")
+    check_out(out)
     from paratrain.launch.placement import plan_placement
 
     base = run_config(train)

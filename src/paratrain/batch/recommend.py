@@ -26,7 +26,7 @@ import shlex
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from paratrain.batch import check_train_flags, read_result, run_config, train_samples, write_result
+from paratrain.batch import check_out, check_train_flags, read_result, run_config, train_samples, write_result
 from paratrain.batch import find_batch as find_batch_module
 from paratrain.batch import lr_find as lr_find_module
 from paratrain.batch import noise_scale as noise_scale_module
@@ -60,6 +60,7 @@ def recommend(train: dict[str, Any], workers: int, out: Path, noise_steps: int =
     for stage in ("find-batch", "noise-scale", "lr-find"):
         check_train_flags(train, stage)
     run_config({**train, "workers": workers}, grad_noise=True)     # the noise-scale run's layout, validated
+    check_out(out)
 
     on_stage("find-batch")
     batches = (read_result(out / find_batch_module.RESULT_FILE, one, max_batch=max_batch)
