@@ -375,6 +375,8 @@ def test_small_batch_goes_no_further_than_the_timed_batches(tmp_path):
     assert saving("b", 2.0, [2, 3]) == pytest.approx(1 - 0.104 / 0.2)
     # timed at 1 and 64: no further than 32x. 1 + 2 ms grow: 100 + 31 x 3 = 193 ms against 3,200
     assert saving("c", 1.0, [1, 64]) == pytest.approx(1 - 0.193 / 3.2)
+    # timed at 3 and 30: 10x, so the last doubling within it is 8x, not 16x: 135 ms against 800, as in "a"
+    assert saving("d", 3.0, [3, 30]) == pytest.approx(1 - 0.135 / 0.8)
 
 
 def test_no_sync_missing_at_its_line_and_on_one_rank(tmp_path):

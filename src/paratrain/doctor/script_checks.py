@@ -165,7 +165,7 @@ def small_batch(ev: RunEvidence) -> Optional[Finding]:
     largest = max(2, min(MAX_BATCH_FACTOR, *(r["batch_slope_between"][1] // r["batch_slope_between"][0]
                                              for r in ranks)))
     k = 2
-    while fixed / (step + (k - 1) * grows) > BATCH_TARGET_FIXED and k < largest:
+    while fixed / (step + (k - 1) * grows) > BATCH_TARGET_FIXED and 2 * k <= largest:
         k *= 2
     new_step = step + (k - 1) * grows
     saving = 1 - new_step / (k * step)
