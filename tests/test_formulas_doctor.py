@@ -697,3 +697,15 @@ def test_the_straggler_is_whichever_rank_works_longest(tmp_path):
     found = sc.straggler(probed(tmp_path, "b", [fast, {"phases_s": {"forward": 0.05, "backward": 0.10,
                                                                     "comm": 0.005}}, fast]))
     assert found.check == "slow_rank" and found.finding.startswith("rank 1 runs the same work 1.25x slower")
+
+
+def test_verify_refuses_a_machine_cause_in_one_line_naming_it(tmp_path):
+    # A slow core is no code change either: the refusal says it is in the machine, with the remedy to look.
+    from paratrain.doctor.verify import verify
+    from paratrain.errors import UsageError
+    run = probed_run(tmp_path / "run", [
+        {"phases_s": {"forward": 0.04, "backward": 0.08, "comm": 0.035}, "samples_per_step": 32.0},
+        {"phases_s": {"forward": 0.05, "backward": 0.10, "comm": 0.005}, "samples_per_step": 32.0}])
+    with pytest.raises(UsageError, match=r"the top finding \(slow_rank\) is in the machine, not the run") as refused:
+        verify(run)
+    assert "code change" not in str(refused.value) and not (tmp_path / "run-verify").exists()

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from paratrain.doctor import diagnose_run, rank
+from paratrain.doctor import MACHINE_CAUSES, diagnose_run, rank
 from paratrain.doctor.evidence import json_file, read_run, rerun_command
 from paratrain.errors import RunFailed, UsageError
 from paratrain.runs import SCALING_FILE, SWEEP_FILE, RunDir
@@ -43,6 +43,9 @@ def verify(path: Path, repeats: int = 1) -> dict[str, Any]:
     if not timed:
         raise UsageError(f"{path}: no finding predicts a gain, so there is nothing to verify")
     top = timed[0]
+    if top.check in MACHINE_CAUSES:
+        raise UsageError(f"{path}: the top finding ({top.check}) is in the machine, not the run: no flag of the run "
+                         f"changes it, so --verify has nothing to rerun; {top.remedy}")
     if top.rerun is None:
         change = top.remedy.split(": ", 1)[-1] if top.remedy.startswith("code change") else top.remedy
         raise UsageError(f"{path}: the top finding ({top.check}) has a code change as its remedy ({change}); --verify "
