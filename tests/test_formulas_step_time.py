@@ -225,6 +225,11 @@ def test_calibration_fits_efficiency_fixed_cost_and_overhead_per_rank_count():
     assert flat(eff.overhead_by_devices) == pytest.approx([1, 8e-3, 2, 2e-3], rel=1e-9)
     assert eff.compute == pytest.approx(0.4) and eff.overhead_s == pytest.approx(8e-3)
     assert "0.400 on 1 rank(s)" in eff.source and "+ 10.00 ms a step" in eff.source
+    # the whole sentence plan shows: a fixed cost on one count shows the others' too (0 ms), the
+    # overheads in ms per count, the fits and the overheads each listed with ", "
+    assert eff.source == ("calibrated from 5 run(s) measured here (r, r, r, r, r): compute efficiency "
+                          "0.400 on 1 rank(s) + 0.00 ms a step, 0.500 on 2 rank(s) + 10.00 ms a step of the peak "
+                          "(waiting for other ranks included), per-step overhead 8.00 ms on 1 rank(s), 2.00 ms on 2 rank(s)")
 
 
 def test_calibration_from_one_batch_size_has_no_fixed_cost():
@@ -232,6 +237,10 @@ def test_calibration_from_one_batch_size_has_no_fixed_cost():
     # 2 ranks: busy 0.2 + (25 - 5) ms = 0.22 -> 0.1 / 0.22
     assert flat(eff.by_devices) == pytest.approx([1, 0.4, 2, 0.1 / 0.22], rel=1e-9)
     assert eff.fixed_by_devices == ()
+    # no fixed cost anywhere: none is shown
+    assert eff.source == ("calibrated from 2 run(s) measured here (r, r): compute efficiency 0.400 on 1 rank(s), "
+                          "0.455 on 2 rank(s) of the peak (waiting for other ranks included), "
+                          "per-step overhead 0.00 ms on 1 rank(s), 0.00 ms on 2 rank(s)")
 
 
 def test_calibration_needs_a_measured_compute_time():
@@ -281,6 +290,35 @@ def test_runs_that_cannot_calibrate_say_why(change, why):
     summary = {**run(1, 100, 0.25), "status": "completed", "strategy": "ddp", **change}
     assert _unusable(summary).startswith(why)
     assert _unusable({**run(1, 100, 0.25), "status": "completed", "strategy": "zero1"}) == ""
+
+
+def test_read_runs_keeps_usable_runs_in_order_and_refuses_the_rest(tmp_path):
+    import json
+
+    from paratrain.plan.calibrate import read_runs
+
+    def write(name: str, config: bool = True, summary: dict | None = None):
+        path = tmp_path / name
+        path.mkdir()
+        if config:
+            (path / "config.json").write_text("{}")
+        if summary is not None:
+            (path / "summary.json").write_text(json.dumps(summary))
+        return path
+
+    good = {**run(1, 100, 0.25), "status": "completed", "strategy": "ddp"}
+    del good["_path"]
+    first, second = write("first", summary=good), write("second", summary={**good, "workers": 2})
+    runs = read_runs([first, second])
+    # each summary as written, with the path it came from (the source's run names are its last part)
+    assert runs == [{**good, "_path": str(first)}, {**good, "workers": 2, "_path": str(second)}]
+    # a run directory needs both files: no summary (not finished), or no config (not a run)
+    for bad in (write("no-summary"), write("no-config", config=False, summary=good)):
+        with pytest.raises(UsageError, match=f"--calibrate {bad}: not a paratrain run directory"):
+            read_runs([first, bad])
+    failed = write("failed", summary={**good, "status": "failed"})
+    with pytest.raises(UsageError, match=f"--calibrate {failed}: the run did not complete"):
+        read_runs([first, failed])
 
 
 def test_one_byte_is_still_a_collective_and_odd_rank_counts_round_up_to_nodes():
