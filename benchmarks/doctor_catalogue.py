@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FAULTS_DIR = Path(__file__).resolve().parent / "doctor_faults"
 PARATRAIN = Path(sys.executable).parent / "paratrain"
 FAULTS = ["healthy", "data_wait", "oversubscribed", "straggler", "rank0_eval", "small_batch", "exposed_comm",
-          "no_sync", "find_unused", "uneven_shards", "eval_heavy", "checkpoint_heavy", "host_sync"]
+          "no_sync", "find_unused", "uneven_shards", "eval_heavy", "checkpoint_heavy", "host_sync", "loader_workers"]
 
 
 def command(fault: str, launch_args: list[str], fix: bool, run_dir: Path | None = None) -> list[str]:

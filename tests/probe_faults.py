@@ -1,6 +1,6 @@
 """A plain torchrun-style DDP script (no paratrain import) with one planted fault, chosen by argv[1]:
 healthy, data, threads, straggler, rank0-eval, eval, checkpoint, no-sync, collective, uneven,
-find-unused, comm, small-batch, host-sync, broken-loader; and two healthy ones wrapped otherwise: fsdp (FSDP2's
+find-unused, comm, small-batch, host-sync, loader-workers, broken-loader; and two healthy ones wrapped otherwise: fsdp (FSDP2's
 fully_shard instead of DDP) and bare (no wrapper, one rank). tests/test_doctor_probe.py launches it and checks the
 doctor's top finding."""
 import contextlib
@@ -32,6 +32,19 @@ class Images(Dataset):
         return self.x[i], self.y[i]
 
 
+class Generated(Dataset):
+    """Large samples made on the fly: cheap to prepare, costly to ship from a worker process."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return torch.full((3, 128, 128), float(i % 7)), i % 10
+
+
 def spin(seconds):
     """CPU work of `seconds` of this thread's CPU time, whatever else runs on the machine."""
     end = time.thread_time() + seconds
@@ -58,6 +71,8 @@ elif fault == "small-batch":     # little work per sample: a step's fixed costs 
 else:
     net = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(),
                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+    if fault == "loader-workers":
+        net = nn.Sequential(nn.AvgPool2d(8), *net)      # its 128x128 samples down to the usual 16x16
 if fault == "fsdp":      # FSDP2 on a CPU mesh: each conv and the head sharded, then the root
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -76,6 +91,9 @@ train = Images((2 * STEPS * batch * world) if fault != "uneven" else 2 * STEPS *
 if fault == "uneven":       # rank 1 gets twice rank 0's samples; join() keeps DDP from hanging
     share = [range(0, STEPS * batch * 2 // 3), range(STEPS * batch * 2 // 3, 2 * STEPS * batch)][rank]
     loader = DataLoader(torch.utils.data.Subset(train, list(share)), batch_size=batch)
+elif fault == "loader-workers":     # 4 workers a rank on the one core launch gave it
+    train = Generated(len(train))
+    loader = DataLoader(train, batch_size=batch, sampler=DistributedSampler(train), num_workers=4)
 else:
     loader = DataLoader(train, batch_size=batch, sampler=DistributedSampler(train))
 held_out = Images(256)

@@ -32,7 +32,8 @@ def top(diagnosis):
     ("data", "data_wait"), ("threads", "oversubscription"), ("straggler", "straggler"),
     ("rank0-eval", "rank0_alone"), ("eval", "evaluation_share"), ("checkpoint", "checkpoint_share"),
     ("no-sync", "no_sync_missing"), ("uneven", "uneven_shards"),
-    ("comm", "exposed_communication"), ("small-batch", "small_batch"), ("collective", "host_sync_stalls")])
+    ("comm", "exposed_communication"), ("small-batch", "small_batch"), ("collective", "host_sync_stalls"),
+    ("loader-workers", "loader_workers")])
 def test_a_planted_fault_is_the_top_finding_with_a_predicted_speedup(tmp_path, fault, check):
     diagnosis = diagnose(launch(tmp_path, fault))
     found = top(diagnosis)

@@ -709,3 +709,48 @@ def test_verify_refuses_a_machine_cause_in_one_line_naming_it(tmp_path):
     with pytest.raises(UsageError, match=r"the top finding \(slow_rank\) is in the machine, not the run") as refused:
         verify(run)
     assert "code change" not in str(refused.value) and not (tmp_path / "run-verify").exists()
+
+
+def test_loader_workers_on_the_ranks_cores_by_hand(tmp_path):
+    from paratrain.doctor.evidence import read_run
+    from paratrain.doctor import diagnose, script_checks as sc
+
+    # A 30 ms step, 4 ms of it the data phase; forward and backward 20 ms a micro-step with the workers
+    # running, 16 ms with them stopped; a batch prepared in the rank 2 ms. One thread on one core, so the
+    # remedy is num_workers=0: 30 - 4 - 4 + 2 = 24 ms -> 1 - 24/30 = 20 % saved.
+    pause = {"paused_steps": 3, "fb_per_micro_s": 0.020, "paused_fb_per_micro_s": 0.016, "inline_load_s": 0.002,
+             "loader_cpu_per_batch_s": 0.005, "loader_workers": 4}
+    phases = {"data": 0.004, "forward": 0.012, "backward": 0.008, "comm": 0.006}
+    run = probed_run(tmp_path / "a", [{"phases_s": phases, **pause}] * 2)
+    found = sc.loader_workers(read_run(run))
+    assert found.saving == pytest.approx(1 - 0.024 / 0.030)
+    assert found.check == "loader_workers" and found.remedy.startswith("code change in train.py: DataLoader(..., num_workers=0)")
+    assert "4 DataLoader workers per rank share its 1 core(s) with torch's 1 thread(s)" == found.finding
+    assert "16.0 ms a micro-step against 20.0 ms" in found.evidence and "took 2.0 ms" in found.evidence
+    # It is a root cause (it slows every phase), so it comes first; the data wait's remedy (more workers)
+    # would add to it, so that check says nothing here.
+    assert sc.data_wait(read_run(run)) is None
+    assert diagnose(run)["findings"][0]["check"] == "loader_workers"
+    # Two micro-steps a step: the stall and the loading both count twice: 30 - 4 - 8 + 4 = 22 ms.
+    two = probed_run(tmp_path / "b", [{"phases_s": phases, **pause, "micro_per_step": 2.0}] * 2)
+    assert sc.loader_workers(read_run(two)).saving == pytest.approx(1 - 0.022 / 0.030)
+    # No batch prepared in the rank (an iterable dataset): the workers' 5 ms per batch stands for it.
+    no_inline = {**pause, "inline_load_s": None}
+    ev = read_run(probed_run(tmp_path / "c", [{"phases_s": phases, **no_inline}] * 2))
+    assert sc.loader_workers(ev).saving == pytest.approx(1 - 0.027 / 0.030)
+    assert "the workers' CPU per batch stands for it" in sc.loader_workers(ev).evidence
+    # Two cores, one thread: one worker on the free core, hidden while it keeps up: the step without the
+    # stall and the data wait, plus the rank's own receiving (1 ms): 30 - 4 - 4 + 1 = 23 ms, and the
+    # worker's 5 ms a batch fits under it.
+    spare = probed_run(tmp_path / "d", [{"phases_s": phases, **pause, "cpu_affinity": 2, "data_cpu_s": 0.001}] * 2)
+    found = sc.loader_workers(read_run(spare))
+    assert found.saving == pytest.approx(1 - 0.023 / 0.030) and "num_workers=1" in found.remedy
+    # ...unless that one worker cannot keep up: its 28 ms of CPU a batch is then the step.
+    slow = probed_run(tmp_path / "e", [{"phases_s": phases, **pause, "cpu_affinity": 2, "loader_cpu_per_batch_s": 0.028}] * 2)
+    assert sc.loader_workers(read_run(slow)).saving == pytest.approx(1 - 0.028 / 0.030)
+    # Preparing the batch in the rank costs what the workers cost it: under 2 % saved, nothing is said.
+    even = probed_run(tmp_path / "f", [{"phases_s": phases, **pause, "inline_load_s": 0.0075}] * 2)
+    assert sc.loader_workers(read_run(even)) is None     # 30 - 8 + 7.5 = 29.5 ms: 1.7 % saved
+    # Without steps run with the workers stopped there is no measurement, and no finding.
+    bare = probed_run(tmp_path / "g", [{"phases_s": phases, "loader_workers": 4}] * 2)
+    assert sc.loader_workers(read_run(bare)) is None

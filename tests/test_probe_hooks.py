@@ -113,3 +113,91 @@ def test_no_device_times_on_a_cpu_rank(probe):
 
 def steps_of(records):
     return [r for r in records if r["kind"] == "step"]
+
+
+
+class Augmented(torch.utils.data.Dataset):
+    """Samples whose first value is their index, so that every batch can be checked to arrive."""
+
+    def __len__(self):
+        return 512
+
+    def __getitem__(self, i):
+        return torch.full((4,), float(i)), i % 3
+
+
+class Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        return iter(range(64))
+
+
+def stopped(pids):
+    """Whether each process is stopped (scheduler state T), read until the signals have landed (0.5 s at most)."""
+    import time
+    deadline = time.monotonic() + 0.5
+    while True:
+        states = []
+        for pid in pids:
+            with open(f"/proc/{pid}/stat") as stat:
+                states.append(stat.read().rsplit(")", 1)[1].split()[0] == "T")
+        if len(set(states)) == 1 or time.monotonic() > deadline:
+            return states
+        time.sleep(0.01)
+
+
+def test_loader_workers_are_stopped_in_due_steps_and_every_batch_still_arrives(probe):
+    probe.state["cpu_affinity"] = 1     # the rank's one core: its thread and 2 workers crowd it
+    model = nn.Linear(4, 3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = torch.utils.data.DataLoader(Augmented(), batch_size=8, num_workers=2, persistent_workers=True)
+    seen, states = [], {}
+    for epoch in range(2):
+        for x, y in loader:
+            states[probe.steps + 1] = stopped([w.pid for w in loader._iterator._workers])
+            nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            seen += x[:, 0].tolist()
+    due = [probe_module.PAUSE_FIRST_STEP + 1 + k * probe_module.PAUSE_EVERY for k in range(probe_module.PAUSES)]
+    due = [step for step in due if step <= 128]     # 2 epochs of 64 steps
+    # Those steps ran with both workers stopped, every other step with them running; no batch was lost.
+    assert [step for step, state in states.items() if any(state)] == due
+    assert all(all(states[step]) for step in due)
+    assert sorted(seen) == sorted([float(i) for i in range(512)] * 2)
+    paused = [s for s in steps(probe) if "loader_id" in s]
+    assert [s["step"] for s in paused] == due
+    assert all(s["paused_micro"] == 1 and s["paused_fb"] > 0 and s["inline_load_s"] > 0 for s in paused)
+    # the workers' CPU is read before each stop and the batches they delivered are counted: both grow
+    assert [s["loader_batches"] for s in paused] == [step for step in due]
+    assert paused[-1]["loader_cpu_s"] >= paused[0]["loader_cpu_s"]
+
+
+def test_no_worker_is_stopped_where_the_rank_has_cores_for_them(probe):
+    probe.state["cpu_affinity"] = torch.get_num_threads() + 2
+    model = nn.Linear(4, 3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in torch.utils.data.DataLoader(Augmented(), batch_size=8, num_workers=2):
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    assert len(steps(probe)) == 64 and not [s for s in steps(probe) if "loader_id" in s]
+
+
+def test_a_batch_prepared_in_the_rank_leaves_every_random_stream_as_it_was():
+    import random
+    import numpy
+    pause = probe_module.WorkerPause()
+
+    class Drawing(Augmented):
+        def __getitem__(self, i):
+            return torch.rand(4) * random.random() * numpy.random.rand(), i % 3
+
+    iterator = iter(torch.utils.data.DataLoader(Drawing(), batch_size=8))
+    torch.manual_seed(1), random.seed(1), numpy.random.seed(1)
+    untouched = torch.rand(3), random.random(), numpy.random.rand()
+    torch.manual_seed(1), random.seed(1), numpy.random.seed(1)
+    assert pause.inline_load_s(iterator, 8, torch) > 0
+    after = torch.rand(3), random.random(), numpy.random.rand()
+    assert torch.equal(after[0], untouched[0]) and after[1:] == untouched[1:]
+    # an iterable dataset has no index to fetch: nothing is timed
+    assert pause.inline_load_s(iter(torch.utils.data.DataLoader(Stream(), batch_size=8)), 8, torch) is None

@@ -63,8 +63,9 @@ def diagnose_run(ev: RunEvidence) -> list[Finding]:
 
 
 # Problems that distort every other timing, fixed (or ruled out) first whatever their own saving:
-# oversubscribed ranks slow every phase; other work on the run's cores makes ranks wait for each other.
-ROOT_CAUSES = ("oversubscription", "contended")
+# oversubscribed ranks (torch's threads, or DataLoader workers, beyond their cores) slow every phase and
+# make ranks wait for each other; so does other work on the run's cores.
+ROOT_CAUSES = ("oversubscription", "loader_workers", "contended")
 # Then faults whose remedy is exact (the same training, no LR or batch change) and whose cost is counted
 # inside the all-reduce that other checks read: an all-reduce on every micro-step, and
 # find_unused_parameters (its used-parameter map is all-reduced every step, after the last bucket).

@@ -32,6 +32,9 @@ UNEVEN_STEPS = 1.10         # the rank with the most steps against the mean
 FIXED_STEP_SHARE = 0.5      # step time that does not grow with the batch, of the step
 BATCH_TARGET_FIXED = 0.25   # the remedy's batch: the fewest doublings that bring a step's fixed costs under this
 MAX_BATCH_FACTOR = 32
+# Loader workers on the rank's own cores: below this predicted saving the model's error (the spread of the
+# few steps run with the workers stopped) decides the sign, so nothing is said.
+LOADER_MIN_SAVING = 0.02
 DDP_OVERHEAD_SHARE = 0.05   # DDP's own forward work with find_unused_parameters=True, of the step...
 DDP_OVERHEAD_SHARE_NONE_UNUSED = 0.01   # ...or this, when DDP found no unused parameter: a free remedy
 # The remedies' settings, which the predictions assume.
@@ -100,6 +103,8 @@ def data_wait(ev: RunEvidence) -> Optional[Finding]:
         return None
     workers = max(int(r.get("loader_workers", 0)) for r in ranks)
     spare = all(r.get("cpu_affinity", 1) > r.get("threads", 1) for r in ranks)
+    if workers and not spare and any(r.get("paused_steps") for r in ranks):
+        return None     # the workers crowd the rank's cores: more would wait longer (loader_workers measured it)
     # Loader workers prepare batches while the step runs. The rank's waiting (reads) is hidden either
     # way; the CPU part (decoding) only where there are cores to spare: launch pins each rank and
     # its workers to the rank's cores.
@@ -115,6 +120,54 @@ def data_wait(ev: RunEvidence) -> Optional[Finding]:
                             "(decode once, keep tensors in memory) to hide that too"),
         f"{speedup(saving)}: the {'whole data time' if spare else 'waiting part of the data time'} ({ms(hidden)}) "
         "overlaps with the step", saving)
+
+
+def loader_workers(ev: RunEvidence) -> Optional[Finding]:
+    """DataLoader workers beyond what the rank's cores leave free after torch's threads. The probe runs the
+    remedy's two halves in the run itself (launch/probe.py WorkerPause): a few steps' forward and backward
+    with the workers stopped, and one batch prepared in the rank's own process. The remedy's step: forward
+    and backward without that stall; the data phase (waiting for the workers' batches and receiving them)
+    replaced by preparing the batches in the rank (num_workers=0), or, where the rank has cores its threads
+    leave free, by workers on those cores only, hidden while they keep up."""
+    ranks = [r for r in ev.probe_ranks if r.get("paused_steps")
+             and (r.get("inline_load_s") is not None or r.get("loader_cpu_per_batch_s") is not None)]
+    if not ranks:
+        return None
+    step, data = _step(ev), _mean(ev.rank_phase("data"))
+    micro = _mean([r["micro_per_step"] for r in ranks])
+    running, stopped = _mean([r["fb_per_micro_s"] for r in ranks]), _mean([r["paused_fb_per_micro_s"] for r in ranks])
+    stall = micro * _mean([max(0.0, r["fb_per_micro_s"] - r["paused_fb_per_micro_s"]) for r in ranks])
+    inline = [r["inline_load_s"] for r in ranks if r.get("inline_load_s") is not None]
+    worker_cpu = [r["loader_cpu_per_batch_s"] for r in ranks if r.get("loader_cpu_per_batch_s") is not None]
+    # Preparing a batch in the rank costs what it costs the workers where it could not be timed in the rank.
+    load = micro * _mean(inline or worker_cpu)
+    threads, cores = ranks[0].get("threads", 1), ranks[0].get("cpu_affinity", 1)
+    workers = max(int(r.get("loader_workers", 0)) for r in ranks)
+    spare = max(0, cores - threads)
+    busy = step - data - stall
+    if spare:
+        per_batch = micro * _mean(worker_cpu or inline)
+        fixed = max(busy + _mean([r["data_cpu_s"] for r in ranks]), per_batch / spare)
+        change, how = f"num_workers={spare}", f"{spare} worker(s) on the core(s) torch's threads leave free"
+    else:
+        fixed = busy + load
+        change, how = "num_workers=0", f"preparing the batch in the rank ({ms(load)} a step, timed in the run)"
+    saving = 1 - fixed / step
+    if saving < LOADER_MIN_SAVING:
+        return None
+    measured = f"one batch prepared in the rank's own process took {ms(_mean(inline))}" if inline else \
+        "a batch could not be prepared in the rank (an iterable dataset), so the workers' CPU per batch stands for it"
+    return Finding(
+        "loader_workers", f"{workers} DataLoader workers per rank share its {cores} core(s) with torch's {threads} thread(s)",
+        f"{_steps_text(ev)}; with the workers stopped (in {min(r['paused_steps'] for r in ranks)} steps a rank) forward "
+        f"and backward took {ms(stopped)} a micro-step against {ms(running)}; {measured}; the workers spent "
+        f"{ms(_mean(worker_cpu)) if worker_cpu else 'an unknown CPU time'} of CPU on each batch",
+        "the workers run on the cores the rank's threads compute on: each time slice they take stalls those threads, "
+        "and receiving their batches costs the rank a wait and a copy, more than preparing the batch itself",
+        _code_change(f"DataLoader(..., {change}): launch gives each rank its share of the cores, and the workers "
+                     "share them; more workers pay off only with cores to spare (fewer ranks per machine)", ev),
+        f"{speedup(saving)}: forward and backward {ms(stall)} a step shorter, the data phase ({ms(data)}) replaced by "
+        f"{how}, the rest as measured", saving)
 
 
 def exposed_communication(ev: RunEvidence) -> Optional[Finding]:
@@ -426,7 +479,7 @@ def find_unused_parameters(ev: RunEvidence) -> Optional[Finding]:
 
 
 SCRIPT_CHECKS: tuple[Callable[[RunEvidence], Optional[Finding]], ...] = (
-    threads, data_wait, exposed_communication, small_batch, all_reduce_every_micro_step, script_collectives,
+    threads, data_wait, loader_workers, exposed_communication, small_batch, all_reduce_every_micro_step, script_collectives,
     host_syncs, evaluation, checkpoints, straggler, uneven_steps, find_unused_parameters)
 
 

@@ -41,6 +41,7 @@ import importlib.machinery
 import json
 import os
 import runpy
+import signal
 import statistics
 import sys
 import time
@@ -70,6 +71,12 @@ HOST_READS = ("item", "tolist", "cpu", "numpy")
 # outermost phase boundaries give the device's own. Tests name "cpu" here for a host-clock stand-in.
 DEVICE_EVENTS_ENV = "PARATRAIN_PROBE_DEVICE_EVENTS"
 DEVICE_PHASES = ("forward", "backward", "optimizer", "eval")
+# DataLoader workers that share the rank's cores with torch's threads: in a few steps the rank's workers are
+# stopped from the batch's arrival to the next fetch (or the step's end), so forward and backward run as
+# they would without them: the first after warm-up, then every PAUSE_EVERY steps, PAUSES times in all.
+PAUSE_FIRST_STEP = 10
+PAUSE_EVERY = 16
+PAUSES = 12
 FLUSH_EVERY_S = 1.0         # buffered lines reach the file at least this often (a killed rank loses less)
 # Collectives a script (or FSDP2, or Lightning) calls from Python. A blocking call is exposed
 # communication; an async one is counted when its Work is waited for.
@@ -193,6 +200,99 @@ class LayerTwins:
         return None if fast <= 0 else slow / fast
 
 
+class WorkerPause:
+    """What a rank's DataLoader workers cost it when they share its cores, measured in the run itself.
+
+    The counterfactual "no workers on these cores" is run for real: in a few steps the workers of the
+    iterator that delivered the step's first batch are stopped (SIGSTOP) from that batch's arrival until
+    the next fetch or the step's end, and the forward and backward time of the micro-steps begun in
+    between is kept apart. Stopping them is safe: the batches they prefetched (2 per worker by default)
+    stay in the queue, a later fetch resumes them first (the rank never waits on a stopped worker), and
+    the step's end, a hook failure and the interpreter's exit all resume them. The workers' own CPU time
+    (/proc/<pid>/stat) per batch is what their loading would cost inside the rank without them.
+    Only where torch's threads and the workers outnumber the rank's cores: elsewhere nothing is stopped."""
+
+    def __init__(self) -> None:
+        self.stopped: list[int] = []
+        self.batches: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
+        self.due = False
+        self.taken = 0
+
+    def count(self, iterator: Any) -> None:
+        try:
+            self.batches[iterator] = self.batches.get(iterator, 0) + 1
+        except TypeError:       # an iterator that cannot be weakly referenced is not measured
+            pass
+
+    @staticmethod
+    def cpu_s(pids: list[int]) -> Optional[float]:
+        """User and system CPU seconds of these processes so far; None where /proc cannot tell."""
+        total = 0
+        try:
+            for pid in pids:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                total += int(fields[11]) + int(fields[12])     # utime, stime (fields 14 and 15)
+        except (OSError, IndexError, ValueError):
+            return None
+        return total / os.sysconf("SC_CLK_TCK")
+
+    def stop(self, iterator: Any, threads: int, cores: int) -> Optional[dict[str, Any]]:
+        """At a due step's first batch: stop the iterator's workers when they crowd the rank's cores, and
+        return the reading that goes into the step record (workers' CPU so far, batches delivered)."""
+        self.due = False
+        workers = getattr(iterator, "_workers", None) or []
+        pids = [w.pid for w in workers if getattr(w, "pid", None)]
+        if not pids or threads + len(pids) <= cores or iterator not in self.batches:
+            return None
+        cpu = self.cpu_s(pids)
+        if cpu is None:
+            return None
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGSTOP)
+                self.stopped.append(pid)
+            except OSError:
+                pass
+        self.taken += 1
+        return {"loader_id": id(iterator), "loader_cpu_s": round(cpu, 3), "loader_batches": self.batches[iterator]}
+
+    def inline_load_s(self, iterator: Any, batch: int, torch: Any) -> Optional[float]:
+        """Seconds to prepare one batch of `batch` samples in the rank's own process, as the remedy
+        (num_workers=0) would: the iterator's own dataset and collate function on fixed indices, timed
+        while the workers are stopped. Every random stream is restored, so the script's data and
+        augmentation are unchanged. None for an iterable dataset (no index to fetch) or any error."""
+        dataset, collate = getattr(iterator, "_dataset", None), getattr(iterator, "_collate_fn", None)
+        if (dataset is None or collate is None or batch <= 0 or not getattr(iterator, "_auto_collation", False)
+                or isinstance(dataset, torch.utils.data.IterableDataset)):
+            return None
+        import random
+        numpy = sys.modules.get("numpy")
+        states = (torch.get_rng_state(), random.getstate(), numpy.random.get_state() if numpy else None)
+        started = time.perf_counter()
+        try:
+            size = len(dataset)
+            indices = [(self.taken * batch + j) % size for j in range(batch)]
+            fetch_many = getattr(dataset, "__getitems__", None)
+            collate(fetch_many(indices) if fetch_many else [dataset[i] for i in indices])
+            return time.perf_counter() - started
+        except Exception:
+            return None
+        finally:
+            torch.set_rng_state(states[0])
+            random.setstate(states[1])
+            if numpy:
+                numpy.random.set_state(states[2])
+
+    def resume(self) -> None:
+        pids, self.stopped = self.stopped, []
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except OSError:     # the worker has gone (its iterator shut down)
+                pass
+
+
 class HostEvent:
     """A stand-in for torch.cuda.Event(enable_timing=True) on the host clock (tests without a GPU)."""
 
@@ -291,6 +391,9 @@ class Probe:
         self.global_hooks: list[Any] = []
         self.searching: "weakref.WeakSet[Any]" = weakref.WeakSet()  # DDPs with find_unused_parameters=True
         self.hook_pair: Optional[tuple[Callable[..., Any], Callable[..., Any]]] = None
+        self.workers = WorkerPause()
+        self.pause: dict[str, Any] = {}     # this step's worker-pause reading and what ran while they were stopped
+        self.fb_at, self.micro_at = 0.0, 0  # forward + backward seconds and micro-steps when they were stopped
 
     # -- phase clocks ---------------------------------------------------------------------
     def _charge(self, now: float) -> None:
@@ -317,6 +420,7 @@ class Probe:
         return now
 
     def end_step(self) -> None:
+        self._resume_workers()
         now = self.clock()
         self._charge(now)
         started = self.step_started if self.step_started is not None else self.origin
@@ -328,8 +432,12 @@ class Probe:
                   "wall_s": round(now - started, 6), **{k: round(v, 6) for k, v in self.times.items()},
                   "data_cpu": round(self.data_cpu, 6), "ddp_overhead": round(self.ddp_overhead, 6),
                   "samples": self.samples, "micro": self.micro, "rounds": self.rounds, "syncs": self.syncs,
-                  "sync_wait": round(self.sync_wait, 6)}
+                  "sync_wait": round(self.sync_wait, 6), **self.pause}
         self.lines.append(json.dumps(record))
+        self.pause = {}
+        if (self.steps >= PAUSE_FIRST_STEP and (self.steps - PAUSE_FIRST_STEP) % PAUSE_EVERY == 0
+                and self.workers.taken < PAUSES):
+            self.workers.due = True
         self.times = dict.fromkeys(PHASES, 0.0)
         self.data_cpu = self.ddp_overhead = 0.0
         self.last_batch = self.samples // max(self.micro, 1)
@@ -353,6 +461,30 @@ class Probe:
         self.step_started = now
         if now - self.flushed >= FLUSH_EVERY_S:
             self.flush()
+
+    def _stop_workers(self, iterator: Any, batch: Any) -> None:
+        reading = self.workers.stop(iterator, self.torch.get_num_threads(), self.state.get("cpu_affinity", 1))
+        if reading is None:
+            return
+        self.paused = True
+        try:
+            inline = self.workers.inline_load_s(iterator, _first_len(batch, self.torch) or 0, self.torch)
+        finally:
+            self.paused = False
+        self.mark = self.clock()    # the measurement is no part of any phase
+        self.pause = {**reading, "inline_load_s": None if inline is None else round(inline, 6),
+                      "paused_fb": 0.0, "paused_micro": 0}
+        self.fb_at, self.micro_at = self.times["forward"] + self.times["backward"], self.micro
+
+    def _resume_workers(self) -> None:
+        """End a pause: what forward and backward took while the workers were stopped joins the record."""
+        if not self.workers.stopped:
+            return
+        self.workers.resume()
+        self._charge(self.clock())
+        self.pause["paused_fb"] = round(self.pause["paused_fb"] + self.times["forward"] + self.times["backward"]
+                                        - self.fb_at, 6)
+        self.pause["paused_micro"] += self.micro - self.micro_at
 
     def _device_timeline(self) -> Optional[DeviceTimeline]:
         """From the second step, on a rank whose script has put CUDA to use (never initialising it for a
@@ -414,6 +546,7 @@ class Probe:
         if self.broken:
             return
         self.broken = True
+        self.workers.resume()
         self.lines.append(json.dumps({"kind": "fallback", "step": self.steps, "where": where,
                                       "error": f"{type(exc).__name__}: {exc}"[:500]}))
         for undo in reversed(self.restore):
@@ -600,13 +733,21 @@ class Probe:
                     probe.note(loader_workers=max(int(iterator._num_workers), probe.state.get("loader_workers", 0)))
                 except Exception as exc:
                     probe.fail("data", exc)
+                probe._resume_workers()     # never wait on a stopped worker
                 # CPU time of this thread beside the wait: decoding in the rank's own process is
                 # CPU, reading or a loader worker's batch not yet ready is waiting.
                 cpu = time.thread_time()
                 try:
-                    return timed(iterator)
+                    batch = timed(iterator)
                 finally:
                     probe.data_cpu += time.thread_time() - cpu
+                try:
+                    probe.workers.count(iterator)
+                    if probe.workers.due:
+                        probe._stop_workers(iterator, batch)
+                except Exception as exc:
+                    probe.fail("data", exc)
+                return batch
             return next_batch
         self._patch(dataloader._BaseDataLoaderIter, "__next__", make)
 
@@ -760,6 +901,7 @@ def run(argv: list[str]) -> None:
             probe.fail("install", exc)
 
     def last_flush() -> None:
+        probe.workers.resume()
         try:
             probe.flush()
         except OSError:

@@ -40,7 +40,9 @@ def rank_record(rank: int, records: list[dict[str, Any]]) -> dict[str, Any]:
             state.update({k: v for k, v in r.items() if k not in ("kind", "step")})
     steps = [r for r in records if r.get("kind") == "step"]
     fallback = next((r for r in records if r.get("kind") == "fallback"), None)
-    used = steady(steps)
+    # A step run with the loader workers stopped (launch/probe.py WorkerPause) is the counterfactual, not
+    # the run: it is kept apart.
+    used = [s for s in steady(steps) if "loader_id" not in s]
     out: dict[str, Any] = {"rank": rank, "steps": len(steps), "steady_steps": len(used), **state}
     if fallback:
         out["fallback"] = f"{fallback['where']}: {fallback['error']}"
@@ -63,6 +65,31 @@ def rank_record(rank: int, records: list[dict[str, Any]]) -> dict[str, Any]:
             # per-step wall times, for the spread (a rank whose steps vary waits unevenly)
             step_s_median=statistics.median(s["wall_s"] for s in used))
         out.update(device_record(records, {s["step"] for s in used}))
+        out.update(worker_pause_record(steps, used))
+    return out
+
+
+def worker_pause_record(steps: list[dict[str, Any]], used: list[dict[str, Any]]) -> dict[str, Any]:
+    """Forward and backward per micro-step with the rank's loader workers running (the median of the
+    steady steps) and stopped (the median of the pauses); the workers' CPU seconds per batch they
+    delivered (between the first and the last pause of each DataLoader iterator, summed over them);
+    and one batch prepared in the rank's own process (the median of the pauses)."""
+    paused = [s for s in steps if s.get("paused_micro", 0) > 0]
+    running = [(s["forward"] + s["backward"]) / s["micro"] for s in used if s["micro"] > 0]
+    if not paused or not running:
+        return {}
+    out: dict[str, Any] = {"paused_steps": len(paused), "fb_per_micro_s": statistics.median(running),
+                           "paused_fb_per_micro_s": statistics.median(s["paused_fb"] / s["paused_micro"] for s in paused)}
+    cpu = batches = 0.0
+    for loader in {s["loader_id"] for s in paused}:
+        readings = [s for s in paused if s["loader_id"] == loader]
+        cpu += readings[-1]["loader_cpu_s"] - readings[0]["loader_cpu_s"]
+        batches += readings[-1]["loader_batches"] - readings[0]["loader_batches"]
+    if batches > 0:
+        out["loader_cpu_per_batch_s"] = cpu / batches
+    inline = [s["inline_load_s"] for s in paused if s.get("inline_load_s") is not None]
+    if inline:
+        out["inline_load_s"] = statistics.median(inline)
     return out
 
 
