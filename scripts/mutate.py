@@ -31,11 +31,11 @@ TESTS = {
     "plan/step_time.py": ["tests/test_formulas_step_time.py"],
     "plan/calibrate.py": ["tests/test_formulas_step_time.py"],
     "plan/memory.py": ["tests/test_formulas_memory.py"],
-    "measure/commbench.py": ["tests/test_formulas_links.py"],
+    "commbench.py": ["tests/test_formulas_links.py"],
     "batch/lr_find.py": ["tests/test_formulas_batch.py"],
     "batch/find_batch.py": ["tests/test_formulas_batch.py"],
     "sweep/space.py": ["tests/test_formulas_sweep_space.py", "tests/test_sweep_space.py"],
-    "launch/slurm.py": ["tests/test_formulas_slurm.py"],
+    "slurm.py": ["tests/test_formulas_slurm.py"],
     "doctor/script_checks.py": ["tests/test_formulas_doctor.py"],
     "doctor/finding.py": ["tests/test_formulas_doctor.py"],
 }
@@ -44,7 +44,7 @@ TESTS = {
 FUNCTIONS = {
     "batch/lr_find.py": ["scaling_rule", "smooth", "suggest"],
     "batch/find_batch.py": ["knee", "binsearch", "find_batch"],
-    "measure/commbench.py": ["fit_alpha_beta", "fit_regimes", "regime_for", "_largest", "message_sizes"],
+    "commbench.py": ["fit_alpha_beta", "fit_regimes", "regime_for", "_largest", "message_sizes"],
 }
 MESSAGE_LINES = [r"raise UsageError\(", r"raise RunFailed\(", r"^\s+f?\"[^\"]*\"?\)?$", r"^\s+f\"", r"^\s+\"[^\"]"]
 

@@ -5,8 +5,8 @@ import math
 
 import pytest
 
+from paratrain.commbench import BUS_FACTOR, fit_alpha_beta, fit_regimes, regime_for
 from paratrain.errors import UsageError
-from paratrain.measure.commbench import BUS_FACTOR, fit_alpha_beta, fit_regimes, regime_for
 from paratrain.plan.links import (LINKS, NCCL_BASE_LATENCY_S, SHM_LATENCY_S, commbench_link, custom_link, get_link,
                                   shm_link)
 

@@ -20,7 +20,7 @@ import torch.multiprocessing as mp
 
 from conftest import free_port, train_spawned
 from paratrain.cli import main
-from paratrain.measure.commbench import TOLERANCE, fit_alpha_beta, fit_regimes, regime_for
+from paratrain.commbench import TOLERANCE, fit_alpha_beta, fit_regimes, regime_for
 
 # 256 samples / a global batch of 64: 4 optimizer steps.
 COMMON = dict(workers=2, epochs=1, synthetic_samples=256, batch_size=32, lr=0.05, log_every=1, checkpoint_every=1)
@@ -240,7 +240,7 @@ def test_commbench_times_cpu_calls_one_by_one_and_takes_the_typical_call(tmp_pat
     typical call, only the mean beside it: on CPU, `_round` times each call alone."""
     import torch.distributed as dist
 
-    from paratrain.measure.commbench import _round
+    from paratrain.commbench import _round
 
     calls = iter(range(100))
 

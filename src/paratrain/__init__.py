@@ -2,7 +2,7 @@
 from typing import Any
 
 from paratrain.errors import UsageError
-from paratrain.sweep.client import params, report
+from paratrain.script_client import params, report
 
 __all__ = ["TrainConfig", "UsageError", "params", "report", "train"]
 __version__ = "0.1.0"

@@ -308,7 +308,7 @@ def build_parser() -> Parser:
 
 def _commbench(args: argparse.Namespace) -> int:
     from paratrain.config import CommbenchConfig, validate
-    from paratrain.measure.commbench import run_commbench
+    from paratrain.commbench import run_commbench
 
     result = run_commbench(validate(CommbenchConfig, {k: v for k, v in vars(args).items() if k not in ("handler", "command")}))
     for c in result["collectives"]:
@@ -621,7 +621,7 @@ def _wide_console():
 
 def _slurm(args: argparse.Namespace) -> int:
     from paratrain.config import SlurmConfig, validate
-    from paratrain.launch.slurm import write_slurm
+    from paratrain.slurm import write_slurm
 
     # One parser knows the target's flags and the SLURM flags, so a typo in either is caught
     # (with a suggestion) and `paratrain slurm scale --help` shows both.

@@ -18,6 +18,9 @@ algorithm and protocol with the message size (Thakur, Rabenseifner & Gropp 2005:
 messages take different algorithms in MPICH), and a buffer outgrows the caches or glibc's mmap
 threshold (32 MiB at most), past which each call faults in fresh pages. The result keeps each
 size's error so the fit can be judged where it is used.
+
+A command of its own, above the launcher in the layers (pyproject.toml's import-linter contract):
+it places and starts ranks with launch's helpers, and plan reads its fits.
 """
 from __future__ import annotations
 

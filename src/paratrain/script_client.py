@@ -4,6 +4,8 @@ Only the standard library: a trial script pays nothing for importing it. Each ca
 JSON line to the file the sweep named in PARATRAIN_REPORT_FILE; the sweep reads it while the
 trial runs (intermediate values, for pruning) and after it ends (the final value: the last one).
 Outside a sweep the call prints `name=value` lines, which a sweep would also understand.
+`paratrain launch` names the file the same way (launch/script.py), so this module sits below both
+the launcher and the sweep in the layers (pyproject.toml's import-linter contract).
 """
 from __future__ import annotations
 

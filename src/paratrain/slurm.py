@@ -13,6 +13,9 @@ A study's points are one job each, writing the same run directories `paratrain s
 (OUT/runs/<point>), beside OUT/study.json; a last job, after all of them, runs `paratrain report
 OUT`, which builds OUT/scaling.json from the finished runs (scale.collect_study). Everything is
 validated before anything is written; `--submit` fails before writing when sbatch is missing.
+
+A command above scale and sweep in the layers (pyproject.toml's import-linter contract), not a
+launcher: it writes the jobs of their configs; the jobs' `paratrain train` does the launching.
 """
 from __future__ import annotations
 

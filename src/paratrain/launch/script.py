@@ -42,7 +42,7 @@ from paratrain.launch.placement import available_cores, core_sets, resolve_devic
 from paratrain.measure.monitor import monitor_run, ranks_by_environment
 from paratrain.runs import RunDir, json_records, write_json
 from paratrain.runs.lock import run_dir_entries, run_dir_lock
-from paratrain.sweep.client import REPORT_FILE_ENV
+from paratrain.script_client import REPORT_FILE_ENV
 
 # The keys of summary.json that launch itself writes; a reported metric of the same name is kept
 # under "reported" only.

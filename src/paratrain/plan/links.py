@@ -86,7 +86,7 @@ def commbench_link(path: Path, message_bytes: float) -> Link:
     on `ranks` ranks; where the fit has regimes, the one a message of `message_bytes` (the gradients a
     step averages) falls in. A file without them is refused.
     """
-    from paratrain.measure.commbench import regime_for
+    from paratrain.commbench import regime_for
 
     try:
         data: dict[str, Any] = json.loads(Path(path).read_text())

@@ -30,7 +30,7 @@ from typing import Any, Optional, Sequence
 from paratrain.errors import UsageError
 from paratrain.measure.monitor import DEFAULT_HZ, SYSTEM_FILE, Monitor
 from paratrain.runs import RunDir
-from paratrain.sweep.client import PARAMS_ENV, REPORT_FILE_ENV
+from paratrain.script_client import PARAMS_ENV, REPORT_FILE_ENV
 
 PARAM_STYLES = ("space", "equals", "plain", "none")   # --lr 0.1 | --lr=0.1 | lr=0.1 (Hydra) | env only
 VAL_METRICS = ("val_loss", "val_accuracy", "val_bits_per_byte")   # a built-in trial's metrics on the validation split
