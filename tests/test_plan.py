@@ -19,13 +19,13 @@ from conftest import free_port, synthetic, train_spawned
 from paratrain.cli import main
 from paratrain.config import TrainConfig
 from paratrain.engine.flops import count_flops_per_sample
+from paratrain.formatting import size
 from paratrain.plan import calibrate, pareto
 from paratrain.plan.devices import GPUS
 from paratrain.plan.links import LINKS, Link
 from paratrain.plan.memory import Layout, memory_per_device
 from paratrain.plan.profile import profile_model
 from paratrain.plan.step_time import Topology, allgather_s, allreduce_s, ring_allgather_s, ring_allreduce_s
-from paratrain.reporting.verdict import size
 
 # gpt-tiny (0.86 M parameters) on 64-byte windows, Adam; 4 optimizer steps (the memory meter measures the second).
 GPT = dict(workload="gpt-tiny", seq_len=64, samples_per_epoch=32, eval_samples=8, optimizer="adam", epochs=1,

@@ -697,11 +697,11 @@ def _compare(args: argparse.Namespace) -> int:
 
 def _plan(args: argparse.Namespace) -> int:
     from paratrain.config import PlanConfig, validate
-    from paratrain.plan import run_plan, write_plan
+    from paratrain.plan import run_plan
 
     cfg = validate(PlanConfig, {k: v for k, v in vars(args).items() if k not in ("handler", "command", "json")})
     result = run_plan(cfg)
-    page = write_plan(result, cfg.out) if cfg.out is not None else None
+    page = _write_plan(result, cfg.out) if cfg.out is not None else None
     if args.json:
         print(json.dumps(result, indent=2))
     else:
@@ -709,6 +709,20 @@ def _plan(args: argparse.Namespace) -> int:
         if page is not None:
             print(f"report: {page}")
     return 0
+
+
+def _write_plan(result: dict[str, Any], out: Path) -> Path:
+    """plan.json, the plots and report.html in `out`; returns the page. Here, in the command, not in
+    plan: the planner sits below the reports in the layers (pyproject.toml's import-linter contract)."""
+    from paratrain.plan import PLAN_FILE
+    from paratrain.reporting import write_report
+    from paratrain.reporting.plots import plan_plots
+    from paratrain.runs import write_json
+
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / PLAN_FILE, result)
+    plan_plots(result, out)
+    return write_report([out])
 
 
 def _print_plan(result: dict[str, Any]) -> None:

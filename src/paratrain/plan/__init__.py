@@ -16,12 +16,12 @@ from typing import Any, Optional
 
 from paratrain.config import PlanConfig, TrainConfig
 from paratrain.errors import UsageError
+from paratrain.formatting import size
 from paratrain.plan.devices import NODE_DEVICES, Device, get_device
 from paratrain.plan.links import DEFAULT_INTER_NODE, Link, commbench_link, custom_link, get_link, shm_link
 from paratrain.plan.memory import USABLE_FRACTION, Layout, memory_per_device
 from paratrain.plan.profile import ModelProfile, profile_model
 from paratrain.plan.step_time import Efficiency, Topology, bubble_fraction, step_time
-from paratrain.reporting.verdict import size
 
 GPUS_PER_NODE = 8           # a DGX/HGX node: the default when --gpus-per-node is not given
 CURVE_MAX_DEVICES = 4096    # the scaling plot's reach
@@ -327,15 +327,3 @@ def backend_guidance(device: Device) -> dict[str, Any]:
                    + "; CPU collectives (GPU only with a CUDA-aware MPI); rides on the cluster's interconnect",
         },
     }
-
-
-def write_plan(result: dict[str, Any], out: Path) -> Path:
-    """plan.json, the plots and report.html in `out`; returns the page."""
-    from paratrain.reporting import write_report
-    from paratrain.reporting.plots import plan_plots
-    from paratrain.runs import write_json
-
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(out / PLAN_FILE, result)
-    plan_plots(result, out)
-    return write_report([out])

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
 from paratrain.errors import UsageError
+from paratrain.formatting import size
 
 # "Pays off": at least this much faster than the alternative, losing at most this many points of
 # held-out accuracy (differences below a point are within seed noise for the built-in workloads).
@@ -48,14 +49,6 @@ def _accuracy_text(points: Optional[float]) -> str:
 # -- numbers -----------------------------------------------------------------------------------
 
 _PERCENT_KEYS = ("accuracy", "mfu", "fraction")
-
-
-def size(n: float) -> str:
-    """Bytes in the unit a person would pick: 840 KiB, 41 MiB, 1.3 GiB."""
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):
-        if n >= scale:
-            return f"{n / scale:,.1f} {unit}" if n < 10 * scale else f"{n / scale:,.0f} {unit}"
-    return f"{n / 2**10:,.0f} KiB"
 
 
 def human(key: str, value: Any) -> str:
