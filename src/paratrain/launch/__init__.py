@@ -15,6 +15,7 @@ from typing import Any, Optional, Union
 from paratrain.config import RUN_CONTROL_FIELDS, TrainConfig, validate
 from paratrain.engine.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from paratrain.engine.distributed import Placement
+from paratrain.engine.preflight import check_loss
 from paratrain.engine.strategies import check_fsdp, check_strategy
 from paratrain.engine.strategies.async_ps import check_async_ps
 from paratrain.engine.strategies.ddp import check_synchronisation
@@ -39,7 +40,7 @@ def train(config: Union[TrainConfig, dict[str, Any], None] = None, **overrides: 
     in a notebook; from a script, call it under `if __name__ == "__main__":` as multiprocessing
     requires.
     """
-    from paratrain.workloads import check_loss, check_model, load_data
+    from paratrain.workloads import check_model, load_data
 
     command_started = time.perf_counter()
     values = config.model_dump() if isinstance(config, TrainConfig) else dict(config or {})

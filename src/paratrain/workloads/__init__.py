@@ -21,7 +21,6 @@ from torch import nn
 from paratrain.config import TrainConfig
 from paratrain.errors import UsageError
 from paratrain.workloads import datasets, gpt, models, text
-from paratrain.workloads.objective import build_objective, check_scalar
 
 
 @dataclass(frozen=True)
@@ -192,7 +191,7 @@ def build_model(config: TrainConfig, data: TrainingData) -> nn.Module:
     if name in gpt.PRESETS:
         return gpt.GPT(gpt.resolve(name, config.n_layer, config.n_head, config.n_embd))
     if data.features:
-        _check_inputs(name, data)
+        check_inputs(name, data)
         shape_kwargs = dict(in_features=math.prod(data.shape), input_shape=data.shape)
     elif len(data.shape) == 1:        # text: a user's sequence model
         shape_kwargs = dict(vocab_size=data.num_classes, seq_len=data.shape[0])
@@ -207,7 +206,7 @@ def build_model(config: TrainConfig, data: TrainingData) -> nn.Module:
     return model
 
 
-def _check_inputs(name: str, data: TrainingData) -> None:
+def check_inputs(name: str, data: TrainingData) -> None:
     if data.features and name in models.MODELS:
         raise UsageError(f"model {name!r} takes C,H,W images and the dataset's samples have shape {data.shape}; "
                          "pass --model pkg.module:factory with a model for them")
@@ -236,37 +235,3 @@ def check_model(config: TrainConfig) -> None:
             models.build_model(name, image_size=config.image_size)
     if config.seq_len is not None and workload_of(config).dataset in ("cifar10", "synthetic"):
         raise UsageError("--seq-len applies to text workloads (e.g. --workload gpt-tiny), not to images")
-
-
-def check_loss(config: TrainConfig, data: TrainingData) -> None:
-    """With --loss, or a model that computes its own loss, run one tiny forward and loss here, in the
-    launching process, so a loss that is not a scalar fails before anything is written.
-
-    The model is built on the meta device when it can be (shapes only: free even for gpt-xl).
-    """
-    name = workload_of(config).model
-    _check_inputs(name, data)       # here, before any rank starts or anything is written
-    if config.loss is None and (name in models.MODELS or name in gpt.PRESETS):
-        return
-    from paratrain.engine.data import BatchPreparer, eval_batches
-    from paratrain.engine.distributed import RankContext
-
-    one = RankContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
-    x, y = next(eval_batches(data.test, one, 2, BatchPreparer(config.image_size)))
-    for device in ("meta", "cpu"):
-        try:
-            with torch.device(device):
-                model = build_model(config, data)
-            objective = build_objective(config.loss, model)
-            if objective.in_nats:
-                return          # a user model under the built-in loss: its own errors surface in the ranks
-            loss, _ = objective(model, x.to(device), y.to(device))
-            break
-        except UsageError:
-            raise
-        except Exception as exc:
-            if device == "cpu":
-                raise UsageError(f"the model and loss fail on a batch of 2 samples ({type(exc).__name__}: "
-                                 f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
-    source = f"--loss {config.loss}" if config.loss else f"{name}'s forward(x, {objective.target_parameter}=y)"
-    check_scalar(loss, source)
