@@ -2,7 +2,13 @@
 from typing import Any
 
 from paratrain.errors import UsageError
+from paratrain.export import MLFLOW
+from paratrain.runs.exports import register
 from paratrain.script_client import params, report
+
+# The launcher exports a run as its config asks, through what is registered (runs/exports.py):
+# the exporter sits above the launcher and cannot be imported by it.
+register(MLFLOW)
 
 __all__ = ["TrainConfig", "UsageError", "params", "report", "train"]
 __version__ = "0.1.0"

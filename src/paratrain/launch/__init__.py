@@ -21,13 +21,13 @@ from paratrain.engine.strategies.async_ps import check_async_ps
 from paratrain.engine.strategies.ddp import check_synchronisation
 from paratrain.engine.strategies.pipeline_split import check_pipeline_split
 from paratrain.errors import TrainingDiverged, UsageError
-from paratrain.export import check_mlflow, to_mlflow
 from paratrain.launch.local import RanksFailed, RendezvousFailed
 from paratrain.launch.load import LoadMeter
 from paratrain.launch.nodes import Tasks, adopt_tasks, default_run_dir, run_ranks, task_placement, writes_run_dir
 from paratrain.launch.placement import plan_placement
 from paratrain.measure.monitor import monitor_run, ranks_by_log
 from paratrain.runs import RunDir, write_json
+from paratrain.runs.exports import check_exports, export_run
 from paratrain.runs.lock import run_dir_entries, run_dir_lock
 from paratrain.runs.tensorboard import check_tensorboard
 
@@ -49,8 +49,7 @@ def train(config: Union[TrainConfig, dict[str, Any], None] = None, **overrides: 
     placement = task_placement(cfg, tasks) if tasks is not None else plan_placement(cfg)
     if cfg.tensorboard is not None:
         check_tensorboard()
-    if cfg.mlflow is not None:
-        check_mlflow()
+    check_exports(cfg)
     check_model(cfg)
     check_strategy(cfg.strategy_name)
     prepare_started = time.perf_counter()
@@ -140,8 +139,9 @@ def _launch(cfg: TrainConfig, run: RunDir, placement: Placement, data: Any, prep
     write_json(run.summary, summary)
     if summary["status"] == "diverged":
         raise TrainingDiverged(summary["error"])
-    if cfg.mlflow is not None:
-        summary["mlflow_run_id"] = to_mlflow(run.path, cfg.mlflow, cfg.mlflow_experiment)
+    exported = export_run(cfg, run.path)
+    if exported:
+        summary.update(exported)
         write_json(run.summary, summary)
     return summary
 
