@@ -22,7 +22,10 @@ demo: install
 	rm -rf runs/demo
 	$(BIN)/paratrain scale --workers 1,2 --workload cifar10-cnn --epochs 8 --batch-size 64 --lr 0.01 --out runs/demo
 
+# lint-imports checks the layers contract in pyproject.toml (docs/architecture.md); --no-cache,
+# since its cache once missed an import added by a new __init__.py, and the check takes a second.
 test: install
+	$(BIN)/lint-imports --no-cache
 	bash scripts/test-deps.sh
 	$(BIN)/python -m pytest -q -p no:logging --durations=25
 
