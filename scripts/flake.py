@@ -3,6 +3,7 @@
     make flake                                   # every tests/test_*.py, 20 times each (hours: the suite x 20)
     make flake FILES="tests/test_doctor_probe.py tests/test_launch.py" N=20
     .venv/bin/python scripts/flake.py tests/test_doctor_probe.py --runs 20
+    .venv/bin/python scripts/flake.py tests/test_doctor_probe.py -k loader --runs 20   # the tests pytest -k selects
 
 A fresh process per run, not pytest-repeat's `--count`: the flakes met so far live at process scope
 (a rank aborting at exit after its process group was destroyed, module fixtures that start ranks once,
@@ -25,11 +26,17 @@ from rich.progress import Progress
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def key(name: str, select: str | None) -> str:
+    return f"{name} -k {select}" if select else name
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="*", help="test files (default: every tests/test_*.py)")
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "flake")
+    parser.add_argument("-k", dest="select", help="only the tests this pytest -k expression selects (kept apart in "
+                                                  "flake.json as FILE -k EXPR)")
     args = parser.parse_args()
     files = args.files or sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py"))
     missing = [f for f in files if not (ROOT / f).is_file()]
@@ -44,11 +51,12 @@ def main() -> int:
     with Progress() as progress:
         task = progress.add_task("flake loop", total=len(files) * args.runs)
         for name in files:
-            entry = record.setdefault(name, {"runs": 0, "failures": 0, "seconds": []})
+            entry = record.setdefault(key(name, args.select), {"runs": 0, "failures": 0, "seconds": []})
             for i in range(args.runs):
                 progress.update(task, description=f"{name} {i + 1}/{args.runs}")
                 began = time.monotonic()
-                done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:logging", "-x", name],
+                select = ["-k", args.select] if args.select else []
+                done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:logging", "-x", *select, name],
                                       cwd=ROOT, capture_output=True, text=True)
                 entry["runs"] += 1
                 entry["seconds"].append(round(time.monotonic() - began, 1))
@@ -61,8 +69,8 @@ def main() -> int:
                 record_path.write_text(json.dumps(record, indent=1))
                 progress.advance(task)
     for name in files:
-        entry = record[name]
-        print(f"{name}: {entry['runs'] - entry['failures']} of {entry['runs']} passed")
+        entry = record[key(name, args.select)]
+        print(f"{key(name, args.select)}: {entry['runs'] - entry['failures']} of {entry['runs']} passed")
     return 1 if failed else 0
 
 

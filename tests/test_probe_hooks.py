@@ -131,18 +131,19 @@ class Stream(torch.utils.data.IterableDataset):
         return iter(range(64))
 
 
-def stopped(pids):
-    """Whether each process is stopped (scheduler state T), read until the signals have landed (0.5 s at most)."""
+def stopped(pids, wait):
+    """Whether every one of these processes is stopped (scheduler state T). A stop lands when the process
+    next runs, so with `wait` the state is read until it does (1 s at most); a continue is immediate."""
     import time
-    deadline = time.monotonic() + 0.5
+    deadline = time.monotonic() + (1.0 if wait else 0.0)
     while True:
         states = []
         for pid in pids:
             with open(f"/proc/{pid}/stat") as stat:
-                states.append(stat.read().rsplit(")", 1)[1].split()[0] == "T")
-        if len(set(states)) == 1 or time.monotonic() > deadline:
-            return states
-        time.sleep(0.01)
+                states.append(stat.read().rsplit(")", 1)[1].split()[0])
+        if all(state == "T" for state in states) or time.monotonic() >= deadline:
+            return all(state == "T" for state in states)
+        time.sleep(0.005)
 
 
 def test_loader_workers_are_stopped_in_due_steps_and_every_batch_still_arrives(probe):
@@ -150,19 +151,19 @@ def test_loader_workers_are_stopped_in_due_steps_and_every_batch_still_arrives(p
     model = nn.Linear(4, 3)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     loader = torch.utils.data.DataLoader(Augmented(), batch_size=8, num_workers=2, persistent_workers=True)
+    due = [probe_module.PAUSE_FIRST_STEP + 1 + k * probe_module.PAUSE_EVERY for k in range(probe_module.PAUSES)]
+    due = [step for step in due if step <= 128]     # 2 epochs of 64 steps
     seen, states = [], {}
     for epoch in range(2):
         for x, y in loader:
-            states[probe.steps + 1] = stopped([w.pid for w in loader._iterator._workers])
+            step = probe.steps + 1
+            states[step] = stopped([w.pid for w in loader._iterator._workers], wait=step in due)
             nn.functional.cross_entropy(model(x), y).backward()
             optimizer.step()
             optimizer.zero_grad()
             seen += x[:, 0].tolist()
-    due = [probe_module.PAUSE_FIRST_STEP + 1 + k * probe_module.PAUSE_EVERY for k in range(probe_module.PAUSES)]
-    due = [step for step in due if step <= 128]     # 2 epochs of 64 steps
     # Those steps ran with both workers stopped, every other step with them running; no batch was lost.
-    assert [step for step, state in states.items() if any(state)] == due
-    assert all(all(states[step]) for step in due)
+    assert [step for step, both in states.items() if both] == due
     assert sorted(seen) == sorted([float(i) for i in range(512)] * 2)
     paused = [s for s in steps(probe) if "loader_id" in s]
     assert [s["step"] for s in paused] == due
