@@ -754,3 +754,41 @@ def test_loader_workers_on_the_ranks_cores_by_hand(tmp_path):
     # Without steps run with the workers stopped there is no measurement, and no finding.
     bare = probed_run(tmp_path / "g", [{"phases_s": phases, "loader_workers": 4}] * 2)
     assert sc.loader_workers(read_run(bare)) is None
+
+
+def test_the_worker_pause_summary_by_hand():
+    from paratrain.launch.probe_summary import rank_record
+
+    def step(n, fb, micro=1, **pause):
+        return {"kind": "step", "step": n, "wall_s": 0.03, "data": 0.001, "forward": fb * 0.6, "backward": fb * 0.4,
+                "comm": 0.0, "collective": 0.0, "optimizer": 0.0, "eval": 0.0, "checkpoint": 0.0, "other": 0.0,
+                "data_cpu": 0.0, "ddp_overhead": 0.0, "samples": 8, "micro": micro, "rounds": 1, **pause}
+
+    # 30 steps: forward + backward 20 ms a micro-step (the 2 micro-step steps 40 ms), 23 ms in step 25;
+    # three pauses of two DataLoader iterators (a new one each epoch), the workers stopped for the first
+    # micro-step only in step 20 (8 ms of 2 micro-steps' 40 ms: their second fetch resumed them).
+    records = [step(n, 0.020) for n in range(1, 31)]
+    records[24] = step(25, 0.023)
+    records[9] = step(10, 0.040, micro=2)
+    records[10] = step(11, 0.020, loader_id=7, loader_cpu_s=1.00, loader_batches=11, inline_load_s=0.004,
+                       paused_fb=0.012, paused_micro=1)
+    records[19] = step(20, 0.040, micro=2, loader_id=7, loader_cpu_s=1.45, loader_batches=26,
+                       inline_load_s=0.006, paused_fb=0.014, paused_micro=1)
+    records[26] = step(27, 0.020, loader_id=9, loader_cpu_s=0.20, loader_batches=3, inline_load_s=0.005,
+                       paused_fb=0.016, paused_micro=1)
+    out = rank_record(0, records)
+    # the paused steps are kept apart: 30 steps, 3 warm-up, 3 paused
+    assert out["steady_steps"] == 24 and out["paused_steps"] == 3
+    assert out["fb_per_micro_s"] == pytest.approx(0.020)        # the median, over steps 4-30 but 11, 20, 27
+    assert out["paused_fb_per_micro_s"] == pytest.approx(0.014)  # 12, 14, 16 ms
+    # iterator 7: 0.45 s of the workers' CPU over 15 batches; iterator 9 has one reading: no interval
+    assert out["loader_cpu_per_batch_s"] == pytest.approx(0.45 / 15)
+    assert out["inline_load_s"] == pytest.approx(0.005)
+    # a pause in which no training micro-step began (an evaluation loader's) is no measurement
+    records[26] = step(27, 0.020, loader_id=9, loader_cpu_s=0.2, loader_batches=3, inline_load_s=0.5,
+                       paused_fb=0.0, paused_micro=0)
+    out = rank_record(0, records)
+    assert out["paused_steps"] == 2 and out["paused_fb_per_micro_s"] == pytest.approx(0.013)
+    assert out["inline_load_s"] == pytest.approx(0.005)
+    # no pause at all: no such fields
+    assert "paused_steps" not in rank_record(0, [step(n, 0.02) for n in range(1, 31)])
