@@ -5,6 +5,7 @@ bias-corrected moving average by hand below), so the lowest point, the divergenc
 steepest descent are known without running the finder's own smoothing. find-batch runs for real on
 the synthetic workload with its probe replaced by a table: which batches fit and how fast each ran.
 """
+import inspect
 import math
 
 import pytest
@@ -165,4 +166,138 @@ def test_find_batch_without_a_memory_limit_hit_takes_no_margin(tmp_path, monkeyp
 
 def test_the_margin_never_goes_below_batch_1(tmp_path, monkeypatch):
     assert run_find_batch(tmp_path, monkeypatch, 1, margin=0.5)["safe_batch"] == 1
-    assert math.isclose(0.05, fb.find_batch.__defaults__[0])          # Lightning's default margin
+    # Lightning's default margin (read through the signature: mutmut's trampoline has no __defaults__)
+    assert math.isclose(0.05, inspect.signature(fb.find_batch).parameters["margin"].default)
+
+
+# -- what find-batch asks its probes and records (mutation-tested) -------------------------------
+
+def recording_probe(monkeypatch, largest: int, calls: list, fail: Exception = None):
+    """_probe answered from a table as in run_find_batch, recording each call's arguments."""
+    def probe(values, steps, run_dir, on_cpu):
+        calls.append((values, steps, run_dir, on_cpu))
+        if fail is not None:
+            raise fail
+        batch = values["batch_size"]
+        if batch > largest:
+            return {"batch": batch, "fits": False, "error": "out of memory", "samples_per_s": None}
+        return {"batch": batch, "fits": True, "error": None, "samples_per_s": 10.0 * min(batch, 16)}
+
+    monkeypatch.setattr(fb, "_probe", probe)
+
+
+TRAIN = {"workload": "synthetic-cnn", "synthetic_samples": 512, "device": "cpu", "memory_limit": "4G"}
+
+
+def test_find_batch_records_its_options_and_every_probe(tmp_path, monkeypatch):
+    import json
+
+    calls, events = [], []
+    recording_probe(monkeypatch, 3, calls)
+    result = fb.find_batch({**TRAIN, "grad_accum": 2}, tmp_path, probe_steps=10, knee_within=0.2,
+                           on_probe=lambda kind, probe: events.append((kind, probe["batch"])))
+    # 1, 2, 4 (out of memory), then 3: each with the limit, a report every third step (10 // 3), in a
+    # run directory of its own under one scratch directory, which is gone afterwards
+    assert [c[0] for c in calls] == [{**TRAIN, "grad_accum": 2, "batch_size": b, "log_every": 3, "memory_limit": "4G"}
+                                     for b in (1, 2, 4, 3)]
+    assert [(c[1], c[2].name, c[3]) for c in calls] == [(10, f"batch-{b}", True) for b in (1, 2, 4, 3)]
+    assert len({c[2].parent for c in calls}) == 1 and not calls[0][2].parent.exists()
+    assert calls[0][2].parent.name.startswith("paratrain-find-batch-")     # whose it is, if one is left behind
+    assert events == [(kind, b) for b in (1, 2, 4, 3) for kind in ("start", "done")]
+    assert result["options"] == {"margin": 0.05, "max_batch": None, "probe_steps": 10, "knee_within": 0.2}
+    assert (result["train"], result["device"], result["workers"]) == ({**TRAIN, "grad_accum": 2}, "cpu", 1)
+    assert (result["memory_limit"], result["memory_limit_source"]) == ("4G", "--memory-limit")
+    assert (result["probe_steps"], result["margin"], result["knee_within"]) == (10, 0.05, 0.2)
+    # 3 x 0.95 = 2.85 -> 2; the knee within 20 %: 30 samples/s at batch 3, 20 at 2 (below 24), so 3
+    assert (result["max_batch"], result["first_failed"], result["safe_batch"], result["knee_batch"]) == (3, 4, 2, 3)
+    assert [p["batch"] for p in result["probes"]] == [1, 2, 3, 4]
+    assert json.loads((tmp_path / fb.RESULT_FILE).read_text()) == result
+    # few probe steps: a report every step, not every 0th
+    calls.clear()
+    fb.find_batch(TRAIN, tmp_path / "b", probe_steps=2, max_batch=2)
+    assert [c[0]["log_every"] for c in calls] == [1, 1]
+
+
+def test_the_training_set_caps_the_batch_per_accumulated_step(tmp_path, monkeypatch):
+    calls = []
+    recording_probe(monkeypatch, 10**6, calls)
+    # 512 samples, 3 micro-steps a step: at most 512 // 3 = 170 a micro-batch, a whole batch
+    result = fb.find_batch({**TRAIN, "grad_accum": 3}, tmp_path)
+    assert (result["max_batch"], result["limited_by"]) == (170, "the training set")
+    # the defaults recorded: 12 probe steps (a report every 4th)
+    assert result["options"] == {"margin": 0.05, "max_batch": None, "probe_steps": 12, "knee_within": 0.05}
+    assert {c[0]["log_every"] for c in calls} == {4}
+
+
+def test_find_batch_stops_probing_after_max_probes(tmp_path, monkeypatch):
+    calls = []
+    recording_probe(monkeypatch, 10**6, calls)
+    monkeypatch.setattr(fb, "MAX_PROBES", 3)
+    result = fb.find_batch(TRAIN, tmp_path)
+    # 1, 2, 4 probed; from then on a batch counts as not fitting, unprobed
+    assert [c[0]["batch_size"] for c in calls] == [1, 2, 4]
+    assert (result["max_batch"], result["first_failed"], len(result["probes"])) == (4, 5, 3)
+
+
+def test_find_batch_without_a_memory_limit_splits_what_is_available(tmp_path, monkeypatch):
+    import psutil
+
+    calls = []
+    recording_probe(monkeypatch, 5, calls)
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: type("M", (), {"available": 3 * 2**30 + 5})())
+    train = {"workload": "synthetic-cnn", "synthetic_samples": 512, "device": "cpu", "workers": 2, "threads_per_worker": 1}
+    result = fb.find_batch(train, tmp_path)
+    # 3 GiB over 2 workers: 1536 MiB each, given to every probe
+    assert (result["memory_limit"], result["memory_limit_source"]) == (
+        "1536M", "the memory available when the search started, split over 2 worker(s)")
+    assert {c[0]["memory_limit"] for c in calls} == {"1536M"}
+
+
+def test_find_batch_on_gpus_passes_no_memory_limit(tmp_path, monkeypatch):
+    import dataclasses
+
+    from paratrain.launch import placement
+
+    calls = []
+    recording_probe(monkeypatch, 5, calls)
+    real = placement.plan_placement
+    # the placement a GPU node gives (no GPU here): only its device type matters to find-batch
+    monkeypatch.setattr(placement, "plan_placement", lambda cfg: dataclasses.replace(real(cfg), device_type="cuda"))
+    train = {"workload": "synthetic-cnn", "synthetic_samples": 512}
+    result = fb.find_batch(train, tmp_path)
+    assert (result["device"], result["memory_limit"], result["memory_limit_source"]) == ("cuda", None, None)
+    assert "memory_limit" not in calls[0][0] and {c[3] for c in calls} == {False}
+    from paratrain.errors import UsageError
+
+    recording_probe(monkeypatch, 0, calls)
+    with pytest.raises(UsageError, match=r"at batch 1 \(out of memory\); use a smaller model or more GPU memory$"):
+        fb.find_batch(train, tmp_path / "b")
+
+
+def test_find_batch_refusals(tmp_path, monkeypatch):
+    from paratrain.errors import UsageError
+
+    calls = []
+    recording_probe(monkeypatch, 0, calls)
+    with pytest.raises(UsageError, match=r"^paratrain find-batch sets --run-dir itself"):
+        fb.find_batch({**TRAIN, "run_dir": "x"}, tmp_path / "a")
+    with pytest.raises(UsageError, match=r"^paratrain find-batch chooses --batch-size itself"):
+        fb.find_batch({**TRAIN, "batch_size": 8}, tmp_path / "b")
+    with pytest.raises(UsageError, match=r"^--memory-limit 1K is below the model's own state"):
+        fb.find_batch({**TRAIN, "memory_limit": "1K"}, tmp_path / "c")
+    assert calls == []                                  # all refused before any probe
+    with pytest.raises(UsageError, match=r"^the workload does not run at batch 1 \(out of memory\); raise --memory-limit"):
+        fb.find_batch(TRAIN, tmp_path / "d")
+    assert not calls[0][2].parent.exists()              # nothing of the search is left
+
+
+def test_a_probe_that_fails_for_another_reason_keeps_its_run_directory(tmp_path, monkeypatch):
+    import shutil
+
+    calls = []
+    recording_probe(monkeypatch, 8, calls, fail=RunFailed("rank 0 exited with status 1; see its log"))
+    with pytest.raises(RunFailed, match="rank 0 exited"):
+        fb.find_batch(TRAIN, tmp_path)
+    scratch = calls[0][2].parent
+    assert scratch.is_dir()                             # the error names a log there
+    shutil.rmtree(scratch)
