@@ -24,8 +24,11 @@ demo: install
 
 # lint-imports checks the layers contract in pyproject.toml (docs/architecture.md); --no-cache,
 # since its cache once missed an import added by a new __init__.py, and the check takes a second.
+# ruff: the house style (pyproject.toml [tool.ruff]); `ruff format src tests scripts benchmarks` applies it.
 test: install
 	$(BIN)/lint-imports --no-cache
+	$(BIN)/ruff check src tests scripts benchmarks
+	$(BIN)/ruff format --check src tests scripts benchmarks
 	bash scripts/test-deps.sh
 	$(BIN)/python -m pytest -q -p no:logging --durations=25
 

@@ -10,6 +10,7 @@ flat float32 tensor of the tutorial CNN's gradient size (248 KB) many times, in 
 
     .venv/bin/python benchmarks/allreduce_latency.py --steps 300
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,7 +34,7 @@ def _rank(rank: int, args: argparse.Namespace, store: str, out: str) -> None:
     shm = open_shared_average(rank, 2)
     grads = torch.randn(args.numel)
     a, b = torch.randn(256, 256), torch.randn(256, 256)
-    reps = max(1, round(args.compute_ms / 0.6))           # ~0.6 ms per 256x256 matmul on one core here
+    reps = max(1, round(args.compute_ms / 0.6))  # ~0.6 ms per 256x256 matmul on one core here
 
     def gloo_average(t: torch.Tensor) -> None:
         dist.all_reduce(t.div_(2))
@@ -54,8 +55,10 @@ def _rank(rank: int, args: argparse.Namespace, store: str, out: str) -> None:
             dist.all_gather_object(stamps, (arrive, done))
             after_last = [max(stamps[0][0][i], stamps[1][0][i]) for i in range(args.steps)]
             spans = [1000 * (done[i] - after_last[i]) for i in range(args.steps)]
-            results[f"{name}/{pattern}"] = {"median_ms": round(statistics.median(spans), 3),
-                                            "mean_ms": round(statistics.fmean(spans), 3)}
+            results[f"{name}/{pattern}"] = {
+                "median_ms": round(statistics.median(spans), 3),
+                "mean_ms": round(statistics.fmean(spans), 3),
+            }
     if rank == 0:
         with open(out, "w") as f:
             json.dump(results, f)
@@ -65,7 +68,9 @@ def _rank(rank: int, args: argparse.Namespace, store: str, out: str) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--numel", type=int, default=62006, help="floats to average (the tutorial CNN has 62,006 parameters)")
+    p.add_argument(
+        "--numel", type=int, default=62006, help="floats to average (the tutorial CNN has 62,006 parameters)"
+    )
     p.add_argument("--compute-ms", type=float, default=10.0)
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:

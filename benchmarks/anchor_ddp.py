@@ -10,6 +10,7 @@ quotes medians and ratios, never a single absolute time.
 
     .venv/bin/python benchmarks/anchor_ddp.py --repeats 5
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,16 +44,45 @@ def _stdout(cmd: list[str], **kwargs) -> str:
 def run_paratrain(workers: int, allreduce: str, args: argparse.Namespace, scratch: Path, tag: str) -> dict:
     run_dir = scratch / tag
     shutil.rmtree(run_dir, ignore_errors=True)
-    cmd = [str(BIN / "paratrain"), "train", "--workload", "cifar10-cnn", "--data-dir", str(ARCHIVE),
-           "--workers", str(workers), "--threads-per-worker", "1", "--batch-size", str(args.batch_size),
-           "--epochs", str(args.epochs), "--limit-train", str(args.limit_train), "--lr", "0.001",
-           "--allreduce", allreduce, "--run-dir", str(run_dir), "--quiet", "--json"]
+    cmd = [
+        str(BIN / "paratrain"),
+        "train",
+        "--workload",
+        "cifar10-cnn",
+        "--data-dir",
+        str(ARCHIVE),
+        "--workers",
+        str(workers),
+        "--threads-per-worker",
+        "1",
+        "--batch-size",
+        str(args.batch_size),
+        "--epochs",
+        str(args.epochs),
+        "--limit-train",
+        str(args.limit_train),
+        "--lr",
+        "0.001",
+        "--allreduce",
+        allreduce,
+        "--run-dir",
+        str(run_dir),
+        "--quiet",
+        "--json",
+    ]
     return json.loads(_stdout(cmd))
 
 
 def run_anchor(workers: int, args: argparse.Namespace) -> float:
-    common = ["raw_ddp.py", "--batch-size", str(args.batch_size), "--epochs", str(args.epochs),
-              "--limit-train", str(args.limit_train)]
+    common = [
+        "raw_ddp.py",
+        "--batch-size",
+        str(args.batch_size),
+        "--epochs",
+        str(args.epochs),
+        "--limit-train",
+        str(args.limit_train),
+    ]
     if workers == 1:
         cmd = [sys.executable, *common, "--threads", "1"]
     else:
@@ -71,8 +101,13 @@ def main() -> None:
     args = p.parse_args()
 
     # name -> (tool, workers, paratrain's --allreduce)
-    variants = {"paratrain-2": ("paratrain", 2, "auto"), "paratrain-gloo-2": ("paratrain", 2, "backend"),
-                "anchor-2": ("anchor", 2, None), "paratrain-1": ("paratrain", 1, "auto"), "anchor-1": ("anchor", 1, None)}
+    variants = {
+        "paratrain-2": ("paratrain", 2, "auto"),
+        "paratrain-gloo-2": ("paratrain", 2, "backend"),
+        "anchor-2": ("anchor", 2, None),
+        "paratrain-1": ("paratrain", 1, "auto"),
+        "anchor-1": ("anchor", 1, None),
+    }
     results: dict[str, list[float]] = {k: [] for k in variants}
     comm_ms: dict[str, list[float]] = {k: [] for k, v in variants.items() if v[0] == "paratrain"}
     with tempfile.TemporaryDirectory() as tmp:
@@ -90,9 +125,12 @@ def main() -> None:
 
     med = {k: statistics.median(v) for k, v in results.items()}
     report = {
-        "workload": f"cifar10-cnn, {args.limit_train} images, batch {args.batch_size}/worker, {args.epochs} epochs, 1 core per worker",
+        "workload": f"cifar10-cnn, {args.limit_train} images, batch {args.batch_size}/worker, {args.epochs} epochs, 1 "
+        "core per worker",
         "repeats": args.repeats,
-        "samples_per_s": {k: {"median": round(m, 1), "runs": [round(x, 1) for x in results[k]]} for k, m in med.items()},
+        "samples_per_s": {
+            k: {"median": round(m, 1), "runs": [round(x, 1) for x in results[k]]} for k, m in med.items()
+        },
         "exposed_comm_ms_per_step": {k: round(statistics.median(v), 2) for k, v in comm_ms.items()},
         "paratrain_vs_anchor_2_workers": round(med["paratrain-2"] / med["anchor-2"], 3),
         "paratrain_gloo_vs_anchor_2_workers": round(med["paratrain-gloo-2"] / med["anchor-2"], 3),

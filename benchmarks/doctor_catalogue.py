@@ -13,6 +13,7 @@ and the ratio of the median throughputs.
     .venv/bin/python benchmarks/doctor_catalogue.py --out runs/catalogue [--faults data_wait,straggler] [--repeats 3]
     .venv/bin/python benchmarks/doctor_catalogue.py --overhead --out runs/overhead --repeats 5
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,15 +31,37 @@ from rich.progress import Progress
 ROOT = Path(__file__).resolve().parents[1]
 FAULTS_DIR = Path(__file__).resolve().parent / "doctor_faults"
 PARATRAIN = Path(sys.executable).parent / "paratrain"
-FAULTS = ["healthy", "data_wait", "oversubscribed", "straggler", "rank0_eval", "small_batch", "exposed_comm",
-          "no_sync", "find_unused", "uneven_shards", "eval_heavy", "checkpoint_heavy", "host_sync", "loader_workers"]
+FAULTS = [
+    "healthy",
+    "data_wait",
+    "oversubscribed",
+    "straggler",
+    "rank0_eval",
+    "small_batch",
+    "exposed_comm",
+    "no_sync",
+    "find_unused",
+    "uneven_shards",
+    "eval_heavy",
+    "checkpoint_heavy",
+    "host_sync",
+    "loader_workers",
+]
 
 
 def command(fault: str, launch_args: list[str], fix: bool, run_dir: Path | None = None) -> list[str]:
     where = ["--run-dir", str(run_dir)] if run_dir else []
     script = FAULTS_DIR / f"{fault}.py"
-    return ["paratrain", "launch", "-n", "2", *launch_args, *where, str(script.relative_to(ROOT)),
-            *(["--fix"] if fix else [])]
+    return [
+        "paratrain",
+        "launch",
+        "-n",
+        "2",
+        *launch_args,
+        *where,
+        str(script.relative_to(ROOT)),
+        *(["--fix"] if fix else []),
+    ]
 
 
 def throughput(fault: str, launch_args: list[str], fix: bool, run_dir: Path) -> float:
@@ -48,12 +71,16 @@ def throughput(fault: str, launch_args: list[str], fix: bool, run_dir: Path) -> 
     for attempt in (1, 2):
         shutil.rmtree(run_dir, ignore_errors=True)
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-        found = re.findall(r"^THROUGHPUT ([0-9.]+)$", (run_dir / "logs" / "rank0.log").read_text(), re.M) \
-            if (run_dir / "logs" / "rank0.log").exists() else []
+        found = (
+            re.findall(r"^THROUGHPUT ([0-9.]+)$", (run_dir / "logs" / "rank0.log").read_text(), re.M)
+            if (run_dir / "logs" / "rank0.log").exists()
+            else []
+        )
         if proc.returncode == 0 and found:
             return float(found[-1])
-        print(f"attempt {attempt} failed ({proc.returncode}): {shlex.join(cmd)}\n{proc.stderr[-2000:]}",
-              file=sys.stderr)
+        print(
+            f"attempt {attempt} failed ({proc.returncode}): {shlex.join(cmd)}\n{proc.stderr[-2000:]}", file=sys.stderr
+        )
     raise SystemExit(f"run failed twice: {shlex.join(cmd)}")
 
 
@@ -104,8 +131,10 @@ def catalogue(args: argparse.Namespace, launch_args: list[str]) -> None:
         predicted = median_or_none(row["predicted"])
         checks = sorted(set(row["checks"]), key=row["checks"].count, reverse=True)
         within = "n/a" if predicted is None else ("yes" if abs(predicted - measured) <= 0.3 * measured else "no")
-        print(f"| {fault} | {' / '.join(checks)} | {'n/a' if predicted is None else f'{predicted:.2f}x'} | "
-              f"{measured:.2f}x | {within} | `{shlex.join(command(fault, launch_args, False))} [--fix]` |")
+        print(
+            f"| {fault} | {' / '.join(checks)} | {'n/a' if predicted is None else f'{predicted:.2f}x'} | "
+            f"{measured:.2f}x | {within} | `{shlex.join(command(fault, launch_args, False))} [--fix]` |"
+        )
 
 
 def overhead(args: argparse.Namespace, launch_args: list[str]) -> None:
@@ -116,15 +145,17 @@ def overhead(args: argparse.Namespace, launch_args: list[str]) -> None:
         for r in range(1, args.repeats + 1):
             # ABBA: which arm goes first alternates, so a drift within a round or a run's after-effects on
             # the next (caches, clocks) do not favour one arm
-            for arm, extra in (list(arms.items()) if r % 2 else list(arms.items())[::-1]):
+            for arm, extra in list(arms.items()) if r % 2 else list(arms.items())[::-1]:
                 progress.update(task, description=f"healthy-{r}-{arm}")
                 samples[arm].append(throughput("healthy", extra, False, args.out / f"healthy-{r}-{arm}"))
                 progress.advance(task)
     (args.out / "overhead.json").write_text(json.dumps(samples, indent=1) + "\n")
     probe, bare = statistics.median(samples["probe"]), statistics.median(samples["no-probe"])
     for arm, values in samples.items():
-        print(f"{arm}: median {statistics.median(values):.1f} samples/s over {len(values)} runs "
-              f"({', '.join(f'{v:.0f}' for v in values)})")
+        print(
+            f"{arm}: median {statistics.median(values):.1f} samples/s over {len(values)} runs "
+            f"({', '.join(f'{v:.0f}' for v in values)})"
+        )
     print(f"probe / no-probe throughput: {probe / bare:.3f} (overhead {100 * (1 - probe / bare):.1f} %)")
 
 

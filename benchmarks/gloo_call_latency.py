@@ -8,6 +8,7 @@ other than the message; commbench's typical call (the median) rests on this
 
     .venv/bin/python benchmarks/gloo_call_latency.py
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,7 +31,7 @@ def _rank(rank: int, store: str, calls: int, queue) -> None:
     rows = {}
     for nbytes in SIZES:
         tensor = torch.ones(nbytes // 4)
-        for _ in range(200):                 # warm-up: connections, buffers, gloo's threads
+        for _ in range(200):  # warm-up: connections, buffers, gloo's threads
             dist.all_reduce(tensor)
         times = []
         for _ in range(calls):

@@ -4,6 +4,7 @@ Checks, right after backward, whether the gradients are views into DDP's buckets
 saving), and times a step of each variant (alternating, medians). One rank, gloo, one thread:
     .venv/bin/python benchmarks/grad_bucket_view.py --repeats 12
 """
+
 import argparse
 import os
 import statistics
@@ -26,7 +27,7 @@ def main() -> None:
     variants = {}
     for set_to_none in (True, False):
         torch.manual_seed(0)
-        module = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(8)])   # 8.4 M parameters
+        module = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(8)])  # 8.4 M parameters
         model = DistributedDataParallel(module, gradient_as_bucket_view=True)
         variants[set_to_none] = (module, model, torch.optim.SGD(model.parameters(), lr=1e-3), [], [])
     for _ in range(args.repeats):
@@ -38,9 +39,11 @@ def main() -> None:
                 opt.step()
                 opt.zero_grad(set_to_none=set_to_none)
             times.append((time.perf_counter() - start) / args.steps)
-    for set_to_none, (module, model, opt, times, views) in variants.items():
-        print(f"zero_grad(set_to_none={set_to_none}): median step {statistics.median(times[2:]) * 1e3:.1f} ms; "
-              f"gradients were bucket views after backward in {sum(views[1:])} of {len(views) - 1} steps after the first")
+    for set_to_none, (_, _, _, times, views) in variants.items():
+        print(
+            f"zero_grad(set_to_none={set_to_none}): median step {statistics.median(times[2:]) * 1e3:.1f} ms; "
+            f"gradients were bucket views after backward in {sum(views[1:])} of {len(views) - 1} steps after the first"
+        )
     dist.destroy_process_group()
 
 

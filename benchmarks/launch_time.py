@@ -12,6 +12,7 @@ measured is starting, not decoding CIFAR-10.
     .venv/bin/python benchmarks/launch_time.py --repeats 7        # the measurement (~2 min on 2 cores)
     .venv/bin/python benchmarks/launch_time.py --repeats 1        # a quick check
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,23 @@ IMPORT_TORCH = [sys.executable, "-c", "import torch"]
 
 
 def train_command(workers: int, run_dir: Path) -> list[str]:
-    return [str(BIN / "paratrain"), "train", "--workers", str(workers), "--workload", "cifar10-cnn", "--epochs", "1",
-            "--limit-train", "1000", "--log-every", "1", "--quiet", "--run-dir", str(run_dir)]
+    return [
+        str(BIN / "paratrain"),
+        "train",
+        "--workers",
+        str(workers),
+        "--workload",
+        "cifar10-cnn",
+        "--epochs",
+        "1",
+        "--limit-train",
+        "1000",
+        "--log-every",
+        "1",
+        "--quiet",
+        "--run-dir",
+        str(run_dir),
+    ]
 
 
 def to_first_step(workers: int, scratch: Path, name: str) -> tuple[float, float]:
@@ -63,26 +79,30 @@ def main() -> None:
     starts: dict[int, list[float]] = {1: [], 2: []}
     ends: dict[int, list[float]] = {1: [], 2: []}
     try:
-        to_first_step(1, scratch, "warm")       # decodes and caches the dataset once, untimed
+        to_first_step(1, scratch, "warm")  # decodes and caches the dataset once, untimed
         for repeat in range(args.repeats):
             imports.append(import_torch())
             for workers in (1, 2):
                 start, end = to_first_step(workers, scratch, f"w{workers}-{repeat}")
                 starts[workers].append(start)
                 ends[workers].append(end)
-            print(f"repeat {repeat + 1}: import torch {imports[-1]:.2f} s; to the first step (start / end): 1 worker "
-                  f"{starts[1][-1]:.2f} / {ends[1][-1]:.2f} s, 2 workers {starts[2][-1]:.2f} / {ends[2][-1]:.2f} s", file=sys.stderr)
+            print(
+                f"repeat {repeat + 1}: import torch {imports[-1]:.2f} s; to the first step (start / end): 1 worker "
+                f"{starts[1][-1]:.2f} / {ends[1][-1]:.2f} s, 2 workers {starts[2][-1]:.2f} / {ends[2][-1]:.2f} s",
+                file=sys.stderr,
+            )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     base = statistics.median(imports)
 
     def cell(times: list[float]) -> str:
-        return f"{statistics.median(times):.2f} ({min(times):.2f}-{max(times):.2f}) | {statistics.median(times) / base:.2f}"
+        median = statistics.median(times)
+        return f"{median:.2f} ({min(times):.2f}-{max(times):.2f}) | {median / base:.2f}"
 
     print(f"\nmedians (min-max) of {args.repeats} alternating repeats, seconds from the command; x = / import torch")
     print("\n| command | to the first step | x | to the end of the first step | x |")
     print("|---|---|---|---|---|")
-    print(f"| `python -c \"import torch\"` | {cell(imports)} | | |")
+    print(f'| `python -c "import torch"` | {cell(imports)} | | |')
     for workers in (1, 2):
         print(f"| `paratrain train --workers {workers}` | {cell(starts[workers])} | {cell(ends[workers])} |")
     print("\ncommands:")

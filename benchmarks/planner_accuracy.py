@@ -13,6 +13,7 @@ step. Long (about 15 minutes a repeat here): run it on a quiet machine.
     .venv/bin/python benchmarks/planner_accuracy.py --repeats 3         # the full table
     .venv/bin/python benchmarks/planner_accuracy.py --tiny --repeats 1  # a smoke run: one workload, tiny budget
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,15 +31,35 @@ BIN = Path(sys.executable).parent
 WORKLOADS = {
     "synthetic-cnn": ((24, 64), (32, 128), ["--synthetic-samples", "8192", "--epochs", "3", "--optimizer", "sgd"]),
     "cifar10-resnet18": ((12, 32), (16, 64), ["--limit-train", "768", "--epochs", "2", "--optimizer", "sgd"]),
-    "gpt-tiny": ((6, 16), (8, 32), ["--samples-per-epoch", "384", "--eval-samples", "32", "--epochs", "2",
-                                    "--optimizer", "adam"]),
+    "gpt-tiny": (
+        (6, 16),
+        (8, 32),
+        ["--samples-per-epoch", "384", "--eval-samples", "32", "--epochs", "2", "--optimizer", "adam"],
+    ),
 }
 TINY = {"synthetic-cnn": ((8, 16), (12, 32), ["--synthetic-samples", "256", "--epochs", "2", "--optimizer", "sgd"])}
 
 
 def train(workload: str, workers: int, batch: int, flags: list[str], out: Path) -> dict:
-    cmd = [str(BIN / "paratrain"), "train", "--workload", workload, "--workers", str(workers), "--threads-per-worker", "1",
-           "--batch-size", str(batch), "--lr-scaling", "none", "--run-dir", str(out), "--quiet", "--json", *flags]
+    cmd = [
+        str(BIN / "paratrain"),
+        "train",
+        "--workload",
+        workload,
+        "--workers",
+        str(workers),
+        "--threads-per-worker",
+        "1",
+        "--batch-size",
+        str(batch),
+        "--lr-scaling",
+        "none",
+        "--run-dir",
+        str(out),
+        "--quiet",
+        "--json",
+        *flags,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if proc.returncode != 0:
         sys.exit(f"failed: {' '.join(cmd)}\n{proc.stderr.strip()}")
@@ -48,8 +69,25 @@ def train(workload: str, workers: int, batch: int, flags: list[str], out: Path) 
 
 
 def plan(workload: str, batch: int, optimizer: str, calibration: list[Path]) -> tuple[dict, str]:
-    cmd = [str(BIN / "paratrain"), "plan", "--workload", workload, "--device", "cpu", "--gpus", "2", "--batch-size",
-           str(batch), "--strategy", "ddp", "--optimizer", optimizer, "--calibrate", *map(str, calibration), "--json"]
+    cmd = [
+        str(BIN / "paratrain"),
+        "plan",
+        "--workload",
+        workload,
+        "--device",
+        "cpu",
+        "--gpus",
+        "2",
+        "--batch-size",
+        str(batch),
+        "--strategy",
+        "ddp",
+        "--optimizer",
+        optimizer,
+        "--calibrate",
+        *map(str, calibration),
+        "--json",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if proc.returncode != 0:
         sys.exit(f"failed: {' '.join(cmd)}\n{proc.stderr.strip()}")
@@ -58,7 +96,9 @@ def plan(workload: str, batch: int, optimizer: str, calibration: list[Path]) -> 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tiny", action="store_true", help="one small workload: checks the script, measures nothing useful")
+    parser.add_argument(
+        "--tiny", action="store_true", help="one small workload: checks the script, measures nothing useful"
+    )
     parser.add_argument("--repeats", type=int, default=3, help="runs of every point, in turn; the median counts")
     parser.add_argument("--out", type=Path, help="keep the run directories here (default: a temporary directory)")
     args = parser.parse_args()
@@ -78,8 +118,11 @@ def main() -> None:
                         measured.setdefault((workload, workers, batch), []).append(summary)
                         if repeat == 0:
                             commands.append(summary["command"])
-                        print(f"repeat {repeat + 1} {workload} w{workers} b{batch}: "
-                              f"{summary['global_batch_size'] / summary['samples_per_s'] * 1e3:.2f} ms a step", file=sys.stderr)
+                        print(
+                            f"repeat {repeat + 1} {workload} w{workers} b{batch}: "
+                            f"{summary['global_batch_size'] / summary['samples_per_s'] * 1e3:.2f} ms a step",
+                            file=sys.stderr,
+                        )
         rows = []
         for workload, (calibrate_batches, batches, flags) in workloads.items():
             optimizer = flags[flags.index("--optimizer") + 1]
@@ -91,14 +134,28 @@ def main() -> None:
                 for workers in (1, 2):
                     runs = measured[(workload, workers, batch)]
                     steps = [s["global_batch_size"] / s["samples_per_s"] for s in runs]
-                    rows.append((workload, workers, batch, by_devices[workers]["step_time_s"], statistics.median(steps), steps,
-                                 any(s["machine_load"]["contended"] for s in runs)))
-        print("| workload | workers | batch per worker | predicted step (ms) | measured step (ms), median (runs) | error | contended |")
+                    rows.append(
+                        (
+                            workload,
+                            workers,
+                            batch,
+                            by_devices[workers]["step_time_s"],
+                            statistics.median(steps),
+                            steps,
+                            any(s["machine_load"]["contended"] for s in runs),
+                        )
+                    )
+        print(
+            "| workload | workers | batch per worker | predicted step (ms) | measured step (ms), median (runs) | error "
+            "| contended |"
+        )
         print("|---|---|---|---|---|---|---|")
         for workload, workers, batch, guess, median, steps, contended in rows:
             shown = ", ".join(f"{t * 1e3:.2f}" for t in steps)
-            print(f"| {workload} | {workers} | {batch} | {guess * 1e3:.2f} | {median * 1e3:.2f} ({shown}) | "
-                  f"{(guess - median) / median:+.1%} | {'yes' if contended else ''} |")
+            print(
+                f"| {workload} | {workers} | {batch} | {guess * 1e3:.2f} | {median * 1e3:.2f} ({shown}) | "
+                f"{(guess - median) / median:+.1%} | {'yes' if contended else ''} |"
+            )
         worst = max(abs(g - m) / m for _w, _n, _b, g, m, *_ in rows)
         print(f"\nlargest error: {worst:.1%} over {len(rows)} points, {args.repeats} repeat(s)")
         print("\ncommands (RUNS: the run directories above):")

@@ -16,6 +16,7 @@ cores, so run it on a quiet machine.
     .venv/bin/python benchmarks/planner_step_time.py                     # the table (5 repeats)
     .venv/bin/python benchmarks/planner_step_time.py --repeats 1 --workload synthetic-cnn   # a smoke run
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,12 +44,22 @@ import torch.multiprocessing as mp  # noqa: E402
 # the measured step (global batch / samples per second).
 WORKLOADS = {
     "synthetic-cnn": (dict(workload="synthetic-cnn", synthetic_samples=1536, optimizer="sgd"), (16, 48), (24, 96)),
-    "gpt-tiny": (dict(workload="gpt-tiny", seq_len=32, samples_per_epoch=96, eval_samples=8, optimizer="adam"), (2, 4), (3, 8)),
-    "wide-mlp": (dict(workload="synthetic-cnn", model="user_factories:wide_mlp", synthetic_samples=1536, optimizer="sgd"),
-                 (32, 128), (48, 96)),
+    "gpt-tiny": (
+        dict(workload="gpt-tiny", seq_len=32, samples_per_epoch=96, eval_samples=8, optimizer="adam"),
+        (2, 4),
+        (3, 8),
+    ),
+    "wide-mlp": (
+        dict(workload="synthetic-cnn", model="user_factories:wide_mlp", synthetic_samples=1536, optimizer="sgd"),
+        (32, 128),
+        (48, 96),
+    ),
 }
-PLAN_MODEL = {"gpt-tiny": ["--workload", "gpt-tiny", "--seq-len", "32"], "synthetic-cnn": ["--workload", "synthetic-cnn"],
-              "wide-mlp": ["--model", "user_factories:wide_mlp"]}
+PLAN_MODEL = {
+    "gpt-tiny": ["--workload", "gpt-tiny", "--seq-len", "32"],
+    "synthetic-cnn": ["--workload", "synthetic-cnn"],
+    "wide-mlp": ["--model", "user_factories:wide_mlp"],
+}
 COMMON = dict(device="cpu", epochs=2, lr=0.01, lr_scaling="none", log_every=50, threads_per_worker=1, quiet=True)
 PLACEMENT = dict(backend="gloo", device_type="cpu", threads_per_worker=1, allreduce="shm", cpu_sets=[[0], [1]])
 
@@ -61,7 +72,9 @@ def schedule(workloads: list[str], repeats: int) -> dict[str, dict]:
             settings, calibration, predicted = WORKLOADS[name]
             for batch in (*calibration, *predicted):
                 for workers in (1, 2):
-                    runs[f"{name}-w{workers}-b{batch}-r{repeat}"] = dict(COMMON, **settings, workers=workers, batch_size=batch)
+                    runs[f"{name}-w{workers}-b{batch}-r{repeat}"] = dict(
+                        COMMON, **settings, workers=workers, batch_size=batch
+                    )
     return runs
 
 
@@ -107,8 +120,25 @@ def plan_rows(workload: str, optimizer: str, batch: int, calibration: list[Path]
 
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        status = main(["plan", *PLAN_MODEL[workload], "--device", "cpu", "--gpus", "2", "--strategy", "ddp",
-                       "--optimizer", optimizer, "--batch-size", str(batch), "--calibrate", *map(str, calibration), "--json"])
+        status = main(
+            [
+                "plan",
+                *PLAN_MODEL[workload],
+                "--device",
+                "cpu",
+                "--gpus",
+                "2",
+                "--strategy",
+                "ddp",
+                "--optimizer",
+                optimizer,
+                "--batch-size",
+                str(batch),
+                "--calibrate",
+                *map(str, calibration),
+                "--json",
+            ]
+        )
     if status != 0:
         sys.exit(f"paratrain plan failed for {workload} at batch {batch}")
     return {r["devices"]: r for r in json.loads(printed.getvalue())["rows"]}
@@ -116,7 +146,9 @@ def plan_rows(workload: str, optimizer: str, batch: int, calibration: list[Path]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=5, help="runs of every point, each predicted from its own repeat")
+    parser.add_argument(
+        "--repeats", type=int, default=5, help="runs of every point, each predicted from its own repeat"
+    )
     parser.add_argument("--workload", action="append", choices=list(WORKLOADS), help="only these (default: all three)")
     parser.add_argument("--out", type=Path, help="keep the run directories here (default: a temporary directory)")
     args = parser.parse_args()
@@ -128,11 +160,14 @@ def main() -> None:
         # The ranks and the plan read one cache, so they take the same measured CPU peak (the
         # calibration's efficiency is a share of the run's peak and the prediction a share of the plan's).
         os.environ["PARATRAIN_CACHE"] = str(out / "cache")
-        spawned = mp.start_processes(rank_main, args=(str(out), [free_port() for _ in runs], runs), nprocs=2, join=False,
-                                     start_method="spawn")
+        spawned = mp.start_processes(
+            rank_main, args=(str(out), [free_port() for _ in runs], runs), nprocs=2, join=False, start_method="spawn"
+        )
         while not spawned.join():
             pass
-        print("| workload | batch per worker | workers | predicted step (ms), last repeat | median error | each repeat |")
+        print(
+            "| workload | batch per worker | workers | predicted step (ms), last repeat | median error | each repeat |"
+        )
         print("|---|---|---|---|---|---|")
         worst = 0.0
         for workload in workloads:
@@ -150,8 +185,10 @@ def main() -> None:
             for (batch, workers), each in errors.items():
                 median = statistics.median(each)
                 worst = max(worst, abs(median))
-                print(f"| {workload} | {batch} | {workers} | {guesses[(batch, workers)] * 1e3:.2f} | {median:+.1%} | "
-                      f"{', '.join(f'{e:+.1%}' for e in each)} |")
+                print(
+                    f"| {workload} | {batch} | {workers} | {guesses[(batch, workers)] * 1e3:.2f} | {median:+.1%} | "
+                    f"{', '.join(f'{e:+.1%}' for e in each)} |"
+                )
         print(f"\nlargest median error: {worst:.1%} ({args.repeats} repeat(s); the old test's bound was 15 %)")
 
 

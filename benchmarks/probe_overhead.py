@@ -18,6 +18,7 @@ small-cnn is the catalogue's healthy model (benchmarks/doctor_faults/common.py: 
 DataLoader, SGD with momentum); deep-linear is find_unused.py's 256 small linear layers, where the cost
 per module call shows (without find_unused_parameters).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,8 +48,15 @@ spec.loader.exec_module(probe_module)
 
 
 def deep_linear() -> nn.Module:
-    return nn.Sequential(nn.Conv2d(3, 16, 3, stride=2, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(2), nn.Flatten(),
-                         nn.Linear(64, 32), *(nn.Linear(32, 32) for _ in range(256)), nn.Linear(32, 10))
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, stride=2, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(2),
+        nn.Flatten(),
+        nn.Linear(64, 32),
+        *(nn.Linear(32, 32) for _ in range(256)),
+        nn.Linear(32, 10),
+    )
 
 
 MODELS = {"small-cnn": SmallCNN, "deep-linear": deep_linear}
@@ -81,7 +89,7 @@ def main() -> None:
     torch.manual_seed(0)
     bare = DDP(MODELS[args.model]())
     install()
-    probed = DDP(MODELS[args.model]())          # built under the probe: DDP's all-reduce through its timed hook
+    probed = DDP(MODELS[args.model]())  # built under the probe: DDP's all-reduce through its timed hook
     remove()
     arms = {"bare": bare, "probe": probed}
     optimizers = {arm: torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9) for arm, model in arms.items()}
@@ -105,7 +113,7 @@ def main() -> None:
             steps.append(time.perf_counter() - started)
         return steps
 
-    for arm in arms:        # warm-up: first-call allocations, and the probe's first steps
+    for arm in arms:  # warm-up: first-call allocations, and the probe's first steps
         if arm == "probe":
             install()
         block(arm)
@@ -113,7 +121,7 @@ def main() -> None:
             remove()
     times: dict[str, list[list[float]]] = {arm: [] for arm in arms}
     for i in range(args.blocks):
-        for arm in (("probe", "bare") if i % 2 else ("bare", "probe")):     # ABBA
+        for arm in ("probe", "bare") if i % 2 else ("bare", "probe"):  # ABBA
             if arm == "probe":
                 install()
             times[arm].append(block(arm))
@@ -125,13 +133,16 @@ def main() -> None:
         with_probe = statistics.median(t for steps in times["probe"] for t in steps)
         without = statistics.median(t for steps in times["bare"] for t in steps)
         pairs = [statistics.median(a) / statistics.median(b) for a, b in zip(times["probe"], times["bare"])]
-        print(f"{args.model}: median step with the probe {with_probe * 1e3:.2f} ms, without {without * 1e3:.2f} ms "
-              f"({args.blocks} blocks of {args.steps} steps each): overhead {100 * (with_probe / without - 1):+.1f} %; "
-              f"block pairs {min(pairs):.3f}-{max(pairs):.3f}, median {statistics.median(pairs):.3f}", flush=True)
+        print(
+            f"{args.model}: median step with the probe {with_probe * 1e3:.2f} ms, without {without * 1e3:.2f} ms "
+            f"({args.blocks} blocks of {args.steps} steps each): overhead {100 * (with_probe / without - 1):+.1f} %; "
+            f"block pairs {min(pairs):.3f}-{max(pairs):.3f}, median {statistics.median(pairs):.3f}",
+            flush=True,
+        )
     arms.clear()
     optimizers.clear()
     del bare, probed
-    gc.collect()        # DDP freed before its process group: torch 2.13 can abort at exit
+    gc.collect()  # DDP freed before its process group: torch 2.13 can abort at exit
     dist.destroy_process_group()
 
 

@@ -14,6 +14,7 @@ Prints a markdown table (medians with min-max) and the commands. Needs a quiet m
 
     .venv/bin/python benchmarks/restart_cost.py --repeats 3
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,7 +27,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
 
 from paratrain.measure.monitor import ranks_by_log, wait_for_rank
 
@@ -55,16 +55,42 @@ def _rank_pid(root: int, run: Path, rank: int) -> int:
 
 def one_run(args: argparse.Namespace, run: Path, kill: bool) -> dict:
     per_epoch = args.samples // (2 * args.batch_size)
-    cmd = [sys.executable, "-m", "paratrain", "train", "--workload", args.workload, "--synthetic-samples", str(args.samples),
-           "--batch-size", str(args.batch_size), "--workers", "2", "--threads-per-worker", "1", "--device", "cpu",
-           "--epochs", str(args.epochs), "--log-every", "1", "--checkpoint-every", f"{args.interval}steps",
-           "--max-restarts", "1", "--quiet", "--json", "--run-dir", str(run)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "paratrain",
+        "train",
+        "--workload",
+        args.workload,
+        "--synthetic-samples",
+        str(args.samples),
+        "--batch-size",
+        str(args.batch_size),
+        "--workers",
+        "2",
+        "--threads-per-worker",
+        "1",
+        "--device",
+        "cpu",
+        "--epochs",
+        str(args.epochs),
+        "--log-every",
+        "1",
+        "--checkpoint-every",
+        f"{args.interval}steps",
+        "--max-restarts",
+        "1",
+        "--quiet",
+        "--json",
+        "--run-dir",
+        str(run),
+    ]
     started = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     result: dict = {"command": " ".join(cmd[1:])}
     if kill:
         victim = _rank_pid(proc.pid, run, 1)
-        target = per_epoch + args.interval + args.after     # in the second epoch, `after` steps past a checkpoint
+        target = per_epoch + args.interval + args.after  # in the second epoch, `after` steps past a checkpoint
         while proc.poll() is None and not any(e["step"] >= target for e in _steps(run)):
             time.sleep(0.002)
         before = _steps(run)
@@ -79,10 +105,13 @@ def one_run(args: argparse.Namespace, run: Path, kill: bool) -> dict:
     if kill:
         # The restarted ranks' start event is written when they are ready to train (wall clock).
         restarted = _steps(run, "start")[-1]
-        result.update(resumed_from_step=summary["resumed_from_step"], restarts=summary["restarts"],
-                      recovery_s=restarted["unix_time"] - result["killed_at"],
-                      repeated_steps=result["last_step_before_kill"] - summary["resumed_from_step"],
-                      epochs=len(_steps(run, "epoch")))
+        result.update(
+            resumed_from_step=summary["resumed_from_step"],
+            restarts=summary["restarts"],
+            recovery_s=restarted["unix_time"] - result["killed_at"],
+            repeated_steps=result["last_step_before_kill"] - summary["resumed_from_step"],
+            epochs=len(_steps(run, "epoch")),
+        )
     return result
 
 
@@ -105,15 +134,22 @@ def main() -> None:
     def spread(values: list[float], fmt: str) -> str:
         return f"{format(statistics.median(values), fmt)} ({format(min(values), fmt)}-{format(max(values), fmt)})"
 
-    print("| runs | restarts | recovery: kill to training again (s) | steps trained twice | wall time (s) | extra wall time (s) |")
+    print(
+        "| runs | restarts | recovery: kill to training again (s) | steps trained twice | wall time (s) | extra wall "
+        "time (s) |"
+    )
     print("|---|---|---|---|---|---|")
     print(f"| uninterrupted x{args.repeats} | 0 | - | - | {spread([p['wall_time_s'] for p in plain], '.1f')} | - |")
     extra = [k["wall_time_s"] - p["wall_time_s"] for k, p in zip(killed, plain)]
-    print(f"| rank 1 killed x{args.repeats} | {spread([k['restarts'] for k in killed], 'd')} | "
-          f"{spread([k['recovery_s'] for k in killed], '.1f')} | {spread([k['repeated_steps'] for k in killed], 'd')} | "
-          f"{spread([k['wall_time_s'] for k in killed], '.1f')} | {spread(extra, '.1f')} |")
-    print(f"\ncommand: {plain[0]['command']}  (the killed runs: the same, rank 1 SIGKILLed {args.after} steps after "
-          f"the checkpoint of step {args.samples // (2 * args.batch_size) + args.interval})")
+    print(
+        f"| rank 1 killed x{args.repeats} | {spread([k['restarts'] for k in killed], 'd')} | "
+        f"{spread([k['recovery_s'] for k in killed], '.1f')} | {spread([k['repeated_steps'] for k in killed], 'd')} | "
+        f"{spread([k['wall_time_s'] for k in killed], '.1f')} | {spread(extra, '.1f')} |"
+    )
+    print(
+        f"\ncommand: {plain[0]['command']}  (the killed runs: the same, rank 1 SIGKILLed {args.after} steps after "
+        f"the checkpoint of step {args.samples // (2 * args.batch_size) + args.interval})"
+    )
     print(f"every killed run completed all {args.epochs} epochs: {all(k['epochs'] == args.epochs for k in killed)}")
 
 

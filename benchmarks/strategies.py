@@ -14,6 +14,7 @@ because the machine's speed drifts; the table gives medians, memory the largest 
 `--memory-limit SIZE` adds the "does not fit" demonstration: ddp, fsdp and pipeline on 2 ranks, each
 rank bounded to SIZE; prints which ran and the error of any that did not.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,21 +36,53 @@ STRATEGIES = {
     "fsdp": (["--workers", "2", "--strategy", "fsdp"], 1),
     "pipeline": (["--workers", "2", "--strategy", "pipeline", "--microbatches", "4"], 2),
     "model-parallel": (["--workers", "2", "--strategy", "model-parallel"], 2),
-    "hybrid": (["--workers", "4", "--strategy", "hybrid", "--dp", "2", "--stages", "2", "--microbatches", "2",
-                "--allow-oversubscribe"], 1),
+    "hybrid": (
+        [
+            "--workers",
+            "4",
+            "--strategy",
+            "hybrid",
+            "--dp",
+            "2",
+            "--stages",
+            "2",
+            "--microbatches",
+            "2",
+            "--allow-oversubscribe",
+        ],
+        1,
+    ),
 }
 MEMORY = ("parameters_bytes", "gradients_bytes", "optimizer_bytes", "activations_peak_bytes", "rss_peak_bytes")
 
 
 def run(strategy: str, workload: str, batch: int, epochs: int, out: Path, extra: list[str]) -> dict:
     flags, multiplier = STRATEGIES[strategy]
-    cmd = [str(BIN / "paratrain"), "train", "--workload", workload, *flags, "--threads-per-worker", "1",
-           "--batch-size", str(batch * multiplier), "--epochs", str(epochs), "--run-dir", str(out), "--quiet", "--json",
-           *extra]
+    cmd = [
+        str(BIN / "paratrain"),
+        "train",
+        "--workload",
+        workload,
+        *flags,
+        "--threads-per-worker",
+        "1",
+        "--batch-size",
+        str(batch * multiplier),
+        "--epochs",
+        str(epochs),
+        "--run-dir",
+        str(out),
+        "--quiet",
+        "--json",
+        *extra,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if proc.returncode != 0:
-        return {"status": "failed", "error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "?",
-                "command": " ".join(cmd)}
+        return {
+            "status": "failed",
+            "error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "?",
+            "command": " ".join(cmd),
+        }
     return {**json.loads(proc.stdout), "command": " ".join(cmd)}
 
 
@@ -59,8 +92,11 @@ def mb(n: float) -> str:
 
 def table(results: dict[str, list[dict]], text: bool) -> str:
     unit = "tokens/s" if text else "samples/s"
-    lines = [f"| strategy | {unit} | params MB | grads MB | optimizer MB | activations MB | peak RSS MB | "
-             f"{'val loss' if text else 'val accuracy'} |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"| strategy | {unit} | params MB | grads MB | optimizer MB | activations MB | peak RSS MB | "
+        f"{'val loss' if text else 'val accuracy'} |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for name, runs in results.items():
         done = [r for r in runs if r.get("status") == "completed"]
         if not done:
@@ -90,19 +126,37 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
             for name in names:
-                summary = run(name, args.workload, args.batch_size, args.epochs, Path(tmp) / f"{name}-{repeat}", args.extra)
+                summary = run(
+                    name, args.workload, args.batch_size, args.epochs, Path(tmp) / f"{name}-{repeat}", args.extra
+                )
                 results[name].append(summary)
-                print(f"repeat {repeat + 1} {name}: {summary.get('status')} "
-                      f"{summary.get('tokens_per_s' if text else 'samples_per_s', 0):,.0f}/s", file=sys.stderr)
+                print(
+                    f"repeat {repeat + 1} {name}: {summary.get('status')} "
+                    f"{summary.get('tokens_per_s' if text else 'samples_per_s', 0):,.0f}/s",
+                    file=sys.stderr,
+                )
         print(table(results, text))
         print("\ncommands:\n" + "\n".join(runs[0]["command"] for runs in results.values()))
         if args.memory_limit:
             print(f"\nper-rank memory limit {args.memory_limit}:")
             for name in ("ddp", "fsdp", "pipeline"):
-                summary = run(name, args.workload, args.batch_size, 1, Path(tmp) / f"limit-{name}",
-                              [*args.extra, "--memory-limit", args.memory_limit])
-                print(f"- {name}: {summary['status']}" + (f" ({summary['error']})" if summary["status"] != "completed" else
-                      f", peak RSS {mb(max(summary['memory']['rss_peak_bytes']))} MB per rank") + f"\n  {summary['command']}")
+                summary = run(
+                    name,
+                    args.workload,
+                    args.batch_size,
+                    1,
+                    Path(tmp) / f"limit-{name}",
+                    [*args.extra, "--memory-limit", args.memory_limit],
+                )
+                print(
+                    f"- {name}: {summary['status']}"
+                    + (
+                        f" ({summary['error']})"
+                        if summary["status"] != "completed"
+                        else f", peak RSS {mb(max(summary['memory']['rss_peak_bytes']))} MB per rank"
+                    )
+                    + f"\n  {summary['command']}"
+                )
 
 
 if __name__ == "__main__":

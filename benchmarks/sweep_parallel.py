@@ -9,6 +9,7 @@ done). Per-trial overhead is launch to first training step, from each trial's me
     .venv/bin/python benchmarks/sweep_parallel.py --repeats 3
     .venv/bin/python benchmarks/sweep_parallel.py --repeats 3 --threads-per-worker 1   # 1 core per trial in both
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,15 +23,34 @@ import time
 from pathlib import Path
 
 BIN = Path(sys.executable).parent
-SPACE = {"algorithm": "grid", "parameters": {"lr": {"type": "float", "min": 0.005, "max": 0.08, "scalingType": "loguniform"}},
-         "spec": {"metric": "val_accuracy", "objective": "maximize", "gridSize": 8}}
+SPACE = {
+    "algorithm": "grid",
+    "parameters": {"lr": {"type": "float", "min": 0.005, "max": 0.08, "scalingType": "loguniform"}},
+    "spec": {"metric": "val_accuracy", "objective": "maximize", "gridSize": 8},
+}
 
 
 def run(jobs: int, args: argparse.Namespace, scratch: Path) -> dict:
     out = scratch / f"j{jobs}"
     shutil.rmtree(out, ignore_errors=True)
-    cmd = [str(BIN / "paratrain"), "sweep", str(scratch / "space.json"), "-j", str(jobs), "--out", str(out),
-           "--workload", "cifar10-cnn", "--epochs", str(args.epochs), "--batch-size", "64", "--pruner", "none", "--quiet"]
+    cmd = [
+        str(BIN / "paratrain"),
+        "sweep",
+        str(scratch / "space.json"),
+        "-j",
+        str(jobs),
+        "--out",
+        str(out),
+        "--workload",
+        "cifar10-cnn",
+        "--epochs",
+        str(args.epochs),
+        "--batch-size",
+        "64",
+        "--pruner",
+        "none",
+        "--quiet",
+    ]
     if args.threads_per_worker:
         cmd += ["--threads-per-worker", str(args.threads_per_worker)]
     started = time.perf_counter()
@@ -39,15 +59,20 @@ def run(jobs: int, args: argparse.Namespace, scratch: Path) -> dict:
     trials = json.loads((out / "sweep.json").read_text())["trials"]
     assert len(trials) == 8 and all(t["state"] == "COMPLETE" for t in trials), [t["reason"] for t in trials]
     overheads = sorted(t["launch_overhead_s"] for t in trials)
-    return {"command_s": command_s, "trials_s": max(t["ended_at"] for t in trials) - min(t["started_at"] for t in trials),
-            "overheads": overheads}
+    return {
+        "command_s": command_s,
+        "trials_s": max(t["ended_at"] for t in trials) - min(t["started_at"] for t in trials),
+        "overheads": overheads,
+    }
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--threads-per-worker", type=int, help="pin every trial to this many threads (default: all its cores)")
+    p.add_argument(
+        "--threads-per-worker", type=int, help="pin every trial to this many threads (default: all its cores)"
+    )
     args = p.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="paratrain-sweep-bench-"))
     (scratch / "space.json").write_text(json.dumps(SPACE))
@@ -57,9 +82,12 @@ def main() -> None:
             for jobs in (2, 1):
                 r = run(jobs, args, scratch)
                 results[jobs].append(r)
-                print(f"repeat {repeat + 1} -j {jobs}: command {r['command_s']:.1f} s, trials {r['trials_s']:.1f} s, "
-                      f"overhead per trial median {statistics.median(r['overheads']):.2f} s "
-                      f"(first {r['overheads'][-1]:.2f} s: the fork server importing torch once)", flush=True)
+                print(
+                    f"repeat {repeat + 1} -j {jobs}: command {r['command_s']:.1f} s, trials {r['trials_s']:.1f} s, "
+                    f"overhead per trial median {statistics.median(r['overheads']):.2f} s "
+                    f"(first {r['overheads'][-1]:.2f} s: the fork server importing torch once)",
+                    flush=True,
+                )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     med = {j: {k: statistics.median(r[k] for r in results[j]) for k in ("command_s", "trials_s")} for j in results}
@@ -67,10 +95,14 @@ def main() -> None:
     print(f"\nmedians over {args.repeats} alternating runs of 8 trials:")
     for j in (1, 2):
         print(f"  -j {j}: command {med[j]['command_s']:.1f} s, trials {med[j]['trials_s']:.1f} s")
-    print(f"  wall ratio -j 2 / -j 1: trials {med[2]['trials_s'] / med[1]['trials_s']:.3f}, "
-          f"command {med[2]['command_s'] / med[1]['command_s']:.3f}  (target <= 0.56)")
-    print(f"  launch to first step per trial: median {statistics.median(overheads):.2f} s, "
-          f"mean {statistics.mean(overheads):.2f} s, max {max(overheads):.2f} s  (target <= 2 s)")
+    print(
+        f"  wall ratio -j 2 / -j 1: trials {med[2]['trials_s'] / med[1]['trials_s']:.3f}, "
+        f"command {med[2]['command_s'] / med[1]['command_s']:.3f}  (target <= 0.56)"
+    )
+    print(
+        f"  launch to first step per trial: median {statistics.median(overheads):.2f} s, "
+        f"mean {statistics.mean(overheads):.2f} s, max {max(overheads):.2f} s  (target <= 2 s)"
+    )
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ of the medians and, in brackets, the median of each repeat's own ratio.
 
 A trial of the script itself (not a measurement): --epochs 2 -- --limit-train 2048.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,14 +50,32 @@ CONFIGURATIONS = {
     "--grad-compression fp16": [*TWO, "--grad-compression", "fp16"],
     "--grad-compression powersgd": [*TWO, "--grad-compression", "powersgd"],
     "async-ps": ["--workers", "3", "--strategy", "async-ps", "--allow-oversubscribe"],
-    "async-ps --max-staleness 2": ["--workers", "3", "--strategy", "async-ps", "--max-staleness", "2", "--allow-oversubscribe"],
+    "async-ps --max-staleness 2": [
+        "--workers",
+        "3",
+        "--strategy",
+        "async-ps",
+        "--max-staleness",
+        "2",
+        "--allow-oversubscribe",
+    ],
     "--reduce ps": [*TWO, "--reduce", "ps"],
 }
 
 
 def run(flags: list[str], shared: list[str], out: Path) -> dict:
-    cmd = [str(BIN / "paratrain"), "train", "--workload", "cifar10-cnn", *flags, *shared, "--run-dir", str(out),
-           "--quiet", "--json"]
+    cmd = [
+        str(BIN / "paratrain"),
+        "train",
+        "--workload",
+        "cifar10-cnn",
+        *flags,
+        *shared,
+        "--run-dir",
+        str(out),
+        "--quiet",
+        "--json",
+    ]
     started = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     shown = " ".join(["paratrain", *(c for c in cmd[1:] if c not in ("--json", "--run-dir", str(out)))])
@@ -71,8 +90,12 @@ def table(results: dict[str, list[dict]]) -> str:
     base = statistics.median(r["samples_per_s"] for r in base_runs) if base_runs else None
     sync = [r for r in results.get("sync every step (ddp)", []) if r.get("status") == "completed"]
     sync_accuracy = statistics.median(r["test_accuracy"] for r in sync) if sync else None
-    lines = ["| configuration | samples/s (median; runs) | efficiency vs 1 worker (paired by repeat) | test accuracy (median; runs) | vs sync every step (median; paired by seed: mean ± standard error) | "
-             "train time, all epochs | exposed comm / step | bytes sent / step / rank | path |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| configuration | samples/s (median; runs) | efficiency vs 1 worker (paired by repeat) | test accuracy "
+        "(median; runs) | vs sync every step (median; paired by seed: mean ± standard error) | "
+        "train time, all epochs | exposed comm / step | bytes sent / step / rank | path |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, runs in results.items():
         done = [r for r in runs if r.get("status") == "completed"]
         if not done:
@@ -83,13 +106,19 @@ def table(results: dict[str, list[dict]]) -> str:
         workers = 1 if name.startswith("1 worker") else 2
         efficiency = f"{rate / (workers * base):.3f}" if base else "n/a"
         # The same repeat's base, run minutes apart rather than across the whole benchmark's drift.
-        paired = [r["samples_per_s"] / (workers * b["samples_per_s"]) for r, b in zip(runs, results.get("1 worker (base)", []))
-                  if r.get("status") == "completed" and b.get("status") == "completed"]
+        paired = [
+            r["samples_per_s"] / (workers * b["samples_per_s"])
+            for r, b in zip(runs, results.get("1 worker (base)", []))
+            if r.get("status") == "completed" and b.get("status") == "completed"
+        ]
         efficiency += f" ({statistics.median(paired):.3f})" if paired else ""
         versus = f"{(accuracy - sync_accuracy) * 100:+.1f} pt" if sync_accuracy is not None and workers > 1 else ""
         # The same seed's synchronous run: its mean difference, with the standard error over seeds.
-        differences = [(r["test_accuracy"] - d["test_accuracy"]) * 100 for r, d in zip(runs, results.get("sync every step (ddp)", []))
-                       if r.get("status") == "completed" and d.get("status") == "completed"]
+        differences = [
+            (r["test_accuracy"] - d["test_accuracy"]) * 100
+            for r, d in zip(runs, results.get("sync every step (ddp)", []))
+            if r.get("status") == "completed" and d.get("status") == "completed"
+        ]
         if workers > 1 and len(differences) > 1 and name != "sync every step (ddp)":
             error = statistics.stdev(differences) / len(differences) ** 0.5
             versus += f" (paired mean {statistics.fmean(differences):+.1f} ± {error:.1f})"
@@ -100,8 +129,11 @@ def table(results: dict[str, list[dict]]) -> str:
         path = done[-1].get("allreduce") or "none"
         rates = ", ".join(f"{r['samples_per_s']:,.0f}" for r in done)
         accuracies = ", ".join(f"{r['test_accuracy']:.1%}" for r in done)
-        lines.append(f"| {name} | {rate:,.0f} ({rates}) | {efficiency} | {accuracy:.2%} ({accuracies}) | {versus} | {train_time:.0f} s | {comm:.2f} ms | "
-                     f"{sent_text} | {path} |")
+        lines.append(
+            f"| {name} | {rate:,.0f} ({rates}) | {efficiency} | {accuracy:.2%} ({accuracies}) | {versus} | "
+            f"{train_time:.0f} s | {comm:.2f} ms | "
+            f"{sent_text} | {path} |"
+        )
     return "\n".join(lines)
 
 
@@ -112,24 +144,52 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=32, help="per worker")
     parser.add_argument("--lr", type=float, default=0.01, help="for a batch of 32, scaled linearly")
-    parser.add_argument("--configurations", default=",".join(CONFIGURATIONS), help="comma-separated names from the table")
-    parser.add_argument("extra", nargs="*", help="train flags after --, e.g. --data-dir ../shared/datasets/cifar10-jpg.tar.gz")
+    parser.add_argument(
+        "--configurations", default=",".join(CONFIGURATIONS), help="comma-separated names from the table"
+    )
+    parser.add_argument(
+        "extra", nargs="*", help="train flags after --, e.g. --data-dir ../shared/datasets/cifar10-jpg.tar.gz"
+    )
     args = parser.parse_args()
     names = [n.strip() for n in args.configurations.split(",")]
     unknown = [n for n in names if n not in CONFIGURATIONS]
     if unknown:
-        parser.error(f"unknown configuration(s) {unknown}; choose from: {', '.join(CONFIGURATIONS)} (without the base, no efficiency)")
-    shared = ["--threads-per-worker", "1", "--batch-size", str(args.batch_size), "--epochs", str(args.epochs),
-              "--lr", str(args.lr), "--base-batch-size", "32", "--lr-scaling", "linear", *args.extra]
+        parser.error(
+            f"unknown configuration(s) {unknown}; choose from: {', '.join(CONFIGURATIONS)} (without the base, no "
+            "efficiency)"
+        )
+    shared = [
+        "--threads-per-worker",
+        "1",
+        "--batch-size",
+        str(args.batch_size),
+        "--epochs",
+        str(args.epochs),
+        "--lr",
+        str(args.lr),
+        "--base-batch-size",
+        "32",
+        "--lr-scaling",
+        "linear",
+        *args.extra,
+    ]
     results: dict[str, list[dict]] = {n: [] for n in names}
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
             for i, name in enumerate(names):
-                summary = run([*CONFIGURATIONS[name], "--seed", str(args.first_seed + repeat)], shared, Path(tmp) / f"{i}-{repeat}")
+                summary = run(
+                    [*CONFIGURATIONS[name], "--seed", str(args.first_seed + repeat)],
+                    shared,
+                    Path(tmp) / f"{i}-{repeat}",
+                )
                 results[name].append(summary)
-                print(f"repeat {repeat + 1} {name}: {summary.get('status')} {summary.get('samples_per_s', 0):,.0f} samples/s, "
-                      f"test accuracy {summary.get('test_accuracy', 0):.2%}, {summary.get('command_s', 0):.0f} s", file=sys.stderr)
+                print(
+                    f"repeat {repeat + 1} {name}: {summary.get('status')} {summary.get('samples_per_s', 0):,.0f} "
+                    "samples/s, "
+                    f"test accuracy {summary.get('test_accuracy', 0):.2%}, {summary.get('command_s', 0):.0f} s",
+                    file=sys.stderr,
+                )
     print(table(results))
     print(f"\n{args.repeats} alternating repeat(s), {time.perf_counter() - started:.0f} s in all. Commands:")
     print("\n".join(runs[0]["command"] for runs in results.values()))

@@ -16,6 +16,7 @@ A tiny budget to check that it runs (bundled subset, 1 epoch, short measurements
     .venv/bin/python benchmarks/time_to_accuracy.py --out /tmp/tta-tiny --epochs 1 --noise-steps 20 \\
         --lr-steps 20 --max-batch 64 -- --limit-train 1000
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,7 +26,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 PARATRAIN = str(Path(sys.executable).parent / "paratrain")
@@ -40,7 +41,7 @@ def run(cmd: list[str]) -> tuple[subprocess.CompletedProcess, float]:
     return done, time.perf_counter() - started
 
 
-def time_to_reach(run_dir: Path, target: float) -> Optional[float]:
+def time_to_reach(run_dir: Path, target: float) -> float | None:
     """Training seconds (from the ranks' start) at the end of the first epoch whose test accuracy >= target."""
     events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     ends = {e["epoch"]: e["time_end"] for e in events if e["event"] == "epoch"}
@@ -57,20 +58,50 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--noise-steps", type=int, default=200)
     parser.add_argument("--lr-steps", type=int, default=100)
-    parser.add_argument("--max-batch", type=int, default=1024, help="find-batch's largest probe (the CNN fits any batch)")
+    parser.add_argument(
+        "--max-batch", type=int, default=1024, help="find-batch's largest probe (the CNN fits any batch)"
+    )
     args, extra = parser.parse_known_args()
     extra = [a for a in extra if a != "--"]
     common = ["--workload", "cifar10-cnn", "--device", "cpu", "--epochs", str(args.epochs), *extra]
 
     reference_dir = args.out / "reference"
-    reference_cmd = [PARATRAIN, "train", *common, "--workers", "1", "--batch-size", "8", "--lr", "0.001",
-                     "--lr-scaling", "none", "--run-dir", str(reference_dir), "--quiet", "--json"]
+    reference_cmd = [
+        PARATRAIN,
+        "train",
+        *common,
+        "--workers",
+        "1",
+        "--batch-size",
+        "8",
+        "--lr",
+        "0.001",
+        "--lr-scaling",
+        "none",
+        "--run-dir",
+        str(reference_dir),
+        "--quiet",
+        "--json",
+    ]
     reference = json.loads(run(reference_cmd)[0].stdout)
 
-    recommend_cmd = [PARATRAIN, "recommend", "--workers", str(args.workers), "--out", str(args.out / "recommend"),
-                     "--noise-steps", str(args.noise_steps), "--lr-steps", str(args.lr_steps),
-                     "--max-batch", str(args.max_batch), "--apply", *common]
-    done, measuring_s = run(recommend_cmd)
+    recommend_cmd = [
+        PARATRAIN,
+        "recommend",
+        "--workers",
+        str(args.workers),
+        "--out",
+        str(args.out / "recommend"),
+        "--noise-steps",
+        str(args.noise_steps),
+        "--lr-steps",
+        str(args.lr_steps),
+        "--max-batch",
+        str(args.max_batch),
+        "--apply",
+        *common,
+    ]
+    _done, measuring_s = run(recommend_cmd)
     recommendation = json.loads((args.out / "recommend" / "recommend.json").read_text())
     recommended_dir = args.out / "recommended"
     recommended_cmd = [*shlex.split(recommendation["command"]), "--run-dir", str(recommended_dir), "--quiet", "--json"]
@@ -78,7 +109,7 @@ def main() -> None:
     recommended = json.loads(run(recommended_cmd)[0].stdout)
 
     target = reference["test_accuracy"]
-    rows: list[tuple[str, dict[str, Any], Optional[float]]] = [
+    rows: list[tuple[str, dict[str, Any], float | None]] = [
         ("reference (batch 8, lr 0.001, 1 process)", reference, time_to_reach(reference_dir, target)),
         (f"recommended ({args.workers} workers)", recommended, time_to_reach(recommended_dir, target)),
     ]
@@ -86,12 +117,16 @@ def main() -> None:
     for key in ("per_worker_batch", "global_batch", "lr", "warmup_epochs", "schedule", "optimizer"):
         print(f"- {key.replace('_', ' ')}: {recommendation[key]['value']} ({recommendation[key]['source']})")
     print()
-    print("| run | global batch | LR | epochs | test accuracy | wall time | training time to the reference's accuracy |")
+    print(
+        "| run | global batch | LR | epochs | test accuracy | wall time | training time to the reference's accuracy |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name, s, reach in rows:
         reached = f"{reach:.0f} s" if reach is not None else "not reached"
-        print(f"| {name} | {s['global_batch_size']} | {s['lr']:.4g} | {s['epochs_run']} | {s['test_accuracy']:.2%} | "
-              f"{s['wall_time_s']:.0f} s | {reached} |")
+        print(
+            f"| {name} | {s['global_batch_size']} | {s['lr']:.4g} | {s['epochs_run']} | {s['test_accuracy']:.2%} | "
+            f"{s['wall_time_s']:.0f} s | {reached} |"
+        )
     print("\ncommands:")
     for cmd in (reference_cmd, recommend_cmd, recommended_cmd):
         print("    " + shlex.join(["paratrain", *cmd[1:]]))

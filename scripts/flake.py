@@ -12,6 +12,7 @@ recreate. Every failure is kept: the run's last lines go to OUT/<file>-<i>.log, 
 runs, failures and seconds per file (appended to across invocations, so a loop cut short still counts).
 Exit status 1 when any run failed. Not part of `make test`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,14 +36,19 @@ def main() -> int:
     parser.add_argument("files", nargs="*", help="test files (default: every tests/test_*.py)")
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "flake")
-    parser.add_argument("-k", dest="select", help="only the tests this pytest -k expression selects (kept apart in "
-                                                  "flake.json as FILE -k EXPR)")
+    parser.add_argument(
+        "-k",
+        dest="select",
+        help="only the tests this pytest -k expression selects (kept apart in flake.json as FILE -k EXPR)",
+    )
     args = parser.parse_args()
     files = args.files or sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py"))
     missing = [f for f in files if not (ROOT / f).is_file()]
     if missing or args.runs < 1:
-        print(f"flake: {'no such test file: ' + ', '.join(missing) if missing else '--runs must be at least 1'}",
-              file=sys.stderr)
+        print(
+            f"flake: {'no such test file: ' + ', '.join(missing) if missing else '--runs must be at least 1'}",
+            file=sys.stderr,
+        )
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     record_path = args.out / "flake.json"
@@ -56,8 +62,12 @@ def main() -> int:
                 progress.update(task, description=f"{name} {i + 1}/{args.runs}")
                 began = time.monotonic()
                 select = ["-k", args.select] if args.select else []
-                done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:logging", "-x", *select, name],
-                                      cwd=ROOT, capture_output=True, text=True)
+                done = subprocess.run(
+                    [sys.executable, "-m", "pytest", "-q", "-p", "no:logging", "-x", *select, name],
+                    cwd=ROOT,
+                    capture_output=True,
+                    text=True,
+                )
                 entry["runs"] += 1
                 entry["seconds"].append(round(time.monotonic() - began, 1))
                 if done.returncode != 0:

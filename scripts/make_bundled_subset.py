@@ -6,6 +6,7 @@ no timestamps or owners, so running this twice gives the same bytes:
 
     .venv/bin/python scripts/make_bundled_subset.py ../shared/datasets/cifar10-jpg.tar.gz
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,7 +38,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as out:
-        for (split, cls) in sorted(members):
+        for split, cls in sorted(members):
             files = sorted(members[(split, cls)])
             picks = sorted(rng.choice(len(files), PER_CLASS[split], replace=False).tolist())
             for i, j in enumerate(picks):

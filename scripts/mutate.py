@@ -12,10 +12,10 @@ default (--max-children 1): this is a 2-core machine shared with timing measurem
 Prints killed / survived / timeout per module and the kill rate; `mutmut show NAME` in the
 scratch directory shows a survivor.
 """
+
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import shutil
 import subprocess
@@ -59,8 +59,10 @@ def main() -> int:
     module = args.module.removeprefix("src/").removeprefix("paratrain/")
     tests = args.tests or TESTS.get(module)
     if not tests or not (ROOT / "src/paratrain" / module).is_file():
-        sys.exit(f"mutate: no module src/paratrain/{module} or no tests for it: pass --tests or add it to TESTS "
-                 f"(known: {', '.join(TESTS)})")
+        sys.exit(
+            f"mutate: no module src/paratrain/{module} or no tests for it: pass --tests or add it to TESTS "
+            f"(known: {', '.join(TESTS)})"
+        )
     work = SCRATCH / module.replace("/", "-").removesuffix(".py")
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -71,7 +73,7 @@ def main() -> int:
 source_paths = src
 only_mutate = src/paratrain/{module}
 pytest_add_cli_args_test_selection =
-    {chr(10).join('    ' + t for t in tests).strip()}
+    {chr(10).join("    " + t for t in tests).strip()}
 pytest_add_cli_args =
     -p
     no:logging
@@ -83,15 +85,20 @@ process_isolation = forkserver
 use_git_change_detection = false
 """)
     dotted = "paratrain." + module.removesuffix(".py").replace("/", ".")
-    names = [f"{dotted}.x_{f}__mutmut_*" for f in FUNCTIONS.get(module, [])] + \
-            [f"{dotted}.x\u01c1*{f}__mutmut_*" for f in FUNCTIONS.get(module, [])]
+    names = [f"{dotted}.x_{f}__mutmut_*" for f in FUNCTIONS.get(module, [])] + [
+        f"{dotted}.x\u01c1*{f}__mutmut_*" for f in FUNCTIONS.get(module, [])
+    ]
     mutmut = Path(sys.executable).parent / "mutmut"
     if not mutmut.exists():
         sys.exit("mutate: mutmut is not installed: make mutate installs it (pip install -e '.[mutate]')")
     print(f"mutate: mutmut run in {work} (its output: {work / 'mutmut.log'})", flush=True)
     with open(work / "mutmut.log", "w") as log:
-        run = subprocess.run([str(mutmut), "run", "--max-children", str(args.max_children), *(names if names else [])],
-                             cwd=work, stdout=log, stderr=subprocess.STDOUT)
+        run = subprocess.run(
+            [str(mutmut), "run", "--max-children", str(args.max_children), *(names if names else [])],
+            cwd=work,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     results = subprocess.run([str(mutmut), "results", "--all", "true"], cwd=work, capture_output=True, text=True).stdout
     states: dict[str, list[str]] = {}
     for line in results.splitlines():

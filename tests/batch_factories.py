@@ -7,6 +7,7 @@
   sample (address space only, never touched): under --memory-limit (RLIMIT_DATA) the probe of any
   batch past the limit really fails to allocate, at a batch the test knows exactly.
 """
+
 import torch
 from torch import nn
 from torch.utils.data import TensorDataset
@@ -33,7 +34,7 @@ def regression_data():
 
 def exact_b_simple() -> float:
     x, y = regression_tensors()
-    per_sample = -x * y[:, None]                    # gradients at w = 0
+    per_sample = -x * y[:, None]  # gradients at w = 0
     mean = per_sample.mean(0)
     trace = (per_sample - mean).pow(2).sum(1).mean()
     return float(trace / mean.pow(2).sum())

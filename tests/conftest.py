@@ -2,9 +2,10 @@ import json
 import os
 import socket
 import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import pytest
 
@@ -29,8 +30,18 @@ def write_trial_script(tmp_path: Path, monkeypatch, text: str) -> Path:
 def synthetic(tmp_path: Path, **overrides):
     """A small, quick training config on the synthetic dataset (1 thread per worker, CPU ranks even
     on a GPU host: the equivalence tests compare CPU arithmetic, where TF32 never applies)."""
-    cfg = dict(workload="synthetic-cnn", device="cpu", synthetic_samples=512, epochs=2, batch_size=32, lr=0.01,
-               threads_per_worker=1, quiet=True, run_dir=tmp_path / "run", log_every=4)
+    cfg = dict(
+        workload="synthetic-cnn",
+        device="cpu",
+        synthetic_samples=512,
+        epochs=2,
+        batch_size=32,
+        lr=0.01,
+        threads_per_worker=1,
+        quiet=True,
+        run_dir=tmp_path / "run",
+        log_every=4,
+    )
     cfg.update(overrides)
     return cfg
 
@@ -53,7 +64,7 @@ def train_spawned(rank: int, out: Path, ports: Sequence[int], runs: dict[str, tu
     from paratrain.engine.loop import run_rank
 
     os.environ.update(MASTER_ADDR="127.0.0.1", RANK=str(rank), LOCAL_RANK=str(rank))
-    alone = None        # the summary of rank 0's last run alone, for rank 1 to wait for
+    alone = None  # the summary of rank 0's last run alone, for rank 1 to wait for
     for port, (name, (overrides, placement)) in zip(ports, runs.items()):
         run_dir = Path(out) / name
         workers = overrides.get("workers", 2)
@@ -71,8 +82,15 @@ def train_spawned(rank: int, out: Path, ports: Sequence[int], runs: dict[str, tu
             (run_dir / "summary.json").write_text(json.dumps(summary))
 
 
-BROWSER_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                "--disable-component-update", "--disable-sync"]
+BROWSER_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 @contextmanager
@@ -161,7 +179,7 @@ def pytest_sessionfinish(session, exitstatus):
         basetemp = None
     deadline = time.monotonic() + LEFTOVER_GRACE_S
     alive = leftover_processes(basetemp)
-    while alive and time.monotonic() < deadline:       # a process stopped at teardown may take a moment to exit
+    while alive and time.monotonic() < deadline:  # a process stopped at teardown may take a moment to exit
         time.sleep(0.5)
         alive = leftover_processes(basetemp)
     if not alive:
@@ -181,5 +199,7 @@ def pytest_sessionfinish(session, exitstatus):
         except psutil.Error:
             pass
     session.config.get_terminal_writer().line(
-        f"\nLEFT RUNNING: {len(lines)} process(es) the suite started outlived it (killed now):\n" + "\n".join(lines), red=True)
+        f"\nLEFT RUNNING: {len(lines)} process(es) the suite started outlived it (killed now):\n" + "\n".join(lines),
+        red=True,
+    )
     session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -1,4 +1,5 @@
 """Models and datasets built to have one problem each, for the doctor's evidence tests."""
+
 import time
 
 import torch
@@ -24,5 +25,11 @@ def slow_pairs():
 def wide_mlp(num_classes: int = 10, in_channels: int = 3, image_size: int = 8) -> nn.Module:
     """2.7 M parameters (11 MB of gradients per step) and almost no compute per sample."""
     width = 1536
-    return nn.Sequential(nn.Flatten(), nn.Linear(in_channels * image_size * image_size, width), nn.ReLU(),
-                         nn.Linear(width, width), nn.ReLU(), nn.Linear(width, num_classes))
+    return nn.Sequential(
+        nn.Flatten(),
+        nn.Linear(in_channels * image_size * image_size, width),
+        nn.ReLU(),
+        nn.Linear(width, width),
+        nn.ReLU(),
+        nn.Linear(width, num_classes),
+    )

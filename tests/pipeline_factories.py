@@ -1,4 +1,5 @@
 """Models for the pipeline tests, as `--model pipeline_factories:NAME` loads them."""
+
 from torch import nn
 
 
@@ -6,8 +7,11 @@ def linear_stack(num_classes: int = 10, in_channels: int = 1, image_size: int = 
     """Flatten, `depth` identical Linear+ReLU blocks as wide as the input, a small classifier: a
     model whose stages cost the same when its blocks are cut in half."""
     width = in_channels * image_size * image_size
-    return nn.Sequential(nn.Flatten(), *(nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(depth)),
-                         nn.Linear(width, num_classes))
+    return nn.Sequential(
+        nn.Flatten(),
+        *(nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(depth)),
+        nn.Linear(width, num_classes),
+    )
 
 
 def small_stack(num_classes: int = 10, in_channels: int = 1, image_size: int = 8) -> nn.Module:

@@ -1,8 +1,10 @@
 """A plain torchrun-style DDP script (no paratrain import) with one planted fault, chosen by argv[1]:
 healthy, data, threads, straggler, rank0-eval, eval, checkpoint, no-sync, collective, uneven,
-find-unused, comm, small-batch, host-sync, loader-workers, broken-loader; and two healthy ones wrapped otherwise: fsdp (FSDP2's
+find-unused, comm, small-batch, host-sync, loader-workers, broken-loader; and two healthy ones wrapped
+otherwise: fsdp (FSDP2's
 fully_shard instead of DDP) and bare (no wrapper, one rank). tests/test_doctor_probe.py launches it and checks the
 doctor's top finding."""
+
 import contextlib
 import gc
 import os
@@ -21,14 +23,18 @@ STEPS = 24
 class Images(Dataset):
     def __init__(self, n, slow=False):
         g = torch.Generator().manual_seed(0)
-        self.x, self.y, self.slow = torch.randn(n, 3, 16, 16, generator=g), torch.randint(0, 10, (n,), generator=g), slow
+        self.x, self.y, self.slow = (
+            torch.randn(n, 3, 16, 16, generator=g),
+            torch.randint(0, 10, (n,), generator=g),
+            slow,
+        )
 
     def __len__(self):
         return len(self.x)
 
     def __getitem__(self, i):
         if self.slow:
-            time.sleep(0.003)       # reading a sample from a slow disk
+            time.sleep(0.003)  # reading a sample from a slow disk
         return self.x[i], self.y[i]
 
 
@@ -56,26 +62,53 @@ dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 torch.manual_seed(0)
 if fault == "threads":
-    torch.set_num_threads(4)        # on a rank that launch gave one core
+    torch.set_num_threads(4)  # on a rank that launch gave one core
 if fault == "comm":
-    net = nn.Sequential(nn.Flatten(), nn.Linear(768, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 10))
+    net = nn.Sequential(
+        nn.Flatten(), nn.Linear(768, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 10)
+    )
 elif fault == "find-unused":
-    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), *[nn.Sequential(nn.Conv2d(8, 8, 1), nn.ReLU()) for _ in range(60)],
-                        nn.Flatten(), nn.Linear(8 * 16 * 16, 10))
-elif fault == "threads":        # the catalogue's CNN at 32x32: its backward really runs on the 4 threads
-    net = nn.Sequential(nn.Upsample(scale_factor=2), nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                        nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(64 * 16, 10))
-elif fault == "small-batch":     # little work per sample: a step's fixed costs dominate at 2 samples
-    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
+    net = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        *[nn.Sequential(nn.Conv2d(8, 8, 1), nn.ReLU()) for _ in range(60)],
+        nn.Flatten(),
+        nn.Linear(8 * 16 * 16, 10),
+    )
+elif fault == "threads":  # the catalogue's CNN at 32x32: its backward really runs on the 4 threads
+    net = nn.Sequential(
+        nn.Upsample(scale_factor=2),
+        nn.Conv2d(3, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(64 * 16, 10),
+    )
+elif fault == "small-batch":  # little work per sample: a step's fixed costs dominate at 2 samples
+    net = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10)
+    )
 else:
-    net = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(),
-                        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+    net = nn.Sequential(
+        nn.Conv2d(3, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(32, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(32, 10),
+    )
     if fault == "loader-workers":
-        net = nn.Sequential(nn.AvgPool2d(8), *net)      # its 128x128 samples down to the usual 16x16
-if fault == "fsdp":      # FSDP2 on a CPU mesh: each conv and the head sharded, then the root
+        net = nn.Sequential(nn.AvgPool2d(8), *net)  # its 128x128 samples down to the usual 16x16
+if fault == "fsdp":  # FSDP2 on a CPU mesh: each conv and the head sharded, then the root
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
+
     mesh = init_device_mesh("cpu", (world,))
     for layer in net:
         if any(True for _ in layer.parameters()):
@@ -88,10 +121,10 @@ else:
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 batch = 32 if fault == "comm" else 2 if fault == "small-batch" else 32
 train = Images((2 * STEPS * batch * world) if fault != "uneven" else 2 * STEPS * batch, slow=fault == "data")
-if fault == "uneven":       # rank 1 gets twice rank 0's samples; join() keeps DDP from hanging
+if fault == "uneven":  # rank 1 gets twice rank 0's samples; join() keeps DDP from hanging
     share = [range(0, STEPS * batch * 2 // 3), range(STEPS * batch * 2 // 3, 2 * STEPS * batch)][rank]
     loader = DataLoader(torch.utils.data.Subset(train, list(share)), batch_size=batch)
-elif fault == "loader-workers":     # 4 workers a rank on the one core launch gave it
+elif fault == "loader-workers":  # 4 workers a rank on the one core launch gave it
     train = Generated(len(train))
     loader = DataLoader(train, batch_size=batch, sampler=DistributedSampler(train), num_workers=4)
 else:
@@ -100,13 +133,13 @@ held_out = Images(256)
 accumulate = 4 if fault == "no-sync" else 1
 iterator = iter(loader)
 if fault == "broken-loader":
-    iterator._num_workers = "several"   # an iterator the probe cannot read: it must step aside
+    iterator._num_workers = "several"  # an iterator the probe cannot read: it must step aside
 # join() only where the shards are uneven: under it every DDP forward is a collective, so a rank
 # evaluating alone through the DDP model would wait for ranks that are not evaluating.
 with model.join() if fault == "uneven" else contextlib.nullcontext():
     for i, (x, y) in enumerate(iterator):
         loss = nn.functional.cross_entropy(model(x), y) / accumulate
-        loss.backward()                 # with accumulation and no no_sync(): an all-reduce every micro-step
+        loss.backward()  # with accumulation and no no_sync(): an all-reduce every micro-step
         if fault == "straggler" and rank == 1:
             spin(0.02)
         if (i + 1) % accumulate:
@@ -114,13 +147,15 @@ with model.join() if fault == "uneven" else contextlib.nullcontext():
         opt.step()
         opt.zero_grad()
         if fault == "host-sync":
-            logged = [loss.item(), loss.detach().tolist(), x.mean().item()]     # three host reads a step
+            logged = [loss.item(), loss.detach().tolist(), x.mean().item()]  # three host reads a step
         if fault == "collective":
-            for _ in range(100):        # a global loss for every one of many logged values
+            for _ in range(100):  # a global loss for every one of many logged values
                 dist.all_reduce(loss.detach().clone())
         if fault == "checkpoint" and rank == 0:
-            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "pad": torch.zeros(2_000_000)},
-                       os.path.join(os.environ.get("TMPDIR", "/tmp"), f"probe-fault-{os.getpid()}.pt"))
+            torch.save(
+                {"model": model.state_dict(), "opt": opt.state_dict(), "pad": torch.zeros(2_000_000)},
+                os.path.join(os.environ.get("TMPDIR", "/tmp"), f"probe-fault-{os.getpid()}.pt"),
+            )
         if fault in ("rank0-eval", "eval") and (i + 1) % 8 == 0 and (rank == 0 or fault == "eval"):
             model.eval()
             with torch.no_grad():

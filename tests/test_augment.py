@@ -1,4 +1,5 @@
 """Batched on-device augmentation: each transform does what it says, reproducibly."""
+
 import time
 
 import pytest
@@ -30,7 +31,7 @@ def test_crop_is_a_window_of_the_zero_padded_image():
     dx = torch.randint(0, 5, (len(x),), generator=g)
     padded = torch.nn.functional.pad(x, (2, 2, 2, 2))
     for i in range(len(x)):
-        torch.testing.assert_close(out[i], padded[i, :, dy[i]:dy[i] + 8, dx[i]:dx[i] + 8])
+        torch.testing.assert_close(out[i], padded[i, :, dy[i] : dy[i] + 8, dx[i] : dx[i] + 8])
     assert (dy != 2).any() or (dx != 2).any(), "some sample must actually move"
 
 

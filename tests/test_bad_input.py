@@ -5,6 +5,7 @@ Each case runs in a fresh directory holding a few files it may point at; the who
 (names, bytes and modification times) must be the same afterwards, and the command runs from it,
 so a default output directory (runs/...) would show up too.
 """
+
 import json
 import os
 from pathlib import Path
@@ -19,8 +20,15 @@ SLURM = ["--gpus-per-node", "4", "--time", "00:10:00", "--partition", "gpu"]
 
 def _fixtures(d: Path) -> None:
     """What the cases point at: a search space, a script, a directory that is not a run, a file."""
-    (d / "space.json").write_text(json.dumps({"algorithm": "grid", "parameters": {"lr": {"type": "discrete", "values": [0.01]}},
-                                              "spec": {"metric": "val_accuracy", "objective": "maximize"}}))
+    (d / "space.json").write_text(
+        json.dumps(
+            {
+                "algorithm": "grid",
+                "parameters": {"lr": {"type": "discrete", "values": [0.01]}},
+                "spec": {"metric": "val_accuracy", "objective": "maximize"},
+            }
+        )
+    )
     (d / "broken.json").write_text('{"algorithm": "grid",')
     (d / "train.py").write_text("print('hello')\n")
     (d / "notes").mkdir()
@@ -52,14 +60,20 @@ BAD = {
     "scale script missing": (["scale", "--workers", "1", "--out", "s", "--script", "nothere.py"], "does not exist"),
     "scale repeats zero": (["scale", "--workers", "1", "--out", "s", "--repeats", "0"], "--repeats"),
     "scale out holds something else": (["scale", "--workers", "1", "--out", "notes"], "something else"),
-    "scale unknown workload": (["scale", "--workers", "1", "--out", "s", "--workload", "imagenet-vit"], "unknown workload"),
+    "scale unknown workload": (
+        ["scale", "--workers", "1", "--out", "s", "--workload", "imagenet-vit"],
+        "unknown workload",
+    ),
     # sweep
     "sweep space missing": (["sweep", "nothere.json", "--out", "w"], "nothere.json"),
     "sweep without a space": (["sweep", "--out", "w"], "search-space file"),
     "sweep without out": (["sweep", "space.json"], "--out"),
     "sweep no jobs": (["sweep", "space.json", "--out", "w", "-j", "0"], "--jobs"),
     "sweep broken space": (["sweep", "broken.json", "--out", "w"], "broken.json"),
-    "sweep train flag with a script": (["sweep", "space.json", "--out", "w", "--script", "train.py", "--lr", "0.1"], "--lr"),
+    "sweep train flag with a script": (
+        ["sweep", "space.json", "--out", "w", "--script", "train.py", "--lr", "0.1"],
+        "--lr",
+    ),
     # launch
     "launch no ranks": (["launch", "-n", "0", "train.py"], "--workers"),
     "launch script missing": (["launch", "nothere.py"], "does not exist"),
@@ -67,51 +81,90 @@ BAD = {
     "launch run dir holds something else": (["launch", "--run-dir", "notes", "train.py"], "not empty"),
     "launch script is a directory": (["launch", "notes"], "notes is a directory"),
     # paths under a regular file: NotADirectoryError for everyone, root included
-    "train run dir under a file": (["train", "--workload", "synthetic-cnn", "--run-dir", "file.txt/run"], "not a directory"),
-    "scale out under a file": (["scale", "--workers", "1", "--out", "file.txt/s", "--workload", "synthetic-cnn"],
-                               "not a directory"),
+    "train run dir under a file": (
+        ["train", "--workload", "synthetic-cnn", "--run-dir", "file.txt/run"],
+        "not a directory",
+    ),
+    "scale out under a file": (
+        ["scale", "--workers", "1", "--out", "file.txt/s", "--workload", "synthetic-cnn"],
+        "not a directory",
+    ),
     "sweep out under a file": (["sweep", "space.json", "--out", "file.txt/w"], "not a directory"),
     "launch run dir under a file": (["launch", "--run-dir", "file.txt/run", "train.py"], "not a directory"),
     "config file is a directory": (["train", "--config", "notes"], "notes is a directory"),
     # a plain OSError, not one of its subclasses: the file system's own limit on a name
-    "train run dir name too long": (["train", "--workload", "synthetic-cnn", "--run-dir", "r" * 300],
-                                    "File name too long; a name in the path is longer"),
-    "scale out name too long": (["scale", "--workers", "1", "--out", "o" * 300, "--workload", "synthetic-cnn"],
-                                "File name too long"),
+    "train run dir name too long": (
+        ["train", "--workload", "synthetic-cnn", "--run-dir", "r" * 300],
+        "File name too long; a name in the path is longer",
+    ),
+    "scale out name too long": (
+        ["scale", "--workers", "1", "--out", "o" * 300, "--workload", "synthetic-cnn"],
+        "File name too long",
+    ),
     "recommend without flags": (["recommend"], "missing required options --workers, --out"),
-    "image smaller than the model takes": (["train", "--model", "resnet50v2", "--image-size", "4"],
-                                           "resnet50v2 needs images of at least 8 px a side"),
-    "image model on vectors": (["train", "--dataset", "user_factories:vector_pairs", "--num-classes", "2"],
-                               "takes C,H,W images and the dataset's samples have shape (16,)"),
+    "image smaller than the model takes": (
+        ["train", "--model", "resnet50v2", "--image-size", "4"],
+        "resnet50v2 needs images of at least 8 px a side",
+    ),
+    "image model on vectors": (
+        ["train", "--dataset", "user_factories:vector_pairs", "--num-classes", "2"],
+        "takes C,H,W images and the dataset's samples have shape (16,)",
+    ),
     # reading commands
     "report of a directory that is no run": (["report", "notes"], "not a paratrain run"),
     "compare one run": (["compare", "notes"], "at least two"),
     "compare directories that are no runs": (["compare", "notes", "notes"], "not a paratrain run"),
     "doctor of nothing": (["doctor", "nowhere"], "nowhere"),
     # slurm
-    "slurm gres against gpus per node": (["slurm", "train", *SLURM, "--gres", "gpu:v100:2", "--out", "j"], "make them agree"),
+    "slurm gres against gpus per node": (
+        ["slurm", "train", *SLURM, "--gres", "gpu:v100:2", "--out", "j"],
+        "make them agree",
+    ),
     "slurm gres that is no gpu": (["slurm", "train", *SLURM, "--gres", "shard:4", "--out", "j"], "not a GPU resource"),
-    "slurm bad time": (["slurm", "train", "--gpus-per-node", "4", "--time", "90 minutes", "--partition", "gpu", "--out", "j"],
-                       "HH:MM:SS"),
-    "slurm partition missing": (["slurm", "train", "--gpus-per-node", "4", "--time", "00:10:00", "--out", "j"], "--partition"),
-    "slurm cpu device on gpu nodes": (["slurm", "train", *SLURM, "--device", "cpu", "--out", "j"], "--device cpu contradicts"),
-    "slurm threads against cpus per worker": (["slurm", "train", *SLURM, "--threads-per-worker", "8", "--cpus-per-worker", "10",
-                                               "--out", "j"], "contradicts --cpus-per-worker"),
-    "slurm more workers than the nodes have": (["slurm", "scale", "--workers", "1,8", *SLURM, "--out", "s"], "raise --nodes"),
-    "slurm workers split unevenly": (["slurm", "train", "--workers", "7", *SLURM, "--nodes", "2", "--out", "j"],
-                                     "does not split evenly"),
+    "slurm bad time": (
+        ["slurm", "train", "--gpus-per-node", "4", "--time", "90 minutes", "--partition", "gpu", "--out", "j"],
+        "HH:MM:SS",
+    ),
+    "slurm partition missing": (
+        ["slurm", "train", "--gpus-per-node", "4", "--time", "00:10:00", "--out", "j"],
+        "--partition",
+    ),
+    "slurm cpu device on gpu nodes": (
+        ["slurm", "train", *SLURM, "--device", "cpu", "--out", "j"],
+        "--device cpu contradicts",
+    ),
+    "slurm threads against cpus per worker": (
+        ["slurm", "train", *SLURM, "--threads-per-worker", "8", "--cpus-per-worker", "10", "--out", "j"],
+        "contradicts --cpus-per-worker",
+    ),
+    "slurm more workers than the nodes have": (
+        ["slurm", "scale", "--workers", "1,8", *SLURM, "--out", "s"],
+        "raise --nodes",
+    ),
+    "slurm workers split unevenly": (
+        ["slurm", "train", "--workers", "7", *SLURM, "--nodes", "2", "--out", "j"],
+        "does not split evenly",
+    ),
     "slurm sweep on two nodes": (["slurm", "sweep", "space.json", *SLURM, "--nodes", "2", "--out", "w"], "one node"),
     "slurm out holds something else": (["slurm", "train", *SLURM, "--out", "notes"], "not empty"),
     "slurm unknown target": (["slurm", "run", *SLURM], "invalid choice: 'run'"),
-    "slurm misspelt flag": (["slurm", "train", *SLURM, "--gpu-per-node", "2", "--out", "j"], "did you mean --gpus-per-node?"),
+    "slurm misspelt flag": (
+        ["slurm", "train", *SLURM, "--gpu-per-node", "2", "--out", "j"],
+        "did you mean --gpus-per-node?",
+    ),
     "slurm submit without sbatch": (["slurm", "train", *SLURM, "--out", "j", "--submit"], "sbatch is not on PATH"),
-    "slurm study of a script": (["slurm", "scale", "--workers", "1", "--script", "train.py", *SLURM, "--out", "s"],
-                                "srun paratrain launch"),
+    "slurm study of a script": (
+        ["slurm", "scale", "--workers", "1", "--script", "train.py", *SLURM, "--out", "s"],
+        "srun paratrain launch",
+    ),
 }
 
 
 def _state(d: Path) -> dict:
-    return {str(p.relative_to(d)): (p.read_bytes() if p.is_file() else None, p.stat().st_mtime_ns) for p in sorted(d.rglob("*"))}
+    return {
+        str(p.relative_to(d)): (p.read_bytes() if p.is_file() else None, p.stat().st_mtime_ns)
+        for p in sorted(d.rglob("*"))
+    }
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
@@ -119,11 +172,11 @@ def test_bad_input(tmp_path, capsys, monkeypatch, case):
     argv, expected = BAD[case]
     _fixtures(tmp_path)
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))     # no sbatch; no command needs another program
+    monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))  # no sbatch; no command needs another program
     before = _state(tmp_path)
     try:
         code = main(argv)
-    except SystemExit as exc:       # argparse's own errors
+    except SystemExit as exc:  # argparse's own errors
         code = exc.code
     err = capsys.readouterr().err
     assert code == 2, err

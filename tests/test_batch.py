@@ -1,4 +1,6 @@
 """find-batch, noise-scale, lr-find: each recovers an answer known in advance (tests/batch_factories.py)."""
+
+import itertools
 import json
 import math
 import tempfile
@@ -6,15 +8,22 @@ from pathlib import Path
 
 import pytest
 import torch
+from batch_factories import PLANTED_GIB_PER_SAMPLE, exact_b_simple, regression_tensors
 
-from batch_factories import PLANTED_GIB_PER_SAMPLE, regression_tensors, exact_b_simple
 from paratrain.batch.find_batch import binsearch, knee
 from paratrain.cli import main
 from paratrain.reporting import write_report
 
 # Linear regression at w = 0 that barely moves (lr 1e-7), so every step sees the same B_simple.
-REGRESSION = dict(model="batch_factories:zero_linear", dataset="batch_factories:regression_data",
-                  loss="batch_factories:half_squared_error", device="cpu", threads_per_worker=1, lr=1e-7, log_every=100)
+REGRESSION = dict(
+    model="batch_factories:zero_linear",
+    dataset="batch_factories:regression_data",
+    loss="batch_factories:half_squared_error",
+    device="cpu",
+    threads_per_worker=1,
+    lr=1e-7,
+    log_every=100,
+)
 
 
 def _run(capsys, command, out, **flags):
@@ -27,13 +36,16 @@ def _run(capsys, command, out, **flags):
     return json.loads((out / f"{command.replace('-', '_')}.json").read_text()), printed
 
 
-@pytest.mark.parametrize("layout", [dict(workers=1, batch_size=16, grad_accum=4), dict(workers=2, batch_size=32)],
-                         ids=["one-worker-accumulation", "two-ranks-comm-hook"])
+@pytest.mark.parametrize(
+    "layout",
+    [dict(workers=1, batch_size=16, grad_accum=4), dict(workers=2, batch_size=32)],
+    ids=["one-worker-accumulation", "two-ranks-comm-hook"],
+)
 def test_noise_scale_recovers_a_known_b_simple(tmp_path, capsys, layout):
     result, printed = _run(capsys, "noise-scale", tmp_path, steps=300, ema_steps=300, **REGRESSION, **layout)
     assert "critical batch" in printed
     exact = exact_b_simple()
-    assert 30 < exact < 100     # the problem is built so: d(1 + σ²) + 1 with d = 32, σ = 1 (about 65)
+    assert 30 < exact < 100  # the problem is built so: d(1 + σ²) + 1 with d = 32, σ = 1 (about 65)
     assert result["b_simple_run"] == pytest.approx(exact, rel=0.2), (result["b_simple_run"], exact)
     assert result["b_simple"] == pytest.approx(exact, rel=0.2), (result["b_simple"], exact)
     assert result["b_simple_stderr"] < 0.2 * exact
@@ -48,43 +60,55 @@ def test_noise_scale_recovers_a_known_b_simple(tmp_path, capsys, layout):
         assert (result["small_batch"], result["big_batch"]) == (16, 64)
     assert result["steps"] == 300
     assert result["curve"][0]["steps_vs_min"] == pytest.approx(1 + result["b_simple"])
-    assert write_report([tmp_path]).read_text().count("<img") == 1     # noise scale over steps, and the curve
+    assert write_report([tmp_path]).read_text().count("<img") == 1  # noise scale over steps, and the curve
 
 
 def test_binsearch_finds_every_planted_limit_exactly_in_few_probes():
     for limit in range(1, 130):
         probed = []
-        largest, failed = binsearch(lambda batch: probed.append(batch) or batch <= limit, 1, cap=100)
+        largest, failed = binsearch(
+            lambda batch, probed=probed, limit=limit: probed.append(batch) or batch <= limit, 1, cap=100
+        )
         assert (largest, failed) == ((limit, limit + 1) if limit < 100 else (100, None))
         assert len(probed) == len(set(probed)) <= 2 * math.ceil(math.log2(limit + 1)) + 1, (limit, probed)
 
 
 def test_find_batch_finds_a_planted_memory_limit_exactly(tmp_path, capsys):
     # Real probes (2: a probe is a rank process of its own); the bisection is checked above for every limit.
-    largest = 1     # the limit leaves room for 1 planted GiB plus the rank's own < 0.9 GiB
-    result, printed = _run(capsys, "find-batch", tmp_path, probe_steps=3, model="batch_factories:planted_memory",
-                           workload="synthetic-cnn", synthetic_shape="3,4,4", synthetic_samples=64, device="cpu",
-                           threads_per_worker=1, memory_limit=f"{largest * PLANTED_GIB_PER_SAMPLE + 0.9}G")
+    largest = 1  # the limit leaves room for 1 planted GiB plus the rank's own < 0.9 GiB
+    result, printed = _run(
+        capsys,
+        "find-batch",
+        tmp_path,
+        probe_steps=3,
+        model="batch_factories:planted_memory",
+        workload="synthetic-cnn",
+        synthetic_shape="3,4,4",
+        synthetic_samples=64,
+        device="cpu",
+        threads_per_worker=1,
+        memory_limit=f"{largest * PLANTED_GIB_PER_SAMPLE + 0.9}G",
+    )
     assert f"largest batch that fits: {largest}" in printed
     assert (result["max_batch"], result["first_failed"], result["limited_by"]) == (largest, largest + 1, "memory")
     assert [(p["batch"], p["fits"]) for p in result["probes"]] == [(1, True), (2, False)]
-    assert result["safe_batch"] == 1        # never below 1, margin or not
+    assert result["safe_batch"] == 1  # never below 1, margin or not
     assert all(p["samples_per_s"] > 0 and p["peak_memory_bytes"] > 0 for p in result["probes"] if p["fits"])
     assert json.loads((tmp_path / "find_batch.json").read_text())["max_batch"] == largest
-    assert not list(Path(tempfile.gettempdir()).glob("paratrain-find-batch-*"))     # the probes' run directories are gone
-    assert write_report([tmp_path]).read_text().count("<img") == 1     # samples/s and memory against batch
+    assert not list(Path(tempfile.gettempdir()).glob("paratrain-find-batch-*"))  # the probes' run directories are gone
+    assert write_report([tmp_path]).read_text().count("<img") == 1  # samples/s and memory against batch
 
 
 def test_knee_is_the_smallest_batch_within_five_percent_of_the_best():
     curve = [(1, 100.0), (2, 190.0), (4, 350.0), (8, 600.0), (16, 640.0), (32, 660.0), (64, 650.0)]
-    assert knee(curve) == 16            # 640 >= 0.95 x 660 = 627; 600 is not
+    assert knee(curve) == 16  # 640 >= 0.95 x 660 = 627; 600 is not
     assert knee(curve, within=0.10) == 8
     assert knee([(8, 10.0)]) == 8
 
 
 def test_lr_find_suggests_an_lr_in_the_stable_range_of_a_convex_problem(tmp_path, capsys):
     x, _ = regression_tensors()
-    stable_below = 2 / torch.linalg.eigvalsh(x.T @ x / len(x)).max().item()   # gradient descent on ½|Xw − y|²/N
+    stable_below = 2 / torch.linalg.eigvalsh(x.T @ x / len(x)).max().item()  # gradient descent on ½|Xw − y|²/N
     train = {**REGRESSION, "batch_size": 256, "momentum": 0.0}
     del train["lr"]
     result, printed = _run(capsys, "lr-find", tmp_path, steps=100, lr_min=1e-4, lr_max=10.0, **train)
@@ -92,23 +116,51 @@ def test_lr_find_suggests_an_lr_in_the_stable_range_of_a_convex_problem(tmp_path
     assert stable_below / 100 < result["suggested_lr"] < stable_below, (result["suggested_lr"], stable_below)
     assert result["diverged_at_lr"] is not None and result["diverged_at_lr"] > stable_below / 2
     lrs = [row["lr"] for row in result["curve"]]
-    assert lrs[0] == pytest.approx(1e-4) and all(b > a for a, b in zip(lrs, lrs[1:]))
+    assert lrs[0] == pytest.approx(1e-4) and all(b > a for a, b in itertools.pairwise(lrs))
     # the same command again into the same --out replaces its own measurement run
     again, _ = _run(capsys, "lr-find", tmp_path, steps=100, lr_min=1e-4, lr_max=10.0, **train)
     assert again["suggested_lr"] == pytest.approx(result["suggested_lr"])
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["noise-scale", "--steps", "5"], "at least 20"),
-    (["lr-find", "--lr-min", "1", "--lr-max", "0.1"], "must be below --lr-max"),
-    (["find-batch", "--workload", "synthetic-cnn", "--synthetic-samples", "64", "--memory-limit", "64K"],
-     "below the model's own state"),
-    (["find-batch", "--model", "batch_factories:planted_memory", "--workload", "synthetic-cnn", "--synthetic-shape", "3,4,4",
-      "--synthetic-samples", "64", "--memory-limit", "768M", "--threads-per-worker", "1"], "does not run at batch 1"),
-    (["recommend", "--workers", "2", "--lr-steps", "5"], "--lr-steps 5 is too few"),
-    (["recommend", "--workers", "2", "--strategy", "fsdp"], "--grad-noise"),
-], ids=["too-few-steps", "lr-range-reversed", "limit-below-model", "not-even-batch-1", "recommend-too-few-lr-steps",
-        "recommend-a-strategy-noise-scale-refuses"])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["noise-scale", "--steps", "5"], "at least 20"),
+        (["lr-find", "--lr-min", "1", "--lr-max", "0.1"], "must be below --lr-max"),
+        (
+            ["find-batch", "--workload", "synthetic-cnn", "--synthetic-samples", "64", "--memory-limit", "64K"],
+            "below the model's own state",
+        ),
+        (
+            [
+                "find-batch",
+                "--model",
+                "batch_factories:planted_memory",
+                "--workload",
+                "synthetic-cnn",
+                "--synthetic-shape",
+                "3,4,4",
+                "--synthetic-samples",
+                "64",
+                "--memory-limit",
+                "768M",
+                "--threads-per-worker",
+                "1",
+            ],
+            "does not run at batch 1",
+        ),
+        (["recommend", "--workers", "2", "--lr-steps", "5"], "--lr-steps 5 is too few"),
+        (["recommend", "--workers", "2", "--strategy", "fsdp"], "--grad-noise"),
+    ],
+    ids=[
+        "too-few-steps",
+        "lr-range-reversed",
+        "limit-below-model",
+        "not-even-batch-1",
+        "recommend-too-few-lr-steps",
+        "recommend-a-strategy-noise-scale-refuses",
+    ],
+)
 def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, capsys, argv, words):
     out = tmp_path / "out"
     code = main([*argv, "--device", "cpu", "--out", str(out)])
@@ -136,25 +188,47 @@ def test_recommend_never_chooses_a_batch_larger_than_a_ranks_training_samples(tm
     train = dict(workload="synthetic-cnn", device="cpu", synthetic_samples=4000, epochs=10, optimizer="sgd")
     per_rank = train_samples(run_config(train)) // 2
     assert per_rank < 2048
-    written = {"find_batch.json": ({**train, "workers": 1}, dict(knee_batch=2048, safe_batch=4096, margin=0.05,
-                                                                  probes=_probes({1024: 900, 2048: 1000, 4096: 1000}),
-                                                                  options={"max_batch": None})),
-               # the noise-scale run is reused only if made at the capped knee, as recommend must ask for
-               "noise_scale.json": ({**train, "workers": 2, "batch_size": per_rank},
-                                    dict(critical_batch=10**6, options={"steps": 200}))}
+    written = {
+        "find_batch.json": (
+            {**train, "workers": 1},
+            dict(
+                knee_batch=2048,
+                safe_batch=4096,
+                margin=0.05,
+                probes=_probes({1024: 900, 2048: 1000, 4096: 1000}),
+                options={"max_batch": None},
+            ),
+        ),
+        # the noise-scale run is reused only if made at the capped knee, as recommend must ask for
+        "noise_scale.json": (
+            {**train, "workers": 2, "batch_size": per_rank},
+            dict(critical_batch=10**6, options={"steps": 200}),
+        ),
+    }
     for name, (flags, result) in written.items():
         (tmp_path / name).write_text(json.dumps({"train": flags, **result}))
     cap = math.isqrt(train_samples(run_config(train)))
     from paratrain.batch.lr_find import RULE
-    (tmp_path / "lr_find.json").write_text(json.dumps({"train": {**train, "workers": 1, "batch_size": cap // 2},
-                                                       "suggested_lr": 0.05, "global_batch_size": cap // 2, "rule": RULE,
-                                                       "options": {"steps": 100, "rule": RULE}}))
+
+    (tmp_path / "lr_find.json").write_text(
+        json.dumps(
+            {
+                "train": {**train, "workers": 1, "batch_size": cap // 2},
+                "suggested_lr": 0.05,
+                "global_batch_size": cap // 2,
+                "rule": RULE,
+                "options": {"steps": 100, "rule": RULE},
+            }
+        )
+    )
     r = recommend(train, workers=2, out=tmp_path)
     assert r["per_worker_batch"]["value"] <= per_rank and r["global_batch"]["value"] <= 2 * per_rank
     assert f"capped at a rank's {per_rank} training samples" in " ".join(r["notes"])
 
 
-@pytest.mark.parametrize("stderr, per_worker", [(40.0, 32), (1.0, 2)], ids=["noise-scale-within-error", "noise-scale-sure"])
+@pytest.mark.parametrize(
+    "stderr, per_worker", [(40.0, 32), (1.0, 2)], ids=["noise-scale-within-error", "noise-scale-sure"]
+)
 def test_recommend_stays_at_the_knee_unless_the_noise_scale_says_so_beyond_its_error_bar(tmp_path, stderr, per_worker):
     """#27: a small MLP got 2 samples per worker from a noise scale of 5 against a knee of 1,024. A
     critical batch of 5 within 2 standard errors of the knee's global batch (2 x 32) keeps the knee."""
@@ -162,14 +236,26 @@ def test_recommend_stays_at_the_knee_unless_the_noise_scale_says_so_beyond_its_e
     from paratrain.batch.recommend import recommend
 
     train = dict(workload="synthetic-cnn", device="cpu", synthetic_samples=4096, epochs=10, optimizer="sgd")
-    written = {"find_batch.json": ({**train, "workers": 1}, dict(knee_batch=32, safe_batch=512, margin=0.05,
-                                                                  probes=_probes({1: 40, 2: 80, 16: 640, 32: 1000, 512: 1000}),
-                                                                  options={"max_batch": None})),
-               "noise_scale.json": ({**train, "workers": 2, "batch_size": 32},
-                                    dict(critical_batch=5.0, b_simple_stderr=stderr, options={"steps": 200})),
-               "lr_find.json": ({**train, "workers": 1, "batch_size": per_worker},
-                                dict(suggested_lr=0.05, global_batch_size=per_worker, rule=RULE,
-                                     options={"steps": 100, "rule": RULE}))}
+    written = {
+        "find_batch.json": (
+            {**train, "workers": 1},
+            dict(
+                knee_batch=32,
+                safe_batch=512,
+                margin=0.05,
+                probes=_probes({1: 40, 2: 80, 16: 640, 32: 1000, 512: 1000}),
+                options={"max_batch": None},
+            ),
+        ),
+        "noise_scale.json": (
+            {**train, "workers": 2, "batch_size": 32},
+            dict(critical_batch=5.0, b_simple_stderr=stderr, options={"steps": 200}),
+        ),
+        "lr_find.json": (
+            {**train, "workers": 1, "batch_size": per_worker},
+            dict(suggested_lr=0.05, global_batch_size=per_worker, rule=RULE, options={"steps": 100, "rule": RULE}),
+        ),
+    }
     for name, (flags, result) in written.items():
         (tmp_path / name).write_text(json.dumps({"train": flags, **result}))
     r = recommend(train, workers=2, out=tmp_path)
@@ -193,14 +279,26 @@ def test_recommend_combines_the_measurements_by_its_stated_rules(tmp_path, given
     # The √ cap allows 32 a worker, predicted 4 % faster to the loss than the knee 16: far below the
     # critical batch (100 x 64) doubling the batch nearly halves the steps, at 1,050 against 1,000 samples/s.
     per_worker = cap // 2
-    written = {"find_batch.json": ({**train, "workers": 1}, dict(knee_batch=16, safe_batch=512, margin=0.05,
-                                                                  probes=_probes({8: 640, 16: 1000, 32: 1050, 512: 1050}),
-                                                                  options={"max_batch": None})),
-               "noise_scale.json": ({**train, "workers": 2, "batch_size": 16},
-                                    dict(critical_batch=100 * cap, options={"steps": 200})),
-               "lr_find.json": ({**train, "workers": 1, "batch_size": per_worker},
-                                dict(suggested_lr=0.05, global_batch_size=per_worker, rule=RULE,
-                                     options={"steps": 100, "rule": RULE}))}
+    written = {
+        "find_batch.json": (
+            {**train, "workers": 1},
+            dict(
+                knee_batch=16,
+                safe_batch=512,
+                margin=0.05,
+                probes=_probes({8: 640, 16: 1000, 32: 1050, 512: 1050}),
+                options={"max_batch": None},
+            ),
+        ),
+        "noise_scale.json": (
+            {**train, "workers": 2, "batch_size": 16},
+            dict(critical_batch=100 * cap, options={"steps": 200}),
+        ),
+        "lr_find.json": (
+            {**train, "workers": 1, "batch_size": per_worker},
+            dict(suggested_lr=0.05, global_batch_size=per_worker, rule=RULE, options={"steps": 100, "rule": RULE}),
+        ),
+    }
     for name, (flags, result) in written.items():
         (tmp_path / name).write_text(json.dumps({"train": flags, **result}))
     # a measurement made with other options of its command is not reused
@@ -215,8 +313,11 @@ def test_recommend_combines_the_measurements_by_its_stated_rules(tmp_path, given
     assert r["lr"]["value"] == pytest.approx(0.05 * 2) and r["lr_scaling"] == "linear"
     assert r["warmup_epochs"]["value"] == 1.0 and r["optimizer"]["value"] == "sgd"
     assert r["schedule"]["value"] == (given_schedule or "cosine")
-    assert (f"--batch-size {per_worker} --lr 0.05 --base-batch-size {per_worker} --lr-scaling linear" in r["command"]
-            and f"--schedule {given_schedule or 'cosine'}" in r["command"] and "--warmup-epochs 1.0" in r["command"])
+    assert (
+        f"--batch-size {per_worker} --lr 0.05 --base-batch-size {per_worker} --lr-scaling linear" in r["command"]
+        and f"--schedule {given_schedule or 'cosine'}" in r["command"]
+        and "--warmup-epochs 1.0" in r["command"]
+    )
 
 
 def test_recommend_compares_the_options_time_to_the_same_loss(tmp_path):
@@ -229,12 +330,20 @@ def test_recommend_compares_the_options_time_to_the_same_loss(tmp_path):
     from paratrain.batch.recommend import recommend
 
     train = dict(workload="synthetic-cnn", device="cpu", synthetic_samples=4096, epochs=10, optimizer="sgd")
-    written = {"find_batch.json": ({**train, "workers": 1}, dict(knee_batch=16, safe_batch=512, margin=0.05, probes=KNEE_16,
-                                                                  options={"max_batch": None})),
-               "noise_scale.json": ({**train, "workers": 2, "batch_size": 16},
-                                    dict(critical_batch=100.0, b_simple_stderr=10.0, options={"steps": 200})),
-               "lr_find.json": ({**train, "workers": 1, "batch_size": 16},
-                                dict(suggested_lr=0.05, global_batch_size=16, rule=RULE, options={"steps": 100, "rule": RULE}))}
+    written = {
+        "find_batch.json": (
+            {**train, "workers": 1},
+            dict(knee_batch=16, safe_batch=512, margin=0.05, probes=KNEE_16, options={"max_batch": None}),
+        ),
+        "noise_scale.json": (
+            {**train, "workers": 2, "batch_size": 16},
+            dict(critical_batch=100.0, b_simple_stderr=10.0, options={"steps": 200}),
+        ),
+        "lr_find.json": (
+            {**train, "workers": 1, "batch_size": 16},
+            dict(suggested_lr=0.05, global_batch_size=16, rule=RULE, options={"steps": 100, "rule": RULE}),
+        ),
+    }
     for name, (flags, result) in written.items():
         (tmp_path / name).write_text(json.dumps({"train": flags, **result}))
     r = recommend(train, workers=2, out=tmp_path)
@@ -244,10 +353,12 @@ def test_recommend_compares_the_options_time_to_the_same_loss(tmp_path):
     assert options[50]["ruled_out"] == "its global batch 100 exceeds the √(training samples) 64"
     (note,) = [n for n in r["notes"] if n.startswith("time to the same loss")]
     assert "S = S_min (1 + B_noise/B)" in note and "B_noise the critical batch 100" in note
-    assert ("16 a worker (the knee; global 32, 1,000 samples/s): 1.00x, chosen; "
-            "32 a worker (the √(training samples) / 2 workers; global 64, 1,040 samples/s): 1.19x, slower; "
-            "50 a worker (the critical batch (noise scale) / 2 workers; global 100, 1,046 samples/s): 1.45x, ruled out: "
-            "its global batch 100 exceeds the √(training samples) 64. 16 a worker wins: of the options,") in note
+    assert (
+        "16 a worker (the knee; global 32, 1,000 samples/s): 1.00x, chosen; "
+        "32 a worker (the √(training samples) / 2 workers; global 64, 1,040 samples/s): 1.19x, slower; "
+        "50 a worker (the critical batch (noise scale) / 2 workers; global 100, 1,046 samples/s): 1.45x, ruled out: "
+        "its global batch 100 exceeds the √(training samples) 64. 16 a worker wins: of the options,"
+    ) in note
 
 
 def test_recommend_on_a_small_mlp_stays_inside_its_stated_bounds(tmp_path, capsys):
@@ -261,10 +372,23 @@ def test_recommend_on_a_small_mlp_stays_inside_its_stated_bounds(tmp_path, capsy
     from batch_factories import MLP_SAMPLES
 
     workers, out = 2, tmp_path / "rec"
-    result, printed = _run(capsys, "recommend", out, workers=workers, model="user_factories:mlp",
-                           dataset="batch_factories:mlp_vectors", num_classes=2, device="cpu", epochs=5,
-                           max_batch=128, noise_steps=40, lr_steps=40)
-    found, noise, lrs = (json.loads((out / f"{name}.json").read_text()) for name in ("find_batch", "noise_scale", "lr_find"))
+    result, printed = _run(
+        capsys,
+        "recommend",
+        out,
+        workers=workers,
+        model="user_factories:mlp",
+        dataset="batch_factories:mlp_vectors",
+        num_classes=2,
+        device="cpu",
+        epochs=5,
+        max_batch=128,
+        noise_steps=40,
+        lr_steps=40,
+    )
+    found, noise, lrs = (
+        json.loads((out / f"{name}.json").read_text()) for name in ("find_batch", "noise_scale", "lr_find")
+    )
     per_rank = MLP_SAMPLES // workers
     knee, largest = min(found["knee_batch"], per_rank), min(found["safe_batch"], per_rank)
     per_worker, global_batch = result["per_worker_batch"]["value"], result["global_batch"]["value"]
@@ -272,7 +396,7 @@ def test_recommend_on_a_small_mlp_stays_inside_its_stated_bounds(tmp_path, capsy
     assert global_batch == workers * per_worker and 1 <= per_worker <= largest, (per_worker, knee, largest)
     if per_worker < knee:
         assert critical + 2 * stderr < workers * knee, (per_worker, knee, critical, stderr)
-    cap = min(c for c in (critical, math.isqrt(MLP_SAMPLES)) if c)       # no noise scale measured: the √ rule alone
+    cap = min(c for c in (critical, math.isqrt(MLP_SAMPLES)) if c)  # no noise scale measured: the √ rule alone
     assert global_batch <= cap or per_worker == knee, (global_batch, cap, knee)
     # the LR: lr-find's, measured at the batch recommended, scaled to the global batch
     assert lrs["train"]["batch_size"] == per_worker and result["base_lr"] == lrs["suggested_lr"]
@@ -294,8 +418,18 @@ def test_an_out_that_cannot_be_written_is_refused_before_any_measurement(tmp_pat
     monkeypatch.setattr(find_batch_module, "_probe", probe)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "file.txt").write_text("a file, not a directory")
-    argv = [command, *(["--workers", "2"] if command == "recommend" else []), "--workload", "synthetic-cnn",
-            "--synthetic-samples", "64", "--device", "cpu", "--out", out]
+    argv = [
+        command,
+        *(["--workers", "2"] if command == "recommend" else []),
+        "--workload",
+        "synthetic-cnn",
+        "--synthetic-samples",
+        "64",
+        "--device",
+        "cpu",
+        "--out",
+        out,
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err

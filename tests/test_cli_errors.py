@@ -1,4 +1,5 @@
 """Bad input: one line on stderr, exit status 2, no traceback, nothing written or overwritten."""
+
 import io
 import os
 import subprocess
@@ -7,9 +8,9 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from conftest import synthetic
 
 import paratrain
-from conftest import synthetic
 from paratrain.cli import main
 
 CORES = len(os.sched_getaffinity(0))
@@ -18,7 +19,7 @@ CORES = len(os.sched_getaffinity(0))
 def _run_cli(capsys, argv) -> tuple[int, str]:
     try:
         code = main(argv)
-    except SystemExit as exc:       # argparse's own errors
+    except SystemExit as exc:  # argparse's own errors
         code = exc.code
     err = capsys.readouterr().err
     return code, err
@@ -74,10 +75,25 @@ BAD = {
     "abbreviated flag": (lambda t: ["--epoch", "1"], "did you mean --epochs?"),
     "misspelt flag": (lambda t: ["--lr-scalling", "none"], "did you mean --lr-scaling?"),
     "global batch larger than the training set": (
-        lambda t: ["--workload", "synthetic-cnn", "--synthetic-samples", "100", "--batch-size", "64", "--workers", "2",
-                   "--threads-per-worker", "1"], "use --batch-size 50 or less"),
+        lambda t: [
+            "--workload",
+            "synthetic-cnn",
+            "--synthetic-samples",
+            "100",
+            "--batch-size",
+            "64",
+            "--workers",
+            "2",
+            "--threads-per-worker",
+            "1",
+        ],
+        "use --batch-size 50 or less",
+    ),
     "limit-train below the classes": (lambda t: ["--limit-train", "5"], "below the 10 classes"),
-    "early stop without a validation split": (lambda t: ["--workload", "synthetic-cnn", "--early-stop", "2"], "--val-split"),
+    "early stop without a validation split": (
+        lambda t: ["--workload", "synthetic-cnn", "--early-stop", "2"],
+        "--val-split",
+    ),
 }
 
 
@@ -98,8 +114,22 @@ def test_shared_memory_averaging_is_refused_where_it_cannot_work(tmp_path, capsy
 
     monkeypatch.setattr(shm_allreduce.platform, "machine", lambda: "aarch64")
     run_dir = tmp_path / "run"
-    code, err = _run_cli(capsys, ["train", "--run-dir", str(run_dir), "--workload", "synthetic-cnn", "--workers", "2",
-                                  "--threads-per-worker", "1", "--allreduce", "shm"])
+    code, err = _run_cli(
+        capsys,
+        [
+            "train",
+            "--run-dir",
+            str(run_dir),
+            "--workload",
+            "synthetic-cnn",
+            "--workers",
+            "2",
+            "--threads-per-worker",
+            "1",
+            "--allreduce",
+            "shm",
+        ],
+    )
     assert code == 2 and len(err.strip().splitlines()) == 1 and "x86-64" in err and "--allreduce backend" in err
     assert not run_dir.exists()
 
@@ -126,9 +156,27 @@ def _snapshot(path: Path) -> dict:
 
 def test_resume_with_a_different_configuration_is_refused(finished_run, capsys):
     before = _snapshot(finished_run)
-    code, err = _run_cli(capsys, ["train", "--workload", "synthetic-cnn", "--synthetic-samples", "512", "--epochs", "1",
-                                  "--batch-size", "64", "--lr", "0.01", "--threads-per-worker", "1",
-                                  "--run-dir", str(finished_run), "--resume"])
+    code, err = _run_cli(
+        capsys,
+        [
+            "train",
+            "--workload",
+            "synthetic-cnn",
+            "--synthetic-samples",
+            "512",
+            "--epochs",
+            "1",
+            "--batch-size",
+            "64",
+            "--lr",
+            "0.01",
+            "--threads-per-worker",
+            "1",
+            "--run-dir",
+            str(finished_run),
+            "--resume",
+        ],
+    )
     assert code == 2 and "different configuration" in err and "--batch-size" in err
     assert len(err.strip().splitlines()) == 1
     assert _snapshot(finished_run) == before
@@ -141,14 +189,34 @@ def test_truncated_checkpoint_is_refused(finished_run, tmp_path, capsys):
         (copy / name).write_bytes(data)
     ckpt = copy / "checkpoint.pt"
     ckpt.write_bytes(ckpt.read_bytes()[: ckpt.stat().st_size // 3])
-    code, err = _run_cli(capsys, ["train", "--workload", "synthetic-cnn", "--synthetic-samples", "512", "--epochs", "1",
-                                  "--batch-size", "32", "--lr", "0.01", "--threads-per-worker", "1",
-                                  "--run-dir", str(copy), "--resume"])
+    code, err = _run_cli(
+        capsys,
+        [
+            "train",
+            "--workload",
+            "synthetic-cnn",
+            "--synthetic-samples",
+            "512",
+            "--epochs",
+            "1",
+            "--batch-size",
+            "32",
+            "--lr",
+            "0.01",
+            "--threads-per-worker",
+            "1",
+            "--run-dir",
+            str(copy),
+            "--resume",
+        ],
+    )
     assert code == 2 and "truncated or corrupt" in err and len(err.strip().splitlines()) == 1
 
 
 def test_resume_without_a_run_is_refused(tmp_path, capsys):
-    code, err = _run_cli(capsys, ["train", "--workload", "synthetic-cnn", "--run-dir", str(tmp_path / "nothing"), "--resume"])
+    code, err = _run_cli(
+        capsys, ["train", "--workload", "synthetic-cnn", "--run-dir", str(tmp_path / "nothing"), "--resume"]
+    )
     assert code == 2 and "no run to resume" in err
     assert not (tmp_path / "nothing").exists()
 
@@ -183,8 +251,11 @@ def test_bad_config_file_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys,
 
 
 def test_the_installed_command_prints_no_traceback(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "paratrain", "train", "--batch-size", "0", "--run-dir", str(tmp_path / "r")],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "paratrain", "train", "--batch-size", "0", "--run-dir", str(tmp_path / "r")],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     assert not (tmp_path / "r").exists()
@@ -192,8 +263,20 @@ def test_the_installed_command_prints_no_traceback(tmp_path):
 
 def test_the_installed_command_reports_an_unmakeable_run_dir_and_all_missing_flags_in_one_line(tmp_path):
     (tmp_path / "file").write_text("a file, not a directory")
-    proc = subprocess.run([sys.executable, "-m", "paratrain", "train", "--workload", "synthetic-cnn",
-                           "--run-dir", str(tmp_path / "file" / "run")], capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "paratrain",
+            "train",
+            "--workload",
+            "synthetic-cnn",
+            "--run-dir",
+            str(tmp_path / "file" / "run"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert "file/run: Not a directory" in proc.stderr, proc.stderr
     proc = subprocess.run([sys.executable, "-m", "paratrain", "recommend"], capture_output=True, text=True)
@@ -206,6 +289,17 @@ def test_help_teaches_the_flags(capsys):
         main(["train", "--help"])
     assert exc.value.code == 0
     out = capsys.readouterr().out
-    for flag in ("--workers", "--batch-size", "--lr-scaling", "--warmup-epochs", "--grad-accum", "--precision",
-                 "--checkpoint-every", "--resume", "--allow-oversubscribe", "--augment", "--val-split"):
+    for flag in (
+        "--workers",
+        "--batch-size",
+        "--lr-scaling",
+        "--warmup-epochs",
+        "--grad-accum",
+        "--precision",
+        "--checkpoint-every",
+        "--resume",
+        "--allow-oversubscribe",
+        "--augment",
+        "--val-split",
+    ):
         assert flag in out

@@ -1,6 +1,7 @@
 """Beyond one machine, and nothing lost (issue 14): elastic restarts after a killed rank, a run across
 two network namespaces, collectives that give up after --timeout, srun/mpirun environments, and the
 bad input of runs across nodes."""
+
 from __future__ import annotations
 
 import json
@@ -11,28 +12,46 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Callable, Iterator
 
 import psutil
 import pytest
 import torch
+from conftest import free_port
 
 import paratrain
-from conftest import free_port
 from paratrain.cli import main
-from paratrain.errors import UsageError
 from paratrain.config import TrainConfig, validate
 from paratrain.engine.shm_allreduce import SharedMemoryAverage, segment_bytes
+from paratrain.errors import UsageError
 from paratrain.launch.nodes import adopt_tasks, detect_tasks, expand_tasks_per_node, first_host
 from paratrain.measure.monitor import ranks_by_log, wait_for_rank
 
 PARATRAIN = [sys.executable, "-m", "paratrain"]
 # 4096 samples, 2 ranks of 32: 64 steps an epoch, a loss logged every 4 steps.
-RUN = ["train", "--workload", "synthetic-cnn", "--synthetic-samples", "4096", "--batch-size", "32", "--lr", "0.02",
-       "--augment", "flip,crop", "--threads-per-worker", "1", "--device", "cpu", "--log-every", "4", "--quiet"]
+RUN = [
+    "train",
+    "--workload",
+    "synthetic-cnn",
+    "--synthetic-samples",
+    "4096",
+    "--batch-size",
+    "32",
+    "--lr",
+    "0.02",
+    "--augment",
+    "flip,crop",
+    "--threads-per-worker",
+    "1",
+    "--device",
+    "cpu",
+    "--log-every",
+    "4",
+    "--quiet",
+]
 
 
 def _logged(run_dir: Path, event: str = "step") -> list[dict]:
@@ -50,14 +69,18 @@ def _logged(run_dir: Path, event: str = "step") -> list[dict]:
     return [e for e in events if e["event"] == event]
 
 
-def _wait_for_step(run_dir: Path, proc: subprocess.Popen, ready: Callable[[int], bool], timeout: float = 90) -> list[dict]:
+def _wait_for_step(
+    run_dir: Path, proc: subprocess.Popen, ready: Callable[[int], bool], timeout: float = 90
+) -> list[dict]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
         steps = _logged(run_dir)
         if steps and ready(steps[-1]["step"]):
             return steps
         time.sleep(0.01)
-    raise AssertionError(f"the run never got there (exit {proc.poll()}): {proc.stderr.read() if proc.poll() is not None else ''}")
+    raise AssertionError(
+        f"the run never got there (exit {proc.poll()}): {proc.stderr.read() if proc.poll() is not None else ''}"
+    )
 
 
 def _rank_pid(root: int, run_dir: Path, rank: int) -> int:
@@ -73,16 +96,36 @@ def _stop(proc: subprocess.Popen) -> None:
 
 # -- elastic restart after a killed rank ------------------------------------------------------------
 
+
 def test_a_rank_killed_mid_epoch_is_restarted_and_the_run_resumes_from_its_last_checkpoint(tmp_path):
     """SIGKILL one of 2 ranks in the middle of epoch 2 (of 2): the agent restarts both, they resume from the
     last step checkpoint by themselves, and the run ends as if nothing happened."""
     run = tmp_path / "run"
     interval = 16
     # 2048 samples: 32 steps an epoch.
-    proc = subprocess.Popen([*PARATRAIN, *RUN, "--synthetic-samples", "2048", "--workers", "2", "--epochs", "2",
-                             "--checkpoint-every", f"{interval}steps",
-                             "--max-restarts", "1", "--run-dir", str(run), "--json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            *PARATRAIN,
+            *RUN,
+            "--synthetic-samples",
+            "2048",
+            "--workers",
+            "2",
+            "--epochs",
+            "2",
+            "--checkpoint-every",
+            f"{interval}steps",
+            "--max-restarts",
+            "1",
+            "--run-dir",
+            str(run),
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         victim = _rank_pid(proc.pid, run, 1)
         # Kill in epoch 2 (steps 33-64), two or more log points after the checkpoint of step 48.
@@ -99,7 +142,9 @@ def test_a_rank_killed_mid_epoch_is_restarted_and_the_run_resumes_from_its_last_
 
     seen = before[-1]["step"]
     resumed = summary["resumed_from_step"]
-    assert resumed is not None and resumed % interval == 0 and resumed % per_epoch != 0, "not resumed from a mid-epoch checkpoint"
+    assert resumed is not None and resumed % interval == 0 and resumed % per_epoch != 0, (
+        "not resumed from a mid-epoch checkpoint"
+    )
     # The newest checkpoint before the kill was used: at most one checkpoint interval is trained again.
     assert seen - interval < resumed and seen - resumed <= interval, (seen, resumed)
 
@@ -122,13 +167,31 @@ def test_a_rank_killed_mid_epoch_is_restarted_and_the_run_resumes_from_its_last_
 
 # -- a collective whose peer hangs ----------------------------------------------------------------
 
+
 def test_a_collective_whose_peer_hangs_fails_within_the_timeout_naming_the_rank_and_what_it_did(tmp_path):
     """Rank 1 is stopped (SIGSTOP: alive to the agent, silent to its peer). Rank 0's gloo all-reduce
     gives up after --timeout, and the one line says which rank stopped, in which step, doing what."""
     run = tmp_path / "run"
-    proc = subprocess.Popen([*PARATRAIN, *RUN, "--workers", "2", "--epochs", "50", "--allreduce", "backend",
-                             "--timeout", "3", "--run-dir", str(run)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            *PARATRAIN,
+            *RUN,
+            "--workers",
+            "2",
+            "--epochs",
+            "50",
+            "--allreduce",
+            "backend",
+            "--timeout",
+            "3",
+            "--run-dir",
+            str(run),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     victim = None
     try:
         _wait_for_step(run, proc, lambda step: step >= 8)
@@ -139,7 +202,7 @@ def test_a_collective_whose_peer_hangs_fails_within_the_timeout_naming_the_rank_
         deadline = time.monotonic() + 30
         while "failed in step" not in log.read_text() and time.monotonic() < deadline:
             time.sleep(0.05)
-        os.kill(victim, signal.SIGCONT)       # the agent's SIGTERM is then delivered at once
+        os.kill(victim, signal.SIGCONT)  # the agent's SIGTERM is then delivered at once
         _, err = proc.communicate(timeout=60)
     finally:
         if victim is not None and psutil.pid_exists(victim):
@@ -149,9 +212,12 @@ def test_a_collective_whose_peer_hangs_fails_within_the_timeout_naming_the_rank_
     gave_up = datetime.strptime(failed_at[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp() - stopped
     assert 2.5 <= gave_up <= 3 + 4, f"rank 0 gave up {gave_up:.1f} s after its peer stopped (--timeout 3)"
     assert proc.returncode == 1
-    line, = err.strip().splitlines()
-    assert re.search(r"rank 0 failed: rank 0 stopped in step \d+ \(epoch \d+, training: .*\): a peer stopped answering "
-                     r"or went away \(--timeout 3 s\)", line), line
+    (line,) = err.strip().splitlines()
+    assert re.search(
+        r"rank 0 failed: rank 0 stopped in step \d+ \(epoch \d+, training: .*\): a peer stopped answering "
+        r"or went away \(--timeout 3 s\)",
+        line,
+    ), line
 
 
 def test_the_shared_memory_average_gives_up_after_the_timeout_naming_the_missing_rank(tmp_path):
@@ -166,24 +232,33 @@ def test_the_shared_memory_average_gives_up_after_the_timeout_naming_the_missing
 
 # -- two hosts: network namespaces -------------------------------------------------------------------
 
+
 @contextmanager
 def _two_hosts() -> Iterator[tuple[list[str], list[str]]]:
     """Two network namespaces joined by a veth pair, 10.231.7.1 and .2; removed afterwards."""
     tag = os.getpid() % 100000
     names, links = [f"pt{tag}a", f"pt{tag}b"], [f"pt{tag}va", f"pt{tag}vb"]
     ip = shutil.which("ip") or "/usr/sbin/ip"
-    steps = [[ip, "netns", "add", names[0]], [ip, "netns", "add", names[1]],
-             [ip, "link", "add", links[0], "type", "veth", "peer", "name", links[1]]]
+    steps = [
+        [ip, "netns", "add", names[0]],
+        [ip, "netns", "add", names[1]],
+        [ip, "link", "add", links[0], "type", "veth", "peer", "name", links[1]],
+    ]
     for i in (0, 1):
-        steps += [[ip, "link", "set", links[i], "netns", names[i]],
-                  [ip, "-n", names[i], "addr", "add", f"10.231.7.{i + 1}/24", "dev", links[i]],
-                  [ip, "-n", names[i], "link", "set", links[i], "up"], [ip, "-n", names[i], "link", "set", "lo", "up"]]
+        steps += [
+            [ip, "link", "set", links[i], "netns", names[i]],
+            [ip, "-n", names[i], "addr", "add", f"10.231.7.{i + 1}/24", "dev", links[i]],
+            [ip, "-n", names[i], "link", "set", links[i], "up"],
+            [ip, "-n", names[i], "link", "set", "lo", "up"],
+        ]
     try:
         for step in steps:
             made = subprocess.run(step, capture_output=True, text=True)
             if made.returncode != 0:
-                pytest.skip(f"MULTI-HOST TEST SKIPPED: cannot make network namespaces here ({' '.join(step[1:])}: "
-                            f"{made.stderr.strip() or made.returncode}); it needs root and iproute2")
+                pytest.skip(
+                    f"MULTI-HOST TEST SKIPPED: cannot make network namespaces here ({' '.join(step[1:])}: "
+                    f"{made.stderr.strip() or made.returncode}); it needs root and iproute2"
+                )
         yield [[ip, "netns", "exec", name] for name in names], ["10.231.7.1", "10.231.7.2"]
     finally:
         for name in names:
@@ -198,13 +273,38 @@ def test_two_hosts_meet_across_the_network_and_survive_losing_one_hosts_rank(tmp
         pytest.skip("MULTI-HOST TEST SKIPPED: iproute2's ip is not installed (make test installs it as root)")
     run = tmp_path / "run"
     with _two_hosts() as (inside, addresses):
-        common = [*RUN, "--workers", "2", "--nodes", "2", "--rdzv", f"{addresses[0]}:29611", "--rdzv-timeout", "60",
-                  "--epochs", "2", "--checkpoint-every", "8steps", "--max-restarts", "2", "--run-dir", str(run), "--json"]
-        hosts = [subprocess.Popen([*inside[i], *PARATRAIN, *common, "--node-rank", str(i)], stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True, start_new_session=True,
-                                  # each "host" on a core of its own, as separate machines would be
-                                  preexec_fn=lambda core=i: os.sched_setaffinity(0, {core % os.cpu_count()}))
-                 for i in (0, 1)]
+        common = [
+            *RUN,
+            "--workers",
+            "2",
+            "--nodes",
+            "2",
+            "--rdzv",
+            f"{addresses[0]}:29611",
+            "--rdzv-timeout",
+            "60",
+            "--epochs",
+            "2",
+            "--checkpoint-every",
+            "8steps",
+            "--max-restarts",
+            "2",
+            "--run-dir",
+            str(run),
+            "--json",
+        ]
+        hosts = [
+            subprocess.Popen(
+                [*inside[i], *PARATRAIN, *common, "--node-rank", str(i)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+                # each "host" on a core of its own, as separate machines would be
+                preexec_fn=lambda core=i: os.sched_setaffinity(0, {core % os.cpu_count()}),
+            )
+            for i in (0, 1)
+        ]
         try:
             victim = _rank_pid(hosts[1].pid, run, 1)
             before = _wait_for_step(run, hosts[0], lambda step: 20 <= step < 100 and step % 8 >= 4)
@@ -230,43 +330,105 @@ def test_two_hosts_meet_across_the_network_and_survive_losing_one_hosts_rank(tmp
 # The variables srun sets in each task of `srun -N2 -n4 paratrain train` (srun(1), OUTPUT ENVIRONMENT
 # VARIABLES), as task 3 sees them: the second task on the second node.
 SRUN_TASK_3_OF_4 = {
-    "SLURM_JOB_ID": "81234", "SLURM_JOB_NODELIST": "cn[017-018]", "SLURM_NNODES": "2", "SLURM_NTASKS": "4",
-    "SLURM_TASKS_PER_NODE": "2(x2)", "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "cn[017-018]",
-    "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NUM_TASKS": "4", "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
-    "SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NODEID": "1", "SLURM_CPUS_PER_TASK": "8",
+    "SLURM_JOB_ID": "81234",
+    "SLURM_JOB_NODELIST": "cn[017-018]",
+    "SLURM_NNODES": "2",
+    "SLURM_NTASKS": "4",
+    "SLURM_TASKS_PER_NODE": "2(x2)",
+    "SLURM_STEP_ID": "0",
+    "SLURM_STEP_NODELIST": "cn[017-018]",
+    "SLURM_STEP_NUM_NODES": "2",
+    "SLURM_STEP_NUM_TASKS": "4",
+    "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+    "SLURM_PROCID": "3",
+    "SLURM_LOCALID": "1",
+    "SLURM_NODEID": "1",
+    "SLURM_CPUS_PER_TASK": "8",
 }
 # `srun -N2 --ntasks-per-node=1 paratrain train --workers 8`, on the first node.
 SRUN_ONE_TASK_PER_NODE = {
-    "SLURM_JOB_ID": "81235", "SLURM_STEP_ID": "1", "SLURM_STEP_NODELIST": "gpu[003-004]", "SLURM_STEP_NUM_NODES": "2",
-    "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_TASKS_PER_NODE": "1(x2)", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
+    "SLURM_JOB_ID": "81235",
+    "SLURM_STEP_ID": "1",
+    "SLURM_STEP_NODELIST": "gpu[003-004]",
+    "SLURM_STEP_NUM_NODES": "2",
+    "SLURM_STEP_NUM_TASKS": "2",
+    "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
+    "SLURM_PROCID": "0",
+    "SLURM_LOCALID": "0",
     "SLURM_NODEID": "0",
 }
 # An sbatch script's own environment (the batch step), not a task of an srun step: `env | grep SLURM`
 # as recorded in a 4-node job (gist.github.com/jerinphilip/212b3814264c3b8da512afc2cfda4bcb), abridged.
-SBATCH_SCRIPT = {"SLURM_NODELIST": "gnode[10,20,25,37]", "SLURMD_NODENAME": "gnode10", "SLURM_NTASKS_PER_NODE": "4",
-                 "SLURM_NNODES": "4", "SLURM_JOBID": "200505", "SLURM_NTASKS": "4", "SLURM_TASKS_PER_NODE": "1(x4)",
-                 "SLURM_JOB_ID": "200505", "SLURM_CPUS_PER_TASK": "1", "SLURM_NODEID": "0", "SLURM_TASK_PID": "16360",
-                 "SLURM_NPROCS": "4", "SLURM_CPUS_ON_NODE": "4", "SLURM_PROCID": "0", "SLURM_JOB_NODELIST": "gnode[10,20,25,37]",
-                 "SLURM_LOCALID": "0", "SLURM_JOB_CPUS_PER_NODE": "4(x4)", "SLURM_GTIDS": "0", "SLURM_JOB_NUM_NODES": "4"}
+SBATCH_SCRIPT = {
+    "SLURM_NODELIST": "gnode[10,20,25,37]",
+    "SLURMD_NODENAME": "gnode10",
+    "SLURM_NTASKS_PER_NODE": "4",
+    "SLURM_NNODES": "4",
+    "SLURM_JOBID": "200505",
+    "SLURM_NTASKS": "4",
+    "SLURM_TASKS_PER_NODE": "1(x4)",
+    "SLURM_JOB_ID": "200505",
+    "SLURM_CPUS_PER_TASK": "1",
+    "SLURM_NODEID": "0",
+    "SLURM_TASK_PID": "16360",
+    "SLURM_NPROCS": "4",
+    "SLURM_CPUS_ON_NODE": "4",
+    "SLURM_PROCID": "0",
+    "SLURM_JOB_NODELIST": "gnode[10,20,25,37]",
+    "SLURM_LOCALID": "0",
+    "SLURM_JOB_CPUS_PER_NODE": "4(x4)",
+    "SLURM_GTIDS": "0",
+    "SLURM_JOB_NUM_NODES": "4",
+}
 # Recorded here: Debian's Open MPI 4.1.4, `mpirun -n 2 env`, rank 1 (the variables of its MPI job).
-OPEN_MPI_RANK_1_OF_2 = {"OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "OMPI_COMM_WORLD_NODE_RANK": "1",
-                        "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_MCA_ess_base_jobid": "834076673",
-                        "OMPI_UNIVERSE_SIZE": "2", "PMIX_NAMESPACE": "834076673", "PMIX_RANK": "1"}
+OPEN_MPI_RANK_1_OF_2 = {
+    "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+    "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+    "OMPI_COMM_WORLD_NODE_RANK": "1",
+    "OMPI_COMM_WORLD_RANK": "1",
+    "OMPI_COMM_WORLD_SIZE": "2",
+    "OMPI_MCA_ess_base_jobid": "834076673",
+    "OMPI_UNIVERSE_SIZE": "2",
+    "PMIX_NAMESPACE": "834076673",
+    "PMIX_RANK": "1",
+}
 # MPICH's Hydra (`mpiexec -n 2` over two hosts), rank 1, as its documentation lists the variables.
-HYDRA_RANK_1_OF_2 = {"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "1", "PMI_JOBID": "kvs_77_0"}
+HYDRA_RANK_1_OF_2 = {
+    "PMI_RANK": "1",
+    "PMI_SIZE": "2",
+    "MPI_LOCALRANKID": "1",
+    "MPI_LOCALNRANKS": "1",
+    "PMI_JOBID": "kvs_77_0",
+}
 
 
 def test_ranks_world_size_and_rank_0s_host_come_from_srun_and_mpirun_environments():
     srun = detect_tasks(SRUN_TASK_3_OF_4)
-    assert (srun.launcher, srun.rank, srun.size, srun.local_rank, srun.local_size, srun.node, srun.nodes) == \
-        ("srun", 3, 4, 1, 2, 1, 2)
+    assert (srun.launcher, srun.rank, srun.size, srun.local_rank, srun.local_size, srun.node, srun.nodes) == (
+        "srun",
+        3,
+        4,
+        1,
+        2,
+        1,
+        2,
+    )
     assert srun.master_addr == "cn017" and srun.cpus_per_task == 8 and srun.job == "81234.0"
     assert detect_tasks(SBATCH_SCRIPT) is None and detect_tasks({}) is None
     assert first_host(SBATCH_SCRIPT["SLURM_JOB_NODELIST"]) == "gnode10"
     mpi = detect_tasks(OPEN_MPI_RANK_1_OF_2)
-    assert (mpi.launcher, mpi.rank, mpi.size, mpi.local_rank, mpi.local_size, mpi.master_addr) == ("mpirun", 1, 2, 1, 2, "127.0.0.1")
+    assert (mpi.launcher, mpi.rank, mpi.size, mpi.local_rank, mpi.local_size, mpi.master_addr) == (
+        "mpirun",
+        1,
+        2,
+        1,
+        2,
+        "127.0.0.1",
+    )
     assert detect_tasks({**OPEN_MPI_RANK_1_OF_2, "OMPI_COMM_WORLD_RANK": "0"}).master_port == mpi.master_port
-    assert detect_tasks({**OPEN_MPI_RANK_1_OF_2, "MASTER_ADDR": "10.1.1.5", "MASTER_PORT": "23456"}).master_port == 23456
+    assert (
+        detect_tasks({**OPEN_MPI_RANK_1_OF_2, "MASTER_ADDR": "10.1.1.5", "MASTER_PORT": "23456"}).master_port == 23456
+    )
     hydra = detect_tasks(HYDRA_RANK_1_OF_2)
     assert (hydra.rank, hydra.size, hydra.master_addr) == (1, 2, None), "ranks on two hosts: rank 0's is unknown"
     # Every task of a step derives the same port from the job.
@@ -277,8 +439,12 @@ def test_ranks_world_size_and_rank_0s_host_come_from_srun_and_mpirun_environment
             detect_tasks(broken)
 
     assert expand_tasks_per_node("2(x3),1") == [2, 2, 2, 1]
-    assert [first_host(h) for h in ("cn[017-018]", "gpu[003-005,009],login1", "node7", "a[1-2]-ib,b3")] == \
-        ["cn017", "gpu003", "node7", "a1-ib"]
+    assert [first_host(h) for h in ("cn[017-018]", "gpu[003-005,009],login1", "node7", "a[1-2]-ib,b3")] == [
+        "cn017",
+        "gpu003",
+        "node7",
+        "a1-ib",
+    ]
 
     # Several tasks per node: each task is a rank, and --workers follows srun.
     cfg, tasks = adopt_tasks(validate(TrainConfig, {}), SRUN_TASK_3_OF_4)
@@ -296,13 +462,27 @@ def test_srun_tasks_train_as_ranks_and_rank_0_writes_the_run(tmp_path):
     """Two processes with the environment srun gives the two tasks of `srun -n 2` on one node: each
     runs its rank in place, they meet at rank 0's host, and rank 0 alone writes the summary."""
     run = tmp_path / "run"
-    step = {"SLURM_JOB_ID": "5150", "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "localhost", "SLURM_STEP_NUM_NODES": "1",
-            "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_TASKS_PER_NODE": "2", "SLURM_NODEID": "0",
-            "MASTER_PORT": str(free_port())}
-    tasks = [subprocess.Popen([*PARATRAIN, *RUN, "--synthetic-samples", "512", "--epochs", "1", "--run-dir", str(run), "--json"],
-                              env={**os.environ, **step, "SLURM_PROCID": str(i), "SLURM_LOCALID": str(i)},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-             for i in (0, 1)]
+    step = {
+        "SLURM_JOB_ID": "5150",
+        "SLURM_STEP_ID": "0",
+        "SLURM_STEP_NODELIST": "localhost",
+        "SLURM_STEP_NUM_NODES": "1",
+        "SLURM_STEP_NUM_TASKS": "2",
+        "SLURM_STEP_TASKS_PER_NODE": "2",
+        "SLURM_NODEID": "0",
+        "MASTER_PORT": str(free_port()),
+    }
+    tasks = [
+        subprocess.Popen(
+            [*PARATRAIN, *RUN, "--synthetic-samples", "512", "--epochs", "1", "--run-dir", str(run), "--json"],
+            env={**os.environ, **step, "SLURM_PROCID": str(i), "SLURM_LOCALID": str(i)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        for i in (0, 1)
+    ]
     try:
         outs = [task.communicate(timeout=120) for task in tasks]
     finally:
@@ -316,18 +496,24 @@ def test_srun_tasks_train_as_ranks_and_rank_0_writes_the_run(tmp_path):
     assert {p.name for p in (run / "logs").glob("rank*.log")} == {"rank0.log", "rank1.log"}
 
 
-
 # -- bad input ----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("args, says", [
-    (["--nodes", "2", "--node-rank", "2", "--rdzv", "h:29400", "--workers", "2"], "--node-rank 2 is out of range for --nodes 2"),
-    (["--max-restarts", "-1"], "--max-restarts: must be 0"),
-    (["--nodes", "2", "--workers", "2"], "needs --node-rank"),
-    (["--nodes", "2", "--node-rank", "0", "--rdzv", "h:29400", "--workers", "3"], "does not split evenly"),
-    (["--rdzv", "nohost"], "is not HOST:PORT"),
-    (["--checkpoint-every", "3hours"], "write N or Nepochs"),
-    (["--backend", "mpi"], "has no mpi support"),
-])
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (
+            ["--nodes", "2", "--node-rank", "2", "--rdzv", "h:29400", "--workers", "2"],
+            "--node-rank 2 is out of range for --nodes 2",
+        ),
+        (["--max-restarts", "-1"], "--max-restarts: must be 0"),
+        (["--nodes", "2", "--workers", "2"], "needs --node-rank"),
+        (["--nodes", "2", "--node-rank", "0", "--rdzv", "h:29400", "--workers", "3"], "does not split evenly"),
+        (["--rdzv", "nohost"], "is not HOST:PORT"),
+        (["--checkpoint-every", "3hours"], "write N or Nepochs"),
+        (["--backend", "mpi"], "has no mpi support"),
+    ],
+)
 def test_bad_input_of_runs_across_nodes_is_one_line_and_exit_2(tmp_path, capsys, args, says):
     run = tmp_path / "run"
     if says == "has no mpi support" and torch.distributed.is_mpi_available():
@@ -342,11 +528,22 @@ def test_an_unreachable_rendezvous_fails_after_the_timeout_naming_host_and_port(
     """Node 1 waits --rdzv-timeout for node 0, which never comes; the one line names where it looked.
     (In this process: the agent fails while connecting, before it starts anything.)"""
     run = tmp_path / "run"
-    port = free_port()        # nothing listens there
+    port = free_port()  # nothing listens there
     started = time.monotonic()
     with pytest.raises(UsageError) as refused:
-        paratrain.train(workload="synthetic-cnn", synthetic_samples=512, threads_per_worker=1, device="cpu", quiet=True,
-                        workers=2, nodes=2, node_rank=1, rdzv=f"127.0.0.1:{port}", rdzv_timeout=2, run_dir=run)
+        paratrain.train(
+            workload="synthetic-cnn",
+            synthetic_samples=512,
+            threads_per_worker=1,
+            device="cpu",
+            quiet=True,
+            workers=2,
+            nodes=2,
+            node_rank=1,
+            rdzv=f"127.0.0.1:{port}",
+            rdzv_timeout=2,
+            run_dir=run,
+        )
     assert time.monotonic() - started >= 2
     message = str(refused.value)
     assert "\n" not in message and f"127.0.0.1:{port}" in message and "--rdzv-timeout 2 s" in message, message

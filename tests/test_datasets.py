@@ -1,4 +1,5 @@
 """Dataset loading on archives the tests build: canonical CIFAR-10, image trees, cache, subsets."""
+
 import hashlib
 import io
 import pickle
@@ -12,7 +13,13 @@ from PIL import Image
 
 from paratrain.errors import UsageError
 from paratrain.workloads import datasets
-from paratrain.workloads.datasets import CIFAR10_CLASSES, balanced_subset, download_cifar10, load_cifar10, stratified_split
+from paratrain.workloads.datasets import (
+    CIFAR10_CLASSES,
+    balanced_subset,
+    download_cifar10,
+    load_cifar10,
+    stratified_split,
+)
 
 PER_BATCH = 20
 
@@ -41,9 +48,9 @@ def _canonical_archive(path: Path) -> Path:
 def _check_canonical(data):
     assert data.train.x.shape == (5 * PER_BATCH, 3, 32, 32) and data.train.x.dtype == torch.uint8
     assert data.test.x.shape == (10, 3, 32, 32)
-    first = _batch(1, PER_BATCH)[b"data"][3].reshape(3, 32, 32)          # CHW, as the format stores it
+    first = _batch(1, PER_BATCH)[b"data"][3].reshape(3, 32, 32)  # CHW, as the format stores it
     assert torch.equal(data.train.x[3], torch.from_numpy(first))
-    last = _batch(5, PER_BATCH)[b"data"][0].reshape(3, 32, 32)           # batches concatenated in order
+    last = _batch(5, PER_BATCH)[b"data"][0].reshape(3, 32, 32)  # batches concatenated in order
     assert torch.equal(data.train.x[4 * PER_BATCH], torch.from_numpy(last))
     assert data.train.y[:12].tolist() == [i % 10 for i in range(12)]
     assert data.classes == CIFAR10_CLASSES
@@ -67,7 +74,9 @@ def _tree(root: Path, classes=("cat", "dog"), per_class=3, size=8) -> Path:
         for cls in classes:
             (root / split / cls).mkdir(parents=True)
             for i in range(per_class):
-                Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).save(root / split / cls / f"{i}.png")
+                Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).save(
+                    root / split / cls / f"{i}.png"
+                )
     return root
 
 
@@ -99,12 +108,12 @@ def test_second_load_comes_from_the_cache(tmp_path, monkeypatch):
     again = load_cifar10(tree, tmp_path / "cache")
     assert torch.equal(first.train.x, again.train.x)
     Image.fromarray(np.zeros((8, 8, 3), dtype=np.uint8)).save(tree / "train" / "cat" / "extra.png")
-    with pytest.raises(pytest.fail.Exception):            # a changed source is decoded anew
+    with pytest.raises(pytest.fail.Exception):  # a changed source is decoded anew
         load_cifar10(tree, tmp_path / "cache")
 
 
 def test_balanced_subset_of_class_ordered_labels():
-    y = torch.arange(10).repeat_interleave(100)              # ordered by class, like the shared archive
+    y = torch.arange(10).repeat_interleave(100)  # ordered by class, like the shared archive
     idx = balanced_subset(y, 95, seed=0)
     counts = torch.bincount(y[idx], minlength=10)
     assert len(idx) == 95 and counts.max() - counts.min() <= 1
@@ -128,12 +137,14 @@ def test_stratified_split():
     assert torch.bincount(y[val]).tolist() == [10] * 4
 
 
-
-@pytest.mark.parametrize("make, message", [
-    (lambda t: t / "missing", "does not exist"),
-    (lambda t: (t / "empty").mkdir() or t / "empty", "is empty"),
-    (lambda t: ((t / "junk").mkdir(), (t / "junk" / "a.txt").write_text("x"))[0] or t / "junk", "neither CIFAR-10"),
-])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda t: t / "missing", "does not exist"),
+        (lambda t: (t / "empty").mkdir() or t / "empty", "is empty"),
+        (lambda t: ((t / "junk").mkdir(), (t / "junk" / "a.txt").write_text("x"))[0] or t / "junk", "neither CIFAR-10"),
+    ],
+)
 def test_bad_data_dirs(tmp_path, make, message):
     with pytest.raises(UsageError, match=message):
         load_cifar10(make(tmp_path), tmp_path / "cache")
@@ -172,7 +183,7 @@ def test_download_verifies_the_checksum(tmp_path):
     got = download_cifar10(dest, url=archive.as_uri(), md5=md5)
     assert got == dest / "cifar-10-python.tar.gz" and got.read_bytes() == archive.read_bytes()
     _check_canonical(load_cifar10(dest, tmp_path / "cache"))
-    archive.unlink()                                   # a good file in place is not fetched again
+    archive.unlink()  # a good file in place is not fetched again
     assert download_cifar10(dest, url=archive.as_uri(), md5=md5) == got
 
     other = tmp_path / "other"
@@ -192,10 +203,33 @@ def test_a_factory_of_vectors_or_one_dataset_trains_on_two_workers(tmp_path, fac
 
     tests = Path(__file__).parent
     run = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "paratrain", "train", "--workers", "2", "--model", "user_factories:mlp",
-                           "--dataset", f"user_factories:{factory}", "--num-classes", "2", "--epochs", "1",
-                           "--batch-size", "16", "--run-dir", str(run), "--quiet"],
-                          cwd=tests, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "paratrain",
+            "train",
+            "--workers",
+            "2",
+            "--model",
+            "user_factories:mlp",
+            "--dataset",
+            f"user_factories:{factory}",
+            "--num-classes",
+            "2",
+            "--epochs",
+            "1",
+            "--batch-size",
+            "16",
+            "--run-dir",
+            str(run),
+            "--quiet",
+        ],
+        cwd=tests,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads((run / "summary.json").read_text())["status"] == "completed"
     events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

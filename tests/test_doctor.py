@@ -1,4 +1,5 @@
 """The doctor on runs built to have one problem each (real ranks, real timings), and on a healthy run."""
+
 import json
 import os
 import re
@@ -7,9 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import browser_page, synthetic
 
 import paratrain
-from conftest import browser_page, synthetic
 from paratrain.doctor import diagnose
 from paratrain.reporting import write_report
 
@@ -17,8 +18,14 @@ CORES = len(os.sched_getaffinity(0))
 SCRIPT = Path(__file__).parent / "doctor_script.py"
 # Timing checks whose figures another process on the run's cores can inflate (a descheduled rank
 # makes the other wait in the all-reduce); on a contended run they are the contention's, not the run's.
-TIMING_CHECKS = {"exposed_communication", "host_sync_stalls", "straggler", "data_wait", "evaluation_share",
-                 "first_epoch_overhead"}
+TIMING_CHECKS = {
+    "exposed_communication",
+    "host_sync_stalls",
+    "straggler",
+    "data_wait",
+    "evaluation_share",
+    "first_epoch_overhead",
+}
 
 
 def _checks(diagnosis):
@@ -35,14 +42,38 @@ def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("doctor")
     made = {}
     made["healthy"] = synthetic(base, workers=2, synthetic_samples=4096, epochs=2, run_dir=base / "healthy")
-    made["oversubscribed"] = synthetic(base, workers=2, threads_per_worker=CORES, allow_oversubscribe=True,
-                                       synthetic_samples=256, epochs=2, run_dir=base / "oversubscribed")
-    made["data_starved"] = dict(model="user_factories:tiny_net", dataset="doctor_factories:slow_pairs", num_classes=2,
-                                workers=1, threads_per_worker=1, epochs=2, batch_size=16, quiet=True,
-                                run_dir=base / "data_starved")
-    made["comm_heavy"] = synthetic(base, workers=2, model="doctor_factories:wide_mlp", synthetic_shape="3,8,8",
-                                   synthetic_samples=128, batch_size=2, epochs=2, log_every=16, allreduce="backend",
-                                   run_dir=base / "comm_heavy")
+    made["oversubscribed"] = synthetic(
+        base,
+        workers=2,
+        threads_per_worker=CORES,
+        allow_oversubscribe=True,
+        synthetic_samples=256,
+        epochs=2,
+        run_dir=base / "oversubscribed",
+    )
+    made["data_starved"] = dict(
+        model="user_factories:tiny_net",
+        dataset="doctor_factories:slow_pairs",
+        num_classes=2,
+        workers=1,
+        threads_per_worker=1,
+        epochs=2,
+        batch_size=16,
+        quiet=True,
+        run_dir=base / "data_starved",
+    )
+    made["comm_heavy"] = synthetic(
+        base,
+        workers=2,
+        model="doctor_factories:wide_mlp",
+        synthetic_shape="3,8,8",
+        synthetic_samples=128,
+        batch_size=2,
+        epochs=2,
+        log_every=16,
+        allreduce="backend",
+        run_dir=base / "comm_heavy",
+    )
     for cfg in made.values():
         paratrain.train(cfg)
     return {name: Path(cfg["run_dir"]) for name, cfg in made.items()}
@@ -62,9 +93,11 @@ def test_a_healthy_run_gets_nothing_to_fix(runs):
 def test_oversubscribed_ranks_are_diagnosed_with_the_fix_command(runs):
     diagnosis = diagnose(runs["oversubscribed"])
     top = diagnosis["findings"][0]
-    assert top["check"] == "oversubscription"       # a root cause: first, whatever its predicted saving
+    assert top["check"] == "oversubscription"  # a root cause: first, whatever its predicted saving
     assert f"2 ranks x {CORES} threads = {2 * CORES} threads on {CORES} cores" in top["evidence"]
-    assert f"--threads-per-worker {max(1, CORES // 2)}" in top["remedy"] and "--allow-oversubscribe" not in top["remedy"]
+    assert (
+        f"--threads-per-worker {max(1, CORES // 2)}" in top["remedy"] and "--allow-oversubscribe" not in top["remedy"]
+    )
     assert top["remedy"].startswith("paratrain train ") and "--synthetic-samples 256" in top["remedy"]
     # The gain is a floor from what the run measured; a run the competing threads happened not to slow predicts none.
     assert top["saving"] is not None and top["saving"] >= 0 and "faster" in top["predicted_gain"]
@@ -82,8 +115,8 @@ def test_a_large_model_with_a_tiny_batch_is_diagnosed_as_communication_bound(run
     top = _top(diagnosis)
     assert top["check"] == "exposed_communication", diagnosis
     assert "--grad-accum" in top["remedy"] and "per sample" in top["predicted_gain"] and top["saving"] > 0.3
-    assert "average through shared memory" in top["remedy"]     # gloo was asked for, on ranks with their own cores
-    assert "small_device_batch" in _checks(diagnosis)      # the heuristic, ranked below the measured finding
+    assert "average through shared memory" in top["remedy"]  # gloo was asked for, on ranks with their own cores
+    assert "small_device_batch" in _checks(diagnosis)  # the heuristic, ranked below the measured finding
 
 
 def test_doctor_cli_prints_ranked_findings_and_json(runs):
@@ -107,6 +140,7 @@ def test_exact_remedies_whose_cost_hides_in_the_all_reduce_come_first():
     # finding counts those all-reduces as fixed cost, so it predicts more (1.61x) but is ranked second.
     from paratrain.doctor import rank, verdict
     from paratrain.doctor.finding import Finding
+
     small = Finding("small_batch", "8 samples per rank", "", "", "", "1.61x faster per sample: ...", 0.38)
     no_sync = Finding("no_sync_missing", "gradients are all-reduced 4 times", "", "", "", "1.53x faster: ...", 0.35)
     comm = Finding("exposed_communication", "20% all-reduce", "", "", "", "1.32x faster per sample: ...", 0.24)
@@ -124,8 +158,16 @@ def launched(tmp_path_factory):
     from paratrain.launch.script import launch_script
 
     run_dir = tmp_path_factory.mktemp("launched") / "run"
-    summary = launch_script(dict(script=SCRIPT, script_args=["straggler,rank0-eval", "150"], workers=2,
-                                 threads_per_worker=1, run_dir=run_dir, monitor_hz=10))
+    summary = launch_script(
+        dict(
+            script=SCRIPT,
+            script_args=["straggler,rank0-eval", "150"],
+            workers=2,
+            threads_per_worker=1,
+            run_dir=run_dir,
+            monitor_hz=10,
+        )
+    )
     assert summary["status"] == "completed", summary
     return diagnose(run_dir)
 
@@ -140,8 +182,10 @@ def test_evaluation_on_rank_0_only_is_seen_in_the_monitor_samples(launched):
     found = {f["check"]: f for f in launched["findings"]}
     alone = found["rank0_alone"]
     assert alone["finding"].startswith("rank 0 works alone") and "evaluate on every rank" in alone["remedy"], launched
-    assert alone["remedy"].endswith(f"paratrain launch -n 2 --threads-per-worker 1 --run-dir {launched['path']}-fixed "
-                                    f"{SCRIPT} straggler,rank0-eval 150")
+    assert alone["remedy"].endswith(
+        f"paratrain launch -n 2 --threads-per-worker 1 --run-dir {launched['path']}-fixed "
+        f"{SCRIPT} straggler,rank0-eval 150"
+    )
 
 
 def test_doctor_refuses_what_it_cannot_diagnose(tmp_path):
@@ -173,6 +217,7 @@ def test_the_run_report_opens_with_the_verdict_and_the_doctor_in_a_browser(runs,
 
 # -- the rules on hand-made evidence (their logic, not a measurement) --------------------------
 
+
 def _fake_run(path: Path, config: dict, summary: dict) -> Path:
     path.mkdir(parents=True)
     (path / "config.json").write_text(json.dumps(config))
@@ -183,36 +228,76 @@ def _fake_run(path: Path, config: dict, summary: dict) -> Path:
 def test_batch_and_learning_rate_rules_name_their_sources(tmp_path):
     """8 workers x 256 on 50,000 samples: global batch 2048 > sqrt(N) = 224, the LR scaled 64x with no
     warmup, and a single epoch whose throughput includes start-up."""
-    run = _fake_run(tmp_path / "big", {"workers": 8, "batch_size": 256, "lr": 0.1, "lr_scaling": "linear", "epochs": 1,
-                                       "warmup_epochs": 0.0, "resolved": {"global_batch_size": 2048, "reference_batch_size": 32,
-                                                                          "train_samples": 50000, "device": "cpu"}},
-                    {"workers": 8, "batch_size": 256, "global_batch_size": 2048, "grad_accum": 1, "epoch_times_s": [9.0],
-                     "breakdown": {"data_s": 0.001, "compute_s": 0.1, "comm_s": 0.01, "optimizer_s": 0.01, "other_s": 0.001}})
+    run = _fake_run(
+        tmp_path / "big",
+        {
+            "workers": 8,
+            "batch_size": 256,
+            "lr": 0.1,
+            "lr_scaling": "linear",
+            "epochs": 1,
+            "warmup_epochs": 0.0,
+            "resolved": {
+                "global_batch_size": 2048,
+                "reference_batch_size": 32,
+                "train_samples": 50000,
+                "device": "cpu",
+            },
+        },
+        {
+            "workers": 8,
+            "batch_size": 256,
+            "global_batch_size": 2048,
+            "grad_accum": 1,
+            "epoch_times_s": [9.0],
+            "breakdown": {"data_s": 0.001, "compute_s": 0.1, "comm_s": 0.01, "optimizer_s": 0.01, "other_s": 0.001},
+        },
+    )
     found = {f["check"]: f for f in diagnose(run)["findings"]}
     assert set(found) == {"global_batch_sqrt_n", "no_warmup", "first_epoch_overhead"}
-    assert "--batch-size 27" in found["global_batch_sqrt_n"]["remedy"]            # floor(sqrt(50000)) // 8
+    assert "--batch-size 27" in found["global_batch_sqrt_n"]["remedy"]  # floor(sqrt(50000)) // 8
     assert "64x the base LR" in found["no_warmup"]["finding"] and "--warmup-epochs 0.25" in found["no_warmup"]["remedy"]
-    assert all(f["saving"] is None for f in found.values())                       # advice, ranked after time findings
+    assert all(f["saving"] is None for f in found.values())  # advice, ranked after time findings
 
 
 def test_weak_scaling_without_lr_scaling_is_a_study_finding(tmp_path):
     rows = []
     for n in (1, 2, 4):
         run = _fake_run(tmp_path / f"w{n}", {"workers": n, "lr_scaling": "none", "resolved": {}}, {"workers": n})
-        rows.append({"workers": n, "point": "scaling", "global_batch_size": 32 * n, "lr": 0.01, "val_accuracy": 0.6 - 0.05 * n,
-                     "speedup": n * 0.9, "efficiency": 0.9, "run_dir": str(run)})
+        rows.append(
+            {
+                "workers": n,
+                "point": "scaling",
+                "global_batch_size": 32 * n,
+                "lr": 0.01,
+                "val_accuracy": 0.6 - 0.05 * n,
+                "speedup": n * 0.9,
+                "efficiency": 0.9,
+                "run_dir": str(run),
+            }
+        )
     study = tmp_path / "study"
     study.mkdir()
     (study / "scaling.json").write_text(json.dumps({"mode": "weak", "rows": rows}))
     found = {f["check"]: f for f in diagnose(study)["findings"]}
-    assert list(found) == ["lr_not_scaled"] and "grew the global batch 4x but not the LR" in found["lr_not_scaled"]["finding"]
+    assert (
+        list(found) == ["lr_not_scaled"]
+        and "grew the global batch 4x but not the LR" in found["lr_not_scaled"]["finding"]
+    )
     assert "--lr-scaling linear" in found["lr_not_scaled"]["remedy"]
 
 
 def test_a_sweep_whose_best_batch_is_below_the_throughput_knee(tmp_path):
     def trial(number, batch, rate, accuracy):
-        return {"number": number, "state": "COMPLETE", "params": {"batch_size": batch}, "run_dir": None, "value": accuracy,
-                "metrics": {"val_accuracy": accuracy, "samples_per_s": rate, "time_s": 60000 / rate}}
+        return {
+            "number": number,
+            "state": "COMPLETE",
+            "params": {"batch_size": batch},
+            "run_dir": None,
+            "value": accuracy,
+            "metrics": {"val_accuracy": accuracy, "samples_per_s": rate, "time_s": 60000 / rate},
+        }
+
     # the knee: the smallest batch within 5 % of the best samples/s (2800 is 6.7 % below 3000, 2900 3.3 %)
     trials = [trial(0, 8, 900, 0.70), trial(1, 32, 2800, 0.66), trial(2, 64, 2900, 0.64), trial(3, 128, 3000, 0.60)]
     sweep = tmp_path / "sweep"
@@ -227,22 +312,62 @@ def test_headlines_say_against_what_and_whether_it_pays_off():
     from paratrain.reporting.verdict import judge, study_verdict, sweep_verdict
 
     assert [judge(1.05, 0.0), judge(0.9, 0.0), judge(1.5, -2.0), judge(1.5, -0.5)] == [
-        "does not pay off (less than 10% faster)", "does not pay off (slower)", "faster, but it costs accuracy", "pays off"]
-    rows = [{"workload": "w", "workers": 1, "threads_per_worker": 1, "point": "scaling", "speedup": 1.0, "efficiency": 1.0,
-             "val_accuracy": 0.5},
-            {"workload": "w", "workers": 2, "threads_per_worker": 1, "point": "scaling", "speedup": 1.84, "efficiency": 0.92,
-             "val_accuracy": 0.487, "speedup_vs_all_cores": 1.3},
-            {"workload": "w", "workers": 1, "threads_per_worker": 2, "point": "all_cores_reference", "speedup": 1.4,
-             "efficiency": 0.7, "val_accuracy": 0.5}]
+        "does not pay off (less than 10% faster)",
+        "does not pay off (slower)",
+        "faster, but it costs accuracy",
+        "pays off",
+    ]
+    rows = [
+        {
+            "workload": "w",
+            "workers": 1,
+            "threads_per_worker": 1,
+            "point": "scaling",
+            "speedup": 1.0,
+            "efficiency": 1.0,
+            "val_accuracy": 0.5,
+        },
+        {
+            "workload": "w",
+            "workers": 2,
+            "threads_per_worker": 1,
+            "point": "scaling",
+            "speedup": 1.84,
+            "efficiency": 0.92,
+            "val_accuracy": 0.487,
+            "speedup_vs_all_cores": 1.3,
+        },
+        {
+            "workload": "w",
+            "workers": 1,
+            "threads_per_worker": 2,
+            "point": "all_cores_reference",
+            "speedup": 1.4,
+            "efficiency": 0.7,
+            "val_accuracy": 0.5,
+        },
+    ]
     assert study_verdict({"rows": rows}) == [
-        "w: 2 workers are 1.30x faster than one process on all 2 cores, 92% efficiency against 1 worker(s) x 1 core(s), "
-        "accuracy -1.3 points: faster, but it costs accuracy"]
-    trials = [{"number": i, "state": "COMPLETE", "params": {"batch_size": b}, "metrics": {"val_accuracy": a, "time_s": t}}
-              for i, (b, a, t) in enumerate([(16, 0.62, 40.0), (16, 0.60, 44.0), (64, 0.55, 12.0)])]
-    lines = sweep_verdict({"trials": trials, "best": {**trials[0], "value": 0.62}, "metric": ["val_accuracy"],
-                           "space": {"parameters": {"batch_size": {}}}})
-    assert lines == ["best: trial 0 (batch_size=16): val_accuracy 62.0% in 40.0 s",
-                     "batch_size 16 -> 64: val_accuracy 61.0% -> 55.0%, trial time 42.0 s -> 12.0 s (means over completed trials)"]
+        "w: 2 workers are 1.30x faster than one process on all 2 cores, 92% efficiency against 1 worker(s) x 1 "
+        "core(s), "
+        "accuracy -1.3 points: faster, but it costs accuracy"
+    ]
+    trials = [
+        {"number": i, "state": "COMPLETE", "params": {"batch_size": b}, "metrics": {"val_accuracy": a, "time_s": t}}
+        for i, (b, a, t) in enumerate([(16, 0.62, 40.0), (16, 0.60, 44.0), (64, 0.55, 12.0)])
+    ]
+    lines = sweep_verdict(
+        {
+            "trials": trials,
+            "best": {**trials[0], "value": 0.62},
+            "metric": ["val_accuracy"],
+            "space": {"parameters": {"batch_size": {}}},
+        }
+    )
+    assert lines == [
+        "best: trial 0 (batch_size=16): val_accuracy 62.0% in 40.0 s",
+        "batch_size 16 -> 64: val_accuracy 61.0% -> 55.0%, trial time 42.0 s -> 12.0 s (means over completed trials)",
+    ]
 
 
 def test_a_contended_reference_or_disagreeing_comparisons_headline_no_gain():
@@ -251,26 +376,69 @@ def test_a_contended_reference_or_disagreeing_comparisons_headline_no_gain():
     from paratrain.reporting.verdict import study_verdict
 
     def rows(reference_flags=(), top_flags=(), vs_base=0.84, vs_all=4.99):
-        return {"rows": [
-            {"workload": "w", "workers": 1, "threads_per_worker": 1, "point": "scaling", "speedup": 1.0, "efficiency": 1.0,
-             "val_accuracy": 0.5, "flags": []},
-            {"workload": "w", "workers": 2, "threads_per_worker": 1, "point": "scaling", "speedup": vs_base,
-             "efficiency": vs_base / 2, "val_accuracy": 0.5, "speedup_vs_all_cores": vs_all, "flags": list(top_flags)},
-            {"workload": "w", "workers": 1, "threads_per_worker": 2, "point": "all_cores_reference", "speedup": vs_base / vs_all,
-             "efficiency": 0.1, "val_accuracy": 0.5, "flags": list(reference_flags)}]}
+        return {
+            "rows": [
+                {
+                    "workload": "w",
+                    "workers": 1,
+                    "threads_per_worker": 1,
+                    "point": "scaling",
+                    "speedup": 1.0,
+                    "efficiency": 1.0,
+                    "val_accuracy": 0.5,
+                    "flags": [],
+                },
+                {
+                    "workload": "w",
+                    "workers": 2,
+                    "threads_per_worker": 1,
+                    "point": "scaling",
+                    "speedup": vs_base,
+                    "efficiency": vs_base / 2,
+                    "val_accuracy": 0.5,
+                    "speedup_vs_all_cores": vs_all,
+                    "flags": list(top_flags),
+                },
+                {
+                    "workload": "w",
+                    "workers": 1,
+                    "threads_per_worker": 2,
+                    "point": "all_cores_reference",
+                    "speedup": vs_base / vs_all,
+                    "efficiency": 0.1,
+                    "val_accuracy": 0.5,
+                    "flags": list(reference_flags),
+                },
+            ]
+        }
 
     rerun = "rerun paratrain scale with the same flags on an idle machine, with --repeats 3"
     (line,) = study_verdict(rows(reference_flags=["contended"]))
-    assert line.startswith("w: can't tell: the reference one process on all 2 cores was slowed by other work; "
-                           "against 1 worker(s) x 1 core(s): 0.84x;") and rerun in line
+    assert (
+        line.startswith(
+            "w: can't tell: the reference one process on all 2 cores was slowed by other work; "
+            "against 1 worker(s) x 1 core(s): 0.84x;"
+        )
+        and rerun in line
+    )
     assert "pays off" not in line and "4.99" not in line
     (line,) = study_verdict(rows(top_flags=["contended"], vs_base=1.5, vs_all=1.4))
-    assert line.startswith("w: can't tell: the 2-worker run was slowed by other work; measured against 1 worker(s) x "
-                           "1 core(s): 1.50x; against one process on all 2 cores: 1.40x;") and "pays off" not in line
+    assert (
+        line.startswith(
+            "w: can't tell: the 2-worker run was slowed by other work; measured against 1 worker(s) x "
+            "1 core(s): 1.50x; against one process on all 2 cores: 1.40x;"
+        )
+        and "pays off" not in line
+    )
     # No contention, but the two comparisons point different ways: no verdict either.
     (line,) = study_verdict(rows())
-    assert line.startswith("w: can't tell: the comparisons disagree (against 1 worker(s) x 1 core(s): 0.84x; against "
-                           "one process on all 2 cores: 4.99x)") and rerun in line
+    assert (
+        line.startswith(
+            "w: can't tell: the comparisons disagree (against 1 worker(s) x 1 core(s): 0.84x; against "
+            "one process on all 2 cores: 4.99x)"
+        )
+        and rerun in line
+    )
     # Clean and consistent rows still get their verdict.
     (line,) = study_verdict(rows(vs_base=1.8, vs_all=1.5))
     assert line.endswith("accuracy +0.0 points: pays off")
@@ -283,9 +451,11 @@ def test_one_rank_leading_in_one_sample_of_a_short_run_is_no_straggler():
     from paratrain.doctor.evidence import RunEvidence
 
     def evidence(leads: int, samples: int) -> RunEvidence:
-        system = [{"kind": "rank", "rank": rank, "time": t * 0.5,
-                   "cpu_percent": 100.0 if rank == 0 or t >= leads else 60.0}
-                  for t in range(samples) for rank in (0, 1)]
+        system = [
+            {"kind": "rank", "rank": rank, "time": t * 0.5, "cpu_percent": 100.0 if rank == 0 or t >= leads else 60.0}
+            for t in range(samples)
+            for rank in (0, 1)
+        ]
         return RunEvidence(Path("run"), {}, {"workers": 2}, [], system)
 
     assert straggler(evidence(1, 6)) is None

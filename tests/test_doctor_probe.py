@@ -1,5 +1,6 @@
 """The doctor inside unmodified scripts: tests/probe_faults.py (plain DDP, no paratrain import) with one
 planted fault each, under `paratrain launch -n 2` with the probe, must get that fault as its top finding."""
+
 import json
 import os
 import subprocess
@@ -7,9 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_formulas_doctor import probed_run  # the hand-written probe block (one place: the fast formula tests)
 
 from paratrain.doctor import diagnose
-from test_formulas_doctor import probed_run   # the hand-written probe block (one place: the fast formula tests)
 
 SCRIPT = Path(__file__).parent / "probe_faults.py"
 PARATRAIN = [sys.executable, "-m", "paratrain"]
@@ -17,8 +18,13 @@ PARATRAIN = [sys.executable, "-m", "paratrain"]
 
 def launch(tmp_path, fault, *flags, env=None, ranks=2):
     run = tmp_path / fault
-    done = subprocess.run([*PARATRAIN, "launch", "-n", str(ranks), *flags, "--run-dir", str(run), str(SCRIPT), fault],
-                          capture_output=True, text=True, timeout=240, env=env and {**os.environ, **env})
+    done = subprocess.run(
+        [*PARATRAIN, "launch", "-n", str(ranks), *flags, "--run-dir", str(run), str(SCRIPT), fault],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env and {**os.environ, **env},
+    )
     assert done.returncode == 0, done.stderr + (run / "logs" / "rank0.log").read_text()
     return run
 
@@ -28,17 +34,28 @@ def top(diagnosis):
     return next(f for f in diagnosis["findings"] if f["check"] != "contended")
 
 
-@pytest.mark.parametrize("fault, check", [
-    ("data", "data_wait"), ("threads", "oversubscription"), ("straggler", "straggler"),
-    ("rank0-eval", "rank0_alone"), ("eval", "evaluation_share"), ("checkpoint", "checkpoint_share"),
-    ("no-sync", "no_sync_missing"), ("uneven", "uneven_shards"),
-    ("comm", "exposed_communication"), ("small-batch", "small_batch"), ("collective", "host_sync_stalls"),
-    ("loader-workers", "loader_workers")])
+@pytest.mark.parametrize(
+    "fault, check",
+    [
+        ("data", "data_wait"),
+        ("threads", "oversubscription"),
+        ("straggler", "straggler"),
+        ("rank0-eval", "rank0_alone"),
+        ("eval", "evaluation_share"),
+        ("checkpoint", "checkpoint_share"),
+        ("no-sync", "no_sync_missing"),
+        ("uneven", "uneven_shards"),
+        ("comm", "exposed_communication"),
+        ("small-batch", "small_batch"),
+        ("collective", "host_sync_stalls"),
+        ("loader-workers", "loader_workers"),
+    ],
+)
 def test_a_planted_fault_is_the_top_finding_with_a_predicted_speedup(tmp_path, fault, check):
     diagnosis = diagnose(launch(tmp_path, fault))
     found = top(diagnosis)
     assert found["check"] == check, json.dumps(diagnosis["findings"], indent=1)
-    assert found["predicted_speedup"] > 1.05      # a time finding, ranked by its predicted saving
+    assert found["predicted_speedup"] > 1.05  # a time finding, ranked by its predicted saving
     assert "code change" in found["remedy"] or "paratrain launch" in found["remedy"]
 
 
@@ -54,7 +71,7 @@ def test_the_scripts_own_collectives_are_charged_to_them_whole(tmp_path):
 def test_host_reads_are_counted_on_the_sync_device(tmp_path):
     # A CPU stand-in for a GPU's host-device syncs: the probe counts host reads of tensors on the device
     # PARATRAIN_PROBE_SYNC_DEVICE names (cuda unless set), here the CPU's.
-    stand_in = {"PARATRAIN_PROBE_SYNC_DEVICE": "cpu"}      # ranks inherit launch's environment
+    stand_in = {"PARATRAIN_PROBE_SYNC_DEVICE": "cpu"}  # ranks inherit launch's environment
     found = {f["check"]: f for f in diagnose(launch(tmp_path, "host-sync", env=stand_in))["findings"]}
     assert found["host_syncs"]["severity"] == "advice", json.dumps(found, indent=1)
     assert "3.0 reads of device tensors" in found["host_syncs"]["evidence"]
@@ -69,12 +86,12 @@ def test_a_healthy_script_gets_nothing_marked_high_and_its_breakdown_is_the_buil
     summary = json.loads((run / "summary.json").read_text())
     assert set(summary["breakdown"]) == {"data_s", "compute_s", "comm_s", "optimizer_s", "other_s"}
     ranks = summary["probe"]["ranks"]
-    assert [r["steps"] for r in ranks] == [48, 48]          # every optimizer step seen on each rank
+    assert [r["steps"] for r in ranks] == [48, 48]  # every optimizer step seen on each rank
     assert all(r["samples_per_step"] == 32 and r["rounds_per_step"] == 1 and r["threads"] == 1 for r in ranks)
     # The phases add up to the step: every second of it is charged to exactly one phase.
     for r in ranks:
         assert sum(r["phases_s"].values()) == pytest.approx(r["step_s"], rel=1e-3)
-    assert summary["samples_per_s"] == summary["probe"]["samples_per_s"] > 0   # the script reported none
+    assert summary["samples_per_s"] == summary["probe"]["samples_per_s"] > 0  # the script reported none
     assert not [f for f in diagnose(run)["findings"] if f["severity"] == "high"]
 
 
@@ -106,9 +123,13 @@ def test_gpus_idle_in_a_share_of_the_monitors_samples_are_named_as_a_symptom(tmp
     # GPU samples as the monitor writes them from NVML (a stand-in: no GPU here): GPU 1 idle in 3 of 10.
     from paratrain.doctor import diagnose_run
     from paratrain.doctor.evidence import read_run
+
     run = probed_run(tmp_path / "run", [{"phases_s": {"forward": 0.05, "backward": 0.05}}] * 2)
-    samples = [{"time": float(t), "kind": "gpu", "index": i, "utilization_percent": 2 if i == 1 and t < 3 else 95}
-               for t in range(10) for i in (0, 1)]
+    samples = [
+        {"time": float(t), "kind": "gpu", "index": i, "utilization_percent": 2 if i == 1 and t < 3 else 95}
+        for t in range(10)
+        for i in (0, 1)
+    ]
     (run / "system.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
     found = {f.check: f for f in diagnose_run(read_run(run))}["idle_devices"]
     assert found.finding == "GPU 1 idle 30% of the run" and found.severity == "advice", found
@@ -120,8 +141,11 @@ def test_gpus_idle_in_a_share_of_the_monitors_samples_are_named_as_a_symptom(tmp
 
 def test_the_excess_of_steps_holding_an_evaluation_is_over_the_median_plain_step():
     from paratrain.launch.probe_summary import excess_s
-    steps = [{"wall_s": w, "eval": e, "checkpoint": c} for w, e, c in
-             [(0.010, 0, 0), (0.012, 0, 0), (0.011, 0, 0), (0.061, 0.03, 0), (0.031, 0, 0.01)]]
+
+    steps = [
+        {"wall_s": w, "eval": e, "checkpoint": c}
+        for w, e, c in [(0.010, 0, 0), (0.012, 0, 0), (0.011, 0, 0), (0.061, 0.03, 0), (0.031, 0, 0.01)]
+    ]
     # plain median 11 ms: the evaluating step is 50 ms over, the saving one 20 ms, over 5 steps
     assert excess_s(steps) == pytest.approx({"eval_excess_s": 0.050 / 5, "checkpoint_excess_s": 0.020 / 5})
 
@@ -133,8 +157,12 @@ def test_find_unused_parameters_is_named_when_ddp_found_every_parameter_used(tmp
     runs = {}
     for fix in ([], ["--fix"]):
         run = tmp_path / ("fixed" if fix else "fault")
-        subprocess.run([*PARATRAIN, "launch", "-n", "2", "--run-dir", str(run), str(script), "--steps", "40", *fix],
-                       check=True, capture_output=True, timeout=240)
+        subprocess.run(
+            [*PARATRAIN, "launch", "-n", "2", "--run-dir", str(run), str(script), "--steps", "40", *fix],
+            check=True,
+            capture_output=True,
+            timeout=240,
+        )
         runs[bool(fix)] = {f["check"]: f for f in diagnose(run)["findings"]}
     found = runs[False]["find_unused_parameters"]
     assert "DDP found no unused parameter" in found["evidence"] and found["predicted_speedup"] > 1.0, found

@@ -1,5 +1,6 @@
 """`paratrain doctor RUN --verify`: the top remedy, when it is a paratrain flag, is rerun beside the run as it
 was, and the measured gain printed beside the predicted one; every other case is refused in one line."""
+
 import json
 import os
 import subprocess
@@ -11,7 +12,7 @@ import pytest
 SCRIPT = Path(__file__).parent / "probe_faults.py"
 PARATRAIN = [sys.executable, "-m", "paratrain"]
 CORES = sorted(os.sched_getaffinity(0))
-FAIR = max(1, len(CORES) // 2)          # the threads each of 2 ranks has without oversubscribing
+FAIR = max(1, len(CORES) // 2)  # the threads each of 2 ranks has without oversubscribing
 
 
 def paratrain(*args, timeout=300):
@@ -55,8 +56,10 @@ def test_verify_refuses_to_overwrite_an_earlier_verify(oversubscribed):
 def test_verify_reruns_the_run_and_its_flag_remedy_and_measures_the_gain(oversubscribed):
     diagnosis = json.loads(paratrain("doctor", oversubscribed, "--json").stdout)
     top = diagnosis["findings"][0]
-    assert top["check"] == "oversubscription" and top["rerun"] == {"threads_per_worker": FAIR,
-                                                                   "allow_oversubscribe": None}, top
+    assert top["check"] == "oversubscription" and top["rerun"] == {
+        "threads_per_worker": FAIR,
+        "allow_oversubscribe": None,
+    }, top
     done = paratrain("doctor", oversubscribed, "--verify", "--json")
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
@@ -64,22 +67,30 @@ def test_verify_reruns_the_run_and_its_flag_remedy_and_measures_the_gain(oversub
     original = json.loads((oversubscribed / "config.json").read_text())
     baseline = json.loads((out / "baseline-1" / "config.json").read_text())
     remedy = json.loads((out / "remedy-1" / "config.json").read_text())
+
     # the baseline is the run as it was (its own run directory and run id aside); the remedy changes exactly
     # what the finding said: the fair threads per rank, no oversubscription (so launch pins each rank to its cores)
     def recorded(config):
         resolved = {k: v for k, v in config.pop("resolved").items() if k != "run_id"}
         return {**{k: v for k, v in config.items() if k != "run_dir"}, "resolved": resolved}
+
     assert recorded(baseline) == recorded(dict(original))
-    pinned = [CORES[i * FAIR:(i + 1) * FAIR] for i in range(2)]
-    assert recorded(remedy) == {**recorded(dict(original)), "threads_per_worker": FAIR, "allow_oversubscribe": False,
-                                "resolved": {"device": "cpu", "threads_per_worker": FAIR, "cpu_sets": pinned}}
+    pinned = [CORES[i * FAIR : (i + 1) * FAIR] for i in range(2)]
+    assert recorded(remedy) == {
+        **recorded(dict(original)),
+        "threads_per_worker": FAIR,
+        "allow_oversubscribe": False,
+        "resolved": {"device": "cpu", "threads_per_worker": FAIR, "cpu_sets": pinned},
+    }
     # the measured gain is the remedy's samples/s over the baseline's, as the two runs' summaries say
-    rates = {arm: json.loads((out / f"{arm}-1" / "summary.json").read_text())["samples_per_s"]
-             for arm in ("baseline", "remedy")}
+    rates = {
+        arm: json.loads((out / f"{arm}-1" / "summary.json").read_text())["samples_per_s"]
+        for arm in ("baseline", "remedy")
+    }
     assert result["measured_speedup"] == pytest.approx(rates["remedy"] / rates["baseline"])
     assert result["predicted_speedup"] == pytest.approx(top["predicted_speedup"])
     assert json.loads((out / "verify.json").read_text()) == result
-    text = paratrain("doctor", oversubscribed, "--verify")      # the verify directory now exists: refused
+    text = paratrain("doctor", oversubscribed, "--verify")  # the verify directory now exists: refused
     refused(text, "already exists")
 
 
@@ -96,5 +107,5 @@ def test_verify_refuses_a_code_change_a_run_without_the_probe_and_a_study(tmp_pa
     (study / "scaling.json").write_text(json.dumps({"rows": []}))
     refused(paratrain("doctor", study, "--verify"), "scaling study or sweep")
     refused(paratrain("doctor", tmp_path / "nowhere", "--verify"), "not a paratrain run")
-    refused(paratrain("doctor", run, "--repeats", "3"), "--verify")        # rounds of nothing
+    refused(paratrain("doctor", run, "--repeats", "3"), "--verify")  # rounds of nothing
     refused(paratrain("doctor", run, "--verify", "--repeats", "0"), "at least 1")

@@ -1,8 +1,9 @@
 """TensorBoard and MLflow exports, read back with their own readers."""
+
 import pytest
+from conftest import synthetic
 
 import paratrain
-from conftest import synthetic
 from paratrain.runs import RunDir
 
 
@@ -24,7 +25,7 @@ def test_tensorboard_events_are_written_while_training(tmp_path):
 def test_mlflow_gets_params_metrics_and_the_report(tmp_path, monkeypatch):
     import mlflow
 
-    monkeypatch.chdir(tmp_path)            # MLflow puts artifacts of a SQLite store in ./mlruns
+    monkeypatch.chdir(tmp_path)  # MLflow puts artifacts of a SQLite store in ./mlruns
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cfg = synthetic(tmp_path, workers=1, mlflow=uri, mlflow_experiment="paratrain-test")
     summary = paratrain.train(cfg)

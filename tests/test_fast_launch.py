@@ -1,19 +1,20 @@
 """Ranks forked from the CLI's fork server: they start with torch already imported, and they see the
 launcher's environment as it is when they start, not as it was when the server started."""
+
 import os
 import sys
 
+from conftest import synthetic
 from torch import nn
 
 import paratrain
-from conftest import synthetic
 from paratrain import forkserver
 
 
 def recording_net(num_classes: int = 10) -> nn.Module:
     """Built in every rank: notes the rank, a variable set after the server started, and whether
     torch._dynamo (which only the server preloads) was already there."""
-    if "RANK" in os.environ:        # not the launcher's own check of the model
+    if "RANK" in os.environ:  # not the launcher's own check of the model
         with open(os.environ["PARATRAIN_TEST_RECORD"], "a") as f:
             f.write(f"{os.environ['RANK']} {os.environ['PARATRAIN_TEST_STAMP']} {'torch._dynamo' in sys.modules}\n")
     return nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, num_classes))
@@ -23,9 +24,20 @@ def test_forked_ranks_see_the_launchers_environment(tmp_path, monkeypatch):
     record = tmp_path / "record"
     with forkserver.serving(True):
         assert forkserver.start_method() == "forkserver"
-        monkeypatch.setenv("PARATRAIN_TEST_RECORD", str(record))     # after the server started
+        monkeypatch.setenv("PARATRAIN_TEST_RECORD", str(record))  # after the server started
         monkeypatch.setenv("PARATRAIN_TEST_STAMP", "now")
-        paratrain.train(synthetic(tmp_path, workers=2, epochs=1, synthetic_samples=128, synthetic_shape=(3, 8, 8),
-                                  model="test_fast_launch:recording_net"))
-    assert sorted(set(record.read_text().splitlines())) == ["0 now True", "1 now True"]   # rank 0 builds it again for the FLOP count
-    assert forkserver.start_method() == "spawn"      # outside the CLI command: spawned, as before
+        paratrain.train(
+            synthetic(
+                tmp_path,
+                workers=2,
+                epochs=1,
+                synthetic_samples=128,
+                synthetic_shape=(3, 8, 8),
+                model="test_fast_launch:recording_net",
+            )
+        )
+    assert sorted(set(record.read_text().splitlines())) == [
+        "0 now True",
+        "1 now True",
+    ]  # rank 0 builds it again for the FLOP count
+    assert forkserver.start_method() == "spawn"  # outside the CLI command: spawned, as before

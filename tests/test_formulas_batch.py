@@ -5,6 +5,7 @@ bias-corrected moving average by hand below), so the lowest point, the divergenc
 steepest descent are known without running the finder's own smoothing. find-batch runs for real on
 the synthetic workload with its probe replaced by a table: which batches fit and how fast each ran.
 """
+
 import inspect
 import math
 
@@ -23,14 +24,14 @@ def losses_for(smoothed: list[float]) -> list[float]:
     loss_i = (a_i - beta a_(i-1)) / (1 - beta)."""
     out, previous = [], 0.0
     for i, s in enumerate(smoothed, 1):
-        average = s * (1 - BETA ** i)
+        average = s * (1 - BETA**i)
         out.append((average - BETA * previous) / (1 - BETA))
         previous = average
     return out
 
 
 def lrs(n: int) -> list[float]:
-    return [1e-6 * 10 ** (i / 4) for i in range(n)]     # 4 points a decade
+    return [1e-6 * 10 ** (i / 4) for i in range(n)]  # 4 points a decade
 
 
 def test_smoothing_is_the_bias_corrected_ema_of_fastai():
@@ -95,8 +96,9 @@ def test_fewer_than_5_steps_before_divergence_is_an_error():
         suggest(lrs(6), losses_for([2, 1.5, 1.2, 1, 5, 5]))
 
 
-@pytest.mark.parametrize("optimizer,rule", [("sgd", "linear"), ("lars", "linear"), ("adam", "sqrt"), ("adamw", "sqrt"),
-                                            ("lamb", "sqrt")])
+@pytest.mark.parametrize(
+    "optimizer,rule", [("sgd", "linear"), ("lars", "linear"), ("adam", "sqrt"), ("adamw", "sqrt"), ("lamb", "sqrt")]
+)
 def test_the_suggestion_scales_by_the_optimizers_rule(optimizer, rule):
     assert scaling_rule(optimizer) == rule
 
@@ -109,9 +111,10 @@ def test_scaled_lr_linear_and_sqrt():
 
 # -- find-batch --------------------------------------------------------------------------------
 
+
 def test_knee_is_the_smallest_batch_within_5_percent_of_the_best():
     points = [(8, 80.0), (16, 152.0), (32, 160.0), (64, 158.0)]
-    assert fb.knee(points) == 16                         # 152 = 0.95 x 160 exactly: within
+    assert fb.knee(points) == 16  # 152 = 0.95 x 160 exactly: within
     assert fb.knee([(8, 80.0), (16, 151.9), (32, 160.0)]) == 32
     assert fb.knee(points, within=0.5) == 8
     assert fb.knee([(4, 10.0)]) == 4
@@ -126,7 +129,7 @@ def test_binsearch_doubles_then_bisects_and_respects_the_cap():
 
     assert fb.binsearch(fits, 1, 1000) == (41, 42)
     assert tried == [2, 4, 8, 16, 32, 64, 48, 40, 44, 42, 41]
-    assert fb.binsearch(lambda b: True, 1, 20) == (20, None)           # doubling stops at the cap: 16, then 20
+    assert fb.binsearch(lambda b: True, 1, 20) == (20, None)  # doubling stops at the cap: 16, then 20
     assert fb.binsearch(lambda b: b <= 20, 1, 20) == (20, None)
     assert fb.binsearch(lambda b: b < 2, 1, 100) == (1, 2)
 
@@ -134,6 +137,7 @@ def test_binsearch_doubles_then_bisects_and_respects_the_cap():
 def run_find_batch(tmp_path, monkeypatch, largest: int, **options) -> dict:
     """find_batch on synthetic-cnn, each probe answered from a table: batches up to `largest` fit,
     and run at 10 samples/s a sample up to 16 (the device saturates there)."""
+
     def probe(values, steps, run_dir, on_cpu):
         batch = values["batch_size"]
         if batch > largest:
@@ -152,7 +156,7 @@ def test_find_batch_takes_the_margin_off_the_largest_batch_that_fitted(tmp_path,
     assert result["limited_by"] == "memory"
     # the knee: every batch from 16 on runs at 160 samples/s
     assert result["knee_batch"] == 16 and result["best_samples_per_s"] == 160.0
-    assert run_find_batch(tmp_path / "b", monkeypatch, 41, margin=0.1)["safe_batch"] == 36     # 36.9 -> 36
+    assert run_find_batch(tmp_path / "b", monkeypatch, 41, margin=0.1)["safe_batch"] == 36  # 36.9 -> 36
 
 
 def test_find_batch_without_a_memory_limit_hit_takes_no_margin(tmp_path, monkeypatch):
@@ -172,8 +176,10 @@ def test_the_margin_never_goes_below_batch_1(tmp_path, monkeypatch):
 
 # -- what find-batch asks its probes and records (mutation-tested) -------------------------------
 
-def recording_probe(monkeypatch, largest: int, calls: list, fail: Exception = None):
+
+def recording_probe(monkeypatch, largest: int, calls: list, fail: Exception | None = None):
     """_probe answered from a table as in run_find_batch, recording each call's arguments."""
+
     def probe(values, steps, run_dir, on_cpu):
         calls.append((values, steps, run_dir, on_cpu))
         if fail is not None:
@@ -194,15 +200,21 @@ def test_find_batch_records_its_options_and_every_probe(tmp_path, monkeypatch):
 
     calls, events = [], []
     recording_probe(monkeypatch, 3, calls)
-    result = fb.find_batch({**TRAIN, "grad_accum": 2}, tmp_path, probe_steps=10, knee_within=0.2,
-                           on_probe=lambda kind, probe: events.append((kind, probe["batch"])))
+    result = fb.find_batch(
+        {**TRAIN, "grad_accum": 2},
+        tmp_path,
+        probe_steps=10,
+        knee_within=0.2,
+        on_probe=lambda kind, probe: events.append((kind, probe["batch"])),
+    )
     # 1, 2, 4 (out of memory), then 3: each with the limit, a report every third step (10 // 3), in a
     # run directory of its own under one scratch directory, which is gone afterwards
-    assert [c[0] for c in calls] == [{**TRAIN, "grad_accum": 2, "batch_size": b, "log_every": 3, "memory_limit": "4G"}
-                                     for b in (1, 2, 4, 3)]
+    assert [c[0] for c in calls] == [
+        {**TRAIN, "grad_accum": 2, "batch_size": b, "log_every": 3, "memory_limit": "4G"} for b in (1, 2, 4, 3)
+    ]
     assert [(c[1], c[2].name, c[3]) for c in calls] == [(10, f"batch-{b}", True) for b in (1, 2, 4, 3)]
     assert len({c[2].parent for c in calls}) == 1 and not calls[0][2].parent.exists()
-    assert calls[0][2].parent.name.startswith("paratrain-find-batch-")     # whose it is, if one is left behind
+    assert calls[0][2].parent.name.startswith("paratrain-find-batch-")  # whose it is, if one is left behind
     assert events == [(kind, b) for b in (1, 2, 4, 3) for kind in ("start", "done")]
     assert result["options"] == {"margin": 0.05, "max_batch": None, "probe_steps": 10, "knee_within": 0.2}
     assert (result["train"], result["device"], result["workers"]) == ({**TRAIN, "grad_accum": 2}, "cpu", 1)
@@ -245,11 +257,19 @@ def test_find_batch_without_a_memory_limit_splits_what_is_available(tmp_path, mo
     calls = []
     recording_probe(monkeypatch, 5, calls)
     monkeypatch.setattr(psutil, "virtual_memory", lambda: type("M", (), {"available": 3 * 2**30 + 5})())
-    train = {"workload": "synthetic-cnn", "synthetic_samples": 512, "device": "cpu", "workers": 2, "threads_per_worker": 1}
+    train = {
+        "workload": "synthetic-cnn",
+        "synthetic_samples": 512,
+        "device": "cpu",
+        "workers": 2,
+        "threads_per_worker": 1,
+    }
     result = fb.find_batch(train, tmp_path)
     # 3 GiB over 2 workers: 1536 MiB each, given to every probe
     assert (result["memory_limit"], result["memory_limit_source"]) == (
-        "1536M", "the memory available when the search started, split over 2 worker(s)")
+        "1536M",
+        "the memory available when the search started, split over 2 worker(s)",
+    )
     assert {c[0]["memory_limit"] for c in calls} == {"1536M"}
 
 
@@ -285,10 +305,12 @@ def test_find_batch_refusals(tmp_path, monkeypatch):
         fb.find_batch({**TRAIN, "batch_size": 8}, tmp_path / "b")
     with pytest.raises(UsageError, match=r"^--memory-limit 1K is below the model's own state"):
         fb.find_batch({**TRAIN, "memory_limit": "1K"}, tmp_path / "c")
-    assert calls == []                                  # all refused before any probe
-    with pytest.raises(UsageError, match=r"^the workload does not run at batch 1 \(out of memory\); raise --memory-limit"):
+    assert calls == []  # all refused before any probe
+    with pytest.raises(
+        UsageError, match=r"^the workload does not run at batch 1 \(out of memory\); raise --memory-limit"
+    ):
         fb.find_batch(TRAIN, tmp_path / "d")
-    assert not calls[0][2].parent.exists()              # nothing of the search is left
+    assert not calls[0][2].parent.exists()  # nothing of the search is left
 
 
 def test_a_probe_that_fails_for_another_reason_keeps_its_run_directory(tmp_path, monkeypatch):
@@ -299,5 +321,5 @@ def test_a_probe_that_fails_for_another_reason_keeps_its_run_directory(tmp_path,
     with pytest.raises(RunFailed, match="rank 0 exited"):
         fb.find_batch(TRAIN, tmp_path)
     scratch = calls[0][2].parent
-    assert scratch.is_dir()                             # the error names a log there
+    assert scratch.is_dir()  # the error names a log there
     shutil.rmtree(scratch)

@@ -3,6 +3,7 @@ doctor/script_checks.py on a probe block written by hand (`probed_run`: no run i
 shared helpers of doctor/finding.py. Each expected number is worked out in the comment above it from
 the check's stated model (its docstring, docs/doctor.md's table), never copied from the code's output.
 Fast: scripts/mutate.py runs it for every mutant of those two modules."""
+
 import json
 
 import pytest
@@ -12,107 +13,242 @@ def probed_run(tmp_path, ranks, config=None):
     """A run directory whose summary holds the probe block of `ranks` (seconds per step by phase);
     `config`: entries added to its config.json."""
     from paratrain.launch.probe import PHASES
-    full = [{"rank": i, "steps": 100, "steady_steps": 90, "threads": 1, "cpu_affinity": 1, "ddp": True,
-             "rounds_per_step": 1.0, "micro_per_step": 1.0, "data_cpu_s": 0.0, "checkpoint_steps": 0,
-             "gradient_bytes": 2**20, "ddp_overhead_s": 0.0,
-             **r, "phases_s": {p: r["phases_s"].get(p, 0.0) for p in PHASES},
-             "step_s": sum(r["phases_s"].values())} for i, r in enumerate(ranks)]
+
+    full = [
+        {
+            "rank": i,
+            "steps": 100,
+            "steady_steps": 90,
+            "threads": 1,
+            "cpu_affinity": 1,
+            "ddp": True,
+            "rounds_per_step": 1.0,
+            "micro_per_step": 1.0,
+            "data_cpu_s": 0.0,
+            "checkpoint_steps": 0,
+            "gradient_bytes": 2**20,
+            "ddp_overhead_s": 0.0,
+            **r,
+            "phases_s": {p: r["phases_s"].get(p, 0.0) for p in PHASES},
+            "step_s": sum(r["phases_s"].values()),
+        }
+        for i, r in enumerate(ranks)
+    ]
     tmp_path.mkdir()
-    (tmp_path / "config.json").write_text(json.dumps({"script": "train.py", "workers": len(ranks), "resolved": {},
-                                                      **(config or {})}))
-    (tmp_path / "summary.json").write_text(json.dumps({"status": "completed", "workers": len(ranks),
-                                                       "breakdown": {"data_s": 0.0},
-                                                       "probe": {"status": "on", "ranks": full, "phases_s": {
-                                                           p: sum(r["phases_s"][p] for r in full) / len(full)
-                                                           for p in PHASES}}}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({"script": "train.py", "workers": len(ranks), "resolved": {}, **(config or {})})
+    )
+    (tmp_path / "summary.json").write_text(
+        json.dumps(
+            {
+                "status": "completed",
+                "workers": len(ranks),
+                "breakdown": {"data_s": 0.0},
+                "probe": {
+                    "status": "on",
+                    "ranks": full,
+                    "phases_s": {p: sum(r["phases_s"][p] for r in full) / len(full) for p in PHASES},
+                },
+            }
+        )
+    )
     return tmp_path
 
 
 def test_predicted_gains_of_the_probed_checks_by_hand(tmp_path):
-    from paratrain.doctor.evidence import read_run
     from paratrain.doctor import script_checks as sc
+    from paratrain.doctor.evidence import read_run
 
     # data: 40 ms a step of which 10 ms CPU, no spare core: the 30 ms of waiting overlaps -> 30/100.
-    ev = read_run(probed_run(tmp_path / "a", [{"phases_s": {"data": 0.04, "forward": 0.03, "backward": 0.03},
-                                               "data_cpu_s": 0.01}] * 2))
+    ev = read_run(
+        probed_run(
+            tmp_path / "a", [{"phases_s": {"data": 0.04, "forward": 0.03, "backward": 0.03}, "data_cpu_s": 0.01}] * 2
+        )
+    )
     assert sc.data_wait(ev).saving == pytest.approx(0.03 / 0.10)
     # exposed all-reduce: the least-waiting rank's 30 ms of a 100 ms step; k=4 is the first with comm <= 10 %
     # (30 / (4 x 70 + 30) = 9.7 %; k=2: 17.6 %): per 4 micro-steps 4 x 70 + 30 = 310 ms against 400 ms.
-    ev = read_run(probed_run(tmp_path / "b", [{"phases_s": {"forward": 0.03, "backward": 0.04, "comm": 0.03}},
-                                              {"phases_s": {"forward": 0.03, "backward": 0.02, "comm": 0.05}}]))
+    ev = read_run(
+        probed_run(
+            tmp_path / "b",
+            [
+                {"phases_s": {"forward": 0.03, "backward": 0.04, "comm": 0.03}},
+                {"phases_s": {"forward": 0.03, "backward": 0.02, "comm": 0.05}},
+            ],
+        )
+    )
     assert sc.exposed_communication(ev).saving == pytest.approx(1 - 0.31 / 0.4)
     # four rounds per step, 40 ms exposed (least of the ranks): three of four go -> 30/100.
-    ev = read_run(probed_run(tmp_path / "c", [{"phases_s": {"forward": 0.03, "backward": 0.03, "comm": 0.04},
-                                               "rounds_per_step": 4.0, "micro_per_step": 4.0}] * 2))
+    ev = read_run(
+        probed_run(
+            tmp_path / "c",
+            [
+                {
+                    "phases_s": {"forward": 0.03, "backward": 0.03, "comm": 0.04},
+                    "rounds_per_step": 4.0,
+                    "micro_per_step": 4.0,
+                }
+            ]
+            * 2,
+        )
+    )
     assert sc.all_reduce_every_micro_step(ev).saving == pytest.approx(0.03 / 0.10)
     # rank 1 works 80 ms against rank 0's 50 ms (which waits 30 ms): the 30 ms go -> 30/80 (mean step 80 ms).
-    ev = read_run(probed_run(tmp_path / "d", [{"phases_s": {"forward": 0.05, "comm": 0.03}},
-                                              {"phases_s": {"forward": 0.08}}]))
+    ev = read_run(
+        probed_run(tmp_path / "d", [{"phases_s": {"forward": 0.05, "comm": 0.03}}, {"phases_s": {"forward": 0.08}}])
+    )
     assert sc.straggler(ev).saving == pytest.approx(0.03 / 0.08)
     # the waiting rank ran its forward slower (60 ms against the straggler's 40): with equal work each phase
     # takes the fastest rank's time, 40 ms, plus the all-reduce's own 5 ms (the straggler's comm), against the
     # mean step of 98 ms.
-    ev = read_run(probed_run(tmp_path / "d2", [{"phases_s": {"forward": 0.06, "comm": 0.04}},
-                                               {"phases_s": {"forward": 0.04, "other": 0.051, "comm": 0.005}}]))
+    ev = read_run(
+        probed_run(
+            tmp_path / "d2",
+            [
+                {"phases_s": {"forward": 0.06, "comm": 0.04}},
+                {"phases_s": {"forward": 0.04, "other": 0.051, "comm": 0.005}},
+            ],
+        )
+    )
     assert sc.straggler(ev).saving == pytest.approx(1 - 0.045 / 0.098)
     # ...but not when the other rank's own evaluation or checkpoint (here 12 ms of saving, against an excess of
     # 6 ms) explains why the waiting rank ran cold: the checkpoint check names that cause.
-    ev = read_run(probed_run(tmp_path / "d3", [{"phases_s": {"forward": 0.016, "checkpoint": 0.012, "comm": 0.006}},
-                                               {"phases_s": {"forward": 0.022, "comm": 0.012}}]))
+    ev = read_run(
+        probed_run(
+            tmp_path / "d3",
+            [
+                {"phases_s": {"forward": 0.016, "checkpoint": 0.012, "comm": 0.006}},
+                {"phases_s": {"forward": 0.022, "comm": 0.012}},
+            ],
+        )
+    )
     assert sc.straggler(ev) is None
     # rank 1 runs the same batch with forward (50 ms against 40) and backward (100 against 80) both 1.25x
     # slower: a slower core, not more work. The same model predicts the gain (40 + 80 + 5 ms of rank 1's
     # comm against the step of 155 ms); it is named slow_rank and ranked after the run's own findings.
-    ev = read_run(probed_run(tmp_path / "d4", [
-        {"phases_s": {"forward": 0.04, "backward": 0.08, "comm": 0.035}, "samples_per_step": 32.0},
-        {"phases_s": {"forward": 0.05, "backward": 0.10, "comm": 0.005}, "samples_per_step": 32.0}]))
+    ev = read_run(
+        probed_run(
+            tmp_path / "d4",
+            [
+                {"phases_s": {"forward": 0.04, "backward": 0.08, "comm": 0.035}, "samples_per_step": 32.0},
+                {"phases_s": {"forward": 0.05, "backward": 0.10, "comm": 0.005}, "samples_per_step": 32.0},
+            ],
+        )
+    )
     slow = sc.straggler(ev)
     assert slow.check == "slow_rank" and "1.25x slower" in slow.finding
     assert slow.saving == pytest.approx(1 - 0.125 / 0.155)
     from paratrain.doctor import rank
     from paratrain.doctor.finding import Finding
+
     smaller = Finding("host_syncs", "", "", "", "", "", 0.05)
     assert [f.check for f in rank([slow, smaller])] == ["host_syncs", "slow_rank"]
     # ...but extra work in backward alone (forward as fast as the others'), or a bigger batch, is a straggler.
-    for name, extra in (("d5", {"phases_s": {"forward": 0.04, "backward": 0.11, "comm": 0.005},
-                                "samples_per_step": 32.0}),
-                        ("d6", {"phases_s": {"forward": 0.05, "backward": 0.10, "comm": 0.005},
-                                "samples_per_step": 40.0})):
-        ev = read_run(probed_run(tmp_path / name, [
-            {"phases_s": {"forward": 0.04, "backward": 0.08, "comm": 0.035}, "samples_per_step": 32.0}, extra]))
+    for name, extra in (
+        ("d5", {"phases_s": {"forward": 0.04, "backward": 0.11, "comm": 0.005}, "samples_per_step": 32.0}),
+        ("d6", {"phases_s": {"forward": 0.05, "backward": 0.10, "comm": 0.005}, "samples_per_step": 40.0}),
+    ):
+        ev = read_run(
+            probed_run(
+                tmp_path / name,
+                [{"phases_s": {"forward": 0.04, "backward": 0.08, "comm": 0.035}, "samples_per_step": 32.0}, extra],
+            )
+        )
         assert sc.straggler(ev).check == "straggler", name
     # rank 0 evaluates 40 ms a step alone on 2 ranks: sharded, half of it goes -> 20/100.
-    ev = read_run(probed_run(tmp_path / "e", [{"phases_s": {"forward": 0.06, "eval": 0.04}},
-                                              {"phases_s": {"forward": 0.06, "comm": 0.04}}]))
+    ev = read_run(
+        probed_run(
+            tmp_path / "e",
+            [{"phases_s": {"forward": 0.06, "eval": 0.04}}, {"phases_s": {"forward": 0.06, "comm": 0.04}}],
+        )
+    )
     found = sc.evaluation(ev)
     assert found.check == "rank0_alone" and found.saving == pytest.approx(0.02 / 0.10)
     # ...and when the steps holding that evaluation took 50 ms a step longer than plain ones, half of that goes.
-    ev = read_run(probed_run(tmp_path / "e2", [{"phases_s": {"forward": 0.06, "eval": 0.04}, "eval_excess_s": 0.05},
-                                               {"phases_s": {"forward": 0.06, "comm": 0.04}}]))
+    ev = read_run(
+        probed_run(
+            tmp_path / "e2",
+            [
+                {"phases_s": {"forward": 0.06, "eval": 0.04}, "eval_excess_s": 0.05},
+                {"phases_s": {"forward": 0.06, "comm": 0.04}},
+            ],
+        )
+    )
     assert sc.evaluation(ev).saving == pytest.approx(0.025 / 0.10)
     # checkpoints every 2 steps, 20 ms a step, on rank 0: every 100 steps keeps 2/100 of it -> 19.6/100.
-    ev = read_run(probed_run(tmp_path / "f", [{"phases_s": {"forward": 0.08, "checkpoint": 0.02},
-                                               "checkpoint_steps": 45}, {"phases_s": {"forward": 0.08, "comm": 0.02}}]))
+    ev = read_run(
+        probed_run(
+            tmp_path / "f",
+            [
+                {"phases_s": {"forward": 0.08, "checkpoint": 0.02}, "checkpoint_steps": 45},
+                {"phases_s": {"forward": 0.08, "comm": 0.02}},
+            ],
+        )
+    )
     assert sc.checkpoints(ev).saving == pytest.approx(0.02 * (1 - 2 / 100) / 0.10)
     # threads: the layers ran 2x slower on 4 threads than on 1, a matrix product 1.5x: forward and backward's
     # 60 ms lose half, the optimizer's 20 ms a third -> (30 + 20/3)/100.
-    ev = read_run(probed_run(tmp_path / "t", [{"phases_s": {"forward": 0.03, "backward": 0.03, "optimizer": 0.02,
-                                                            "other": 0.02}, "threads": 4, "fair_threads": 1,
-                                               "thread_penalty": 1.5, "layer_thread_penalty": 2.0}] * 2))
+    ev = read_run(
+        probed_run(
+            tmp_path / "t",
+            [
+                {
+                    "phases_s": {"forward": 0.03, "backward": 0.03, "optimizer": 0.02, "other": 0.02},
+                    "threads": 4,
+                    "fair_threads": 1,
+                    "thread_penalty": 1.5,
+                    "layer_thread_penalty": 2.0,
+                }
+            ]
+            * 2,
+        )
+    )
     assert sc.threads(ev).saving == pytest.approx((0.03 + 0.02 / 3) / 0.1)
     # small batch: 2 samples, the layers grow 1 ms a sample (timed at 2 and 32), so 2 of the 20 ms of forward and
     # backward grow (90 % fixed). With the 30 ms of data, 32 ms grow and 68 ms do not: k=8 is the first with
     # 68 / (100 + 7 x 32) <= 25 % (k=4: 35 %): 324 ms per 8 x 2 samples against 800 ms.
     small = {"samples_per_step": 2.0, "batch_slope_s": 0.001, "batch_slope_between": [2, 32]}
-    ev = read_run(probed_run(tmp_path / "g", [{"phases_s": {"data": 0.03, "forward": 0.01, "backward": 0.01,
-                                                            "comm": 0.03, "optimizer": 0.01, "other": 0.01},
-                                               **small}] * 2))
+    ev = read_run(
+        probed_run(
+            tmp_path / "g",
+            [
+                {
+                    "phases_s": {
+                        "data": 0.03,
+                        "forward": 0.01,
+                        "backward": 0.01,
+                        "comm": 0.03,
+                        "optimizer": 0.01,
+                        "other": 0.01,
+                    },
+                    **small,
+                }
+            ]
+            * 2,
+        )
+    )
     found = sc.small_batch(ev)
     assert found.saving == pytest.approx(1 - 0.324 / 0.8) and "batch_size=16 per rank (8x)" in found.remedy
     # ...no further than the timed range: without the data, 96 ms stay fixed and k stops at 32 / 2 = 16.
-    ev = read_run(probed_run(tmp_path / "h", [{"phases_s": {"data": 0.002, "forward": 0.01, "backward": 0.01,
-                                                            "comm": 0.05, "optimizer": 0.02, "other": 0.008},
-                                               **small}] * 2))
+    ev = read_run(
+        probed_run(
+            tmp_path / "h",
+            [
+                {
+                    "phases_s": {
+                        "data": 0.002,
+                        "forward": 0.01,
+                        "backward": 0.01,
+                        "comm": 0.05,
+                        "optimizer": 0.02,
+                        "other": 0.008,
+                    },
+                    **small,
+                }
+            ]
+            * 2,
+        )
+    )
     assert sc.small_batch(ev).saving == pytest.approx(1 - (0.1 + 15 * 0.004) / 1.6)
     # host syncs on a GPU rank: 10 reads a step, 30 ms of the 100 ms step waiting in them, the device's phases
     # 50 ms (CUDA events): the host's own 70 ms set the step without the reads -> 30/100. Without device
@@ -122,30 +258,47 @@ def test_predicted_gains_of_the_probed_checks_by_hand(tmp_path):
     assert sc.host_syncs(ev).saving == pytest.approx(0.3)
     found = sc.host_syncs(read_run(probed_run(tmp_path / "s2", [sync] * 2)))
     assert found.saving is None and found.severity == "advice"
-    assert sc.host_syncs(read_run(probed_run(tmp_path / "s3", [{**sync, "device_phases_s": {"forward": 0.1}}] * 2))) is None
+    assert (
+        sc.host_syncs(read_run(probed_run(tmp_path / "s3", [{**sync, "device_phases_s": {"forward": 0.1}}] * 2)))
+        is None
+    )
     # find_unused_parameters: DDP's forward took 3 ms beyond the model's of a 100 ms step. DDP saw no unused
     # parameter: a free remedy, named from 1 % -> 3/100; not knowing, only from 5 %; with unused ones, never.
     flag = {"phases_s": {"forward": 0.06, "backward": 0.04}, "find_unused_parameters": True, "ddp_overhead_s": 0.003}
     ev = read_run(probed_run(tmp_path / "u", [{**flag, "unused_parameter_bytes": 0}] * 2))
     assert sc.find_unused_parameters(ev).saving == pytest.approx(0.03)
     assert sc.find_unused_parameters(read_run(probed_run(tmp_path / "u2", [flag] * 2))) is None
-    assert sc.find_unused_parameters(read_run(probed_run(tmp_path / "u3", [{**flag, "ddp_overhead_s": 0.006}] * 2))
-                                     ).saving == pytest.approx(0.06)
-    assert sc.find_unused_parameters(read_run(probed_run(tmp_path / "u4", [
-        {**flag, "ddp_overhead_s": 0.02, "unused_parameter_bytes": 80}] * 2))) is None
+    assert sc.find_unused_parameters(
+        read_run(probed_run(tmp_path / "u3", [{**flag, "ddp_overhead_s": 0.006}] * 2))
+    ).saving == pytest.approx(0.06)
+    assert (
+        sc.find_unused_parameters(
+            read_run(probed_run(tmp_path / "u4", [{**flag, "ddp_overhead_s": 0.02, "unused_parameter_bytes": 80}] * 2))
+        )
+        is None
+    )
     # a step that mostly grows with the batch is no small-batch problem: 2 x 30 ms of its 100 ms grow (40 % fixed).
-    ev = read_run(probed_run(tmp_path / "i", [{"phases_s": {"forward": 0.04, "backward": 0.04, "comm": 0.02},
-                                               **small, "batch_slope_s": 0.03}] * 2))
+    ev = read_run(
+        probed_run(
+            tmp_path / "i",
+            [{"phases_s": {"forward": 0.04, "backward": 0.04, "comm": 0.02}, **small, "batch_slope_s": 0.03}] * 2,
+        )
+    )
     assert sc.small_batch(ev) is None
     # ...while a step whose forward and backward grow but whose all-reduce does not is one: 88 ms of 100 fixed,
     # k = 16 (the timed range): 100 + 15 x 12 = 280 ms for 16 x 2 samples against 1,600 ms.
-    ev = read_run(probed_run(tmp_path / "j", [{"phases_s": {"forward": 0.01, "backward": 0.01, "comm": 0.08},
-                                               **small, "batch_slope_s": 0.006}] * 2))
+    ev = read_run(
+        probed_run(
+            tmp_path / "j",
+            [{"phases_s": {"forward": 0.01, "backward": 0.01, "comm": 0.08}, **small, "batch_slope_s": 0.006}] * 2,
+        )
+    )
     assert sc.small_batch(ev).saving == pytest.approx(1 - 0.28 / 1.6)
 
 
 def test_accumulation_runs_the_optimizer_once_per_optimizer_step():
     from paratrain.doctor.finding import accumulation
+
     # 70 ms per micro-step, 10 ms optimizer, 20 ms all-reduce: g=2 leaves 20/170 = 11.8 %, g=4 20/310 = 6.5 %.
     g, new, saving = accumulation(0.07, 0.01, 0.02)
     assert (g, new, saving) == (4, pytest.approx(0.31), pytest.approx(1 - 0.31 / 0.40))
@@ -153,10 +306,12 @@ def test_accumulation_runs_the_optimizer_once_per_optimizer_step():
 
 # -- further hand cases (issue #25's mutation run: each pins a line a mutant changed unseen) -------------------------
 
+
 def probed(tmp_path, name, ranks, drop=(), status=None, config=None, reason=None):
     """read_run of probed_run(tmp_path / name, ranks, config): `drop` removes per-rank keys (a probe that did
     not record them), `status` replaces the probe's "on", with `reason`."""
     from paratrain.doctor.evidence import read_run
+
     run = probed_run(tmp_path / name, ranks, config)
     summary = json.loads((run / "summary.json").read_text())
     for r in summary["probe"]["ranks"]:
@@ -175,14 +330,23 @@ def test_severity_and_speedup_of_a_finding_follow_its_saving():
 
     def finding(saving, severity=""):
         return Finding("c", "", "", "", "", "", saving, severity)
+
     # high from 30 % saved, medium from 10 %, low below; advice without a saving; a given severity is kept
-    assert [finding(s).severity for s in (0.5, 0.3, 0.29, 0.1, 0.09, 0.0)] == \
-        ["high", "high", "medium", "medium", "low", "low"]
+    assert [finding(s).severity for s in (0.5, 0.3, 0.29, 0.1, 0.09, 0.0)] == [
+        "high",
+        "high",
+        "medium",
+        "medium",
+        "low",
+        "low",
+    ]
     assert finding(None).severity == "advice" and finding(0.5, "advice").severity == "advice"
     # saving s is 1 / (1 - s) times the speed: half the time saved is 2x, three quarters 4x; the time left is
     # floored at 0.5 %, so a saving of all or nearly all of it reads 1 / 0.005 = 200x
     assert finding(0.5).predicted_speedup == 2.0 and finding(0.75).predicted_speedup == 4.0
-    assert finding(1.0).predicted_speedup == pytest.approx(200) and finding(0.999).predicted_speedup == pytest.approx(200)
+    assert finding(1.0).predicted_speedup == pytest.approx(200) and finding(0.999).predicted_speedup == pytest.approx(
+        200
+    )
     assert finding(0.0).predicted_speedup == 1.0 and finding(None).predicted_speedup is None
     d = finding(0.5).as_dict()
     assert d["predicted_speedup"] == 2.0 and d["saving"] == 0.5 and d["check"] == "c" and d["severity"] == "high"
@@ -190,6 +354,7 @@ def test_severity_and_speedup_of_a_finding_follow_its_saving():
 
 def test_the_texts_numbers_ms_pct_and_speedup():
     from paratrain.doctor.finding import ms, pct, speedup
+
     # below 100 ms one decimal; from 100 ms whole milliseconds with thousands separators
     assert [ms(0.09), ms(0.0999), ms(0.1), ms(1.5)] == ["90.0 ms", "99.9 ms", "100 ms", "1,500 ms"]
     # whole percent from 1 %, one decimal below
@@ -200,6 +365,7 @@ def test_the_texts_numbers_ms_pct_and_speedup():
 
 def test_accumulation_stops_at_the_first_factor_that_brings_the_all_reduce_to_10_percent():
     from paratrain.doctor.finding import accumulation
+
     # 450 ms a micro-step, no optimizer, 100 ms all-reduce: g=2 takes 2 x 450 + 100 = 1,000 ms, of which the
     # all-reduce is exactly 10 %: g=2, against 2 x 550 ms now -> 1 - 1000/1100.
     g, new, saving = accumulation(0.45, 0.0, 0.1)
@@ -212,6 +378,7 @@ def test_accumulation_stops_at_the_first_factor_that_brings_the_all_reduce_to_10
 
 def test_the_step_breakdown_in_the_evidence_and_the_code_change_remedy(tmp_path):
     from paratrain.doctor import script_checks as sc
+
     # a 2 s step: phases from 0.05 % of it (1 ms) are shown, in the probe's order; eval (0 ms) is not
     ev = probed(tmp_path, "a", [{"phases_s": {"forward": 1.0, "backward": 0.999, "other": 0.001}}] * 2)
     assert sc._steps_text(ev) == "step 2,000 ms (mean of 2 ranks): forward 1,000 ms, backward 999 ms, other 1.0 ms"
@@ -222,15 +389,27 @@ def test_the_step_breakdown_in_the_evidence_and_the_code_change_remedy(tmp_path)
 
 def test_no_probed_check_speaks_without_a_working_probe(tmp_path):
     from paratrain.doctor import script_checks as sc
+
     # a probe that fell back has no per-rank figures: every check is silent (none divides by a zero step)
-    ev = probed(tmp_path, "a", [{"phases_s": {"data": 0.05, "eval": 0.05, "checkpoint": 0.05, "collective": 0.05,
-                                              "comm": 0.05}, "thread_penalty": 2.0, "steps": 10}] * 2,
-                status="fell back")
+    ev = probed(
+        tmp_path,
+        "a",
+        [
+            {
+                "phases_s": {"data": 0.05, "eval": 0.05, "checkpoint": 0.05, "collective": 0.05, "comm": 0.05},
+                "thread_penalty": 2.0,
+                "steps": 10,
+            }
+        ]
+        * 2,
+        status="fell back",
+    )
     assert [check(ev) for check in sc.SCRIPT_CHECKS] == [None] * len(sc.SCRIPT_CHECKS)
 
 
 def test_probe_status_says_what_the_diagnosis_rests_on(tmp_path):
     from paratrain.doctor import script_checks as sc
+
     ranks = [{"phases_s": {"forward": 0.1}}]
     fell = sc.probe_status(probed(tmp_path, "a", ranks, status="fell back", reason="ValueError: boom"))
     assert (fell.check, fell.saving, fell.severity) == ("probe_off", None, "advice")
@@ -238,7 +417,7 @@ def test_probe_status_says_what_the_diagnosis_rests_on(tmp_path):
     assert fell.cause.startswith("the findings rest on the monitor's samples")
     assert fell.remedy.startswith("report the fallback's error")
     off = sc.probe_status(probed(tmp_path, "b", ranks, status="off"))
-    assert off.evidence == ""       # no reason recorded: none shown
+    assert off.evidence == ""  # no reason recorded: none shown
     assert off.remedy.startswith("paratrain launch -n 1 ") and off.remedy.endswith("train.py (without --no-probe)")
     assert sc.probe_status(probed(tmp_path, "c", ranks)) is None
     # a built-in run (no script) is no business of this check
@@ -249,23 +428,36 @@ def test_probe_status_says_what_the_diagnosis_rests_on(tmp_path):
 
 def test_threads_without_layer_timings_and_the_launch_flag_as_remedy(tmp_path):
     from paratrain.doctor import script_checks as sc
+
     phases = {"forward": 0.03, "backward": 0.03, "optimizer": 0.02, "other": 0.02}
     # no layer could be timed: the matrix product's 2x slow-down stands for all: forward, backward and the
     # optimizer (80 ms) run twice as fast, 40 ms go of 100 (one rank).
-    found = sc.threads(probed(tmp_path, "a", [{"phases_s": phases, "threads": 4, "fair_threads": 1,
-                                               "thread_penalty": 2.0}]))
+    found = sc.threads(
+        probed(tmp_path, "a", [{"phases_s": phases, "threads": 4, "fair_threads": 1, "thread_penalty": 2.0}])
+    )
     assert found.saving == pytest.approx(0.4)
     # the script set its threads (launch gave none): a code change, nothing for --verify to rerun
     assert found.remedy.startswith("code change in train.py") and found.rerun is None
     # launch gave the 4 threads: its own flag is the remedy, 1 thread a rank
-    found = sc.threads(probed(tmp_path, "b", [{"phases_s": phases, "threads": 4, "fair_threads": 1,
-                                               "thread_penalty": 2.0}] * 2,
-                              config={"resolved": {"threads_per_worker": 4}}))
+    found = sc.threads(
+        probed(
+            tmp_path,
+            "b",
+            [{"phases_s": phases, "threads": 4, "fair_threads": 1, "thread_penalty": 2.0}] * 2,
+            config={"resolved": {"threads_per_worker": 4}},
+        )
+    )
     assert found.rerun == {"threads_per_worker": 1, "allow_oversubscribe": None}
     assert found.remedy.startswith("paratrain launch -n 2 --threads-per-worker 1 --run-dir ")
     # layers faster on more threads (0.8x) and the product no slower (1.0x): nothing to gain, not a negative gain
-    found = sc.threads(probed(tmp_path, "c", [{"phases_s": phases, "threads": 4, "fair_threads": 1,
-                                               "thread_penalty": 1.0, "layer_thread_penalty": 0.8}] * 2))
+    found = sc.threads(
+        probed(
+            tmp_path,
+            "c",
+            [{"phases_s": phases, "threads": 4, "fair_threads": 1, "thread_penalty": 1.0, "layer_thread_penalty": 0.8}]
+            * 2,
+        )
+    )
     assert found.saving == 0.0
     # no rank measured a penalty: nothing said
     assert sc.threads(probed(tmp_path, "d", [{"phases_s": phases, "threads": 4}] * 2)) is None
@@ -273,11 +465,13 @@ def test_threads_without_layer_timings_and_the_launch_flag_as_remedy(tmp_path):
 
 def test_data_wait_with_spare_cores_its_line_and_its_workers(tmp_path):
     from paratrain.doctor import script_checks as sc
+
     phases = {"data": 0.04, "forward": 0.03, "backward": 0.03}
     # 2 cores a rank for 1 thread: the loader workers hide the whole 40 ms of data, CPU part included -> 40/100;
     # 2 workers now, the remedy doubles them
-    found = sc.data_wait(probed(tmp_path, "a", [{"phases_s": phases, "data_cpu_s": 0.01, "cpu_affinity": 2,
-                                                 "loader_workers": 2}] * 2))
+    found = sc.data_wait(
+        probed(tmp_path, "a", [{"phases_s": phases, "data_cpu_s": 0.01, "cpu_affinity": 2, "loader_workers": 2}] * 2)
+    )
     assert found.saving == pytest.approx(0.4)
     assert "num_workers=4," in found.remedy and "cores are all in use" not in found.remedy
     # no spare core: the 10 ms of CPU stay, and the remedy says how to hide them too; no workers now -> 2
@@ -298,6 +492,7 @@ def test_data_wait_with_spare_cores_its_line_and_its_workers(tmp_path):
 
 def test_exposed_communication_with_an_optimizer_and_its_lines(tmp_path):
     from paratrain.doctor import script_checks as sc
+
     # 100 ms: 60 ms forward and backward, 10 ms optimizer, 30 ms all-reduce. A micro-step is the 60 ms; k micro-
     # steps take k x 60 + 10 + 30: k=2 160 ms (all-reduce 18.8 %), k=4 280 ms (10.7 %), k=8 520 ms (5.8 %) -> k=8,
     # 520 ms against 8 x 100.
@@ -320,6 +515,7 @@ def test_exposed_communication_with_an_optimizer_and_its_lines(tmp_path):
 
 def test_small_batch_micro_steps_eval_the_cap_on_compute_and_its_lines(tmp_path):
     from paratrain.doctor import script_checks as sc
+
     small = {"samples_per_step": 2.0, "batch_slope_s": 0.001, "batch_slope_between": [2, 32]}
     phases = {"data": 0.03, "forward": 0.01, "backward": 0.01, "comm": 0.03, "optimizer": 0.01, "other": 0.01}
     # 4 samples an optimizer step in 2 micro-steps of 2: the layers grow 1 ms a sample x 4 = 4 ms, with the 30 ms
@@ -334,8 +530,11 @@ def test_small_batch_micro_steps_eval_the_cap_on_compute_and_its_lines(tmp_path)
     # the slope says 2 x 10 ms = 20 ms grow, but forward and backward take 10 ms in all: 10 ms grow, 90 ms of
     # 100 do not. k=2: 90/110, 4: 90/130, 8: 90/170 (53 %), then the timed range stops k at 16:
     # 100 + 15 x 10 = 250 ms against 1,600
-    capped = {"phases_s": {"forward": 0.005, "backward": 0.005, "comm": 0.08, "optimizer": 0.01}, **small,
-              "batch_slope_s": 0.01}
+    capped = {
+        "phases_s": {"forward": 0.005, "backward": 0.005, "comm": 0.08, "optimizer": 0.01},
+        **small,
+        "batch_slope_s": 0.01,
+    }
     assert sc.small_batch(probed(tmp_path, "c", [capped] * 2)).saving == pytest.approx(1 - 0.25 / 1.6)
     # evaluation per step grows with the batch too (k x fewer steps an epoch): 2 ms of layers + 20 ms of eval
     # grow, 78 ms do not. k=2: 78/122, 4: 78/166, 8: 78/254 (31 %), 16: stop -> 100 + 15 x 22 = 430 against 1,600
@@ -344,8 +543,11 @@ def test_small_batch_micro_steps_eval_the_cap_on_compute_and_its_lines(tmp_path)
     # the lines, on a 1.75 s step: 250 ms of layers (125 ms a sample x 2) and 500 ms of data grow, 1 s does not
     # (57 %). k=2: 1 / (1.75 + 0.75) = 40 %; k=4: 1 / (1.75 + 3 x 0.75) = 1/4, exactly the 25 % target: k=4,
     # 4 s against 4 x 1.75 -> 3/7
-    line = {"phases_s": {"data": 0.5, "forward": 0.125, "backward": 0.125, "comm": 1.0}, **small,
-            "batch_slope_s": 0.125}
+    line = {
+        "phases_s": {"data": 0.5, "forward": 0.125, "backward": 0.125, "comm": 1.0},
+        **small,
+        "batch_slope_s": 0.125,
+    }
     found = sc.small_batch(probed(tmp_path, "e", [line] * 2))
     assert found.saving == pytest.approx(3 / 7) and "(4x)" in found.remedy
     # exactly half of a 1 s step fixed (the layers' 500 ms all grow, the 500 ms all-reduce does not) is named:
@@ -356,19 +558,34 @@ def test_small_batch_micro_steps_eval_the_cap_on_compute_and_its_lines(tmp_path)
     idle = {"phases_s": {"comm": 0.08, "optimizer": 0.02}, **small}
     assert sc.small_batch(probed(tmp_path, "g", [idle] * 2)) is None
     # the samples per step not recorded: nothing said
-    assert sc.small_batch(probed(tmp_path, "h", [{"phases_s": phases, **small}] * 2,
-                                 drop=("samples_per_step",))) is None
+    assert (
+        sc.small_batch(probed(tmp_path, "h", [{"phases_s": phases, **small}] * 2, drop=("samples_per_step",))) is None
+    )
 
 
 def test_small_batch_goes_no_further_than_the_timed_batches(tmp_path):
     from paratrain.doctor import script_checks as sc
+
     # 96 ms of a 100 ms step fixed at any k up to 32 (the target is never met), so k is the timed range:
     phases = {"data": 0.002, "forward": 0.01, "backward": 0.01, "comm": 0.05, "optimizer": 0.02, "other": 0.008}
 
     def saving(name, samples, between):
-        return sc.small_batch(probed(tmp_path, name, [{"phases_s": phases, "samples_per_step": samples,
-                                                       "batch_slope_s": 0.001, "batch_slope_between": between}] * 2)
-                              ).saving
+        return sc.small_batch(
+            probed(
+                tmp_path,
+                name,
+                [
+                    {
+                        "phases_s": phases,
+                        "samples_per_step": samples,
+                        "batch_slope_s": 0.001,
+                        "batch_slope_between": between,
+                    }
+                ]
+                * 2,
+            )
+        ).saving
+
     # timed at 3 and 25 samples: 25 // 3 = 8x. 3 ms of layers + 2 ms of data grow: 100 + 7 x 5 = 135 ms for 8 steps
     assert saving("a", 3.0, [3, 25]) == pytest.approx(1 - 0.135 / 0.8)
     # timed at 2 and 3: less than 2x, still one doubling: 100 + 4 = 104 ms against 200
@@ -381,6 +598,7 @@ def test_small_batch_goes_no_further_than_the_timed_batches(tmp_path):
 
 def test_no_sync_missing_at_its_line_and_on_one_rank(tmp_path):
     from paratrain.doctor import script_checks as sc
+
     # 2 rounds a step, 40 ms exposed of 100: one of the two goes -> 20/100
     two = {"phases_s": {"forward": 0.03, "backward": 0.03, "comm": 0.04}, "rounds_per_step": 2.0}
     assert sc.all_reduce_every_micro_step(probed(tmp_path, "a", [two] * 2)).saving == pytest.approx(0.2)
@@ -391,6 +609,7 @@ def test_no_sync_missing_at_its_line_and_on_one_rank(tmp_path):
 
 def test_the_scripts_own_collectives_and_their_line(tmp_path):
     from paratrain.doctor import script_checks as sc
+
     # 20 ms of a 100 ms step in the script's own collectives; every 50 steps keeps 1/50 -> 20 x 49/50 / 100
     ev = probed(tmp_path, "a", [{"phases_s": {"forward": 0.08, "collective": 0.02}}] * 2)
     found = sc.script_collectives(ev)
@@ -398,15 +617,20 @@ def test_the_scripts_own_collectives_and_their_line(tmp_path):
     # exactly 10 % of a 1 s step is named (100 x 49/50 ms); 5 % is not
     ev = probed(tmp_path, "b", [{"phases_s": {"forward": 0.9, "collective": 0.1}}] * 2)
     assert sc.script_collectives(ev).saving == pytest.approx(0.098)
-    assert sc.script_collectives(probed(tmp_path, "c", [{"phases_s": {"forward": 0.95, "collective": 0.05}}] * 2)) \
-        is None
+    assert (
+        sc.script_collectives(probed(tmp_path, "c", [{"phases_s": {"forward": 0.95, "collective": 0.05}}] * 2)) is None
+    )
 
 
 def test_host_syncs_at_one_read_a_step_and_without_the_wait_timed(tmp_path):
     from paratrain.doctor import script_checks as sc
+
     device = {"forward": 0.02, "backward": 0.03}
-    sync = {"phases_s": {"forward": 0.05, "backward": 0.03, "other": 0.02}, "sync_wait_s": 0.03,
-            "device_phases_s": device}
+    sync = {
+        "phases_s": {"forward": 0.05, "backward": 0.03, "other": 0.02},
+        "sync_wait_s": 0.03,
+        "device_phases_s": device,
+    }
     # one read a step is named: the host's own 70 ms against the device's 50 set the step -> 30/100
     found = sc.host_syncs(probed(tmp_path, "a", [{**sync, "syncs_per_step": 1.0}] * 2))
     assert found.check == "host_syncs" and found.saving == pytest.approx(0.3)
@@ -422,6 +646,7 @@ def test_host_syncs_at_one_read_a_step_and_without_the_wait_timed(tmp_path):
 
 def test_evaluation_on_every_rank_one_rank_alone_and_the_lines(tmp_path):
     from paratrain.doctor import script_checks as sc
+
     # every rank evaluates 30 ms of a 100 ms step: evaluating 1/8 of the set keeps 1/8 -> 30 x 7/8 / 100
     both = {"phases_s": {"forward": 0.07, "eval": 0.03}}
     found = sc.evaluation(probed(tmp_path, "a", [both] * 2))
@@ -434,15 +659,21 @@ def test_evaluation_on_every_rank_one_rank_alone_and_the_lines(tmp_path):
     found = sc.evaluation(probed(tmp_path, "c", [both]))
     assert found.check == "evaluation_share" and found.saving == pytest.approx(0.03 * 7 / 8 / 0.1)
     # rank 1 of 3 evaluates 40 ms alone: sharded over 3, two thirds go -> 40 x 2/3 / 100
-    alone = [{"phases_s": {"forward": 0.06, "comm": 0.04}}, {"phases_s": {"forward": 0.06, "eval": 0.04}},
-             {"phases_s": {"forward": 0.06, "comm": 0.04}}]
+    alone = [
+        {"phases_s": {"forward": 0.06, "comm": 0.04}},
+        {"phases_s": {"forward": 0.06, "eval": 0.04}},
+        {"phases_s": {"forward": 0.06, "comm": 0.04}},
+    ]
     found = sc.evaluation(probed(tmp_path, "d", alone))
     assert found.check == "rank0_alone" and found.saving == pytest.approx(0.04 * 2 / 3 / 0.1)
     assert found.finding.startswith("rank 1 evaluates alone")
     # the other rank evaluates exactly a tenth of the largest (1 s against 100 ms): not alone, both evaluate;
     # the mean of 1 s and 100 ms, 550 ms, of the 2 s step, 7/8 of it goes
-    ev = probed(tmp_path, "e", [{"phases_s": {"forward": 1.0, "eval": 1.0}},
-                                {"phases_s": {"eval": 0.1, "forward": 1.0, "comm": 0.9}}])
+    ev = probed(
+        tmp_path,
+        "e",
+        [{"phases_s": {"forward": 1.0, "eval": 1.0}}, {"phases_s": {"eval": 0.1, "forward": 1.0, "comm": 0.9}}],
+    )
     found = sc.evaluation(ev)
     assert found.check == "evaluation_share" and found.saving == pytest.approx(0.55 / 2 * 7 / 8)
     # exactly 20 % of a 1 s step is named (200 x 7/8 ms); 10 % is not
@@ -459,6 +690,7 @@ def test_checkpoints_every_ten_times_rarer_or_every_100_steps_and_the_line(tmp_p
         other = other or {"phases_s": {"forward": 0.08, "comm": 0.02}, "steady_steps": 90, "checkpoint_steps": 0}
         found = sc.checkpoints(probed(tmp_path, name, [other, {"phases_s": phases, **saver}]))
         return found and found.saving
+
     # rank 1 saves on 4 of its 80 steps, every 20: ten times rarer (every 200, past 100) keeps 1/10 of its
     # 20 ms -> 18/100
     assert saving("a", {"steady_steps": 80, "checkpoint_steps": 4}) == pytest.approx(0.018 / 0.1)
@@ -466,10 +698,13 @@ def test_checkpoints_every_ten_times_rarer_or_every_100_steps_and_the_line(tmp_p
     assert saving("b", {"steady_steps": 8, "checkpoint_steps": 1}) == pytest.approx(0.02 * 0.92 / 0.1)
     # exactly 10 % of a 1 s step is named (every 2 steps -> every 100: 100 x 0.98 ms); 5 % is not
     every_2 = {"steady_steps": 90, "checkpoint_steps": 45}
-    assert saving("c", every_2, {"phases_s": {"forward": 0.9, "comm": 0.1}},
-                  {"forward": 0.9, "checkpoint": 0.1}) == pytest.approx(0.098)
-    assert saving("d", every_2, {"phases_s": {"forward": 0.95, "comm": 0.05}}, {"forward": 0.95, "checkpoint": 0.05}) \
+    assert saving(
+        "c", every_2, {"phases_s": {"forward": 0.9, "comm": 0.1}}, {"forward": 0.9, "checkpoint": 0.1}
+    ) == pytest.approx(0.098)
+    assert (
+        saving("d", every_2, {"phases_s": {"forward": 0.95, "comm": 0.05}}, {"forward": 0.95, "checkpoint": 0.05})
         is None
+    )
 
 
 def test_straggler_lines_and_when_it_is_silent(tmp_path):
@@ -477,49 +712,71 @@ def test_straggler_lines_and_when_it_is_silent(tmp_path):
 
     def straggler(name, ranks):
         return sc.straggler(probed(tmp_path, name, ranks))
+
     # rank 1 busy 600 ms against 500: exactly 1.2x, named. The step is 600 ms; with equal work 500 ms of forward
     # and no all-reduce of its own (rank 1's comm is 0) -> 1 - 500/600
     found = straggler("a", [{"phases_s": {"forward": 0.5, "comm": 0.1}}, {"phases_s": {"forward": 0.6}}])
     assert found.check == "straggler" and found.saving == pytest.approx(1 - 0.5 / 0.6)
     # the excess at exactly 10 % of the step: 625 ms against 500 (1.25x), 125 ms of a 1.25 s step; with equal
     # work 500 ms plus the all-reduce's own 625 ms -> 1 - 1.125/1.25
-    found = straggler("b", [{"phases_s": {"forward": 0.5, "comm": 0.75}}, {"phases_s": {"forward": 0.625, "comm": 0.625}}])
+    found = straggler(
+        "b", [{"phases_s": {"forward": 0.5, "comm": 0.75}}, {"phases_s": {"forward": 0.625, "comm": 0.625}}]
+    )
     assert found.saving == pytest.approx(0.1)
     # 1.15x the other's work, although 13 % of the step: not named (both lines must hold)
     assert straggler("c", [{"phases_s": {"forward": 0.4, "comm": 0.06}}, {"phases_s": {"forward": 0.46}}]) is None
     # the other rank's own evaluation and checkpoint (62.5 + 62.5 ms) exactly as large as the 125 ms excess
     # explain it: silent
-    assert straggler("d", [{"phases_s": {"forward": 0.5, "eval": 0.0625, "checkpoint": 0.0625}},
-                           {"phases_s": {"forward": 0.625}}]) is None
+    assert (
+        straggler(
+            "d",
+            [{"phases_s": {"forward": 0.5, "eval": 0.0625, "checkpoint": 0.0625}}, {"phases_s": {"forward": 0.625}}],
+        )
+        is None
+    )
     # different step counts (130 against 100: 1.13x their mean) are uneven_shards' business; one rank has no others
-    assert straggler("e", [{"phases_s": {"forward": 0.05, "comm": 0.03}, "steps": 100},
-                           {"phases_s": {"forward": 0.08}, "steps": 130}]) is None
+    assert (
+        straggler(
+            "e",
+            [
+                {"phases_s": {"forward": 0.05, "comm": 0.03}, "steps": 100},
+                {"phases_s": {"forward": 0.08}, "steps": 130},
+            ],
+        )
+        is None
+    )
     assert straggler("f", [{"phases_s": {"forward": 0.08}}]) is None
 
 
 def test_slow_rank_samples_and_the_same_work_lines(tmp_path):
     from paratrain.doctor import script_checks as sc
+
     fast = {"phases_s": {"forward": 0.04, "backward": 0.08, "comm": 0.035}}
     slow = {"phases_s": {"forward": 0.05, "backward": 0.10, "comm": 0.005}}
     # forward and backward both 1.25x slower: the same work on a slower core even where the probe recorded no
     # samples (none on either rank is the same)...
     assert sc.straggler(probed(tmp_path, "a", [fast, slow])).check == "slow_rank"
     # ...and with 101 samples against 100, within 1 %
-    found = sc.straggler(probed(tmp_path, "b", [{**fast, "samples_per_step": 100.0}, {**slow, "samples_per_step": 101.0}]))
+    found = sc.straggler(
+        probed(tmp_path, "b", [{**fast, "samples_per_step": 100.0}, {**slow, "samples_per_step": 101.0}])
+    )
     assert found.check == "slow_rank"
 
     def rank(data=0.0, forward=0.0, backward=0.0, other=0.0):
-        return {"phases_s": {"data": data, "forward": forward, "backward": backward, "optimizer": 0.0, "other": other},
-                "samples_per_step": 32.0}
+        return {
+            "phases_s": {"data": data, "forward": forward, "backward": backward, "optimizer": 0.0, "other": other},
+            "samples_per_step": 32.0,
+        }
+
     # forward 1.25x and backward 1.0x: exactly the 1.25 spread allowed -> their mean, 1.125
     assert sc._same_work_slower([rank(forward=0.5, backward=1.0), rank(forward=0.625, backward=1.0)], 1) == 1.125
     # 1.5 s of the 4.5 s excess in data, 3 s in forward and backward (both 1.5x): exactly 2/3 in compute -> 1.5
     assert sc._same_work_slower([rank(forward=2.0, backward=4.0), rank(data=1.5, forward=3.0, backward=6.0)], 1) == 1.5
     # the excess in the loop's own Python ("other", where rank-specific work lands) is no slower core
-    assert sc._same_work_slower([rank(forward=2.0, backward=4.0), rank(other=1.5, forward=3.0, backward=6.0)], 1) \
-        == 1.5
-    assert sc._same_work_slower([rank(forward=2.0, backward=4.0), rank(other=3.1, forward=3.0, backward=6.0)], 1) \
-        is None
+    assert sc._same_work_slower([rank(forward=2.0, backward=4.0), rank(other=1.5, forward=3.0, backward=6.0)], 1) == 1.5
+    assert (
+        sc._same_work_slower([rank(forward=2.0, backward=4.0), rank(other=3.1, forward=3.0, backward=6.0)], 1) is None
+    )
     # no excess at all: not a slower rank
     assert sc._same_work_slower([rank(forward=0.5, backward=1.0), rank(forward=0.5, backward=1.0)], 1) is None
 
@@ -529,6 +786,7 @@ def test_uneven_steps_at_its_line(tmp_path):
 
     def uneven(name, steps):
         return sc.uneven_steps(probed(tmp_path, name, [{"phases_s": {"forward": 0.1}, "steps": s} for s in steps]))
+
     # 11 and 9 steps: the most is exactly 1.1x the mean of 10; with 10 each -> 1 - 10/11
     assert uneven("a", [11, 9]).saving == pytest.approx(1 - 10 / 11)
     # 140 and 100: 140 against a mean of 120 -> 1 - 120/140
@@ -538,49 +796,97 @@ def test_uneven_steps_at_its_line(tmp_path):
 
 def test_find_unused_parameters_at_its_lines(tmp_path):
     from paratrain.doctor import script_checks as sc
+
     flag = {"find_unused_parameters": True}
     # of a 1 s step, exactly 1 % when DDP found no unused parameter, exactly 5 % when that is not known: named
-    ev = probed(tmp_path, "a", [{"phases_s": {"forward": 0.99, "backward": 0.01}, **flag, "ddp_overhead_s": 0.01,
-                                 "unused_parameter_bytes": 0}] * 2)
+    ev = probed(
+        tmp_path,
+        "a",
+        [{"phases_s": {"forward": 0.99, "backward": 0.01}, **flag, "ddp_overhead_s": 0.01, "unused_parameter_bytes": 0}]
+        * 2,
+    )
     assert sc.find_unused_parameters(ev).saving == pytest.approx(0.01)
     ev = probed(tmp_path, "b", [{"phases_s": {"forward": 0.95, "backward": 0.05}, **flag, "ddp_overhead_s": 0.05}] * 2)
     assert sc.find_unused_parameters(ev).saving == pytest.approx(0.05)
     # one rank saw none unused and the other did not say: not known, 3 % is below the 5 % line
-    ev = probed(tmp_path, "c", [{"phases_s": {"forward": 0.06, "backward": 0.04}, **flag, "ddp_overhead_s": 0.003,
-                                 "unused_parameter_bytes": 0},
-                                {"phases_s": {"forward": 0.06, "backward": 0.04}, **flag, "ddp_overhead_s": 0.003}])
+    ev = probed(
+        tmp_path,
+        "c",
+        [
+            {
+                "phases_s": {"forward": 0.06, "backward": 0.04},
+                **flag,
+                "ddp_overhead_s": 0.003,
+                "unused_parameter_bytes": 0,
+            },
+            {"phases_s": {"forward": 0.06, "backward": 0.04}, **flag, "ddp_overhead_s": 0.003},
+        ],
+    )
     assert sc.find_unused_parameters(ev) is None
     # without the flag, nothing
-    assert sc.find_unused_parameters(probed(tmp_path, "d", [{"phases_s": {"forward": 0.1}, "ddp_overhead_s": 0.05}] * 2)) \
+    assert (
+        sc.find_unused_parameters(probed(tmp_path, "d", [{"phases_s": {"forward": 0.1}, "ddp_overhead_s": 0.05}] * 2))
         is None
+    )
 
 
 def one_finding_per_check(tmp_path):
     """A case that fires each check (host_syncs twice: with and without device times; evaluation as
     evaluation_share and rank0_alone; straggler as straggler and slow_rank)."""
     from paratrain.doctor import script_checks as sc
+
     small = {"samples_per_step": 2.0, "batch_slope_s": 0.001, "batch_slope_between": [2, 32]}
     cases = [
-        (sc.threads, [{"phases_s": {"forward": 0.05, "backward": 0.05}, "threads": 4, "fair_threads": 1,
-                       "thread_penalty": 2.0}] * 2),
+        (
+            sc.threads,
+            [{"phases_s": {"forward": 0.05, "backward": 0.05}, "threads": 4, "fair_threads": 1, "thread_penalty": 2.0}]
+            * 2,
+        ),
         (sc.data_wait, [{"phases_s": {"data": 0.04, "forward": 0.06}}] * 2),
         (sc.exposed_communication, [{"phases_s": {"forward": 0.07, "comm": 0.03}}] * 2),
         (sc.small_batch, [{"phases_s": {"forward": 0.01, "backward": 0.01, "comm": 0.08}, **small}] * 2),
-        (sc.all_reduce_every_micro_step, [{"phases_s": {"forward": 0.06, "comm": 0.04}, "rounds_per_step": 4.0,
-                                           "micro_per_step": 4.0}] * 2),
+        (
+            sc.all_reduce_every_micro_step,
+            [{"phases_s": {"forward": 0.06, "comm": 0.04}, "rounds_per_step": 4.0, "micro_per_step": 4.0}] * 2,
+        ),
         (sc.script_collectives, [{"phases_s": {"forward": 0.08, "collective": 0.02}}] * 2),
-        (sc.host_syncs, [{"phases_s": {"forward": 0.1}, "syncs_per_step": 2.0, "sync_wait_s": 0.03,
-                          "device_phases_s": {"forward": 0.05}}] * 2),
+        (
+            sc.host_syncs,
+            [
+                {
+                    "phases_s": {"forward": 0.1},
+                    "syncs_per_step": 2.0,
+                    "sync_wait_s": 0.03,
+                    "device_phases_s": {"forward": 0.05},
+                }
+            ]
+            * 2,
+        ),
         (sc.host_syncs, [{"phases_s": {"forward": 0.1}, "syncs_per_step": 2.0}] * 2),
         (sc.evaluation, [{"phases_s": {"forward": 0.07, "eval": 0.03}}] * 2),
         (sc.evaluation, [{"phases_s": {"forward": 0.06, "eval": 0.04}}, {"phases_s": {"forward": 0.06, "comm": 0.04}}]),
         (sc.checkpoints, [{"phases_s": {"forward": 0.08, "checkpoint": 0.02}, "checkpoint_steps": 45}] * 2),
         (sc.straggler, [{"phases_s": {"forward": 0.05, "comm": 0.03}}, {"phases_s": {"forward": 0.08}}]),
-        (sc.straggler, [{"phases_s": {"forward": 0.04, "backward": 0.08, "comm": 0.035}},
-                        {"phases_s": {"forward": 0.05, "backward": 0.10, "comm": 0.005}}]),
+        (
+            sc.straggler,
+            [
+                {"phases_s": {"forward": 0.04, "backward": 0.08, "comm": 0.035}},
+                {"phases_s": {"forward": 0.05, "backward": 0.10, "comm": 0.005}},
+            ],
+        ),
         (sc.uneven_steps, [{"phases_s": {"forward": 0.1}, "steps": 140}, {"phases_s": {"forward": 0.1}, "steps": 100}]),
-        (sc.find_unused_parameters, [{"phases_s": {"forward": 0.1}, "find_unused_parameters": True,
-                                      "ddp_overhead_s": 0.01, "unused_parameter_bytes": 0}] * 2),
+        (
+            sc.find_unused_parameters,
+            [
+                {
+                    "phases_s": {"forward": 0.1},
+                    "find_unused_parameters": True,
+                    "ddp_overhead_s": 0.01,
+                    "unused_parameter_bytes": 0,
+                }
+            ]
+            * 2,
+        ),
     ]
     return [check(probed(tmp_path, str(i), ranks)) for i, (check, ranks) in enumerate(cases)]
 
@@ -588,6 +894,7 @@ def one_finding_per_check(tmp_path):
 def test_every_finding_says_what_why_what_to_do_and_its_gain(tmp_path):
     from paratrain.doctor import script_checks as sc
     from paratrain.doctor.finding import speedup
+
     seen = []
     for found in one_finding_per_check(tmp_path):
         seen.append(found.check)
@@ -598,9 +905,23 @@ def test_every_finding_says_what_why_what_to_do_and_its_gain(tmp_path):
             assert found.severity == "advice" and found.predicted_gain.startswith("not predicted")
         else:
             assert found.predicted_gain.startswith(speedup(found.saving)), found.predicted_gain
-    assert seen == ["oversubscription", "data_wait", "exposed_communication", "small_batch", "no_sync_missing",
-                    "host_sync_stalls", "host_syncs", "host_syncs", "evaluation_share", "rank0_alone",
-                    "checkpoint_share", "straggler", "slow_rank", "uneven_shards", "find_unused_parameters"]
+    assert seen == [
+        "oversubscription",
+        "data_wait",
+        "exposed_communication",
+        "small_batch",
+        "no_sync_missing",
+        "host_sync_stalls",
+        "host_syncs",
+        "host_syncs",
+        "evaluation_share",
+        "rank0_alone",
+        "checkpoint_share",
+        "straggler",
+        "slow_rank",
+        "uneven_shards",
+        "find_unused_parameters",
+    ]
     off = sc.probe_status(probed(tmp_path, "off", [{"phases_s": {"forward": 0.1}}], status="off"))
     assert all(isinstance(t, str) and t for t in (off.finding, off.cause, off.remedy, off.predicted_gain))
 
@@ -613,9 +934,9 @@ def test_each_remedy_names_its_fix_and_the_evidence_its_counts(tmp_path):
     fixes = {
         "oversubscription": "the script sets 4 threads: drop its torch.set_num_threads(4)",
         "data_wait": "DataLoader(..., num_workers=2, persistent_workers=True); the ranks' cores are all in use, so "
-                     "the CPU part stays",
+        "the CPU part stays",
         "exposed_communication": "accumulate 4 micro-steps per optimizer step, the first 3 under "
-                                 "`with model.no_sync():`",
+        "`with model.no_sync():`",
         "small_batch": "batch_size=32 per rank (16x), the learning rate scaled 16x with a warm-up",
         "no_sync_missing": "wrap every micro-step but the last in `with model.no_sync():` (torch's DDP idiom;",
         "host_sync_stalls": "keep running sums on the device and reduce them every 50 steps",
@@ -626,7 +947,7 @@ def test_each_remedy_names_its_fix_and_the_evidence_its_counts(tmp_path):
         "straggler": "give every rank the same work per step (equal shards from a DistributedSampler",
         "uneven_shards": "split the data evenly: a DistributedSampler (drop_last=True",
         "find_unused_parameters": "DistributedDataParallel(model, find_unused_parameters=False) when every "
-                                  "parameter is used",
+        "parameter is used",
     }
     found = {}
     for f in one_finding_per_check(tmp_path):
@@ -636,38 +957,65 @@ def test_each_remedy_names_its_fix_and_the_evidence_its_counts(tmp_path):
     assert found["slow_rank"].remedy.startswith("not in the script: see what else runs on rank 1's core or device")
     assert found["host_syncs"].cause.startswith("each read waits until the device has run everything queued")
     # the evidence's counts: 4 micro-steps and 4 rounds a step; each rank's own work (50 and 80 ms)
-    assert "; 4 forward/backward micro-steps and 4 all-reduce rounds per optimizer step" in \
-        found["no_sync_missing"].evidence
+    assert (
+        "; 4 forward/backward micro-steps and 4 all-reduce rounds per optimizer step"
+        in found["no_sync_missing"].evidence
+    )
     assert "; each rank's own work per step: rank 0 50.0 ms, rank 1 80.0 ms" in found["straggler"].evidence
 
 
 def test_threads_evaluation_a_product_faster_on_more_threads_and_the_flag_that_allowed_it(tmp_path):
     from paratrain.doctor import script_checks as sc
+
     four = {"threads": 4, "fair_threads": 1}
     # evaluation is sped up like the optimizer (a matrix product's 2x): forward and backward's 60 ms and the
     # evaluation's 20 ms lose half -> 40/100
-    ev = probed(tmp_path, "a", [{"phases_s": {"forward": 0.03, "backward": 0.03, "eval": 0.02, "other": 0.02},
-                                 **four, "thread_penalty": 2.0}] * 2)
+    ev = probed(
+        tmp_path,
+        "a",
+        [{"phases_s": {"forward": 0.03, "backward": 0.03, "eval": 0.02, "other": 0.02}, **four, "thread_penalty": 2.0}]
+        * 2,
+    )
     found = sc.threads(ev)
     assert found.saving == pytest.approx(0.4)
     assert "a matrix product 2.0x slower (the model's layers could not be timed alone)" in found.evidence
     # layers 2x, product 1.5x: the evidence names both
-    ev = probed(tmp_path, "b", [{"phases_s": {"forward": 0.05, "backward": 0.05}, **four, "thread_penalty": 1.5,
-                                 "layer_thread_penalty": 2.0}] * 2)
+    ev = probed(
+        tmp_path,
+        "b",
+        [{"phases_s": {"forward": 0.05, "backward": 0.05}, **four, "thread_penalty": 1.5, "layer_thread_penalty": 2.0}]
+        * 2,
+    )
     assert "the model's layers 2.0x slower, a matrix product 1.5x" in sc.threads(ev).evidence
     # both faster on 4 threads (0.8x): nothing gained, and no negative gain either
-    ev = probed(tmp_path, "c", [{"phases_s": {"forward": 0.03, "backward": 0.03, "optimizer": 0.02, "eval": 0.02},
-                                 **four, "thread_penalty": 0.8, "layer_thread_penalty": 0.8}] * 2)
+    ev = probed(
+        tmp_path,
+        "c",
+        [
+            {
+                "phases_s": {"forward": 0.03, "backward": 0.03, "optimizer": 0.02, "eval": 0.02},
+                **four,
+                "thread_penalty": 0.8,
+                "layer_thread_penalty": 0.8,
+            }
+        ]
+        * 2,
+    )
     assert sc.threads(ev).saving == 0.0
     # launch ran 4 threads with --allow-oversubscribe: the rerun drops that flag with the threads
-    ev = probed(tmp_path, "d", [{"phases_s": {"forward": 0.1}, **four, "thread_penalty": 2.0}] * 2,
-                config={"resolved": {"threads_per_worker": 4}, "allow_oversubscribe": True})
+    ev = probed(
+        tmp_path,
+        "d",
+        [{"phases_s": {"forward": 0.1}, **four, "thread_penalty": 2.0}] * 2,
+        config={"resolved": {"threads_per_worker": 4}, "allow_oversubscribe": True},
+    )
     found = sc.threads(ev)
     assert "--threads-per-worker 1" in found.remedy and "--allow-oversubscribe" not in found.remedy
 
 
 def test_exposed_communication_without_the_gradient_size_recorded(tmp_path):
     from paratrain.doctor import script_checks as sc
+
     # the gain does not need it (30 ms of a 100 ms step, k=4 as in the remedy test above); the evidence says 0 MiB
     ev = probed(tmp_path, "a", [{"phases_s": {"forward": 0.07, "comm": 0.03}}] * 2, drop=("gradient_bytes",))
     found = sc.exposed_communication(ev)
@@ -676,6 +1024,7 @@ def test_exposed_communication_without_the_gradient_size_recorded(tmp_path):
 
 def test_data_wait_counts_a_core_per_thread(tmp_path):
     from paratrain.doctor import script_checks as sc
+
     phases = {"data": 0.04, "forward": 0.03, "backward": 0.03}
     # 2 cores for 2 threads: none spare, the 10 ms of CPU stay -> 30/100
     ev = probed(tmp_path, "a", [{"phases_s": phases, "data_cpu_s": 0.01, "cpu_affinity": 2, "threads": 2}] * 2)
@@ -688,14 +1037,17 @@ def test_data_wait_counts_a_core_per_thread(tmp_path):
 
 def test_the_straggler_is_whichever_rank_works_longest(tmp_path):
     from paratrain.doctor import script_checks as sc
+
     # rank 0 works 80 ms, rank 1 50 ms and waits 30: the 30 ms go -> 30/80 (mean step 80 ms); rank 0 is named
-    found = sc.straggler(probed(tmp_path, "a", [{"phases_s": {"forward": 0.08}},
-                                                {"phases_s": {"forward": 0.05, "comm": 0.03}}]))
+    found = sc.straggler(
+        probed(tmp_path, "a", [{"phases_s": {"forward": 0.08}}, {"phases_s": {"forward": 0.05, "comm": 0.03}}])
+    )
     assert found.saving == pytest.approx(0.03 / 0.08) and found.finding.startswith("rank 0 is a straggler")
     # of three ranks, rank 1 is slow (1.25x in forward and backward): it is the one named
     fast = {"phases_s": {"forward": 0.04, "backward": 0.08, "comm": 0.035}}
-    found = sc.straggler(probed(tmp_path, "b", [fast, {"phases_s": {"forward": 0.05, "backward": 0.10,
-                                                                    "comm": 0.005}}, fast]))
+    found = sc.straggler(
+        probed(tmp_path, "b", [fast, {"phases_s": {"forward": 0.05, "backward": 0.10, "comm": 0.005}}, fast])
+    )
     assert found.check == "slow_rank" and found.finding.startswith("rank 1 runs the same work 1.25x slower")
 
 
@@ -703,28 +1055,42 @@ def test_verify_refuses_a_machine_cause_in_one_line_naming_it(tmp_path):
     # A slow core is no code change either: the refusal says it is in the machine, with the remedy to look.
     from paratrain.doctor.verify import verify
     from paratrain.errors import UsageError
-    run = probed_run(tmp_path / "run", [
-        {"phases_s": {"forward": 0.04, "backward": 0.08, "comm": 0.035}, "samples_per_step": 32.0},
-        {"phases_s": {"forward": 0.05, "backward": 0.10, "comm": 0.005}, "samples_per_step": 32.0}])
+
+    run = probed_run(
+        tmp_path / "run",
+        [
+            {"phases_s": {"forward": 0.04, "backward": 0.08, "comm": 0.035}, "samples_per_step": 32.0},
+            {"phases_s": {"forward": 0.05, "backward": 0.10, "comm": 0.005}, "samples_per_step": 32.0},
+        ],
+    )
     with pytest.raises(UsageError, match=r"the top finding \(slow_rank\) is in the machine, not the run") as refused:
         verify(run)
     assert "code change" not in str(refused.value) and not (tmp_path / "run-verify").exists()
 
 
 def test_loader_workers_on_the_ranks_cores_by_hand(tmp_path):
+    from paratrain.doctor import diagnose
+    from paratrain.doctor import script_checks as sc
     from paratrain.doctor.evidence import read_run
-    from paratrain.doctor import diagnose, script_checks as sc
 
     # A 30 ms step, 4 ms of it the data phase; forward and backward 20 ms a micro-step with the workers
     # running, 16 ms with them stopped; a batch prepared in the rank 2 ms. One thread on one core, so the
     # remedy is num_workers=0: 30 - 4 - 4 + 2 = 24 ms -> 1 - 24/30 = 20 % saved.
-    pause = {"paused_steps": 3, "fb_per_micro_s": 0.020, "paused_fb_per_micro_s": 0.016, "inline_load_s": 0.002,
-             "loader_cpu_per_batch_s": 0.005, "loader_workers": 4}
+    pause = {
+        "paused_steps": 3,
+        "fb_per_micro_s": 0.020,
+        "paused_fb_per_micro_s": 0.016,
+        "inline_load_s": 0.002,
+        "loader_cpu_per_batch_s": 0.005,
+        "loader_workers": 4,
+    }
     phases = {"data": 0.004, "forward": 0.012, "backward": 0.008, "comm": 0.006}
     run = probed_run(tmp_path / "a", [{"phases_s": phases, **pause}] * 2)
     found = sc.loader_workers(read_run(run))
     assert found.saving == pytest.approx(1 - 0.024 / 0.030)
-    assert found.check == "loader_workers" and found.remedy.startswith("code change in train.py: DataLoader(..., num_workers=0)")
+    assert found.check == "loader_workers" and found.remedy.startswith(
+        "code change in train.py: DataLoader(..., num_workers=0)"
+    )
     assert "4 DataLoader workers per rank share its 1 core(s) with torch's 1 thread(s)" == found.finding
     assert "16.0 ms a micro-step against 20.0 ms" in found.evidence and "took 2.0 ms" in found.evidence
     # It is a root cause (it slows every phase), so it comes first; the data wait's remedy (more workers)
@@ -746,11 +1112,13 @@ def test_loader_workers_on_the_ranks_cores_by_hand(tmp_path):
     found = sc.loader_workers(read_run(spare))
     assert found.saving == pytest.approx(1 - 0.023 / 0.030) and "num_workers=1" in found.remedy
     # ...unless that one worker cannot keep up: its 28 ms of CPU a batch is then the step.
-    slow = probed_run(tmp_path / "e", [{"phases_s": phases, **pause, "cpu_affinity": 2, "loader_cpu_per_batch_s": 0.028}] * 2)
+    slow = probed_run(
+        tmp_path / "e", [{"phases_s": phases, **pause, "cpu_affinity": 2, "loader_cpu_per_batch_s": 0.028}] * 2
+    )
     assert sc.loader_workers(read_run(slow)).saving == pytest.approx(1 - 0.028 / 0.030)
     # Preparing the batch in the rank costs what the workers cost it: under 2 % saved, nothing is said.
     even = probed_run(tmp_path / "f", [{"phases_s": phases, **pause, "inline_load_s": 0.0075}] * 2)
-    assert sc.loader_workers(read_run(even)) is None     # 30 - 8 + 7.5 = 29.5 ms: 1.7 % saved
+    assert sc.loader_workers(read_run(even)) is None  # 30 - 8 + 7.5 = 29.5 ms: 1.7 % saved
     # Without steps run with the workers stopped there is no measurement, and no finding.
     bare = probed_run(tmp_path / "g", [{"phases_s": phases, "loader_workers": 4}] * 2)
     assert sc.loader_workers(read_run(bare)) is None
@@ -760,9 +1128,26 @@ def test_the_worker_pause_summary_by_hand():
     from paratrain.launch.probe_summary import rank_record
 
     def step(n, fb, micro=1, **pause):
-        return {"kind": "step", "step": n, "wall_s": 0.03, "data": 0.001, "forward": fb * 0.6, "backward": fb * 0.4,
-                "comm": 0.0, "collective": 0.0, "optimizer": 0.0, "eval": 0.0, "checkpoint": 0.0, "other": 0.0,
-                "data_cpu": 0.0, "ddp_overhead": 0.0, "samples": 8, "micro": micro, "rounds": 1, **pause}
+        return {
+            "kind": "step",
+            "step": n,
+            "wall_s": 0.03,
+            "data": 0.001,
+            "forward": fb * 0.6,
+            "backward": fb * 0.4,
+            "comm": 0.0,
+            "collective": 0.0,
+            "optimizer": 0.0,
+            "eval": 0.0,
+            "checkpoint": 0.0,
+            "other": 0.0,
+            "data_cpu": 0.0,
+            "ddp_overhead": 0.0,
+            "samples": 8,
+            "micro": micro,
+            "rounds": 1,
+            **pause,
+        }
 
     # 30 steps: forward + backward 20 ms a micro-step (the 2 micro-step steps 40 ms), 23 ms in step 25;
     # three pauses of two DataLoader iterators (a new one each epoch), the workers stopped for the first
@@ -770,23 +1155,49 @@ def test_the_worker_pause_summary_by_hand():
     records = [step(n, 0.020) for n in range(1, 31)]
     records[24] = step(25, 0.023)
     records[9] = step(10, 0.040, micro=2)
-    records[10] = step(11, 0.020, loader_id=7, loader_cpu_s=1.00, loader_batches=11, inline_load_s=0.004,
-                       paused_fb=0.012, paused_micro=1)
-    records[19] = step(20, 0.040, micro=2, loader_id=7, loader_cpu_s=1.45, loader_batches=26,
-                       inline_load_s=0.006, paused_fb=0.014, paused_micro=1)
-    records[26] = step(27, 0.020, loader_id=9, loader_cpu_s=0.20, loader_batches=3, inline_load_s=0.005,
-                       paused_fb=0.016, paused_micro=1)
+    records[10] = step(
+        11,
+        0.020,
+        loader_id=7,
+        loader_cpu_s=1.00,
+        loader_batches=11,
+        inline_load_s=0.004,
+        paused_fb=0.012,
+        paused_micro=1,
+    )
+    records[19] = step(
+        20,
+        0.040,
+        micro=2,
+        loader_id=7,
+        loader_cpu_s=1.45,
+        loader_batches=26,
+        inline_load_s=0.006,
+        paused_fb=0.014,
+        paused_micro=1,
+    )
+    records[26] = step(
+        27,
+        0.020,
+        loader_id=9,
+        loader_cpu_s=0.20,
+        loader_batches=3,
+        inline_load_s=0.005,
+        paused_fb=0.016,
+        paused_micro=1,
+    )
     out = rank_record(0, records)
     # the paused steps are kept apart: 30 steps, 3 warm-up, 3 paused
     assert out["steady_steps"] == 24 and out["paused_steps"] == 3
-    assert out["fb_per_micro_s"] == pytest.approx(0.020)        # the median, over steps 4-30 but 11, 20, 27
+    assert out["fb_per_micro_s"] == pytest.approx(0.020)  # the median, over steps 4-30 but 11, 20, 27
     assert out["paused_fb_per_micro_s"] == pytest.approx(0.014)  # 12, 14, 16 ms
     # iterator 7: 0.45 s of the workers' CPU over 15 batches; iterator 9 has one reading: no interval
     assert out["loader_cpu_per_batch_s"] == pytest.approx(0.45 / 15)
     assert out["inline_load_s"] == pytest.approx(0.005)
     # a pause in which no training micro-step began (an evaluation loader's) is no measurement
-    records[26] = step(27, 0.020, loader_id=9, loader_cpu_s=0.2, loader_batches=3, inline_load_s=0.5,
-                       paused_fb=0.0, paused_micro=0)
+    records[26] = step(
+        27, 0.020, loader_id=9, loader_cpu_s=0.2, loader_batches=3, inline_load_s=0.5, paused_fb=0.0, paused_micro=0
+    )
     out = rank_record(0, records)
     assert out["paused_steps"] == 2 and out["paused_fb_per_micro_s"] == pytest.approx(0.013)
     assert out["inline_load_s"] == pytest.approx(0.005)

@@ -1,5 +1,6 @@
 """Exact checks (#25): every place that drops the first epoch (it pays for start-up) before taking
 the epoch time, on hand-computed cases, and what each does with a single epoch (they agree: keep it)."""
+
 from __future__ import annotations
 
 import json
@@ -51,5 +52,5 @@ def test_launch_script_epoch_time(tmp_path, times, expected):
 def test_launch_script_own_samples_per_s_is_taken_as_is(tmp_path):
     reports = _write_reports(tmp_path, [{"epoch_time_s": 10.0}, {"epoch_time_s": 2.0, "samples_per_s": 42.0}])
     out = throughput(reports)
-    assert out["epoch_time_s"] == pytest.approx(2.0)      # [10, 2] without the first -> 2
+    assert out["epoch_time_s"] == pytest.approx(2.0)  # [10, 2] without the first -> 2
     assert out["samples_per_s"] == 42.0

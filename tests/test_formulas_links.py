@@ -1,5 +1,6 @@
 """Links and commbench's fit, pinned exactly (issue #25): the figures a plan is made of and the
 alpha-beta fit that replaces them. Expected values are worked out by hand in the comments."""
+
 import json
 import math
 
@@ -7,14 +8,27 @@ import pytest
 
 from paratrain.commbench import BUS_FACTOR, fit_alpha_beta, fit_regimes, regime_for
 from paratrain.errors import UsageError
-from paratrain.plan.links import (LINKS, NCCL_BASE_LATENCY_S, SHM_LATENCY_S, commbench_link, custom_link, get_link,
-                                  shm_link)
+from paratrain.plan.links import (
+    LINKS,
+    NCCL_BASE_LATENCY_S,
+    SHM_LATENCY_S,
+    commbench_link,
+    custom_link,
+    get_link,
+    shm_link,
+)
 
 
-@pytest.mark.parametrize("name,gbytes,latency_us,kind", [
-    ("nvlink3", 300, 3.4, "NVLink"), ("nvlink4", 450, 3.4, "NVLink"), ("pcie4", 31.5, 5.7, "PCIe"),
-    ("ib-hdr", 25.0, 9.6, "network"), ("25gbe", 3.125, 9.6, "network"),
-])
+@pytest.mark.parametrize(
+    "name,gbytes,latency_us,kind",
+    [
+        ("nvlink3", 300, 3.4, "NVLink"),
+        ("nvlink4", 450, 3.4, "NVLink"),
+        ("pcie4", 31.5, 5.7, "PCIe"),
+        ("ib-hdr", 25.0, 9.6, "network"),
+        ("25gbe", 3.125, 9.6, "network"),
+    ],
+)
 def test_table_links_are_per_direction_bytes_and_nccls_step_latency(name, gbytes, latency_us, kind):
     link = get_link(name)
     # the plan prints the link's name and where each figure comes from
@@ -25,7 +39,7 @@ def test_table_links_are_per_direction_bytes_and_nccls_step_latency(name, gbytes
 
 
 def test_unknown_link_names_the_choices():
-    with pytest.raises(UsageError, match="unknown interconnect 'nvlink9'.*nvlink1"):
+    with pytest.raises(UsageError, match=r"unknown interconnect 'nvlink9'.*nvlink1"):
         get_link("nvlink9")
     assert len(LINKS) == 12
 
@@ -46,10 +60,18 @@ def test_custom_links_are_gigabits_over_8_with_nvlink_or_network_latency():
     assert intra.source.startswith("bandwidth: given on the command line (100 Gb/s); latency: NVIDIA/nccl")
 
 
-@pytest.mark.parametrize("op,n,factor", [
-    ("all_reduce", 2, 1.0), ("all_reduce", 4, 1.5), ("all_reduce", 8, 1.75),
-    ("all_gather", 2, 0.5), ("all_gather", 4, 0.75), ("reduce_scatter", 8, 0.875), ("broadcast", 8, 1.0),
-])
+@pytest.mark.parametrize(
+    "op,n,factor",
+    [
+        ("all_reduce", 2, 1.0),
+        ("all_reduce", 4, 1.5),
+        ("all_reduce", 8, 1.75),
+        ("all_gather", 2, 0.5),
+        ("all_gather", 4, 0.75),
+        ("reduce_scatter", 8, 0.875),
+        ("broadcast", 8, 1.0),
+    ],
+)
 def test_commbench_bus_factors_per_collective_and_rank_count(op, n, factor):
     # nccl-tests PERFORMANCE.md: 2(n-1)/n for all-reduce, (n-1)/n for all-gather / reduce-scatter, 1 for broadcast
     assert BUS_FACTOR[op](n) == pytest.approx(factor, rel=1e-12)
@@ -68,7 +90,7 @@ def test_commbench_link_is_the_fit_times_the_all_reduce_bus_factor(tmp_path):
     assert link.bandwidth == pytest.approx(1.5e9, rel=1e-12)
     assert (link.latency, link.base_latency) == (0.0, 2e-5)
     assert link.name == "commbench:bench.json"
-    assert link.source.endswith("bench.json (alpha 20.0 us, 4 ranks)")      # one line: no regime named
+    assert link.source.endswith("bench.json (alpha 20.0 us, 4 ranks)")  # one line: no regime named
     # no ranks in the file: 2 (factor 1); the fit at the top level is read too
     two = commbench_link(write(tmp_path, {"alpha_s": 1e-5, "beta_bytes_per_s": 3e9}), 1e6)
     assert two.bandwidth == pytest.approx(3e9, rel=1e-12)
@@ -78,13 +100,19 @@ def test_commbench_link_is_the_fit_times_the_all_reduce_bus_factor(tmp_path):
 
 
 def test_commbench_link_takes_the_regime_of_the_step_s_message(tmp_path):
-    fit = {"alpha_s": 9.0, "beta_bytes_per_s": 9.0, "ranks": 2, "regimes": [
-        {"up_to_bytes": 2**20, "alpha_s": 1e-5, "beta_bytes_per_s": 1e8},
-        {"up_to_bytes": None, "alpha_s": 1e-4, "beta_bytes_per_s": 1e9}]}
+    fit = {
+        "alpha_s": 9.0,
+        "beta_bytes_per_s": 9.0,
+        "ranks": 2,
+        "regimes": [
+            {"up_to_bytes": 2**20, "alpha_s": 1e-5, "beta_bytes_per_s": 1e8},
+            {"up_to_bytes": None, "alpha_s": 1e-4, "beta_bytes_per_s": 1e9},
+        ],
+    }
     path = write(tmp_path, {"fit": fit})
     small, exactly, large = (commbench_link(path, size) for size in (1e3, 2**20, 2**20 + 1))
     assert (small.bandwidth, small.base_latency) == (1e8, 1e-5)
-    assert (exactly.bandwidth, exactly.base_latency) == (1e8, 1e-5)      # a regime includes its largest size
+    assert (exactly.bandwidth, exactly.base_latency) == (1e8, 1e-5)  # a regime includes its largest size
     assert (large.bandwidth, large.base_latency) == (1e9, 1e-4)
     assert exactly.source.endswith("(alpha 10.0 us, 2 ranks, the regime of 1.0 MiB messages)")
     # a fit of one regime names none
@@ -97,7 +125,7 @@ def test_commbench_link_without_a_bandwidth_term_is_latency_bound(tmp_path):
     assert link.bandwidth == math.inf and link.base_latency == 3e-5
 
 
-@pytest.mark.parametrize("content", ['{"fit": {"alpha_s": 1}}', '[1, 2]', "not json"])
+@pytest.mark.parametrize("content", ['{"fit": {"alpha_s": 1}}', "[1, 2]", "not json"])
 def test_commbench_link_refuses_what_is_not_a_fit(tmp_path, content):
     path = tmp_path / "bad.json"
     path.write_text(content)
@@ -106,6 +134,7 @@ def test_commbench_link_refuses_what_is_not_a_fit(tmp_path, content):
 
 
 # -- commbench's fit ----------------------------------------------------------------------------
+
 
 def test_alpha_beta_fit_recovers_an_exact_line():
     points = [(n, 1e-4 + n / 1e9) for n in (1024, 4096, 65536, 2**20)]
@@ -141,7 +170,7 @@ def test_regimes_one_line_when_it_fits_and_a_cut_where_it_does_not():
     # regime) is after the third
     small = [(n, 1e-3 + n / 1e11) for n in (2**10, 2**12, 2**14)]
     large = [(n, 1e-5 + n / 1e8) for n in (2**16, 2**18, 2**20)]
-    two = fit_regimes(large + small)                     # any order: sorted first
+    two = fit_regimes(large + small)  # any order: sorted first
     assert [r["up_to_bytes"] for r in two["regimes"]] == [2**14, None]
     assert two["regimes"][0]["alpha_s"] == pytest.approx(1e-3, rel=1e-6)
     assert two["regimes"][0]["beta_bytes_per_s"] == pytest.approx(1e11, rel=1e-6)

@@ -4,6 +4,7 @@ A toy profile with round numbers: 4 MB of float32 parameters in 10 tensors, 1 kB
 activations of 50 kB fixed + 10 kB a sample, the largest FSDP unit 1 MB; four pipeline units of
 1 MFLOP a sample each. Every expected figure is worked out in the comments.
 """
+
 import pytest
 
 from paratrain.plan.memory import USABLE_FRACTION, Layout, memory_per_device, optimizer_bytes, stage_bounds
@@ -13,7 +14,10 @@ RUNTIME = 3e8
 
 
 def profile(unit_params=(1e6, 2e6, 5e5, 5e5)) -> ModelProfile:
-    units = [dict(name=f"u{i}", param_bytes=p, flops_per_sample=1e6, output_bytes_per_sample=0) for i, p in enumerate(unit_params)]
+    units = [
+        dict(name=f"u{i}", param_bytes=p, flops_per_sample=1e6, output_bytes_per_sample=0)
+        for i, p in enumerate(unit_params)
+    ]
     return ModelProfile("toy", 10**6, 4 * 10**6, 10, 1000, 4 * 10**6, 1e4, 5e4, 10**6, units)
 
 
@@ -33,21 +37,30 @@ def test_optimizer_state_per_optimizer():
     assert optimizer_bytes(4e6, 10, "adamw") == 8e6 + 40
     assert optimizer_bytes(4e6, 10, "lamb") == 8e6 + 40
     assert optimizer_bytes(4e6, 10, "sgd", momentum=0) == 0
-    assert optimizer_bytes(4e6, 10, "lars", momentum=0) == 4e6       # LARS keeps its buffer
+    assert optimizer_bytes(4e6, 10, "lars", momentum=0) == 4e6  # LARS keeps its buffer
 
 
 def test_one_device_holds_everything_whole():
     m = memory(whole("single", 1))
-    assert m == {"parameters_bytes": 4e6, "gradients_bytes": 4e6, "optimizer_bytes": 4e6,
-                 "activations_bytes": 5e4 + 1e4 * 100, "gathered_bytes": 0.0, "buffers_bytes": 1000.0,
-                 "runtime_bytes": RUNTIME, "total_bytes": 3 * 4e6 + 1.05e6 + 1000 + RUNTIME}
+    assert m == {
+        "parameters_bytes": 4e6,
+        "gradients_bytes": 4e6,
+        "optimizer_bytes": 4e6,
+        "activations_bytes": 5e4 + 1e4 * 100,
+        "gathered_bytes": 0.0,
+        "buffers_bytes": 1000.0,
+        "runtime_bytes": RUNTIME,
+        "total_bytes": 3 * 4e6 + 1.05e6 + 1000 + RUNTIME,
+    }
 
 
-@pytest.mark.parametrize("precision,activations", [("fp32", 1.05e6), ("tf32", 1.05e6), ("bf16", 5.25e5), ("fp16", 5.25e5)])
+@pytest.mark.parametrize(
+    "precision,activations", [("fp32", 1.05e6), ("tf32", 1.05e6), ("bf16", 5.25e5), ("fp16", 5.25e5)]
+)
 def test_16_bit_precisions_halve_the_activations_only(precision, activations):
     m = memory(whole("single", 1), precision=precision)
     assert m["activations_bytes"] == activations
-    assert m["parameters_bytes"] == m["gradients_bytes"] == 4e6      # autocast keeps weights and grads in fp32
+    assert m["parameters_bytes"] == m["gradients_bytes"] == 4e6  # autocast keeps weights and grads in fp32
 
 
 def test_ddp_replicates_and_takes_the_replica_batch():
@@ -66,11 +79,11 @@ def test_zero1_splits_only_the_optimizer_state():
 def test_fsdp_splits_state_and_gathers_two_units_or_the_whole_model():
     m = memory(whole("fsdp", 2))
     assert (m["parameters_bytes"], m["gradients_bytes"], m["optimizer_bytes"]) == (2e6, 2e6, 2e6)
-    assert m["gathered_bytes"] == 2 * 1e6                           # the running unit and the prefetched one
+    assert m["gathered_bytes"] == 2 * 1e6  # the running unit and the prefetched one
     assert m["total_bytes"] == 3 * 2e6 + 2e6 + 1.05e6 + 1000 + RUNTIME
-    assert memory(whole("fsdp", 2, reshard=False))["gathered_bytes"] == 4e6      # kept after forward: all of it
+    assert memory(whole("fsdp", 2, reshard=False))["gathered_bytes"] == 4e6  # kept after forward: all of it
     assert memory(whole("fsdp", 4))["parameters_bytes"] == 1e6
-    assert memory(whole("fsdp", 1))["gathered_bytes"] == 0.0         # one rank gathers nothing
+    assert memory(whole("fsdp", 1))["gathered_bytes"] == 0.0  # one rank gathers nothing
 
 
 def test_stage_bounds_cut_by_flops():
@@ -79,15 +92,17 @@ def test_stage_bounds_cut_by_flops():
 
 
 def test_1f1b_pipeline_reports_the_heaviest_stage():
-    m = memory(Layout("pipeline", 2, 1, 2, 4, 8))                  # 2 stages, 4 micro-batches of 2
+    m = memory(Layout("pipeline", 2, 1, 2, 4, 8))  # 2 stages, 4 micro-batches of 2
     # stage 0 (units 0-1): 3 MB of parameters, half the FLOPs; 1F1B keeps min(M, K - 0) = 2 micro-batches:
     # activations 0.5 x (50 kB + 10 kB x 2 samples x 2) = 45 kB. Stage 1 (1 MB) is lighter.
     assert (m["parameters_bytes"], m["gradients_bytes"], m["optimizer_bytes"]) == (3e6, 3e6, 3e6)
     assert m["activations_bytes"] == pytest.approx(4.5e4, rel=1e-12)
-    assert m["buffers_bytes"] == 500.0                                # buffers split over the stages
+    assert m["buffers_bytes"] == 500.0  # buffers split over the stages
     assert m["total_bytes"] == pytest.approx(9e6 + 4.5e4 + 500 + RUNTIME, rel=1e-12)
     # Adam: two moments of 3 MB + 4 bytes for each of 10 x 3/4 = 7.5 tensors
-    assert memory(Layout("pipeline", 2, 1, 2, 4, 8), optimizer="adam")["optimizer_bytes"] == pytest.approx(6e6 + 30, rel=1e-12)
+    assert memory(Layout("pipeline", 2, 1, 2, 4, 8), optimizer="adam")["optimizer_bytes"] == pytest.approx(
+        6e6 + 30, rel=1e-12
+    )
 
 
 def test_gpipe_keeps_every_micro_batch_and_the_last_stage_can_be_heaviest():
@@ -96,7 +111,7 @@ def test_gpipe_keeps_every_micro_batch_and_the_last_stage_can_be_heaviest():
     late = memory_per_device(profile((5e5, 5e5, 1e6, 2e6)), Layout("pipeline", 2, 1, 2, 4, 8), "sgd", "fp32")
     # stage 1 holds 3 MB and, last in a 1F1B pipeline, one micro-batch: 0.5 x (50 kB + 20 kB)
     assert late["parameters_bytes"] == 3e6
-    assert late["runtime_bytes"] == 0.0                                # nothing given, nothing counted
+    assert late["runtime_bytes"] == 0.0  # nothing given, nothing counted
     assert late["activations_bytes"] == pytest.approx(3.5e4, rel=1e-12)
 
 

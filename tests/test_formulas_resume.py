@@ -1,6 +1,7 @@
 """The resume identity, pinned (issue #25): what must refuse a resume (anything that shapes the
 trajectory) and what must not (where to write, how often to log, the device kind's name, and for
 fsdp how the same global batch is split over the ranks)."""
+
 import pytest
 
 from paratrain.config import RUN_CONTROL_FIELDS, TrainConfig
@@ -12,15 +13,36 @@ def identity(**changes) -> str:
     return TrainConfig(**{**BASE, **changes}).identity()
 
 
-@pytest.mark.parametrize("field,value", [("run_dir", "elsewhere"), ("log_every", 7), ("checkpoint_every", 3), ("quiet", True),
-                                         ("monitor_hz", 10), ("max_restarts", 2), ("device", "cpu"),
-                                         ("memory_limit", "2G")])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("run_dir", "elsewhere"),
+        ("log_every", 7),
+        ("checkpoint_every", 3),
+        ("quiet", True),
+        ("monitor_hz", 10),
+        ("max_restarts", 2),
+        ("device", "cpu"),
+        ("memory_limit", "2G"),
+    ],
+)
 def test_run_control_does_not_refuse_a_resume(field, value):
     assert identity(**{field: value}) == identity()
 
 
-@pytest.mark.parametrize("field,value", [("lr", 0.2), ("epochs", 4), ("seed", 1), ("batch_size", 16), ("workers", 1),
-                                         ("optimizer", "adam"), ("lr_scaling", "sqrt"), ("warmup_epochs", 1)])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("lr", 0.2),
+        ("epochs", 4),
+        ("seed", 1),
+        ("batch_size", 16),
+        ("workers", 1),
+        ("optimizer", "adam"),
+        ("lr_scaling", "sqrt"),
+        ("warmup_epochs", 1),
+    ],
+)
 def test_what_shapes_the_trajectory_refuses_a_resume(field, value):
     assert identity(**{field: value}) != identity()
 
@@ -32,8 +54,8 @@ def test_a_default_given_explicitly_is_the_same_run():
 
 def test_fsdp_may_resume_on_other_ranks_with_the_same_global_batch():
     fsdp = dict(strategy="fsdp", base_batch_size=32)
-    assert identity(**fsdp, workers=4, batch_size=16) == identity(**fsdp)          # 2 x 32 = 4 x 16
-    assert identity(**fsdp, workers=4, batch_size=32) != identity(**fsdp)          # the global batch changed
+    assert identity(**fsdp, workers=4, batch_size=16) == identity(**fsdp)  # 2 x 32 = 4 x 16
+    assert identity(**fsdp, workers=4, batch_size=32) != identity(**fsdp)  # the global batch changed
     # the LR's reference batch must stay: 32 before, 64 now
     assert identity(strategy="fsdp", base_batch_size=64) != identity(**fsdp)
     # without --base-batch-size the reference is the per-rank batch, which the split changes: refused

@@ -7,6 +7,7 @@ efficiency per rank count, the collectives, overlap, the optimizer's traffic, th
 changes an expected value. The arithmetic is written out in the comments; no figure was copied
 from the code's output.
 """
+
 import pytest
 
 from paratrain.errors import UsageError
@@ -15,8 +16,16 @@ from paratrain.plan.devices import Device
 from paratrain.plan.links import Link
 from paratrain.plan.memory import Layout
 from paratrain.plan.profile import ModelProfile
-from paratrain.plan.step_time import (Efficiency, Topology, allgather_s, allreduce_s, bubble_fraction, ring_allgather_s,
-                                      ring_allreduce_s, step_time)
+from paratrain.plan.step_time import (
+    Efficiency,
+    Topology,
+    allgather_s,
+    allreduce_s,
+    bubble_fraction,
+    ring_allgather_s,
+    ring_allreduce_s,
+    step_time,
+)
 
 # 1e8 B/s, 0.1 ms a ring step, 1 ms a collective; across nodes 1e7 B/s, 1 ms a step, 10 ms a collective.
 INTRA = Link("intra", 1e8, 1e-4, "test", base_latency=1e-3)
@@ -32,15 +41,22 @@ def device(overlap: bool) -> Device:
 
 def profile(param_bytes: float = 4e6) -> ModelProfile:
     # Four pipeline units of 1 MFLOP a sample each; the second's output is what a 2-stage cut hands on.
-    units = [dict(name=f"u{i}", param_bytes=p, flops_per_sample=1e6, output_bytes_per_sample=o)
-             for i, (p, o) in enumerate([(1e6, 100), (2e6, 5e5), (5e5, 300), (5e5, 400)])]
+    units = [
+        dict(name=f"u{i}", param_bytes=p, flops_per_sample=1e6, output_bytes_per_sample=o)
+        for i, (p, o) in enumerate([(1e6, 100), (2e6, 5e5), (5e5, 300), (5e5, 400)])
+    ]
     return ModelProfile("toy", int(param_bytes / 4), int(param_bytes), 10, 0, int(1e6), 0.0, 0.0, int(1e6), units)
 
 
 # Efficiency per rank count: 0.5 on one rank, 0.4 on two or more; fixed compute 1 ms and 3 ms a
 # step; overhead 2 ms and 5 ms a step.
-EFF = Efficiency(compute=0.9, overhead_s=0.1, by_devices=((1, 0.5), (2, 0.4)), fixed_by_devices=((1, 1e-3), (2, 3e-3)),
-                 overhead_by_devices=((1, 2e-3), (2, 5e-3)))
+EFF = Efficiency(
+    compute=0.9,
+    overhead_s=0.1,
+    by_devices=((1, 0.5), (2, 0.4)),
+    fixed_by_devices=((1, 1e-3), (2, 3e-3)),
+    overhead_by_devices=((1, 2e-3), (2, 5e-3)),
+)
 
 
 def whole(strategy: str, devices: int, batch: int = 100, reshard: bool = True) -> Layout:
@@ -74,8 +90,13 @@ def test_hierarchical_collectives_across_nodes():
 
 
 def test_efficiency_takes_the_largest_measured_count_at_most_n():
-    eff = Efficiency(compute=0.9, overhead_s=0.1, by_devices=((2, 0.4), (8, 0.3)), fixed_by_devices=((2, 3e-3),),
-                     overhead_by_devices=((2, 5e-3), (4, 7e-3)))
+    eff = Efficiency(
+        compute=0.9,
+        overhead_s=0.1,
+        by_devices=((2, 0.4), (8, 0.3)),
+        fixed_by_devices=((2, 3e-3),),
+        overhead_by_devices=((2, 5e-3), (4, 7e-3)),
+    )
     assert [eff.compute_for(n) for n in (1, 2, 7, 8, 64)] == [0.9, 0.4, 0.4, 0.3, 0.3]
     assert [eff.fixed_compute_s(n) for n in (1, 2, 3)] == [0.0, 3e-3, 3e-3]
     assert [eff.overhead_for(n) for n in (1, 2, 3, 4, 5)] == [0.1, 5e-3, 5e-3, 7e-3, 7e-3]
@@ -106,8 +127,8 @@ def test_ddp_on_cpu_ranks_exposes_the_whole_all_reduce():
 
 
 def test_ddp_overlap_hides_the_all_reduce_behind_backward_but_its_last_bucket():
-    big = profile(param_bytes=1e8)          # 100 MB of gradients: 1 ms + 0.2 ms + 1 s = 1.0012 s to all-reduce
-    last_bucket = 1e-3 + 2e-4 + 25 * 2**20 / 1e8          # DDP's 25 MiB bucket: 263.344 ms
+    big = profile(param_bytes=1e8)  # 100 MB of gradients: 1 ms + 0.2 ms + 1 s = 1.0012 s to all-reduce
+    last_bucket = 1e-3 + 2e-4 + 25 * 2**20 / 1e8  # DDP's 25 MiB bucket: 263.344 ms
     # batch 2000: backward = 2/3 x (3 ms + 5 s) hides everything but the last bucket
     slow = step_time(big, whole("ddp", 2, batch=2000), device(True), "fp32", "sgd", TWO_PER_NODE, EFF)
     assert slow["comm_s"] == pytest.approx(1.0012, rel=1e-12)
@@ -148,7 +169,7 @@ def test_one_rank_of_a_data_parallel_strategy_communicates_nothing():
 
 
 def test_pipeline_slots_sends_and_the_heaviest_stage():
-    layout = Layout("pipeline", 2, 1, 2, 4, 8)          # 2 stages, 4 micro-batches of 2
+    layout = Layout("pipeline", 2, 1, 2, 4, 8)  # 2 stages, 4 micro-batches of 2
     cpu = step_time(profile(), layout, device(False), "fp32", "sgd", TWO_PER_NODE, EFF)
     # stages cut by FLOPs: units 0-1 and 2-3, 2 MFLOPs a sample each. A slot: 3 ms / 2 stages +
     # 2e6 x 2 / (1e9 x 0.4) = 1.5 + 10 ms; (M + K - 1) = 5 slots
@@ -165,7 +186,7 @@ def test_pipeline_slots_sends_and_the_heaviest_stage():
 
 
 def test_hybrid_adds_the_stage_all_reduce_across_replicas():
-    layout = Layout("hybrid", 4, 2, 2, 4, 8)            # 2 replicas of 2 stages
+    layout = Layout("hybrid", 4, 2, 2, 4, 8)  # 2 replicas of 2 stages
     t = step_time(profile(), layout, device(False), "fp32", "sgd", FOUR_PER_NODE, EFF)
     # the heavier stage's 3 MB over 2 replicas in one node: 1 ms + 0.2 ms + 30 ms
     assert t["comm_s"] == pytest.approx(10 * 0.0111 + 0.0312, rel=1e-12)
@@ -187,12 +208,28 @@ def test_no_bubble_without_stages():
 
 # -- calibration ------------------------------------------------------------------------------
 
-def run(workers: int, batch: int, compute: float, comm: float = 0.0, data: float = 0.0, other: float = 0.0,
-        optimizer: float = 0.0, grad_accum: int = 1, name: str = "r") -> dict:
+
+def run(
+    workers: int,
+    batch: int,
+    compute: float,
+    comm: float = 0.0,
+    data: float = 0.0,
+    other: float = 0.0,
+    optimizer: float = 0.0,
+    grad_accum: int = 1,
+    name: str = "r",
+) -> dict:
     """A summary.json of a run of a model of 1 MFLOP a sample on a 1 GFLOP/s device."""
-    return {"workers": workers, "batch_size": batch, "grad_accum": grad_accum, "flops_per_sample": 1e6,
-            "mfu_peak": {"per_device": 1e9}, "_path": f"/runs/{name}",
-            "breakdown": {"data_s": data, "compute_s": compute, "comm_s": comm, "optimizer_s": optimizer, "other_s": other}}
+    return {
+        "workers": workers,
+        "batch_size": batch,
+        "grad_accum": grad_accum,
+        "flops_per_sample": 1e6,
+        "mfu_peak": {"per_device": 1e9},
+        "_path": f"/runs/{name}",
+        "breakdown": {"data_s": data, "compute_s": compute, "comm_s": comm, "optimizer_s": optimizer, "other_s": other},
+    }
 
 
 def flat(pairs) -> list:
@@ -208,9 +245,9 @@ def test_calibration_fits_efficiency_fixed_cost_and_overhead_per_rank_count():
     runs = [
         # one rank, one batch (100 samples: 0.1 s at the peak): busy 0.25, 0.2, 0.4 -> shares 0.4,
         # 0.5, 0.25, median 0.4. The comm_s of a one-rank run is not waiting: it is left out.
-        run(1, 100, 0.25, comm=0.05, data=1e-3, other=2e-3, optimizer=0.010),     # overhead 3 + (10 - 4) = 9 ms
-        run(1, 100, 0.20, data=2e-3, other=2e-3, optimizer=0.003),                # 4 + 0 (below the plan's) = 4 ms
-        run(1, 100, 0.40, data=3e-3, other=3e-3, optimizer=0.006),                # 6 + 2 = 8 ms
+        run(1, 100, 0.25, comm=0.05, data=1e-3, other=2e-3, optimizer=0.010),  # overhead 3 + (10 - 4) = 9 ms
+        run(1, 100, 0.20, data=2e-3, other=2e-3, optimizer=0.003),  # 4 + 0 (below the plan's) = 4 ms
+        run(1, 100, 0.40, data=3e-3, other=3e-3, optimizer=0.006),  # 6 + 2 = 8 ms
         # two ranks, two batches 3x apart (0.1 s and, with 2 accumulated steps of 150, 0.3 s at the
         # peak); busy = compute + comm beyond the plan's 5 ms: 0.2 + 0.01, and 0.61 + 0 (its comm
         # is below the plan's): the line 0.01 + ideal / 0.5
@@ -227,9 +264,11 @@ def test_calibration_fits_efficiency_fixed_cost_and_overhead_per_rank_count():
     assert "0.400 on 1 rank(s)" in eff.source and "+ 10.00 ms a step" in eff.source
     # the whole sentence plan shows: a fixed cost on one count shows the others' too (0 ms), the
     # overheads in ms per count, the fits and the overheads each listed with ", "
-    assert eff.source == ("calibrated from 5 run(s) measured here (r, r, r, r, r): compute efficiency "
-                          "0.400 on 1 rank(s) + 0.00 ms a step, 0.500 on 2 rank(s) + 10.00 ms a step of the peak "
-                          "(waiting for other ranks included), per-step overhead 8.00 ms on 1 rank(s), 2.00 ms on 2 rank(s)")
+    assert eff.source == (
+        "calibrated from 5 run(s) measured here (r, r, r, r, r): compute efficiency "
+        "0.400 on 1 rank(s) + 0.00 ms a step, 0.500 on 2 rank(s) + 10.00 ms a step of the peak "
+        "(waiting for other ranks included), per-step overhead 8.00 ms on 1 rank(s), 2.00 ms on 2 rank(s)"
+    )
 
 
 def test_calibration_from_one_batch_size_has_no_fixed_cost():
@@ -238,9 +277,11 @@ def test_calibration_from_one_batch_size_has_no_fixed_cost():
     assert flat(eff.by_devices) == pytest.approx([1, 0.4, 2, 0.1 / 0.22], rel=1e-9)
     assert eff.fixed_by_devices == ()
     # no fixed cost anywhere: none is shown
-    assert eff.source == ("calibrated from 2 run(s) measured here (r, r): compute efficiency 0.400 on 1 rank(s), "
-                          "0.455 on 2 rank(s) of the peak (waiting for other ranks included), "
-                          "per-step overhead 0.00 ms on 1 rank(s), 0.00 ms on 2 rank(s)")
+    assert eff.source == (
+        "calibrated from 2 run(s) measured here (r, r): compute efficiency 0.400 on 1 rank(s), "
+        "0.455 on 2 rank(s) of the peak (waiting for other ranks included), "
+        "per-step overhead 0.00 ms on 1 rank(s), 0.00 ms on 2 rank(s)"
+    )
 
 
 def test_calibration_needs_a_measured_compute_time():
@@ -275,15 +316,20 @@ def test_a_run_without_grad_accum_counts_its_batch_once_and_is_named():
     eff = fit([one, run(1, 200, 0.5, name="second")], plan_says)
     # ideal 0.1 s and 0.2 s, busy 0.25 and 0.5: slope 2.5, intercept 0 -> efficiency 0.4, no fixed cost
     assert flat(eff.by_devices) == pytest.approx([1, 0.4], rel=1e-9)
-    assert eff.source.startswith("calibrated from 2 run(s) measured here (first, second): compute efficiency 0.400 on 1 rank(s)")
+    assert eff.source.startswith(
+        "calibrated from 2 run(s) measured here (first, second): compute efficiency 0.400 on 1 rank(s)"
+    )
 
 
-@pytest.mark.parametrize("change,why", [
-    ({"status": "failed"}, "the run did not complete (status 'failed')"),
-    ({"strategy": "pipeline"}, "strategy 'pipeline' splits the model"),
-    ({"flops_per_sample": None}, "the run has no FLOPs per sample or device peak"),
-    ({"mfu_peak": {}}, "the run has no FLOPs per sample or device peak"),
-])
+@pytest.mark.parametrize(
+    "change,why",
+    [
+        ({"status": "failed"}, "the run did not complete (status 'failed')"),
+        ({"strategy": "pipeline"}, "strategy 'pipeline' splits the model"),
+        ({"flops_per_sample": None}, "the run has no FLOPs per sample or device peak"),
+        ({"mfu_peak": {}}, "the run has no FLOPs per sample or device peak"),
+    ],
+)
 def test_runs_that_cannot_calibrate_say_why(change, why):
     from paratrain.plan.calibrate import _unusable
 
@@ -336,7 +382,7 @@ def test_cpu_ddp_of_a_large_model_exposes_all_of_it():
 
 
 def test_a_pipeline_wider_than_a_node_hands_on_over_the_network():
-    layout = Layout("pipeline", 4, 1, 4, 4, 8)          # 4 stages of one unit, 4 micro-batches of 2
+    layout = Layout("pipeline", 4, 1, 4, 4, 8)  # 4 stages of one unit, 4 micro-batches of 2
     cpu = step_time(profile(), layout, device(False), "fp32", "sgd", TWO_PER_NODE, EFF)
     # a slot: 3 ms / 4 + 1e6 x 2 / 4e8 = 5.75 ms; 7 slots
     assert cpu["compute_s"] == pytest.approx(7 * 0.00575, rel=1e-12)

@@ -1,4 +1,5 @@
 """The `gpt` workloads: the transformer, byte-level text, workload-owned losses, tokens/s, FLOPs and MFU."""
+
 import json
 import math
 import os
@@ -17,8 +18,18 @@ from paratrain.workloads.objective import Objective, _unpack
 
 def tiny(tmp_path, **overrides):
     """gpt-tiny on short windows of the default corpus (Python's own sources): quick on one core."""
-    cfg = dict(workload="gpt-tiny", seq_len=64, samples_per_epoch=256, eval_samples=64, batch_size=16, epochs=1,
-               threads_per_worker=1, quiet=True, run_dir=tmp_path / "run", log_every=4)
+    cfg = dict(
+        workload="gpt-tiny",
+        seq_len=64,
+        samples_per_epoch=256,
+        eval_samples=64,
+        batch_size=16,
+        epochs=1,
+        threads_per_worker=1,
+        quiet=True,
+        run_dir=tmp_path / "run",
+        log_every=4,
+    )
     cfg.update(overrides)
     return cfg
 
@@ -57,7 +68,12 @@ def test_gpt_tiny_learns_and_reports_tokens_bits_flops_and_mfu(tmp_path, known_c
     model = gpt.GPT(gpt.PRESETS["gpt-tiny"])
     assert summary["flops_per_sample"] == pytest.approx(model.flops_per_token(64) * 64, rel=0.1)
     peak = known_cpu_peak
-    assert summary["mfu_peak"] == {"flops_per_s": peak, "per_device": peak, "devices": 1, "source": "seeded by the test"}
+    assert summary["mfu_peak"] == {
+        "flops_per_s": peak,
+        "per_device": peak,
+        "devices": 1,
+        "source": "seeded by the test",
+    }
     assert summary["mfu"] == pytest.approx(summary["flops_per_sample"] * summary["samples_per_s"] / peak)
 
     data = RunDir(tmp_path / "run").read_config()["resolved"]["data"]
@@ -71,8 +87,15 @@ def _params(run_dir):
 def test_data_parallel_gpt_equals_one_process_with_the_global_batch(tmp_path):
     """2 ranks x 8 windows == 1 process x 16 windows, step for step (the windows are dealt to the
     ranks like DistributedSampler's samples). Tolerance as the CNN's: float32 summation order only."""
-    common = dict(seq_len=32, samples_per_epoch=64, optimizer="sgd", lr=0.1, lr_scaling="linear",
-                  base_batch_size=16, checkpoint_every=1)
+    common = dict(
+        seq_len=32,
+        samples_per_epoch=64,
+        optimizer="sgd",
+        lr=0.1,
+        lr_scaling="linear",
+        base_batch_size=16,
+        checkpoint_every=1,
+    )
     one = paratrain.train(tiny(tmp_path, run_dir=tmp_path / "one", workers=1, batch_size=16, **common))
     two = paratrain.train(tiny(tmp_path, run_dir=tmp_path / "two", workers=2, batch_size=8, **common))
     assert one["steps"] == two["steps"] == 4
@@ -89,12 +112,12 @@ def test_data_parallel_gpt_equals_one_process_with_the_global_batch(tmp_path):
 def test_flop_counter_agrees_with_the_analytic_estimate(preset, seq_len):
     """FlopCounterMode over forward + loss + backward of one sample vs nanoGPT's / PaLM's
     6N + 12·L·H·Q·T per token (N: parameters without the position embeddings)."""
-    with torch.device("meta"):          # shapes only: counting gpt-medium costs nothing
+    with torch.device("meta"):  # shapes only: counting gpt-medium costs nothing
         model = gpt.GPT(gpt.PRESETS[preset])
     x = torch.zeros(1, seq_len, dtype=torch.long)
     counted = flops.count_flops_per_sample(model, Objective(), x, x)
     analytic = model.flops_per_token(seq_len) * seq_len
-    assert counted == pytest.approx(analytic, rel=0.1), (counted / analytic)
+    assert counted == pytest.approx(analytic, rel=0.1), counted / analytic
 
 
 def test_mfu_arithmetic_and_device_peaks(tmp_path, monkeypatch):
@@ -118,8 +141,9 @@ def test_mfu_arithmetic_and_device_peaks(tmp_path, monkeypatch):
 
 
 def test_user_model_that_returns_its_own_loss_trains(tmp_path):
-    summary = paratrain.train(tiny(tmp_path, model="user_factories:bigram_lm", samples_per_epoch=2048,
-                                   optimizer="adamw", lr=0.1))
+    summary = paratrain.train(
+        tiny(tmp_path, model="user_factories:bigram_lm", samples_per_epoch=2048, optimizer="adamw", lr=0.1)
+    )
     _, held_out, _, _ = text.load_corpus(None)
     assert summary["status"] == "completed"
     assert summary["val_loss"] < _unigram_bits(held_out) * math.log(2), "byte pairs predict better than byte counts"
@@ -131,8 +155,10 @@ def test_loss_function_from_the_command_line_is_the_loss_trained_on(tmp_path):
     common = dict(samples_per_epoch=16, log_every=1, optimizer="sgd", lr=0.01)
     paratrain.train(tiny(tmp_path, run_dir=tmp_path / "builtin", **common))
     paratrain.train(tiny(tmp_path, run_dir=tmp_path / "doubled", loss="user_factories:doubled_cross_entropy", **common))
-    first = [next(e["loss"] for e in RunDir(tmp_path / name).read_metrics() if e["event"] == "step")
-             for name in ("builtin", "doubled")]
+    first = [
+        next(e["loss"] for e in RunDir(tmp_path / name).read_metrics() if e["event"] == "step")
+        for name in ("builtin", "doubled")
+    ]
     assert first[1] == pytest.approx(2 * first[0], rel=1e-5)
 
 
@@ -176,7 +202,7 @@ def test_text_is_split_by_whole_documents(tmp_path):
     folder.mkdir()
     for i in range(20):
         (folder / f"doc{i:02d}.txt").write_text(f"document number {i} " * 50)
-    (folder / "image.bin").write_bytes(bytes(range(256)))          # not text: skipped
+    (folder / "image.bin").write_bytes(bytes(range(256)))  # not text: skipped
     train, held_out, lengths, info = text.load_corpus(folder, tmp_path / "cache")
     assert info["documents"] == 20 and len(lengths) == 18
     held = held_out.numpy().tobytes().decode()
@@ -199,7 +225,10 @@ def corpora(tmp_path):
 
 BAD = {
     "seq-len above the context": (["--seq-len", "512"], "exceeds gpt-tiny's context of 256"),
-    "width not divisible by heads": (["--n-embd", "100", "--n-head", "3"], "--n-embd 100 is not divisible by --n-head 3"),
+    "width not divisible by heads": (
+        ["--n-embd", "100", "--n-head", "3"],
+        "--n-embd 100 is not divisible by --n-head 3",
+    ),
     "empty text file": (["--data-dir", "{tmp}/empty.txt"], "is empty"),
     "folder without text": (["--data-dir", "{tmp}/binary"], "holds no UTF-8 text"),
     "text shorter than a window": (["--data-dir", "{tmp}/short.txt"], "--seq-len"),
@@ -215,8 +244,17 @@ def test_bad_text_and_loss_input_is_one_line_exit_2_and_writes_nothing(corpora, 
     args, expected = BAD[case]
     run_dir = corpora / "run"
     try:
-        code = main(["train", "--workload", "gpt-tiny", "--run-dir", str(run_dir), "--quiet",
-                     *[a.format(tmp=corpora) for a in args]])
+        code = main(
+            [
+                "train",
+                "--workload",
+                "gpt-tiny",
+                "--run-dir",
+                str(run_dir),
+                "--quiet",
+                *[a.format(tmp=corpora) for a in args],
+            ]
+        )
     except SystemExit as exc:
         code = exc.code
     err = capsys.readouterr().err

@@ -7,6 +7,7 @@
 - A faked device count and environment for placement and sweep trials.
 - A checkpoint that says it came from GPU ranks.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,11 +22,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import synthetic
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 
 import paratrain
-from conftest import synthetic
 from paratrain.config import TrainConfig
 from paratrain.engine import memory
 from paratrain.engine.distributed import RankContext
@@ -33,8 +34,21 @@ from paratrain.errors import UsageError
 from paratrain.launch.placement import plan_placement
 from paratrain.sweep.trial import visible_devices
 
-_FACTORIES = {torch.tensor, torch.as_tensor, torch.zeros, torch.ones, torch.empty, torch.full, torch.arange,
-              torch.rand, torch.randn, torch.randint, torch.randperm, torch.linspace, torch.eye}
+_FACTORIES = {
+    torch.tensor,
+    torch.as_tensor,
+    torch.zeros,
+    torch.ones,
+    torch.empty,
+    torch.full,
+    torch.arange,
+    torch.rand,
+    torch.randn,
+    torch.randint,
+    torch.randperm,
+    torch.linspace,
+    torch.eye,
+}
 
 
 def _names_device(args: tuple, kwargs: dict) -> bool:
@@ -67,8 +81,8 @@ class HostTensorAudit(TorchFunctionMode):
     def __init__(self) -> None:
         super().__init__()
         self.host = _TensorSet()
-        self.created: Counter[str] = Counter()    # host tensors made in paratrain code, by place
-        self.moved: Counter[str] = Counter()      # host tensors copied to "the device", by place
+        self.created: Counter[str] = Counter()  # host tensors made in paratrain code, by place
+        self.moved: Counter[str] = Counter()  # host tensors copied to "the device", by place
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -116,8 +130,15 @@ def _audited_run(tmp_path: Path, name: str, samples: int, monkeypatch) -> tuple[
         return plain_sum(self, tensor)
 
     monkeypatch.setattr(RankContext, "sum", checked_sum)
-    cfg = synthetic(tmp_path, workers=1, synthetic_samples=samples, augment="flip,crop,jitter", optimizer="lamb",
-                    lr=0.001, run_dir=tmp_path / name)
+    cfg = synthetic(
+        tmp_path,
+        workers=1,
+        synthetic_samples=samples,
+        augment="flip,crop,jitter",
+        optimizer="lamb",
+        lr=0.001,
+        run_dir=tmp_path / name,
+    )
     with audit:
         paratrain.train(cfg)
     monkeypatch.setattr(RankContext, "sum", plain_sum)
@@ -131,11 +152,17 @@ def test_no_host_tensor_reaches_a_collective_or_is_copied_to_the_device_per_step
     few, few_sums = _audited_run(tmp_path, "few", 128, monkeypatch)
     many, many_sums = _audited_run(tmp_path, "many", 512, monkeypatch)
     assert not few_sums and not many_sums, f"host tensors handed to a collective at {few_sums + many_sums}"
-    grew = {place: (few.moved[place], many.moved[place]) for place in few.moved | many.moved
-            if many.moved[place] != few.moved[place]}
+    grew = {
+        place: (few.moved[place], many.moved[place])
+        for place in few.moved | many.moved
+        if many.moved[place] != few.moved[place]
+    }
     assert not grew, f"host-to-device copies that grow with the steps (4 vs 16 steps/epoch): {grew}"
-    grew = {place: (few.created[place], many.created[place]) for place in few.created | many.created
-            if many.created[place] != few.created[place]}
+    grew = {
+        place: (few.created[place], many.created[place])
+        for place in few.created | many.created
+        if many.created[place] != few.created[place]
+    }
     assert not grew, f"host tensors made at every step: {grew}"
 
 
@@ -170,13 +197,16 @@ def test_gpu_peak_memory_is_reset_at_the_start_and_the_cache_released_at_the_end
     assert calls == [("reset", gpu), ("peak", gpu), ("empty",)]
 
 
-@pytest.mark.parametrize("inherited, gpus, expected", [
-    (None, (2, 3), "2,3"),
-    ("", (0,), "0"),
-    ("4,5,6,7", (2, 3), "6,7"),
-    ("4, 5 ,6,7", (1,), "5"),
-    ("GPU-8f2a,GPU-77c1,MIG-1a2b/1/0", (2, 0), "MIG-1a2b/1/0,GPU-8f2a"),
-])
+@pytest.mark.parametrize(
+    "inherited, gpus, expected",
+    [
+        (None, (2, 3), "2,3"),
+        ("", (0,), "0"),
+        ("4,5,6,7", (2, 3), "6,7"),
+        ("4, 5 ,6,7", (1,), "5"),
+        ("GPU-8f2a,GPU-77c1,MIG-1a2b/1/0", (2, 0), "MIG-1a2b/1/0,GPU-8f2a"),
+    ],
+)
 def test_trial_gpus_are_taken_from_the_inherited_list_by_position(inherited, gpus, expected):
     assert visible_devices(gpus, inherited) == expected
 
@@ -184,16 +214,27 @@ def test_trial_gpus_are_taken_from_the_inherited_list_by_position(inherited, gpu
 def test_sweep_trials_run_on_the_inherited_devices(tmp_path, monkeypatch):
     """A script sweep on a 'GPU' machine (the count faked): each trial sees one inherited entry."""
     script = tmp_path / "train.py"
-    script.write_text("import os\nopen(os.path.join(os.environ['PARATRAIN_TRIAL_DIR'], 'devices.txt'), 'w')"
-                      ".write(os.environ.get('CUDA_VISIBLE_DEVICES', ''))\nprint('score=1')\n")
+    script.write_text(
+        "import os\nopen(os.path.join(os.environ['PARATRAIN_TRIAL_DIR'], 'devices.txt'), 'w')"
+        ".write(os.environ.get('CUDA_VISIBLE_DEVICES', ''))\nprint('score=1')\n"
+    )
     space = tmp_path / "space.json"
-    space.write_text(json.dumps({"algorithm": "grid", "parameters": {"x": {"type": "discrete", "values": [1, 2]}},
-                                 "spec": {"metric": "score", "objective": "minimize"}}))
+    space.write_text(
+        json.dumps(
+            {
+                "algorithm": "grid",
+                "parameters": {"x": {"type": "discrete", "values": [1, 2]}},
+                "spec": {"metric": "score", "objective": "minimize"},
+            }
+        )
+    )
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-aaaa,GPU-bbbb")
     monkeypatch.setattr("paratrain.sweep.driver.gpu_count", lambda: 2)
     from paratrain.cli import main
 
-    assert main(["sweep", str(space), "-j", "2", "--out", str(tmp_path / "out"), "--script", str(script), "--quiet"]) == 0
+    assert (
+        main(["sweep", str(space), "-j", "2", "--out", str(tmp_path / "out"), "--script", str(script), "--quiet"]) == 0
+    )
     seen = sorted(p.read_text() for p in (tmp_path / "out").rglob("devices.txt"))
     assert seen in (["GPU-aaaa", "GPU-bbbb"], ["GPU-aaaa", "GPU-aaaa"], ["GPU-bbbb", "GPU-bbbb"]), seen
     assert all(s in ("GPU-aaaa", "GPU-bbbb") for s in seen)
@@ -225,10 +266,39 @@ def test_a_checkpoint_from_gpu_ranks_is_not_resumed_on_cpu(tmp_path):
     ckpt["rng"][0]["cuda"] = torch.zeros(16, dtype=torch.uint8)
     torch.save(ckpt, run / "checkpoint.pt")
     before = {p: p.stat().st_mtime_ns for p in run.rglob("*")}
-    proc = subprocess.run([sys.executable, "-m", "paratrain", "train", "--workload", "synthetic-cnn", "--synthetic-samples",
-                           "512", "--epochs", "2", "--batch-size", "32", "--lr", "0.01", "--threads-per-worker", "1",
-                           "--log-every", "4", "--device", "cpu", "--checkpoint-every", "1", "--run-dir", str(run),
-                           "--resume", "--quiet"], capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "paratrain",
+            "train",
+            "--workload",
+            "synthetic-cnn",
+            "--synthetic-samples",
+            "512",
+            "--epochs",
+            "2",
+            "--batch-size",
+            "32",
+            "--lr",
+            "0.01",
+            "--threads-per-worker",
+            "1",
+            "--log-every",
+            "4",
+            "--device",
+            "cpu",
+            "--checkpoint-every",
+            "1",
+            "--run-dir",
+            str(run),
+            "--resume",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "cuda" in lines[0] and "--device" in lines[0], proc.stderr

@@ -4,6 +4,7 @@ No GPU here: NVML, the device count, the accelerator torch was built for and the
 faked; the process groups are real (gloo, two spawned ranks) and the memory limit is real
 (RLIMIT_DATA). Each test failed on the code before the fix (docs/training.md, "On GPUs").
 """
+
 from __future__ import annotations
 
 import json
@@ -17,9 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
+from conftest import free_port, synthetic, train_spawned
 
 import paratrain
-from conftest import free_port, synthetic, train_spawned
 from paratrain.errors import RunFailed, UsageError
 from paratrain.measure.monitor import SYSTEM_FILE, Monitor
 
@@ -31,7 +32,7 @@ class FakeNVML(types.SimpleNamespace):
         pass
 
     NVML_CLOCK_SM = 1
-    BUS = ["00000000:81:00.0", "00000000:01:00.0", "00000000:C1:00.0", "00000000:41:00.0"]   # NVML index -> PCI bus id
+    BUS = ("00000000:81:00.0", "00000000:01:00.0", "00000000:C1:00.0", "00000000:41:00.0")  # NVML index -> PCI bus id
 
     def __init__(self):
         super().__init__(calls=[])
@@ -56,7 +57,7 @@ class FakeNVML(types.SimpleNamespace):
         return uuid
 
     def nvmlDeviceGetPciInfo(self, handle):
-        return types.SimpleNamespace(busId=self.BUS[int(handle[4:])].encode())     # bytes, as older releases give
+        return types.SimpleNamespace(busId=self.BUS[int(handle[4:])].encode())  # bytes, as older releases give
 
     def nvmlDeviceGetUUID(self, handle):
         return f"GPU-{int(handle[4:]) * 1111:04d}-{handle}"
@@ -90,16 +91,19 @@ def _sample_once(tmp_path: Path, cuda_ranks: int, environ: dict[str, str]) -> di
     return {r["index"]: r["utilization_percent"] - 10 for r in records if r["kind"] == "gpu"}
 
 
-@pytest.mark.parametrize("visible, expected", [
-    # PCI order of the NVML indices: 1 (01:00), 3 (41:00), 0 (81:00), 2 (C1:00).
-    (None, {0: 1, 1: 3, 2: 0, 3: 2}),
-    ("1,3", {0: 3, 1: 2}),
-    ("3,0", {0: 2, 1: 1}),
-    ("GPU-3333,GPU-0000", {0: 3, 1: 0}),          # UUID prefixes, CUDA's own matching
-    ("2,7,1", {0: 0}),                           # the list ends at the first index that names no device
-    ("MIG-1a2b/1/0", {0: 90}),
-    ("1,1", {}),                                 # a device named twice: CUDA sees none
-])
+@pytest.mark.parametrize(
+    "visible, expected",
+    [
+        # PCI order of the NVML indices: 1 (01:00), 3 (41:00), 0 (81:00), 2 (C1:00).
+        (None, {0: 1, 1: 3, 2: 0, 3: 2}),
+        ("1,3", {0: 3, 1: 2}),
+        ("3,0", {0: 2, 1: 1}),
+        ("GPU-3333,GPU-0000", {0: 3, 1: 0}),  # UUID prefixes, CUDA's own matching
+        ("2,7,1", {0: 0}),  # the list ends at the first index that names no device
+        ("MIG-1a2b/1/0", {0: 90}),
+        ("1,1", {}),  # a device named twice: CUDA sees none
+    ],
+)
 def test_monitor_maps_cuda_devices_through_visible_devices_in_pci_order(tmp_path, visible, expected):
     environ = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", **({"CUDA_VISIBLE_DEVICES": visible} if visible is not None else {})}
     assert _sample_once(tmp_path, 4, environ) == expected
@@ -135,7 +139,7 @@ def test_node_0_of_a_two_node_gpu_run_monitors_its_own_four_ranks(tmp_path, monk
 
     def ranks(cfg, placement, run_dir, tasks):
         seen["order"] = os.environ.get("CUDA_DEVICE_ORDER")
-        time.sleep(0.3)         # the monitor samples meanwhile
+        time.sleep(0.3)  # the monitor samples meanwhile
         raise RanksFailed("rank 5 failed: stand-in")
 
     monkeypatch.setattr(launch, "run_ranks", ranks)
@@ -156,11 +160,19 @@ def test_launch_env_visible_devices_reach_the_monitor(tmp_path, monkeypatch, fak
     from paratrain.runs import RunDir
 
     script = tmp_path / "rank.py"
-    script.write_text("import os, time\nopen(os.path.join(os.environ['PARATRAIN_RUN_DIR'], 'order' + os.environ['RANK']), 'w')"
-                      ".write(os.environ.get('CUDA_DEVICE_ORDER', '') + ' ' + os.environ['CUDA_VISIBLE_DEVICES'])\n"
-                      "time.sleep(0.5)\n")
-    cfg = LaunchConfig(script=script, workers=2, env={"CUDA_VISIBLE_DEVICES": "3"}, probe=False, monitor_hz=20.0,
-                       run_dir=tmp_path / "run")
+    script.write_text(
+        "import os, time\nopen(os.path.join(os.environ['PARATRAIN_RUN_DIR'], 'order' + os.environ['RANK']), 'w')"
+        ".write(os.environ.get('CUDA_DEVICE_ORDER', '') + ' ' + os.environ['CUDA_VISIBLE_DEVICES'])\n"
+        "time.sleep(0.5)\n"
+    )
+    cfg = LaunchConfig(
+        script=script,
+        workers=2,
+        env={"CUDA_VISIBLE_DEVICES": "3"},
+        probe=False,
+        monitor_hz=20.0,
+        run_dir=tmp_path / "run",
+    )
     run = RunDir(tmp_path / "run")
     summary = launch_script._launch(cfg, run, script, [sys.executable, str(script)], True, 1, None)
     assert summary["status"] == "completed", summary
@@ -181,14 +193,22 @@ def test_a_task_bound_to_one_gpu_computes_on_device_0(monkeypatch):
     monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)
     chosen = []
     monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
-    env = {"SLURM_PROCID": "3", "SLURM_STEP_NUM_TASKS": "8", "SLURM_LOCALID": "3", "SLURM_NODEID": "0",
-           "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_TASKS_PER_NODE": "4(x2)", "SLURM_STEP_NODELIST": "gpu[01-02]",
-           "SLURM_JOB_ID": "77", "CUDA_VISIBLE_DEVICES": "2"}
+    env = {
+        "SLURM_PROCID": "3",
+        "SLURM_STEP_NUM_TASKS": "8",
+        "SLURM_LOCALID": "3",
+        "SLURM_NODEID": "0",
+        "SLURM_STEP_NUM_NODES": "2",
+        "SLURM_STEP_TASKS_PER_NODE": "4(x2)",
+        "SLURM_STEP_NODELIST": "gpu[01-02]",
+        "SLURM_JOB_ID": "77",
+        "CUDA_VISIBLE_DEVICES": "2",
+    }
     cfg, tasks = adopt_tasks(TrainConfig(device="cuda"), env)
     placement = task_placement(cfg, tasks)
     assert placement.device_type == "cuda" and tasks.local_rank == 3
     monkeypatch.setenv("LOCAL_RANK", "3")
-    monkeypatch.setenv("WORLD_SIZE", "1")      # no process group: only the device choice is under test
+    monkeypatch.setenv("WORLD_SIZE", "1")  # no process group: only the device choice is under test
     ctx = init_rank(Placement(backend="nccl", device_type="cuda", threads_per_worker=torch.get_num_threads()))
     assert ctx.device == torch.device("cuda", 0) and chosen == [torch.device("cuda", 0)]
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
@@ -234,7 +254,7 @@ def _spawned_rank(rank: int, out: str, ports: list[int]) -> None:
     dist.gather_object = gather_object
     placement = dict(backend="gloo", device_type="cpu", threads_per_worker=1)
     train_spawned(rank, Path(out), ports[:1], {"fsdp-cuda-build": (SPAWNED["fsdp-cuda-build"], placement)})
-    gathers.clear()         # DCP's own gathers of the fsdp run's save plans are not the pipeline's
+    gathers.clear()  # DCP's own gathers of the fsdp run's save plans are not the pipeline's
     dist.get_backend = lambda group=None: "nccl" if group is None else real_backend(group)
     train_spawned(rank, Path(out), ports[1:], {"pipeline-gather": (SPAWNED["pipeline-gather"], placement)})
     (Path(out) / f"gathers{rank}.json").write_text(json.dumps(gathers))
@@ -245,8 +265,9 @@ def spawned(tmp_path_factory):
     out = tmp_path_factory.mktemp("spawned")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PARATRAIN_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
-        ranks = mp.start_processes(_spawned_rank, args=(str(out), [free_port(), free_port()]), nprocs=2, join=False,
-                                   start_method="spawn")
+        ranks = mp.start_processes(
+            _spawned_rank, args=(str(out), [free_port(), free_port()]), nprocs=2, join=False, start_method="spawn"
+        )
         while not ranks.join():
             pass
     return out
@@ -262,10 +283,11 @@ def test_the_pipeline_checkpoint_gathers_over_a_gloo_group_when_the_default_is_n
     assert summary["status"] == "completed"
     for rank in (0, 1):
         gathers = json.loads((spawned / f"gathers{rank}.json").read_text())
-        assert gathers == ["gloo"], gathers       # one checkpoint, over the host group
+        assert gathers == ["gloo"], gathers  # one checkpoint, over the host group
 
 
 # -- a model larger than the memory limit, built on meta and sharded ------------------------------
+
 
 def test_an_fsdp_model_larger_than_the_memory_limit_trains_on_two_ranks(tmp_path, monkeypatch):
     """user_factories.frozen_tower's 1.37 GB exceed --memory-limit 1150M; each rank builds it on meta
@@ -273,10 +295,22 @@ def test_an_fsdp_model_larger_than_the_memory_limit_trains_on_two_ranks(tmp_path
     stays below one whole copy of the model (building it whole first, as before, failed the limit)."""
     from user_factories import frozen_tower
 
-    monkeypatch.chdir(Path(__file__).parent)      # user_factories.py is found from the working directory
-    summary = paratrain.train(synthetic(tmp_path, workers=2, strategy="fsdp", model="user_factories:frozen_tower",
-                                        synthetic_samples=64, batch_size=4, epochs=1, log_every=1, memory_limit="1150M",
-                                        shard_unit="Linear", max_steps=2))
+    monkeypatch.chdir(Path(__file__).parent)  # user_factories.py is found from the working directory
+    summary = paratrain.train(
+        synthetic(
+            tmp_path,
+            workers=2,
+            strategy="fsdp",
+            model="user_factories:frozen_tower",
+            synthetic_samples=64,
+            batch_size=4,
+            epochs=1,
+            log_every=1,
+            memory_limit="1150M",
+            shard_unit="Linear",
+            max_steps=2,
+        )
+    )
     assert summary["status"] == "completed"
     full = sum(p.numel() * 4 for p in frozen_tower().parameters())
     assert full > 1150 * 2**20
@@ -286,6 +320,7 @@ def test_an_fsdp_model_larger_than_the_memory_limit_trains_on_two_ranks(tmp_path
 
 
 # -- MFU and find-batch ---------------------------------------------------------------------------
+
 
 def test_fp32_mfu_counts_tf32_where_torch_allows_it():
     """A100 at fp32: convolutions run in TF32 by default (cudnn.allow_tf32), matrix products only when
@@ -338,21 +373,31 @@ def test_find_batch_bisects_through_cudnn_and_cublas_allocation_failures(tmp_pat
     from paratrain.batch import find_batch as fb
     from paratrain.engine.distributed import Placement
 
-    monkeypatch.setattr("paratrain.launch.placement.plan_placement",
-                        lambda cfg: Placement(backend="nccl", device_type="cuda", threads_per_worker=1))
+    monkeypatch.setattr(
+        "paratrain.launch.placement.plan_placement",
+        lambda cfg: Placement(backend="nccl", device_type="cuda", threads_per_worker=1),
+    )
     probed = []
 
     def child(argv, **kwargs):
-        run_dir = Path(argv[-1]).with_suffix("")      # the probe's config file is RUN_DIR.json
+        run_dir = Path(argv[-1]).with_suffix("")  # the probe's config file is RUN_DIR.json
         batch = int(run_dir.name.removeprefix("batch-"))
         probed.append(batch)
         if batch > 37:
             return types.SimpleNamespace(returncode=1, stderr=CUDNN_FAILURE if batch == 64 else CUBLAS_FAILURE)
         run_dir.mkdir(parents=True)
-        (run_dir / "summary.json").write_text(json.dumps({"samples_per_s": 100.0 * batch, "peak_memory_bytes": [batch],
-                                                          "memory": {"activations_peak_bytes": [batch]}}))
-        (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"event": "step", "samples_per_s": 100.0 * batch}) + "\n"
-                                                       for _ in range(3)))
+        (run_dir / "summary.json").write_text(
+            json.dumps(
+                {
+                    "samples_per_s": 100.0 * batch,
+                    "peak_memory_bytes": [batch],
+                    "memory": {"activations_peak_bytes": [batch]},
+                }
+            )
+        )
+        (run_dir / "metrics.jsonl").write_text(
+            "".join(json.dumps({"event": "step", "samples_per_s": 100.0 * batch}) + "\n" for _ in range(3))
+        )
         return types.SimpleNamespace(returncode=0, stderr="")
 
     monkeypatch.setattr(fb, "subprocess", types.SimpleNamespace(run=child))
@@ -365,6 +410,11 @@ def test_find_batch_bisects_through_cudnn_and_cublas_allocation_failures(tmp_pat
     assert 64 in probed and probed[-1] in (37, 38)
     # Any other failure still ends the search, naming it.
     with pytest.raises(RunFailed, match="something else"):
-        monkeypatch.setattr(fb, "subprocess", types.SimpleNamespace(
-            run=lambda argv, **kw: types.SimpleNamespace(returncode=1, stderr="RuntimeError: something else\n")))
+        monkeypatch.setattr(
+            fb,
+            "subprocess",
+            types.SimpleNamespace(
+                run=lambda argv, **kw: types.SimpleNamespace(returncode=1, stderr="RuntimeError: something else\n")
+            ),
+        )
         fb.find_batch(train, tmp_path / "out2")

@@ -1,4 +1,5 @@
 """`paratrain launch` (any torchrun-style script on N ranks) and `paratrain scale --script`."""
+
 import json
 import os
 from pathlib import Path
@@ -52,7 +53,9 @@ def launched(ddp_script, tmp_path_factory):
     """`paratrain launch -n 2 ddp_train.py --flag value` (the CLI's main, whose return value is the
     command's exit status), run once for several tests."""
     run_dir = tmp_path_factory.mktemp("launch") / "run"
-    status = main(["launch", "-n", "2", "--run-dir", str(run_dir), "--monitor-hz", "5", str(ddp_script), "--flag", "value"])
+    status = main(
+        ["launch", "-n", "2", "--run-dir", str(run_dir), "--monitor-hz", "5", str(ddp_script), "--flag", "value"]
+    )
     return status, run_dir
 
 
@@ -85,16 +88,22 @@ def test_launch_returns_the_exit_status_of_a_failing_rank(ddp_script, tmp_path, 
     assert summary["status"] == "failed" and summary["exit_code"] == 3 and summary["failed_rank"] == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("paratrain launch: rank 1 failed with exit status 3: ")
-    assert err[0].endswith(f"(see {run_dir / 'logs' / 'rank1.log'})")       # the last line of that rank's log between
+    assert err[0].endswith(f"(see {run_dir / 'logs' / 'rank1.log'})")  # the last line of that rank's log between
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["launch", "missing.py"], "missing.py does not exist; pass the path of your training script"),
-    (["launch", "-n", "0", "SCRIPT"], "--workers: Input should be greater than 0 (got 0)"),
-    (["launch", "--monitor-hz", "0", "SCRIPT"], "--monitor-hz: Input should be greater than 0 (got 0.0)"),
-    (["scale", "--script", "SCRIPT", "--workers", "1,2", "--epochs", "2", "--out", "study"],
-     "train flags (--epochs) apply to built-in workloads; with --script pass your script's own arguments after --"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["launch", "missing.py"], "missing.py does not exist; pass the path of your training script"),
+        (["launch", "-n", "0", "SCRIPT"], "--workers: Input should be greater than 0 (got 0)"),
+        (["launch", "--monitor-hz", "0", "SCRIPT"], "--monitor-hz: Input should be greater than 0 (got 0.0)"),
+        (
+            ["scale", "--script", "SCRIPT", "--workers", "1,2", "--epochs", "2", "--out", "study"],
+            "train flags (--epochs) apply to built-in workloads; with --script pass your script's own arguments after "
+            "--",
+        ),
+    ],
+)
 def test_bad_launch_input_is_one_line_and_writes_nothing(argv, message, ddp_script, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert main([str(ddp_script) if a == "SCRIPT" else a for a in argv]) == 2
@@ -117,13 +126,18 @@ def test_scale_script_builds_the_scaling_table(ddp_script, tmp_path, capsys):
     assert rows[(1, "all_cores_reference")]["threads_per_worker"] == len(os.sched_getaffinity(0))
     assert "mode strong" in (Path(two["run_dir"]) / "logs" / "rank1.log").read_text()
     table = capsys.readouterr().out
-    assert "ddp_train.py" in table and "speedup" in table and (out / "report.html").exists() and (out / "speedup.png").exists()
+    assert (
+        "ddp_train.py" in table
+        and "speedup" in table
+        and (out / "report.html").exists()
+        and (out / "speedup.png").exists()
+    )
 
 
 def test_scale_script_that_reports_no_throughput_says_how(tmp_path, capsys):
     script = tmp_path / "silent.py"
     script.write_text("print('trained')\n")
     assert main(["scale", "--script", str(script), "--workers", "1", "--out", str(tmp_path / "study")]) == 2
-    last = capsys.readouterr().err.strip().splitlines()[-1]      # after the study's banner
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # after the study's banner
     assert last.startswith("paratrain scale: error: --script silent.py reported no throughput")
     assert "paratrain.report(samples_per_s=...)" in last

@@ -1,6 +1,7 @@
 """A Lightning script (tests/lightning_script.py; Lightning is in the test extra) under `paratrain launch`
 and `scale --script`: it runs at 1 and 2 ranks, and the probe sees inside Lightning's loop (its optimizer
 closure runs forward and backward inside optimizer.step) well enough for the doctor to name a planted fault."""
+
 import json
 import subprocess
 import sys
@@ -15,8 +16,13 @@ PARATRAIN = [sys.executable, "-m", "paratrain"]
 
 
 def launch(run, fault):
-    done = subprocess.run([*PARATRAIN, "launch", "-n", "2", "--run-dir", str(run), str(SCRIPT), fault],
-                          check=False, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [*PARATRAIN, "launch", "-n", "2", "--run-dir", str(run), str(SCRIPT), fault],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr + (run / "logs" / "rank0.log").read_text()
     return run
 
@@ -42,8 +48,24 @@ def test_a_healthy_lightning_script_is_timed_step_by_step_and_gets_nothing_high(
 
 
 def test_a_lightning_script_scales_from_one_rank_to_two(tmp_path):
-    done = subprocess.run([*PARATRAIN, "scale", "--script", str(SCRIPT), "--workers", "1,2", "--out",
-                           str(tmp_path / "study"), "--", "healthy"], check=False, capture_output=True, text=True, timeout=400)
+    done = subprocess.run(
+        [
+            *PARATRAIN,
+            "scale",
+            "--script",
+            str(SCRIPT),
+            "--workers",
+            "1,2",
+            "--out",
+            str(tmp_path / "study"),
+            "--",
+            "healthy",
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert done.returncode == 0, done.stderr
     rows = json.loads((tmp_path / "study" / "scaling.json").read_text())["rows"]
     assert sorted(r["workers"] for r in rows if r.get("point", "scaling") == "scaling") == [1, 2]
@@ -51,8 +73,24 @@ def test_a_lightning_script_scales_from_one_rank_to_two(tmp_path):
 
 def test_a_device_count_written_into_a_lightning_script_fails_with_the_fix_in_one_line(tmp_path):
     # devices=2 written into the script, one rank started: Lightning's own world-size check stops it
-    done = subprocess.run([*PARATRAIN, "launch", "-n", "1", "--no-probe", "--run-dir", str(tmp_path / "run"),
-                           str(SCRIPT), "healthy", "2"], check=False, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            *PARATRAIN,
+            "launch",
+            "-n",
+            "1",
+            "--no-probe",
+            "--run-dir",
+            str(tmp_path / "run"),
+            str(SCRIPT),
+            "healthy",
+            "2",
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 1, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr

@@ -1,4 +1,6 @@
 """LR scaling rules and schedules give the documented LR at chosen steps."""
+
+import itertools
 import math
 
 import pytest
@@ -8,7 +10,7 @@ from paratrain.errors import UsageError
 
 
 def test_scaling_rules():
-    assert scaled_lr(0.001, 64, 8, "linear") == pytest.approx(0.008)       # Goyal et al.: x k
+    assert scaled_lr(0.001, 64, 8, "linear") == pytest.approx(0.008)  # Goyal et al.: x k
     assert scaled_lr(0.001, 64, 8, "sqrt") == pytest.approx(0.001 * math.sqrt(8))
     assert scaled_lr(0.001, 64, 8, "none") == pytest.approx(0.001)
     with pytest.raises(UsageError):
@@ -29,16 +31,19 @@ def test_warmup_ramps_linearly_from_the_unscaled_lr():
     assert s.lr_at(99) == pytest.approx(0.4)
 
 
-@pytest.mark.parametrize("schedule, step, expected", [
-    ("step", 20 + 29, 0.4),                          # 2.9 epochs after warmup, step_size 3
-    ("step", 20 + 30, 0.04),
-    ("exp", 20 + 15, 0.4 * 0.1 ** 1.5),
-    ("inverse-time", 20 + 40, 0.4 / (1 + 0.5 * 4)),
-    ("poly", 20 + 79, 0.0),                          # the last step reaches min_lr
-    ("poly", 20 + 0, 0.4),
-    ("cosine", 20 + 79, 0.0),
-    ("cosine", 20 + 79 // 2, 0.4 * 0.5 * (1 + math.cos(math.pi * (39 / 79)))),
-])
+@pytest.mark.parametrize(
+    "schedule, step, expected",
+    [
+        ("step", 20 + 29, 0.4),  # 2.9 epochs after warmup, step_size 3
+        ("step", 20 + 30, 0.04),
+        ("exp", 20 + 15, 0.4 * 0.1**1.5),
+        ("inverse-time", 20 + 40, 0.4 / (1 + 0.5 * 4)),
+        ("poly", 20 + 79, 0.0),  # the last step reaches min_lr
+        ("poly", 20 + 0, 0.4),
+        ("cosine", 20 + 79, 0.0),
+        ("cosine", 20 + 79 // 2, 0.4 * 0.5 * (1 + math.cos(math.pi * (39 / 79)))),
+    ],
+)
 def test_schedules_after_warmup(schedule, step, expected):
     assert _schedule(schedule=schedule, step_size=3).lr_at(step) == pytest.approx(expected, abs=1e-12)
 
@@ -47,7 +52,7 @@ def test_decaying_schedules_are_monotone():
     for name in ("step", "exp", "inverse-time", "poly", "cosine"):
         s = _schedule(schedule=name, step_size=2)
         lrs = [s.lr_at(i) for i in range(20, 100)]
-        assert all(a >= b for a, b in zip(lrs, lrs[1:])), name
+        assert all(a >= b for a, b in itertools.pairwise(lrs)), name
         assert lrs[-1] < lrs[0]
 
 
@@ -56,7 +61,9 @@ def test_min_lr_floors_cosine_and_poly():
         assert _schedule(schedule=name, min_lr=0.01).lr_at(99) == pytest.approx(0.01)
 
 
-@pytest.mark.parametrize("bad", [dict(base_lr=0), dict(warmup_epochs=10), dict(schedule="linear-ish"), dict(steps_per_epoch=0)])
+@pytest.mark.parametrize(
+    "bad", [dict(base_lr=0), dict(warmup_epochs=10), dict(schedule="linear-ish"), dict(steps_per_epoch=0)]
+)
 def test_bad_schedules_are_usage_errors(bad):
     with pytest.raises(UsageError):
         _schedule(**bad)

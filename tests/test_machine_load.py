@@ -1,4 +1,5 @@
 """summary.json `machine_load`: how much of a run's cores other work took while it trained."""
+
 import json
 import os
 import subprocess
@@ -20,20 +21,39 @@ def test_other_work_is_what_the_run_cores_did_beyond_the_run():
     assert (load["cores"], load["wall_s"], load["run_cpu_s"]) == (2, 10.0, 15.0)
     assert load["other_cpu_s"] == pytest.approx(2.0) and load["steal_s"] == pytest.approx(1.0)
     assert load["other_fraction"] == pytest.approx(0.15) and load["contended"] is True
-    quiet = machine_load(start, LoadReading(110.0, 65.5, 1.0, 20.0), cores=2)       # 0.5 s of others: 2.5 %
+    quiet = machine_load(start, LoadReading(110.0, 65.5, 1.0, 20.0), cores=2)  # 0.5 s of others: 2.5 %
     assert quiet["other_fraction"] == pytest.approx(0.025) and quiet["contended"] is False
-    assert CONTENDED_ABOVE == 0.10                                                   # the threshold the docs state
+    assert CONTENDED_ABOVE == 0.10  # the threshold the docs state
     # the counters tick at 10 ms, so the run can seem to have used more than its cores did: never below zero
     assert machine_load(start, LoadReading(110.0, 64.9, 1.0, 20.0), cores=2)["other_cpu_s"] == 0.0
 
 
 def test_a_run_sharing_its_core_with_a_busy_process_is_recorded_as_contended(tmp_path):
-    core = min(os.sched_getaffinity(0))       # a 1-worker, 1-thread run is pinned to the first core it may use
+    core = min(os.sched_getaffinity(0))  # a 1-worker, 1-thread run is pinned to the first core it may use
     busy = subprocess.Popen([sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{core}}})\nwhile True: pass"])
     try:
-        done = subprocess.run([PARATRAIN, "train", "--workload", "synthetic-cnn", "--synthetic-samples", "1024",
-                               "--epochs", "2", "--threads-per-worker", "1", "--device", "cpu", "--quiet",
-                               "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, timeout=300)
+        done = subprocess.run(
+            [
+                PARATRAIN,
+                "train",
+                "--workload",
+                "synthetic-cnn",
+                "--synthetic-samples",
+                "1024",
+                "--epochs",
+                "2",
+                "--threads-per-worker",
+                "1",
+                "--device",
+                "cpu",
+                "--quiet",
+                "--run-dir",
+                str(tmp_path / "run"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     finally:
         busy.kill()
         busy.wait()
@@ -46,7 +66,9 @@ def test_a_run_sharing_its_core_with_a_busy_process_is_recorded_as_contended(tmp
     assert 0.15 * load["wall_s"] < load["run_cpu_s"] < 1.1 * load["wall_s"], load
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="the all-cores reference needs two cores to be one process on")
+@pytest.mark.skipif(
+    len(os.sched_getaffinity(0)) < 2, reason="the all-cores reference needs two cores to be one process on"
+)
 def test_a_busy_core_under_the_all_cores_reference_is_a_flag_not_a_speedup(tmp_path):
     """#27: on a busy machine the all-cores reference (one process, a thread per core) collapsed, and
     the headline read 4.99x for 2 workers. A busy loop on the last core takes a core from the
@@ -55,15 +77,37 @@ def test_a_busy_core_under_the_all_cores_reference_is_a_flag_not_a_speedup(tmp_p
     last = max(os.sched_getaffinity(0))
     busy = subprocess.Popen([sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{last}}})\nwhile True: pass"])
     try:
-        done = subprocess.run([PARATRAIN, "scale", "--workers", "1", "--workload", "synthetic-cnn", "--synthetic-samples",
-                               "1024", "--epochs", "2", "--device", "cpu", "--quiet", "--out", str(tmp_path / "s")],
-                              capture_output=True, text=True, timeout=300)
+        done = subprocess.run(
+            [
+                PARATRAIN,
+                "scale",
+                "--workers",
+                "1",
+                "--workload",
+                "synthetic-cnn",
+                "--synthetic-samples",
+                "1024",
+                "--epochs",
+                "2",
+                "--device",
+                "cpu",
+                "--quiet",
+                "--out",
+                str(tmp_path / "s"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     finally:
         busy.kill()
         busy.wait()
     assert done.returncode == 0, done.stderr
-    (ref,) = [r for r in json.loads((tmp_path / "s" / "scaling.json").read_text())["rows"]
-              if r["point"] == "all_cores_reference"]
+    (ref,) = [
+        r
+        for r in json.loads((tmp_path / "s" / "scaling.json").read_text())["rows"]
+        if r["point"] == "all_cores_reference"
+    ]
     # measured on every core the reference ran on, the busy one included
     load = json.loads((Path(ref["run_dir"]) / "summary.json").read_text())["machine_load"]
     assert load["cores"] == len(os.sched_getaffinity(0)) and load["contended"] is True, load

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from paratrain.workloads.models import BasicBlock, PreActBottleneck, build_model, residual_blocks
 from paratrain.errors import UsageError
+from paratrain.workloads.models import BasicBlock, PreActBottleneck, build_model, residual_blocks
 
 
 def _count(model):
@@ -12,7 +12,9 @@ def _count(model):
 def test_tutorial_cnn_is_the_tutorials():
     model = build_model("cifar10-cnn")
     assert _count(model) == 62006
-    assert list(model.state_dict()) == [f"{n}.{k}" for n in ("conv1", "conv2", "fc1", "fc2", "fc3") for k in ("weight", "bias")]
+    assert list(model.state_dict()) == [
+        f"{n}.{k}" for n in ("conv1", "conv2", "fc1", "fc2", "fc3") for k in ("weight", "bias")
+    ]
     assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
 
 
@@ -32,7 +34,11 @@ def test_resnets_take_any_input_size(name, size):
 @pytest.mark.parametrize("name", ["resnet18", "resnet50v2"])
 def test_a_resnet_refuses_images_smaller_than_its_downsampling(name):
     # three stride-2 stages with the small-image stem: 8 px is the smallest that reaches the pooling
-    with pytest.raises(UsageError, match=f"{name} needs images of at least 8 px a side, its total downsampling .got 7.; use --image-size 8 or more"):
+    with pytest.raises(
+        UsageError,
+        match=f"{name} needs images of at least 8 px a side, its total downsampling .got 7.; use --image-size 8 or "
+        "more",
+    ):
         build_model(name, image_size=7)
     assert build_model(name, image_size=8).eval()(torch.zeros(1, 3, 8, 8)).shape == (1, 10)
 

@@ -1,4 +1,5 @@
 """The monitor: a sampler thread of the launching process writing RUN_DIR/system.jsonl."""
+
 import json
 import os
 import subprocess
@@ -8,9 +9,9 @@ import types
 from pathlib import Path
 
 import psutil
+from conftest import synthetic
 
 import paratrain
-from conftest import synthetic
 from paratrain.cli import main
 from paratrain.config import TrainConfig
 from paratrain.launch.placement import available_cores
@@ -27,7 +28,9 @@ def test_a_busy_child_is_sampled_as_psutil_measures_it(tmp_path):
     sample is a real figure, not psutil's priming 0.0."""
     core = available_cores()[-1]
     env = {**os.environ, "RANK": "0", "TORCHELASTIC_RUN_ID": "busy-test"}
-    busy = subprocess.Popen([sys.executable, "-c", f"import os\nos.sched_setaffinity(0, [{core}])\nwhile True: pass"], env=env)
+    busy = subprocess.Popen(
+        [sys.executable, "-c", f"import os\nos.sched_setaffinity(0, [{core}])\nwhile True: pass"], env=env
+    )
     try:
         proc = psutil.Process(busy.pid)
         monitor = Monitor(tmp_path / SYSTEM_FILE, 4.0, ranks_by_environment("busy-test"))
@@ -44,7 +47,7 @@ def test_a_busy_child_is_sampled_as_psutil_measures_it(tmp_path):
     hosts = [r for r in records if r["kind"] == "host"]
     assert len(ranks) >= 5 and {r["pid"] for r in ranks} == {busy.pid} and {r["rank"] for r in ranks} == {0}
     assert all(r["cores"] == [core] and r["rss_bytes"] > 0 and r["num_threads"] >= 1 for r in ranks)
-    assert ranks[0]["cpu_percent"] > 0.5 * psutil_percent, ranks       # not the priming call's 0.0
+    assert ranks[0]["cpu_percent"] > 0.5 * psutil_percent, ranks  # not the priming call's 0.0
     monitored = sum(r["cpu_percent"] for r in ranks) / len(ranks)
     assert abs(monitored - psutil_percent) <= 0.10 * psutil_percent, (monitored, psutil_percent)
     # the host samples see that core busy too, and the memory in use
@@ -94,7 +97,7 @@ class _FakeNVML(types.SimpleNamespace):
     def nvmlDeviceGetPowerUsage(self, handle):
         if handle == "MIG-abc":
             raise self.NVMLError("Not Supported")
-        return 215_500       # milliwatts
+        return 215_500  # milliwatts
 
     def nvmlDeviceGetClockInfo(self, handle, clock):
         assert clock == self.NVML_CLOCK_SM
@@ -106,14 +109,28 @@ def test_gpu_samples_follow_nvml_through_cuda_visible_devices(tmp_path):
     under CUDA_VISIBLE_DEVICES=3,MIG-abc are NVML index 3 and that MIG device; power in W; a reading
     the device does not support is null, not an error."""
     nvml = _FakeNVML()
-    with Monitor(tmp_path / SYSTEM_FILE, 20.0, lambda proc: None, cuda_ranks=2, nvml=nvml,
-                 environ={"CUDA_VISIBLE_DEVICES": "3,MIG-abc"}):
+    with Monitor(
+        tmp_path / SYSTEM_FILE,
+        20.0,
+        lambda proc: None,
+        cuda_ranks=2,
+        nvml=nvml,
+        environ={"CUDA_VISIBLE_DEVICES": "3,MIG-abc"},
+    ):
         time.sleep(0.3)
     gpus = [r for r in _records(tmp_path / SYSTEM_FILE) if r["kind"] == "gpu"]
     assert nvml.calls == ["init", "shutdown"]
     first, second = gpus[0], gpus[1]
-    assert first == {"time": first["time"], "kind": "gpu", "index": 0, "utilization_percent": 87,
-                     "memory_used_bytes": 3 * 2**30, "memory_total_bytes": 16 * 2**30, "power_w": 215.5, "sm_clock_mhz": 1410}
+    assert first == {
+        "time": first["time"],
+        "kind": "gpu",
+        "index": 0,
+        "utilization_percent": 87,
+        "memory_used_bytes": 3 * 2**30,
+        "memory_total_bytes": 16 * 2**30,
+        "power_w": 215.5,
+        "sm_clock_mhz": 1410,
+    }
     assert second["index"] == 1 and second["utilization_percent"] == 12 and second["power_w"] is None
 
 
@@ -146,7 +163,10 @@ def test_a_sweep_script_trial_is_sampled_from_its_trial_process(tmp_path):
     from paratrain.sweep.trial import ScriptCommand, Slot, TrialProcess
 
     script = tmp_path / "busy.py"
-    script.write_text("import os, time\nend = time.time() + 1.2\nwhile time.time() < end: pass\nprint(os.getpid())\nraise SystemExit(4)\n")
+    script.write_text(
+        "import os, time\nend = time.time() + 1.2\nwhile time.time() < end: pass\nprint(os.getpid())\nraise "
+        "SystemExit(4)\n"
+    )
     trial = TrialProcess(ScriptCommand(str(script)), {}, tmp_path / "trial", Slot(0, (available_cores()[-1],)), 0, 1, 0)
     trial.wait(30)
     assert trial.outcome([]).reason.startswith("exit status 4")

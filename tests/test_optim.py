@@ -1,4 +1,5 @@
 """LARS and LAMB against their papers' update rules, computed by hand in plain tensor arithmetic."""
+
 import copy
 
 import pytest
@@ -16,7 +17,7 @@ def _param(values, grad):
 
 
 def test_lars_two_steps_match_algorithm_1():
-    w0, g = [3.0, 4.0], [0.6, 0.8]               # ||w|| = 5, ||g|| = 1
+    w0, g = [3.0, 4.0], [0.6, 0.8]  # ||w|| = 5, ||g|| = 1
     lr, m, beta, eta = 0.1, 0.9, 0.01, 0.001
     p = _param(w0, g)
     opt = LARS([p], lr=lr, momentum=m, weight_decay=beta, trust_coefficient=eta, eps=0.0)
@@ -53,7 +54,7 @@ def test_lamb_two_steps_match_algorithm_2():
     for t in (1, 2):
         m = b1 * m + (1 - b1) * gt
         v = b2 * v + (1 - b2) * gt * gt
-        r = (m / (1 - b1 ** t)) / ((v / (1 - b2 ** t)).sqrt() + eps)
+        r = (m / (1 - b1**t)) / ((v / (1 - b2**t)).sqrt() + eps)
         u = r + wd * w
         w = w - lr * (w.norm() / u.norm()) * u
         opt.step()
@@ -74,7 +75,7 @@ def test_state_dict_round_trip_continues_identically():
             opt_a.step()
         b.load_state_dict(a.state_dict())
         opt_b = cls(b.parameters(), lr=0.1)
-        opt_b.load_state_dict(copy.deepcopy(opt_a.state_dict()))   # as a checkpoint round trip gives
+        opt_b.load_state_dict(copy.deepcopy(opt_a.state_dict()))  # as a checkpoint round trip gives
         for model, opt in ((a, opt_a), (b, opt_b)):
             opt.zero_grad()
             model(x).pow(2).sum().backward()

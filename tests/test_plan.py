@@ -5,6 +5,7 @@ The real runs are shared (module-scoped): gpt-tiny with Adam, one run on one ran
 `paratrain.train`, then ddp, zero1, fsdp and a 2-stage pipeline one after another in ONE pair of
 spawned ranks (each 2-rank launch costs ~10 s of start-up here; test_strategies_sharded.py does the same).
 """
+
 import functools
 import json
 from pathlib import Path
@@ -12,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
+from conftest import free_port, synthetic, train_spawned
 from torch import nn
 
 import paratrain
-from conftest import free_port, synthetic, train_spawned
 from paratrain.cli import main
 from paratrain.config import TrainConfig
 from paratrain.engine.flops import count_flops_per_sample
@@ -28,8 +29,16 @@ from paratrain.plan.profile import profile_model
 from paratrain.plan.step_time import Topology, allgather_s, allreduce_s, ring_allgather_s, ring_allreduce_s
 
 # gpt-tiny (0.86 M parameters) on 64-byte windows, Adam; 4 optimizer steps (the memory meter measures the second).
-GPT = dict(workload="gpt-tiny", seq_len=64, samples_per_epoch=32, eval_samples=8, optimizer="adam", epochs=1,
-           lr_scaling="none", log_every=1)
+GPT = dict(
+    workload="gpt-tiny",
+    seq_len=64,
+    samples_per_epoch=32,
+    eval_samples=8,
+    optimizer="adam",
+    epochs=1,
+    lr_scaling="none",
+    log_every=1,
+)
 SPAWNED = {
     "ddp": dict(GPT, workers=2, strategy="ddp", batch_size=4),
     "zero1": dict(GPT, workers=2, strategy="zero1", batch_size=4),
@@ -38,7 +47,6 @@ SPAWNED = {
     "pipeline": dict(GPT, workers=2, strategy="pipeline", batch_size=8, microbatches=4, split="blocks.2"),
 }
 FIGURES = ("parameters_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes")
-
 
 
 def _spawned_rank(rank: int, out: str, ports: list[int]) -> None:
@@ -53,14 +61,15 @@ def runs(tmp_path_factory):
         patch.setenv("PARATRAIN_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
         # One rank in this process first: it also decodes the text corpus into the cache the ranks read.
         paratrain.train(synthetic(out, run_dir=out / "single", workers=1, batch_size=8, **GPT))
-        spawned = mp.start_processes(_spawned_rank, args=(str(out), [free_port() for _ in SPAWNED]), nprocs=2,
-                                     join=False, start_method="spawn")
+        spawned = mp.start_processes(
+            _spawned_rank, args=(str(out), [free_port() for _ in SPAWNED]), nprocs=2, join=False, start_method="spawn"
+        )
         while not spawned.join():
             pass
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _profile():
     """gpt-tiny at 64 bytes, measured once on the meta device: every run above trains this model."""
     return profile_model(TrainConfig(workload=GPT["workload"], seq_len=GPT["seq_len"]))
@@ -70,8 +79,14 @@ def _predicted(overrides: dict) -> dict:
     cfg = TrainConfig.model_validate({k: v for k, v in overrides.items() if k in TrainConfig.model_fields})
     profile = _profile()
     n = cfg.workers
-    layout = Layout(cfg.strategy_name, n, cfg.data_parallel_size, cfg.pipeline_stages,
-                    cfg.microbatches if cfg.pipeline_stages > 1 else 1, cfg.batch_size)
+    layout = Layout(
+        cfg.strategy_name,
+        n,
+        cfg.data_parallel_size,
+        cfg.pipeline_stages,
+        cfg.microbatches if cfg.pipeline_stages > 1 else 1,
+        cfg.batch_size,
+    )
     return memory_per_device(profile, layout, "adam", "fp32")
 
 
@@ -104,9 +119,32 @@ def test_calibration_from_real_runs_predicts_their_own_compute(runs, capsys):
     single, ddp = (json.loads((runs / name / "summary.json").read_text()) for name in ("single", "ddp"))
     rows = {}
     for batch in (8, 4):
-        assert main(["plan", "--workload", "gpt-tiny", "--seq-len", "64", "--device", "cpu", "--gpus", "2", "--strategy", "ddp",
-                     "--optimizer", "adam", "--batch-size", str(batch), "--calibrate", str(runs / "single"), str(runs / "ddp"),
-                     "--json"]) == 0
+        assert (
+            main(
+                [
+                    "plan",
+                    "--workload",
+                    "gpt-tiny",
+                    "--seq-len",
+                    "64",
+                    "--device",
+                    "cpu",
+                    "--gpus",
+                    "2",
+                    "--strategy",
+                    "ddp",
+                    "--optimizer",
+                    "adam",
+                    "--batch-size",
+                    str(batch),
+                    "--calibrate",
+                    str(runs / "single"),
+                    str(runs / "ddp"),
+                    "--json",
+                ]
+            )
+            == 0
+        )
         plan = json.loads(capsys.readouterr().out)
         rows[batch] = {r["devices"]: r for r in plan["rows"]}
     assert [c["fixed_compute_s"] for c in plan["device"]["calibrated_by_devices"]] == [0.0, 0.0]
@@ -125,16 +163,27 @@ def test_runs_at_two_batch_sizes_split_the_compute_into_a_fixed_cost_and_an_effi
 
     def summary(workers: int, batch: int) -> dict:
         compute = 2e-3 + flops * batch / (0.25 * peak) * (1.2 if workers == 2 else 1.0)
-        return {"workers": workers, "batch_size": batch, "flops_per_sample": flops, "mfu_peak": {"per_device": peak},
-                "breakdown": {"compute_s": compute, "data_s": 1e-4, "other_s": 0.0, "optimizer_s": 3e-4 if workers == 1 else 5e-4,
-                              "comm_s": 5e-4 if workers == 2 else 0.0}, "_path": f"w{workers}b{batch}"}
+        return {
+            "workers": workers,
+            "batch_size": batch,
+            "flops_per_sample": flops,
+            "mfu_peak": {"per_device": peak},
+            "breakdown": {
+                "compute_s": compute,
+                "data_s": 1e-4,
+                "other_s": 0.0,
+                "optimizer_s": 3e-4 if workers == 1 else 5e-4,
+                "comm_s": 5e-4 if workers == 2 else 0.0,
+            },
+            "_path": f"w{workers}b{batch}",
+        }
 
     planned = {"exposed_comm_s": 1e-4, "optimizer_s": 1e-4}
     eff = calibrate.fit([summary(w, b) for w in (1, 2) for b in (16, 64)], lambda _: planned)
     assert eff.fixed_compute_s(1) == pytest.approx(2e-3) and eff.compute_for(1) == pytest.approx(0.25)
     assert eff.fixed_compute_s(2) == pytest.approx(2.4e-3) and eff.compute_for(2) == pytest.approx(0.25 / 1.2)
     assert eff.overhead_for(1) == pytest.approx(3e-4) and eff.overhead_for(2) == pytest.approx(5e-4)
-    assert eff.overhead_for(8) == pytest.approx(5e-4)     # the largest count measured
+    assert eff.overhead_for(8) == pytest.approx(5e-4)  # the largest count measured
     one = calibrate.fit([summary(1, 16)], lambda _: planned)
     assert one.fixed_compute_s(1) == 0.0
     assert one.compute_for(1) == pytest.approx(flops * 16 / peak / summary(1, 16)["breakdown"]["compute_s"])
@@ -149,7 +198,7 @@ def test_ring_all_reduce_and_all_gather_on_hand_computed_cases():
     link = Link("test", 1 * GB, 1e-6, "hand", base_latency=10e-6)
     assert ring_allreduce_s(1 * GB, 4, link) == pytest.approx(1.500016, rel=1e-9)
     assert ring_allgather_s(1 * GB, 4, link) == pytest.approx(0.750013, rel=1e-9)
-    assert ring_allreduce_s(1 * GB, 1, link) == 0.0       # one rank has nobody to talk to
+    assert ring_allreduce_s(1 * GB, 1, link) == 0.0  # one rank has nobody to talk to
     assert ring_allreduce_s(1 * GB, 2, link) == pytest.approx(10e-6 + 2e-6 + 1.0)
 
 
@@ -162,7 +211,7 @@ def test_hierarchical_all_reduce_across_nodes_on_a_hand_computed_case():
     inter = Link("inter", 1 * GB, 5e-6, "hand", base_latency=20e-6)
     topo = Topology(per_node=4, intra=intra, inter=inter)
     assert allreduce_s(8 * GB, 8, 4, topo) == pytest.approx(2 * 0.600013 + 2.00003, rel=1e-9)
-    assert allreduce_s(8 * GB, 4, 4, topo) == pytest.approx(ring_allreduce_s(8 * GB, 4, intra))    # one node: a ring
+    assert allreduce_s(8 * GB, 4, 4, topo) == pytest.approx(ring_allreduce_s(8 * GB, 4, intra))  # one node: a ring
     assert ring_allreduce_s(8 * GB, 8, inter) == pytest.approx(20e-6 + 14 * 5e-6 + 14.0)
     # all-gather: inside the node (0.600013 s), then each device's 2 GB across the nodes (20 us + 5 us + 1 s)
     assert allgather_s(8 * GB, 8, 4, topo) == pytest.approx(0.600013 + 1.000025, rel=1e-9)
@@ -174,17 +223,35 @@ def test_a_grouped_convolution_is_counted_at_its_own_flops():
     formula counted the grouped one's weight gradient 32 times over."""
     for groups in (1, 32):
         conv = nn.Conv2d(128, 128, 3, padding=1, groups=groups, bias=False)
-        forward = 2 * 56 * 56 * 128 * (128 // groups) * 9        # a multiply-add is 2 FLOPs
-        counted = count_flops_per_sample(conv, lambda model, x, y: (model(x).sum(), None), torch.zeros(1, 128, 56, 56),
-                                         torch.zeros(1))
+        forward = 2 * 56 * 56 * 128 * (128 // groups) * 9  # a multiply-add is 2 FLOPs
+        counted = count_flops_per_sample(
+            conv, lambda model, x, y: (model(x).sum(), None), torch.zeros(1, 128, 56, 56), torch.zeros(1)
+        )
         assert counted == 2 * forward, (groups, counted / forward)
 
 
 def test_eight_gpus_each_keep_the_published_share_of_one_gpus_speed(capsys):
     """From 8 devices on, an A100 in mixed precision computes at 0.841 of its speed alone (NVIDIA's
     ResNet-50 figures at 1 and 8 GPUs); nothing was published between: 4 lose 3/7 of that."""
-    assert main(["plan", "--workload", "cifar10-cnn", "--device", "a100", "--precision", "fp16", "--gpus", "8",
-                 "--strategy", "ddp", "--json"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--workload",
+                "cifar10-cnn",
+                "--device",
+                "a100",
+                "--precision",
+                "fp16",
+                "--gpus",
+                "8",
+                "--strategy",
+                "ddp",
+                "--json",
+            ]
+        )
+        == 0
+    )
     plan = json.loads(capsys.readouterr().out)
     compute = {r["devices"]: r["time"]["compute_s"] for r in plan["rows"]}
     assert compute[4] == pytest.approx(compute[1] / (1 - 0.159 * 3 / 7), rel=1e-3)
@@ -198,8 +265,13 @@ def test_every_device_and_link_figure_names_its_source():
     documents = ("data sheet", "DeepLearningExamples")
     for name, device in GPUS.items():
         figures = [f"peak_flops.{p}" for p, v in device.peak_flops.items() if v is not None]
-        figures += ["memory_bytes", "memory_bandwidth", "intra_node_link", *(f"efficiency.{p}" for p in device.efficiency),
-                    *(f"node_share.{p}" for p in device.node_share)]
+        figures += [
+            "memory_bytes",
+            "memory_bandwidth",
+            "intra_node_link",
+            *(f"efficiency.{p}" for p in device.efficiency),
+            *(f"node_share.{p}" for p in device.node_share),
+        ]
         for figure in figures:
             source = device.sources.get(figure, "")
             assert any(doc in source for doc in documents), (name, figure, source)
@@ -214,8 +286,10 @@ def test_every_device_and_link_figure_names_its_source():
 def test_the_pareto_bend_is_where_more_devices_stop_paying():
     """Perfect scaling to 64 devices, then throughput growing as n^0.2: the frontier bends at 64;
     1,024 devices at 64's speed are on no frontier."""
-    curve = [{"devices": n, "strategy": "ddp", "samples_per_s": 100.0 * (n if n <= 64 else 64 * (n / 64) ** 0.2)}
-             for n in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)]
+    curve = [
+        {"devices": n, "strategy": "ddp", "samples_per_s": 100.0 * (n if n <= 64 else 64 * (n / 64) ** 0.2)}
+        for n in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+    ]
     curve.append({"devices": 1024, "strategy": "ddp", "samples_per_s": 6400.0})
     result = pareto(curve, samples=1_000_000)
     assert result["bend_devices"] == 64
@@ -224,12 +298,20 @@ def test_the_pareto_bend_is_where_more_devices_stop_paying():
     # 1 to 8 devices, as a full GPU node's share is planned), then flat to 64, then throughput
     # growing as n^0.9 to 4,096: the knee at 64, not the early rise (the point farthest from the
     # line joining the ends, on either side, was 8, where the rise ends).
-    early = [{"devices": n, "strategy": "ddp",
-              "samples_per_s": 100.0 * (n if n <= 64 else 64 * (n / 64) ** 0.9) * (1 - 0.3 * (min(n, 8) - 1) / 7)}
-             for n in (2 ** i for i in range(13))]
+    early = [
+        {
+            "devices": n,
+            "strategy": "ddp",
+            "samples_per_s": 100.0 * (n if n <= 64 else 64 * (n / 64) ** 0.9) * (1 - 0.3 * (min(n, 8) - 1) / 7),
+        }
+        for n in (2**i for i in range(13))
+    ]
     assert pareto(early, samples=1_000_000)["bend_devices"] == 64
     # Perfect scaling throughout: no knee.
-    assert pareto([{"devices": n, "strategy": "ddp", "samples_per_s": 100.0 * n} for n in (1, 2, 4, 8)])["bend_devices"] is None
+    assert (
+        pareto([{"devices": n, "strategy": "ddp", "samples_per_s": 100.0 * n} for n in (1, 2, 4, 8)])["bend_devices"]
+        is None
+    )
 
 
 FACTORIES = """
@@ -263,7 +345,16 @@ def test_json_rows_and_the_rule_for_a_model_that_fits_and_one_that_does_not(fact
     small = json.loads(capsys.readouterr().out)
     assert set(small) >= {"model", "device", "rows", "recommendation"}
     assert set(small["model"]) >= {"params", "flops_per_sample", "activation_bytes_per_sample"}
-    keys = {"devices", "strategy", "step_time_s", "samples_per_s", "speedup", "efficiency", "memory_per_device_bytes", "fits"}
+    keys = {
+        "devices",
+        "strategy",
+        "step_time_s",
+        "samples_per_s",
+        "speedup",
+        "efficiency",
+        "memory_per_device_bytes",
+        "fits",
+    }
     assert all(keys <= set(row) for row in small["rows"])
     assert small["recommendation"]["strategy"] == "ddp" and "fits one device" in small["recommendation"]["reason"]
     eight = {r["strategy"]: r for r in small["rows"] if r["devices"] == 8}
@@ -271,13 +362,30 @@ def test_json_rows_and_the_rule_for_a_model_that_fits_and_one_that_does_not(fact
     # gpt-tiny is a chain of 6 blocks: a pipeline of 8 stages cannot be cut from it, one of 4 can
     assert {r["strategy"] for r in small["rows"] if r["devices"] == 4} == {"ddp", "zero1", "fsdp", "pipeline", "hybrid"}
 
-    assert main(["plan", "--model", "plan_factories:wide_mlp", "--device", "t4", "--precision", "fp16", "--gpus", "8",
-                 "--json"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--model",
+                "plan_factories:wide_mlp",
+                "--device",
+                "t4",
+                "--precision",
+                "fp16",
+                "--gpus",
+                "8",
+                "--json",
+            ]
+        )
+        == 0
+    )
     big = json.loads(capsys.readouterr().out)
     eight = {r["strategy"]: r for r in big["rows"] if r["devices"] == 8}
     assert not eight["ddp"]["fits"] and eight["fsdp"]["fits"] and eight["zero1"]["fits"]
     rec = big["recommendation"]
-    assert rec["strategy"] in ("zero1", "fsdp") and rec["samples_per_s"] == max(eight[s]["samples_per_s"] for s in ("zero1", "fsdp"))
+    assert rec["strategy"] in ("zero1", "fsdp") and rec["samples_per_s"] == max(
+        eight[s]["samples_per_s"] for s in ("zero1", "fsdp")
+    )
     # the reason in numbers: what ddp would need, in the unit a person would write
     assert f"ddp needs {size(eight['ddp']['memory_per_device_bytes'])} per device" in rec["reason"], rec["reason"]
 
@@ -286,8 +394,26 @@ def test_out_writes_the_plan_its_three_plots_and_a_report(tmp_path, capsys):
     """--out DIR: plan.json (what --json prints), the scaling, memory and Pareto plots, and report.html
     with the recommendation, which `paratrain report DIR` renders again."""
     out = tmp_path / "plan"
-    assert main(["plan", "--workload", "gpt-tiny", "--seq-len", "64", "--device", "h100", "--precision", "bf16", "--gpus", "16",
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--workload",
+                "gpt-tiny",
+                "--seq-len",
+                "64",
+                "--device",
+                "h100",
+                "--precision",
+                "bf16",
+                "--gpus",
+                "16",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert "recommendation: ddp on 16 device(s)" in capsys.readouterr().out
     plan = json.loads((out / "plan.json").read_text())
     assert plan["pareto"]["bend_devices"] in plan["pareto"]["frontier"]
@@ -302,16 +428,26 @@ def test_out_writes_the_plan_its_three_plots_and_a_report(tmp_path, capsys):
 BAD = {
     "unknown device": (["--workload", "gpt-tiny", "--device", "b200", "--gpus", "8"], "a100, h100"),
     "no nodes": (["--workload", "gpt-tiny", "--device", "a100", "--nodes", "0", "--gpus-per-node", "8"], "--nodes"),
-    "no gpus per node": (["--workload", "gpt-tiny", "--device", "a100", "--nodes", "2", "--gpus-per-node", "-1"],
-                         "--gpus-per-node"),
-    "factory that fails": (["--model", "plan_factories:needs_a_missing_file", "--device", "a100", "--gpus", "2"],
-                           "fails to build"),
-    "indivisible global batch": (["--workload", "gpt-tiny", "--device", "a100", "--gpus", "3", "--global-batch", "64"],
-                                 "divide"),
-    "calibrate a non-run": (["--workload", "gpt-tiny", "--device", "a100", "--gpus", "2", "--calibrate", "{tmp}"],
-                            "not a paratrain run"),
-    "no layout of the strategies": (["--workload", "gpt-tiny", "--device", "a100", "--gpus", "2", "--strategy", "hybrid"],
-                                    "hybrid needs at least 4"),
+    "no gpus per node": (
+        ["--workload", "gpt-tiny", "--device", "a100", "--nodes", "2", "--gpus-per-node", "-1"],
+        "--gpus-per-node",
+    ),
+    "factory that fails": (
+        ["--model", "plan_factories:needs_a_missing_file", "--device", "a100", "--gpus", "2"],
+        "fails to build",
+    ),
+    "indivisible global batch": (
+        ["--workload", "gpt-tiny", "--device", "a100", "--gpus", "3", "--global-batch", "64"],
+        "divide",
+    ),
+    "calibrate a non-run": (
+        ["--workload", "gpt-tiny", "--device", "a100", "--gpus", "2", "--calibrate", "{tmp}"],
+        "not a paratrain run",
+    ),
+    "no layout of the strategies": (
+        ["--workload", "gpt-tiny", "--device", "a100", "--gpus", "2", "--strategy", "hybrid"],
+        "hybrid needs at least 4",
+    ),
 }
 
 
@@ -332,8 +468,20 @@ def test_a_model_whose_blocks_are_a_module_list_is_planned(capsys, factory, pipe
     """The nanoGPT/torchtitan layout (`self.layers = nn.ModuleList`, looped over in forward): the
     list's items are pipeline units; a forward that does more than chain its children is planned
     with data parallelism only, without a traceback."""
-    argv = ["plan", "--model", f"user_factories:{factory}", "--dataset", "user_factories:float_pairs",
-            "--device", "a100", "--gpus", "4", "--strategy", "ddp,pipeline", "--json"]
+    argv = [
+        "plan",
+        "--model",
+        f"user_factories:{factory}",
+        "--dataset",
+        "user_factories:float_pairs",
+        "--device",
+        "a100",
+        "--gpus",
+        "4",
+        "--strategy",
+        "ddp,pipeline",
+        "--json",
+    ]
     assert main(argv) == 0
     result = json.loads(capsys.readouterr().out)
     four = {r["strategy"] for r in result["rows"] if r["devices"] == 4}

@@ -1,5 +1,6 @@
 """The probe's hooks in one process (launch/probe.py): what it counts per step once the global module
 hooks have given way to hooks on the outermost modules, which is what keeps its cost per step low."""
+
 import json
 
 import pytest
@@ -43,7 +44,7 @@ def test_after_the_first_steps_only_the_outermost_modules_keep_hooks(probe):
     assert set(probe.tops) == {model}
     assert model._forward_pre_hooks and not model[0]._forward_pre_hooks
     train(model, optimizer, 3)
-    later = steps(probe)[probe_module.NARROW_AFTER_STEP:]
+    later = steps(probe)[probe_module.NARROW_AFTER_STEP :]
     assert len(later) == 3
     assert all(s["forward"] > 0 and s["micro"] == 1 and s["samples"] == 8 for s in later), later
 
@@ -56,7 +57,7 @@ def test_a_loss_module_is_forward_time_but_not_a_micro_step(probe):
 
 
 def test_a_model_switched_to_eval_after_the_first_steps_is_evaluation(probe):
-    model, held_out_model = nn.Linear(4, 3), nn.Linear(4, 3)     # say, an EMA copy used only to evaluate
+    model, held_out_model = nn.Linear(4, 3), nn.Linear(4, 3)  # say, an EMA copy used only to evaluate
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     train(model, optimizer, probe_module.NARROW_AFTER_STEP + 1)
     held_out_model.eval()
@@ -74,6 +75,7 @@ def test_device_times_come_from_events_read_once_the_device_has_passed_them(tmp_
     # device whose host reads are syncs (PARATRAIN_PROBE_SYNC_DEVICE=cpu): on a GPU rank the same code
     # records torch.cuda.Event(enable_timing=True) at the outermost phase boundaries.
     from paratrain.launch import probe_summary
+
     monkeypatch.setenv(probe_module.DEVICE_EVENTS_ENV, "cpu")
     monkeypatch.setenv(probe_module.SYNC_DEVICE_ENV, "cpu")
     probe = probe_module.Probe(str(tmp_path / "rank0.jsonl"), 0)
@@ -84,7 +86,7 @@ def test_device_times_come_from_events_read_once_the_device_has_passed_them(tmp_
         for _ in range(6):
             loss = nn.functional.cross_entropy(model(torch.randn(32, 4)), torch.randint(0, 3, (32,)))
             loss.backward()
-            loss.item()                 # a host read: a sync on the device
+            loss.item()  # a host read: a sync on the device
             optimizer.step()
             optimizer.zero_grad()
         probe.flush()
@@ -93,11 +95,11 @@ def test_device_times_come_from_events_read_once_the_device_has_passed_them(tmp_
             undo()
     records = [json.loads(line) for line in open(probe.path)]
     device = [r for r in records if r["kind"] == "device"]
-    assert [r["step"] for r in device] == [2, 3, 4, 5, 6]      # from the second step on
+    assert [r["step"] for r in device] == [2, 3, 4, 5, 6]  # from the second step on
     for r in device:
         phases = sum(r[p] for p in probe_module.DEVICE_PHASES)
         assert r["forward"] > 0 and r["backward"] > 0 and r["optimizer"] > 0 and phases <= r["span_s"], r
-    assert all(s["syncs"] == 1 and s["sync_wait"] > 0 for s in steps_of(records))      # the reads timed
+    assert all(s["syncs"] == 1 and s["sync_wait"] > 0 for s in steps_of(records))  # the reads timed
     summary = probe_summary.rank_record(0, records)
     assert summary["device_steps"] >= 3 and summary["device_step_s"] > 0
     assert set(summary["device_phases_s"]) == set(probe_module.DEVICE_PHASES)
@@ -113,7 +115,6 @@ def test_no_device_times_on_a_cpu_rank(probe):
 
 def steps_of(records):
     return [r for r in records if r["kind"] == "step"]
-
 
 
 class Augmented(torch.utils.data.Dataset):
@@ -135,6 +136,7 @@ def stopped(pids, wait):
     """Whether every one of these processes is stopped (scheduler state T). A stop lands when the process
     next runs, so with `wait` the state is read until it does (1 s at most); a continue is immediate."""
     import time
+
     deadline = time.monotonic() + (1.0 if wait else 0.0)
     while True:
         states = []
@@ -147,14 +149,14 @@ def stopped(pids, wait):
 
 
 def test_loader_workers_are_stopped_in_due_steps_and_every_batch_still_arrives(probe):
-    probe.state["cpu_affinity"] = 1     # the rank's one core: its thread and 2 workers crowd it
+    probe.state["cpu_affinity"] = 1  # the rank's one core: its thread and 2 workers crowd it
     model = nn.Linear(4, 3)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     loader = torch.utils.data.DataLoader(Augmented(), batch_size=8, num_workers=2, persistent_workers=True)
     due = [probe_module.PAUSE_FIRST_STEP + 1 + k * probe_module.PAUSE_EVERY for k in range(probe_module.PAUSES)]
-    due = [step for step in due if step <= 128]     # 2 epochs of 64 steps
+    due = [step for step in due if step <= 128]  # 2 epochs of 64 steps
     seen, states = [], {}
-    for epoch in range(2):
+    for _ in range(2):
         for x, y in loader:
             step = probe.steps + 1
             states[step] = stopped([w.pid for w in loader._iterator._workers], wait=step in due)
@@ -186,7 +188,9 @@ def test_no_worker_is_stopped_where_the_rank_has_cores_for_them(probe):
 
 def test_a_batch_prepared_in_the_rank_leaves_every_random_stream_as_it_was():
     import random
+
     import numpy
+
     pause = probe_module.WorkerPause()
 
     class Drawing(Augmented):

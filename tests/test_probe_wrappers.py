@@ -1,11 +1,12 @@
 """The probe under the other wrappers issue #26 names: FSDP2 (`fully_shard`) and a bare model, the planted-fault
 script's healthy loop otherwise unchanged (DDP and Lightning: test_doctor_probe.py, test_lightning.py)."""
+
 import json
 
 import pytest
+from test_doctor_probe import launch
 
 from paratrain.doctor import diagnose
-from test_doctor_probe import launch
 
 
 def test_fsdp2_steps_are_timed_and_its_collectives_are_communication(tmp_path):

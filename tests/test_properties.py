@@ -1,5 +1,6 @@
 """Property-based tests (#25) for what users feed paratrain: sizes, worker lists, Comet-style sweep
 configs and run directories with keys added or left out by other versions."""
+
 from __future__ import annotations
 
 import json
@@ -17,16 +18,20 @@ from paratrain.runs import RunDir
 from paratrain.sweep.space import parse_space
 
 FEW = settings(max_examples=60, deadline=None)
-UNIT = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}     # binary units, by hand
+UNIT = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}  # binary units, by hand
 
 
 # -- sizes ---------------------------------------------------------------------------------------
 @FEW
-@given(n=st.integers(1, 10**6), unit=st.sampled_from(list(UNIT)), suffix=st.sampled_from(["", "B", "iB"]),
-       lower=st.booleans())
+@given(
+    n=st.integers(1, 10**6),
+    unit=st.sampled_from(list(UNIT)),
+    suffix=st.sampled_from(["", "B", "iB"]),
+    lower=st.booleans(),
+)
 def test_size_integer_forms_round_trip(n, unit, suffix, lower):
     text = f"{n}{unit}{suffix if unit else ''}"
-    assert parse_size(text.lower() if lower else text) == n * UNIT[unit]     # e.g. 1150M -> 1150 * 2**20
+    assert parse_size(text.lower() if lower else text) == n * UNIT[unit]  # e.g. 1150M -> 1150 * 2**20
 
 
 @FEW
@@ -81,8 +86,10 @@ _numbers = st.floats(-1e3, 1e3, allow_nan=False, allow_infinity=False)
 def parameter(draw):
     kind = draw(st.sampled_from(["integer", "float", "double", "discrete", "categorical"]))
     if kind == "categorical":
-        return {"type": kind, "values": draw(st.lists(st.text("abcxyz", min_size=1, max_size=4), min_size=1,
-                                                      max_size=4, unique=True))}
+        return {
+            "type": kind,
+            "values": draw(st.lists(st.text("abcxyz", min_size=1, max_size=4), min_size=1, max_size=4, unique=True)),
+        }
     if kind == "discrete":
         return {"type": kind, "values": draw(st.lists(st.integers(-50, 50), min_size=1, max_size=5, unique=True))}
     if kind == "integer":
@@ -95,9 +102,11 @@ def parameter(draw):
 @st.composite
 def config(draw):
     names = draw(st.lists(st.text("abcdefgh_", min_size=1, max_size=6), min_size=1, max_size=4, unique=True))
-    return {"algorithm": draw(st.sampled_from(["grid", "random", "bayes"])),
-            "parameters": {n: draw(parameter()) for n in names},
-            "spec": {"metric": "loss", "objective": draw(st.sampled_from(["minimize", "maximize"]))}}
+    return {
+        "algorithm": draw(st.sampled_from(["grid", "random", "bayes"])),
+        "parameters": {n: draw(parameter()) for n in names},
+        "spec": {"metric": "loss", "objective": draw(st.sampled_from(["minimize", "maximize"]))},
+    }
 
 
 @FEW
@@ -107,9 +116,11 @@ def test_valid_sweep_configs_parse(cfg):
     assert len(space.parameters) == len(cfg["parameters"])
 
 
-_junk = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
-                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
-                     max_leaves=8)
+_junk = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=8,
+)
 
 
 @pytest.mark.parametrize("path", ["algorithm", "parameters", "spec", "param", "extra"])
@@ -134,8 +145,11 @@ _extra = st.dictionaries(st.text("qwxz_", min_size=1, max_size=8).map(lambda k: 
 
 
 @FEW
-@given(extra=_extra, times=st.lists(st.floats(0.1, 100), min_size=0, max_size=5),
-       drop=st.sampled_from([None, "epoch_times_s", "status", "samples_per_s"]))
+@given(
+    extra=_extra,
+    times=st.lists(st.floats(0.1, 100), min_size=0, max_size=5),
+    drop=st.sampled_from([None, "epoch_times_s", "status", "samples_per_s"]),
+)
 def test_run_dirs_from_other_versions_read(extra, times, drop):
     summary = {"status": "completed", "samples_per_s": 10.0, "epoch_times_s": times, **extra}
     if drop:

@@ -1,4 +1,5 @@
 """The in-memory batcher shards exactly as torch's DistributedSampler does."""
+
 import pytest
 import torch
 from torch.utils.data import DistributedSampler
@@ -13,7 +14,9 @@ def test_same_indices_as_distributed_sampler(n, world):
         for rank in range(world):
             sampler = DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=True, seed=11)
             sampler.set_epoch(epoch)
-            ours = shard_indices(n, RankContext(rank, world, rank, torch.device("cpu")), seed=11, epoch=epoch, shuffle=True)
+            ours = shard_indices(
+                n, RankContext(rank, world, rank, torch.device("cpu")), seed=11, epoch=epoch, shuffle=True
+            )
             assert ours.tolist() == list(sampler)
 
 

@@ -1,4 +1,5 @@
 """The shared-memory gradient average between real processes (a real gloo group sets it up)."""
+
 import os
 
 import pytest
@@ -16,8 +17,14 @@ pytestmark = pytest.mark.skipif(not shm_supported(), reason="shared-memory all-r
 
 # (numel, dtype): a single element, fewer elements than ranks, several chunks with a ragged end;
 # fp16 with values whose sum overflows it.
-CASES = [(1, torch.float32), (2, torch.float32), (1000, torch.float32), (777, torch.bfloat16), (300, torch.float64),
-         (500, torch.float16)]
+CASES = [
+    (1, torch.float32),
+    (2, torch.float32),
+    (1000, torch.float32),
+    (777, torch.bfloat16),
+    (300, torch.float64),
+    (500, torch.float16),
+]
 CHUNK_BYTES = 1024
 
 
@@ -25,7 +32,7 @@ def _data(rank: int, call: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
     g = torch.Generator().manual_seed(1000 * call + rank)
     values = torch.randn(numel, generator=g, dtype=torch.float64)
     if dtype == torch.float16:
-        values = values.sign() * 40000 + values    # near fp16's largest (65,504): a sum of two overflows
+        values = values.sign() * 40000 + values  # near fp16's largest (65,504): a sum of two overflows
     return values.to(dtype)
 
 

@@ -1,18 +1,19 @@
 """`paratrain slurm`: the generated sbatch scripts, read line by line; a CPU study's jobs run by hand
 and collected by `paratrain report`; and, where Debian's slurm-wlm can run here, a real submission."""
+
 import json
 import shlex
 import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import free_port
+
 from paratrain.cli import build_parser, main
 from paratrain.config import TrainConfig, validate
 
 SETUP = "module purge; module load python/3.11 cuda/12.4"
-REAL_SLURM_RAN = False      # set by the real-SLURM test when it passed
+REAL_SLURM_RAN = False  # set by the real-SLURM test when it passed
 
 
 def _run(capsys, argv) -> tuple[int, str, str]:
@@ -48,7 +49,7 @@ def train_config_of(words: list[str]) -> TrainConfig:
     """The TrainConfig a job's `paratrain train` line means, parsed by paratrain's own parser."""
     start = words.index("paratrain")
     assert words[start + 1] == "train", words
-    args = build_parser().parse_args(words[start + 1:])
+    args = build_parser().parse_args(words[start + 1 :])
     values = {k: v for k, v in vars(args).items() if k not in ("handler", "command", "config", "json")}
     return validate(TrainConfig, values)
 
@@ -57,10 +58,35 @@ def train_config_of(words: list[str]) -> TrainConfig:
 def bsc_study(tmp_path_factory):
     """The BSC hands-on study: ResNet-50 v2 on 1, 2 and 4 GPUs of one node."""
     out = tmp_path_factory.mktemp("bsc") / "study"
-    code = main(["slurm", "scale", "--workers", "1,2,4", "--workload", "cifar10-resnet50v2", "--epochs", "5",
-                 "--batch-size", "256", "--image-size", "128", "--gpus-per-node", "4", "--cpus-per-worker", "40",
-                 "--time", "00:30:00", "--partition", "gpu", "--setup", SETUP, "--sbatch-option=--qos=training",
-                 "--out", str(out)])
+    code = main(
+        [
+            "slurm",
+            "scale",
+            "--workers",
+            "1,2,4",
+            "--workload",
+            "cifar10-resnet50v2",
+            "--epochs",
+            "5",
+            "--batch-size",
+            "256",
+            "--image-size",
+            "128",
+            "--gpus-per-node",
+            "4",
+            "--cpus-per-worker",
+            "40",
+            "--time",
+            "00:30:00",
+            "--partition",
+            "gpu",
+            "--setup",
+            SETUP,
+            "--sbatch-option=--qos=training",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     return out
 
@@ -69,22 +95,33 @@ def bsc_study(tmp_path_factory):
 def test_each_point_asks_for_its_gpus_and_their_cores(bsc_study, gpus):
     options, setup, srun = parse_script(bsc_study / "slurm" / f"cifar10-resnet50v2-w{gpus}-r0.sbatch")
     assert options == {
-        "--job-name": f"paratrain-cifar10-resnet50v2-w{gpus}-r0", "--partition": "gpu", "--time": "00:30:00",
-        "--nodes": "1", "--ntasks-per-node": "1", "--cpus-per-task": str(40 * gpus), "--gres": f"gpu:{gpus}",
-        "--output": f"{bsc_study}/slurm/logs/%x-%j.out", "--qos": "training"}
+        "--job-name": f"paratrain-cifar10-resnet50v2-w{gpus}-r0",
+        "--partition": "gpu",
+        "--time": "00:30:00",
+        "--nodes": "1",
+        "--ntasks-per-node": "1",
+        "--cpus-per-task": str(40 * gpus),
+        "--gres": f"gpu:{gpus}",
+        "--output": f"{bsc_study}/slurm/logs/%x-%j.out",
+        "--qos": "training",
+    }
     assert setup == [SETUP]
     # srun gets the cores itself: Slurm 22.05 stopped passing --cpus-per-task on from sbatch.
     assert srun[:3] == ["srun", f"--cpus-per-task={40 * gpus}", "paratrain"]
     cfg = train_config_of(srun)
     assert (cfg.workers, cfg.device, cfg.threads_per_worker, cfg.workload) == (gpus, "cuda", 40, "cifar10-resnet50v2")
     assert (cfg.epochs, cfg.batch_size, cfg.image_size, cfg.quiet) == (5, 256, 128, True)
-    assert cfg.run_dir == bsc_study / "runs" / f"cifar10-resnet50v2-w{gpus}-r0"      # where `paratrain scale` puts it
+    assert cfg.run_dir == bsc_study / "runs" / f"cifar10-resnet50v2-w{gpus}-r0"  # where `paratrain scale` puts it
 
 
 def test_the_study_is_collected_by_a_report_job(bsc_study):
     scripts = sorted(p.name for p in (bsc_study / "slurm").glob("*.sbatch"))
-    assert scripts == ["cifar10-resnet50v2-w1-r0.sbatch", "cifar10-resnet50v2-w2-r0.sbatch",
-                       "cifar10-resnet50v2-w4-r0.sbatch", "collect.sbatch"]     # no all-cores reference on GPUs
+    assert scripts == [
+        "cifar10-resnet50v2-w1-r0.sbatch",
+        "cifar10-resnet50v2-w2-r0.sbatch",
+        "cifar10-resnet50v2-w4-r0.sbatch",
+        "collect.sbatch",
+    ]  # no all-cores reference on GPUs
     options, _, srun = parse_script(bsc_study / "slurm" / "collect.sbatch")
     assert "--gres" not in options and options["--cpus-per-task"] == "1"
     assert srun == ["srun", "--cpus-per-task=1", "paratrain", "report", str(bsc_study)]
@@ -94,16 +131,45 @@ def test_the_study_is_collected_by_a_report_job(bsc_study):
 
 
 def test_more_workers_than_a_node_has_span_nodes(tmp_path, capsys):
-    code, _, err = _run(capsys, ["slurm", "train", "--workers", "8", "--workload", "synthetic-cnn", "--gpus-per-node", "4",
-                                 "--nodes", "2", "--gres", "gpu:a100:4", "--time", "1-00:00:00", "--partition", "big",
-                                 "--account", "proj", "--out", str(tmp_path / "job")])
+    code, _, err = _run(
+        capsys,
+        [
+            "slurm",
+            "train",
+            "--workers",
+            "8",
+            "--workload",
+            "synthetic-cnn",
+            "--gpus-per-node",
+            "4",
+            "--nodes",
+            "2",
+            "--gres",
+            "gpu:a100:4",
+            "--time",
+            "1-00:00:00",
+            "--partition",
+            "big",
+            "--account",
+            "proj",
+            "--out",
+            str(tmp_path / "job"),
+        ],
+    )
     assert code == 0, err
     options, setup, srun = parse_script(tmp_path / "job" / "slurm" / "train.sbatch")
-    assert (options["--nodes"], options["--ntasks-per-node"], options["--gres"], options["--cpus-per-task"]) == ("2", "1", "gpu:a100:4", "4")
+    assert (options["--nodes"], options["--ntasks-per-node"], options["--gres"], options["--cpus-per-task"]) == (
+        "2",
+        "1",
+        "gpu:a100:4",
+        "4",
+    )
     assert options["--account"] == "proj" and options["--time"] == "1-00:00:00"
     # Node 0 hosts the rendezvous, at a port of the job's own.
-    assert setup == ['head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-                     'export PARATRAIN_RDZV="$head:$((29500 + SLURM_JOB_ID % 2000))"']
+    assert setup == [
+        'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        'export PARATRAIN_RDZV="$head:$((29500 + SLURM_JOB_ID % 2000))"',
+    ]
     assert srun[:4] == ["srun", "--cpus-per-task=4", "bash", "-c"]
     # What each node's bash runs, with the values SLURM gives node 1:
     inner = shlex.split(srun[4].replace('"$SLURM_NODEID"', "1").replace('"$PARATRAIN_RDZV"', "node17:29500"))
@@ -145,7 +211,6 @@ PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP
 """
 
 
-
 @pytest.fixture(scope="module")
 def slurm_cluster(tmp_path_factory):
     """munged, slurmctld and slurmd of Debian's slurm-wlm on loopback, with a configuration of their
@@ -156,7 +221,10 @@ def slurm_cluster(tmp_path_factory):
     import socket
     import time
 
-    programs = {b: shutil.which(b) or shutil.which(b, path="/usr/sbin:/sbin") for b in ("munged", "slurmctld", "slurmd", "sbatch", "sinfo")}
+    programs = {
+        b: shutil.which(b) or shutil.which(b, path="/usr/sbin:/sbin")
+        for b in ("munged", "slurmctld", "slurmd", "sbatch", "sinfo")
+    }
     missing = [b for b, path in programs.items() if path is None]
     if missing:
         pytest.skip(f"SLURM TEST SKIPPED: {', '.join(missing)} not installed (make test installs slurm-wlm as root)")
@@ -174,16 +242,37 @@ def slurm_cluster(tmp_path_factory):
     env = {**os.environ, "SLURM_CONF": str(conf)}
     started = []
     try:
-        subprocess.run([programs["munged"], "--force", f"--key-file={key}", f"--socket={d}/munge.socket", f"--pid-file={d}/munged.pid",
-                        f"--log-file={d}/munged.log", f"--seed-file={d}/munged.seed"], check=True, capture_output=True)
+        subprocess.run(
+            [
+                programs["munged"],
+                "--force",
+                f"--key-file={key}",
+                f"--socket={d}/munge.socket",
+                f"--pid-file={d}/munged.pid",
+                f"--log-file={d}/munged.log",
+                f"--seed-file={d}/munged.seed",
+            ],
+            check=True,
+            capture_output=True,
+        )
         for daemon in ("slurmctld", "slurmd"):
-            started.append(subprocess.Popen([programs[daemon], "-D", "-f", str(conf)], env=env, stdout=subprocess.DEVNULL,
-                                            stderr=subprocess.DEVNULL, start_new_session=True))
+            started.append(
+                subprocess.Popen(
+                    [programs[daemon], "-D", "-f", str(conf)],
+                    env=env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+            )
         deadline = time.monotonic() + 30
         while "idle" not in subprocess.run(["sinfo", "-h", "-o", "%T"], env=env, capture_output=True, text=True).stdout:
             if time.monotonic() > deadline or any(p.poll() is not None for p in started):
-                logs = " | ".join(f"{n}: {(d / f'{n}.log').read_text().strip().splitlines()[-1:]}"
-                                  for n in ("slurmctld", "slurmd") if (d / f"{n}.log").exists())
+                logs = " | ".join(
+                    f"{n}: {(d / f'{n}.log').read_text().strip().splitlines()[-1:]}"
+                    for n in ("slurmctld", "slurmd")
+                    if (d / f"{n}.log").exists()
+                )
                 pytest.skip(f"SLURM TEST SKIPPED: slurmctld/slurmd did not bring the node up within 30 s ({logs})")
             time.sleep(0.3)
         yield env
@@ -197,8 +286,10 @@ def slurm_cluster(tmp_path_factory):
             if jobs:
                 subprocess.run(["scancel", *jobs], env=env, capture_output=True)
             deadline = time.monotonic() + 30
-            while (subprocess.run(["squeue", "-h"], env=env, capture_output=True, text=True).stdout.strip()
-                   and time.monotonic() < deadline):
+            while (
+                subprocess.run(["squeue", "-h"], env=env, capture_output=True, text=True).stdout.strip()
+                and time.monotonic() < deadline
+            ):
                 time.sleep(0.3)
         for process in started:
             process.terminate()
@@ -220,7 +311,6 @@ def _stop_processes_naming(directory: Path, timeout: float = 10.0) -> None:
     """Kill, and wait for, every process whose command line or environment names `directory`: the
     cluster's slurmstepd (its environment holds SLURM_CONF), the jobs' processes, munged."""
     import psutil
-
     from conftest import leftover_processes
 
     remaining = leftover_processes(directory, descendants=False)
@@ -240,10 +330,32 @@ def test_a_study_submitted_to_a_real_slurm_is_collected(slurm_cluster, tmp_path,
     for name, value in slurm_cluster.items():
         monkeypatch.setenv(name, value)
     out = tmp_path / "study"
-    code, printed, err = _run(capsys, [
-        "slurm", "scale", "--workers", "1", "--workload", "synthetic-cnn", "--synthetic-samples", "128", "--epochs", "1",
-        "--gpus-per-node", "0", "--time", "00:05:00", "--partition", "debug",
-        "--setup", f"export PATH={Path(sys.executable).parent}:$PATH", "--out", str(out), "--submit"])
+    code, printed, err = _run(
+        capsys,
+        [
+            "slurm",
+            "scale",
+            "--workers",
+            "1",
+            "--workload",
+            "synthetic-cnn",
+            "--synthetic-samples",
+            "128",
+            "--epochs",
+            "1",
+            "--gpus-per-node",
+            "0",
+            "--time",
+            "00:05:00",
+            "--partition",
+            "debug",
+            "--setup",
+            f"export PATH={Path(sys.executable).parent}:$PATH",
+            "--out",
+            str(out),
+            "--submit",
+        ],
+    )
     assert code == 0, err
     # One worker, the one-process-on-all-cores reference, then the collection (each job here is a
     # fresh interpreter importing torch: two points keep the test short).
@@ -261,7 +373,7 @@ def test_a_study_submitted_to_a_real_slurm_is_collected(slurm_cluster, tmp_path,
         time.sleep(0.3)
     rows = json.loads((out / "scaling.json").read_text())["rows"]
     assert [(r["workers"], r["point"]) for r in rows] == [(1, "scaling"), (1, "all_cores_reference")]
-    assert rows[1]["threads_per_worker"] == os.cpu_count()       # the reference job got every core SLURM has
+    assert rows[1]["threads_per_worker"] == os.cpu_count()  # the reference job got every core SLURM has
     logs = sorted(p.name.rsplit("-", 1)[0] for p in (out / "slurm" / "logs").iterdir())
     assert logs == ["paratrain-collect", "paratrain-synthetic-cnn-w1-all-cores-r0", "paratrain-synthetic-cnn-w1-r0"]
     global REAL_SLURM_RAN
@@ -275,9 +387,31 @@ def test_a_cpu_study_run_job_by_job_is_collected_into_one_study(tmp_path, capsys
     if REAL_SLURM_RAN:
         pytest.skip("covered by test_a_study_submitted_to_a_real_slurm_is_collected, which ran")
     out = tmp_path / "study"
-    code, _, err = _run(capsys, ["slurm", "scale", "--workers", "1,2", "--workload", "synthetic-cnn", "--synthetic-samples",
-                                 "128", "--epochs", "1", "--batch-size", "32", "--gpus-per-node", "0", "--time", "00:05:00",
-                                 "--partition", "debug", "--out", str(out)])
+    code, _, err = _run(
+        capsys,
+        [
+            "slurm",
+            "scale",
+            "--workers",
+            "1,2",
+            "--workload",
+            "synthetic-cnn",
+            "--synthetic-samples",
+            "128",
+            "--epochs",
+            "1",
+            "--batch-size",
+            "32",
+            "--gpus-per-node",
+            "0",
+            "--time",
+            "00:05:00",
+            "--partition",
+            "debug",
+            "--out",
+            str(out),
+        ],
+    )
     assert code == 0, err
     names = sorted(p.stem for p in (out / "slurm").glob("*.sbatch"))
     assert names == ["collect", "synthetic-cnn-w1-all-cores-r0", "synthetic-cnn-w1-r0", "synthetic-cnn-w2-r0"]
@@ -286,12 +420,12 @@ def test_a_cpu_study_run_job_by_job_is_collected_into_one_study(tmp_path, capsys
         options, _, srun = parse_script(out / "slurm" / f"{name}.sbatch")
         assert "--gres" not in options
         cpus[name] = options["--cpus-per-task"]
-        code, _, err = _run(capsys, srun[3:])        # what the job's srun runs: srun --cpus-per-task=C paratrain ...
+        code, _, err = _run(capsys, srun[3:])  # what the job's srun runs: srun --cpus-per-task=C paratrain ...
         assert code == 0, err
     # One core per worker; the one-process reference gets the cores of the largest point.
     assert cpus == {"synthetic-cnn-w1-all-cores-r0": "2", "synthetic-cnn-w1-r0": "1", "synthetic-cnn-w2-r0": "2"}
     _, _, collect = parse_script(out / "slurm" / "collect.sbatch")
-    code, printed, err = _run(capsys, collect[3:])
+    code, _printed, err = _run(capsys, collect[3:])
     assert code == 0, err
     rows = json.loads((out / "scaling.json").read_text())["rows"]
     assert [(r["workers"], r["point"]) for r in rows] == [(1, "scaling"), (2, "scaling"), (1, "all_cores_reference")]

@@ -5,6 +5,7 @@ spawned gloo process group: each rank runs the real training loop (engine/loop.p
 per configuration, one after the other, and rank 0 writes each run's summary. The one-process
 baselines run in this process through paratrain.train.
 """
+
 import gc
 import json
 import os
@@ -22,19 +23,56 @@ from paratrain.config import TrainConfig
 from paratrain.errors import UsageError
 from paratrain.launch.load import LoadMeter
 
-SMALL = dict(workload="synthetic-cnn", model="pipeline_factories:small_stack", synthetic_samples=256,
-             synthetic_shape=(1, 8, 8), device="cpu", epochs=1, lr=0.05, lr_scaling="none", threads_per_worker=1,
-             quiet=True, log_every=4, checkpoint_every=1)
+SMALL = dict(
+    workload="synthetic-cnn",
+    model="pipeline_factories:small_stack",
+    synthetic_samples=256,
+    synthetic_shape=(1, 8, 8),
+    device="cpu",
+    epochs=1,
+    lr=0.05,
+    lr_scaling="none",
+    threads_per_worker=1,
+    quiet=True,
+    log_every=4,
+    checkpoint_every=1,
+)
 # SGD, not Adam: Adam normalises each gradient, so one that is zero in exact arithmetic (attention's
 # key bias) but float noise in practice takes full-size steps in a direction set by summation order.
-GPT = dict(workload="gpt-tiny", n_layer=2, n_embd=32, n_head=2, seq_len=16, samples_per_epoch=256, eval_samples=32,
-           device="cpu", epochs=1, lr=0.1, lr_scaling="none", threads_per_worker=1, quiet=True,
-           log_every=4, checkpoint_every=1)
+GPT = dict(
+    workload="gpt-tiny",
+    n_layer=2,
+    n_embd=32,
+    n_head=2,
+    seq_len=16,
+    samples_per_epoch=256,
+    eval_samples=32,
+    device="cpu",
+    epochs=1,
+    lr=0.1,
+    lr_scaling="none",
+    threads_per_worker=1,
+    quiet=True,
+    log_every=4,
+    checkpoint_every=1,
+)
 # Balanced stages: Flatten + 4 blocks | 4 blocks + a 10-way classifier, each block a 1024x1024 Linear.
 # Micro-batches of at least 32 rows keep each one's compute well above the fixed cost of sending it.
-BALANCED = dict(workload="synthetic-cnn", model="pipeline_factories:linear_stack", synthetic_samples=2560,
-                synthetic_shape=(2, 32, 32), device="cpu", epochs=1, lr=0.01, lr_scaling="none", batch_size=512,
-                threads_per_worker=1, quiet=True, log_every=100, split="5")
+BALANCED = dict(
+    workload="synthetic-cnn",
+    model="pipeline_factories:linear_stack",
+    synthetic_samples=2560,
+    synthetic_shape=(2, 32, 32),
+    device="cpu",
+    epochs=1,
+    lr=0.01,
+    lr_scaling="none",
+    batch_size=512,
+    threads_per_worker=1,
+    quiet=True,
+    log_every=100,
+    split="5",
+)
 BUBBLE_MICROBATCHES = (1, 2, 4, 8)
 
 
@@ -43,8 +81,9 @@ def _rank(rank: int, world: int, port: int, jobs: list) -> None:
     from paratrain.engine.loop import Trainer
     from paratrain.runs import RunDir, write_json
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank)
+    )
     ctx = init_rank(Placement(backend="gloo", device_type="cpu", threads_per_worker=1))
     try:
         for cfg, resume_from in jobs:
@@ -90,15 +129,27 @@ def _model(run_dir: Path) -> dict:
 def two_rank_runs(tmp_path_factory):
     """Every 2-rank run of this file, in one process group."""
     root = tmp_path_factory.mktemp("pipeline2")
-    jobs = [(dict(SMALL, strategy="pipeline", pipeline_schedule=s, batch_size=32, microbatches=4, run_dir=root / s), None)
-            for s in ("gpipe", "1f1b", "interleaved")]
+    jobs = [
+        (dict(SMALL, strategy="pipeline", pipeline_schedule=s, batch_size=32, microbatches=4, run_dir=root / s), None)
+        for s in ("gpipe", "1f1b", "interleaved")
+    ]
     jobs.append((dict(GPT, strategy="pipeline", batch_size=8, microbatches=2, run_dir=root / "gpt"), None))
     # Resumed: one epoch from the 1f1b run's checkpoint, against two epochs straight through.
     jobs.append((dict(SMALL, strategy="pipeline", batch_size=32, epochs=2, run_dir=root / "straight"), None))
-    jobs.append((dict(SMALL, strategy="pipeline", batch_size=32, epochs=2, resume=True, run_dir=root / "resumed"), root / "1f1b"))
+    jobs.append(
+        (
+            dict(SMALL, strategy="pipeline", batch_size=32, epochs=2, resume=True, run_dir=root / "resumed"),
+            root / "1f1b",
+        )
+    )
     jobs.append((dict(BALANCED, strategy="model-parallel", run_dir=root / "bubble1"), None))
-    jobs += [(dict(BALANCED, strategy="pipeline", pipeline_schedule="gpipe", microbatches=m, run_dir=root / f"bubble{m}"), None)
-             for m in BUBBLE_MICROBATCHES[1:]]
+    jobs += [
+        (
+            dict(BALANCED, strategy="pipeline", pipeline_schedule="gpipe", microbatches=m, run_dir=root / f"bubble{m}"),
+            None,
+        )
+        for m in BUBBLE_MICROBATCHES[1:]
+    ]
     load = LoadMeter(None)
     _spawn(2, jobs)
     (root / "machine_load.json").write_text(json.dumps(load.finish()))
@@ -108,8 +159,12 @@ def two_rank_runs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def one_process_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("single")
-    for name, cfg in (("small32", dict(SMALL, batch_size=32)), ("small64", dict(SMALL, batch_size=64)),
-                      ("small32x2", dict(SMALL, batch_size=32, epochs=2)), ("gpt", dict(GPT, batch_size=8))):
+    for name, cfg in (
+        ("small32", dict(SMALL, batch_size=32)),
+        ("small64", dict(SMALL, batch_size=64)),
+        ("small32x2", dict(SMALL, batch_size=32, epochs=2)),
+        ("gpt", dict(GPT, batch_size=8)),
+    ):
         paratrain.train(dict(cfg, strategy="single", run_dir=root / name))
     return root
 
@@ -166,7 +221,7 @@ def test_the_measured_bubble_falls_with_microbatches_as_the_theory_says(two_rank
         summary = _summary(two_rank_runs / f"bubble{m}")
         theory = 1 / (m + 1)
         assert summary["bubble_fraction_theory"] == pytest.approx(theory)
-        assert summary["pipeline"]["timed_steps"] == 4       # 5 steps, the first (shape inference) left out
+        assert summary["pipeline"]["timed_steps"] == 4  # 5 steps, the first (shape inference) left out
         assert len(summary["bubble_fraction_per_rank"]) == 2
         assert summary["bubble_fraction"] >= theory - 0.1, (m, summary["bubble_fraction"], theory)
         measured.append((summary["bubble_fraction"], theory))
@@ -174,8 +229,10 @@ def test_the_measured_bubble_falls_with_microbatches_as_the_theory_says(two_rank
     assert _summary(two_rank_runs / "bubble1")["pipeline"]["microbatches"] == 1
     load = json.loads((two_rank_runs / "machine_load.json").read_text())
     if load["contended"]:
-        pytest.skip(f"fall and closeness to the theory not asserted: other work took {load['other_fraction']:.0%} of the "
-                    f"cores (measured vs theory: {[(round(b, 3), round(t, 3)) for b, t in measured]})")
+        pytest.skip(
+            f"fall and closeness to the theory not asserted: other work took {load['other_fraction']:.0%} of the "
+            f"cores (measured vs theory: {[(round(b, 3), round(t, 3)) for b, t in measured]})"
+        )
     assert [b for b, _ in measured] == sorted((b for b, _ in measured), reverse=True), measured
     for bubble, theory in measured:
         assert abs(bubble - theory) <= 0.1, measured
@@ -183,8 +240,24 @@ def test_the_measured_bubble_falls_with_microbatches_as_the_theory_says(two_rank
 
 def test_hybrid_on_four_ranks_reaches_the_parameters_of_one_process(tmp_path, one_process_runs):
     """2 replicas x 2 stages, batch 32 per replica: one process with batch 64 (oversubscribed: 4 ranks on 2 cores)."""
-    _spawn(4, [(dict(SMALL, strategy="hybrid", dp=2, stages=2, batch_size=32, microbatches=2, allow_oversubscribe=True,
-                     run_dir=tmp_path / "hybrid"), None)])
+    _spawn(
+        4,
+        [
+            (
+                dict(
+                    SMALL,
+                    strategy="hybrid",
+                    dp=2,
+                    stages=2,
+                    batch_size=32,
+                    microbatches=2,
+                    allow_oversubscribe=True,
+                    run_dir=tmp_path / "hybrid",
+                ),
+                None,
+            )
+        ],
+    )
     summary = _summary(tmp_path / "hybrid")
     assert summary["global_batch_size"] == 64 and summary["steps"] == 4 and summary["allreduce"] == "gloo"
     _assert_same_parameters(_model(one_process_runs / "small64"), _model(tmp_path / "hybrid"))
@@ -193,16 +266,32 @@ def test_hybrid_on_four_ranks_reaches_the_parameters_of_one_process(tmp_path, on
 # -- bad input: one line, exit 2, nothing written ---------------------------------------------------
 
 BAD = {
-    "more stages than ranks": (dict(strategy="pipeline", workers=2, stages=3), "--stages 3 (one rank per stage) needs 3 workers"),
-    "replicas x stages exceed the ranks": (dict(strategy="hybrid", workers=2, dp=2, stages=2), "--dp 2 x --stages 2 needs 4 workers"),
-    "micro-batches do not divide the batch": (dict(strategy="pipeline", workers=2, batch_size=30, microbatches=4),
-                                              "--microbatches 4 does not divide --batch-size 30"),
+    "more stages than ranks": (
+        dict(strategy="pipeline", workers=2, stages=3),
+        "--stages 3 (one rank per stage) needs 3 workers",
+    ),
+    "replicas x stages exceed the ranks": (
+        dict(strategy="hybrid", workers=2, dp=2, stages=2),
+        "--dp 2 x --stages 2 needs 4 workers",
+    ),
+    "micro-batches do not divide the batch": (
+        dict(strategy="pipeline", workers=2, batch_size=30, microbatches=4),
+        "--microbatches 4 does not divide --batch-size 30",
+    ),
     "a split point that does not exist": (dict(strategy="pipeline", workers=2, split="9"), "no block named '9'"),
-    "a model that is not a chain of its children": (dict(strategy="pipeline", workers=2, model="pipeline_factories:NotAChain"),
-                                                    "blocks (conv, fc) do not chain"),
-    "model-parallel with micro-batches": (dict(strategy="model-parallel", workers=2, microbatches=8), "for --microbatches use"),
+    "a model that is not a chain of its children": (
+        dict(strategy="pipeline", workers=2, model="pipeline_factories:NotAChain"),
+        "blocks (conv, fc) do not chain",
+    ),
+    "model-parallel with micro-batches": (
+        dict(strategy="model-parallel", workers=2, microbatches=8),
+        "for --microbatches use",
+    ),
     "gradient accumulation": (dict(strategy="pipeline", workers=2, grad_accum=2), "instead of --grad-accum"),
-    "stages without a staged strategy": (dict(strategy="ddp", workers=2, stages=2), "--stages lays out pipeline stages"),
+    "stages without a staged strategy": (
+        dict(strategy="ddp", workers=2, stages=2),
+        "--stages lays out pipeline stages",
+    ),
 }
 
 
@@ -217,8 +306,21 @@ def test_bad_layouts_fail_before_anything_is_written(tmp_path, case):
 def test_a_bad_split_is_one_line_and_exit_status_2(tmp_path, capsys):
     from paratrain.cli import main
 
-    code = main(["train", "--workload", "gpt-tiny", "--workers", "2", "--strategy", "pipeline", "--split", "blocks.7",
-                 "--run-dir", str(tmp_path / "run")])
+    code = main(
+        [
+            "train",
+            "--workload",
+            "gpt-tiny",
+            "--workers",
+            "2",
+            "--strategy",
+            "pipeline",
+            "--split",
+            "blocks.7",
+            "--run-dir",
+            str(tmp_path / "run"),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2, err
     assert err.strip().count("\n") == 0 and "no block named 'blocks.7'" in err, err

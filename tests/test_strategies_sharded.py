@@ -8,6 +8,7 @@ memory check run one after another in ONE pair of spawned ranks, through the ran
 (`run_rank`, each run with its own gloo process group) and the strategy classes themselves; the
 --memory-limit run (the CLI in a subprocess) goes at the same time.
 """
+
 import json
 import os
 import shutil
@@ -20,22 +21,22 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
+from conftest import free_port, synthetic, train_spawned
 
 import paratrain
-from conftest import free_port, synthetic, train_spawned
 from paratrain.cli import main
 from paratrain.runs import RunDir
 
 # 384 samples / a global batch of 64 = 6 steps an epoch, 18 in all; log every step.
-COMMON = dict(epochs=3, synthetic_samples=384, lr=0.05, lr_scaling="linear", base_batch_size=64, checkpoint_every=1,
-              log_every=1)
+COMMON = dict(
+    epochs=3, synthetic_samples=384, lr=0.05, lr_scaling="linear", base_batch_size=64, checkpoint_every=1, log_every=1
+)
 TWO_RANKS = dict(COMMON, workers=2, batch_size=32)
-SPAWNED = {   # run name -> the config's overrides, run by the spawned pair of ranks
+SPAWNED = {  # run name -> the config's overrides, run by the spawned pair of ranks
     "zero1": dict(TWO_RANKS, strategy="zero1"),
     # ZeRO-2-like, and 2 micro-steps of 16 per optimizer step: accumulation under set_requires_gradient_sync(False).
     "fsdp-keep": dict(TWO_RANKS, strategy="fsdp", reshard_after_forward=False, batch_size=16, grad_accum=2),
 }
-
 
 
 def _spawned_rank(rank: int, out: str, ports: list[int]) -> None:
@@ -111,11 +112,41 @@ def _run_all(out: Path) -> None:
     spawned = mp.start_processes(_spawned_rank, args=(str(out), ports), nprocs=2, join=False, start_method="spawn")
     # A 101 M-parameter gpt (2 blocks 2048 wide; 403 MB of float32 weights) on a few tokens: the weights
     # fit under 1G beside the interpreter's ~300 MiB, the gradients do not.
-    limited = subprocess.Popen([sys.executable, "-m", "paratrain", "train", "--workload", "gpt-tiny", "--n-embd", "2048",
-                                "--n-head", "16", "--n-layer", "2", "--seq-len", "16", "--batch-size", "2",
-                                "--samples-per-epoch", "8", "--eval-samples", "2", "--epochs", "1", "--threads-per-worker",
-                                "1", "--memory-limit", "1G", "--run-dir", str(out / "limited"), "--quiet"],
-                               stderr=subprocess.PIPE, text=True)
+    limited = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "paratrain",
+            "train",
+            "--workload",
+            "gpt-tiny",
+            "--n-embd",
+            "2048",
+            "--n-head",
+            "16",
+            "--n-layer",
+            "2",
+            "--seq-len",
+            "16",
+            "--batch-size",
+            "2",
+            "--samples-per-epoch",
+            "8",
+            "--eval-samples",
+            "2",
+            "--epochs",
+            "1",
+            "--threads-per-worker",
+            "1",
+            "--memory-limit",
+            "1G",
+            "--run-dir",
+            str(out / "limited"),
+            "--quiet",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     paratrain.train(synthetic(out, run_dir=out / "single", workers=1, batch_size=64, **COMMON))
     stop = threading.Event()
     copier = threading.Thread(target=_copy_first_checkpoint, args=(out / "fsdp", out / "fsdp-at-checkpoint", stop))
@@ -126,8 +157,15 @@ def _run_all(out: Path) -> None:
         stop.set()
         copier.join()
     # The copy resumes on ONE rank with the same global batch (1 x 64 instead of 2 x 32).
-    paratrain.train(synthetic(out, run_dir=out / "fsdp-at-checkpoint", strategy="fsdp", resume=True,
-                              **dict(COMMON, workers=1, batch_size=64)))
+    paratrain.train(
+        synthetic(
+            out,
+            run_dir=out / "fsdp-at-checkpoint",
+            strategy="fsdp",
+            resume=True,
+            **dict(COMMON, workers=1, batch_size=64),
+        )
+    )
     (out / "limited.err").write_text(limited.communicate()[1] + f"exit {limited.returncode}")
     while not spawned.join():
         pass
@@ -197,8 +235,12 @@ def test_memory_per_rank_shrinks_with_fsdp_and_zero1(runs):
     ranks = [json.loads((runs / f"memory-rank{rank}.json").read_text()) for rank in (0, 1)]
     # Counted from what each rank holds: the two ranks' shards and partitions add up to the whole.
     whole = ranks[0]["ddp"]
-    for name, figure in (("fsdp", "parameters_bytes"), ("fsdp", "gradients_bytes"), ("fsdp", "optimizer_bytes"),
-                         ("zero1", "optimizer_bytes")):
+    for name, figure in (
+        ("fsdp", "parameters_bytes"),
+        ("fsdp", "gradients_bytes"),
+        ("fsdp", "optimizer_bytes"),
+        ("zero1", "optimizer_bytes"),
+    ):
         assert sum(r[name][figure] for r in ranks) == pytest.approx(whole[figure], rel=0.01), (name, figure)
     for rank, held in enumerate(ranks):
         ddp, zero1 = held["ddp"], held["zero1"]
@@ -220,12 +262,17 @@ def test_summaries_report_memory_per_rank(runs):
     fsdp = RunDir(runs / "fsdp").read_summary()["memory"]
     zero1 = json.loads((runs / "zero1" / "summary.json").read_text())["memory"]
     for block in (single, fsdp, zero1):
-        assert set(block) == {"parameters_bytes", "gradients_bytes", "optimizer_bytes", "activations_peak_bytes",
-                              "rss_peak_bytes"}
+        assert set(block) == {
+            "parameters_bytes",
+            "gradients_bytes",
+            "optimizer_bytes",
+            "activations_peak_bytes",
+            "rss_peak_bytes",
+        }
         assert all(len(values) == len(block["rss_peak_bytes"]) for values in block.values())
         assert min(block["activations_peak_bytes"]) > 0 and min(block["rss_peak_bytes"]) > 100 * 2**20
     whole = single["parameters_bytes"][0]
-    assert single["optimizer_bytes"] == [whole]         # SGD's momentum: one buffer a parameter
+    assert single["optimizer_bytes"] == [whole]  # SGD's momentum: one buffer a parameter
     assert all(b <= 0.55 * whole for b in fsdp["parameters_bytes"] + fsdp["gradients_bytes"] + fsdp["optimizer_bytes"])
     assert sum(zero1["optimizer_bytes"]) == whole and max(zero1["optimizer_bytes"]) < whole
     # Half the batch per rank: about half of one process's saved activations; and a true peak, not a
@@ -242,8 +289,22 @@ def _cli(capsys, argv: list[str]) -> tuple[int, str]:
 
 
 def test_a_shard_unit_the_model_lacks_is_refused(tmp_path, capsys):
-    code, err = _cli(capsys, ["train", "--workload", "synthetic-cnn", "--strategy", "fsdp", "--workers", "2",
-                              "--shard-unit", "NoSuchClass", "--run-dir", str(tmp_path / "run")])
+    code, err = _cli(
+        capsys,
+        [
+            "train",
+            "--workload",
+            "synthetic-cnn",
+            "--strategy",
+            "fsdp",
+            "--workers",
+            "2",
+            "--shard-unit",
+            "NoSuchClass",
+            "--run-dir",
+            str(tmp_path / "run"),
+        ],
+    )
     assert code == 2 and err.count("\n") == 1 and "--shard-unit NoSuchClass" in err and "Conv2d" in err, err
     assert not (tmp_path / "run").exists()
 
@@ -251,10 +312,35 @@ def test_a_shard_unit_the_model_lacks_is_refused(tmp_path, capsys):
 def test_an_fsdp_resume_onto_a_different_model_is_refused(runs, capsys):
     run_dir = runs / "fsdp"
     before = {p: p.stat().st_mtime_ns for p in run_dir.rglob("*")}
-    code, err = _cli(capsys, ["train", "--workload", "synthetic-cnn", "--model", "resnet18", "--strategy", "fsdp",
-                              "--workers", "1", "--batch-size", "64", "--synthetic-samples", "384", "--epochs", "3",
-                              "--lr", "0.05", "--base-batch-size", "64", "--threads-per-worker", "1",
-                              "--run-dir", str(run_dir), "--resume"])
+    code, err = _cli(
+        capsys,
+        [
+            "train",
+            "--workload",
+            "synthetic-cnn",
+            "--model",
+            "resnet18",
+            "--strategy",
+            "fsdp",
+            "--workers",
+            "1",
+            "--batch-size",
+            "64",
+            "--synthetic-samples",
+            "384",
+            "--epochs",
+            "3",
+            "--lr",
+            "0.05",
+            "--base-batch-size",
+            "64",
+            "--threads-per-worker",
+            "1",
+            "--run-dir",
+            str(run_dir),
+            "--resume",
+        ],
+    )
     assert code == 2 and err.count("\n") == 1 and "different configuration" in err and "--model" in err, err
     assert {p: p.stat().st_mtime_ns for p in run_dir.rglob("*")} == before, "the refused resume wrote something"
 
@@ -266,9 +352,33 @@ def test_a_checkpoint_whose_shards_are_missing_is_refused(runs, tmp_path, capsys
     copy.mkdir()
     for name in ("checkpoint.pt", "config.json"):
         shutil.copy(runs / "fsdp" / name, copy / name)
-    code, err = _cli(capsys, ["train", "--workload", "synthetic-cnn", "--strategy", "fsdp", "--workers", "2",
-                              "--batch-size", "32", "--synthetic-samples", "384", "--epochs", "3", "--lr", "0.05",
-                              "--base-batch-size", "64", "--threads-per-worker", "1", "--run-dir", str(copy), "--resume"])
+    code, err = _cli(
+        capsys,
+        [
+            "train",
+            "--workload",
+            "synthetic-cnn",
+            "--strategy",
+            "fsdp",
+            "--workers",
+            "2",
+            "--batch-size",
+            "32",
+            "--synthetic-samples",
+            "384",
+            "--epochs",
+            "3",
+            "--lr",
+            "0.05",
+            "--base-batch-size",
+            "64",
+            "--threads-per-worker",
+            "1",
+            "--run-dir",
+            str(copy),
+            "--resume",
+        ],
+    )
     assert code == 2 and err.count("\n") == 1 and "missing or incomplete" in err, err
     assert sorted(p.name for p in copy.iterdir()) == ["checkpoint.pt", "config.json"]
 

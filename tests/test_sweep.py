@@ -1,5 +1,6 @@
 """`paratrain sweep` end to end: real trial processes, a real journal file, a real SIGKILL, two
 drivers sharing one study, a real PostgreSQL server, a built-in workload, the report in a browser."""
+
 import itertools
 import json
 import os
@@ -15,13 +16,12 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from conftest import browser_page, free_port, write_trial_script
 
 PARATRAIN = [sys.executable, "-m", "paratrain", "sweep"]
 
 # One script, many behaviours: parameter `mode` picks how it reports, `x` what it reports.
-SCRIPT = textwrap.dedent('''\
+SCRIPT = textwrap.dedent("""\
     import argparse, json, os, sys, time
     import paratrain
     p = argparse.ArgumentParser()
@@ -55,7 +55,7 @@ SCRIPT = textwrap.dedent('''\
         time.sleep(60)
     with open(os.environ["FINISHED_LOG"], "a") as f:
         f.write(f"{a.x}\\n")
-''')
+""")
 
 
 @pytest.fixture
@@ -64,8 +64,15 @@ def script(tmp_path, monkeypatch):
 
 
 def space(path: Path, parameters: dict, **spec) -> Path:
-    path.write_text(json.dumps({"algorithm": spec.pop("algorithm", "grid"), "parameters": parameters,
-                                "spec": {"metric": "score", "objective": "minimize", **spec}}))
+    path.write_text(
+        json.dumps(
+            {
+                "algorithm": spec.pop("algorithm", "grid"),
+                "parameters": parameters,
+                "spec": {"metric": "score", "objective": "minimize", **spec},
+            }
+        )
+    )
     return path
 
 
@@ -92,14 +99,18 @@ def finished(tmp_path: Path) -> list[float]:
 
 def test_grid_runs_every_combination_once_through_every_report_protocol(tmp_path, script):
     modes = ["report", "equals", "colon", "json"]
-    cfg = space(tmp_path / "space.json", {"x": {"type": "discrete", "values": [1, 2, 3]},
-                                          "mode": {"type": "categorical", "values": modes}})
+    cfg = space(
+        tmp_path / "space.json",
+        {"x": {"type": "discrete", "values": [1, 2, 3]}, "mode": {"type": "categorical", "values": modes}},
+    )
     out = tmp_path / "out"
     proc = sweep(cfg, "-j", 2, "--out", out, "--script", script, "--quiet")
     result = results(out)
     trials = result["trials"]
     assert [t["state"] for t in trials] == ["COMPLETE"] * 12, _failures(trials)
-    assert sorted((t["params"]["x"], t["params"]["mode"]) for t in trials) == sorted(itertools.product([1, 2, 3], modes))
+    assert sorted((t["params"]["x"], t["params"]["mode"]) for t in trials) == sorted(
+        itertools.product([1, 2, 3], modes)
+    )
     for t in trials:
         assert t["value"] == 10 * t["params"]["x"]
         for key in ("number", "params", "value", "state", "duration_s", "run_dir"):
@@ -132,10 +143,10 @@ def test_a_finished_trial_keeps_its_exit_code_while_another_slot_starts_one(tmp_
         return read_signed(fd)
 
     monkeypatch.setattr(forkserver, "read_signed", slow_read)
-    poller = threading.Thread(target=first.running)          # the trial's own slot thread polling
+    poller = threading.Thread(target=first.running)  # the trial's own slot thread polling
     poller.start()
     time.sleep(0.05)
-    second = TrialProcess(ScriptCommand(str(quick)), {"x": 2}, tmp_path / "b", slot, 0, 1, 1)   # polls `first` too
+    second = TrialProcess(ScriptCommand(str(quick)), {"x": 2}, tmp_path / "b", slot, 0, 1, 1)  # polls `first` too
     poller.join()
     outcome = first.outcome(["score"])
     assert (outcome.state, outcome.values, outcome.reason) == ("COMPLETE", [1.0], None)
@@ -145,9 +156,15 @@ def test_a_finished_trial_keeps_its_exit_code_while_another_slot_starts_one(tmp_
 
 def test_failing_trials_are_recorded_with_their_reason_and_the_sweep_goes_on(tmp_path, script):
     cfg = tmp_path / "space.json"
-    cfg.write_text(json.dumps({
-        "algorithm": "grid", "parameters": {"mode": {"type": "categorical", "values": ["crash", "nan", "silent", "slow", "report"]}},
-        "spec": {"metric": "score", "objective": "minimize", "retryLimit": 1}}))
+    cfg.write_text(
+        json.dumps(
+            {
+                "algorithm": "grid",
+                "parameters": {"mode": {"type": "categorical", "values": ["crash", "nan", "silent", "slow", "report"]}},
+                "spec": {"metric": "score", "objective": "minimize", "retryLimit": 1},
+            }
+        )
+    )
     out = tmp_path / "out"
     sweep(cfg, "-j", 2, "--out", out, "--script", script, "--trial-timeout", 3, "--quiet")
     trials = results(out)["trials"]
@@ -168,7 +185,23 @@ def test_median_pruner_stops_trials_worse_than_the_median(tmp_path, script):
     cfg = space(tmp_path / "space.json", {"x": {"type": "discrete", "values": list(range(9))}})
     out = tmp_path / "out"
     # A grid prunes only when asked: it is run to see every combination.
-    sweep(cfg, "-j", 2, "--out", out, "--script", script, "--pruner", "median", "--quiet", "--", "--steps", 4, "--sleep", 0.3)
+    sweep(
+        cfg,
+        "-j",
+        2,
+        "--out",
+        out,
+        "--script",
+        script,
+        "--pruner",
+        "median",
+        "--quiet",
+        "--",
+        "--steps",
+        4,
+        "--sleep",
+        0.3,
+    )
     trials = results(out)["trials"]
     pruned = [t for t in trials if t["state"] == "PRUNED"]
     assert pruned, [(t["params"], t["state"]) for t in trials]
@@ -182,23 +215,42 @@ def test_default_flags_never_prune_a_grid_or_by_batch(tmp_path, script, algorith
     batch_size is worse at every step (as a large batch is at an equal early epoch), so a median
     pruner would stop the upper half: the grid must not prune by default, and a random sweep, which
     does prune by default, must not prune by batch."""
-    cfg = space(tmp_path / "space.json", {"batch_size": {"type": "discrete", "values": list(range(9))}},
-                algorithm=algorithm, maxCombo=9)
+    cfg = space(
+        tmp_path / "space.json",
+        {"batch_size": {"type": "discrete", "values": list(range(9))}},
+        algorithm=algorithm,
+        maxCombo=9,
+    )
     out = tmp_path / "out"
     sweep(cfg, "-j", 2, "--out", out, "--script", script, "--quiet", "--", "--steps", 4, "--sleep", 0.3)
     trials = results(out)["trials"]
-    assert len(trials) == 9 and all(t["state"] == "COMPLETE" for t in trials), [(t["params"], t["state"]) for t in trials]
+    assert len(trials) == 9 and all(t["state"] == "COMPLETE" for t in trials), [
+        (t["params"], t["state"]) for t in trials
+    ]
 
 
 def test_sigkill_and_rerun_loses_and_repeats_nothing(tmp_path, script):
     cfg = space(tmp_path / "space.json", {"x": {"type": "discrete", "values": list(range(6))}})
     out = tmp_path / "out"
-    args = [*PARATRAIN, str(cfg), "-j", "2", "--out", str(out), "--script", str(script), "--quiet", "--", "--sleep", "1.5"]
+    args = [
+        *PARATRAIN,
+        str(cfg),
+        "-j",
+        "2",
+        "--out",
+        str(out),
+        "--script",
+        str(script),
+        "--quiet",
+        "--",
+        "--sleep",
+        "1.5",
+    ]
     driver = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
     while len(finished(tmp_path)) < 2 and time.time() < deadline:
         time.sleep(0.1)
-    time.sleep(0.5)                                   # the next trials are under way
+    time.sleep(0.5)  # the next trials are under way
     os.kill(driver.pid, signal.SIGKILL)
     driver.wait()
     before = finished(tmp_path)
@@ -221,8 +273,12 @@ def test_sigkill_and_rerun_loses_and_repeats_nothing(tmp_path, script):
 def test_two_drivers_share_one_study(tmp_path, script):
     cfg = space(tmp_path / "space.json", {"x": {"type": "discrete", "values": list(range(6))}})
     out = tmp_path / "out"
-    first = subprocess.Popen([*PARATRAIN, str(cfg), "--out", str(out), "--script", str(script), "--quiet", "--",
-                              "--sleep", "0.8"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        [*PARATRAIN, str(cfg), "--out", str(out), "--script", str(script), "--quiet", "--", "--sleep", "0.8"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 60
     while not (out / "trials").exists() and time.time() < deadline:
         time.sleep(0.1)
@@ -230,7 +286,7 @@ def test_two_drivers_share_one_study(tmp_path, script):
     assert first.wait(timeout=120) == 0, first.stderr.read()
     assert "best: trial" in second.stdout
     trials = results(out)["trials"]
-    assert sorted(t["params"]["x"] for t in trials) == [0, 1, 2, 3, 4, 5]       # each item once: no duplicates
+    assert sorted(t["params"]["x"] for t in trials) == [0, 1, 2, 3, 4, 5]  # each item once: no duplicates
     assert all(t["state"] == "COMPLETE" for t in trials)
     assert finished(tmp_path) == [0, 1, 2, 3, 4, 5]
     pids = _owner_pids(out)
@@ -248,12 +304,25 @@ def _owner_pids(out: Path) -> set[int]:
 
 def test_multi_objective_finds_a_pareto_front(tmp_path):
     script = tmp_path / "mo.py"
-    script.write_text("import argparse\np = argparse.ArgumentParser(); p.add_argument('--width', type=int)\n"
-                      "w = p.parse_args().width\nprint(f'val_accuracy={1 - 1 / w} time_s={w * w}')\n")
+    script.write_text(
+        "import argparse\np = argparse.ArgumentParser(); p.add_argument('--width', type=int)\n"
+        "w = p.parse_args().width\nprint(f'val_accuracy={1 - 1 / w} time_s={w * w}')\n"
+    )
     cfg = tmp_path / "space.json"
-    cfg.write_text(json.dumps({"algorithm": "random", "parameters": {"width": {"type": "integer", "min": 1, "max": 40}},
-                               "spec": {"metric": ["val_accuracy", "time_s"], "objective": ["maximize", "minimize"],
-                                        "maxCombo": 8, "seed": 1}}))
+    cfg.write_text(
+        json.dumps(
+            {
+                "algorithm": "random",
+                "parameters": {"width": {"type": "integer", "min": 1, "max": 40}},
+                "spec": {
+                    "metric": ["val_accuracy", "time_s"],
+                    "objective": ["maximize", "minimize"],
+                    "maxCombo": 8,
+                    "seed": 1,
+                },
+            }
+        )
+    )
     out = tmp_path / "out"
     sweep(cfg, "-j", 2, "--out", out, "--script", script, "--quiet")
     result = results(out)
@@ -267,12 +336,33 @@ def test_multi_objective_finds_a_pareto_front(tmp_path):
 
 def test_builtin_workload_sweep_with_derived_lr(tmp_path):
     cfg = tmp_path / "space.json"
-    cfg.write_text(json.dumps({"algorithm": "grid", "parameters": {"batch_size": {"type": "discrete", "values": [16, 64]}},
-                               "spec": {"metric": "val_accuracy", "objective": "maximize"},
-                               "lr_scaling": {"rule": "linear", "base_batch_size": 16, "base_lr": 0.01}}))
+    cfg.write_text(
+        json.dumps(
+            {
+                "algorithm": "grid",
+                "parameters": {"batch_size": {"type": "discrete", "values": [16, 64]}},
+                "spec": {"metric": "val_accuracy", "objective": "maximize"},
+                "lr_scaling": {"rule": "linear", "base_batch_size": 16, "base_lr": 0.01},
+            }
+        )
+    )
     out = tmp_path / "out"
-    sweep(cfg, "-j", 2, "--out", out, "--workload", "synthetic-cnn", "--synthetic-samples", 512, "--epochs", 2,
-          "--pruner", "none", "--quiet")
+    sweep(
+        cfg,
+        "-j",
+        2,
+        "--out",
+        out,
+        "--workload",
+        "synthetic-cnn",
+        "--synthetic-samples",
+        512,
+        "--epochs",
+        2,
+        "--pruner",
+        "none",
+        "--quiet",
+    )
     result = results(out)
     assert [t["state"] for t in result["trials"]] == ["COMPLETE", "COMPLETE"]
     for t in result["trials"]:
@@ -289,18 +379,25 @@ def test_builtin_workload_sweep_with_derived_lr(tmp_path):
         # the verdict first: the best configuration, then what the searched parameter did to accuracy and time
         lines = page.evaluate("[...document.querySelectorAll('#verdict .headline')].map(e => e.innerText)")
         best = result["best"]
-        assert lines[0] == (f"best: trial {best['number']} (batch_size={best['params']['batch_size']}, lr="
-                            f"{best['params']['lr']:.3g}): val_accuracy {best['value']:.1%} in "
-                            f"{seconds(best['metrics']['time_s'])}")
+        assert lines[0] == (
+            f"best: trial {best['number']} (batch_size={best['params']['batch_size']}, lr="
+            f"{best['params']['lr']:.3g}): val_accuracy {best['value']:.1%} in "
+            f"{seconds(best['metrics']['time_s'])}"
+        )
         assert lines[1].startswith("batch_size 16 -> 64: val_accuracy ") and ", trial time " in lines[1]
 
 
 # -- PostgreSQL -------------------------------------------------------------------------------
 
+
 @pytest.fixture
 def postgres(tmp_path):
     """A throwaway PostgreSQL server on a free port, run as the `postgres` user."""
-    initdb = next(iter(sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))), None) if Path("/usr/lib/postgresql").exists() else None
+    initdb = (
+        next(iter(sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))), None)
+        if Path("/usr/lib/postgresql").exists()
+        else None
+    )
     if initdb is None:
         pytest.skip("POSTGRESQL TEST SKIPPED: Debian's postgresql is not installed (make test installs it as root)")
     bin_dir = initdb.parent
@@ -320,25 +417,62 @@ def postgres(tmp_path):
         shutil.chown(home, "postgres")
         shutil.chown(data, "postgres")
     port = free_port()
-    subprocess.run([*as_postgres, str(initdb), "-D", str(data), "-A", "trust", "-U", "postgres"], check=True, capture_output=True)
-    started = subprocess.run([*as_postgres, str(bin_dir / "pg_ctl"), "-D", str(data), "-w", "-l", str(data / "log"), "-o",
-                              f"-p {port} -k {data} -c listen_addresses=127.0.0.1", "start"], capture_output=True, text=True)
+    subprocess.run(
+        [*as_postgres, str(initdb), "-D", str(data), "-A", "trust", "-U", "postgres"], check=True, capture_output=True
+    )
+    started = subprocess.run(
+        [
+            *as_postgres,
+            str(bin_dir / "pg_ctl"),
+            "-D",
+            str(data),
+            "-w",
+            "-l",
+            str(data / "log"),
+            "-o",
+            f"-p {port} -k {data} -c listen_addresses=127.0.0.1",
+            "start",
+        ],
+        capture_output=True,
+        text=True,
+    )
     if started.returncode != 0:
         pytest.skip(f"POSTGRESQL TEST SKIPPED: the server did not start: {started.stderr.strip()[:200]}")
     try:
-        subprocess.run([*as_postgres, str(bin_dir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "sweeps"],
-                       check=True, capture_output=True)
+        subprocess.run(
+            [*as_postgres, str(bin_dir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "sweeps"],
+            check=True,
+            capture_output=True,
+        )
         yield f"postgresql://postgres@127.0.0.1:{port}/sweeps"
     finally:
-        subprocess.run([*as_postgres, str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"], capture_output=True)
+        subprocess.run(
+            [*as_postgres, str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"], capture_output=True
+        )
         shutil.rmtree(home, ignore_errors=True)
-
 
 
 def test_postgresql_storage_shared_by_two_drivers(tmp_path, script, postgres):
     cfg = space(tmp_path / "space.json", {"x": {"type": "discrete", "values": list(range(4))}})
-    first = subprocess.Popen([*PARATRAIN, str(cfg), "--out", str(tmp_path / "a"), "--storage", postgres, "--script", str(script),
-                              "--quiet", "--", "--sleep", "0.8"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        [
+            *PARATRAIN,
+            str(cfg),
+            "--out",
+            str(tmp_path / "a"),
+            "--storage",
+            postgres,
+            "--script",
+            str(script),
+            "--quiet",
+            "--",
+            "--sleep",
+            "0.8",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 60
     while not (tmp_path / "a" / "trials").exists() and time.time() < deadline:
         time.sleep(0.1)
@@ -348,13 +482,28 @@ def test_postgresql_storage_shared_by_two_drivers(tmp_path, script, postgres):
     assert sorted(t["params"]["x"] for t in trials) == [0, 1, 2, 3] and all(t["state"] == "COMPLETE" for t in trials)
     dirs = {Path(t["run_dir"]).parent.parent.name for t in trials}
     assert dirs == {"a", "b"}, "both drivers ran trials, each into its own --out"
-    assert "storage" in results(tmp_path / "b") and "postgresql://postgres@" in second.stderr + json.dumps(results(tmp_path / "b"))
+    assert "storage" in results(tmp_path / "b") and "postgresql://postgres@" in second.stderr + json.dumps(
+        results(tmp_path / "b")
+    )
 
 
 # -- bad input --------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("case", ["missing", "malformed", "no-script", "not-executable", "bad-param", "oversubscribe",
-                                  "bad-join", "bad-metric", "bad-data-dir"])
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "missing",
+        "malformed",
+        "no-script",
+        "not-executable",
+        "bad-param",
+        "oversubscribe",
+        "bad-join",
+        "bad-metric",
+        "bad-data-dir",
+    ],
+)
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, script, case):
     good = space(tmp_path / "space.json", {"x": {"type": "discrete", "values": [1, 2]}})
     out = tmp_path / "out"
@@ -362,26 +511,53 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, script, case)
     plain.write_text("#!/bin/sh\necho score=1\n")
     args = {
         "missing": [tmp_path / "nope.json", "--out", out, "--script", script],
-        "malformed": [_write(tmp_path / "bad.json", '{"algorithm": "grid",\n "parameters": {"x": }}'), "--out", out, "--script", script],
+        "malformed": [
+            _write(tmp_path / "bad.json", '{"algorithm": "grid",\n "parameters": {"x": }}'),
+            "--out",
+            out,
+            "--script",
+            script,
+        ],
         "no-script": [good, "--out", out, "--script", tmp_path / "nope.py"],
         "not-executable": [good, "--out", out, "--script", plain],
-        "bad-param": [space(tmp_path / "s2.json", {"hidden": {"type": "integer", "min": 1, "max": 2}}, metric="val_loss"), "--out", out],
+        "bad-param": [
+            space(tmp_path / "s2.json", {"hidden": {"type": "integer", "min": 1, "max": 2}}, metric="val_loss"),
+            "--out",
+            out,
+        ],
         "oversubscribe": [good, "-j", os.cpu_count() + 1, "--out", out, "--script", script],
         "bad-join": ["--join", tmp_path / "nowhere"],
-        "bad-metric": [space(tmp_path / "s3.json", {"batch_size": {"type": "discrete", "values": [8]}}, metric="f1"), "--out", out,
-                       "--lr-scaling", "none"],
-        "bad-data-dir": [space(tmp_path / "s4.json", {"lr": {"type": "discrete", "values": [0.1]}}, metric="val_loss"), "--out", out,
-                         "--data-dir", tmp_path / "no-data"],
+        "bad-metric": [
+            space(tmp_path / "s3.json", {"batch_size": {"type": "discrete", "values": [8]}}, metric="f1"),
+            "--out",
+            out,
+            "--lr-scaling",
+            "none",
+        ],
+        "bad-data-dir": [
+            space(tmp_path / "s4.json", {"lr": {"type": "discrete", "values": [0.1]}}, metric="val_loss"),
+            "--out",
+            out,
+            "--data-dir",
+            tmp_path / "no-data",
+        ],
     }[case]
     proc = sweep(*args, check=False)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert not out.exists(), "nothing written on bad input"
-    expected = {"missing": "does not exist", "malformed": "line 2, column 22: expected value", "no-script": "does not exist",
-                "not-executable": "not executable", "bad-param": "'hidden' is not a train option",
-                "oversubscribe": "cores", "bad-join": "no sweep there", "bad-metric": "'f1' is not in",
-                "bad-data-dir": "no-data"}[case]
+    expected = {
+        "missing": "does not exist",
+        "malformed": "line 2, column 22: expected value",
+        "no-script": "does not exist",
+        "not-executable": "not executable",
+        "bad-param": "'hidden' is not a train option",
+        "oversubscribe": "cores",
+        "bad-join": "no sweep there",
+        "bad-metric": "'f1' is not in",
+        "bad-data-dir": "no-data",
+    }[case]
     assert expected in lines[0], lines[0]
 
 
@@ -393,16 +569,23 @@ def _write(path: Path, text: str) -> Path:
 @pytest.mark.parametrize("sampler", ["tpe", "gp"])
 def test_bayes_search_with_repeats(tmp_path, script, sampler):
     cfg = tmp_path / "space.json"
-    cfg.write_text(json.dumps({"algorithm": "bayes", "trials": 2,
-                               "parameters": {"x": {"type": "float", "min": -1.0, "max": 1.0}},
-                               "spec": {"metric": "score", "objective": "minimize", "maxCombo": 4, "sampler": sampler}}))
+    cfg.write_text(
+        json.dumps(
+            {
+                "algorithm": "bayes",
+                "trials": 2,
+                "parameters": {"x": {"type": "float", "min": -1.0, "max": 1.0}},
+                "spec": {"metric": "score", "objective": "minimize", "maxCombo": 4, "sampler": sampler},
+            }
+        )
+    )
     out = tmp_path / "out"
     sweep(cfg, "-j", 2, "--out", out, "--script", script, "--quiet")
     trials = results(out)["trials"]
     assert [t["state"] for t in trials] == ["COMPLETE"] * 8, _failures(trials)
     by_item = sorted(trials, key=lambda t: t["item"])
     assert [t["item"] for t in by_item] == list(range(8))
-    for first, second in zip(by_item[::2], by_item[1::2]):      # repeats of a combination share its values
+    for first, second in zip(by_item[::2], by_item[1::2]):  # repeats of a combination share its values
         assert (first["repeat"], second["repeat"]) == (0, 1) and first["params"] == second["params"]
     assert len({t["params"]["x"] for t in trials}) == 4
 
@@ -410,8 +593,20 @@ def test_bayes_search_with_repeats(tmp_path, script, sampler):
 def test_each_builtin_trial_can_be_data_parallel(tmp_path):
     cfg = space(tmp_path / "space.json", {"lr": {"type": "discrete", "values": [0.05]}}, metric="val_loss")
     out = tmp_path / "out"
-    sweep(cfg, "--workers-per-trial", 2, "--out", out, "--workload", "synthetic-cnn", "--synthetic-samples", 256,
-          "--epochs", 1, "--quiet")
+    sweep(
+        cfg,
+        "--workers-per-trial",
+        2,
+        "--out",
+        out,
+        "--workload",
+        "synthetic-cnn",
+        "--synthetic-samples",
+        256,
+        "--epochs",
+        1,
+        "--quiet",
+    )
     (trial,) = results(out)["trials"]
     assert trial["state"] == "COMPLETE", trial["reason"]
     summary = json.loads((Path(trial["run_dir"]) / "run" / "summary.json").read_text())
@@ -420,8 +615,16 @@ def test_each_builtin_trial_can_be_data_parallel(tmp_path):
 
 def test_grid_with_repeats_runs_every_combination_times_repeats_exactly_once(tmp_path, script):
     cfg = tmp_path / "space.json"
-    cfg.write_text(json.dumps({"algorithm": "grid", "trials": 2, "parameters": {"x": {"type": "discrete", "values": [1, 2, 3]}},
-                               "spec": {"metric": "score", "objective": "minimize"}}))
+    cfg.write_text(
+        json.dumps(
+            {
+                "algorithm": "grid",
+                "trials": 2,
+                "parameters": {"x": {"type": "discrete", "values": [1, 2, 3]}},
+                "spec": {"metric": "score", "objective": "minimize"},
+            }
+        )
+    )
     out = tmp_path / "out"
     sweep(cfg, "-j", 2, "--out", out, "--script", script, "--pruner", "none", "--quiet")
     result = results(out)
@@ -429,13 +632,19 @@ def test_grid_with_repeats_runs_every_combination_times_repeats_exactly_once(tmp
     assert result["items"] == 6 and [t["state"] for t in trials] == ["COMPLETE"] * 6, _failures(trials)
     # item i is repeat i % trials of combination i // trials
     assert sorted((t["item"], t["params"]["x"], t["repeat"]) for t in trials) == [
-        (0, 1, 0), (1, 1, 1), (2, 2, 0), (3, 2, 1), (4, 3, 0), (5, 3, 1)]
+        (0, 1, 0),
+        (1, 1, 1),
+        (2, 2, 0),
+        (3, 2, 1),
+        (4, 3, 0),
+        (5, 3, 1),
+    ]
     assert finished(tmp_path) == [1, 1, 2, 2, 3, 3], "each combination ran once per repeat"
 
 
 # `paratrain sweep` whose slot thread raises while it watches the trial with x == 2, a second into
 # it: by then the other slot has long started its trial.
-FAILING_SLOT = textwrap.dedent('''\
+FAILING_SLOT = textwrap.dedent("""\
     import json, sys
     from paratrain.cli import main
     from paratrain.sweep.trial import TrialProcess
@@ -446,7 +655,7 @@ FAILING_SLOT = textwrap.dedent('''\
         return reports(self)
     TrialProcess.new_reports = fail_on_x2
     sys.exit(main(sys.argv[1:]))
-''')
+""")
 
 
 def test_an_exception_in_a_slot_thread_fails_the_sweep_and_records_what_ran(tmp_path, script):
@@ -455,8 +664,9 @@ def test_an_exception_in_a_slot_thread_fails_the_sweep_and_records_what_ran(tmp_
     cfg = space(tmp_path / "space.json", {"x": {"type": "discrete", "values": [1, 2, 3, 4]}})
     out = tmp_path / "out"
     args = [cfg, "-j", 2, "--out", out, "--script", script, "--pruner", "none", "--quiet", "--", "--sleep", 3]
-    proc = subprocess.run([sys.executable, "-c", FAILING_SLOT, "sweep", *map(str, args)], capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", FAILING_SLOT, "sweep", *map(str, args)], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 1, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert "Traceback" not in proc.stderr and "Exception in thread" not in proc.stderr, proc.stderr
@@ -480,7 +690,7 @@ def test_an_exception_in_a_slot_thread_fails_the_sweep_and_records_what_ran(tmp_
     assert finished(tmp_path) == [1, 2, 3, 4]
 
 
-TORCH_SCRIPT = textwrap.dedent('''\
+TORCH_SCRIPT = textwrap.dedent("""\
     import argparse, time
     import torch
     import paratrain
@@ -504,7 +714,7 @@ TORCH_SCRIPT = textwrap.dedent('''\
         optimizer.step()
         optimizer.zero_grad()
     paratrain.report(score=loss.item())
-''')
+""")
 
 
 def test_script_trials_run_under_the_probe_unless_told_not_to(tmp_path):
@@ -522,8 +732,12 @@ def test_script_trials_run_under_the_probe_unless_told_not_to(tmp_path):
         steps = [r for r in records if r["kind"] == "step"]
         assert len(steps) == 8 and all(s["samples"] == 16 and s["forward"] > 0 for s in steps), records
     assert not list((tmp_path / "bare" / "trials").glob("*/probe"))
-    doctor = subprocess.run([sys.executable, "-m", "paratrain", "doctor", str(tmp_path / "probed"), "--json"],
-                            capture_output=True, text=True, check=True)
+    doctor = subprocess.run(
+        [sys.executable, "-m", "paratrain", "doctor", str(tmp_path / "probed"), "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     findings = {f["check"]: f for f in json.loads(doctor.stdout)["findings"]}
     assert findings["data_wait"]["finding"].startswith("best trial"), findings
     assert str(script) in findings["data_wait"]["remedy"]

@@ -6,6 +6,7 @@ ddp variants one after another through the ranks' own entry point (`run_rank`, e
 process group) and then steps a DDP model by hand under local SGD to compare the replicas after
 every step; the async-ps run (3 ranks: 1 server + 2 workers, through the CLI) goes at the same time.
 """
+
 import json
 import math
 import os
@@ -17,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
-
 from conftest import free_port, train_spawned
+
 from paratrain.cli import main
 from paratrain.commbench import TOLERANCE, fit_alpha_beta, fit_regimes, regime_for
 
@@ -27,7 +28,7 @@ COMMON = dict(workers=2, epochs=1, synthetic_samples=256, batch_size=32, lr=0.05
 BACKEND = dict(backend="gloo", device_type="cpu", threads_per_worker=1, allreduce="backend")
 SHM = dict(BACKEND, allreduce="shm")
 STEPS = 4
-SPAWNED = {   # run name -> (the config's overrides, the ranks' placement)
+SPAWNED = {  # run name -> (the config's overrides, the ranks' placement)
     "ddp": (dict(COMMON), BACKEND),
     # Local SGD whose synchronous warm-up outlasts the run: every step is post_localSGD_hook's all-reduce.
     "local-warm": (dict(COMMON, sync_every=4, sync_warmup=100), BACKEND),
@@ -37,7 +38,6 @@ SPAWNED = {   # run name -> (the config's overrides, the ranks' placement)
     "powersgd": (dict(COMMON, grad_compression="powersgd", powersgd_rank=2, powersgd_start=2), BACKEND),
 }
 LOCAL_SGD_PERIOD = 3
-
 
 
 def _spawned_rank(rank: int, out: str, ports: list[int]) -> None:
@@ -56,12 +56,15 @@ def _local_sgd_by_hand(rank: int, out: Path) -> None:
 
     dist.init_process_group("gloo")
     torch.manual_seed(0)
-    strategy = STRATEGIES["ddp"](TrainConfig(workers=2, sync_every=LOCAL_SGD_PERIOD), RankContext(rank, 2, rank, torch.device("cpu")),
-                                 time.perf_counter)
+    strategy = STRATEGIES["ddp"](
+        TrainConfig(workers=2, sync_every=LOCAL_SGD_PERIOD),
+        RankContext(rank, 2, rank, torch.device("cpu")),
+        time.perf_counter,
+    )
     model = strategy.wrap(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)))
     optimizer = strategy.build_optimizer(model, lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9))
     scaler = torch.amp.GradScaler("cpu", enabled=False)
-    data = torch.Generator().manual_seed(rank)      # each rank its own batches: local steps diverge
+    data = torch.Generator().manual_seed(rank)  # each rank its own batches: local steps diverge
     identical, sent = [], []
     for _ in range(7):
         model(torch.randn(16, 8, generator=data)).pow(2).mean().backward()
@@ -73,9 +76,16 @@ def _local_sgd_by_hand(rank: int, out: Path) -> None:
         identical.append(bool(torch.equal(both[0], both[1])))
         sent.append(strategy.bytes_sent())
     if rank == 0:
-        (out / "local-sgd.json").write_text(json.dumps({"identical": identical, "bytes_sent": sent,
-                                                        "parameter_bytes": sum(p.numel() * 4 for p in model.parameters())}))
-    del model, optimizer, strategy     # DDP before its process group (docs/launch.md)
+        (out / "local-sgd.json").write_text(
+            json.dumps(
+                {
+                    "identical": identical,
+                    "bytes_sent": sent,
+                    "parameter_bytes": sum(p.numel() * 4 for p in model.parameters()),
+                }
+            )
+        )
+    del model, optimizer, strategy  # DDP before its process group (docs/launch.md)
     dist.destroy_process_group()
 
 
@@ -90,12 +100,47 @@ def runs(tmp_path_factory):
         # 1 server + 2 workers on 2 cores, stale-synchronous with S = 0: a worker one update ahead waits.
         # A linear model (tests/user_factories.py): the loss falls within the run's 32 updates.
         async_ps = subprocess.run(
-            [sys.executable, "-m", "paratrain", "train", "--workload", "synthetic-cnn", "--model", "user_factories:tiny_net",
-             "--synthetic-shape", "3,8,8", "--device", "cpu", "--workers", "3", "--strategy", "async-ps", "--max-staleness",
-             "0", "--allow-oversubscribe", "--synthetic-samples", "512", "--batch-size", "16", "--lr", "0.05", "--epochs",
-             "1", "--log-every", "4", "--threads-per-worker", "1", "--run-dir", str(out / "async-ps"), "--quiet"],
-            capture_output=True, text=True, timeout=300,
-            env={**os.environ, "PARATRAIN_CACHE": str(cache), "PYTHONPATH": str(Path(__file__).parent)})
+            [
+                sys.executable,
+                "-m",
+                "paratrain",
+                "train",
+                "--workload",
+                "synthetic-cnn",
+                "--model",
+                "user_factories:tiny_net",
+                "--synthetic-shape",
+                "3,8,8",
+                "--device",
+                "cpu",
+                "--workers",
+                "3",
+                "--strategy",
+                "async-ps",
+                "--max-staleness",
+                "0",
+                "--allow-oversubscribe",
+                "--synthetic-samples",
+                "512",
+                "--batch-size",
+                "16",
+                "--lr",
+                "0.05",
+                "--epochs",
+                "1",
+                "--log-every",
+                "4",
+                "--threads-per-worker",
+                "1",
+                "--run-dir",
+                str(out / "async-ps"),
+                "--quiet",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "PARATRAIN_CACHE": str(cache), "PYTHONPATH": str(Path(__file__).parent)},
+        )
         while not spawned.join():
             pass
     # Checked by the async-ps test, so that a failure there does not hide the others' results.
@@ -132,7 +177,9 @@ def test_local_sgd_replicas_differ_between_averages_and_agree_after(runs):
     (the parameters, once)."""
     record = json.loads((runs / "local-sgd.json").read_text())
     assert record["identical"] == [True, False, False, True, False, False, True]
-    steps_sending = [i for i, (before, after) in enumerate(zip([0] + record["bytes_sent"], record["bytes_sent"])) if after > before]
+    steps_sending = [
+        i for i, (before, after) in enumerate(zip([0] + record["bytes_sent"], record["bytes_sent"])) if after > before
+    ]
     assert steps_sending == [0, 3, 6]
     assert record["bytes_sent"][-1] == 3 * record["parameter_bytes"]
 
@@ -154,7 +201,7 @@ def test_fp16_compression_halves_the_bytes_through_shared_memory(runs):
     assert fp16["allreduce"] == "shm" and "fp16" in fp16["sync"]["why"]
     assert [b * 2 for b in fp16["comm_bytes_per_step"]] == ddp["comm_bytes_per_step"]
     parameters = sum(t.numel() for t in _model(runs, "ddp").values())
-    assert ddp["comm_bytes_per_step"] == [4 * parameters] * 2      # every gradient, float32, once a step
+    assert ddp["comm_bytes_per_step"] == [4 * parameters] * 2  # every gradient, float32, once a step
     assert fp16["train_loss"] < 2.5 and abs(fp16["val_loss"] - ddp["val_loss"]) < 0.01
 
 
@@ -184,21 +231,24 @@ def test_async_parameter_server_trains_within_its_staleness_bound(runs):
     ps = summary["ps"]
     steps = summary["steps"]
     assert ps["servers"] == 1 and ps["workers"] == 2 and ps["updates"] == 2 * steps
-    assert ps["staleness"]["max"] == 0          # --max-staleness 0: never one update ahead
+    assert ps["staleness"]["max"] == 0  # --max-staleness 0: never one update ahead
     assert sum(ps["delay"]["counts"].values()) == 2 * steps
-    losses = [json.loads(line)["loss"] for line in (runs / "async-ps" / "metrics.jsonl").read_text().splitlines()
-              if json.loads(line)["event"] == "step"]
+    losses = [
+        json.loads(line)["loss"]
+        for line in (runs / "async-ps" / "metrics.jsonl").read_text().splitlines()
+        if json.loads(line)["event"] == "step"
+    ]
     # 32 updates of a linear classifier on the synthetic classes (each its own mean image).
     assert len(losses) == 4 and all(map(math.isfinite, losses))
     assert losses[-1] < losses[0] / 2 and summary["test_loss"] < 0.5, (losses, summary["test_loss"])
     # Workers push their gradients and the server answers with parameters of the same size.
     worker_bytes, server_bytes = summary["comm_bytes_per_step"][0], summary["comm_bytes_per_step"][2]
     assert worker_bytes > 0 and server_bytes == pytest.approx(2 * worker_bytes)
-    assert summary["breakdown"]["comm_s"] > 0       # push and pull are exposed communication
+    assert summary["breakdown"]["comm_s"] > 0  # push and pull are exposed communication
 
 
 def test_alpha_beta_fit_recovers_the_model_and_reports_its_error():
-    sizes = [1024 * 4 ** k for k in range(10)]
+    sizes = [1024 * 4**k for k in range(10)]
     exact = [(n, 50e-6 + n / 2e9) for n in sizes]
     fit = fit_alpha_beta(exact)
     assert fit["alpha_s"] == pytest.approx(50e-6, rel=1e-6) and fit["beta_bytes_per_s"] == pytest.approx(2e9, rel=1e-6)
@@ -211,7 +261,7 @@ def test_alpha_beta_fit_recovers_the_model_and_reports_its_error():
 
 
 def test_a_line_that_fits_stays_one_regime_and_one_that_cannot_is_split_where_the_regime_changes():
-    sizes = [1024 * 4 ** k for k in range(10)]
+    sizes = [1024 * 4**k for k in range(10)]
     line = [(n, 50e-6 + n / 2e9) for n in sizes]
     fit = fit_regimes(line)
     assert len(fit["regimes"]) == 1 and fit["regimes"][0]["up_to_bytes"] is None
@@ -224,12 +274,14 @@ def test_a_line_that_fits_stays_one_regime_and_one_that_cannot_is_split_where_th
     fit = fit_regimes(bent)
     low, high = fit["regimes"]
     assert low["up_to_bytes"] == 4 * 2**20 and high["up_to_bytes"] is None
-    assert low["alpha_s"] == pytest.approx(600e-6, rel=1e-6) and low["beta_bytes_per_s"] == pytest.approx(20e9, rel=1e-6)
+    assert low["alpha_s"] == pytest.approx(600e-6, rel=1e-6) and low["beta_bytes_per_s"] == pytest.approx(
+        20e9, rel=1e-6
+    )
     assert high["beta_bytes_per_s"] == pytest.approx(1e9, rel=1e-6)
     assert max(map(abs, fit["errors"])) < 1e-9 and len(fit["errors"]) == len(sizes)
     assert regime_for(fit["regimes"], 1e6) is low and regime_for(fit["regimes"], 5 * 2**20) is high
     # Past 32M every call also faults in fresh pages: a third regime, at a quarter of the bandwidth.
-    sizes = [1024 * 2 ** k for k in range(19)]
+    sizes = [1024 * 2**k for k in range(19)]
     three = [(n, small(n) if n <= 4 * 2**20 else large(n) if n <= 32 * 2**20 else n / 0.25e9) for n in sizes]
     assert max(map(abs, fit_regimes(three)["errors"])) < 1e-9
     assert [r["up_to_bytes"] for r in fit_regimes(three)["regimes"]] == [4 * 2**20, 32 * 2**20, None]
@@ -244,7 +296,7 @@ def test_commbench_times_cpu_calls_one_by_one_and_takes_the_typical_call(tmp_pat
 
     calls = iter(range(100))
 
-    def run() -> None:    # every fourth call 80 ms, the others 1 ms (a sleep here may wake a few ms late)
+    def run() -> None:  # every fourth call 80 ms, the others 1 ms (a sleep here may wake a few ms late)
         time.sleep(0.080 if next(calls) % 4 == 3 else 0.001)
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
@@ -259,49 +311,100 @@ def test_commbench_times_cpu_calls_one_by_one_and_takes_the_typical_call(tmp_pat
 
 def test_commbench_measures_every_collective_and_the_plan_reads_its_fit(tmp_path, capsys):
     out = tmp_path / "bench.json"
-    assert main(["commbench", "--workers", "2", "--max-size", "256K", "--seconds-per-size", "0.02", "--out", str(out)]) == 0
+    assert (
+        main(["commbench", "--workers", "2", "--max-size", "256K", "--seconds-per-size", "0.02", "--out", str(out)])
+        == 0
+    )
     capsys.readouterr()
     bench = json.loads(out.read_text())
     assert bench["schema"] == "paratrain.commbench/1" and bench["ranks"] == 2 and bench["backend"] == "gloo"
     series = {(c["op"], c["path"]): c for c in bench["collectives"]}
-    assert set(series) == {("all_reduce", "gloo"), ("broadcast", "gloo"), ("all_gather", "gloo"), ("reduce_scatter", "gloo"),
-                           ("all_reduce", "shm")}      # 2 cores, one pinned to each rank: DDP's shared-memory path too
+    assert set(series) == {
+        ("all_reduce", "gloo"),
+        ("broadcast", "gloo"),
+        ("all_gather", "gloo"),
+        ("reduce_scatter", "gloo"),
+        ("all_reduce", "shm"),
+    }  # 2 cores, one pinned to each rank: DDP's shared-memory path too
     for c in series.values():
-        assert [p["bytes"] for p in c["points"]] == [1024 * 2 ** k for k in range(9)]
-        assert all(p["seconds"] > 0 and p["error"] == pytest.approx((p["fit_seconds"] - p["seconds"]) / p["seconds"])
-                   for p in c["points"])
+        assert [p["bytes"] for p in c["points"]] == [1024 * 2**k for k in range(9)]
+        assert all(
+            p["seconds"] > 0 and p["error"] == pytest.approx((p["fit_seconds"] - p["seconds"]) / p["seconds"])
+            for p in c["points"]
+        )
         assert c["max_error"] == pytest.approx(max(abs(p["error"]) for p in c["points"]))
     assert bench["fit"]["path"] == "shm" and bench["fit"]["regimes"] == series[("all_reduce", "shm")]["regimes"]
-    assert main(["plan", "--workload", "synthetic-cnn", "--device", "cpu", "--gpus", "2", "--interconnect", str(out), "--json"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--workload",
+                "synthetic-cnn",
+                "--device",
+                "cpu",
+                "--gpus",
+                "2",
+                "--interconnect",
+                str(out),
+                "--json",
+            ]
+        )
+        == 0
+    )
     plan = json.loads(capsys.readouterr().out)
     link, regime = plan["device"]["intra_node_link"], regime_for(bench["fit"]["regimes"], plan["model"]["param_bytes"])
     assert link["name"] == "commbench:bench.json" and link["base_latency_s"] == pytest.approx(regime["alpha_s"])
 
 
-@pytest.mark.parametrize("args, wanted", [
-    (["--sync-every", "0"], "--sync-every"),
-    (["--workers", "2", "--grad-compression", "powersgd", "--allreduce", "shm"], "--allreduce shm cannot carry"),
-    (["--strategy", "async-ps", "--workers", "1"], "at least 2 ranks"),
-    (["--strategy", "async-ps", "--workers", "2", "--ps-ranks", "2"], "--ps-ranks 2 leaves none"),
-    (["--strategy", "async-ps", "--workers", "2", "--max-staleness", "-1"], "--max-staleness"),
-    (["--strategy", "zero1", "--workers", "2", "--reduce", "ps"], "shards them"),
-    pytest.param(["--workers", "2", "--grad-compression", "bf16"], "builds with CUDA", marks=pytest.mark.skipif(
-        torch.version.cuda is not None, reason="a CUDA build of torch accepts the bf16 hook")),
-])
+@pytest.mark.parametrize(
+    "args, wanted",
+    [
+        (["--sync-every", "0"], "--sync-every"),
+        (["--workers", "2", "--grad-compression", "powersgd", "--allreduce", "shm"], "--allreduce shm cannot carry"),
+        (["--strategy", "async-ps", "--workers", "1"], "at least 2 ranks"),
+        (["--strategy", "async-ps", "--workers", "2", "--ps-ranks", "2"], "--ps-ranks 2 leaves none"),
+        (["--strategy", "async-ps", "--workers", "2", "--max-staleness", "-1"], "--max-staleness"),
+        (["--strategy", "zero1", "--workers", "2", "--reduce", "ps"], "shards them"),
+        pytest.param(
+            ["--workers", "2", "--grad-compression", "bf16"],
+            "builds with CUDA",
+            marks=pytest.mark.skipif(
+                torch.version.cuda is not None, reason="a CUDA build of torch accepts the bf16 hook"
+            ),
+        ),
+    ],
+)
 def test_bad_synchronisation_input_is_one_line_and_writes_nothing(tmp_path, capsys, args, wanted):
     run_dir = tmp_path / "run"
-    code = main(["train", "--workload", "synthetic-cnn", "--device", "cpu", "--synthetic-samples", "64", "--threads-per-worker",
-                 "1", "--run-dir", str(run_dir), *args])
+    code = main(
+        [
+            "train",
+            "--workload",
+            "synthetic-cnn",
+            "--device",
+            "cpu",
+            "--synthetic-samples",
+            "64",
+            "--threads-per-worker",
+            "1",
+            "--run-dir",
+            str(run_dir),
+            *args,
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and wanted in err and len(err.strip().splitlines()) == 1, err
     assert not run_dir.exists()
 
 
-@pytest.mark.parametrize("args, wanted", [
-    (["--workers", "1"], "--workers"),
-    (["--min-size", "1M", "--max-size", "1K"], "swap them"),
-    (["--out", "{tmp}"], "is a directory"),
-])
+@pytest.mark.parametrize(
+    "args, wanted",
+    [
+        (["--workers", "1"], "--workers"),
+        (["--min-size", "1M", "--max-size", "1K"], "swap them"),
+        (["--out", "{tmp}"], "is a directory"),
+    ],
+)
 def test_bad_commbench_input_is_one_line_before_anything_runs(tmp_path, capsys, args, wanted):
     code = main(["commbench", *[a.format(tmp=tmp_path) for a in args]])
     err = capsys.readouterr().err

@@ -1,4 +1,5 @@
 """A user's own model and dataset factories, as `--model` / `--dataset pkg.module:factory` load them."""
+
 import os
 
 import torch
@@ -33,8 +34,13 @@ def exploding_net(num_classes: int = 10) -> nn.Module:
 def wide_mlp(num_classes: int = 10) -> nn.Module:
     """A 2.6 M-parameter MLP on 3 x 32 x 32 images: little compute for its size, so averaging its
     gradients and its optimizer step are a large share of a step, unlike in the CNNs."""
-    return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 512), nn.ReLU(),
-                         *(layer for _ in range(4) for layer in (nn.Linear(512, 512), nn.ReLU())), nn.Linear(512, num_classes))
+    return nn.Sequential(
+        nn.Flatten(),
+        nn.Linear(3 * 32 * 32, 512),
+        nn.ReLU(),
+        *(layer for _ in range(4) for layer in (nn.Linear(512, 512), nn.ReLU())),
+        nn.Linear(512, num_classes),
+    )
 
 
 def float_pairs():

@@ -3,6 +3,7 @@ other rank waits for it at the next gradient all-reduce. Fix (`--fix`): save eve
 
     paratrain launch -n 2 benchmarks/doctor_faults/checkpoint_heavy.py [--fix] [--steps N] [--seconds S]
 """
+
 import gc
 import itertools
 import os
@@ -10,11 +11,10 @@ import tempfile
 
 import torch
 import torch.distributed as dist
+from common import Meter, SmallCNN, arguments, synthetic_cifar
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
-
-from common import Meter, SmallCNN, arguments, synthetic_cifar
 
 parser = arguments(__doc__)
 parser.add_argument("--out-dir", default=os.path.join(tempfile.gettempdir(), "checkpoint_heavy"))
@@ -29,7 +29,7 @@ loader = DataLoader(dataset, batch_size=32, sampler=sampler, drop_last=True)
 
 torch.manual_seed(0)
 net = SmallCNN()
-net.classifier = nn.Sequential(nn.Linear(64 * 4 * 4, 4096), nn.ReLU(), nn.Linear(4096, 10))   # a wide head
+net.classifier = nn.Sequential(nn.Linear(64 * 4 * 4, 4096), nn.ReLU(), nn.Linear(4096, 10))  # a wide head
 model = DDP(net)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 if rank == 0:
@@ -45,13 +45,15 @@ for epoch in itertools.count():
         optimizer.step()
         step += 1
         if rank == 0 and step % save_every == 0:
-            torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(), "step": step},
-                       os.path.join(args.out_dir, "ckpt.pt"))
+            torch.save(
+                {"model": model.module.state_dict(), "optimizer": optimizer.state_dict(), "step": step},
+                os.path.join(args.out_dir, "ckpt.pt"),
+            )
         if meter.step(len(images)):
             break
     if meter.end_epoch():
         break
 meter.report()
 del model, optimizer
-gc.collect()        # DDP (in reference cycles) freed before its process group: torch 2.13 can abort at exit
+gc.collect()  # DDP (in reference cycles) freed before its process group: torch 2.13 can abort at exit
 dist.destroy_process_group()

@@ -3,6 +3,7 @@ bookkeeping. The data and the model stand for a user's own `data.py` and `model.
 benchmark's (it bounds the run and prints the THROUGHPUT line) and adds no per-step collective, so it does
 not change what a fault costs.
 """
+
 import argparse
 import time
 
@@ -29,9 +30,16 @@ class SmallCNN(nn.Module):
     def __init__(self, classes: int = 10):
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2))
+            nn.Conv2d(3, 16, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        )
         self.classifier = nn.Linear(64 * 4 * 4, classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -49,8 +57,8 @@ class Meter:
         self.max_steps, self.max_seconds = args.steps, args.seconds
         self.start = time.perf_counter()
         self.samples = 0
-        self.steps: list[tuple[float, int]] = []    # (time, samples so far) after each optimizer step
-        self.epochs: list[tuple[float, int]] = []   # the same at each epoch's end
+        self.steps: list[tuple[float, int]] = []  # (time, samples so far) after each optimizer step
+        self.epochs: list[tuple[float, int]] = []  # the same at each epoch's end
 
     def step(self, samples: int) -> bool:
         """Call after each optimizer step; True when the step budget is spent."""

@@ -4,16 +4,16 @@ next batches while the model trains on this one.
 
     paratrain launch -n 2 benchmarks/doctor_faults/data_wait.py [--fix] [--steps N] [--seconds S]
 """
+
 import gc
 import itertools
 import time
 
 import torch
 import torch.distributed as dist
+from common import Meter, SmallCNN, arguments, synthetic_cifar
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
-
-from common import Meter, SmallCNN, arguments, synthetic_cifar
 
 
 class ImageFiles(Dataset):
@@ -27,8 +27,8 @@ class ImageFiles(Dataset):
         return len(self.labels)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        time.sleep(0.001)                                   # the read: the process waits, its core idles
-        image = self.pixels[i].float().div(255).sub(0.5).div(0.25)   # the decode and normalisation
+        time.sleep(0.001)  # the read: the process waits, its core idles
+        image = self.pixels[i].float().div(255).sub(0.5).div(0.25)  # the decode and normalisation
         return image, self.labels[i]
 
 
@@ -57,5 +57,5 @@ for epoch in itertools.count():
         break
 meter.report()
 del model, optimizer
-gc.collect()        # DDP (in reference cycles) freed before its process group: torch 2.13 can abort at exit
+gc.collect()  # DDP (in reference cycles) freed before its process group: torch 2.13 can abort at exit
 dist.destroy_process_group()

@@ -3,15 +3,15 @@ so the run spends more time evaluating than training. Fix (`--fix`): score a fix
 
     paratrain launch -n 2 benchmarks/doctor_faults/eval_heavy.py [--fix] [--steps N] [--seconds S]
 """
+
 import gc
 import itertools
 
 import torch
 import torch.distributed as dist
+from common import Meter, SmallCNN, arguments, synthetic_cifar
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset
-
-from common import Meter, SmallCNN, arguments, synthetic_cifar
 
 args = arguments(__doc__).parse_args()
 dist.init_process_group("gloo")
@@ -21,7 +21,7 @@ sampler = DistributedSampler(dataset, shuffle=True, seed=0)
 loader = DataLoader(dataset, batch_size=32, sampler=sampler, drop_last=True)
 held_out = TensorDataset(*synthetic_cifar(4 * len(dataset), seed=1))
 if args.fix:
-    held_out = Subset(held_out, range(len(held_out) // 8))      # the same subset every epoch
+    held_out = Subset(held_out, range(len(held_out) // 8))  # the same subset every epoch
 eval_loader = DataLoader(held_out, batch_size=256, sampler=DistributedSampler(held_out, shuffle=False))
 
 torch.manual_seed(0)
@@ -50,5 +50,5 @@ for epoch in itertools.count():
         break
 meter.report()
 del model, optimizer
-gc.collect()        # DDP (in reference cycles) freed before its process group: torch 2.13 can abort at exit
+gc.collect()  # DDP (in reference cycles) freed before its process group: torch 2.13 can abort at exit
 dist.destroy_process_group()

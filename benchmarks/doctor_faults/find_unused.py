@@ -5,20 +5,21 @@ rank: at 96 the all-reduce of the 514 parameter tensors was near a fifth of the 
 map all-reduce adds to it; 17 % without), a second problem in a catalogue of single faults; at 8 the step is all
 per-call overhead, and the doctor rightly names the small batch first. Here the flag costs about 4 ms of a 37 ms
 step (1.13x in the catalogue): the graph search 0.6 ms, which the probe times, the rest spread over the
-all-reduce (its used-parameter map), forward and backward, which no single run separates. Fix (`--fix`): `find_unused_parameters=False` (the default).
+all-reduce (its used-parameter map), forward and backward, which no single run separates. Fix (`--fix`):
+`find_unused_parameters=False` (the default).
 
     paratrain launch -n 2 benchmarks/doctor_faults/find_unused.py [--fix] [--steps N] [--seconds S]
 """
+
 import gc
 import itertools
 
 import torch
 import torch.distributed as dist
+from common import Meter, arguments, synthetic_cifar
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
-
-from common import Meter, arguments, synthetic_cifar
 
 
 class DeepLinearNet(nn.Module):
@@ -27,8 +28,13 @@ class DeepLinearNet(nn.Module):
 
     def __init__(self, depth: int = 256, width: int = 32):
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, stride=2, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(2),
-                                  nn.Flatten(), nn.Linear(16 * 2 * 2, width))
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, 16, 3, stride=2, padding=1),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(2),
+            nn.Flatten(),
+            nn.Linear(16 * 2 * 2, width),
+        )
         self.layers = nn.Sequential(*(nn.Linear(width, width) for _ in range(depth)))
         self.head = nn.Linear(width, 10)
 
@@ -61,5 +67,5 @@ for epoch in itertools.count():
         break
 meter.report()
 del model, optimizer
-gc.collect()        # DDP (in reference cycles) freed before its process group: torch 2.13 can abort at exit
+gc.collect()  # DDP (in reference cycles) freed before its process group: torch 2.13 can abort at exit
 dist.destroy_process_group()

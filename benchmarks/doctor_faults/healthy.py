@@ -1,16 +1,16 @@
 """Healthy: a plain DDP training script with no planted fault (`--fix` changes nothing).
 
-    paratrain launch -n 2 benchmarks/doctor_faults/healthy.py [--steps N] [--seconds S]
+paratrain launch -n 2 benchmarks/doctor_faults/healthy.py [--steps N] [--seconds S]
 """
+
 import gc
 import itertools
 
 import torch
 import torch.distributed as dist
+from common import Meter, SmallCNN, arguments, synthetic_cifar
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
-
-from common import Meter, SmallCNN, arguments, synthetic_cifar
 
 args = arguments(__doc__).parse_args()
 dist.init_process_group("gloo")
@@ -36,5 +36,5 @@ for epoch in itertools.count():
         break
 meter.report()
 del model, optimizer
-gc.collect()        # DDP (in reference cycles) freed before its process group: torch 2.13 can abort at exit
+gc.collect()  # DDP (in reference cycles) freed before its process group: torch 2.13 can abort at exit
 dist.destroy_process_group()

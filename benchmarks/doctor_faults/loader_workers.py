@@ -6,15 +6,15 @@ in the rank's own process.
 
     paratrain launch -n 2 benchmarks/doctor_faults/loader_workers.py [--fix] [--steps N] [--seconds S]
 """
+
 import gc
 import itertools
 
 import torch
 import torch.distributed as dist
+from common import Meter, SmallCNN, arguments, synthetic_cifar
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
-
-from common import Meter, SmallCNN, arguments, synthetic_cifar
 
 
 class FullSize(Dataset):
@@ -40,7 +40,7 @@ workers = {} if args.fix else dict(num_workers=4, persistent_workers=True)
 loader = DataLoader(dataset, batch_size=32, sampler=sampler, drop_last=True, **workers)
 
 torch.manual_seed(0)
-model = DDP(torch.nn.Sequential(torch.nn.AvgPool2d(4), SmallCNN()))    # down to 32x32 first
+model = DDP(torch.nn.Sequential(torch.nn.AvgPool2d(4), SmallCNN()))  # down to 32x32 first
 optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 meter = Meter(args)
 for epoch in itertools.count():
@@ -56,5 +56,5 @@ for epoch in itertools.count():
         break
 meter.report()
 del model, optimizer
-gc.collect()        # DDP (in reference cycles) freed before its process group: torch 2.13 can abort at exit
+gc.collect()  # DDP (in reference cycles) freed before its process group: torch 2.13 can abort at exit
 dist.destroy_process_group()

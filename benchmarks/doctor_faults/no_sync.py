@@ -4,17 +4,17 @@ classifier makes each all-reduce cost). Fix (`--fix`): `model.no_sync()` around 
 
     paratrain launch -n 2 benchmarks/doctor_faults/no_sync.py [--fix] [--steps N] [--seconds S]
 """
+
 import gc
 import itertools
 from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
+from common import Meter, SmallCNN, arguments, synthetic_cifar
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
-
-from common import Meter, SmallCNN, arguments, synthetic_cifar
 
 ACCUMULATE = 4
 
@@ -27,7 +27,7 @@ loader = DataLoader(dataset, batch_size=8, sampler=sampler, drop_last=True)
 
 torch.manual_seed(0)
 net = SmallCNN()
-net.classifier = nn.Sequential(nn.Linear(64 * 4 * 4, 4096), nn.ReLU(), nn.Linear(4096, 10))   # a wide head
+net.classifier = nn.Sequential(nn.Linear(64 * 4 * 4, 4096), nn.ReLU(), nn.Linear(4096, 10))  # a wide head
 model = DDP(net)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 meter = Meter(args)
@@ -48,5 +48,5 @@ for epoch in itertools.count():
         break
 meter.report()
 del model, optimizer
-gc.collect()        # DDP (in reference cycles) freed before its process group: torch 2.13 can abort at exit
+gc.collect()  # DDP (in reference cycles) freed before its process group: torch 2.13 can abort at exit
 dist.destroy_process_group()

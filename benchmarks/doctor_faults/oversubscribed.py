@@ -4,19 +4,19 @@ threads take turns on it and spin at every operator's barrier waiting for each o
 
     paratrain launch -n 2 benchmarks/doctor_faults/oversubscribed.py [--fix] [--steps N] [--seconds S]
 """
+
 import gc
 import itertools
 
 import torch
 import torch.distributed as dist
+from common import Meter, SmallCNN, arguments, synthetic_cifar
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from common import Meter, SmallCNN, arguments, synthetic_cifar
-
 args = arguments(__doc__).parse_args()
 if not args.fix:
-    torch.set_num_threads(4)    # "4 threads make the convolutions faster": on a workstation with 4 free cores
+    torch.set_num_threads(4)  # "4 threads make the convolutions faster": on a workstation with 4 free cores
 dist.init_process_group("gloo")
 
 dataset = TensorDataset(*synthetic_cifar(4096))
@@ -40,5 +40,5 @@ for epoch in itertools.count():
         break
 meter.report()
 del model, optimizer
-gc.collect()        # DDP (in reference cycles) freed before its process group: torch 2.13 can abort at exit
+gc.collect()  # DDP (in reference cycles) freed before its process group: torch 2.13 can abort at exit
 dist.destroy_process_group()

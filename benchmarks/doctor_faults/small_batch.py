@@ -4,20 +4,20 @@ Fix (`--fix`): 32 samples per rank, the learning rate scaled linearly with the b
 
     paratrain launch -n 2 benchmarks/doctor_faults/small_batch.py [--fix] [--steps N] [--seconds S]
 """
+
 import gc
 import itertools
 
 import torch
 import torch.distributed as dist
+from common import Meter, SmallCNN, arguments, synthetic_cifar
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
-
-from common import Meter, SmallCNN, arguments, synthetic_cifar
 
 args = arguments(__doc__).parse_args()
 dist.init_process_group("gloo")
 batch_size = 32 if args.fix else 2
-lr = 0.05 * batch_size / 32         # linear scaling: the LR follows the batch
+lr = 0.05 * batch_size / 32  # linear scaling: the LR follows the batch
 
 dataset = TensorDataset(*synthetic_cifar(2048))
 sampler = DistributedSampler(dataset, shuffle=True, seed=0)
@@ -40,5 +40,5 @@ for epoch in itertools.count():
         break
 meter.report()
 del model, optimizer
-gc.collect()        # DDP (in reference cycles) freed before its process group: torch 2.13 can abort at exit
+gc.collect()  # DDP (in reference cycles) freed before its process group: torch 2.13 can abort at exit
 dist.destroy_process_group()

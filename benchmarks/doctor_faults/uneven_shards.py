@@ -5,15 +5,15 @@ equal share.
 
     paratrain launch -n 2 benchmarks/doctor_faults/uneven_shards.py [--fix] [--steps N] [--seconds S]
 """
+
 import gc
 import itertools
 
 import torch
 import torch.distributed as dist
+from common import Meter, SmallCNN, arguments, synthetic_cifar
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, SubsetRandomSampler, TensorDataset
-
-from common import Meter, SmallCNN, arguments, synthetic_cifar
 
 args = arguments(__doc__).parse_args()
 dist.init_process_group("gloo")
@@ -24,7 +24,7 @@ if args.fix:
     sampler = DistributedSampler(dataset, shuffle=True, seed=0)
 else:
     third = len(dataset) // 3
-    mine = range(third) if rank == 0 else range(third, len(dataset))    # rank 1 holds files 2 and 3
+    mine = range(third) if rank == 0 else range(third, len(dataset))  # rank 1 holds files 2 and 3
     sampler = SubsetRandomSampler(mine, generator=torch.Generator().manual_seed(rank))
 loader = DataLoader(dataset, batch_size=32, sampler=sampler, drop_last=True)
 
@@ -35,7 +35,7 @@ meter = Meter(args)
 for epoch in itertools.count():
     if args.fix:
         sampler.set_epoch(epoch)
-    with model.join():          # lets a rank that ran out of batches wait for the others instead of hanging
+    with model.join():  # lets a rank that ran out of batches wait for the others instead of hanging
         for images, labels in loader:
             optimizer.zero_grad(set_to_none=True)
             loss = torch.nn.functional.cross_entropy(model(images), labels)
@@ -47,5 +47,5 @@ for epoch in itertools.count():
         break
 meter.report()
 del model, optimizer
-gc.collect()        # DDP (in reference cycles) freed before its process group: torch 2.13 can abort at exit
+gc.collect()  # DDP (in reference cycles) freed before its process group: torch 2.13 can abort at exit
 dist.destroy_process_group()

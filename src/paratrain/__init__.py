@@ -1,4 +1,5 @@
 """paratrain: train PyTorch models in parallel and measure whether the parallelism pays off."""
+
 from typing import Any
 
 from paratrain.errors import UsageError

@@ -22,6 +22,7 @@ size's error so the fit can be judged where it is used.
 A command of its own, above the launcher in the layers (pyproject.toml's import-linter contract):
 it places and starts ranks with launch's helpers, and plan reads its fits.
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -33,8 +34,9 @@ import statistics
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -48,7 +50,7 @@ from paratrain.runs import write_json
 
 SCHEMA = "paratrain.commbench/1"
 OPERATIONS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter")
-SIZE_FACTOR = 2             # nccl-tests' usual -f 2: each size twice the last
+SIZE_FACTOR = 2  # nccl-tests' usual -f 2: each size twice the last
 ROUNDS = 7
 # A fit that misses no measured size by more than this is one line; otherwise more regimes are tried.
 TOLERANCE = 0.15
@@ -58,8 +60,10 @@ MAX_REGIMES = 3
 REGIME_MIN_SIZES = 3
 # nccl-tests PERFORMANCE.md: bus bandwidth = algorithm bandwidth x this factor, comparable across ops.
 BUS_FACTOR: dict[str, Callable[[int], float]] = {
-    "all_reduce": lambda n: 2 * (n - 1) / n, "broadcast": lambda n: 1.0,
-    "all_gather": lambda n: (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
 }
 
 
@@ -79,9 +83,9 @@ def message_sizes(smallest: int, largest: int) -> list[int]:
 
 def run_commbench(cfg: CommbenchConfig) -> dict[str, Any]:
     """Measure, fit, write the JSON file; returns what was written (with `path`)."""
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     from paratrain.launch.local import last_line, quiet_elastic_logs, scoped_environ, thread_env
 
@@ -92,8 +96,13 @@ def run_commbench(cfg: CommbenchConfig) -> dict[str, Any]:
         threads, cpu_sets = cfg.threads_per_worker or 1, None
     else:
         threads, cpu_sets = core_sets(cfg.workers, cfg.threads_per_worker, cfg.allow_oversubscribe, available_cores())
-    placement = Placement(backend=backend, device_type="cuda" if cuda else "cpu", threads_per_worker=threads,
-                          cpu_sets=cpu_sets, allreduce="backend")
+    placement = Placement(
+        backend=backend,
+        device_type="cuda" if cuda else "cpu",
+        threads_per_worker=threads,
+        cpu_sets=cpu_sets,
+        allreduce="backend",
+    )
     out = cfg.out or default_path(backend, placement.device_type, cfg.workers)
     out.parent.mkdir(parents=True, exist_ok=True)
     sizes = message_sizes(parse_size(cfg.min_size), parse_size(cfg.max_size))
@@ -102,9 +111,18 @@ def run_commbench(cfg: CommbenchConfig) -> dict[str, Any]:
     quiet_elastic_logs()
     # The agent's per-rank files go to a directory removed afterwards, never left in /tmp.
     with tempfile.TemporaryDirectory(prefix="paratrain-commbench-") as logs, scoped_environ(thread_env(threads)):
-        launch = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=cfg.workers, run_id=str(uuid.uuid4()),
-                              rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1,
-                              start_method="spawn", logs_specs=DefaultLogsSpecs(log_dir=logs))
+        launch = LaunchConfig(
+            min_nodes=1,
+            max_nodes=1,
+            nproc_per_node=cfg.workers,
+            run_id=str(uuid.uuid4()),
+            rdzv_backend="c10d",
+            rdzv_endpoint="localhost:0",
+            max_restarts=0,
+            monitor_interval=0.1,
+            start_method="spawn",
+            logs_specs=DefaultLogsSpecs(log_dir=logs),
+        )
         try:
             results = elastic_launch(launch, _bench_rank)(placement.to_dict(), sizes, cfg.seconds_per_size, with_shm)
         except ChildFailedError as exc:
@@ -117,24 +135,53 @@ def run_commbench(cfg: CommbenchConfig) -> dict[str, Any]:
     for (op, path), measured in timings.items():
         points = [(n, typical) for n, typical, _ in measured]
         line, fit = fit_alpha_beta(points), fit_regimes(points)
-        collectives.append({
-            "op": op, "path": path, "alpha_s": line["alpha_s"], "beta_bytes_per_s": line["beta_bytes_per_s"],
-            "line_max_error": _largest(line["errors"]), "regimes": fit["regimes"], "max_error": _largest(fit["errors"]),
-            "points": [{"bytes": n, "seconds": t, "mean_seconds": mean, "algbw_bytes_per_s": n / t,
-                        "busbw_bytes_per_s": n / t * BUS_FACTOR[op](cfg.workers), "fit_seconds": f, "error": e}
-                       for (n, t, mean), f, e in zip(measured, fit["fitted"], fit["errors"])],
-        })
+        collectives.append(
+            {
+                "op": op,
+                "path": path,
+                "alpha_s": line["alpha_s"],
+                "beta_bytes_per_s": line["beta_bytes_per_s"],
+                "line_max_error": _largest(line["errors"]),
+                "regimes": fit["regimes"],
+                "max_error": _largest(fit["errors"]),
+                "points": [
+                    {
+                        "bytes": n,
+                        "seconds": t,
+                        "mean_seconds": mean,
+                        "algbw_bytes_per_s": n / t,
+                        "busbw_bytes_per_s": n / t * BUS_FACTOR[op](cfg.workers),
+                        "fit_seconds": f,
+                        "error": e,
+                    }
+                    for (n, t, mean), f, e in zip(measured, fit["fitted"], fit["errors"])
+                ],
+            }
+        )
     training_path = "shm" if with_shm else backend
     allreduce = next(c for c in collectives if c["op"] == "all_reduce" and c["path"] == training_path)
     result = {
-        "schema": SCHEMA, "ranks": cfg.workers, "backend": backend, "device": placement.device_type,
-        "threads_per_worker": threads, "pinned": cpu_sets is not None, "torch": torch.__version__,
-        "host": platform.node(), "cpu": platform.processor() or platform.machine(),
+        "schema": SCHEMA,
+        "ranks": cfg.workers,
+        "backend": backend,
+        "device": placement.device_type,
+        "threads_per_worker": threads,
+        "pinned": cpu_sets is not None,
+        "torch": torch.__version__,
+        "host": platform.node(),
+        "cpu": platform.processor() or platform.machine(),
         "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         # The all-reduce on the path DDP averages gradients with here: what a planner models a step with.
-        "fit": {"op": "all_reduce", "path": training_path, "alpha_s": allreduce["alpha_s"],
-                "beta_bytes_per_s": allreduce["beta_bytes_per_s"], "line_max_error": allreduce["line_max_error"],
-                "regimes": allreduce["regimes"], "max_error": allreduce["max_error"], "ranks": cfg.workers},
+        "fit": {
+            "op": "all_reduce",
+            "path": training_path,
+            "alpha_s": allreduce["alpha_s"],
+            "beta_bytes_per_s": allreduce["beta_bytes_per_s"],
+            "line_max_error": allreduce["line_max_error"],
+            "regimes": allreduce["regimes"],
+            "max_error": allreduce["max_error"],
+            "ranks": cfg.workers,
+        },
         "collectives": collectives,
     }
     write_json(out, result)
@@ -149,21 +196,26 @@ def _bench_rank(placement: dict[str, Any], sizes: list[int], seconds: float, wit
         timings: dict[tuple[str, str], list[tuple[int, float, float]]] = {}
         backend = dist.get_backend()
         for op in OPERATIONS:
-            timings[(op, backend)] = [(n, *t) for n, t in zip(sizes, _time_sizes(
-                [_collective(op, n, world, device) for n in sizes], seconds, device))]
+            timings[(op, backend)] = [
+                (n, *t)
+                for n, t in zip(sizes, _time_sizes([_collective(op, n, world, device) for n in sizes], seconds, device))
+            ]
         if shm is not None:
+
             def average(n: int) -> Callable[[], Any]:
                 flat = torch.ones(n // 4, device=device)
                 return lambda: shm.average_(flat)
-            timings[("all_reduce", "shm")] = [(n, *t) for n, t in zip(sizes, _time_sizes([average(n) for n in sizes],
-                                                                                            seconds, device))]
+
+            timings[("all_reduce", "shm")] = [
+                (n, *t) for n, t in zip(sizes, _time_sizes([average(n) for n in sizes], seconds, device))
+            ]
         return timings if ctx.is_main else {}
     finally:
         shutdown()
 
 
 def _collective(op: str, nbytes: int, world: int, device: torch.device) -> Callable[[], Any]:
-    elements = max(world, nbytes // 4 // world * world)     # a whole number of float32 per rank
+    elements = max(world, nbytes // 4 // world * world)  # a whole number of float32 per rank
     whole = torch.ones(elements, device=device)
     if op == "all_reduce":
         return lambda: dist.all_reduce(whole)
@@ -175,8 +227,9 @@ def _collective(op: str, nbytes: int, world: int, device: torch.device) -> Calla
     return lambda: dist.reduce_scatter_single(part, whole)
 
 
-def _time_sizes(runs: list[Callable[[], Any]], seconds: float, device: torch.device,
-                rounds: int = ROUNDS) -> list[tuple[float, float]]:
+def _time_sizes(
+    runs: list[Callable[[], Any]], seconds: float, device: torch.device, rounds: int = ROUNDS
+) -> list[tuple[float, float]]:
     """(typical, mean) seconds of one call of each of `runs` (one per size): the median over
     `rounds` of the slowest rank's typical and mean call in back-to-back repetitions (the median
     round, so that a round another process interrupted does not count); every rank runs the same
@@ -246,8 +299,12 @@ def fit_alpha_beta(points: list[tuple[int, float]]) -> dict[str, Any]:
     elif g <= 0:
         alpha, g = float((design[:, 0] @ ones) / (design[:, 0] @ design[:, 0])), 0.0
     fitted = (alpha + sizes * g).tolist()
-    return {"alpha_s": alpha, "beta_bytes_per_s": 1 / g if g > 0 else None, "fitted": fitted,
-            "errors": [(f - t) / t for f, t in zip(fitted, times.tolist())]}
+    return {
+        "alpha_s": alpha,
+        "beta_bytes_per_s": 1 / g if g > 0 else None,
+        "fitted": fitted,
+        "errors": [(f - t) / t for f, t in zip(fitted, times.tolist())],
+    }
 
 
 def fit_regimes(points: list[tuple[int, float]]) -> dict[str, Any]:
@@ -256,23 +313,32 @@ def fit_regimes(points: list[tuple[int, float]]) -> dict[str, Any]:
     worst size fits best. `regimes`: [{"up_to_bytes" (the regime's largest measured size; None for
     the last, which takes every larger message), "alpha_s", "beta_bytes_per_s"}], smallest sizes first."""
     points = sorted(points)
-    best: Optional[tuple[float, list[dict[str, Any]], list[int]]] = None
+    best: tuple[float, list[dict[str, Any]], list[int]] | None = None
     for count in range(1, MAX_REGIMES + 1):
         for inner in itertools.combinations(range(REGIME_MIN_SIZES, len(points) - REGIME_MIN_SIZES + 1), count - 1):
             cuts = [0, *inner, len(points)]
-            if count > 1 and any(b - a < REGIME_MIN_SIZES for a, b in zip(cuts, cuts[1:])):
+            if count > 1 and any(b - a < REGIME_MIN_SIZES for a, b in itertools.pairwise(cuts)):
                 continue
-            fits = [fit_alpha_beta(points[a:b]) for a, b in zip(cuts, cuts[1:])]
+            fits = [fit_alpha_beta(points[a:b]) for a, b in itertools.pairwise(cuts)]
             worst = max(_largest(f["errors"]) for f in fits)
             if best is None or worst < best[0]:
                 best = (worst, fits, cuts)
         if best is not None and best[0] <= TOLERANCE:
             break
-    _, fits, cuts = best         # count 1 always gives a line
-    regimes = [{"up_to_bytes": points[end - 1][0] if end < len(points) else None, "alpha_s": f["alpha_s"],
-                "beta_bytes_per_s": f["beta_bytes_per_s"]} for f, end in zip(fits, cuts[1:])]
-    return {"regimes": regimes, "fitted": [x for f in fits for x in f["fitted"]],
-            "errors": [e for f in fits for e in f["errors"]]}
+    _, fits, cuts = best  # count 1 always gives a line
+    regimes = [
+        {
+            "up_to_bytes": points[end - 1][0] if end < len(points) else None,
+            "alpha_s": f["alpha_s"],
+            "beta_bytes_per_s": f["beta_bytes_per_s"],
+        }
+        for f, end in zip(fits, cuts[1:])
+    ]
+    return {
+        "regimes": regimes,
+        "fitted": [x for f in fits for x in f["fitted"]],
+        "errors": [e for f in fits for e in f["errors"]],
+    }
 
 
 def regime_for(regimes: list[dict[str, Any]], nbytes: float) -> dict[str, Any]:

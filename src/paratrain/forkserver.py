@@ -14,19 +14,20 @@ notebook training many times over hours) keeps spawning its ranks.
 
 Nothing here imports torch: that is the point.
 """
+
 from __future__ import annotations
 
 import multiprocessing
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
 from multiprocessing import forkserver
-from typing import Iterator, Optional
 
 # The guard makes the server die with the thread that started it (PR_SET_PDEATHSIG), so a killed
 # command leaves no server behind; then the engine, which brings torch, and torch._dynamo, which
 # DistributedDataParallel's constructor imports in every rank (about as long as torch's own import).
 PRELOAD = ["paratrain.sweep.guard", "torch", "torch._dynamo", "paratrain.engine.loop"]
-_server_environ: Optional[dict[str, str]] = None    # what the server started with, when started here
+_server_environ: dict[str, str] | None = None  # what the server started with, when started here
 _serving = False
 
 
@@ -51,13 +52,13 @@ def start_method() -> str:
     return "forkserver" if _serving and _server_environ is not None else "spawn"
 
 
-def environ_changes() -> dict[str, Optional[str]]:
+def environ_changes() -> dict[str, str | None]:
     """How this process's environment differs from the one the server started with (None: removed):
     a forked rank applies it first thing (engine/loop.py run_rank), so it sees what a spawned one would."""
     if _server_environ is None:
         return {}
     now = dict(os.environ)
-    changes: dict[str, Optional[str]] = {k: v for k, v in now.items() if _server_environ.get(k) != v}
+    changes: dict[str, str | None] = {k: v for k, v in now.items() if _server_environ.get(k) != v}
     changes.update({k: None for k in _server_environ if k not in now})
     return changes
 

@@ -3,6 +3,7 @@
 Below every layer that prints (plan's reasons, the reports, the CLI), so each of them can use it
 without importing another's module.
 """
+
 from __future__ import annotations
 
 

@@ -7,19 +7,19 @@ Outside a sweep the call prints `name=value` lines, which a sweep would also und
 `paratrain launch` names the file the same way (launch/script.py), so this module sits below both
 the launcher and the sweep in the layers (pyproject.toml's import-linter contract).
 """
+
 from __future__ import annotations
 
 import json
 import math
 import os
 import time
-from typing import Optional
 
 REPORT_FILE_ENV = "PARATRAIN_REPORT_FILE"
 PARAMS_ENV = "PARATRAIN_PARAMS"
 
 
-def report(step: Optional[int] = None, **metrics: float) -> None:
+def report(step: int | None = None, **metrics: float) -> None:
     """Report metric values of this trial, optionally at a step (epoch) for pruning."""
     if not metrics:
         raise TypeError("report() needs at least one metric, e.g. paratrain.report(val_loss=0.42, step=3)")
@@ -28,9 +28,14 @@ def report(step: Optional[int] = None, **metrics: float) -> None:
     if path is None:
         print(" ".join(f"{name}={value}" for name, value in values.items()), flush=True)
         return
-    line = json.dumps({"step": step, "time": time.time(),
-                       "metrics": {k: (v if math.isfinite(v) else str(v)) for k, v in values.items()}})
-    with open(path, "a") as f:       # one write of one line: appends from one process never interleave
+    line = json.dumps(
+        {
+            "step": step,
+            "time": time.time(),
+            "metrics": {k: (v if math.isfinite(v) else str(v)) for k, v in values.items()},
+        }
+    )
+    with open(path, "a") as f:  # one write of one line: appends from one process never interleave
         f.write(line + "\n")
 
 

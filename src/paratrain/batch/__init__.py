@@ -6,6 +6,7 @@ test) and `recommend` (all three combined for N workers). Each runs ordinary tra
 `paratrain.train` with the engine's general options (`--max-steps`, `--grad-noise`, `--schedule
 range-test`) and reads their run directories; the engine knows nothing of this package.
 """
+
 from __future__ import annotations
 
 import json
@@ -13,7 +14,7 @@ import math
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from paratrain.config import TrainConfig, validate
 from paratrain.errors import UsageError
@@ -27,7 +28,9 @@ def check_train_flags(train: dict[str, Any], command: str) -> None:
     """Refuse train flags the command sets itself, before anything runs."""
     owned = [k for k in train if k in COMMAND_OWNED]
     if owned:
-        raise UsageError(f"paratrain {command} sets --{owned[0].replace('_', '-')} itself on the runs it starts; drop it")
+        raise UsageError(
+            f"paratrain {command} sets --{owned[0].replace('_', '-')} itself on the runs it starts; drop it"
+        )
 
 
 def check_out(out: Path) -> None:
@@ -39,8 +42,10 @@ def check_out(out: Path) -> None:
     if not existing.is_dir():
         raise UsageError(f"--out {out}: {existing} is a file, not a directory; pass a path under a directory")
     if not os.access(existing, os.W_OK):
-        raise UsageError(f"--out {out}: {existing} is not writable (its permissions, or a read-only file system); "
-                         "pass a path you may write to")
+        raise UsageError(
+            f"--out {out}: {existing} is not writable (its permissions, or a read-only file system); "
+            "pass a path you may write to"
+        )
 
 
 def train_samples(cfg: TrainConfig) -> int:
@@ -52,6 +57,7 @@ def train_samples(cfg: TrainConfig) -> int:
 
 def epochs_for(cfg: TrainConfig, steps: int, samples: int) -> int:
     """Epochs that hold at least `steps` optimizer steps of `cfg` (the run stops at --max-steps)."""
+
     def ceil_div(a: int, b: int) -> int:
         return -(-a // b)
 
@@ -79,7 +85,7 @@ def clear_measurement_run(run_dir: Path) -> None:
         shutil.rmtree(run_dir)
 
 
-def read_result(path: Path, train: dict[str, Any], **options: Any) -> Optional[dict[str, Any]]:
+def read_result(path: Path, train: dict[str, Any], **options: Any) -> dict[str, Any] | None:
     """A command's earlier result in `path`, if the same train flags and the same `options` of the
     command (its recorded `options`) made it: recommend reuses it."""
     if not path.is_file():

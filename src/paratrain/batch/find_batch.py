@@ -19,6 +19,7 @@ the device is under-used; above it a larger batch buys memory use and a larger g
 may need more steps, see noise-scale) but little speed. Throughput is measured over the probe's
 steps after the first third (start-up excluded).
 """
+
 from __future__ import annotations
 
 import json
@@ -27,25 +28,32 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 from paratrain.batch import check_out, check_train_flags, run_config, steps_run_config, train_samples, write_result
 from paratrain.config import TrainConfig
 from paratrain.errors import RunFailed, UsageError
 
 RESULT_FILE = "find_batch.json"
-OPTIMIZER_STATES = {"sgd": 1, "lars": 1, "adam": 2, "adamw": 2, "lamb": 2}   # tensors of state per parameter
+OPTIMIZER_STATES = {"sgd": 1, "lars": 1, "adam": 2, "adamw": 2, "lamb": 2}  # tensors of state per parameter
 # What a probe that ran out of memory says: paratrain's own line under --memory-limit, the host
 # allocator's, CUDA's caching allocator's (torch.OutOfMemoryError), and the library allocations that
 # fail without saying "out of memory", which Lightning's batch-size finder also counts as such
 # (lightning.pytorch.utilities.memory.is_oom_error: cuDNN's NOT_SUPPORTED for a workspace that does
 # not fit, pytorch/pytorch#4107): cuBLAS's and cuDNN's handles and workspaces, and torch's message
 # when no cuDNN algorithm's workspace fits.
-OUT_OF_MEMORY = ("needs more memory than --memory-limit", "out of memory", "can't allocate memory",
-                 "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED", "CUDNN_STATUS_NOT_SUPPORTED",
-                 "Unable to find a valid cuDNN algorithm")
-MAX_PROBES = 25     # Lightning's max_trials
+OUT_OF_MEMORY = (
+    "needs more memory than --memory-limit",
+    "out of memory",
+    "can't allocate memory",
+    "CUBLAS_STATUS_ALLOC_FAILED",
+    "CUDNN_STATUS_ALLOC_FAILED",
+    "CUDNN_STATUS_NOT_SUPPORTED",
+    "Unable to find a valid cuDNN algorithm",
+)
+MAX_PROBES = 25  # Lightning's max_trials
 
 Probe = dict[str, Any]
 
@@ -64,7 +72,7 @@ def knee(points: list[tuple[int, float]], within: float = 0.05) -> int:
     return min(batch for batch, rate in points if rate >= (1 - within) * best)
 
 
-def binsearch(fits: Callable[[int], bool], start: int, cap: int) -> tuple[int, Optional[int]]:
+def binsearch(fits: Callable[[int], bool], start: int, cap: int) -> tuple[int, int | None]:
     """(largest batch that fits, smallest that does not or None): doubling from `start`, then
     bisection, as Lightning's binsearch mode; never above `cap`. `fits(start)` must hold."""
     low, high = start, None
@@ -93,9 +101,15 @@ def model_state_bytes(cfg: TrainConfig) -> int:
     return parameter_bytes * (2 + states)
 
 
-def find_batch(train: dict[str, Any], out: Path, margin: float = 0.05, max_batch: Optional[int] = None,
-               probe_steps: int = 12, knee_within: float = 0.05,
-               on_probe: Callable[[str, Probe], None] = lambda kind, probe: None) -> dict[str, Any]:
+def find_batch(
+    train: dict[str, Any],
+    out: Path,
+    margin: float = 0.05,
+    max_batch: int | None = None,
+    probe_steps: int = 12,
+    knee_within: float = 0.05,
+    on_probe: Callable[[str, Probe], None] = lambda kind, probe: None,
+) -> dict[str, Any]:
     """Probe batch sizes of `train`'s workload; write OUT/find_batch.json and return it."""
     check_train_flags(train, "find-batch")
     if "batch_size" in train:
@@ -114,8 +128,10 @@ def find_batch(train: dict[str, Any], out: Path, margin: float = 0.05, max_batch
     if on_cpu:
         needed = model_state_bytes(base)
         if run_config(train, memory_limit=limit).memory_limit_bytes < needed:
-            raise UsageError(f"--memory-limit {limit} is below the model's own state ({needed / 2**20:,.0f} MiB of parameters, "
-                             f"gradients and {base.optimizer} state): no batch can fit; raise --memory-limit")
+            raise UsageError(
+                f"--memory-limit {limit} is below the model's own state ({needed / 2**20:,.0f} MiB of parameters, "
+                f"gradients and {base.optimizer} state): no batch can fit; raise --memory-limit"
+            )
     samples = train_samples(base)
     cap = samples // (base.data_parallel_size * base.grad_accum)
     if max_batch is not None:
@@ -127,34 +143,48 @@ def find_batch(train: dict[str, Any], out: Path, margin: float = 0.05, max_batch
         if len(probes) >= MAX_PROBES:
             return False
         on_probe("start", {"batch": batch})
-        values = {**train, "batch_size": batch, "log_every": max(1, probe_steps // 3),
-                  **({"memory_limit": limit} if on_cpu else {})}
+        values = {
+            **train,
+            "batch_size": batch,
+            "log_every": max(1, probe_steps // 3),
+            **({"memory_limit": limit} if on_cpu else {}),
+        }
         probes[batch] = _probe(values, probe_steps, scratch / f"batch-{batch}", on_cpu)
         on_probe("done", probes[batch])
         return probes[batch]["fits"]
 
     try:
         if not fits(1):
-            raise UsageError(f"the workload does not run at batch 1 ({probes[1]['error']}); "
-                             + ("raise --memory-limit" if on_cpu else "use a smaller model or more GPU memory"))
+            raise UsageError(
+                f"the workload does not run at batch 1 ({probes[1]['error']}); "
+                + ("raise --memory-limit" if on_cpu else "use a smaller model or more GPU memory")
+            )
         largest, failed = binsearch(fits, 1, cap)
     except RunFailed:
-        raise       # a probe failed for another reason than memory: its run directory stays, the error names its log
+        raise  # a probe failed for another reason than memory: its run directory stays, the error names its log
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)
         raise
     shutil.rmtree(scratch, ignore_errors=True)
     fitted = sorted((p["batch"], p["samples_per_s"]) for p in probes.values() if p["fits"])
     result = {
-        "train": json.loads(json.dumps(train, default=str)), "device": "cpu" if on_cpu else "cuda",
+        "train": json.loads(json.dumps(train, default=str)),
+        "device": "cpu" if on_cpu else "cuda",
         "options": {"margin": margin, "max_batch": max_batch, "probe_steps": probe_steps, "knee_within": knee_within},
-        "workers": base.workers, "memory_limit": limit if on_cpu else None, "memory_limit_source": limit_source if on_cpu else None,
-        "probe_steps": probe_steps, "margin": margin, "knee_within": knee_within,
-        "max_batch": largest, "first_failed": failed,
-        "limited_by": "memory" if failed is not None else ("--max-batch" if max_batch is not None and largest == max_batch
-                                                           else "the training set"),
+        "workers": base.workers,
+        "memory_limit": limit if on_cpu else None,
+        "memory_limit_source": limit_source if on_cpu else None,
+        "probe_steps": probe_steps,
+        "margin": margin,
+        "knee_within": knee_within,
+        "max_batch": largest,
+        "first_failed": failed,
+        "limited_by": "memory"
+        if failed is not None
+        else ("--max-batch" if max_batch is not None and largest == max_batch else "the training set"),
         "safe_batch": max(1, int(largest * (1 - margin))) if failed is not None else largest,
-        "knee_batch": knee(fitted, knee_within), "best_samples_per_s": max(rate for _, rate in fitted),
+        "knee_batch": knee(fitted, knee_within),
+        "best_samples_per_s": max(rate for _, rate in fitted),
         "probes": sorted(probes.values(), key=lambda p: p["batch"]),
     }
     write_result(Path(out) / RESULT_FILE, result)
@@ -176,30 +206,50 @@ def _probe(values: dict[str, Any], steps: int, run_dir: Path, on_cpu: bool) -> P
         # Everything the probe wrote: the marker may sit on any line of a traceback (CUDA errors end
         # with a hint about TORCH_USE_CUDA_DSA), and a rank's traceback is in its log.
         logs = sorted((run_dir / "logs").glob("rank*.log")) if (run_dir / "logs").is_dir() else []
-        said = "\n".join([str(exc), exc.output if isinstance(exc, ProbeFailed) else "",
-                          *(log.read_text(errors="replace") for log in logs)])
+        said = "\n".join(
+            [
+                str(exc),
+                exc.output if isinstance(exc, ProbeFailed) else "",
+                *(log.read_text(errors="replace") for log in logs),
+            ]
+        )
         if not any(marker in said for marker in OUT_OF_MEMORY):
             raise
-        return {"batch": batch, "fits": False, "error": "out of memory", "samples_per_s": None, "peak_memory_bytes": None}
+        return {
+            "batch": batch,
+            "fits": False,
+            "error": "out of memory",
+            "samples_per_s": None,
+            "peak_memory_bytes": None,
+        }
     summary = json.loads((run_dir / "summary.json").read_text())
     rates = [e["samples_per_s"] for e in _events(run_dir, "step")][1:]
-    return {"batch": batch, "fits": True, "error": None,
-            "samples_per_s": statistics.median(rates) if rates else summary["samples_per_s"],
-            "peak_memory_bytes": max(summary["peak_memory_bytes"]),
-            "activations_peak_bytes": max((m or 0) for m in summary["memory"]["activations_peak_bytes"])}
+    return {
+        "batch": batch,
+        "fits": True,
+        "error": None,
+        "samples_per_s": statistics.median(rates) if rates else summary["samples_per_s"],
+        "peak_memory_bytes": max(summary["peak_memory_bytes"]),
+        "activations_peak_bytes": max((m or 0) for m in summary["memory"]["activations_peak_bytes"]),
+    }
 
 
 def _train_in_child(cfg: TrainConfig, run_dir: Path) -> None:
     """A GPU probe in a child process: a CUDA out-of-memory error ends it, not this command."""
     config_file = run_dir.with_suffix(".json")
     config_file.write_text(json.dumps(cfg.model_dump(mode="json", exclude_defaults=True)))
-    done = subprocess.run([sys.executable, "-m", "paratrain", "train", "--config", str(config_file)],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "paratrain", "train", "--config", str(config_file)], capture_output=True, text=True
+    )
     if done.returncode != 0:
-        raise ProbeFailed(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit status {done.returncode}",
-                          done.stderr)
+        raise ProbeFailed(
+            done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit status {done.returncode}",
+            done.stderr,
+        )
 
 
 def _events(run_dir: Path, kind: str) -> list[dict[str, Any]]:
     path = run_dir / "metrics.jsonl"
-    return [e for e in (json.loads(line) for line in path.read_text().splitlines() if line.strip()) if e["event"] == kind]
+    return [
+        e for e in (json.loads(line) for line in path.read_text().splitlines() if line.strip()) if e["event"] == kind
+    ]

@@ -9,26 +9,28 @@ lowest, before it diverged. The LR of the steepest descent of the smoothed loss 
 (Lightning's and torch-lr-finder's rule; the first tenth of the curve skipped, where the average
 is still settling) is reported beside it, not used: on cifar10-cnn (100 steps, 1e-6 to 1, batch
 111) it sat at 0.33, just below the loss's minimum at 0.43, and 10 epochs at that LR scaled
-to 2 workers never left chance accuracy (docs/batch-size.md). The suggested LR belongs to the batch the sweep ran at; it is also given
+to 2 workers never left chance accuracy (docs/batch-size.md). The suggested LR belongs to the batch the sweep
+ran at; it is also given
 scaled to --target-batch by the rule the optimizer follows (linear for SGD and LARS: Goyal et al.
 2017; square root for the Adam family: You et al. 2019).
 """
+
 from __future__ import annotations
 
 import json
 import math
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from paratrain.batch import check_train_flags, clear_measurement_run, steps_run_config, write_result
 from paratrain.engine.lr import scaled_lr
-from paratrain.runs import RunDir
 from paratrain.errors import RunFailed, UsageError
+from paratrain.runs import RunDir
 
 RESULT_FILE = "lr_find.json"
 RUN_NAME = "lr-find-run"
 SMOOTHING = 0.98
-DIVERGED_ABOVE = 4.0          # x the lowest smoothed loss
+DIVERGED_ABOVE = 4.0  # x the lowest smoothed loss
 MIN_STEPS = 20
 RULE = "minimum/10: a tenth of the LR of the lowest smoothed loss (fastai)"
 
@@ -41,7 +43,7 @@ def smooth(losses: list[float], beta: float = SMOOTHING) -> list[float]:
     average, out = 0.0, []
     for i, loss in enumerate(losses, 1):
         average = beta * average + (1 - beta) * loss
-        out.append(average / (1 - beta ** i))
+        out.append(average / (1 - beta**i))
     return out
 
 
@@ -60,28 +62,54 @@ def suggest(lrs: list[float], losses: list[float]) -> dict[str, Any]:
     if len(smoothed) < 5:
         raise RunFailed(f"the loss diverged after {len(smoothed)} steps of the range test; lower --lr-min")
     skip = len(smoothed) // 10
-    slopes = [(smoothed[i + 1] - smoothed[i - 1]) / (math.log(lrs[i + 1]) - math.log(lrs[i - 1]))
-              for i in range(max(1, skip), len(smoothed) - 1)]
+    slopes = [
+        (smoothed[i + 1] - smoothed[i - 1]) / (math.log(lrs[i + 1]) - math.log(lrs[i - 1]))
+        for i in range(max(1, skip), len(smoothed) - 1)
+    ]
     steepest = max(1, skip) + min(range(len(slopes)), key=slopes.__getitem__)
     lowest = min(range(len(smoothed)), key=smoothed.__getitem__)
-    return {"suggested_lr": lrs[lowest] / 10, "steepest_lr": lrs[steepest], "minimum_lr": lrs[lowest],
-            "diverged_at_lr": diverged_at, "curve_steps": end,
-            "smoothed": smoothed}
+    return {
+        "suggested_lr": lrs[lowest] / 10,
+        "steepest_lr": lrs[steepest],
+        "minimum_lr": lrs[lowest],
+        "diverged_at_lr": diverged_at,
+        "curve_steps": end,
+        "smoothed": smoothed,
+    }
 
 
-def find_lr(train: dict[str, Any], out: Path, steps: int = 100, lr_min: float = 1e-6, lr_max: float = 10.0,
-            target_batch: Optional[int] = None) -> dict[str, Any]:
+def find_lr(
+    train: dict[str, Any],
+    out: Path,
+    steps: int = 100,
+    lr_min: float = 1e-6,
+    lr_max: float = 10.0,
+    target_batch: int | None = None,
+) -> dict[str, Any]:
     """Run the range test into OUT/lr-find-run; write OUT/lr_find.json and return it."""
     check_train_flags(train, "lr-find")
     for owned in ("lr", "lr_scaling", "warmup_epochs"):
         if owned in train:
-            raise UsageError(f"paratrain lr-find sets --{owned.replace('_', '-')} itself (the sweep runs --lr-min to "
-                             "--lr-max unscaled, without warmup); drop it")
+            raise UsageError(
+                f"paratrain lr-find sets --{owned.replace('_', '-')} itself (the sweep runs --lr-min to "
+                "--lr-max unscaled, without warmup); drop it"
+            )
     if steps < MIN_STEPS:
-        raise UsageError(f"--steps {steps} is too few for a range test: it needs at least {MIN_STEPS} steps to smooth the "
-                         f"loss (100 to 300 are usual); use --steps {MIN_STEPS} or more")
-    cfg = steps_run_config(train, steps, lr=lr_min, lr_end=lr_max, schedule="range-test", lr_scaling="none",
-                           log_every=1, quiet=True, run_dir=Path(out) / RUN_NAME)
+        raise UsageError(
+            f"--steps {steps} is too few for a range test: it needs at least {MIN_STEPS} steps to smooth the "
+            f"loss (100 to 300 are usual); use --steps {MIN_STEPS} or more"
+        )
+    cfg = steps_run_config(
+        train,
+        steps,
+        lr=lr_min,
+        lr_end=lr_max,
+        schedule="range-test",
+        lr_scaling="none",
+        log_every=1,
+        quiet=True,
+        run_dir=Path(out) / RUN_NAME,
+    )
     run = RunDir(cfg.run_dir)
     clear_measurement_run(run.path)
     from paratrain.launch import train as run_training
@@ -102,13 +130,21 @@ def find_lr(train: dict[str, Any], out: Path, steps: int = 100, lr_min: float = 
     result = {
         "train": json.loads(json.dumps(train, default=str)),
         "options": {"steps": steps, "lr_min": lr_min, "lr_max": lr_max, "rule": RULE},
-        "run_dir": str(run.path), "lr_min": lr_min, "lr_max": lr_max,
-        "steps": len(steps_logged), "stopped_by_nan": diverged, "global_batch_size": batch, "optimizer": cfg.optimizer,
+        "run_dir": str(run.path),
+        "lr_min": lr_min,
+        "lr_max": lr_max,
+        "steps": len(steps_logged),
+        "stopped_by_nan": diverged,
+        "global_batch_size": batch,
+        "optimizer": cfg.optimizer,
         "rule": RULE,
         **{k: v for k, v in found.items() if k != "smoothed"},
         "curve": [{"lr": lr, "loss": loss, "smoothed": s} for lr, loss, s in zip(lrs, losses, found["smoothed"])],
-        "scaled": {"global_batch_size": target, "scaling": rule,
-                   "lr": scaled_lr(found["suggested_lr"], target, batch, rule)},
+        "scaled": {
+            "global_batch_size": target,
+            "scaling": rule,
+            "lr": scaled_lr(found["suggested_lr"], target, batch, rule),
+        },
     }
     write_result(Path(out) / RESULT_FILE, result)
     return result

@@ -21,17 +21,25 @@ var(R) ≈ Σ w_i² (t_i − R g_i)² / (Σ w_i g_i)² with the moving average's
 step-to-step noise only; consecutive steps are correlated through the weights, so it is a lower
 bound when training moves fast.
 """
+
 from __future__ import annotations
 
 import json
 import math
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
-from paratrain.batch import check_train_flags, clear_measurement_run, run_config, steps_run_config, train_samples, write_result
+from paratrain.batch import (
+    check_train_flags,
+    clear_measurement_run,
+    run_config,
+    steps_run_config,
+    train_samples,
+    write_result,
+)
 from paratrain.config import TrainConfig
-from paratrain.runs import RunDir
 from paratrain.errors import RunFailed, UsageError
+from paratrain.runs import RunDir
 
 RESULT_FILE = "noise_scale.json"
 RUN_NAME = "noise-scale-run"
@@ -58,9 +66,15 @@ def read_norms(run_dir: Path) -> list[dict[str, Any]]:
     steps = []
     for step in sorted(by_step):
         records = by_step[step]
-        steps.append({"step": step, "small_sq": sum(r["small_sq"] for r in records) / len(records),
-                      "big_sq": records[0]["big_sq"], "small_batch": records[0]["small_batch"],
-                      "big_batch": records[0]["big_batch"]})
+        steps.append(
+            {
+                "step": step,
+                "small_sq": sum(r["small_sq"] for r in records) / len(records),
+                "big_sq": records[0]["big_sq"],
+                "small_batch": records[0]["small_batch"],
+                "big_batch": records[0]["big_batch"],
+            }
+        )
     return steps
 
 
@@ -71,7 +85,9 @@ def estimate(norms: list[dict[str, Any]], ema_steps: int) -> dict[str, Any]:
     series = []
     g2s, traces = [], []
     for record in norms:
-        g2, trace = two_batch_estimates(record["small_sq"], record["big_sq"], record["small_batch"], record["big_batch"])
+        g2, trace = two_batch_estimates(
+            record["small_sq"], record["big_sq"], record["small_batch"], record["big_batch"]
+        )
         g2s.append(g2)
         traces.append(trace)
         # Both averages start at 0 and share beta, so their ratio needs no bias correction.
@@ -82,29 +98,36 @@ def estimate(norms: list[dict[str, Any]], ema_steps: int) -> dict[str, Any]:
     weights = [(1 - beta) * beta ** (n - 1 - i) for i in range(n)]
     final, final_err = _ratio_with_error(traces, g2s, weights)
     overall, overall_err = _ratio_with_error(traces, g2s, [1.0] * n)
-    return {"b_simple": final, "b_simple_stderr": final_err, "b_simple_run": overall, "b_simple_run_stderr": overall_err,
-            "g2": ema_g2, "trace": ema_trace, "series": series}
+    return {
+        "b_simple": final,
+        "b_simple_stderr": final_err,
+        "b_simple_run": overall,
+        "b_simple_run_stderr": overall_err,
+        "g2": ema_g2,
+        "trace": ema_trace,
+        "series": series,
+    }
 
 
-def _ratio(numerator: float, denominator: float) -> Optional[float]:
+def _ratio(numerator: float, denominator: float) -> float | None:
     return numerator / denominator if denominator > 0 and numerator > 0 else None
 
 
-def _ratio_with_error(traces: list[float], g2s: list[float], weights: list[float]) -> tuple[Optional[float], Optional[float]]:
+def _ratio_with_error(traces: list[float], g2s: list[float], weights: list[float]) -> tuple[float | None, float | None]:
     total_w = sum(weights)
     trace = sum(w * t for w, t in zip(weights, traces)) / total_w
     g2 = sum(w * g for w, g in zip(weights, g2s)) / total_w
     ratio = _ratio(trace, g2)
     if ratio is None:
         return None, None
-    variance = sum((w / total_w) ** 2 * (t - ratio * g) ** 2 for w, t, g in zip(weights, traces, g2s)) / g2 ** 2
+    variance = sum((w / total_w) ** 2 * (t - ratio * g) ** 2 for w, t, g in zip(weights, traces, g2s)) / g2**2
     return ratio, math.sqrt(variance)
 
 
 def batch_curve(b_noise: float) -> list[dict[str, float]]:
     """Predicted steps and examples to reach the same loss, relative to their minima, by batch size."""
     top = 2 ** math.ceil(math.log2(max(2.0, 8 * b_noise)))
-    batches = [2 ** k for k in range(int(math.log2(top)) + 1)]
+    batches = [2**k for k in range(int(math.log2(top)) + 1)]
     return [{"batch": b, "steps_vs_min": 1 + b_noise / b, "examples_vs_min": 1 + b / b_noise} for b in batches]
 
 
@@ -115,19 +138,23 @@ def _short_steps(cfg: TrainConfig, steps: int) -> int:
     step_samples = cfg.batch_size * cfg.grad_accum
     full = per_rank // step_samples
     if full == 0:
-        raise UsageError(f"a step of {step_samples} samples per rank (--batch-size x --grad-accum) is more than a rank's "
-                         f"{per_rank} training samples; lower --batch-size")
-    per_epoch = -(-(-(-per_rank // cfg.batch_size)) // cfg.grad_accum)
-    return (per_epoch - full) * -(-steps // full)
+        raise UsageError(
+            f"a step of {step_samples} samples per rank (--batch-size x --grad-accum) is more than a rank's "
+            f"{per_rank} training samples; lower --batch-size"
+        )
+    per_epoch = math.ceil(math.ceil(per_rank / cfg.batch_size) / cfg.grad_accum)
+    return (per_epoch - full) * math.ceil(steps / full)
 
 
-def measure_noise_scale(train: dict[str, Any], out: Path, steps: int, ema_steps: Optional[int] = None) -> dict[str, Any]:
+def measure_noise_scale(train: dict[str, Any], out: Path, steps: int, ema_steps: int | None = None) -> dict[str, Any]:
     """Record `steps` optimizer steps of full batches with --grad-noise into OUT/noise-scale-run (the run
     takes as many more as it has short end-of-epoch steps); write OUT/noise_scale.json and return it."""
     check_train_flags(train, "noise-scale")
     if steps < MIN_STEPS:
-        raise UsageError(f"--steps {steps} is too few for an estimate: the noise scale needs at least {MIN_STEPS} optimizer "
-                         f"steps (a few hundred give a tighter one); use --steps {MIN_STEPS} or more")
+        raise UsageError(
+            f"--steps {steps} is too few for an estimate: the noise scale needs at least {MIN_STEPS} optimizer "
+            f"steps (a few hundred give a tighter one); use --steps {MIN_STEPS} or more"
+        )
     ema = ema_steps or max(10, steps // 4)
     values = dict(train)
     workers = run_config(values).data_parallel_size
@@ -135,7 +162,9 @@ def measure_noise_scale(train: dict[str, Any], out: Path, steps: int, ema_steps:
         # One worker compares a micro-batch with the whole step: two micro-batches are the fewest that do.
         values["grad_accum"] = 2
     run_dir = Path(out) / RUN_NAME
-    cfg = steps_run_config(values, steps + _short_steps(run_config(values), steps), grad_noise=True, quiet=True, run_dir=run_dir)
+    cfg = steps_run_config(
+        values, steps + _short_steps(run_config(values), steps), grad_noise=True, quiet=True, run_dir=run_dir
+    )
     clear_measurement_run(run_dir)
     from paratrain.launch import train as run_training
 
@@ -147,14 +176,21 @@ def measure_noise_scale(train: dict[str, Any], out: Path, steps: int, ema_steps:
             raise
     norms = read_norms(run_dir)
     if len(norms) < MIN_STEPS:
-        raise RunFailed(f"the run recorded {len(norms)} steps of gradient norms ({summary.get('status')}); the estimate needs "
-                        f"{MIN_STEPS}: see {run_dir}")
+        raise RunFailed(
+            f"the run recorded {len(norms)} steps of gradient norms ({summary.get('status')}); the estimate needs "
+            f"{MIN_STEPS}: see {run_dir}"
+        )
     result = {
-        "train": json.loads(json.dumps(train, default=str)), "options": {"steps": steps, "ema_steps": ema_steps},
-        "run_dir": str(run_dir), "steps": len(norms),
-        "ema_steps": ema, "source": summary.get("grad_noise", {}).get("source"),
-        "small_batch": norms[-1]["small_batch"], "big_batch": norms[-1]["big_batch"],
-        "ranks": summary.get("grad_noise", {}).get("ranks", 1), "status": summary["status"],
+        "train": json.loads(json.dumps(train, default=str)),
+        "options": {"steps": steps, "ema_steps": ema_steps},
+        "run_dir": str(run_dir),
+        "steps": len(norms),
+        "ema_steps": ema,
+        "source": summary.get("grad_noise", {}).get("source"),
+        "small_batch": norms[-1]["small_batch"],
+        "big_batch": norms[-1]["big_batch"],
+        "ranks": summary.get("grad_noise", {}).get("ranks", 1),
+        "status": summary["status"],
         **estimate(norms, ema),
     }
     result["critical_batch"] = result["b_simple"]

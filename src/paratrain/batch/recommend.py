@@ -18,13 +18,16 @@ LR's base batch: the largest ratio Goyal et al. trained with linear scaling and 
 (8192 / 256); You et al. needed layer-wise adaptation beyond it. The command keeps the optimizer
 lr-find measured. The schedule is cosine decay after the warmup unless --schedule is given.
 """
+
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import shlex
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 from paratrain.batch import check_out, check_train_flags, read_result, run_config, train_samples, write_result
 from paratrain.batch import find_batch as find_batch_module
@@ -34,12 +37,19 @@ from paratrain.errors import UsageError
 
 RESULT_FILE = "recommend.json"
 CHOSEN = ("batch_size", "lr", "lr_scaling", "base_batch_size", "warmup_epochs", "workers")
-GOYAL_MAX_RATIO = 32            # 8192 / 256: the largest batch ratio of Goyal et al. 2017
+GOYAL_MAX_RATIO = 32  # 8192 / 256: the largest batch ratio of Goyal et al. 2017
 GOYAL_WARMUP_FRACTION = 5 / 90  # 5 warmup epochs of their 90
 
 
-def recommend(train: dict[str, Any], workers: int, out: Path, noise_steps: int = 200, lr_steps: int = 100,
-              max_batch: Optional[int] = None, on_stage: Callable[[str], None] = lambda stage: None) -> dict[str, Any]:
+def recommend(
+    train: dict[str, Any],
+    workers: int,
+    out: Path,
+    noise_steps: int = 200,
+    lr_steps: int = 100,
+    max_batch: int | None = None,
+    on_stage: Callable[[str], None] = lambda stage: None,
+) -> dict[str, Any]:
     """Measure (or reuse) find-batch, noise-scale and lr-find; write OUT/recommend.json and return it."""
     chosen = [k for k in train if k in CHOSEN]
     if chosen:
@@ -52,32 +62,40 @@ def recommend(train: dict[str, Any], workers: int, out: Path, noise_steps: int =
     train = {k: v for k, v in train.items() if k != "schedule"}
     one = {**train, "workers": 1}
     # Everything that would stop a later stage is checked now, before the first measurement runs.
-    for flag, steps, least in (("--noise-steps", noise_steps, noise_scale_module.MIN_STEPS),
-                               ("--lr-steps", lr_steps, lr_find_module.MIN_STEPS)):
+    for flag, steps, least in (
+        ("--noise-steps", noise_steps, noise_scale_module.MIN_STEPS),
+        ("--lr-steps", lr_steps, lr_find_module.MIN_STEPS),
+    ):
         if steps < least:
-            raise UsageError(f"{flag} {steps} is too few: the measurement needs at least {least} optimizer steps; "
-                             f"use {flag} {least} or more")
+            raise UsageError(
+                f"{flag} {steps} is too few: the measurement needs at least {least} optimizer steps; "
+                f"use {flag} {least} or more"
+            )
     for stage in ("find-batch", "noise-scale", "lr-find"):
         check_train_flags(train, stage)
-    run_config({**train, "workers": workers}, grad_noise=True)     # the noise-scale run's layout, validated
+    run_config({**train, "workers": workers}, grad_noise=True)  # the noise-scale run's layout, validated
     check_out(out)
 
     on_stage("find-batch")
-    batches = (read_result(out / find_batch_module.RESULT_FILE, one, max_batch=max_batch)
-               or find_batch_module.find_batch(one, out, max_batch=max_batch))
+    batches = read_result(
+        out / find_batch_module.RESULT_FILE, one, max_batch=max_batch
+    ) or find_batch_module.find_batch(one, out, max_batch=max_batch)
     knee, largest = batches["knee_batch"], batches["safe_batch"]
     # find-batch measures one worker on all the training samples; with N workers a rank holds a 1/N
     # share, and a step larger than it cannot be run (the noise-scale run at the knee would refuse).
     per_rank = samples // workers
     notes = []
     if largest > per_rank:
-        notes.append(f"find-batch's knee {knee} and largest batch {largest} capped at a rank's {per_rank} training samples")
+        notes.append(
+            f"find-batch's knee {knee} and largest batch {largest} capped at a rank's {per_rank} training samples"
+        )
         knee, largest = min(knee, per_rank), per_rank
 
     on_stage("noise-scale")
     noise_train = {**train, "workers": workers, "batch_size": knee}
-    noise = (read_result(out / noise_scale_module.RESULT_FILE, noise_train, steps=noise_steps)
-             or noise_scale_module.measure_noise_scale(noise_train, out, noise_steps))
+    noise = read_result(
+        out / noise_scale_module.RESULT_FILE, noise_train, steps=noise_steps
+    ) or noise_scale_module.measure_noise_scale(noise_train, out, noise_steps)
     critical = noise["critical_batch"]
     sqrt_rule = math.isqrt(samples)
     caps = {"critical batch (noise scale)": critical, "√(training samples)": sqrt_rule}
@@ -86,15 +104,18 @@ def recommend(train: dict[str, Any], workers: int, out: Path, noise_steps: int =
     # errors), is evidence that a smaller global batch trains better. A rule of thumb is not.
     stderr = noise.get("b_simple_stderr")
     upper = critical + 2 * stderr if critical and stderr is not None else None
-    below_knee_allowed = (workers * knee > cap and cap_name.startswith("critical") and upper is not None
-                          and upper < workers * knee)
+    below_knee_allowed = (
+        workers * knee > cap and cap_name.startswith("critical") and upper is not None and upper < workers * knee
+    )
     # The options weighed: the knee, and the largest batch each cap allows a worker.
     options: dict[int, list[str]] = {knee: ["the knee"]}
     for name, value in caps.items():
         if value:
-            options.setdefault(max(1, min(largest, int(value // workers))), []).append(f"the {name} / {workers} workers")
+            options.setdefault(max(1, min(largest, int(value // workers))), []).append(
+                f"the {name} / {workers} workers"
+            )
 
-    def ruled_out(batch: int) -> Optional[str]:
+    def ruled_out(batch: int) -> str | None:
         if batch < knee and not below_knee_allowed:
             return "below the knee, where a worker idles, and the noise scale does not rule out the knee's global batch"
         if workers * batch > cap and (batch != knee or below_knee_allowed):
@@ -108,24 +129,32 @@ def recommend(train: dict[str, Any], workers: int, out: Path, noise_steps: int =
         times = {b: time_to_loss(b, workers, critical, rates(b)) for b in options}
         per_worker = min(allowed, key=times.get)
     else:
-        per_worker = max(allowed)      # no noise scale, no time model: the most the cap allows
+        per_worker = max(allowed)  # no noise scale, no time model: the most the cap allows
     if per_worker < knee:
-        notes.append(f"{workers} workers x the knee batch {knee} exceed the critical batch {critical:.0f} "
-                     f"(+2 standard errors: {upper:.0f}): each worker runs below its knee; "
-                     f"{max(1, int(cap // knee))} worker(s) would use theirs fully")
+        notes.append(
+            f"{workers} workers x the knee batch {knee} exceed the critical batch {critical:.0f} "
+            f"(+2 standard errors: {upper:.0f}): each worker runs below its knee; "
+            f"{max(1, int(cap // knee))} worker(s) would use theirs fully"
+        )
     elif workers * knee > cap:
-        notes.append(f"{workers} workers x the knee batch {knee} exceed the {cap_name} {cap:.0f}, but "
-                     + (f"within its error bar (+2 standard errors: {upper:.0f})" if cap_name.startswith("critical")
-                        and upper is not None else "that is not a measurement of this model")
-                     + ": each worker keeps its knee batch, below which it idles")
+        notes.append(
+            f"{workers} workers x the knee batch {knee} exceed the {cap_name} {cap:.0f}, but "
+            + (
+                f"within its error bar (+2 standard errors: {upper:.0f})"
+                if cap_name.startswith("critical") and upper is not None
+                else "that is not a measurement of this model"
+            )
+            + ": each worker keeps its knee batch, below which it idles"
+        )
     if times:
         notes.append(time_to_loss_note(options, times, rates, per_worker, workers, critical, ruled_out))
     global_batch = workers * per_worker
 
     on_stage("lr-find")
     lr_train = {**train, "workers": 1, "batch_size": per_worker}
-    lrs = (read_result(out / lr_find_module.RESULT_FILE, lr_train, steps=lr_steps, rule=lr_find_module.RULE)
-           or lr_find_module.find_lr(lr_train, out, steps=lr_steps, target_batch=global_batch))
+    lrs = read_result(
+        out / lr_find_module.RESULT_FILE, lr_train, steps=lr_steps, rule=lr_find_module.RULE
+    ) or lr_find_module.find_lr(lr_train, out, steps=lr_steps, target_batch=global_batch)
     rule = lr_find_module.scaling_rule(cfg.optimizer)
     base_lr, base_batch = lrs["suggested_lr"], lrs["global_batch_size"]
     from paratrain.engine.lr import scaled_lr
@@ -141,36 +170,74 @@ def recommend(train: dict[str, Any], workers: int, out: Path, noise_steps: int =
     # trust ratio changes what an LR means, so the command keeps the optimizer lr-find measured.
     adaptive = ("lamb" if rule == "sqrt" else "lars") if ratio > GOYAL_MAX_RATIO else None
     result = {
-        "train": json.loads(json.dumps(train, default=str)), "workers": workers,
-        "per_worker_batch": {"value": per_worker, "source": f"find-batch: knee {knee}, largest that fits {largest} "
-                             f"(margin {batches['margin']:.0%}); the global batch within the {cap_name}; "
-                             + ("of the options, the shortest predicted time to the same loss (note)" if times else
-                                "no noise scale to predict the time to a loss: the largest the cap allows"),
-                             "options": [{"batch": b, "global_batch": workers * b, "suggested_by": by,
-                                          "relative_time_to_loss": times[b] / times[per_worker] if times else None,
-                                          "ruled_out": ruled_out(b)} for b, by in sorted(options.items())]},
-        "global_batch": {"value": global_batch, "source": f"{workers} x {per_worker}; {cap_name} {cap:.0f} "
-                         f"(critical batch {critical and round(critical)}, √{samples} = {sqrt_rule})"},
-        "lr": {"value": lr, "source": f"lr-find at batch {base_batch}: {base_lr:.3g} ({lrs['rule']}), "
-               f"{rule} scaling to {global_batch} ({'Goyal et al. 2017' if rule == 'linear' else 'You et al. 2019'})"},
-        "base_lr": base_lr, "base_batch_size": base_batch, "lr_scaling": rule,
-        "warmup_epochs": {"value": warmup, "source": "no scaling, no warmup" if ratio <= 1 else
-                          f"Goyal et al. 2017: 5 of 90 epochs, here {GOYAL_WARMUP_FRACTION:.1%} of --epochs {cfg.epochs} "
-                          "(at least 1, at most 5)"},
-        "optimizer": {"value": cfg.optimizer, "source": f"global batch {ratio:.0f}x the LR's base batch "
-                      + (f"> {GOYAL_MAX_RATIO}x: consider --optimizer {adaptive}, layer-wise adaptation (You et al. 2017, "
-                         f"2019), and run recommend again with it, so that lr-find measures its LR" if adaptive
-                         else f"<= {GOYAL_MAX_RATIO}x: {cfg.optimizer} with scaling and warmup suffices (Goyal et al. 2017)")},
+        "train": json.loads(json.dumps(train, default=str)),
+        "workers": workers,
+        "per_worker_batch": {
+            "value": per_worker,
+            "source": f"find-batch: knee {knee}, largest that fits {largest} "
+            f"(margin {batches['margin']:.0%}); the global batch within the {cap_name}; "
+            + (
+                "of the options, the shortest predicted time to the same loss (note)"
+                if times
+                else "no noise scale to predict the time to a loss: the largest the cap allows"
+            ),
+            "options": [
+                {
+                    "batch": b,
+                    "global_batch": workers * b,
+                    "suggested_by": by,
+                    "relative_time_to_loss": times[b] / times[per_worker] if times else None,
+                    "ruled_out": ruled_out(b),
+                }
+                for b, by in sorted(options.items())
+            ],
+        },
+        "global_batch": {
+            "value": global_batch,
+            "source": f"{workers} x {per_worker}; {cap_name} {cap:.0f} "
+            f"(critical batch {critical and round(critical)}, √{samples} = {sqrt_rule})",
+        },
+        "lr": {
+            "value": lr,
+            "source": f"lr-find at batch {base_batch}: {base_lr:.3g} ({lrs['rule']}), "
+            f"{rule} scaling to {global_batch} ({'Goyal et al. 2017' if rule == 'linear' else 'You et al. 2019'})",
+        },
+        "base_lr": base_lr,
+        "base_batch_size": base_batch,
+        "lr_scaling": rule,
+        "warmup_epochs": {
+            "value": warmup,
+            "source": "no scaling, no warmup"
+            if ratio <= 1
+            else f"Goyal et al. 2017: 5 of 90 epochs, here {GOYAL_WARMUP_FRACTION:.1%} of --epochs {cfg.epochs} "
+            "(at least 1, at most 5)",
+        },
+        "optimizer": {
+            "value": cfg.optimizer,
+            "source": f"global batch {ratio:.0f}x the LR's base batch "
+            + (
+                f"> {GOYAL_MAX_RATIO}x: consider --optimizer {adaptive}, layer-wise adaptation (You et al. 2017, "
+                f"2019), and run recommend again with it, so that lr-find measures its LR"
+                if adaptive
+                else f"<= {GOYAL_MAX_RATIO}x: {cfg.optimizer} with scaling and warmup suffices (Goyal et al. 2017)"
+            ),
+        },
         # The LR found is the largest that trains stably; held constant it keeps the late epochs noisy.
         # Measured (docs/batch-size.md): cifar10-cnn at global batch 222 plateaued at 53-58 % over
         # 20 constant-LR epochs and reached 62 % in 10 with cosine decay.
-        "schedule": {"value": schedule or "cosine",
-                     "source": "--schedule as given" if schedule else
-                     "cosine decay to zero after the warmup (SGDR, Loshchilov & Hutter 2017): the found LR is the "
-                     "largest that trains stably, and decaying it lets the last epochs converge"},
+        "schedule": {
+            "value": schedule or "cosine",
+            "source": "--schedule as given"
+            if schedule
+            else "cosine decay to zero after the warmup (SGDR, Loshchilov & Hutter 2017): the found LR is the "
+            "largest that trains stably, and decaying it lets the last epochs converge",
+        },
         "notes": notes,
-        "measurements": {"find_batch": str(out / find_batch_module.RESULT_FILE),
-                         "noise_scale": str(out / noise_scale_module.RESULT_FILE), "lr_find": str(out / lr_find_module.RESULT_FILE)},
+        "measurements": {
+            "find_batch": str(out / find_batch_module.RESULT_FILE),
+            "noise_scale": str(out / noise_scale_module.RESULT_FILE),
+            "lr_find": str(out / lr_find_module.RESULT_FILE),
+        },
     }
     result["command"] = train_command(train, result)
     write_result(out / RESULT_FILE, result)
@@ -183,10 +250,11 @@ def samples_per_s_at(probes: list[dict[str, Any]]) -> Callable[[int], float]:
     points = sorted((p["batch"], p["samples_per_s"]) for p in probes if p["fits"])
 
     def rate(batch: int) -> float:
-        for (b0, r0), (b1, r1) in zip(points, points[1:]):
+        for (b0, r0), (b1, r1) in itertools.pairwise(points):
             if b0 <= batch <= b1:
                 return r0 + (r1 - r0) * (batch - b0) / (b1 - b0)
         return points[0][1] if batch < points[0][0] else points[-1][1]
+
     return rate
 
 
@@ -201,32 +269,55 @@ def _times(ratio: float) -> str:
     return f"{ratio:.2f}x" if ratio < 10 else f"{ratio:,.0f}x"
 
 
-def time_to_loss_note(options: dict[int, list[str]], times: dict[int, float], rates: Callable[[int], float],
-                      chosen: int, workers: int, b_noise: float, ruled_out: Callable[[int], Optional[str]]) -> str:
+def time_to_loss_note(
+    options: dict[int, list[str]],
+    times: dict[int, float],
+    rates: Callable[[int], float],
+    chosen: int,
+    workers: int,
+    b_noise: float,
+    ruled_out: Callable[[int], str | None],
+) -> str:
     """The options' predicted times to the same loss, relative to the chosen one, and why it was chosen."""
     described = []
     for batch, by in sorted(options.items()):
         why_not = ruled_out(batch)
         verdict = "chosen" if batch == chosen else ("slower" if why_not is None else f"ruled out: {why_not}")
-        described.append(f"{batch:,} a worker ({', '.join(by)}; global {workers * batch:,}, {rates(batch):,.0f} samples/s): "
-                         f"{_times(times[batch] / times[chosen])}, {verdict}")
+        described.append(
+            f"{batch:,} a worker ({', '.join(by)}; global {workers * batch:,}, {rates(batch):,.0f} samples/s): "
+            f"{_times(times[batch] / times[chosen])}, {verdict}"
+        )
     fastest = min(times.values()) == times[chosen]
     among = "the options" if fastest else "the options not ruled out"
-    return (f"time to the same loss, relative to the chosen batch (McCandlish et al. 2018: steps S = S_min (1 + B_noise/B) "
-            f"at the global batch B, with B_noise the critical batch {b_noise:,.0f}; a step takes a worker its batch / "
-            f"find-batch's samples/s at that batch, interpolated between probes; communication left out): "
-            + "; ".join(described) + f". {chosen:,} a worker wins: of {among}, its steps to the loss times "
-            "the time a step takes is the smallest" + ("" if fastest else
-            " (the model counts steps to a training loss; the bounds also stand for what it leaves out: a global batch "
-            "beyond the critical batch may generalise worse, Keskar et al. 2016, and below the knee a worker idles)"))
+    return (
+        f"time to the same loss, relative to the chosen batch (McCandlish et al. 2018: steps S = S_min (1 + B_noise/B) "
+        f"at the global batch B, with B_noise the critical batch {b_noise:,.0f}; a step takes a worker its batch / "
+        f"find-batch's samples/s at that batch, interpolated between probes; communication left out): "
+        + "; ".join(described)
+        + f". {chosen:,} a worker wins: of {among}, its steps to the loss times "
+        "the time a step takes is the smallest"
+        + (
+            ""
+            if fastest
+            else " (the model counts steps to a training loss; the bounds also stand for what it leaves out: a global "
+            "batch "
+            "beyond the critical batch may generalise worse, Keskar et al. 2016, and below the knee a worker idles)"
+        )
+    )
 
 
 def train_command(train: dict[str, Any], result: dict[str, Any]) -> str:
     """The `paratrain train` command that runs the recommendation."""
-    flags = {**train, "workers": result["workers"], "batch_size": result["per_worker_batch"]["value"],
-             "lr": f"{result['base_lr']:.4g}", "base_batch_size": result["base_batch_size"],
-             "lr_scaling": result["lr_scaling"], "optimizer": result["optimizer"]["value"],
-             "schedule": result["schedule"]["value"]}
+    flags = {
+        **train,
+        "workers": result["workers"],
+        "batch_size": result["per_worker_batch"]["value"],
+        "lr": f"{result['base_lr']:.4g}",
+        "base_batch_size": result["base_batch_size"],
+        "lr_scaling": result["lr_scaling"],
+        "optimizer": result["optimizer"]["value"],
+        "schedule": result["schedule"]["value"],
+    }
     if result["warmup_epochs"]["value"]:
         flags["warmup_epochs"] = result["warmup_epochs"]["value"]
     words = ["paratrain", "train"]

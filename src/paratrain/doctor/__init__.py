@@ -7,13 +7,22 @@ command built from the run's own configuration, or a code change) and the gain a
 predicts; they are ranked by the predicted share of time saved (checks.py holds the thresholds
 and models, docs/doctor.md explains them).
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
-from paratrain.doctor.checks import (RUN_CHECKS, batch_knee, contended, first_epoch_overhead, idle_devices,
-                                     lr_not_scaled, rank0_alone)
+from paratrain.doctor.checks import (
+    RUN_CHECKS,
+    batch_knee,
+    contended,
+    first_epoch_overhead,
+    idle_devices,
+    lr_not_scaled,
+    rank0_alone,
+)
 from paratrain.doctor.evidence import RunEvidence, idle_fractions, json_file, read_run, system_samples
 from paratrain.doctor.finding import Finding
 from paratrain.doctor.script_checks import SCRIPT_CHECKS, probe_status
@@ -22,7 +31,7 @@ from paratrain.launch import probe_summary
 from paratrain.launch.probe_summary import PROBE_DIR
 from paratrain.runs import SCALING_FILE, SWEEP_FILE, RunDir
 
-__all__ = ["diagnose", "diagnose_run", "format_text", "idle_fractions", "Finding"]
+__all__ = ["Finding", "diagnose", "diagnose_run", "format_text", "idle_fractions"]
 
 
 def diagnose(path: Path) -> dict[str, Any]:
@@ -35,30 +44,41 @@ def diagnose(path: Path) -> dict[str, Any]:
     elif RunDir(path).is_run():
         kind, findings = "run", diagnose_run(read_run(path))
     else:
-        raise UsageError(f"{path} is not a paratrain run (config.json), scaling study (scaling.json) or sweep "
-                         "(sweep.json); pass the --run-dir of a run or the --out of a study")
+        raise UsageError(
+            f"{path} is not a paratrain run (config.json), scaling study (scaling.json) or sweep "
+            "(sweep.json); pass the --run-dir of a run or the --out of a study"
+        )
     ranked = rank(findings)
     return {"kind": kind, "path": str(path), "verdict": verdict(ranked), "findings": [f.as_dict() for f in ranked]}
 
 
 def diagnose_run(ev: RunEvidence) -> list[Finding]:
     if ev.is_script and ev.probe.get("status") == "no steps":
-        seen = ", ".join(f"rank {r['rank']}: {r.get('threads', '?')} threads, {r.get('loader_workers', 0)} DataLoader "
-                         "workers" for r in ev.probe.get("ranks", []))
-        raise UsageError(f"{ev.path}: the probe saw no optimizer step ({seen}); the doctor times steps at "
-                         "torch.optim's optimizer.step(): train with a torch.optim optimizer, or run long enough for "
-                         "a step to finish")
+        seen = ", ".join(
+            f"rank {r['rank']}: {r.get('threads', '?')} threads, {r.get('loader_workers', 0)} DataLoader workers"
+            for r in ev.probe.get("ranks", [])
+        )
+        raise UsageError(
+            f"{ev.path}: the probe saw no optimizer step ({seen}); the doctor times steps at "
+            "torch.optim's optimizer.step(): train with a torch.optim optimizer, or run long enough for "
+            "a step to finish"
+        )
     if not ev.has_steps:
-        raise UsageError(f"{ev.path}: the run has no steps to diagnose (no epoch in metrics.jsonl, no breakdown in "
-                         "summary.json, no monitor samples of its ranks); rerun it until at least one epoch finishes")
+        raise UsageError(
+            f"{ev.path}: the run has no steps to diagnose (no epoch in metrics.jsonl, no breakdown in "
+            "summary.json, no monitor samples of its ranks); rerun it until at least one epoch finishes"
+        )
     # A probed script: its per-rank phases replace the monitor-based straggler guess; rank 0 working
     # alone after the last step (a final evaluation) is in no step, so the monitor still looks for it.
-    checks = ((contended, *SCRIPT_CHECKS, rank0_alone, first_epoch_overhead, idle_devices) if ev.probe_ranks
-              else (*RUN_CHECKS, probe_status))
+    checks = (
+        (contended, *SCRIPT_CHECKS, rank0_alone, first_epoch_overhead, idle_devices)
+        if ev.probe_ranks
+        else (*RUN_CHECKS, probe_status)
+    )
     findings: dict[str, Finding] = {}
     for check in checks:
         if (f := check(ev)) is not None:
-            findings.setdefault(f.check, f)      # the probe's figure before the monitor's, for one cause
+            findings.setdefault(f.check, f)  # the probe's figure before the monitor's, for one cause
     return list(findings.values())
 
 
@@ -85,6 +105,7 @@ def rank(findings: Sequence[Finding]) -> list[Finding]:
     def key(f: Finding) -> tuple[int, bool, float]:
         first = order.index(f.check) if f.check in order else len(order)
         return first, f.check in MACHINE_CAUSES, -f.saving if f.saving is not None else 1.0
+
     return sorted(findings, key=key)
 
 
@@ -95,17 +116,26 @@ def verdict(findings: Sequence[Finding]) -> str:
     top = findings[0]
     if top.check in ROOT_CAUSES:
         others = [f for f in timed if f is not top]
-        why = (f"predicted: {top.predicted_gain.split(':')[0]}" if top.saving is not None
-               else "the timings below were measured in that state")
+        why = (
+            f"predicted: {top.predicted_gain.split(':')[0]}"
+            if top.saving is not None
+            else "the timings below were measured in that state"
+        )
         first = "fix first" if top.saving is not None else "read with care"
-        return f"{first}: {top.finding} ({why})" + (f"; {len(others)} more problem(s) costing time below" if others else "")
+        return f"{first}: {top.finding} ({why})" + (
+            f"; {len(others)} more problem(s) costing time below" if others else ""
+        )
     if top.check in EXACT_FIRST and len(timed) > 1:
-        return (f"{len(timed)} problem(s) costing time; fix first: {top.finding} (predicted: "
-                f"{top.predicted_gain.split(':')[0]}): an exact remedy, and its cost is counted in the all-reduce "
-                "the findings below read")
+        return (
+            f"{len(timed)} problem(s) costing time; fix first: {top.finding} (predicted: "
+            f"{top.predicted_gain.split(':')[0]}): an exact remedy, and its cost is counted in the all-reduce "
+            "the findings below read"
+        )
     if timed:
-        return (f"{len(timed)} problem(s) costing time; the biggest: {timed[0].finding} "
-                f"(predicted: {timed[0].predicted_gain.split(':')[0]})")
+        return (
+            f"{len(timed)} problem(s) costing time; the biggest: {timed[0].finding} "
+            f"(predicted: {timed[0].predicted_gain.split(':')[0]})"
+        )
     return f"no time to gain; {len(findings)} piece(s) of advice on accuracy or measurement below"
 
 
@@ -140,13 +170,13 @@ def _sweep_findings(path: Path) -> list[Finding]:
     return findings
 
 
-def _best_trial(sweep: dict[str, Any], best: dict[str, Any]) -> Optional[RunEvidence]:
+def _best_trial(sweep: dict[str, Any], best: dict[str, Any]) -> RunEvidence | None:
     if not best.get("run_dir"):
         return None
     trial = Path(best["run_dir"])
-    if RunDir(trial / "run").is_run():     # a built-in trial's run directory
+    if RunDir(trial / "run").is_run():  # a built-in trial's run directory
         return read_run(trial / "run")
-    if (trial / PROBE_DIR).is_dir():        # a script trial's probe records, summarised as launch does
+    if (trial / PROBE_DIR).is_dir():  # a script trial's probe records, summarised as launch does
         summary = {"status": "completed", "workers": 1, **probe_summary.summarise(trial)}
         config = {"script": sweep.get("script", "the script"), "workers": 1, "resolved": {}}
         return RunEvidence(path=trial, config=config, summary=summary, events=[], system=system_samples(trial))
@@ -162,6 +192,11 @@ def format_text(diagnosis: dict[str, Any]) -> str:
     """The findings as a person reads them in a terminal."""
     lines = [f"doctor: {diagnosis['path']} ({diagnosis['kind']}): {diagnosis['verdict']}"]
     for i, f in enumerate(diagnosis["findings"], 1):
-        lines += [f"\n{i}. [{f['severity']}] {f['finding']}", f"   evidence:  {f['evidence']}", f"   cause:     {f['cause']}",
-                  f"   remedy:    {f['remedy']}", f"   predicted: {f['predicted_gain']}"]
+        lines += [
+            f"\n{i}. [{f['severity']}] {f['finding']}",
+            f"   evidence:  {f['evidence']}",
+            f"   cause:     {f['cause']}",
+            f"   remedy:    {f['remedy']}",
+            f"   predicted: {f['predicted_gain']}",
+        ]
     return "\n".join(lines)

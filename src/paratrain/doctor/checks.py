@@ -4,31 +4,35 @@ Every check states its threshold and the model behind its predicted gain here, i
 docs/doctor.md explains them for users. A time finding's `saving` is the predicted fraction of
 the step (or run) time the remedy removes: the findings are ranked by it.
 """
+
 from __future__ import annotations
 
 import math
 import statistics
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from paratrain.doctor.evidence import IDLE_CPU_PERCENT, RunEvidence, idle_fractions, rerun_command
 from paratrain.doctor.finding import Finding, accumulation, ms, pct, speedup
 
 # Thresholds: a share of the optimizer step (breakdown) above which a phase is worth fixing.
-COMM_SHARE = 0.20           # exposed all-reduce time that backward did not hide
-DATA_SHARE = 0.15           # waiting for the next batch
-OTHER_SHARE = 0.15          # neither data, compute, communication nor optimizer: host-side work, syncs
-STALL_RATE = 0.5            # a logging interval below half the median samples/s is a stall...
-STALL_SHARE = 0.10          # ...and stalls costing this share of the training time are a finding
-EVAL_SHARE = 0.25           # evaluation (and checkpoints) against training time
-FIRST_EPOCH_SHARE = 0.25    # start-up that the first epoch paid, against the whole training time
-SMALL_BATCH = 8             # heuristic per-device batch below which kernels and collectives are mostly overhead
-WARMUP_LR_FACTOR = 8        # LR scaled up this much or more without warmup (Goyal et al. warm up at 32x)
-STRAGGLER_RATIO = 1.3       # a rank's CPU against the median of the others, while all ranks are busy...
-STRAGGLER_SHARE = 0.15      # ...in this share of the monitor samples or more...
-STRAGGLER_DOMINANCE = 2     # ...and this many times as often as any other rank leads that way
-STRAGGLER_MIN_SAMPLES = 3   # ...and in at least this many samples: once in a short run is chance (a healthy run led once in 6)
-IDLE_DEVICE_SHARE = 0.2     # a GPU idle in this share of the monitor's samples (start-up and evaluation included)
-ALONE_SHARE = 0.15          # rank 0 busy while every other rank idles, for this share of the monitored time
+COMM_SHARE = 0.20  # exposed all-reduce time that backward did not hide
+DATA_SHARE = 0.15  # waiting for the next batch
+OTHER_SHARE = 0.15  # neither data, compute, communication nor optimizer: host-side work, syncs
+STALL_RATE = 0.5  # a logging interval below half the median samples/s is a stall...
+STALL_SHARE = 0.10  # ...and stalls costing this share of the training time are a finding
+EVAL_SHARE = 0.25  # evaluation (and checkpoints) against training time
+FIRST_EPOCH_SHARE = 0.25  # start-up that the first epoch paid, against the whole training time
+SMALL_BATCH = 8  # heuristic per-device batch below which kernels and collectives are mostly overhead
+WARMUP_LR_FACTOR = 8  # LR scaled up this much or more without warmup (Goyal et al. warm up at 32x)
+STRAGGLER_RATIO = 1.3  # a rank's CPU against the median of the others, while all ranks are busy...
+STRAGGLER_SHARE = 0.15  # ...in this share of the monitor samples or more...
+STRAGGLER_DOMINANCE = 2  # ...and this many times as often as any other rank leads that way
+STRAGGLER_MIN_SAMPLES = (
+    3  # ...and in at least this many samples: once in a short run is chance (a healthy run led once in 6)
+)
+IDLE_DEVICE_SHARE = 0.2  # a GPU idle in this share of the monitor's samples (start-up and evaluation included)
+ALONE_SHARE = 0.15  # rank 0 busy while every other rank idles, for this share of the monitored time
 # Oversubscription model: a rank on its own cores computes at this fraction of the machine's measured
 # matmul peak (summary mfu_peak). cifar10-cnn reached 13 % of it here and the gpt models 49-74 %
 # (docs/doctor.md, docs/workloads.md), so 10 % is the conservative end on a quiet machine; other work on
@@ -38,13 +42,16 @@ FIXED_MFU = 0.10
 
 def _steps_text(ev: RunEvidence) -> str:
     b = ev.breakdown
-    return (f"step {ms(ev.step_s)}: data {ms(b['data_s'])}, compute {ms(b['compute_s'])}, comm {ms(b['comm_s'])}, "
-            f"optimizer {ms(b['optimizer_s'])}, other {ms(b['other_s'])}")
+    return (
+        f"step {ms(ev.step_s)}: data {ms(b['data_s'])}, compute {ms(b['compute_s'])}, comm {ms(b['comm_s'])}, "
+        f"optimizer {ms(b['optimizer_s'])}, other {ms(b['other_s'])}"
+    )
 
 
 # -- run checks ---------------------------------------------------------------------------------
 
-def oversubscription(ev: RunEvidence) -> Optional[Finding]:
+
+def oversubscription(ev: RunEvidence) -> Finding | None:
     cores, threads, n = ev.cores, ev.threads, ev.workers
     if not (ev.on_cpu and cores and threads) or n * threads <= cores:
         return None
@@ -57,8 +64,9 @@ def oversubscription(ev: RunEvidence) -> Optional[Finding]:
     if ev.rank_samples:
         counts = [max(s["num_threads"] for s in samples) for samples in ev.rank_samples.values()]
         seen = f"; the monitor counted {', '.join(map(str, counts))} threads per rank"
-    evidence = (f"{n} ranks x {threads} threads = {n * threads} threads on {cores} cores{seen}; "
-                + (_steps_text(ev) if ev.breakdown else f"wall time {ev.summary.get('wall_time_s', 0):.1f} s"))
+    evidence = f"{n} ranks x {threads} threads = {n * threads} threads on {cores} cores{seen}; " + (
+        _steps_text(ev) if ev.breakdown else f"wall time {ev.summary.get('wall_time_s', 0):.1f} s"
+    )
     flops, peak = ev.summary.get("flops_per_sample"), (ev.summary.get("mfu_peak") or {}).get("per_device")
     batch = ev.summary.get("batch_size", 0) * ev.summary.get("grad_accum", 1)
     if flops and peak and batch and ev.breakdown.get("compute_s"):
@@ -66,21 +74,32 @@ def oversubscription(ev: RunEvidence) -> Optional[Finding]:
         predicted_compute = flops * batch / (peak / threads * fixed_threads * FIXED_MFU)
         factor = max(1.0, ev.breakdown["compute_s"] / predicted_compute)
         saving = 1 - 1 / factor
-        gain = (f"{factor:.1f}x faster on a quiet machine: at {FIXED_MFU:.0%} of the measured matmul peak a rank's compute takes "
-                f"{ms(predicted_compute)} per step, against {ms(ev.breakdown['compute_s'])} measured; every phase of the "
-                "step is slowed alike, so the whole step shrinks by that factor")
+        gain = (
+            f"{factor:.1f}x faster on a quiet machine: at {FIXED_MFU:.0%} of the measured matmul peak a rank's compute "
+            "takes "
+            f"{ms(predicted_compute)} per step, against {ms(ev.breakdown['compute_s'])} measured; every phase of the "
+            "step is slowed alike, so the whole step shrinks by that factor"
+        )
     else:
         saving = 0.5
-        gain = "not predicted (no FLOP count or peak in the summary); oversubscribed runs are often several times slower"
+        gain = (
+            "not predicted (no FLOP count or peak in the summary); oversubscribed runs are often several times slower"
+        )
     return Finding(
-        "oversubscription", f"{n * threads} threads compete for {cores} cores", evidence,
+        "oversubscription",
+        f"{n * threads} threads compete for {cores} cores",
+        evidence,
         "threads of different ranks time-slice on the same cores; a thread waiting at an operator's barrier for a "
         "descheduled sibling spins away the time slice, so every phase of the step slows down, not only compute "
         "(the other timing findings were measured in this state: fix this first, then diagnose again)",
-        rerun_command(ev, **changes), gain, saving, rerun=changes)
+        rerun_command(ev, **changes),
+        gain,
+        saving,
+        rerun=changes,
+    )
 
 
-def exposed_communication(ev: RunEvidence) -> Optional[Finding]:
+def exposed_communication(ev: RunEvidence) -> Finding | None:
     if ev.workers < 2 or ev.is_script or ev.share("comm_s") < COMM_SHARE:
         return None
     b = ev.breakdown
@@ -88,10 +107,15 @@ def exposed_communication(ev: RunEvidence) -> Optional[Finding]:
     g, new_step, saving = accumulation(b["data_s"] + b["compute_s"], b["optimizer_s"] + b["other_s"], b["comm_s"])
     batch = ev.summary.get("batch_size", ev.config.get("batch_size"))
     # CPU ranks with cores of their own average faster through shared memory than through gloo's sockets.
-    shm = (ev.on_cpu and ev.summary.get("allreduce") not in (None, "shm") and ev.resolved.get("cpu_sets")
-           and ev.config.get("allreduce") == "backend")
+    shm = (
+        ev.on_cpu
+        and ev.summary.get("allreduce") not in (None, "shm")
+        and ev.resolved.get("cpu_sets")
+        and ev.config.get("allreduce") == "backend"
+    )
     return Finding(
-        "exposed_communication", f"{pct(ev.share('comm_s'))} of every step is spent in all-reduce that backward does not hide",
+        "exposed_communication",
+        f"{pct(ev.share('comm_s'))} of every step is spent in all-reduce that backward does not hide",
         f"{_steps_text(ev)}; {ev.workers} workers, {batch} samples per worker per step",
         "the gradients' all-reduce costs the same whatever the batch, and this batch's forward and backward are too "
         "short to hide it (a large model and a small per-worker batch)",
@@ -99,10 +123,13 @@ def exposed_communication(ev: RunEvidence) -> Optional[Finding]:
         f"{batch * g} if it fits in memory; the global batch grows {g}x and the LR follows --lr-scaling)"
         + (f"; and average through shared memory: {rerun_command(ev, allreduce='auto')}" if shm else ""),
         f"{speedup(saving)} per sample: {g} micro-steps share one all-reduce ({ms(new_step)} per {g} micro-steps "
-        f"against {ms(g * ev.step_s)})", saving, rerun={"grad_accum": accum * g})
+        f"against {ms(g * ev.step_s)})",
+        saving,
+        rerun={"grad_accum": accum * g},
+    )
 
 
-def data_wait(ev: RunEvidence) -> Optional[Finding]:
+def data_wait(ev: RunEvidence) -> Finding | None:
     if ev.is_script or ev.share("data_s") < DATA_SHARE:
         return None
     b = ev.breakdown
@@ -111,22 +138,30 @@ def data_wait(ev: RunEvidence) -> Optional[Finding]:
     spare = ev.cores is not None and ev.threads is not None and ev.cores > ev.workers * ev.threads
     dataset = ev.summary.get("dataset") or ev.config.get("dataset") or ev.config.get("workload")
     remedy = rerun_command(ev, loader_workers=max(2, 2 * loaders))
-    remedy += (" (batches prepared in worker processes while the step runs)" if spare else
-               " needs spare cores to overlap: here the ranks take every core, so also make the dataset's "
-               f"__getitem__ cheaper ({dataset}: decode and transform once, keep tensors in memory)")
+    remedy += (
+        " (batches prepared in worker processes while the step runs)"
+        if spare
+        else " needs spare cores to overlap: here the ranks take every core, so also make the dataset's "
+        f"__getitem__ cheaper ({dataset}: decode and transform once, keep tensors in memory)"
+    )
     return Finding(
-        "data_wait", f"ranks wait for data {pct(ev.share('data_s'))} of every step",
+        "data_wait",
+        f"ranks wait for data {pct(ev.share('data_s'))} of every step",
         f"{_steps_text(ev)}; --loader-workers {loaders}; dataset {dataset}",
-        "preparing a batch (reading, decoding, transforming samples) takes longer than the GPU/CPU needs to train on it, "
+        "preparing a batch (reading, decoding, transforming samples) takes longer than the GPU/CPU needs to train on "
+        "it, "
         "and it happens in the rank's own process, between steps",
-        remedy, f"{speedup(saving)} if the data time is hidden entirely (data_s -> 0)", saving,
-        rerun={"loader_workers": max(2, 2 * loaders)})
+        remedy,
+        f"{speedup(saving)} if the data time is hidden entirely (data_s -> 0)",
+        saving,
+        rerun={"loader_workers": max(2, 2 * loaders)},
+    )
 
 
 def _stalls(ev: RunEvidence) -> tuple[int, float]:
     """Logging intervals slower than STALL_RATE x the median, and the time they lost."""
     steps = [e for e in ev.step_events if e.get("samples_per_s")]
-    steps = steps[1:]          # the first interval includes warm-up (allocations, first kernels)
+    steps = steps[1:]  # the first interval includes warm-up (allocations, first kernels)
     if len(steps) < 4:
         return 0, 0.0
     median = statistics.median(e["samples_per_s"] for e in steps)
@@ -141,7 +176,7 @@ def _stalls(ev: RunEvidence) -> tuple[int, float]:
     return count, lost
 
 
-def host_sync_stalls(ev: RunEvidence) -> Optional[Finding]:
+def host_sync_stalls(ev: RunEvidence) -> Finding | None:
     if ev.is_script or not ev.breakdown:
         return None
     count, lost = _stalls(ev)
@@ -152,18 +187,24 @@ def host_sync_stalls(ev: RunEvidence) -> Optional[Finding]:
     other = ev.breakdown["other_s"]
     log_every = int(ev.config.get("log_every") or 50)
     saving = max(ev.share("other_s"), stall_share)
-    remedy = ("code change: do not read tensors on the host every step (loss.item(), .cpu(), print(tensor), "
-              "if tensor: ...); keep running sums on the device and read them every N steps")
+    remedy = (
+        "code change: do not read tensors on the host every step (loss.item(), .cpu(), print(tensor), "
+        "if tensor: ...); keep running sums on the device and read them every N steps"
+    )
     if log_every < 10:
         remedy = f"{rerun_command(ev, log_every=50)} (each log point reads the loss on the host); also: " + remedy
     return Finding(
-        "host_sync_stalls", f"{pct(saving)} of the training time goes to host-side waits between the phases",
+        "host_sync_stalls",
+        f"{pct(saving)} of the training time goes to host-side waits between the phases",
         f"other {ms(other)} of a {ms(ev.step_s)} step ({pct(ev.share('other_s'))}); {count} logging interval(s) below "
         f"{STALL_RATE:.0%} of the median samples/s, losing {lost:.2f} s of {train_s:.1f} s",
         "the host waits for the device or for Python work outside the measured phases: a synchronising read of a "
         "tensor, logging, or a slow callback every step",
-        remedy, f"{speedup(saving)} if that time goes to training", saving,
-        rerun={"log_every": 50} if log_every < 10 else None)
+        remedy,
+        f"{speedup(saving)} if that time goes to training",
+        saving,
+        rerun={"log_every": 50} if log_every < 10 else None,
+    )
 
 
 def _monitored_states(ev: RunEvidence) -> list[dict[int, float]]:
@@ -176,7 +217,7 @@ def _monitored_states(ev: RunEvidence) -> list[dict[int, float]]:
     return [v for _, v in sorted(by_time.items()) if set(v) == ranks]
 
 
-def rank0_alone(ev: RunEvidence) -> Optional[Finding]:
+def rank0_alone(ev: RunEvidence) -> Finding | None:
     states = _monitored_states(ev)
     if len(ev.rank_samples) < 2 or len(states) < 4:
         return None
@@ -188,24 +229,28 @@ def rank0_alone(ev: RunEvidence) -> Optional[Finding]:
     n = len(ev.rank_samples)
     saving = share * (1 - 1 / n)
     return Finding(
-        "rank0_alone", f"rank 0 works alone {pct(share)} of the time while the other {n - 1} rank(s) idle",
+        "rank0_alone",
+        f"rank 0 works alone {pct(share)} of the time while the other {n - 1} rank(s) idle",
         f"{len(alone)} of {len(states)} monitor samples: rank 0 at {statistics.median(s[0] for s in alone):.0f} % CPU, "
         f"the others below {IDLE_CPU_PERCENT:.0f} %; all ranks busy in {len(together)} samples",
         "work only rank 0 does, typically evaluation (or checkpointing, logging) under `if rank == 0:` while the other "
         "ranks wait at the next collective",
         "code change: evaluate on every rank (a DistributedSampler over the test set, then all_reduce the sums of loss "
-        "and correct predictions), or evaluate less often" + (f"; rerun with {rerun_command(ev)}" if ev.is_script else ""),
-        f"{speedup(saving)}: the lone work split over {n} ranks takes 1/{n} of the time", saving)
+        "and correct predictions), or evaluate less often"
+        + (f"; rerun with {rerun_command(ev)}" if ev.is_script else ""),
+        f"{speedup(saving)}: the lone work split over {n} ranks takes 1/{n} of the time",
+        saving,
+    )
 
 
-def straggler(ev: RunEvidence) -> Optional[Finding]:
+def straggler(ev: RunEvidence) -> Finding | None:
     """A rank that, sample after sample, burns more CPU than the others while they all run: the others
     are waiting for it. Noise (start-up, imports) makes every rank the busiest now and then; a
     straggler is the busiest far more often than any other rank."""
     states = [s for s in _monitored_states(ev) if all(v >= IDLE_CPU_PERCENT for v in s.values())]
     if len(ev.rank_samples) < 2 or len(states) < 4:
         return None
-    ahead: dict[int, list[float]] = {r: [] for r in ev.rank_samples}     # per rank: others / it, when it leads
+    ahead: dict[int, list[float]] = {r: [] for r in ev.rank_samples}  # per rank: others / it, when it leads
     for s in states:
         lead = max(s, key=s.get)
         others = statistics.median(v for r, v in s.items() if r != lead)
@@ -219,17 +264,20 @@ def straggler(ev: RunEvidence) -> Optional[Finding]:
     ratio = statistics.mean(ahead[slow])
     saving = share * (1 - ratio)
     return Finding(
-        "straggler", f"rank {slow} is a straggler: the others wait for it {pct(share)} of the time",
+        "straggler",
+        f"rank {slow} is a straggler: the others wait for it {pct(share)} of the time",
         f"in {len(ahead[slow])} of {len(states)} monitor samples with every rank running, rank {slow} used "
         f"{1 / ratio:.1f}x the CPU of the others (median); another rank led that way in at most {rest}",
         f"rank {slow} has more work or a slower core (uneven data shards, extra work under `if rank == {slow}`, "
         "another process on its core); synchronous training goes at the pace of the slowest rank",
         "code change: give every rank the same work (equal shards from a DistributedSampler, no rank-specific work in "
         f"the step); the per-rank CPU % is in {ev.path}/system.jsonl and on the report's timelines",
-        f"{speedup(saving)} if rank {slow} did the others' amount of work in that time", saving)
+        f"{speedup(saving)} if rank {slow} did the others' amount of work in that time",
+        saving,
+    )
 
 
-def evaluation_share(ev: RunEvidence) -> Optional[Finding]:
+def evaluation_share(ev: RunEvidence) -> Finding | None:
     phases = ev.phases()
     train = sum(p.end - p.start for p in phases if p.kind == "train")
     evaluation = sum(p.end - p.start for p in phases if p.kind == "eval")
@@ -241,23 +289,31 @@ def evaluation_share(ev: RunEvidence) -> Optional[Finding]:
         during = idle_fractions(ev, [p for p in phases if p.kind == "eval"])
         idle = "; idle during evaluation: " + ", ".join(f"{d} {pct(f)}" for d, f in during.items())
     return Finding(
-        "evaluation_share", f"evaluation and checkpoints take {pct(saving)} of the run",
+        "evaluation_share",
+        f"evaluation and checkpoints take {pct(saving)} of the run",
         f"{evaluation:.1f} s between epochs against {train:.1f} s of training over {len(ev.epochs)} epoch(s){idle}",
         "the held-out set is evaluated after every epoch, and its size is large next to the training set's",
         "evaluate a smaller held-out subset or every few epochs (code change; text workloads: --eval-samples)",
-        f"{speedup(saving * 0.5)} if evaluation took half as long", saving * 0.5)
+        f"{speedup(saving * 0.5)} if evaluation took half as long",
+        saving * 0.5,
+    )
 
 
-def first_epoch_overhead(ev: RunEvidence) -> Optional[Finding]:
+def first_epoch_overhead(ev: RunEvidence) -> Finding | None:
     times = ev.epoch_times
     if len(times) == 1 and not ev.is_script:
         return Finding(
-            "first_epoch_overhead", "the run's throughput includes start-up: it has a single epoch",
+            "first_epoch_overhead",
+            "the run's throughput includes start-up: it has a single epoch",
             f"one epoch of {times[0]:.2f} s; epoch_time_s and samples_per_s are that epoch's",
             "the first epoch pays for start-up (allocation, first kernels, caches, process-group set-up); a one-epoch "
             "timing mistakes that for the steady state",
             rerun_command(ev, epochs=2) + " (the summary then times the epochs after the first)",
-            "none in training speed; a truthful steady-state figure", None, "advice", rerun={"epochs": 2})
+            "none in training speed; a truthful steady-state figure",
+            None,
+            "advice",
+            rerun={"epochs": 2},
+        )
     if len(times) < 2:
         return None
     steady = statistics.median(times[1:])
@@ -265,45 +321,59 @@ def first_epoch_overhead(ev: RunEvidence) -> Optional[Finding]:
     if share < FIRST_EPOCH_SHARE:
         return None
     return Finding(
-        "first_epoch_overhead", f"start-up costs {pct(share)} of the training time",
+        "first_epoch_overhead",
+        f"start-up costs {pct(share)} of the training time",
         f"first epoch {times[0]:.2f} s against {steady:.2f} s for the others ({times[0] / steady:.1f}x)",
         "start-up (compilation, allocator warm-up, caches filling) is paid once; short runs and timings that include "
         "the first epoch overstate the cost of training",
         "compare epoch_time_s (which excludes the first epoch), not wall time; longer runs amortise it",
-        "none in steady-state speed; start-up shrinks relative to longer runs", None, "advice")
+        "none in steady-state speed; start-up shrinks relative to longer runs",
+        None,
+        "advice",
+    )
 
 
-def small_device_batch(ev: RunEvidence) -> Optional[Finding]:
+def small_device_batch(ev: RunEvidence) -> Finding | None:
     batch = ev.summary.get("batch_size") or ev.config.get("batch_size")
     if ev.is_script or not batch or batch >= SMALL_BATCH:
         return None
     return Finding(
-        "small_device_batch", f"per-device batch {batch} is small (heuristic: below {SMALL_BATCH})",
-        f"--batch-size {batch} on {ev.workers} worker(s); no batch-size measurement in this run (heuristic, not measured)",
+        "small_device_batch",
+        f"per-device batch {batch} is small (heuristic: below {SMALL_BATCH})",
+        f"--batch-size {batch} on {ev.workers} worker(s); no batch-size measurement in this run (heuristic, not "
+        "measured)",
         "each step pays fixed costs (kernel launches, Python, the all-reduce) that a small batch does not amortise",
         f"{rerun_command(ev, batch_size=SMALL_BATCH)}; or measure the throughput knee with a sweep over batch_size",
-        "not predicted (heuristic); measure it with a batch-size sweep", None, "advice",
-        rerun={"batch_size": SMALL_BATCH})
+        "not predicted (heuristic); measure it with a batch-size sweep",
+        None,
+        "advice",
+        rerun={"batch_size": SMALL_BATCH},
+    )
 
 
-def global_batch_sqrt_n(ev: RunEvidence) -> Optional[Finding]:
+def global_batch_sqrt_n(ev: RunEvidence) -> Finding | None:
     n_train = ev.resolved.get("train_samples")
     g = ev.summary.get("global_batch_size") or ev.resolved.get("global_batch_size")
     if not n_train or not g or g <= math.sqrt(n_train):
         return None
     per_worker = max(1, int(math.sqrt(n_train)) // (ev.workers * int(ev.summary.get("grad_accum", 1))))
     return Finding(
-        "global_batch_sqrt_n", f"global batch {g} exceeds the sqrt(N) = {math.sqrt(n_train):.0f} guidance",
-        f"global batch {g} ({ev.workers} workers x {ev.summary.get('batch_size')}) for N = {n_train:,} training samples; "
+        "global_batch_sqrt_n",
+        f"global batch {g} exceeds the sqrt(N) = {math.sqrt(n_train):.0f} guidance",
+        f"global batch {g} ({ev.workers} workers x {ev.summary.get('batch_size')}) for N = {n_train:,} training "
+        "samples; "
         f"{math.ceil(n_train / g)} steps per epoch",
         "few, large steps per epoch: large batches generalise worse (Keskar et al. 2016) unless the LR is scaled and "
         "warmed up; HPC centres' rule of thumb keeps the global batch under sqrt(N)",
         rerun_command(ev, batch_size=per_worker),
-        "accuracy, not time (a rule of thumb, no number predicted); compare the held-out accuracy of both runs", None, "advice",
-        rerun={"batch_size": per_worker})
+        "accuracy, not time (a rule of thumb, no number predicted); compare the held-out accuracy of both runs",
+        None,
+        "advice",
+        rerun={"batch_size": per_worker},
+    )
 
 
-def no_warmup(ev: RunEvidence) -> Optional[Finding]:
+def no_warmup(ev: RunEvidence) -> Finding | None:
     if ev.is_script:
         return None
     g, ref = ev.resolved.get("global_batch_size"), ev.resolved.get("reference_batch_size")
@@ -316,58 +386,87 @@ def no_warmup(ev: RunEvidence) -> Optional[Finding]:
     epochs = int(ev.config.get("epochs") or 1)
     warmup = min(5.0, epochs / 4)
     return Finding(
-        "no_warmup", f"the LR starts at {factor:.0f}x the base LR without warmup",
+        "no_warmup",
+        f"the LR starts at {factor:.0f}x the base LR without warmup",
         f"global batch {g} against the base batch {ref}: --lr-scaling {rule} multiplied --lr {ev.config.get('lr')} by "
         f"{factor:.1f} from the first step; --warmup-epochs 0",
-        "a large scaled LR applied to the untrained network diverges or lands in a worse region early (Goyal et al. 2017 "
+        "a large scaled LR applied to the untrained network diverges or lands in a worse region early (Goyal et al. "
+        "2017 "
         "ramp it up over 5 epochs)",
         rerun_command(ev, warmup_epochs=warmup),
-        "accuracy and stability, not time (Goyal et al.: with warmup, batch 8192 matched batch 256's accuracy)", None, "advice",
-        rerun={"warmup_epochs": warmup})
+        "accuracy and stability, not time (Goyal et al.: with warmup, batch 8192 matched batch 256's accuracy)",
+        None,
+        "advice",
+        rerun={"warmup_epochs": warmup},
+    )
 
 
-def contended(ev: RunEvidence) -> Optional[Finding]:
+def contended(ev: RunEvidence) -> Finding | None:
     load = ev.summary.get("machine_load") or {}
     if not load.get("contended"):
         return None
     return Finding(
-        "contended", f"other work took {pct(load['other_fraction'])} of the run's cores: its timings are unreliable",
+        "contended",
+        f"other work took {pct(load['other_fraction'])} of the run's cores: its timings are unreliable",
         f"machine_load: {load['other_cpu_s']:.1f} CPU s of other work and {load.get('steal_s', 0):.1f} s stolen on "
         f"{load['cores']} core(s) over {load['wall_s']:.1f} s",
         "another process (or the hypervisor) ran on the run's cores while it trained",
         "rerun when the machine is quiet, or measure with repeats: paratrain scale --repeats 3 ...",
-        "unknown: the run's own speed could not be measured", None, "advice")
+        "unknown: the run's own speed could not be measured",
+        None,
+        "advice",
+    )
 
 
-def idle_devices(ev: RunEvidence) -> Optional[Finding]:
+def idle_devices(ev: RunEvidence) -> Finding | None:
     """GPUs whose utilisation (NVML, sampled by the monitor) stayed low in a share of the run: a symptom,
     whose causes the other findings name with their gains."""
-    idle = {label: share for label, share in idle_fractions(ev).items()
-            if label.startswith("GPU") and share >= IDLE_DEVICE_SHARE}
+    idle = {
+        label: share
+        for label, share in idle_fractions(ev).items()
+        if label.startswith("GPU") and share >= IDLE_DEVICE_SHARE
+    }
     if not idle:
         return None
     samples = {i: len(s) for i, s in ev.gpu_samples.items()}
     return Finding(
-        "idle_devices", f"{', '.join(idle)} idle {pct(max(idle.values()))} of the run",
+        "idle_devices",
+        f"{', '.join(idle)} idle {pct(max(idle.values()))} of the run",
         "share of the monitor's samples with utilisation under "
-        f"{IDLE_CPU_PERCENT:.0f} %: " + ", ".join(f"{label} {pct(share)} of {samples[int(label.split()[1])]}"
-                                                  for label, share in idle.items()),
+        f"{IDLE_CPU_PERCENT:.0f} %: "
+        + ", ".join(f"{label} {pct(share)} of {samples[int(label.split()[1])]}" for label, share in idle.items()),
         "a GPU idles while its rank waits: for data, for another rank (evaluation or checkpoints on one rank, a "
         "straggler), for the host (syncs, Python between kernels), or at start-up and between epochs",
         "fix the findings with a predicted gain first, in their order; when none names a cause, launch the script "
         "under the probe (without --no-probe), or trace a few steps with torch.profiler and read them with Holistic "
-        "Trace Analysis' idle-time breakdown", "not predicted: idle time is a symptom; the findings of its causes "
-        "carry the gains", None, "advice")
+        "Trace Analysis' idle-time breakdown",
+        "not predicted: idle time is a symptom; the findings of its causes carry the gains",
+        None,
+        "advice",
+    )
 
 
-RUN_CHECKS: tuple[Callable[[RunEvidence], Optional[Finding]], ...] = (
-    contended, oversubscription, exposed_communication, data_wait, host_sync_stalls, straggler, rank0_alone,
-    evaluation_share, first_epoch_overhead, small_device_batch, global_batch_sqrt_n, no_warmup, idle_devices)
+RUN_CHECKS: tuple[Callable[[RunEvidence], Finding | None], ...] = (
+    contended,
+    oversubscription,
+    exposed_communication,
+    data_wait,
+    host_sync_stalls,
+    straggler,
+    rank0_alone,
+    evaluation_share,
+    first_epoch_overhead,
+    small_device_batch,
+    global_batch_sqrt_n,
+    no_warmup,
+    idle_devices,
+)
 
 
 # -- study and sweep checks ----------------------------------------------------------------------
 
-def lr_not_scaled(study: dict[str, Any], configs: dict[str, dict[str, Any]]) -> Optional[Finding]:
+
+def lr_not_scaled(study: dict[str, Any], configs: dict[str, dict[str, Any]]) -> Finding | None:
     """Weak scaling grew the global batch while the LR stayed put."""
     rows = [r for r in study["rows"] if r.get("point", "scaling") == "scaling"]
     if study.get("mode") != "weak" or len(rows) < 2:
@@ -379,21 +478,28 @@ def lr_not_scaled(study: dict[str, Any], configs: dict[str, dict[str, Any]]) -> 
         return None
     grow = last["global_batch_size"] / first["global_batch_size"]
     return Finding(
-        "lr_not_scaled", f"weak scaling grew the global batch {grow:.0f}x but not the LR",
+        "lr_not_scaled",
+        f"weak scaling grew the global batch {grow:.0f}x but not the LR",
         f"global batch {first['global_batch_size']} -> {last['global_batch_size']}, LR {first['lr']:g} at every point "
         f"(--lr-scaling none); accuracy {first['val_accuracy']:.1%} -> {last['val_accuracy']:.1%}",
         "with k times the batch, SGD takes k times fewer steps of the same size: it covers less distance per epoch "
         "(Goyal et al. 2017 scale the LR linearly, with warmup)",
         f"paratrain scale --workers {','.join(str(r['workers']) for r in rows)} --lr-scaling linear --warmup-epochs 1 "
         "(plus the study's other flags)",
-        "accuracy per epoch, not time (the linear scaling rule; no number predicted)", None, "advice")
+        "accuracy per epoch, not time (the linear scaling rule; no number predicted)",
+        None,
+        "advice",
+    )
 
 
-def batch_knee(trials: list[dict[str, Any]], best: dict[str, Any]) -> Optional[Finding]:
+def batch_knee(trials: list[dict[str, Any]], best: dict[str, Any]) -> Finding | None:
     """A sweep over batch_size measured throughput per batch: is the chosen batch below the knee
     (the smallest batch within 5 % of the best samples/s)?"""
-    done = [t for t in trials if t["state"] == "COMPLETE" and "batch_size" in t["params"]
-            and t["metrics"].get("samples_per_s")]
+    done = [
+        t
+        for t in trials
+        if t["state"] == "COMPLETE" and "batch_size" in t["params"] and t["metrics"].get("samples_per_s")
+    ]
     if not best or "batch_size" not in best.get("params", {}) or len({t["params"]["batch_size"] for t in done}) < 3:
         return None
     rates: dict[int, float] = {}
@@ -406,9 +512,12 @@ def batch_knee(trials: list[dict[str, Any]], best: dict[str, Any]) -> Optional[F
         return None
     saving = 1 - rates[chosen] / rates[knee]
     return Finding(
-        "batch_below_knee", f"the best trial's batch {chosen} is below the throughput knee ({knee})",
+        "batch_below_knee",
+        f"the best trial's batch {chosen} is below the throughput knee ({knee})",
         "samples/s by batch: " + ", ".join(f"{b}: {rates[b]:,.0f}" for b in sorted(rates)),
         "a small per-device batch leaves the device under-used: each step's fixed costs dominate",
         f"train with --batch-size {knee} (and the LR scaled with it, --lr-scaling linear), or keep {chosen} if its "
         "accuracy is worth the time",
-        f"{speedup(saving)} per sample ({rates[knee]:,.0f} against {rates[chosen]:,.0f} samples/s, measured)", saving)
+        f"{speedup(saving)} per sample ({rates[knee]:,.0f} against {rates[chosen]:,.0f} samples/s, measured)",
+        saving,
+    )

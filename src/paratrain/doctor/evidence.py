@@ -3,28 +3,31 @@
 Only files are read (config.json, summary.json, metrics.jsonl, system.jsonl), never live objects,
 so a finished, failed or copied run can be diagnosed anywhere.
 """
+
 from __future__ import annotations
 
 import json
 import shlex
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from paratrain.errors import UsageError
 from paratrain.measure.monitor import SYSTEM_FILE
 from paratrain.runs import RunDir
 
 PHASES = ("data_s", "compute_s", "comm_s", "optimizer_s", "other_s")
-IDLE_CPU_PERCENT = 10.0     # a rank below this CPU % (100 = one core) is idle; a GPU below this utilisation too
+IDLE_CPU_PERCENT = 10.0  # a rank below this CPU % (100 = one core) is idle; a GPU below this utilisation too
 
 
 @dataclass
 class Phase:
     """A span of the run on the unix clock: an epoch's training, or the evaluation (and checkpoint)
     between one epoch's end and the next one's start."""
-    kind: str           # "train" or "eval"
+
+    kind: str  # "train" or "eval"
     epoch: int
     start: float
     end: float
@@ -53,7 +56,7 @@ class RunEvidence:
         return int(self.summary.get("workers") or self.config.get("workers") or self.config.get("nproc") or 1)
 
     @property
-    def threads(self) -> Optional[int]:
+    def threads(self) -> int | None:
         return self.resolved.get("threads_per_worker") or self.config.get("threads_per_worker")
 
     @property
@@ -61,7 +64,7 @@ class RunEvidence:
         return self.resolved.get("device", "cpu") == "cpu" and not self.gpu_samples
 
     @property
-    def cores(self) -> Optional[int]:
+    def cores(self) -> int | None:
         """Cores the ranks could run on: the launcher's measurement (machine_load) or the monitor's
         per-core readings."""
         load = self.summary.get("machine_load") or {}
@@ -100,12 +103,12 @@ class RunEvidence:
         return list(self.summary.get("epoch_times_s") or [e["epoch_time_s"] for e in self.epochs])
 
     @property
-    def steady_epoch_s(self) -> Optional[float]:
+    def steady_epoch_s(self) -> float | None:
         times = self.epoch_times
         return statistics.median(times[1:] or times) if times else None
 
     @property
-    def start_unix(self) -> Optional[float]:
+    def start_unix(self) -> float | None:
         """The unix time of the metrics' `time` 0, to line events up with system.jsonl.
 
         Events' `time` counts from the trainer's creation, while the `start` event's `unix_time` is
@@ -136,8 +139,12 @@ class RunEvidence:
     @property
     def has_steps(self) -> bool:
         """Anything measured: optimizer steps (a built-in run) or monitor samples of the ranks (a script)."""
-        return bool(self.epochs or self.summary.get("breakdown") or self.summary.get("steps")
-                    or any(s["kind"] == "rank" for s in self.system))
+        return bool(
+            self.epochs
+            or self.summary.get("breakdown")
+            or self.summary.get("steps")
+            or any(s["kind"] == "rank" for s in self.system)
+        )
 
     # -- probe (launched scripts: launch/probe.py, launch/probe_summary.py) ---------------------
     @property
@@ -192,26 +199,35 @@ def json_file(file: Path) -> dict[str, Any]:
 def read_run(path: Path) -> RunEvidence:
     run = RunDir(Path(path))
     summary = json_file(run.summary) if run.summary.is_file() else {}
-    return RunEvidence(path=run.path, config=json_file(run.config), summary=summary, events=_json_lines(run.metrics),
-                       system=system_samples(run.path))
+    return RunEvidence(
+        path=run.path,
+        config=json_file(run.config),
+        summary=summary,
+        events=_json_lines(run.metrics),
+        system=system_samples(run.path),
+    )
 
 
 def system_samples(path: Path) -> list[dict[str, Any]]:
     """The monitor's samples in PATH/system.jsonl, in time order."""
-    return sorted((s for s in _json_lines(path / SYSTEM_FILE) if isinstance(s, dict) and "time" in s and "kind" in s),
-                  key=lambda s: s["time"])
+    return sorted(
+        (s for s in _json_lines(path / SYSTEM_FILE) if isinstance(s, dict) and "time" in s and "kind" in s),
+        key=lambda s: s["time"],
+    )
 
 
-def idle_fractions(ev: RunEvidence, spans: Optional[Sequence[Phase]] = None) -> dict[str, float]:
+def idle_fractions(ev: RunEvidence, spans: Sequence[Phase] | None = None) -> dict[str, float]:
     """Per device ("rank R" for CPU ranks, "GPU I"), the share of monitor samples in which it was idle
     (CPU below IDLE_CPU_PERCENT of a core; GPU utilisation below the same percentage), over the whole
     run or only inside `spans`."""
+
     def inside(t: float) -> bool:
         return spans is None or any(p.start <= t <= p.end for p in spans)
 
     out = {}
-    for label, samples, key in ([(f"rank {r}", s, "cpu_percent") for r, s in ev.rank_samples.items()]
-                                + [(f"GPU {i}", s, "utilization_percent") for i, s in ev.gpu_samples.items()]):
+    for label, samples, key in [(f"rank {r}", s, "cpu_percent") for r, s in ev.rank_samples.items()] + [
+        (f"GPU {i}", s, "utilization_percent") for i, s in ev.gpu_samples.items()
+    ]:
         mine = [s for s in samples if inside(s["time"])]
         if mine:
             out[label] = sum(s[key] < IDLE_CPU_PERCENT for s in mine) / len(mine)
@@ -224,7 +240,7 @@ def idle_fractions(ev: RunEvidence, spans: Optional[Sequence[Phase]] = None) -> 
 _NOT_REPEATED = ("run_dir", "resume", "quiet", "resolved", "tensorboard", "mlflow", "mlflow_experiment")
 
 
-def rerun_command(ev: RunEvidence, run_dir: Optional[str] = None, **changes: Any) -> str:
+def rerun_command(ev: RunEvidence, run_dir: str | None = None, **changes: Any) -> str:
     """The command that reruns this run with `changes` (a value of None drops the flag), into a new
     run directory (beside the old one unless given)."""
     run_dir = run_dir or f"{ev.path}-fixed"

@@ -1,8 +1,9 @@
 """A finding of the doctor, and the few formats its texts share."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Optional
+from typing import Any
 
 
 @dataclass
@@ -13,11 +14,11 @@ class Finding:
     cause: str
     remedy: str
     predicted_gain: str
-    saving: Optional[float]     # predicted fraction of time saved; None: not a time finding (accuracy, advice)
+    saving: float | None  # predicted fraction of time saved; None: not a time finding (accuracy, advice)
     severity: str = ""
     # When the remedy is a paratrain flag: the configuration changes it makes (rerun_command's), which
     # `doctor --verify` applies; None for a code change or advice.
-    rerun: Optional[dict[str, Any]] = None
+    rerun: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not self.severity:
@@ -25,7 +26,7 @@ class Finding:
             self.severity = "advice" if s is None else "high" if s >= 0.3 else "medium" if s >= 0.1 else "low"
 
     @property
-    def predicted_speedup(self) -> Optional[float]:
+    def predicted_speedup(self) -> float | None:
         """The saving as a speed-up factor (2.0: twice as fast); None for advice."""
         return None if self.saving is None else 1 / max(1 - self.saving, 0.005)
 

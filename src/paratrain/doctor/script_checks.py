@@ -6,41 +6,43 @@ workers, DDP's). Each predicted gain is the step with the named phase changed as
 it, every other phase as measured: a stated model on the measured breakdown, not a floor.
 benchmarks/doctor_catalogue.py applies each remedy to a planted fault and measures the gain.
 """
+
 from __future__ import annotations
 
 import statistics
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from paratrain.doctor.evidence import RunEvidence, rerun_command
 from paratrain.doctor.finding import Finding, accumulation, ms, pct, speedup
 
-DATA_SHARE = 0.15           # waiting for the next batch, of the step
-COMM_SHARE = 0.20           # gradient all-reduce that backward did not hide, of the step
-EXTRA_ROUNDS = 1.5          # all-reduce rounds per optimizer step above which accumulation is not skipping them
-SYNCS_PER_STEP = 1.0       # host reads of device tensors per step (a loss printed every step is one)
-SYNC_SHARE = 0.05           # what removing them would save, of the step, before it is named
-COLLECTIVE_SHARE = 0.10     # the script's own blocking collectives (logging a global loss), of the step
-EVAL_SHARE = 0.20           # evaluation, of the run's step time
-CHECKPOINT_SHARE = 0.10     # torch.save, of the step
-STRAGGLER_EXCESS = 0.10     # one rank's extra busy time, of the step, that the others wait for...
-STRAGGLER_RATIO = 1.2       # ...and this much busier than the median of the others
+DATA_SHARE = 0.15  # waiting for the next batch, of the step
+COMM_SHARE = 0.20  # gradient all-reduce that backward did not hide, of the step
+EXTRA_ROUNDS = 1.5  # all-reduce rounds per optimizer step above which accumulation is not skipping them
+SYNCS_PER_STEP = 1.0  # host reads of device tensors per step (a loss printed every step is one)
+SYNC_SHARE = 0.05  # what removing them would save, of the step, before it is named
+COLLECTIVE_SHARE = 0.10  # the script's own blocking collectives (logging a global loss), of the step
+EVAL_SHARE = 0.20  # evaluation, of the run's step time
+CHECKPOINT_SHARE = 0.10  # torch.save, of the step
+STRAGGLER_EXCESS = 0.10  # one rank's extra busy time, of the step, that the others wait for...
+STRAGGLER_RATIO = 1.2  # ...and this much busier than the median of the others
 # A straggler whose excess is this share in forward and backward, both slower by factors within this
 # spread of each other, runs the same work on a slower core or device (slow_rank), not more work.
 SLOW_CORE_COMPUTE_SHARE = 2 / 3
 SLOW_CORE_SPREAD = 1.25
-UNEVEN_STEPS = 1.10         # the rank with the most steps against the mean
-FIXED_STEP_SHARE = 0.5      # step time that does not grow with the batch, of the step
-BATCH_TARGET_FIXED = 0.25   # the remedy's batch: the fewest doublings that bring a step's fixed costs under this
+UNEVEN_STEPS = 1.10  # the rank with the most steps against the mean
+FIXED_STEP_SHARE = 0.5  # step time that does not grow with the batch, of the step
+BATCH_TARGET_FIXED = 0.25  # the remedy's batch: the fewest doublings that bring a step's fixed costs under this
 MAX_BATCH_FACTOR = 32
 # Loader workers on the rank's own cores: below this predicted saving the model's error (the spread of the
 # few steps run with the workers stopped) decides the sign, so nothing is said.
 LOADER_MIN_SAVING = 0.02
-DDP_OVERHEAD_SHARE = 0.05   # DDP's own forward work with find_unused_parameters=True, of the step...
-DDP_OVERHEAD_SHARE_NONE_UNUSED = 0.01   # ...or this, when DDP found no unused parameter: a free remedy
+DDP_OVERHEAD_SHARE = 0.05  # DDP's own forward work with find_unused_parameters=True, of the step...
+DDP_OVERHEAD_SHARE_NONE_UNUSED = 0.01  # ...or this, when DDP found no unused parameter: a free remedy
 # The remedies' settings, which the predictions assume.
-EVAL_FRACTION = 8           # evaluate 1/8 of the held-out set (or every 8th time)
-CHECKPOINT_EVERY = 100      # save every 100 steps
-COLLECTIVE_EVERY = 50       # reduce a logged value every 50 steps
+EVAL_FRACTION = 8  # evaluate 1/8 of the held-out set (or every 8th time)
+CHECKPOINT_EVERY = 100  # save every 100 steps
+COLLECTIVE_EVERY = 50  # reduce a logged value every 50 steps
 
 
 def _mean(values: list[float]) -> float:
@@ -53,8 +55,11 @@ def _step(ev: RunEvidence) -> float:
 
 def _steps_text(ev: RunEvidence) -> str:
     p = ev.probe["phases_s"]
-    shown = [f"{name} {ms(p[name])}" for name in ("data", "forward", "backward", "comm", "collective", "optimizer",
-                                                   "eval", "checkpoint", "other") if p[name] >= 0.0005 * _step(ev)]
+    shown = [
+        f"{name} {ms(p[name])}"
+        for name in ("data", "forward", "backward", "comm", "collective", "optimizer", "eval", "checkpoint", "other")
+        if p[name] >= 0.0005 * _step(ev)
+    ]
     return f"step {ms(_step(ev))} (mean of {len(ev.probe_ranks)} ranks): " + ", ".join(shown)
 
 
@@ -62,7 +67,7 @@ def _code_change(text: str, ev: RunEvidence) -> str:
     return f"code change in {ev.config.get('script', 'the script')}: {text}"
 
 
-def threads(ev: RunEvidence) -> Optional[Finding]:
+def threads(ev: RunEvidence) -> Finding | None:
     """Torch's intra-op threads beyond the cores a rank has. Each rank measured the slow-down: of the
     model's own layers (copies timed at both thread counts) for forward and backward, and of a matrix
     product for the optimizer and evaluation (and for all four when no layer could be timed)."""
@@ -78,25 +83,35 @@ def threads(ev: RunEvidence) -> Optional[Finding]:
     saved = compute * (1 - 1 / layer_penalty) if layer_penalty > 1 else 0.0
     saved += rest * (1 - 1 / penalty) if penalty > 1 else 0.0
     saving = saved / _step(ev)
-    slower = (f"the model's layers {layer_penalty:.1f}x slower, a matrix product {penalty:.1f}x" if layered
-              else f"a matrix product {penalty:.1f}x slower (the model's layers could not be timed alone)")
+    slower = (
+        f"the model's layers {layer_penalty:.1f}x slower, a matrix product {penalty:.1f}x"
+        if layered
+        else f"a matrix product {penalty:.1f}x slower (the model's layers could not be timed alone)"
+    )
     launched_threads = ev.resolved.get("threads_per_worker")
-    if used == launched_threads:        # launch gave these threads: its own flag is the remedy
+    if used == launched_threads:  # launch gave these threads: its own flag is the remedy
         remedy = rerun_command(ev, threads_per_worker=fair, allow_oversubscribe=None)
     else:
-        remedy = _code_change(f"the script sets {used} threads: drop its torch.set_num_threads({used}) (launch sets "
-                              f"OMP_NUM_THREADS to the rank's cores) or use torch.set_num_threads(len(os.sched_getaffinity(0)))", ev)
+        remedy = _code_change(
+            f"the script sets {used} threads: drop its torch.set_num_threads({used}) (launch sets "
+            f"OMP_NUM_THREADS to the rank's cores) or use torch.set_num_threads(len(os.sched_getaffinity(0)))",
+            ev,
+        )
     return Finding(
-        "oversubscription", f"torch runs {used} threads on a rank that has {fair} core(s)",
+        "oversubscription",
+        f"torch runs {used} threads on a rank that has {fair} core(s)",
         f"{_steps_text(ev)}; on {used} threads against {fair}, measured in each rank: {slower}",
         "threads beyond the cores time-slice: each parallel operator waits at its barrier for "
         "threads that are not running, so every multi-threaded phase slows down",
-        remedy, f"{speedup(saving)}: forward and backward ({ms(compute)} a step) run {layer_penalty:.1f}x faster, "
-        f"optimizer and evaluation ({ms(rest)}) {penalty:.1f}x, the rest as measured", saving,
-        rerun={"threads_per_worker": fair, "allow_oversubscribe": None} if used == launched_threads else None)
+        remedy,
+        f"{speedup(saving)}: forward and backward ({ms(compute)} a step) run {layer_penalty:.1f}x faster, "
+        f"optimizer and evaluation ({ms(rest)}) {penalty:.1f}x, the rest as measured",
+        saving,
+        rerun={"threads_per_worker": fair, "allow_oversubscribe": None} if used == launched_threads else None,
+    )
 
 
-def data_wait(ev: RunEvidence) -> Optional[Finding]:
+def data_wait(ev: RunEvidence) -> Finding | None:
     ranks = ev.probe_ranks
     data, cpu = _mean(ev.rank_phase("data")), _mean([r["data_cpu_s"] for r in ranks])
     if not ranks or data / _step(ev) < DATA_SHARE:
@@ -104,7 +119,7 @@ def data_wait(ev: RunEvidence) -> Optional[Finding]:
     workers = max(int(r.get("loader_workers", 0)) for r in ranks)
     spare = all(r.get("cpu_affinity", 1) > r.get("threads", 1) for r in ranks)
     if workers and not spare and any(r.get("paused_steps") for r in ranks):
-        return None     # the workers crowd the rank's cores: more would wait longer (loader_workers measured it)
+        return None  # the workers crowd the rank's cores: more would wait longer (loader_workers measured it)
     # Loader workers prepare batches while the step runs. The rank's waiting (reads) is hidden either
     # way; the CPU part (decoding) only where there are cores to spare: launch pins each rank and
     # its workers to the rank's cores.
@@ -112,25 +127,36 @@ def data_wait(ev: RunEvidence) -> Optional[Finding]:
     saving = hidden / _step(ev)
     more = max(2, 2 * workers)
     return Finding(
-        "data_wait", f"ranks wait for data {pct(data / _step(ev))} of every step",
+        "data_wait",
+        f"ranks wait for data {pct(data / _step(ev))} of every step",
         f"{_steps_text(ev)}; of the data time {ms(cpu)} is CPU in the rank's own thread, {ms(data - cpu)} waiting; "
-        f"DataLoader workers: {workers}", "the next batch is read and prepared in the rank's own process between steps",
+        f"DataLoader workers: {workers}",
+        "the next batch is read and prepared in the rank's own process between steps",
         _code_change(f"DataLoader(..., num_workers={more}, persistent_workers=True)", ev)
-        + ("" if spare else "; the ranks' cores are all in use, so the CPU part stays: make __getitem__ cheaper "
-                            "(decode once, keep tensors in memory) to hide that too"),
+        + (
+            ""
+            if spare
+            else "; the ranks' cores are all in use, so the CPU part stays: make __getitem__ cheaper "
+            "(decode once, keep tensors in memory) to hide that too"
+        ),
         f"{speedup(saving)}: the {'whole data time' if spare else 'waiting part of the data time'} ({ms(hidden)}) "
-        "overlaps with the step", saving)
+        "overlaps with the step",
+        saving,
+    )
 
 
-def loader_workers(ev: RunEvidence) -> Optional[Finding]:
+def loader_workers(ev: RunEvidence) -> Finding | None:
     """DataLoader workers beyond what the rank's cores leave free after torch's threads. The probe runs the
     remedy's two halves in the run itself (launch/probe.py WorkerPause): a few steps' forward and backward
     with the workers stopped, and one batch prepared in the rank's own process. The remedy's step: forward
     and backward without that stall; the data phase (waiting for the workers' batches and receiving them)
     replaced by preparing the batches in the rank (num_workers=0), or, where the rank has cores its threads
     leave free, by workers on those cores only, hidden while they keep up."""
-    ranks = [r for r in ev.probe_ranks if r.get("paused_steps")
-             and (r.get("inline_load_s") is not None or r.get("loader_cpu_per_batch_s") is not None)]
+    ranks = [
+        r
+        for r in ev.probe_ranks
+        if r.get("paused_steps") and (r.get("inline_load_s") is not None or r.get("loader_cpu_per_batch_s") is not None)
+    ]
     if not ranks:
         return None
     step, data = _step(ev), _mean(ev.rank_phase("data"))
@@ -155,22 +181,34 @@ def loader_workers(ev: RunEvidence) -> Optional[Finding]:
     saving = 1 - fixed / step
     if saving < LOADER_MIN_SAVING:
         return None
-    measured = f"one batch prepared in the rank's own process took {ms(_mean(inline))}" if inline else \
-        "a batch could not be prepared in the rank (an iterable dataset), so the workers' CPU per batch stands for it"
+    measured = (
+        f"one batch prepared in the rank's own process took {ms(_mean(inline))}"
+        if inline
+        else "a batch could not be prepared in the rank (an iterable dataset), so the workers' CPU per batch stands "
+        "for "
+        "it"
+    )
     return Finding(
-        "loader_workers", f"{workers} DataLoader workers per rank share its {cores} core(s) with torch's {threads} thread(s)",
-        f"{_steps_text(ev)}; with the workers stopped (in {min(r['paused_steps'] for r in ranks)} steps a rank) forward "
+        "loader_workers",
+        f"{workers} DataLoader workers per rank share its {cores} core(s) with torch's {threads} thread(s)",
+        f"{_steps_text(ev)}; with the workers stopped (in {min(r['paused_steps'] for r in ranks)} steps a rank) "
+        "forward "
         f"and backward took {ms(stopped)} a micro-step against {ms(running)}; {measured}; the workers spent "
         f"{ms(_mean(worker_cpu)) if worker_cpu else 'an unknown CPU time'} of CPU on each batch",
         "the workers run on the cores the rank's threads compute on: each time slice they take stalls those threads, "
         "and receiving their batches costs the rank a wait and a copy, more than preparing the batch itself",
-        _code_change(f"DataLoader(..., {change}): launch gives each rank its share of the cores, and the workers "
-                     "share them; more workers pay off only with cores to spare (fewer ranks per machine)", ev),
+        _code_change(
+            f"DataLoader(..., {change}): launch gives each rank its share of the cores, and the workers "
+            "share them; more workers pay off only with cores to spare (fewer ranks per machine)",
+            ev,
+        ),
         f"{speedup(saving)}: forward and backward {ms(stall)} a step shorter, the data phase ({ms(data)}) replaced by "
-        f"{how}, the rest as measured", saving)
+        f"{how}, the rest as measured",
+        saving,
+    )
 
 
-def exposed_communication(ev: RunEvidence) -> Optional[Finding]:
+def exposed_communication(ev: RunEvidence) -> Finding | None:
     ranks = ev.probe_ranks
     if len(ranks) < 2 or not all(r.get("ddp") for r in ranks):
         return None
@@ -185,16 +223,22 @@ def exposed_communication(ev: RunEvidence) -> Optional[Finding]:
     k, new_step, saving = accumulation(step - comm - optimizer, optimizer, comm)
     gbytes = ranks[0].get("gradient_bytes", 0)
     return Finding(
-        "exposed_communication", f"{pct(comm / step)} of every step is the gradient all-reduce that backward did not hide",
+        "exposed_communication",
+        f"{pct(comm / step)} of every step is the gradient all-reduce that backward did not hide",
         f"{_steps_text(ev)}; {gbytes / 2**20:.1f} MiB of gradients all-reduced per step",
         "the all-reduce costs the same whatever the batch, and this batch's backward is too short to hide it",
-        _code_change(f"accumulate {k} micro-steps per optimizer step, the first {k - 1} under `with model.no_sync():` "
-                     f"(or a {k}x larger per-rank batch if it fits), the LR scaled with the global batch", ev),
+        _code_change(
+            f"accumulate {k} micro-steps per optimizer step, the first {k - 1} under `with model.no_sync():` "
+            f"(or a {k}x larger per-rank batch if it fits), the LR scaled with the global batch",
+            ev,
+        ),
         f"{speedup(saving)} per sample: {k} micro-steps share one all-reduce ({ms(new_step)} per {k} "
-        f"micro-steps against {ms(k * step)})", saving)
+        f"micro-steps against {ms(k * step)})",
+        saving,
+    )
 
 
-def small_batch(ev: RunEvidence) -> Optional[Finding]:
+def small_batch(ev: RunEvidence) -> Finding | None:
     """A step that hardly grows with the batch: per-call overheads, the all-reduce of the same gradients
     and the optimizer, paid once per step, outweigh the samples' work. The probe timed the model's own
     layers at the script's batch and at a larger one (launch/probe.py batch_slope): that slope, the data
@@ -215,27 +259,35 @@ def small_batch(ev: RunEvidence) -> Optional[Finding]:
     if compute <= 0 or fixed / step < FIXED_STEP_SHARE:
         return None
     # No further than the probe timed the layers: the slope holds between its two batches.
-    largest = max(2, min(MAX_BATCH_FACTOR, *(r["batch_slope_between"][1] // r["batch_slope_between"][0]
-                                             for r in ranks)))
+    largest = max(
+        2, min(MAX_BATCH_FACTOR, *(r["batch_slope_between"][1] // r["batch_slope_between"][0] for r in ranks))
+    )
     k = 2
     while fixed / (step + (k - 1) * grows) > BATCH_TARGET_FIXED and 2 * k <= largest:
         k *= 2
     new_step = step + (k - 1) * grows
     saving = 1 - new_step / (k * step)
     return Finding(
-        "small_batch", f"{batch:.0f} samples per rank per step are too few to keep the rank busy: "
+        "small_batch",
+        f"{batch:.0f} samples per rank per step are too few to keep the rank busy: "
         f"{pct(fixed / step)} of the step does not grow with the batch",
         f"{_steps_text(ev)}; forward and backward of the model's layers grow by {ms(growing_compute / samples)} per "
-        f"sample (timed at {' and '.join(map(str, ranks[0].get('batch_slope_between', [])))} samples), {ms(growing_compute)} of their {ms(compute)} a step",
+        f"sample (timed at {' and '.join(map(str, ranks[0].get('batch_slope_between', [])))} samples), "
+        f"{ms(growing_compute)} of their {ms(compute)} a step",
         "per-call overheads (operator dispatch, Python, DDP's hooks), the all-reduce of the same gradients and the "
         "optimizer step are paid once per step whatever the batch",
-        _code_change(f"batch_size={k * batch:.0f} per rank ({k}x), the learning rate scaled {k}x with a warm-up "
-                     "(Goyal et al. 2017); or accumulate micro-batches if memory is short", ev),
+        _code_change(
+            f"batch_size={k * batch:.0f} per rank ({k}x), the learning rate scaled {k}x with a warm-up "
+            "(Goyal et al. 2017); or accumulate micro-batches if memory is short",
+            ev,
+        ),
         f"{speedup(saving)} per sample: a step of {k * batch:.0f} samples takes {ms(new_step)} against "
-        f"{ms(k * step)} for {k} steps now", saving)
+        f"{ms(k * step)} for {k} steps now",
+        saving,
+    )
 
 
-def all_reduce_every_micro_step(ev: RunEvidence) -> Optional[Finding]:
+def all_reduce_every_micro_step(ev: RunEvidence) -> Finding | None:
     ranks = ev.probe_ranks
     rounds = _mean([r["rounds_per_step"] for r in ranks])
     micro = _mean([r["micro_per_step"] for r in ranks])
@@ -245,31 +297,42 @@ def all_reduce_every_micro_step(ev: RunEvidence) -> Optional[Finding]:
     # Without the rounds before the last, their exposed all-reduce goes.
     saving = comm * (1 - 1 / rounds) / step
     return Finding(
-        "no_sync_missing", f"gradients are all-reduced {rounds:.0f} times per optimizer step",
+        "no_sync_missing",
+        f"gradients are all-reduced {rounds:.0f} times per optimizer step",
         f"{_steps_text(ev)}; {micro:.0f} forward/backward micro-steps and {rounds:.0f} all-reduce rounds per "
-        "optimizer step", "gradient accumulation without `no_sync()`: DDP all-reduces after every backward, "
+        "optimizer step",
+        "gradient accumulation without `no_sync()`: DDP all-reduces after every backward, "
         "although only the last micro-step's averages are used",
-        _code_change("wrap every micro-step but the last in `with model.no_sync():` (torch's DDP idiom; "
-                     "Lightning and Accelerate do it for you)", ev),
-        f"{speedup(saving)}: {rounds - 1:.0f} of {rounds:.0f} exposed all-reduces ({ms(comm)} a step) go", saving)
+        _code_change(
+            "wrap every micro-step but the last in `with model.no_sync():` (torch's DDP idiom; "
+            "Lightning and Accelerate do it for you)",
+            ev,
+        ),
+        f"{speedup(saving)}: {rounds - 1:.0f} of {rounds:.0f} exposed all-reduces ({ms(comm)} a step) go",
+        saving,
+    )
 
 
-def script_collectives(ev: RunEvidence) -> Optional[Finding]:
+def script_collectives(ev: RunEvidence) -> Finding | None:
     collective, step = _mean(ev.rank_phase("collective")), _step(ev)
     if not ev.probe_ranks or collective / step < COLLECTIVE_SHARE:
         return None
     saving = collective * (1 - 1 / COLLECTIVE_EVERY) / step
     return Finding(
-        "host_sync_stalls", f"the script's own collectives take {pct(collective / step)} of every step",
+        "host_sync_stalls",
+        f"the script's own collectives take {pct(collective / step)} of every step",
         f"{_steps_text(ev)}: {ms(collective)} a step in collectives the script calls between the phases",
         "a blocking collective every step (an all_reduce of the loss for a log line, a barrier) makes every rank wait "
         "for the slowest and for the network, and reads the value on the host",
-        _code_change(f"keep running sums on the device and reduce them every {COLLECTIVE_EVERY} steps (or only when "
-                     "logging)", ev),
-        f"{speedup(saving)}: {COLLECTIVE_EVERY}x fewer of those collectives", saving)
+        _code_change(
+            f"keep running sums on the device and reduce them every {COLLECTIVE_EVERY} steps (or only when logging)", ev
+        ),
+        f"{speedup(saving)}: {COLLECTIVE_EVERY}x fewer of those collectives",
+        saving,
+    )
 
 
-def host_syncs(ev: RunEvidence) -> Optional[Finding]:
+def host_syncs(ev: RunEvidence) -> Finding | None:
     """Host reads of device tensors every step (the probe counts them on GPUs, and times how long the host
     waited inside them). Each drains the device's queue, and the device then idles until the host has
     queued more. Where the probe recorded the device's own phase times (CUDA events), the model: without
@@ -280,28 +343,48 @@ def host_syncs(ev: RunEvidence) -> Optional[Finding]:
         return None
     step, wait = _step(ev), _mean([r.get("sync_wait_s", 0.0) for r in ev.probe_ranks])
     timed = [r for r in ev.probe_ranks if r.get("device_phases_s")]
-    evidence = (f"{_steps_text(ev)}; {syncs:.1f} reads of device tensors on the host per step (.item(), .tolist(), "
-                f".cpu(), .numpy(), torch.cuda.synchronize), {ms(wait)} a step waiting in them")
-    cause = ("each read waits until the device has run everything queued before it; the device then idles until the "
-             "host has queued the next work, so the host's Python time stops hiding")
-    remedy = _code_change(f"keep running values on the device (loss_sum += loss.detach()) and read them every "
-                          f"{COLLECTIVE_EVERY} steps; no .item() in the step's path", ev)
+    evidence = (
+        f"{_steps_text(ev)}; {syncs:.1f} reads of device tensors on the host per step (.item(), .tolist(), "
+        f".cpu(), .numpy(), torch.cuda.synchronize), {ms(wait)} a step waiting in them"
+    )
+    cause = (
+        "each read waits until the device has run everything queued before it; the device then idles until the "
+        "host has queued the next work, so the host's Python time stops hiding"
+    )
+    remedy = _code_change(
+        f"keep running values on the device (loss_sum += loss.detach()) and read them every "
+        f"{COLLECTIVE_EVERY} steps; no .item() in the step's path",
+        ev,
+    )
     if not timed:
-        return Finding("host_syncs", f"{syncs:.0f} host-device synchronisations every step", evidence, cause, remedy,
-                       "not predicted: the device's own phase times (CUDA events) were not recorded", None, "advice")
+        return Finding(
+            "host_syncs",
+            f"{syncs:.0f} host-device synchronisations every step",
+            evidence,
+            cause,
+            remedy,
+            "not predicted: the device's own phase times (CUDA events) were not recorded",
+            None,
+            "advice",
+        )
     device = _mean([sum(r["device_phases_s"].values()) for r in timed])
     new_step = max(step - wait, device)
     saving = 1 - new_step / step
     if saving < SYNC_SHARE:
         return None
     return Finding(
-        "host_syncs", f"{syncs:.0f} host-device synchronisations every step cost {pct(saving)} of it",
-        evidence + f"; the device's phases took {ms(device)} a step (CUDA events)", cause, remedy,
+        "host_syncs",
+        f"{syncs:.0f} host-device synchronisations every step cost {pct(saving)} of it",
+        evidence + f"; the device's phases took {ms(device)} a step (CUDA events)",
+        cause,
+        remedy,
         f"{speedup(saving)}: the host ({ms(step - wait)} of its own work a step) queues ahead of the device "
-        f"({ms(device)}), so a step takes the longer of the two, {ms(new_step)}, against {ms(step)}", saving)
+        f"({ms(device)}), so a step takes the longer of the two, {ms(new_step)}, against {ms(step)}",
+        saving,
+    )
 
 
-def evaluation(ev: RunEvidence) -> Optional[Finding]:
+def evaluation(ev: RunEvidence) -> Finding | None:
     ranks = ev.probe_ranks
     evals = ev.rank_phase("eval")
     step, n = _step(ev), len(ranks)
@@ -316,27 +399,39 @@ def evaluation(ev: RunEvidence) -> Optional[Finding]:
         # Sharded, each rank evaluates 1/n of the set: the step loses (n-1)/n of the lone rank's evaluation.
         saving = costs[who] * (1 - 1 / n) / step
         return Finding(
-            "rank0_alone", f"rank {ranks[who]['rank']} evaluates alone, {pct(max(evals) / step)} of the time, "
-                           f"while the other {n - 1} rank(s) wait",
-            f"{_steps_text(ev)}; evaluation per step by rank: " + ", ".join(ms(e) for e in evals)
+            "rank0_alone",
+            f"rank {ranks[who]['rank']} evaluates alone, {pct(max(evals) / step)} of the time, "
+            f"while the other {n - 1} rank(s) wait",
+            f"{_steps_text(ev)}; evaluation per step by rank: "
+            + ", ".join(ms(e) for e in evals)
             + f"; the steps that hold it take {ms(costs[who])} a step more than plain steps",
             "evaluation under `if rank == 0:`: the other ranks wait at the next collective",
-            _code_change("evaluate on every rank: a DistributedSampler over the held-out set, then all_reduce the "
-                         "sums of loss and correct predictions", ev),
-            f"{speedup(saving)}: the evaluation split over {n} ranks takes 1/{n} of the time", saving)
+            _code_change(
+                "evaluate on every rank: a DistributedSampler over the held-out set, then all_reduce the "
+                "sums of loss and correct predictions",
+                ev,
+            ),
+            f"{speedup(saving)}: the evaluation split over {n} ranks takes 1/{n} of the time",
+            saving,
+        )
     share = _mean(evals) / step
     saving = _mean(costs) / step * (1 - 1 / EVAL_FRACTION)
     return Finding(
-        "evaluation_share", f"evaluation takes {pct(share)} of the run",
+        "evaluation_share",
+        f"evaluation takes {pct(share)} of the run",
         f"{_steps_text(ev)}; evaluation {ms(_mean(evals))} per training step on every rank, and the steps that hold "
         f"one take {ms(_mean(costs))} a step more than plain steps",
         "the held-out set is large against the training done between two evaluations",
-        _code_change(f"evaluate 1/{EVAL_FRACTION} of the held-out set (a fixed random subset), or every "
-                     f"{EVAL_FRACTION}th time", ev),
-        f"{speedup(saving)}: evaluation takes 1/{EVAL_FRACTION} of its time", saving)
+        _code_change(
+            f"evaluate 1/{EVAL_FRACTION} of the held-out set (a fixed random subset), or every {EVAL_FRACTION}th time",
+            ev,
+        ),
+        f"{speedup(saving)}: evaluation takes 1/{EVAL_FRACTION} of its time",
+        saving,
+    )
 
 
-def checkpoints(ev: RunEvidence) -> Optional[Finding]:
+def checkpoints(ev: RunEvidence) -> Finding | None:
     ranks = ev.probe_ranks
     saves = ev.rank_phase("checkpoint")
     step = _step(ev)
@@ -348,15 +443,19 @@ def checkpoints(ev: RunEvidence) -> Optional[Finding]:
     # The slowest rank sets the pace: the saver's checkpoint time per step shrinks by every / new_every.
     saving = max(saves) * (1 - every / new_every) / step
     return Finding(
-        "checkpoint_share", f"checkpoints take {pct(max(saves) / step)} of every step on rank {saver['rank']}",
+        "checkpoint_share",
+        f"checkpoints take {pct(max(saves) / step)} of every step on rank {saver['rank']}",
         f"{_steps_text(ev)}; torch.save on {saver['checkpoint_steps']} of {saver['steady_steps']} steps "
-        f"(every {every:.0f})", "a full model and optimizer state written every few steps; the other ranks wait for "
+        f"(every {every:.0f})",
+        "a full model and optimizer state written every few steps; the other ranks wait for "
         "the saving rank at the next collective",
         _code_change(f"save every {new_every:.0f} steps (or use torch.distributed.checkpoint.async_save)", ev),
-        f"{speedup(saving)}: {new_every / every:.0f}x fewer saves", saving)
+        f"{speedup(saving)}: {new_every / every:.0f}x fewer saves",
+        saving,
+    )
 
 
-def straggler(ev: RunEvidence) -> Optional[Finding]:
+def straggler(ev: RunEvidence) -> Finding | None:
     """The rank whose own work (data, forward, backward, optimizer, Python) is longest: the others wait for it.
     With equal work, each phase would take what the fastest rank took for it (a rank that waits runs its
     own phases slower afterwards, its caches cold and its core idled) plus the all-reduce's own time (the
@@ -382,30 +481,45 @@ def straggler(ev: RunEvidence) -> Optional[Finding]:
     shared = sum(min(r["phases_s"][p] for r in ranks) for p in own)
     new_step = shared + min(ev.rank_phase("comm"))
     saving = 1 - new_step / step
-    predicted = (f"{speedup(saving)}: a step of {ms(new_step)}, each phase as fast as the fastest rank ran it "
-                 f"({ms(shared)} of own work) plus the all-reduce's own time")
+    predicted = (
+        f"{speedup(saving)}: a step of {ms(new_step)}, each phase as fast as the fastest rank ran it "
+        f"({ms(shared)} of own work) plus the all-reduce's own time"
+    )
     evidence = f"{_steps_text(ev)}; each rank's own work per step: " + ", ".join(
-        f"rank {r['rank']} {ms(b)}" for r, b in zip(ranks, busy))
+        f"rank {r['rank']} {ms(b)}" for r, b in zip(ranks, busy)
+    )
     factor = _same_work_slower(ranks, slow)
     if factor is not None:
         who = ranks[slow]["rank"]
         return Finding(
-            "slow_rank", f"rank {who} runs the same work {factor:.2f}x slower: the others wait {ms(excess)} for it "
-                         "every step", evidence + f"; the same samples per step, and its forward and backward each "
-                                                  f"about {factor:.2f}x the others'",
+            "slow_rank",
+            f"rank {who} runs the same work {factor:.2f}x slower: the others wait {ms(excess)} for it every step",
+            evidence + f"; the same samples per step, and its forward and backward each "
+            f"about {factor:.2f}x the others'",
             "the ranks do the same work, but one core (or device) runs it slower: shared with other work, throttled, "
             "or a fail-slow part; synchronous training goes at the pace of the slowest rank",
             f"not in the script: see what else runs on rank {who}'s core or device (top, nvidia-smi) and whether it "
-            "is slower again in the next run; if it is, leave that node or device out", predicted, saving)
+            "is slower again in the next run; if it is, leave that node or device out",
+            predicted,
+            saving,
+        )
     return Finding(
-        "straggler", f"rank {ranks[slow]['rank']} is a straggler: the others wait {ms(excess)} for it every step",
-        evidence, f"rank {ranks[slow]['rank']} has more work per step (an uneven shard, work under `if rank == ...`, a slower "
+        "straggler",
+        f"rank {ranks[slow]['rank']} is a straggler: the others wait {ms(excess)} for it every step",
+        evidence,
+        f"rank {ranks[slow]['rank']} has more work per step (an uneven shard, work under `if rank == ...`, a slower "
         "or shared core); synchronous training goes at the pace of the slowest rank",
-        _code_change("give every rank the same work per step (equal shards from a DistributedSampler, no "
-                     "rank-specific work in the loop)", ev), predicted, saving)
+        _code_change(
+            "give every rank the same work per step (equal shards from a DistributedSampler, no "
+            "rank-specific work in the loop)",
+            ev,
+        ),
+        predicted,
+        saving,
+    )
 
 
-def _same_work_slower(ranks: list[dict[str, Any]], slow: int) -> Optional[float]:
+def _same_work_slower(ranks: list[dict[str, Any]], slow: int) -> float | None:
     """The factor by which the slow rank ran the others' work, when its excess looks like a slower core
     rather than more work: the same samples per step, the excess in forward and backward (not in data or
     the loop's own Python, where rank-specific work lands) and both slower by about one factor. Extra work
@@ -415,8 +529,10 @@ def _same_work_slower(ranks: list[dict[str, Any]], slow: int) -> Optional[float]
     samples = [r.get("samples_per_step", 0.0) for r in others]
     if not all(abs(s - mine.get("samples_per_step", 0.0)) <= 0.01 * max(s, 1e-9) for s in samples):
         return None
+
     def phase(p: str) -> float:
         return statistics.median(r["phases_s"][p] for r in others)
+
     compute = ("forward", "backward")
     excess = sum(mine["phases_s"][p] - phase(p) for p in ("data", *compute, "optimizer", "other"))
     in_compute = sum(mine["phases_s"][p] - phase(p) for p in compute)
@@ -433,7 +549,7 @@ def _uneven(ranks: list[dict[str, Any]]) -> bool:
     return len(ranks) >= 2 and max(steps) >= UNEVEN_STEPS * _mean(steps)
 
 
-def uneven_steps(ev: RunEvidence) -> Optional[Finding]:
+def uneven_steps(ev: RunEvidence) -> Finding | None:
     ranks = ev.probe_ranks
     steps = [r["steps"] for r in ranks]
     if not _uneven(ranks):
@@ -441,15 +557,20 @@ def uneven_steps(ev: RunEvidence) -> Optional[Finding]:
     # The run lasts as long as the rank with the most steps; equal shards give every rank the mean.
     saving = 1 - _mean(steps) / max(steps)
     return Finding(
-        "uneven_shards", f"the ranks took different numbers of steps ({', '.join(map(str, steps))})",
+        "uneven_shards",
+        f"the ranks took different numbers of steps ({', '.join(map(str, steps))})",
         "optimizer steps per rank: " + ", ".join(f"rank {r['rank']} {r['steps']}" for r in ranks),
         "uneven data shards: ranks that finish early wait (or, under DDP's join(), shadow the others' all-reduces) "
         "while the rank with the most data trains on",
-        _code_change("split the data evenly: a DistributedSampler (drop_last=True if the ranks must match exactly)", ev),
-        f"{speedup(saving)}: every rank takes the mean number of steps, {_mean(steps):.0f}", saving)
+        _code_change(
+            "split the data evenly: a DistributedSampler (drop_last=True if the ranks must match exactly)", ev
+        ),
+        f"{speedup(saving)}: every rank takes the mean number of steps, {_mean(steps):.0f}",
+        saving,
+    )
 
 
-def find_unused_parameters(ev: RunEvidence) -> Optional[Finding]:
+def find_unused_parameters(ev: RunEvidence) -> Finding | None:
     """find_unused_parameters=True: DDP searches the autograd graph after every forward (the probe times
     DDP's forward beyond the wrapped model's), marks each parameter used in backward and all-reduces that
     map. Only the search is timed: the prediction is that part alone. When DDP saw no unused parameter
@@ -467,29 +588,54 @@ def find_unused_parameters(ev: RunEvidence) -> Optional[Finding]:
         return None
     saving = overhead / step
     return Finding(
-        "find_unused_parameters", f"DDP searches the autograd graph every step: {pct(saving)} of the step",
+        "find_unused_parameters",
+        f"DDP searches the autograd graph every step: {pct(saving)} of the step",
         f"{_steps_text(ev)}; DDP's forward took {ms(overhead)} beyond the wrapped model's with "
         "find_unused_parameters=True" + ("; DDP found no unused parameter (its logging data)" if none_unused else ""),
         "with find_unused_parameters=True DDP walks the autograd graph after every forward to find parameters that "
         "get no gradient, marks the used ones in backward and all-reduces that map every step",
-        _code_change("DistributedDataParallel(model, find_unused_parameters=False) when every parameter is used "
-                     "in every step (torch then errors if one is not, naming it)", ev),
+        _code_change(
+            "DistributedDataParallel(model, find_unused_parameters=False) when every parameter is used "
+            "in every step (torch then errors if one is not, naming it)",
+            ev,
+        ),
         f"{speedup(saving)}: DDP's graph search in forward ({ms(overhead)}) goes; the marking in backward and the "
-        "map's all-reduce also go, but are not timed, so the gain may be larger", saving)
+        "map's all-reduce also go, but are not timed, so the gain may be larger",
+        saving,
+    )
 
 
-SCRIPT_CHECKS: tuple[Callable[[RunEvidence], Optional[Finding]], ...] = (
-    threads, data_wait, loader_workers, exposed_communication, small_batch, all_reduce_every_micro_step, script_collectives,
-    host_syncs, evaluation, checkpoints, straggler, uneven_steps, find_unused_parameters)
+SCRIPT_CHECKS: tuple[Callable[[RunEvidence], Finding | None], ...] = (
+    threads,
+    data_wait,
+    loader_workers,
+    exposed_communication,
+    small_batch,
+    all_reduce_every_micro_step,
+    script_collectives,
+    host_syncs,
+    evaluation,
+    checkpoints,
+    straggler,
+    uneven_steps,
+    find_unused_parameters,
+)
 
 
-def probe_status(ev: RunEvidence) -> Optional[Finding]:
+def probe_status(ev: RunEvidence) -> Finding | None:
     """A launched script whose probe fell back or was off: say what the diagnosis rests on."""
     probe: dict[str, Any] = ev.probe
     if not ev.is_script or probe.get("status") in (None, "on"):
         return None
     return Finding(
-        "probe_off", f"no step breakdown: the probe is {probe['status']}",
-        probe.get("reason", ""), "the findings rest on the monitor's samples and wall time only",
-        rerun_command(ev) + " (without --no-probe)" if probe["status"] == "off" else
-        "report the fallback's error; the run itself is unaffected", "none: a measurement note", None, "advice")
+        "probe_off",
+        f"no step breakdown: the probe is {probe['status']}",
+        probe.get("reason", ""),
+        "the findings rest on the monitor's samples and wall time only",
+        rerun_command(ev) + " (without --no-probe)"
+        if probe["status"] == "off"
+        else "report the fallback's error; the run itself is unaffected",
+        "none: a measurement note",
+        None,
+        "advice",
+    )

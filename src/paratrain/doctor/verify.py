@@ -6,6 +6,7 @@ the same sitting, alternating baseline and remedy, never against the old run. Ea
 the remedy's samples/s over its baseline's (summary.json's steady figure: a built-in run's epochs after the
 first, a launched script's probe or report); the verdict is the median over the rounds.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,7 +23,7 @@ from paratrain.errors import RunFailed, UsageError
 from paratrain.runs import SCALING_FILE, SWEEP_FILE, RunDir
 
 VERIFY_FILE = "verify.json"
-AGREEMENT = 0.30        # a prediction within 30 % of the measured gain "came true" (issue #26's bar)
+AGREEMENT = 0.30  # a prediction within 30 % of the measured gain "came true" (issue #26's bar)
 
 
 def verify(path: Path, repeats: int = 1) -> dict[str, Any]:
@@ -31,36 +32,48 @@ def verify(path: Path, repeats: int = 1) -> dict[str, Any]:
     if repeats < 1:
         raise UsageError(f"--repeats {repeats}: give at least 1 round")
     if (path / SCALING_FILE).is_file() or (path / SWEEP_FILE).is_file():
-        raise UsageError(f"{path} is a scaling study or sweep; --verify reruns one run: pass a run directory "
-                         "(a study's point or a sweep's trial)")
+        raise UsageError(
+            f"{path} is a scaling study or sweep; --verify reruns one run: pass a run directory "
+            "(a study's point or a sweep's trial)"
+        )
     if not RunDir(path).is_run():
         raise UsageError(f"{path} is not a paratrain run directory (no config.json); pass a run's --run-dir")
     ev = read_run(path)
     if ev.is_script and ev.config.get("probe") is False:
-        raise UsageError(f"{path} was launched with --no-probe: the doctor had only the monitor's samples, not the "
-                         "step breakdown its predictions rest on; launch it again without --no-probe, then verify")
+        raise UsageError(
+            f"{path} was launched with --no-probe: the doctor had only the monitor's samples, not the "
+            "step breakdown its predictions rest on; launch it again without --no-probe, then verify"
+        )
     timed = [f for f in rank(diagnose_run(ev)) if f.saving is not None]
     if not timed:
         raise UsageError(f"{path}: no finding predicts a gain, so there is nothing to verify")
     top = timed[0]
     if top.check in MACHINE_CAUSES:
-        raise UsageError(f"{path}: the top finding ({top.check}) is in the machine, not the run: no flag of the run "
-                         f"changes it, so --verify has nothing to rerun; {top.remedy}")
+        raise UsageError(
+            f"{path}: the top finding ({top.check}) is in the machine, not the run: no flag of the run "
+            f"changes it, so --verify has nothing to rerun; {top.remedy}"
+        )
     if top.rerun is None:
         change = top.remedy.split(": ", 1)[-1] if top.remedy.startswith("code change") else top.remedy
-        raise UsageError(f"{path}: the top finding ({top.check}) has a code change as its remedy ({change}); --verify "
-                         "runs only remedies that are paratrain flags or environment settings: make the change, "
-                         "launch again, and compare")
+        raise UsageError(
+            f"{path}: the top finding ({top.check}) has a code change as its remedy ({change}); --verify "
+            "runs only remedies that are paratrain flags or environment settings: make the change, "
+            "launch again, and compare"
+        )
     out = path.with_name(path.name + "-verify")
     if out.exists():
         raise UsageError(f"{out} already exists (an earlier --verify); remove or move it, then verify again")
 
-    commands = {arm: lambda i, arm=arm: rerun_command(ev, run_dir=str(out / f"{arm}-{i}"),
-                                                      **(top.rerun if arm == "remedy" else {}))
-                for arm in ("baseline", "remedy")}
+    commands = {
+        arm: lambda i, arm=arm: rerun_command(
+            ev, run_dir=str(out / f"{arm}-{i}"), **(top.rerun if arm == "remedy" else {})
+        )
+        for arm in ("baseline", "remedy")
+    }
     figures: dict[str, list[float]] = {"baseline": [], "remedy": []}
     from rich.console import Console
     from rich.progress import Progress
+
     out.mkdir(parents=True)
     # progress on stderr: stdout carries only the verdict (or the JSON object for tools)
     with Progress(console=Console(stderr=True), transient=True) as progress:
@@ -71,11 +84,20 @@ def verify(path: Path, repeats: int = 1) -> dict[str, Any]:
                 figures[arm].append(_run(commands[arm](i), out / f"{arm}-{i}"))
                 progress.advance(task)
     ratios = [r / b for b, r in zip(figures["baseline"], figures["remedy"])]
-    result = {"run": str(path), "dir": str(out), "check": top.check, "finding": top.finding, "remedy": top.remedy,
-              "changes": top.rerun, "predicted_speedup": top.predicted_speedup,
-              "measured_speedup": statistics.median(ratios), "rounds": repeats,
-              "samples_per_s": figures, "speedup_per_round": ratios,
-              "commands": {arm: commands[arm](1) for arm in commands}}
+    result = {
+        "run": str(path),
+        "dir": str(out),
+        "check": top.check,
+        "finding": top.finding,
+        "remedy": top.remedy,
+        "changes": top.rerun,
+        "predicted_speedup": top.predicted_speedup,
+        "measured_speedup": statistics.median(ratios),
+        "rounds": repeats,
+        "samples_per_s": figures,
+        "speedup_per_round": ratios,
+        "commands": {arm: commands[arm](1) for arm in commands},
+    }
     (out / VERIFY_FILE).write_text(json.dumps(result, indent=2) + "\n")
     return result
 
@@ -100,8 +122,13 @@ def format_verify(result: dict[str, Any]) -> str:
     else:
         verdict = "fell short" if measured < predicted else "was exceeded"
     base, fixed = (statistics.median(result["samples_per_s"][arm]) for arm in ("baseline", "remedy"))
-    lines = [(f"verify: the prediction {verdict}: predicted {predicted:.2f}x, measured {measured:.2f}x "
-              f"(median of {result['rounds']} round(s), {base:,.0f} -> {fixed:,.0f} samples/s) for {result['check']}"),
-             f"  remedy:   {result['commands']['remedy']}", f"  baseline: {result['commands']['baseline']}",
-             f"  figures:  {Path(result['dir']) / VERIFY_FILE}"]
+    lines = [
+        (
+            f"verify: the prediction {verdict}: predicted {predicted:.2f}x, measured {measured:.2f}x "
+            f"(median of {result['rounds']} round(s), {base:,.0f} -> {fixed:,.0f} samples/s) for {result['check']}"
+        ),
+        f"  remedy:   {result['commands']['remedy']}",
+        f"  baseline: {result['commands']['baseline']}",
+        f"  figures:  {Path(result['dir']) / VERIFY_FILE}",
+    ]
     return "\n".join(lines)

@@ -6,16 +6,17 @@ reproducible and a checkpoint restores the exact stream. The generator and the c
 the batch's device: random numbers drawn on the host and copied over would cost a blocking
 host-to-device copy per batch on a GPU.
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
 from paratrain.errors import UsageError
 
 AUGMENTATIONS: tuple[str, ...] = ("flip", "crop", "jitter")
-GREY_WEIGHTS = (0.299, 0.587, 0.114)    # ITU-R 601 luma weights, as torchvision uses
+GREY_WEIGHTS = (0.299, 0.587, 0.114)  # ITU-R 601 luma weights, as torchvision uses
 
 
 class BatchAugment:

@@ -2,9 +2,11 @@
 
 Written to a temporary file, flushed to disk, then renamed over the old one: a reader sees either
 the previous checkpoint or the new one, never half of one. Sharded state (fsdp) is written first,
-by every rank, into a new directory that the checkpoint then names, so the same holds for it. Loaded with `weights_only=True`, so a
+by every rank, into a new directory that the checkpoint then names, so the same holds for it. Loaded with
+`weights_only=True`, so a
 checkpoint file cannot run code.
 """
+
 from __future__ import annotations
 
 import os
@@ -42,6 +44,8 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     # Sharded (fsdp) state lives in a torch.distributed.checkpoint directory that checkpoint.pt names;
     # its .metadata file is written last, once every rank has written its shards.
     if "dcp" in state and not (path.parent / state["dcp"] / ".metadata").is_file():
-        raise UsageError(f"{path} names sharded state in {path.parent / state['dcp']}, which is missing or incomplete; "
-                         "delete the checkpoint to start over")
+        raise UsageError(
+            f"{path} names sharded state in {path.parent / state['dcp']}, which is missing or incomplete; "
+            "delete the checkpoint to start over"
+        )
     return state

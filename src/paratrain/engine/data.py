@@ -8,10 +8,12 @@ The in-memory path keeps the whole uint8 dataset on the device and cuts batches 
 `index_select`: no per-sample Python, no collate, no host-to-device copy per step. Conversion to
 float, augmentation and normalisation run batched on the device.
 """
+
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable, Iterator, Optional
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -31,13 +33,13 @@ class BatchPreparer:
     Float inputs (user datasets) are taken as already normalised and only resized or augmented.
     """
 
-    def __init__(self, image_size: Optional[int] = None, augment: Optional[Callable[[torch.Tensor], torch.Tensor]] = None):
+    def __init__(self, image_size: int | None = None, augment: Callable[[torch.Tensor], torch.Tensor] | None = None):
         self.image_size = image_size
         self.augment = augment
 
     def __call__(self, x: torch.Tensor, train: bool) -> torch.Tensor:
         if x.dim() == 2 and not x.is_floating_point():
-            return x.long()         # token ids [B, T] (text): nothing to convert
+            return x.long()  # token ids [B, T] (text): nothing to convert
         images = x.dtype == torch.uint8
         x = x.float()
         if images:
@@ -67,8 +69,9 @@ def shard_indices(n: int, ctx: RankContext, seed: int, epoch: int, shuffle: bool
 class TensorBatches:
     """Training batches of an in-memory split, sharded across ranks and reshuffled every epoch."""
 
-    def __init__(self, x: torch.Tensor, y: torch.Tensor, batch_size: int, ctx: RankContext, seed: int,
-                 prepare: BatchPreparer):
+    def __init__(
+        self, x: torch.Tensor, y: torch.Tensor, batch_size: int, ctx: RankContext, seed: int, prepare: BatchPreparer
+    ):
         self.x = x.to(ctx.device)
         self.y = y.to(ctx.device)
         self.batch_size = batch_size
@@ -122,11 +125,18 @@ class WindowBatches:
 class LoaderBatches:
     """Training batches through a DataLoader: for datasets that are not in memory or need workers."""
 
-    def __init__(self, dataset: Any, batch_size: int, ctx: RankContext, seed: int, prepare: BatchPreparer,
-                 workers: int):
+    def __init__(
+        self, dataset: Any, batch_size: int, ctx: RankContext, seed: int, prepare: BatchPreparer, workers: int
+    ):
         self.sampler = DistributedSampler(dataset, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=seed)
-        self.loader = DataLoader(dataset, batch_size=batch_size, sampler=self.sampler, num_workers=workers,
-                                 pin_memory=ctx.device.type == "cuda", persistent_workers=workers > 0)
+        self.loader = DataLoader(
+            dataset,
+            batch_size=batch_size,
+            sampler=self.sampler,
+            num_workers=workers,
+            pin_memory=ctx.device.type == "cuda",
+            persistent_workers=workers > 0,
+        )
         self.ctx = ctx
         self.prepare = prepare
 
@@ -135,12 +145,14 @@ class LoaderBatches:
 
     def epoch(self, epoch: int, first: int = 0) -> Iterator[Batch]:
         self.sampler.set_epoch(epoch)
-        for x, y in itertools.islice(self.loader, first, None):     # skipped batches are loaded, never prepared
+        for x, y in itertools.islice(self.loader, first, None):  # skipped batches are loaded, never prepared
             x = x.to(self.ctx.device, non_blocking=True)
             yield self.prepare(x, train=True), y.to(self.ctx.device, non_blocking=True)
 
 
-def eval_batches(data: Any, ctx: RankContext, batch_size: int, prepare: BatchPreparer, workers: int = 0) -> Iterator[Batch]:
+def eval_batches(
+    data: Any, ctx: RankContext, batch_size: int, prepare: BatchPreparer, workers: int = 0
+) -> Iterator[Batch]:
     """This rank's share of an evaluation split (rank::world, no padding, so nothing counts twice)."""
     if isinstance(data, Split) and workers == 0:
         idx = torch.arange(ctx.rank, len(data), ctx.world_size)
@@ -149,8 +161,13 @@ def eval_batches(data: Any, ctx: RankContext, batch_size: int, prepare: BatchPre
             yield prepare(data.x[batch].to(ctx.device), train=False), data.y[batch].to(ctx.device)
         return
     dataset = SplitDataset(data) if isinstance(data, Split) else data
-    loader = DataLoader(dataset, batch_size=batch_size, sampler=range(ctx.rank, len(dataset), ctx.world_size),
-                        num_workers=workers, pin_memory=ctx.device.type == "cuda")
+    loader = DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=range(ctx.rank, len(dataset), ctx.world_size),
+        num_workers=workers,
+        pin_memory=ctx.device.type == "cuda",
+    )
     for x, y in loader:
         yield prepare(x.to(ctx.device, non_blocking=True), train=False), y.to(ctx.device, non_blocking=True)
 
@@ -168,10 +185,11 @@ class SplitDataset(torch.utils.data.Dataset):
         return self.split.x[i], self.split.y[i]
 
 
-def training_batches(data: Any, batch_size: int, ctx: RankContext, seed: int, prepare: BatchPreparer,
-                     loader_workers: int) -> TensorBatches | WindowBatches | LoaderBatches:
+def training_batches(
+    data: Any, batch_size: int, ctx: RankContext, seed: int, prepare: BatchPreparer, loader_workers: int
+) -> TensorBatches | WindowBatches | LoaderBatches:
     if isinstance(data, TokenStream):
-        return WindowBatches(data, batch_size, ctx, seed)     # windows are cut on the device: no loader needed
+        return WindowBatches(data, batch_size, ctx, seed)  # windows are cut on the device: no loader needed
     if isinstance(data, Split) and loader_workers == 0:
         return TensorBatches(data.x, data.y, batch_size, ctx, seed, prepare)
     dataset = SplitDataset(data) if isinstance(data, Split) else data

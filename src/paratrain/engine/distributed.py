@@ -4,32 +4,35 @@ The launcher decides the placement (backend, device, threads and cores per rank)
 ranks; each rank applies its share of it here before it builds anything, so the thread pool and
 the CPU affinity are right from the first tensor op.
 """
+
 from __future__ import annotations
 
 import os
 import socket
 from dataclasses import asdict, dataclass
 from datetime import timedelta
-from typing import Optional
 
 import torch
 import torch.distributed as dist
 
-
-STARTUP_TIMEOUT_S = 600.0      # torch's own default for gloo collectives, for the waits before training
+STARTUP_TIMEOUT_S = 600.0  # torch's own default for gloo collectives, for the waits before training
 
 
 @dataclass(frozen=True)
 class Placement:
-    backend: str                      # gloo | nccl | mpi
-    device_type: str                  # cpu | cuda
+    backend: str  # gloo | nccl | mpi
+    device_type: str  # cpu | cuda
     threads_per_worker: int
-    cpu_sets: Optional[list[list[int]]] = None   # cores of each local rank; None leaves affinity alone
-    allreduce: str = "backend"        # shm | backend: how data-parallel ranks average gradients
-    timeout_s: float = 600.0          # how long a collective may wait for a peer (--timeout)
-    node_rank: Optional[int] = None   # --node-rank of a run across nodes: global rank = node_rank x ranks per node + local rank
-    spans_hosts: bool = False         # the ranks are on several machines (--nodes, srun or mpirun across nodes)
-    store_host: Optional[str] = None  # node 0's address, where rank 0 hosts each attempt's store (--nodes with --max-restarts)
+    cpu_sets: list[list[int]] | None = None  # cores of each local rank; None leaves affinity alone
+    allreduce: str = "backend"  # shm | backend: how data-parallel ranks average gradients
+    timeout_s: float = 600.0  # how long a collective may wait for a peer (--timeout)
+    node_rank: int | None = (
+        None  # --node-rank of a run across nodes: global rank = node_rank x ranks per node + local rank
+    )
+    spans_hosts: bool = False  # the ranks are on several machines (--nodes, srun or mpirun across nodes)
+    store_host: str | None = (
+        None  # node 0's address, where rank 0 hosts each attempt's store (--nodes with --max-restarts)
+    )
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -42,7 +45,7 @@ class RankContext:
     local_rank: int
     device: torch.device
     allreduce: str = "backend"
-    timeout_s: float = 600.0          # --timeout: how long a collective waits for a peer
+    timeout_s: float = 600.0  # --timeout: how long a collective waits for a peer
 
     @property
     def is_main(self) -> bool:
@@ -99,7 +102,12 @@ def init_rank(placement: Placement) -> RankContext:
     else:
         device = torch.device("cpu")
 
-    if world_size > 1 and placement.spans_hosts and placement.backend == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ:
+    if (
+        world_size > 1
+        and placement.spans_hosts
+        and placement.backend == "gloo"
+        and "GLOO_SOCKET_IFNAME" not in os.environ
+    ):
         # gloo listens on the address the host name resolves to, which may be one the other
         # machines cannot reach (Debian maps it to 127.0.1.1): use the interface that reaches rank
         # 0's host instead (a GLOO_SOCKET_IFNAME set by the user wins).
@@ -111,8 +119,9 @@ def init_rank(placement: Placement) -> RankContext:
         # Until training starts, ranks may legitimately be far apart (loading data, building the
         # model on a busy machine): the start-up waits get at least STARTUP_TIMEOUT_S; the loop
         # then bounds every collective by --timeout (bound_collectives).
-        dist.init_process_group(placement.backend, timeout=timedelta(seconds=max(placement.timeout_s, STARTUP_TIMEOUT_S)),
-                                **kwargs)
+        dist.init_process_group(
+            placement.backend, timeout=timedelta(seconds=max(placement.timeout_s, STARTUP_TIMEOUT_S)), **kwargs
+        )
 
     if placement.cpu_sets is not None:
         # Pin the compute thread (and the OpenMP threads it starts later) to this rank's cores, so
@@ -125,7 +134,7 @@ def init_rank(placement: Placement) -> RankContext:
     return RankContext(rank, world_size, local_rank, device, placement.allreduce, placement.timeout_s)
 
 
-def host_group() -> Optional[dist.ProcessGroup]:
+def host_group() -> dist.ProcessGroup | None:
     """A process group of all ranks whose object collectives keep their buffers in host memory: None
     (the default group) when that is gloo, else a new gloo group. Every rank calls it, in the same order."""
     if dist.get_backend() == "gloo":
@@ -137,7 +146,7 @@ def bound_collectives(seconds: float) -> None:
     """From now on a collective of the default group waits at most `seconds` for a peer: one that
     stops answering (killed, stopped, cut off) fails the waiting rank instead of hanging it."""
     if dist.is_initialized():
-        from torch.distributed.distributed_c10d import _set_pg_timeout    # torch's own setter, used by its tests
+        from torch.distributed.distributed_c10d import _set_pg_timeout  # torch's own setter, used by its tests
 
         _set_pg_timeout(timedelta(seconds=seconds))
 
@@ -150,7 +159,7 @@ def address_towards(host: str, port: int) -> str:
         return probe.getsockname()[0]
 
 
-def interface_of(address: str) -> Optional[str]:
+def interface_of(address: str) -> str | None:
     import psutil
 
     return next((name for name, addrs in psutil.net_if_addrs().items() for a in addrs if a.address == address), None)

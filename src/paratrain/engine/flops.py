@@ -8,7 +8,8 @@ count, and neither do elementwise ops.
 - FLOPs per sample: counted once per run by `torch.utils.flop_counter.FlopCounterMode` over the
   forward, loss and backward of one sample, on the *meta* device: shapes only, no arithmetic and
   no memory, so counting a 700 M-parameter model costs a second. A grouped convolution's backward
-  is counted by paratrain's own formula (`flop_counter`): torch 2.13's counts it `groups` times over. On meta, attention runs as its
+  is counted by paratrain's own formula (`flop_counter`): torch 2.13's counts it `groups` times over. On
+  meta, attention runs as its
   math (two batched matmuls a head); the causal mask is not discounted, as in PaLM's formula.
 - Peak of a GPU: the dense (no sparsity) figure of its data sheet for the math the run uses, from
   `GPU_PEAK_TFLOPS`, matched on whole words of torch.cuda.get_device_name() ("L4" is not "L40").
@@ -23,6 +24,7 @@ count, and neither do elementwise ops.
   cached per CPU model, thread count, dtype and torch version in the cache directory (delete
   `cpu-peak.json` there to measure again).
 """
+
 from __future__ import annotations
 
 import json
@@ -31,8 +33,9 @@ import os
 import platform
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -44,7 +47,7 @@ log = logging.getLogger("paratrain.rank")
 # Data-sheet peaks in TFLOP/s, dense: (fp32, tf32, bf16, fp16); None where the GPU has no such unit.
 # A pattern's words must all be words of torch.cuda.get_device_name() (lower-cased); the first
 # matching row wins, so a variant comes before its family.
-GPU_PEAK_TFLOPS: list[tuple[str, tuple[Optional[float], Optional[float], Optional[float], Optional[float]], str]] = [
+GPU_PEAK_TFLOPS: list[tuple[str, tuple[float | None, float | None, float | None, float | None], str]] = [
     ("h100 pcie", (51.0, 378.0, 756.0, 756.0), "NVIDIA H100 Tensor Core GPU datasheet (PCIe)"),
     ("h100", (67.0, 494.7, 989.4, 989.4), "NVIDIA H100 Tensor Core GPU datasheet (SXM)"),
     ("a100", (19.5, 156.0, 312.0, 312.0), "NVIDIA A100 Tensor Core GPU datasheet"),
@@ -63,9 +66,20 @@ DTYPES = {"32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 CPU_PEAK_FILE = "cpu-peak.json"
 
 
-def _conv_backward_flops(grad_out_shape: list[int], x_shape: list[int], w_shape: list[int], _bias: Any, _stride: Any,
-                         _padding: Any, _dilation: Any, transposed: bool, _output_padding: Any, _groups: int,
-                         output_mask: list[bool], **_: Any) -> int:
+def _conv_backward_flops(
+    grad_out_shape: list[int],
+    x_shape: list[int],
+    w_shape: list[int],
+    _bias: Any,
+    _stride: Any,
+    _padding: Any,
+    _dilation: Any,
+    transposed: bool,
+    _output_padding: Any,
+    _groups: int,
+    output_mask: list[bool],
+    **_: Any,
+) -> int:
     """A convolution's backward: its input gradient and its weight gradient each cost what the
     forward did. torch 2.13's own formula counts the weight gradient of a grouped convolution as if
     it had one group, `groups` times too many FLOPs (ResNeXt-101 32x4d's backward came out at 3.8x
@@ -86,23 +100,33 @@ class FlopCount(NamedTuple):
     convolution: int
 
 
-def count_flops_per_sample(module: nn.Module, objective: Callable[[Callable[..., Any], torch.Tensor, torch.Tensor], tuple[torch.Tensor, Any]],
-                           x: torch.Tensor, y: torch.Tensor) -> Optional[int]:
+def count_flops_per_sample(
+    module: nn.Module,
+    objective: Callable[[Callable[..., Any], torch.Tensor, torch.Tensor], tuple[torch.Tensor, Any]],
+    x: torch.Tensor,
+    y: torch.Tensor,
+) -> int | None:
     """FLOPs of forward + loss + backward for one sample; see `count_flops`."""
     count = count_flops(module, objective, x, y)
     return count.total if count is not None else None
 
 
-def count_flops(module: nn.Module, objective: Callable[[Callable[..., Any], torch.Tensor, torch.Tensor], tuple[torch.Tensor, Any]],
-                x: torch.Tensor, y: torch.Tensor) -> Optional[FlopCount]:
+def count_flops(
+    module: nn.Module,
+    objective: Callable[[Callable[..., Any], torch.Tensor, torch.Tensor], tuple[torch.Tensor, Any]],
+    x: torch.Tensor,
+    y: torch.Tensor,
+) -> FlopCount | None:
     """FLOPs of forward + loss + backward for one sample (x, y have a batch dimension of 1).
 
     `objective(model, x, y)` returns (loss, output). Runs on meta copies of the parameters: the module's own
     tensors, gradients and buffers are left untouched. None if the model cannot run on meta
     (e.g. it reads tensor values in Python).
     """
-    meta = {name: torch.empty_like(t, device="meta").requires_grad_(t.requires_grad)
-            for name, t in (*module.named_parameters(), *module.named_buffers())}
+    meta = {
+        name: torch.empty_like(t, device="meta").requires_grad_(t.requires_grad)
+        for name, t in (*module.named_parameters(), *module.named_buffers())
+    }
 
     def call(*args: Any, **kwargs: Any) -> Any:
         return torch.func.functional_call(module, meta, args, kwargs)
@@ -111,7 +135,7 @@ def count_flops(module: nn.Module, objective: Callable[[Callable[..., Any], torc
     try:
         with counter:
             objective(call, x.to("meta"), y.to("meta"))[0].backward()
-    except Exception as exc:        # a user model that needs real values: no FLOPs, no MFU
+    except Exception as exc:  # a user model that needs real values: no FLOPs, no MFU
         log.warning("cannot count FLOPs on the meta device (%s: %s); no MFU for this run", type(exc).__name__, exc)
         return None
     by_op = counter.get_flop_counts().get("Global", {})
@@ -119,7 +143,7 @@ def count_flops(module: nn.Module, objective: Callable[[Callable[..., Any], torc
     return FlopCount(int(counter.get_total_flops()), int(convolution))
 
 
-def gpu_peak(device_name: str, precision: str, convolution_share: float = 0.0) -> Optional[tuple[float, str]]:
+def gpu_peak(device_name: str, precision: str, convolution_share: float = 0.0) -> tuple[float, str] | None:
     """(peak FLOP/s, source) of one GPU for the run's precision, or None if the table lacks it.
     `convolution_share`: the convolutions' share of the run's FLOPs (fp32 runs: TF32 may apply to
     them and to matrix products separately; see the module docstring)."""
@@ -129,17 +153,22 @@ def gpu_peak(device_name: str, precision: str, convolution_share: float = 0.0) -
             continue
         if precision != "32":
             tflops = bf16 if precision == "bf16" else fp16
-            return (tflops * 1e12, f"{source}: {tflops:g} TFLOP/s {precision} tensor core, dense, for {device_name!r}"
-                    ) if tflops is not None else None
+            return (
+                (tflops * 1e12, f"{source}: {tflops:g} TFLOP/s {precision} tensor core, dense, for {device_name!r}")
+                if tflops is not None
+                else None
+            )
         if fp32 is None:
             return None
         conv_tf32 = torch.backends.cudnn.allow_tf32 and tf32 is not None
         matmul_tf32 = torch.backends.cuda.matmul.allow_tf32 and tf32 is not None
         conv, matmul = (tf32 if conv_tf32 else fp32), (tf32 if matmul_tf32 else fp32)
         tflops = 1 / (convolution_share / conv + (1 - convolution_share) / matmul)
-        return tflops * 1e12, (f"{source}: {tflops:.4g} TFLOP/s for {device_name!r} at this run's fp32 math: convolutions "
-                               f"({convolution_share:.0%} of the FLOPs) {conv:g} ({'TF32' if conv_tf32 else 'fp32'}), "
-                               f"the rest {matmul:g} ({'TF32' if matmul_tf32 else 'fp32'})")
+        return tflops * 1e12, (
+            f"{source}: {tflops:.4g} TFLOP/s for {device_name!r} at this run's fp32 math: convolutions "
+            f"({convolution_share:.0%} of the FLOPs) {conv:g} ({'TF32' if conv_tf32 else 'fp32'}), "
+            f"the rest {matmul:g} ({'TF32' if matmul_tf32 else 'fp32'})"
+        )
     return None
 
 
@@ -155,8 +184,10 @@ def cpu_peak(precision: str, cache_dir: Path, size: int = 1024, seconds: float =
         # takes a much faster kernel than torch.mm, and a peak below what the model reaches is no peak.
         # A product that is several times slower on a small probe is not timed at full size: bf16
         # torch.mm took 3-8 s per 1024² product here, which made the first bf16 run wait a minute.
-        probe = {product: _time_once(product, a[:128, :128].contiguous(), b[:128, :128].contiguous())
-                 for product in (F.linear, torch.mm)}
+        probe = {
+            product: _time_once(product, a[:128, :128].contiguous(), b[:128, :128].contiguous())
+            for product in (F.linear, torch.mm)
+        }
         fastest = min(probe.values())
         best = float("inf")
         for product in (p for p in probe if probe[p] <= 4 * fastest):
@@ -168,9 +199,10 @@ def cpu_peak(precision: str, cache_dir: Path, size: int = 1024, seconds: float =
                 product(a, b)
                 best = min(best, time.perf_counter() - start)
                 repeats += 1
-        return 2 * size ** 3 / best, (
+        return 2 * size**3 / best, (
             f"measured: {size}x{size} {dtype} matrix product (the faster of torch.mm and F.linear, best of at least 3 "
-            f"repeats over {seconds} s), {threads} thread(s), {_cpu_model()}, torch {torch.__version__}")
+            f"repeats over {seconds} s), {threads} thread(s), {_cpu_model()}, torch {torch.__version__}"
+        )
 
     return _measured_once(cache_dir, f"{_cpu_model()}|threads={threads}|{precision}|torch {torch.__version__}", measure)
 
@@ -189,10 +221,13 @@ def cpu_copy_bandwidth(cache_dir: Path, mib: int = 64) -> tuple[float, str]:
             start = time.perf_counter()
             dst.copy_(src)
             best = min(best, time.perf_counter() - start)
-        return 2 * mib * 2**20 / best, (f"measured: a {mib} MiB float32 tensor copied, {threads} thread(s), best of 5, "
-                                        f"{_cpu_model()}")
+        return 2 * mib * 2**20 / best, (
+            f"measured: a {mib} MiB float32 tensor copied, {threads} thread(s), best of 5, {_cpu_model()}"
+        )
 
-    return _measured_once(cache_dir, f"{_cpu_model()}|threads={threads}|copy {mib} MiB|torch {torch.__version__}", measure)
+    return _measured_once(
+        cache_dir, f"{_cpu_model()}|threads={threads}|copy {mib} MiB|torch {torch.__version__}", measure
+    )
 
 
 def _measured_once(cache_dir: Path, key: str, measure: Callable[[], tuple[float, str]]) -> tuple[float, str]:
@@ -203,7 +238,7 @@ def _measured_once(cache_dir: Path, key: str, measure: Callable[[], tuple[float,
     if "value" in entry:
         return entry["value"], entry["source"]
     value, source = measure()
-    cached = _read_json(path)      # again: another process may have added its own entry meanwhile
+    cached = _read_json(path)  # again: another process may have added its own entry meanwhile
     cached[key] = {"value": value, "source": source, "measured_unix_time": time.time()}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -213,7 +248,7 @@ def _measured_once(cache_dir: Path, key: str, measure: Callable[[], tuple[float,
 
 
 def _time_once(product: Any, a: torch.Tensor, b: torch.Tensor) -> float:
-    product(a, b)       # warm-up: the first call picks and primes the kernel
+    product(a, b)  # warm-up: the first call picks and primes the kernel
     start = time.perf_counter()
     product(a, b)
     return time.perf_counter() - start
@@ -236,7 +271,9 @@ def _read_json(path: Path) -> dict[str, Any]:
         return {}
 
 
-def mfu(flops_per_sample: Optional[int], samples_per_s: float, peak_per_device: Optional[float], devices: int) -> Optional[float]:
+def mfu(
+    flops_per_sample: int | None, samples_per_s: float, peak_per_device: float | None, devices: int
+) -> float | None:
     """Achieved model FLOP/s over the peak of all devices used."""
     if not flops_per_sample or not peak_per_device:
         return None

@@ -19,11 +19,13 @@ The norms stay on the device and are written at the loop's log points and epoch 
 reads the loss anyway, so no step waits for the device. Steps with a short batch (the end of an
 epoch) are not recorded: the estimators need the batch sizes they are told.
 """
+
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -51,6 +53,7 @@ class BucketNorms:
             # Taken before the hook runs: the backend hook divides the bucket in place.
             self.local.append(squared_norm(bucket.buffer()))
             return hook(state, bucket).then(self._after_averaging)
+
         return measured_hook
 
     def _after_averaging(self, future: torch.futures.Future) -> torch.Tensor:
@@ -69,8 +72,15 @@ class BucketNorms:
 class GradNoiseRecorder:
     """Collects one (small, big) pair per optimizer step and appends them to this rank's file."""
 
-    def __init__(self, cfg: TrainConfig, rank: int, data_parallel_ranks: int, run_path: Path,
-                 bucket_norms: Optional[BucketNorms], allreduce: Optional[str]):
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        rank: int,
+        data_parallel_ranks: int,
+        run_path: Path,
+        bucket_norms: BucketNorms | None,
+        allreduce: str | None,
+    ):
         self.accum = cfg.grad_accum
         self.batch_size = cfg.batch_size
         self.bucket_norms = bucket_norms
@@ -84,14 +94,14 @@ class GradNoiseRecorder:
         self.path = grad_noise_file(run_path, rank)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.pending: list[tuple[int, torch.Tensor, torch.Tensor]] = []
-        self.first: Optional[torch.Tensor] = None
+        self.first: torch.Tensor | None = None
         self.full = True
 
     def micro_step(self, model: nn.Module, index: int, sync: bool, batch_len: int, step: int) -> None:
         """After micro-step `index` (0-based within optimizer step `step`, 1-based) has run backward."""
         self.full = (self.full or index == 0) and batch_len == self.batch_size
         if self.bucket_norms is None and index == 0:
-            self.first = _gradient_squared_norm(model) * self.accum ** 2
+            self.first = _gradient_squared_norm(model) * self.accum**2
         if not sync:
             return
         if self.bucket_norms is not None:
@@ -107,13 +117,28 @@ class GradNoiseRecorder:
         values = torch.stack([torch.stack([small, big]) for _, small, big in self.pending]).tolist()
         with open(self.path, "a") as f:
             for (step, _, _), (small, big) in zip(self.pending, values):
-                f.write(json.dumps({"step": step, "small_sq": small, "big_sq": big, "small_batch": self.small_batch,
-                                    "big_batch": self.big_batch}) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "step": step,
+                            "small_sq": small,
+                            "big_sq": big,
+                            "small_batch": self.small_batch,
+                            "big_batch": self.big_batch,
+                        }
+                    )
+                    + "\n"
+                )
         self.pending.clear()
 
     def summary(self) -> dict[str, Any]:
-        return {"source": self.source, "small_batch": self.small_batch, "big_batch": self.big_batch,
-                "ranks": self.ranks, "files": "grad_noise/rank<R>.jsonl"}
+        return {
+            "source": self.source,
+            "small_batch": self.small_batch,
+            "big_batch": self.big_batch,
+            "ranks": self.ranks,
+            "files": "grad_noise/rank<R>.jsonl",
+        }
 
 
 def grad_noise_file(run_path: Path, rank: int) -> Path:

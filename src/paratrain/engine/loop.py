@@ -4,6 +4,7 @@ The launcher starts this module's `run_rank` once per rank. Everything a rank ne
 plain data (the resolved config, the placement, the run directory), so the same entry point
 serves torchrun-style launches, a notebook's spawned ranks and a single process.
 """
+
 from __future__ import annotations
 
 import gc
@@ -14,10 +15,11 @@ import re
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import torch
 from torch import nn
@@ -27,11 +29,18 @@ from paratrain.engine.augment import BatchAugment
 from paratrain.engine.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from paratrain.engine.data import BatchPreparer, eval_batches, training_batches
 from paratrain.engine.distributed import Placement, RankContext, bound_collectives, init_rank, shutdown
-from paratrain.engine.grad_noise import GradNoiseRecorder
 from paratrain.engine.flops import FlopCount, count_flops, cpu_peak, gpu_peak, mfu
+from paratrain.engine.grad_noise import GradNoiseRecorder
 from paratrain.engine.lr import LRSchedule, scaled_lr
-from paratrain.engine.memory import (MemoryMeter, is_out_of_memory, limit_rank_memory, peak_memory_bytes, per_rank,
-                                     release_cached_memory, reset_peak_memory)
+from paratrain.engine.memory import (
+    MemoryMeter,
+    is_out_of_memory,
+    limit_rank_memory,
+    peak_memory_bytes,
+    per_rank,
+    release_cached_memory,
+    reset_peak_memory,
+)
 from paratrain.engine.optim import build_optimizer
 from paratrain.engine.progress import EpochProgress
 from paratrain.engine.strategies import Strategy, build_strategy
@@ -39,14 +48,15 @@ from paratrain.engine.timing import Clock, StepBreakdown
 from paratrain.runs import MetricsWriter, RunDir
 from paratrain.workloads import build_model, load_data
 from paratrain.workloads.datasets import default_cache_dir
-from paratrain.workloads.text import TokenStream
 from paratrain.workloads.objective import build_objective
+from paratrain.workloads.text import TokenStream
 
 log = logging.getLogger("paratrain.rank")
 
 
-def run_rank(config: dict[str, Any], placement: dict[str, Any], run_dir: str,
-             environ: Optional[dict[str, Optional[str]]] = None) -> Optional[dict[str, Any]]:
+def run_rank(
+    config: dict[str, Any], placement: dict[str, Any], run_dir: str, environ: dict[str, str | None] | None = None
+) -> dict[str, Any] | None:
     """Entry point of one rank; returns the run summary on rank 0 and None elsewhere.
 
     `environ`: changes to this process's environment, applied first (None: remove the variable). A
@@ -60,7 +70,7 @@ def run_rank(config: dict[str, Any], placement: dict[str, Any], run_dir: str,
             os.environ[name] = value
     cfg = TrainConfig.model_validate(config)
     if cfg.memory_limit is not None:
-        limit_rank_memory(cfg.memory_limit_bytes)     # launch runs such ranks in processes of their own
+        limit_rank_memory(cfg.memory_limit_bytes)  # launch runs such ranks in processes of their own
     ctx = init_rank(Placement(**placement))
     run = RunDir(Path(run_dir))
     handler = _log_to_file(run.rank_log(ctx.rank), ctx)
@@ -72,13 +82,16 @@ def run_rank(config: dict[str, Any], placement: dict[str, Any], run_dir: str,
         if cfg.memory_limit is not None and is_out_of_memory(exc):
             raise MemoryLimitExceeded(
                 f"rank {ctx.rank} needs more memory than --memory-limit {cfg.memory_limit} allows; shard the model "
-                "over the ranks with --strategy fsdp (or split it with --strategy pipeline), or raise --memory-limit") from None
+                "over the ranks with --strategy fsdp (or split it with --strategy pipeline), or raise --memory-limit"
+            ) from None
         if ctx.distributed and _is_collective_failure(exc):
             # torch's text, without the source locations and wrappers it adds around gloo's message.
             reason = re.sub(r"\[[^\]]*\.(cc|cpp|h):\d+\] ?", "", " ".join(str(exc).split())).split(" At: ")[0]
             reason = reason.rpartition("RuntimeError: ")[2] or type(exc).__name__
-            raise CollectiveFailed(f"rank {ctx.rank} stopped {activity}: a peer stopped answering or went away "
-                                   f"(--timeout {cfg.timeout:g} s): {reason}") from None
+            raise CollectiveFailed(
+                f"rank {ctx.rank} stopped {activity}: a peer stopped answering or went away "
+                f"(--timeout {cfg.timeout:g} s): {reason}"
+            ) from None
         raise
     finally:
         # The Trainer (its DDP model among it) sits in reference cycles, freed only by the collector:
@@ -118,7 +131,8 @@ def _is_collective_failure(exc: BaseException) -> bool:
     import torch.distributed as dist
 
     return isinstance(exc, (TimeoutError, dist.DistError)) or (
-        isinstance(exc, RuntimeError) and bool(_COLLECTIVE_ERROR.search(str(exc))))
+        isinstance(exc, RuntimeError) and bool(_COLLECTIVE_ERROR.search(str(exc)))
+    )
 
 
 @dataclass
@@ -127,8 +141,8 @@ class Activity:
     (a peer died or hangs) ends with an error saying where the run was."""
 
     phase: str = "setting up (joining the other ranks, building and wrapping the model)"
-    epoch: Optional[int] = None
-    step: Optional[int] = None        # the optimizer step under way (1-based)
+    epoch: int | None = None
+    step: int | None = None  # the optimizer step under way (1-based)
 
     def __str__(self) -> str:
         if self.phase == "training":
@@ -158,16 +172,16 @@ class TrainingDiverged(Exception):
 class RunState:
     """Where the run is; all of it goes into the checkpoint."""
 
-    epoch: int = 0                 # epochs completed
-    step: int = 0                  # optimizer steps completed
-    samples: int = 0               # training samples processed, all ranks
-    elapsed_s: float = 0.0         # training wall time before this launch (resumed runs)
+    epoch: int = 0  # epochs completed
+    step: int = 0  # optimizer steps completed
+    samples: int = 0  # training samples processed, all ranks
+    elapsed_s: float = 0.0  # training wall time before this launch (resumed runs)
     epochs_done: list[dict[str, Any]] = field(default_factory=list)
-    position: Optional[dict[str, Any]] = None    # a checkpoint taken mid-epoch (--checkpoint-every Nsteps): where in it
+    position: dict[str, Any] | None = None  # a checkpoint taken mid-epoch (--checkpoint-every Nsteps): where in it
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig, ctx: RankContext, run: RunDir, activity: Optional[Activity] = None):
+    def __init__(self, cfg: TrainConfig, ctx: RankContext, run: RunDir, activity: Activity | None = None):
         self.cfg, self.ctx, self.run = cfg, ctx, run
         self.activity = activity or Activity()
         self.started = time.perf_counter()
@@ -189,24 +203,45 @@ class Trainer:
             _checkpoint_activations(module)
         self.model = self.strategy.wrap(module)
         # Built after wrapping: FSDP's parameters are shards, a pipeline stage has only its layers.
-        self.optimizer = self.strategy.build_optimizer(self.model, lambda m: build_optimizer(
-            cfg.optimizer, m, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay))
+        self.optimizer = self.strategy.build_optimizer(
+            self.model,
+            lambda m: build_optimizer(
+                cfg.optimizer, m, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
+            ),
+        )
         if cfg.compile:
             self.model = torch.compile(self.model)
 
         augment = BatchAugment(cfg.augment, seed=cfg.seed * 1000 + ctx.rank, device=ctx.device) if cfg.augment else None
         self.augment = augment
         self.prepare = BatchPreparer(cfg.image_size, augment)
-        self.batches = training_batches(self.data.train, cfg.batch_size, self.data_ctx, cfg.seed, self.prepare, cfg.loader_workers)
+        self.batches = training_batches(
+            self.data.train, cfg.batch_size, self.data_ctx, cfg.seed, self.prepare, cfg.loader_workers
+        )
         self.micro_steps = len(self.batches)
         self.steps_per_epoch = -(-self.micro_steps // cfg.grad_accum)
         self.schedule = LRSchedule(
-            base_lr=cfg.lr, peak_lr=scaled_lr(cfg.lr, cfg.global_batch_size, cfg.reference_batch_size, cfg.lr_scaling),
-            steps_per_epoch=self.steps_per_epoch, epochs=cfg.epochs, warmup_epochs=cfg.warmup_epochs,
-            schedule=cfg.schedule, step_size=cfg.lr_step_size, gamma=cfg.lr_gamma, decay_rate=cfg.lr_decay_rate,
-            power=cfg.lr_power, min_lr=cfg.min_lr, end_lr=cfg.lr_end, max_steps=cfg.max_steps)
-        self.grad_noise = GradNoiseRecorder(cfg, ctx.rank, cfg.data_parallel_size, run.path, self.strategy.bucket_norms,
-                                            self.strategy.allreduce) if cfg.grad_noise else None
+            base_lr=cfg.lr,
+            peak_lr=scaled_lr(cfg.lr, cfg.global_batch_size, cfg.reference_batch_size, cfg.lr_scaling),
+            steps_per_epoch=self.steps_per_epoch,
+            epochs=cfg.epochs,
+            warmup_epochs=cfg.warmup_epochs,
+            schedule=cfg.schedule,
+            step_size=cfg.lr_step_size,
+            gamma=cfg.lr_gamma,
+            decay_rate=cfg.lr_decay_rate,
+            power=cfg.lr_power,
+            min_lr=cfg.min_lr,
+            end_lr=cfg.lr_end,
+            max_steps=cfg.max_steps,
+        )
+        self.grad_noise = (
+            GradNoiseRecorder(
+                cfg, ctx.rank, cfg.data_parallel_size, run.path, self.strategy.bucket_norms, self.strategy.allreduce
+            )
+            if cfg.grad_noise
+            else None
+        )
 
         half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
         self.autocast = (lambda: torch.autocast(ctx.device.type, dtype=half)) if half else nullcontext
@@ -221,8 +256,8 @@ class Trainer:
         # not count the restart (TORCHELASTIC_RESTART_COUNT), so that cannot tell.
         restartable = cfg.max_restarts > 0 and not cfg.resume
         self.restarts = self._earlier_restarts() + 1 if restartable and ctx.is_main and run.metrics.exists() else 0
-        self.resumed_from_step: Optional[int] = None
-        self._partial: Optional[dict[str, torch.Tensor]] = None     # this rank's sums of a checkpointed partial epoch
+        self.resumed_from_step: int | None = None
+        self._partial: dict[str, torch.Tensor] | None = None  # this rank's sums of a checkpointed partial epoch
         if cfg.resume or restartable:
             self._restore()
         self.memory = MemoryMeter(self.state.step, self.steps_per_epoch * cfg.epochs)
@@ -238,18 +273,30 @@ class Trainer:
 
     # -- the loop --------------------------------------------------------------------------
 
-    def fit(self) -> Optional[dict[str, Any]]:
+    def fit(self) -> dict[str, Any] | None:
         cfg, ctx = self.cfg, self.ctx
-        progress = EpochProgress(ctx.is_main and not cfg.quiet and sys.stderr.isatty(), cfg.epochs, self.steps_per_epoch)
-        log.info("training %s with %s on %d rank(s), %d steps/epoch", cfg.workload, cfg.strategy_name,
-                 ctx.world_size, self.steps_per_epoch)
+        progress = EpochProgress(
+            ctx.is_main and not cfg.quiet and sys.stderr.isatty(), cfg.epochs, self.steps_per_epoch
+        )
+        log.info(
+            "training %s with %s on %d rank(s), %d steps/epoch",
+            cfg.workload,
+            cfg.strategy_name,
+            ctx.world_size,
+            self.steps_per_epoch,
+        )
         # Wall-clock start of training, for launch overhead (time from launch to the first step).
         # `time` is on the clock of the step events, so a step's Unix time is unix_time + (its time - this time).
-        self._event("start", step=self.state.step, unix_time=time.time(), time=self.state.elapsed_s + time.perf_counter() - self.started,
-                    **({"restart": self.restarts} if self.restarts else {}))
+        self._event(
+            "start",
+            step=self.state.step,
+            unix_time=time.time(),
+            time=self.state.elapsed_s + time.perf_counter() - self.started,
+            **({"restart": self.restarts} if self.restarts else {}),
+        )
         bound_collectives(cfg.timeout)
-        self.first_step = self.state.step       # bytes sent are counted from here (a resumed run's launch)
-        self.checked_step = self.state.step     # the loss was last seen finite after this step
+        self.first_step = self.state.step  # bytes sent are counted from here (a resumed run's launch)
+        self.checked_step = self.state.step  # the loss was last seen finite after this step
         try:
             for epoch in range(self.state.epoch, cfg.epochs):
                 progress.start_epoch(epoch)
@@ -263,7 +310,9 @@ class Trainer:
                 if self._steps_done():
                     break
                 if cfg.early_stop and epoch - self._best_epoch() >= cfg.early_stop:
-                    log.info("early stop after epoch %d: no better validation loss for %d epochs", epoch + 1, cfg.early_stop)
+                    log.info(
+                        "early stop after epoch %d: no better validation loss for %d epochs", epoch + 1, cfg.early_stop
+                    )
                     break
         except TrainingDiverged as exc:
             log.error("%s", exc)
@@ -292,7 +341,11 @@ class Trainer:
         if position is not None and position["epoch"] == epoch:
             # Resumed from a checkpoint taken mid-epoch: the epoch goes on from the next batch, with
             # the sums and time of its first part (the random streams were restored with the rest).
-            first_micro, epoch_samples, t_elapsed0 = position["micro"], position["epoch_samples"], position["time_start"]
+            first_micro, epoch_samples, t_elapsed0 = (
+                position["micro"],
+                position["epoch_samples"],
+                position["time_start"],
+            )
             epoch_start -= position["epoch_elapsed_s"]
             if self._partial is not None:
                 totals.copy_(self._partial["totals"])
@@ -304,8 +357,10 @@ class Trainer:
             data_ready = clock.stamp()
             sync = (micro + 1) % cfg.grad_accum == 0 or micro == last_micro
             # All micro-steps but the last accumulate locally: DDP skips the all-reduce in no_sync.
-            with (nullcontext() if sync else self.strategy.no_sync(model)), self.memory.watch(self.state.step):
-                loss, out = self.strategy.forward_backward(model, self.objective, x, y, cfg.grad_accum, self.scaler, self.autocast)
+            with nullcontext() if sync else self.strategy.no_sync(model), self.memory.watch(self.state.step):
+                loss, out = self.strategy.forward_backward(
+                    model, self.objective, x, y, cfg.grad_accum, self.scaler, self.autocast
+                )
             backward_end = clock.stamp()
             if self.grad_noise is not None:
                 self.grad_noise.micro_step(model, micro % cfg.grad_accum, sync, len(y), self.state.step + 1)
@@ -317,7 +372,7 @@ class Trainer:
             if loss is not None:
                 interval[0].add_(loss, alpha=len(y))
                 interval[1].add_(self.objective.correct(out, y))
-                interval[2] += len(y)       # a Python number: no host-to-device copy
+                interval[2] += len(y)  # a Python number: no host-to-device copy
 
             if sync:
                 lr = self.schedule.lr_at(self.state.step)
@@ -325,7 +380,7 @@ class Trainer:
                     group["lr"] = lr
                 opt_start = clock.stamp()
                 step_comm = self.strategy.optimizer_step(self.optimizer, self.scaler)
-                if step_comm is not None:       # communication inside the step: exposed, so it is comm_s
+                if step_comm is not None:  # communication inside the step: exposed, so it is comm_s
                     breakdown.span("optimizer_comm_s", *step_comm)
                 self.memory.count(self.state.step, model, self.optimizer)
                 self.optimizer.zero_grad(set_to_none=True)
@@ -344,9 +399,17 @@ class Trainer:
                     progress.show(rate, loss_sum / n)
                     self.state.samples += n
                     epoch_samples += n
-                    self._event("step", epoch=epoch, step=self.state.step, samples=self.state.samples,
-                                loss=loss_sum / n, accuracy=correct / n, lr=lr, samples_per_s=rate,
-                                time=self.state.elapsed_s + now - self.started)
+                    self._event(
+                        "step",
+                        epoch=epoch,
+                        step=self.state.step,
+                        samples=self.state.samples,
+                        loss=loss_sum / n,
+                        accuracy=correct / n,
+                        lr=lr,
+                        samples_per_s=rate,
+                        time=self.state.elapsed_s + now - self.started,
+                    )
                     totals += interval
                     interval.zero_()
                     interval_start = now
@@ -355,10 +418,17 @@ class Trainer:
                 step_start = step_end
                 self.activity.step = self.state.step + 1
                 if cfg.checkpoint_every_steps and self.state.step % cfg.checkpoint_every_steps == 0:
-                    self._save(position={"epoch": epoch, "micro": micro + 1, "epoch_samples": epoch_samples,
-                                         "epoch_elapsed_s": time.perf_counter() - epoch_start, "time_start": t_elapsed0},
-                               partial={"totals": totals.clone(), "interval": interval.clone()})
-                    step_start = clock.stamp()      # the checkpoint's time is not the next step's
+                    self._save(
+                        position={
+                            "epoch": epoch,
+                            "micro": micro + 1,
+                            "epoch_samples": epoch_samples,
+                            "epoch_elapsed_s": time.perf_counter() - epoch_start,
+                            "time_start": t_elapsed0,
+                        },
+                        partial={"totals": totals.clone(), "interval": interval.clone()},
+                    )
+                    step_start = clock.stamp()  # the checkpoint's time is not the next step's
                 if self._steps_done():
                     break
             data_start = clock.stamp()
@@ -369,7 +439,7 @@ class Trainer:
         seconds = time.perf_counter() - epoch_start
         loss_sum, correct, n = ctx.sum(totals).tolist()
         n = int(n)
-        self.state.samples += n - epoch_samples      # the samples since the last log point
+        self.state.samples += n - epoch_samples  # the samples since the last log point
         self._check_finite(loss_sum)
         if self.grad_noise is not None:
             self.grad_noise.flush()
@@ -381,10 +451,18 @@ class Trainer:
         *sums, training_ranks = ctx.sum(means).tolist()
         phases = dict(zip(phases, (total / training_ranks for total in sums)))
         record = {
-            "epoch": epoch, "step": self.state.step, "samples": self.state.samples, "epoch_samples": n,
-            "train_loss": loss_sum / n, "train_accuracy": correct / n, "epoch_time_s": seconds,
-            "samples_per_s": n / seconds, "lr": self.optimizer.param_groups[0]["lr"],
-            "time_start": t_elapsed0, "time_end": t_elapsed0 + seconds, "breakdown": phases,
+            "epoch": epoch,
+            "step": self.state.step,
+            "samples": self.state.samples,
+            "epoch_samples": n,
+            "train_loss": loss_sum / n,
+            "train_accuracy": correct / n,
+            "epoch_time_s": seconds,
+            "samples_per_s": n / seconds,
+            "lr": self.optimizer.param_groups[0]["lr"],
+            "time_start": t_elapsed0,
+            "time_end": t_elapsed0 + seconds,
+            "breakdown": phases,
         }
         self._event("epoch", **record)
         log.info("epoch %d: %.2fs, %.0f samples/s, loss %.4f", epoch + 1, seconds, n / seconds, loss_sum / n)
@@ -395,7 +473,8 @@ class Trainer:
         if not math.isfinite(loss_sum):
             raise TrainingDiverged(
                 f"training diverged: the loss became {loss_sum} between steps {self.checked_step + 1} and "
-                f"{self.state.step}; lower --lr (the scaled LR was {self.schedule.peak_lr:.4g}) or add --warmup-epochs")
+                f"{self.state.step}; lower --lr (the scaled LR was {self.schedule.peak_lr:.4g}) or add --warmup-epochs"
+            )
         self.checked_step = self.state.step
 
     def _steps_done(self) -> bool:
@@ -419,14 +498,18 @@ class Trainer:
         for name, split in splits.items():
             totals = torch.zeros(3, dtype=torch.float64, device=self.ctx.device)
             # Text windows are large samples (seq_len tokens, 256 logits each): 4 training batches' worth.
-            batch = self.cfg.batch_size * 4 if isinstance(self.data.train, TokenStream) else max(256, self.cfg.batch_size * 4)
+            batch = (
+                self.cfg.batch_size * 4
+                if isinstance(self.data.train, TokenStream)
+                else max(256, self.cfg.batch_size * 4)
+            )
             for x, y in eval_batches(split, self.data_ctx, batch, self.prepare, self.cfg.loader_workers):
                 loss, out = self.strategy.evaluate(self.model, self.objective, x, y, self.autocast)
                 if loss is None:
                     continue
                 totals[0] += loss.float() * len(y)
                 totals[1] += self.objective.correct(out, y)
-                totals[2] += len(y)        # a Python number: no host-to-device copy
+                totals[2] += len(y)  # a Python number: no host-to-device copy
             loss_sum, correct, n = self.ctx.sum(totals).tolist()
             results[name] = {"loss": loss_sum / n, "accuracy": correct / n, "samples": int(n)}
             self._event("eval", epoch=epoch, step=self.state.step, split=name, **results[name])
@@ -446,7 +529,7 @@ class Trainer:
             state["cuda"] = torch.cuda.get_rng_state(self.ctx.device)
         return state
 
-    def _save(self, position: Optional[dict[str, Any]] = None, partial: Optional[dict[str, torch.Tensor]] = None) -> None:
+    def _save(self, position: dict[str, Any] | None = None, partial: dict[str, torch.Tensor] | None = None) -> None:
         """Every rank calls it. `position` and `partial` (this rank's sums so far) for a checkpoint
         taken in the middle of an epoch."""
         with self.activity.doing(f"saving the checkpoint after step {self.state.step}"):
@@ -455,13 +538,28 @@ class Trainer:
         if not self.ctx.is_main:
             return
         s = self.state
-        save_checkpoint(self.run.path / CHECKPOINT_NAME, {
-            "identity": self.cfg.identity(), "device": self.ctx.device.type, "epoch": s.epoch, "step": s.step, "samples": s.samples,
-            "elapsed_s": s.elapsed_s + time.perf_counter() - self.started, "epochs_done": s.epochs_done,
-            **states, "scaler": self.scaler.state_dict(), "rng": rngs, "position": position,
-        })
-        log.info("checkpoint after step %d (epoch %d%s)", s.step, s.epoch + (position is not None),
-                 f", batch {position['micro']} of {self.micro_steps}" if position else "")
+        save_checkpoint(
+            self.run.path / CHECKPOINT_NAME,
+            {
+                "identity": self.cfg.identity(),
+                "device": self.ctx.device.type,
+                "epoch": s.epoch,
+                "step": s.step,
+                "samples": s.samples,
+                "elapsed_s": s.elapsed_s + time.perf_counter() - self.started,
+                "epochs_done": s.epochs_done,
+                **states,
+                "scaler": self.scaler.state_dict(),
+                "rng": rngs,
+                "position": position,
+            },
+        )
+        log.info(
+            "checkpoint after step %d (epoch %d%s)",
+            s.step,
+            s.epoch + (position is not None),
+            f", batch {position['micro']} of {self.micro_steps}" if position else "",
+        )
 
     def _earlier_restarts(self) -> int:
         starts = [line for line in self.run.metrics.read_text().splitlines() if '"event": "start"' in line]
@@ -492,24 +590,46 @@ class Trainer:
         else:
             # Resharded (fsdp) onto another number of ranks: each rank's random stream (augmentation,
             # dropout) has no counterpart, so the streams restart from the seed.
-            log.warning("resumed on %d ranks from a checkpoint of %d: random streams restart from --seed",
-                        self.ctx.world_size, len(ckpt["rng"]))
-        self.state = RunState(epoch=ckpt["epoch"], step=ckpt["step"], samples=ckpt["samples"],
-                              elapsed_s=ckpt["elapsed_s"], epochs_done=list(ckpt["epochs_done"]),
-                              position=ckpt.get("position"))
+            log.warning(
+                "resumed on %d ranks from a checkpoint of %d: random streams restart from --seed",
+                self.ctx.world_size,
+                len(ckpt["rng"]),
+            )
+        self.state = RunState(
+            epoch=ckpt["epoch"],
+            step=ckpt["step"],
+            samples=ckpt["samples"],
+            elapsed_s=ckpt["elapsed_s"],
+            epochs_done=list(ckpt["epochs_done"]),
+            position=ckpt.get("position"),
+        )
         self.resumed_from_step = self.state.step
-        log.info("resumed after epoch %d (step %d)%s", self.state.epoch, self.state.step,
-                 f" on restart {self.restarts}" if self.restarts else "")
+        log.info(
+            "resumed after epoch %d (step %d)%s",
+            self.state.epoch,
+            self.state.step,
+            f" on restart {self.restarts}" if self.restarts else "",
+        )
 
-    def _diverged_summary(self, message: str) -> Optional[dict[str, Any]]:
+    def _diverged_summary(self, message: str) -> dict[str, Any] | None:
         if not self.ctx.is_main:
             return None
         cfg = self.cfg
-        return {"status": "diverged", "error": message, "workers": self.ctx.world_size, "strategy": cfg.strategy_name,
-                "batch_size": cfg.batch_size, "global_batch_size": cfg.global_batch_size, "lr": self.schedule.peak_lr,
-                "base_lr": cfg.lr, "epochs": cfg.epochs, "steps": self.state.step, "diverged_after_step": self.checked_step}
+        return {
+            "status": "diverged",
+            "error": message,
+            "workers": self.ctx.world_size,
+            "strategy": cfg.strategy_name,
+            "batch_size": cfg.batch_size,
+            "global_batch_size": cfg.global_batch_size,
+            "lr": self.schedule.peak_lr,
+            "base_lr": cfg.lr,
+            "epochs": cfg.epochs,
+            "steps": self.state.step,
+            "diverged_after_step": self.checked_step,
+        }
 
-    def model_flops(self) -> Optional[FlopCount]:
+    def model_flops(self) -> FlopCount | None:
         """FLOPs of one sample, for MFU, counted at the end of the run on the model built again on the
         meta device (shapes only; without activation checkpointing: MFU credits no recomputation).
         Counting imports torch._dynamo and sympy, which took longer than torch itself here: counted
@@ -517,13 +637,16 @@ class Trainer:
         try:
             with torch.device("meta"):
                 module = build_model(self.cfg, self.data)
-        except Exception as exc:        # a user model that builds only on a real device: no FLOPs, no MFU
-            log.warning("cannot build the model on the meta device to count FLOPs (%s: %s); no MFU for this run",
-                        type(exc).__name__, exc)
+        except Exception as exc:  # a user model that builds only on a real device: no FLOPs, no MFU
+            log.warning(
+                "cannot build the model on the meta device to count FLOPs (%s: %s); no MFU for this run",
+                type(exc).__name__,
+                exc,
+            )
             return None
         return model_flops_per_sample(module, self.objective, self.data, self.ctx, self.cfg)
 
-    def _summary(self) -> Optional[dict[str, Any]]:
+    def _summary(self) -> dict[str, Any] | None:
         self.activity.phase = "gathering the summary"
         peak = self.ctx.gather_objects(peak_memory_bytes(self.ctx.device))
         memory = per_rank(self.ctx.gather_objects(self.memory.figures()))
@@ -533,30 +656,45 @@ class Trainer:
         if not self.ctx.is_main:
             return None
         cfg, epochs = self.cfg, self.state.epochs_done
-        steady = epochs[1:] or epochs       # the first epoch pays for start-up: excluded when there are more
+        steady = epochs[1:] or epochs  # the first epoch pays for start-up: excluded when there are more
         last = epochs[-1]
         held_out = last["evals"].get("val", last["evals"]["test"])
         steady_time = sum(e["epoch_time_s"] for e in steady)
         breakdown = {k: statistics.fmean(e["breakdown"][k] for e in steady) for k in steady[0]["breakdown"]}
         return {
-            "status": "completed", "workers": self.ctx.world_size, "strategy": cfg.strategy_name,
+            "status": "completed",
+            "workers": self.ctx.world_size,
+            "strategy": cfg.strategy_name,
             "allreduce": self.strategy.allreduce,
             "comm_bytes_per_step": None if None in sent else [b / steps_here for b in sent],
-            "batch_size": cfg.batch_size, "global_batch_size": cfg.global_batch_size, "grad_accum": cfg.grad_accum,
-            "lr": self.schedule.peak_lr, "base_lr": cfg.lr, "lr_scaling": cfg.lr_scaling, "epochs": cfg.epochs,
-            "steps": self.state.step, "steps_per_epoch": self.steps_per_epoch,
+            "batch_size": cfg.batch_size,
+            "global_batch_size": cfg.global_batch_size,
+            "grad_accum": cfg.grad_accum,
+            "lr": self.schedule.peak_lr,
+            "base_lr": cfg.lr,
+            "lr_scaling": cfg.lr_scaling,
+            "epochs": cfg.epochs,
+            "steps": self.state.step,
+            "steps_per_epoch": self.steps_per_epoch,
             "epoch_times_s": [e["epoch_time_s"] for e in epochs],
             "epoch_time_s": statistics.median(e["epoch_time_s"] for e in steady),
             "samples_per_s": sum(e["epoch_samples"] for e in steady) / steady_time,
             "timed_epochs": len(steady),
-            "train_loss": last["train_loss"], "train_accuracy": last["train_accuracy"],
-            "val_loss": held_out["loss"], "val_accuracy": held_out["accuracy"],
+            "train_loss": last["train_loss"],
+            "train_accuracy": last["train_accuracy"],
+            "val_loss": held_out["loss"],
+            "val_accuracy": held_out["accuracy"],
             "val_split": "val" if "val" in last["evals"] else "test",
-            "test_loss": last["evals"]["test"]["loss"], "test_accuracy": last["evals"]["test"]["accuracy"],
+            "test_loss": last["evals"]["test"]["loss"],
+            "test_accuracy": last["evals"]["test"]["accuracy"],
             "train_time_s": self.state.elapsed_s + time.perf_counter() - self.started,
-            "breakdown": breakdown, "peak_memory_bytes": peak, "memory": memory,
-            "epochs_run": len(epochs), "early_stopped": len(epochs) < cfg.epochs,
-            "restarts": self.restarts, "resumed_from_step": self.resumed_from_step,
+            "breakdown": breakdown,
+            "peak_memory_bytes": peak,
+            "memory": memory,
+            "epochs_run": len(epochs),
+            "early_stopped": len(epochs) < cfg.epochs,
+            "restarts": self.restarts,
+            "resumed_from_step": self.resumed_from_step,
             **({"best_epoch": self._best_epoch() + 1} if cfg.early_stop else {}),
             **model_throughput(self, sum(e["epoch_samples"] for e in steady) / steady_time, last["evals"]),
             **({"grad_noise": self.grad_noise.summary()} if self.grad_noise is not None else {}),
@@ -564,7 +702,9 @@ class Trainer:
         }
 
 
-def model_flops_per_sample(module: nn.Module, objective: Any, data: Any, ctx: RankContext, cfg: TrainConfig) -> Optional[FlopCount]:
+def model_flops_per_sample(
+    module: nn.Module, objective: Any, data: Any, ctx: RankContext, cfg: TrainConfig
+) -> FlopCount | None:
     """FLOPs of one sample, counted on its shapes; the sample comes from the test split, so no
     augmentation or random number is drawn and the training run is unchanged."""
     x, y = next(eval_batches(data.test, ctx, 1, BatchPreparer(cfg.image_size)))
@@ -578,7 +718,7 @@ def model_throughput(trainer: Trainer, samples_per_s: float, evals: dict[str, An
     if isinstance(data.train, TokenStream):
         fields["seq_len"] = data.train.seq_len
         fields["tokens_per_s"] = samples_per_s * data.train.seq_len
-        if trainer.objective.in_nats:       # cross-entropy in nats per byte
+        if trainer.objective.in_nats:  # cross-entropy in nats per byte
             fields["val_bits_per_byte"] = evals.get("val", evals["test"])["loss"] / math.log(2)
             fields["test_bits_per_byte"] = evals["test"]["loss"] / math.log(2)
     count = trainer.model_flops()
@@ -589,8 +729,11 @@ def model_throughput(trainer: Trainer, samples_per_s: float, evals: dict[str, An
     else:
         peak = cpu_peak(cfg.precision, cfg.cache_dir or default_cache_dir())
     fields["mfu"] = mfu(trainer.flops_per_sample, samples_per_s, peak[0] if peak else None, ctx.world_size)
-    fields["mfu_peak"] = {"flops_per_s": peak[0] * ctx.world_size, "per_device": peak[0], "devices": ctx.world_size,
-                          "source": peak[1]} if peak else None
+    fields["mfu_peak"] = (
+        {"flops_per_s": peak[0] * ctx.world_size, "per_device": peak[0], "devices": ctx.world_size, "source": peak[1]}
+        if peak
+        else None
+    )
     return fields
 
 

@@ -12,11 +12,11 @@
 The LR is a pure function of the optimizer step, so a resumed run needs only its step count to
 continue on exactly the same schedule.
 """
+
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
 
 from paratrain.errors import UsageError
 
@@ -56,8 +56,8 @@ class LRSchedule:
     decay_rate: float = 0.5
     power: float = 2.0
     min_lr: float = 0.0
-    end_lr: Optional[float] = None
-    max_steps: Optional[int] = None
+    end_lr: float | None = None
+    max_steps: int | None = None
 
     def __post_init__(self) -> None:
         if self.base_lr <= 0 or self.peak_lr <= 0:
@@ -91,7 +91,7 @@ class LRSchedule:
         if self.schedule == "step":
             return peak * self.gamma ** math.floor(epochs_after / self.step_size)
         if self.schedule == "exp":
-            return peak * self.gamma ** epochs_after
+            return peak * self.gamma**epochs_after
         if self.schedule == "inverse-time":
             return peak / (1.0 + self.decay_rate * epochs_after)
         progress = min(after / max(remaining - 1, 1), 1.0)

@@ -20,18 +20,19 @@ the run (the second of the launch), so the other steps pay nothing.
 
 `limit_rank_memory` bounds a CPU rank's memory (--memory-limit) with RLIMIT_DATA; see its docstring.
 """
+
 from __future__ import annotations
 
 import re
 import resource
 import sys
+from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any
 
 import torch
 from torch import nn
-
 
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
@@ -41,10 +42,10 @@ def reset_peak_memory(device: torch.device) -> None:
     """Start counting this run's peak from what is resident now."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    try:        # the host's peak too: summary.json's memory block reports it on GPU ranks as well
+    try:  # the host's peak too: summary.json's memory block reports it on GPU ranks as well
         _CLEAR_REFS.write_text("5")
     except OSError:
-        pass    # no /proc (not Linux) or not allowed: the peak then covers the process's life
+        pass  # no /proc (not Linux) or not allowed: the peak then covers the process's life
 
 
 def peak_memory_bytes(device: torch.device) -> int:
@@ -62,7 +63,7 @@ def peak_rss_bytes() -> int:
         match = None
     if match:
         return int(match.group(1)) * 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024    # Linux reports KiB
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
 def release_cached_memory(device: torch.device) -> None:
@@ -72,6 +73,7 @@ def release_cached_memory(device: torch.device) -> None:
 
 
 # -- where a rank's memory goes ------------------------------------------------------------------
+
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
     """The part of a tensor this rank holds: a DTensor's local shard, else the tensor.
@@ -132,7 +134,7 @@ class SavedTensorPeak:
     def __init__(self) -> None:
         self.live = 0
         self.peak = 0
-        self._refs: dict[tuple[str, int], list[int]] = {}     # storage -> [saved tensors alive, bytes]
+        self._refs: dict[tuple[str, int], list[int]] = {}  # storage -> [saved tensors alive, bytes]
 
     @contextmanager
     def watch(self) -> Iterator[None]:
@@ -161,7 +163,7 @@ class SavedTensorPeak:
 
 
 class _Saved:
-    __slots__ = ("tensor", "meter", "key")
+    __slots__ = ("key", "meter", "tensor")
 
     def __init__(self, tensor: torch.Tensor, meter: SavedTensorPeak, key: tuple[str, int]):
         self.tensor, self.meter, self.key = tensor, meter, key
@@ -189,7 +191,7 @@ class MemoryMeter:
     def __init__(self, first_step: int, last_step: int):
         self.step = first_step + 1 if last_step - first_step > 1 else first_step
         self.activations = SavedTensorPeak()
-        self.held: Optional[dict[str, int]] = None
+        self.held: dict[str, int] | None = None
 
     def watch(self, step: int) -> AbstractContextManager:
         """The context for one micro-step's forward and backward of optimizer step `step`."""
@@ -200,16 +202,19 @@ class MemoryMeter:
         if step == self.step:
             self.held = held_bytes(model, optimizer)
 
-    def figures(self) -> dict[str, Optional[int]]:
+    def figures(self) -> dict[str, int | None]:
         """This rank's five figures (None for the step figures when the step was never reached)."""
         held = self.held or {}
-        return {"parameters_bytes": held.get("parameters_bytes"), "gradients_bytes": held.get("gradients_bytes"),
-                "optimizer_bytes": held.get("optimizer_bytes"),
-                "activations_peak_bytes": self.activations.peak if self.held is not None else None,
-                "rss_peak_bytes": peak_rss_bytes()}
+        return {
+            "parameters_bytes": held.get("parameters_bytes"),
+            "gradients_bytes": held.get("gradients_bytes"),
+            "optimizer_bytes": held.get("optimizer_bytes"),
+            "activations_peak_bytes": self.activations.peak if self.held is not None else None,
+            "rss_peak_bytes": peak_rss_bytes(),
+        }
 
 
-def per_rank(figures: list[dict[str, Optional[int]]]) -> dict[str, list[Optional[int]]]:
+def per_rank(figures: list[dict[str, int | None]]) -> dict[str, list[int | None]]:
     """Every rank's figures (in rank order) as summary.json's `memory` block: one list per figure."""
     return {name: [rank[name] for rank in figures] for name in MEMORY_FIELDS}
 
@@ -220,7 +225,8 @@ def per_rank(figures: list[dict[str, Optional[int]]]) -> dict[str, list[Optional
 # mmap and hands them back to the system when freed, but it raises that threshold (up to 32 MiB)
 # each time such a block is freed, after which blocks of that size come from its heap and stay
 # counted by RLIMIT_DATA after they are freed. Measured here: an fsdp rank, which then built the
-# whole model before it kept its shards (now it builds on the meta device), failed under a 1.5G limit with the moving threshold and
+# whole model before it kept its shards (now it builds on the meta device), failed under a 1.5G limit with the moving
+# threshold and
 # trained (peak RSS 1.28 GB) with it fixed at 128 KiB, glibc's default. Setting it fixes it.
 LIMITED_RANK_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072"}
 

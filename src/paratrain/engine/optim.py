@@ -9,9 +9,11 @@ Written here from the papers: torch ships neither. As in the papers' reference i
 biases and normalisation parameters (tensors with ndim <= 1) get no weight decay and no layer-wise
 adaptation; `build_optimizer` puts them in their own parameter group with `adapt=False`.
 """
+
 from __future__ import annotations
 
-from typing import Any, Iterable, Union
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
@@ -21,23 +23,39 @@ from paratrain.errors import UsageError
 OPTIMIZERS: tuple[str, ...] = ("sgd", "adam", "adamw", "lars", "lamb")
 
 
-def _trust_ratio(numerator: torch.Tensor, denominator: torch.Tensor, w_norm: torch.Tensor, other_norm: torch.Tensor) -> torch.Tensor:
+def _trust_ratio(
+    numerator: torch.Tensor, denominator: torch.Tensor, w_norm: torch.Tensor, other_norm: torch.Tensor
+) -> torch.Tensor:
     """numerator / denominator, or 1 where either norm is zero (a fresh or a zero-gradient layer).
 
     Computed with tensor ops, not `if`, so the step never waits for the device.
     """
     valid = (w_norm > 0) & (other_norm > 0)
-    return torch.where(valid, numerator / torch.where(valid, denominator, torch.ones_like(denominator)),
-                       torch.ones_like(numerator))
+    return torch.where(
+        valid, numerator / torch.where(valid, denominator, torch.ones_like(denominator)), torch.ones_like(numerator)
+    )
 
 
 class LARS(torch.optim.Optimizer):
     """v ← m·v + γ·λ_l·(∇w + βw),  w ← w − v,  with λ_l = η‖w‖ / (‖∇w‖ + β‖w‖)."""
 
-    def __init__(self, params: Iterable[Any], lr: float, momentum: float = 0.9, weight_decay: float = 0.0,
-                 trust_coefficient: float = 0.001, eps: float = 1e-9):
-        defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, trust_coefficient=trust_coefficient,
-                        eps=eps, adapt=True)
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float,
+        momentum: float = 0.9,
+        weight_decay: float = 0.0,
+        trust_coefficient: float = 0.001,
+        eps: float = 1e-9,
+    ):
+        defaults = dict(
+            lr=lr,
+            momentum=momentum,
+            weight_decay=weight_decay,
+            trust_coefficient=trust_coefficient,
+            eps=eps,
+            adapt=True,
+        )
         super().__init__(params, defaults)
 
     @torch.no_grad()
@@ -50,8 +68,9 @@ class LARS(torch.optim.Optimizer):
                 grad, decay = p.grad, group["weight_decay"]
                 if group["adapt"]:
                     w_norm, g_norm = p.norm(), grad.norm()
-                    local_lr = _trust_ratio(group["trust_coefficient"] * w_norm, g_norm + decay * w_norm + group["eps"],
-                                            w_norm, g_norm)
+                    local_lr = _trust_ratio(
+                        group["trust_coefficient"] * w_norm, g_norm + decay * w_norm + group["eps"], w_norm, g_norm
+                    )
                 else:
                     local_lr = torch.ones((), device=p.device)
                 update = grad.add(p, alpha=decay) if decay else grad.clone()
@@ -68,8 +87,14 @@ class LARS(torch.optim.Optimizer):
 class LAMB(torch.optim.Optimizer):
     """Adam moments with bias correction, r = m̂/(√v̂ + ε), u = r + λw, w ← w − γ·(‖w‖/‖u‖)·u."""
 
-    def __init__(self, params: Iterable[Any], lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
-                 weight_decay: float = 0.0):
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.0,
+    ):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, adapt=True))
 
     @torch.no_grad()
@@ -95,8 +120,8 @@ class LAMB(torch.optim.Optimizer):
                 m, v = state["exp_avg"], state["exp_avg_sq"]
                 m.mul_(beta1).add_(p.grad, alpha=1 - beta1)
                 v.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
-                m_hat = m / (1 - beta1 ** step)
-                v_hat = v / (1 - beta2 ** step)
+                m_hat = m / (1 - beta1**step)
+                v_hat = v / (1 - beta2**step)
                 update = m_hat / (v_hat.sqrt() + group["eps"])
                 if group["weight_decay"]:
                     update.add_(p, alpha=group["weight_decay"])
@@ -121,8 +146,9 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     return groups
 
 
-def build_optimizer(name: str, params_or_model: Union[nn.Module, Iterable[Any]], lr: float, momentum: float = 0.9,
-                    weight_decay: float = 0.0) -> torch.optim.Optimizer:
+def build_optimizer(
+    name: str, params_or_model: nn.Module | Iterable[Any], lr: float, momentum: float = 0.9, weight_decay: float = 0.0
+) -> torch.optim.Optimizer:
     if name not in OPTIMIZERS:
         raise UsageError(f"unknown optimizer {name!r}; choose from {', '.join(OPTIMIZERS)}")
     if isinstance(params_or_model, nn.Module):

@@ -3,6 +3,7 @@
 In the engine, not in workloads: they feed a batch through the engine's batch preparation, and
 workloads sit below the engine in the layers (pyproject.toml's import-linter contract).
 """
+
 from __future__ import annotations
 
 import torch
@@ -22,7 +23,7 @@ def check_loss(config: TrainConfig, data: TrainingData) -> None:
     The model is built on the meta device when it can be (shapes only: free even for gpt-xl).
     """
     name = workload_of(config).model
-    check_inputs(name, data)       # here, before any rank starts or anything is written
+    check_inputs(name, data)  # here, before any rank starts or anything is written
     if config.loss is None and (name in models.MODELS or name in gpt.PRESETS):
         return
 
@@ -34,14 +35,16 @@ def check_loss(config: TrainConfig, data: TrainingData) -> None:
                 model = build_model(config, data)
             objective = build_objective(config.loss, model)
             if objective.in_nats:
-                return          # a user model under the built-in loss: its own errors surface in the ranks
+                return  # a user model under the built-in loss: its own errors surface in the ranks
             loss, _ = objective(model, x.to(device), y.to(device))
             break
         except UsageError:
             raise
         except Exception as exc:
             if device == "cpu":
-                raise UsageError(f"the model and loss fail on a batch of 2 samples ({type(exc).__name__}: "
-                                 f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
+                raise UsageError(
+                    f"the model and loss fail on a batch of 2 samples ({type(exc).__name__}: "
+                    f"{str(exc).splitlines()[0] if str(exc) else ''})"
+                ) from None
     source = f"--loss {config.loss}" if config.loss else f"{name}'s forward(x, {objective.target_parameter}=y)"
     check_scalar(loss, source)

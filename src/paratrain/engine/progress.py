@@ -1,7 +1,6 @@
 """The progress bar rank 0 shows while it trains (rich); silent with --quiet or off a terminal."""
-from __future__ import annotations
 
-from typing import Optional
+from __future__ import annotations
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -16,14 +15,20 @@ class EpochProgress:
         self.enabled = enabled
         self.epochs = epochs
         self.steps = steps_per_epoch
-        self.progress: Optional[Progress] = None
+        self.progress: Progress | None = None
         self.task = None
         self._pending = 0
         if enabled:
             self.progress = Progress(
-                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                TextColumn("{task.fields[rate]}"), TextColumn("{task.fields[loss]}"), TimeElapsedColumn(),
-                console=Console(stderr=True), refresh_per_second=2, transient=False,
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[rate]}"),
+                TextColumn("{task.fields[loss]}"),
+                TimeElapsedColumn(),
+                console=Console(stderr=True),
+                refresh_per_second=2,
+                transient=False,
             )
             self.progress.start()
 

@@ -26,6 +26,7 @@ Nothing in torch.distributed or its CPU backends does this (gloo has no shared-m
 DeepSpeed and Intel's oneCCL bindings have one in compiled code that does not match every torch
 release, so this is written by hand in ~100 lines of torch operations.
 """
+
 from __future__ import annotations
 
 import logging
@@ -34,15 +35,14 @@ import platform
 import shutil
 import tempfile
 import time
-from typing import Optional
 
 import torch
 import torch.distributed as dist
 
 log = logging.getLogger("paratrain.rank")
 
-CHUNK_BYTES = 4 << 20          # large enough to amortise two barriers, small enough for a 64 MB /dev/shm
-_LINE = 64                     # bytes: one counter per cache line, so ranks never write the same line
+CHUNK_BYTES = 4 << 20  # large enough to amortise two barriers, small enough for a 64 MB /dev/shm
+_LINE = 64  # bytes: one counter per cache line, so ranks never write the same line
 _SHM_DIR = "/dev/shm"
 
 
@@ -58,16 +58,15 @@ def segment_bytes(world_size: int, chunk_bytes: int) -> int:
 class SharedMemoryAverage:
     """Averages a flat tensor across the ranks that mapped the same segment."""
 
-    def __init__(self, path: str, rank: int, world_size: int, chunk_bytes: int = CHUNK_BYTES,
-                 timeout_s: float = 600.0):
+    def __init__(self, path: str, rank: int, world_size: int, chunk_bytes: int = CHUNK_BYTES, timeout_s: float = 600.0):
         self.rank, self.world_size, self.chunk_bytes, self.timeout_s = rank, world_size, chunk_bytes, timeout_s
         raw = torch.from_file(path, shared=True, size=segment_bytes(world_size, chunk_bytes), dtype=torch.uint8)
         data = world_size * chunk_bytes
         self._inputs = raw[:data].view(world_size, chunk_bytes)
-        self._result = raw[data:data + chunk_bytes]
-        counters = raw[data + chunk_bytes:].view(torch.int64).view(2, world_size, _LINE // 8)
-        self._arrived = counters[:, :, 0].numpy()      # a view: reads see the other ranks' stores
-        self._calls = 0                                # chunks averaged so far; the segment starts zeroed
+        self._result = raw[data : data + chunk_bytes]
+        counters = raw[data + chunk_bytes :].view(torch.int64).view(2, world_size, _LINE // 8)
+        self._arrived = counters[:, :, 0].numpy()  # a view: reads see the other ranks' stores
+        self._calls = 0  # chunks averaged so far; the segment starts zeroed
 
     def average_(self, flat: torch.Tensor) -> torch.Tensor:
         """Replace `flat` (1-D, contiguous, the same size on every rank) by its mean over the ranks."""
@@ -76,7 +75,7 @@ class SharedMemoryAverage:
         result = self._result.view(flat.dtype)
         world, rank = self.world_size, self.rank
         for start in range(0, flat.numel(), per_chunk):
-            piece = flat[start:start + per_chunk]
+            piece = flat[start : start + per_chunk]
             n = piece.numel()
             self._calls += 1
             inputs[rank, :n].copy_(piece)
@@ -110,16 +109,19 @@ class SharedMemoryAverage:
             os.sched_yield()
             if time.monotonic() > deadline:
                 missing = ", ".join(str(r) for r in range(self.world_size) if counters[r] < calls)
-                raise TimeoutError(f"shared-memory all-reduce: rank(s) {missing} did not arrive within --timeout "
-                                   f"{self.timeout_s:g} s (stopped, hung or dead)")
+                raise TimeoutError(
+                    f"shared-memory all-reduce: rank(s) {missing} did not arrive within --timeout "
+                    f"{self.timeout_s:g} s (stopped, hung or dead)"
+                )
 
 
-def open_shared_average(rank: int, world_size: int, chunk_bytes: int = CHUNK_BYTES,
-                        timeout_s: float = 600.0) -> Optional[SharedMemoryAverage]:
+def open_shared_average(
+    rank: int, world_size: int, chunk_bytes: int = CHUNK_BYTES, timeout_s: float = 600.0
+) -> SharedMemoryAverage | None:
     """Collective: rank 0 creates the segment, every rank maps it. None (on every rank) when any
     rank cannot map it, e.g. because the ranks are on different hosts or /dev/shm is too small."""
     size = segment_bytes(world_size, chunk_bytes)
-    path: Optional[str] = None
+    path: str | None = None
     if rank == 0:
         try:
             if shutil.disk_usage(_SHM_DIR).free >= 2 * size:
@@ -132,15 +134,14 @@ def open_shared_average(rank: int, world_size: int, chunk_bytes: int = CHUNK_BYT
     box = [path]
     dist.broadcast_object_list(box, src=0)
     path = box[0]
-    engine: Optional[SharedMemoryAverage] = None
+    engine: SharedMemoryAverage | None = None
     if path is not None and os.path.exists(path):
         try:
             engine = SharedMemoryAverage(path, rank, world_size, chunk_bytes, timeout_s)
         except (OSError, RuntimeError) as exc:
             log.warning("rank %d cannot map %s: %s", rank, path, exc)
     everyone = torch.tensor([1 if engine is not None else 0])
-    dist.all_reduce(everyone, op=dist.ReduceOp.MIN)      # also: every rank has mapped it by now
+    dist.all_reduce(everyone, op=dist.ReduceOp.MIN)  # also: every rank has mapped it by now
     if rank == 0 and path is not None:
-        os.unlink(path)                                   # the mappings live on; nothing to clean up later
+        os.unlink(path)  # the mappings live on; nothing to clean up later
     return engine if everyone.item() == 1 else None
-

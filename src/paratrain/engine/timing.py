@@ -4,6 +4,7 @@ Phases are marked with timestamps: wall-clock reads on CPU, CUDA events on GPUs,
 never forces a host sync in the middle of a step; GPU events are resolved only when the means are
 read, once at the end of each epoch.
 """
+
 from __future__ import annotations
 
 import time
@@ -71,12 +72,18 @@ class StepBreakdown:
                 self.totals[phase] += self.clock.seconds(start, end)
             self.pending.clear()
         n = max(self.steps, 1)
-        t = {phase: self.totals.get(phase, 0.0) / n
-             for phase in ("data_s", "forward_backward", "comm_s", "optimizer_s", "optimizer_comm_s", "step")}
+        t = {
+            phase: self.totals.get(phase, 0.0) / n
+            for phase in ("data_s", "forward_backward", "comm_s", "optimizer_s", "optimizer_comm_s", "step")
+        }
         comm = min(max(t["comm_s"], 0.0), t["forward_backward"])
         in_step = min(t["optimizer_comm_s"], t["optimizer_s"])
-        out = {"data_s": t["data_s"], "compute_s": t["forward_backward"] - comm, "comm_s": comm + in_step,
-               "optimizer_s": t["optimizer_s"] - in_step}
+        out = {
+            "data_s": t["data_s"],
+            "compute_s": t["forward_backward"] - comm,
+            "comm_s": comm + in_step,
+            "optimizer_s": t["optimizer_s"] - in_step,
+        }
         out["other_s"] = max(t["step"] - sum(out.values()), 0.0)
         return out
 

@@ -3,6 +3,7 @@
 Reads only the run directory, like every analysis tool, so it can export any run after the fact:
 `paratrain.export.to_mlflow(run_dir, "sqlite:///mlflow.db")`. Needs the `paratrain[mlflow]` extra.
 """
+
 from __future__ import annotations
 
 import json
@@ -45,7 +46,9 @@ def to_mlflow(run_dir: Path, tracking_uri: str, experiment: str = "paratrain") -
     client = mlflow.MlflowClient(tracking_uri=tracking_uri)
     found = client.get_experiment_by_name(experiment)
     experiment_id = found.experiment_id if found else client.create_experiment(experiment)
-    ml_run = client.create_run(experiment_id, run_name=Path(run_dir).name, tags={"paratrain.run_dir": str(Path(run_dir).resolve())})
+    ml_run = client.create_run(
+        experiment_id, run_name=Path(run_dir).name, tags={"paratrain.run_dir": str(Path(run_dir).resolve())}
+    )
     rid = ml_run.info.run_id
 
     params = _flatten(config)
@@ -54,18 +57,23 @@ def to_mlflow(run_dir: Path, tracking_uri: str, experiment: str = "paratrain") -
         # MLflow's timestamp is wall-clock milliseconds; the run's own clock is seconds since start.
         ms = int(event.get("time", event.get("time_end", 0)) * 1000)
         if event["event"] == "step":
-            metrics += [Metric(f"train_{k}", float(event[k]), ms, event["step"]) for k in ("loss", "accuracy", "lr", "samples_per_s")]
+            metrics += [
+                Metric(f"train_{k}", float(event[k]), ms, event["step"])
+                for k in ("loss", "accuracy", "lr", "samples_per_s")
+            ]
         elif event["event"] == "eval":
-            metrics += [Metric(f"{event['split']}_{k}", float(event[k]), ms, event["step"]) for k in ("loss", "accuracy")]
+            metrics += [
+                Metric(f"{event['split']}_{k}", float(event[k]), ms, event["step"]) for k in ("loss", "accuracy")
+            ]
     final = {k: v for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     final.update({f"breakdown_{k}": v for k, v in summary.get("breakdown", {}).items()})
     last_step = summary.get("steps", 0)
     metrics += [Metric(f"final_{k}", float(v), 0, last_step) for k, v in final.items()]
     param_list = [Param(k[:250], v[:6000]) for k, v in params.items()]
     for i in range(0, max(len(param_list), 1), 100):
-        client.log_batch(rid, params=param_list[i:i + 100])
+        client.log_batch(rid, params=param_list[i : i + 100])
     for i in range(0, len(metrics), 900):
-        client.log_batch(rid, metrics=metrics[i:i + 900])
+        client.log_batch(rid, metrics=metrics[i : i + 900])
     report = write_report([Path(run_dir)])
     client.log_artifact(rid, str(report))
     client.set_terminated(rid, status="FINISHED" if summary.get("status") == "completed" else "FAILED")

@@ -3,6 +3,7 @@
 Everything that can be wrong with the input is checked here, before the run directory is touched
 and before any rank starts, so bad input leaves nothing behind.
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -10,7 +11,7 @@ import shutil
 import time
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any
 
 from paratrain.config import RUN_CONTROL_FIELDS, TrainConfig, validate
 from paratrain.engine.checkpoint import CHECKPOINT_NAME, load_checkpoint
@@ -21,8 +22,8 @@ from paratrain.engine.strategies.async_ps import check_async_ps
 from paratrain.engine.strategies.ddp import check_synchronisation
 from paratrain.engine.strategies.pipeline_split import check_pipeline_split
 from paratrain.errors import TrainingDiverged, UsageError
-from paratrain.launch.local import RanksFailed, RendezvousFailed
 from paratrain.launch.load import LoadMeter
+from paratrain.launch.local import RanksFailed, RendezvousFailed
 from paratrain.launch.nodes import Tasks, adopt_tasks, default_run_dir, run_ranks, task_placement, writes_run_dir
 from paratrain.launch.placement import plan_placement
 from paratrain.measure.monitor import monitor_run, ranks_by_log
@@ -32,7 +33,7 @@ from paratrain.runs.lock import run_dir_entries, run_dir_lock
 from paratrain.runs.tensorboard import check_tensorboard
 
 
-def train(config: Union[TrainConfig, dict[str, Any], None] = None, **overrides: Any) -> dict[str, Any]:
+def train(config: TrainConfig | dict[str, Any] | None = None, **overrides: Any) -> dict[str, Any]:
     """Train as `paratrain train` does and return the run summary (also in RUN_DIR/summary.json).
 
     `config` is a TrainConfig or a dict of its fields; keyword arguments override single fields:
@@ -45,7 +46,7 @@ def train(config: Union[TrainConfig, dict[str, Any], None] = None, **overrides: 
     command_started = time.perf_counter()
     values = config.model_dump() if isinstance(config, TrainConfig) else dict(config or {})
     cfg: TrainConfig = validate(TrainConfig, {**values, **overrides})
-    cfg, tasks = adopt_tasks(cfg)      # inside srun or mpirun: their ranks, world size and rank 0's host (launch/nodes.py)
+    cfg, tasks = adopt_tasks(cfg)  # inside srun or mpirun: their ranks, world size and rank 0's host (launch/nodes.py)
     placement = task_placement(cfg, tasks) if tasks is not None else plan_placement(cfg)
     if cfg.tensorboard is not None:
         check_tensorboard()
@@ -53,18 +54,24 @@ def train(config: Union[TrainConfig, dict[str, Any], None] = None, **overrides: 
     check_model(cfg)
     check_strategy(cfg.strategy_name)
     prepare_started = time.perf_counter()
-    data = load_data(cfg)          # decodes and caches once here, so ranks only read the cache
+    data = load_data(cfg)  # decodes and caches once here, so ranks only read the cache
     prepare_s = time.perf_counter() - prepare_started
-    if cfg.limit_train is not None and cfg.limit_train > len(data.train) + (len(data.val) if data.val is not None else 0):
+    if cfg.limit_train is not None and cfg.limit_train > len(data.train) + (
+        len(data.val) if data.val is not None else 0
+    ):
         raise UsageError(f"--limit-train {cfg.limit_train} exceeds the {len(data.train)} training samples available")
     if cfg.global_batch_size > len(data.train):
         fits = len(data.train) // (cfg.workers * cfg.grad_accum)
         hint = f"use --batch-size {fits} or less" if fits else "use fewer --workers or a smaller --grad-accum"
-        raise UsageError(f"the global batch ({cfg.workers} workers x {cfg.batch_size} x grad-accum {cfg.grad_accum} = "
-                         f"{cfg.global_batch_size}) is larger than the {len(data.train)} training samples; {hint}")
+        raise UsageError(
+            f"the global batch ({cfg.workers} workers x {cfg.batch_size} x grad-accum {cfg.grad_accum} = "
+            f"{cfg.global_batch_size}) is larger than the {len(data.train)} training samples; {hint}"
+        )
     if cfg.early_stop and data.val is None:
-        raise UsageError("--early-stop watches the validation loss and this run has no validation split; add --val-split 0.1 "
-                         "(stopping on the test split would choose by it)")
+        raise UsageError(
+            "--early-stop watches the validation loss and this run has no validation split; add --val-split 0.1 "
+            "(stopping on the test split would choose by it)"
+        )
     check_loss(cfg, data)
     check_pipeline_split(cfg, data)
     check_fsdp(cfg, data, placement.device_type)
@@ -92,8 +99,15 @@ def train(config: Union[TrainConfig, dict[str, Any], None] = None, **overrides: 
         raise
 
 
-def _launch(cfg: TrainConfig, run: RunDir, placement: Placement, data: Any, prepare_s: float,
-            command_started: float, tasks: Optional[Tasks] = None) -> dict[str, Any]:
+def _launch(
+    cfg: TrainConfig,
+    run: RunDir,
+    placement: Placement,
+    data: Any,
+    prepare_s: float,
+    command_started: float,
+    tasks: Tasks | None = None,
+) -> dict[str, Any]:
     """Write config.json, run the ranks under the monitor, write summary.json."""
     from paratrain.workloads import workload_of
 
@@ -102,40 +116,68 @@ def _launch(cfg: TrainConfig, run: RunDir, placement: Placement, data: Any, prep
         # which add their logs, and says where the summary is.
         run_ranks(cfg, placement, run.path, tasks)
         role = f"rank {tasks.rank}" if tasks is not None else f"node {cfg.node_rank}"
-        return {"status": "completed", "workers": cfg.workers, "role": role, "run_dir": str(run.path),
-                "wall_time_s": time.perf_counter() - command_started}
+        return {
+            "status": "completed",
+            "workers": cfg.workers,
+            "role": role,
+            "run_dir": str(run.path),
+            "wall_time_s": time.perf_counter() - command_started,
+        }
     (run.path / "logs").mkdir(parents=True, exist_ok=True)
-    resolved = {**cfg.model_dump(mode="json"), "resolved": {
-        "strategy": cfg.strategy_name, "global_batch_size": cfg.global_batch_size,
-        "reference_batch_size": cfg.reference_batch_size, "backend": placement.backend,
-        "device": placement.device_type, "threads_per_worker": placement.threads_per_worker,
-        "cpu_sets": placement.cpu_sets, "identity": cfg.identity(),
-        "train_samples": len(data.train), "test_samples": len(data.test),
-        "val_samples": len(data.val) if data.val is not None else 0,
-        **({"data": data.info} if data.info else {}),
-    }}
+    resolved = {
+        **cfg.model_dump(mode="json"),
+        "resolved": {
+            "strategy": cfg.strategy_name,
+            "global_batch_size": cfg.global_batch_size,
+            "reference_batch_size": cfg.reference_batch_size,
+            "backend": placement.backend,
+            "device": placement.device_type,
+            "threads_per_worker": placement.threads_per_worker,
+            "cpu_sets": placement.cpu_sets,
+            "identity": cfg.identity(),
+            "train_samples": len(data.train),
+            "test_samples": len(data.test),
+            "val_samples": len(data.val) if data.val is not None else 0,
+            **({"data": data.info} if data.info else {}),
+        },
+    }
     if not cfg.resume:
         write_json(run.config, resolved)
 
-    load = LoadMeter(placement.cpu_sets)      # what else ran on the run's cores meanwhile
+    load = LoadMeter(placement.cpu_sets)  # what else ran on the run's cores meanwhile
     started = time.perf_counter()
     # The monitor samples this machine's GPU ranks: the whole run's on one node, this node's share
     # across nodes, and under srun or mpirun this process's machine's tasks (as this process sees them).
     local_ranks = tasks.local_size if tasks is not None else cfg.workers_per_node
     try:
-        with monitor_run(run.path, cfg.monitor_hz, ranks_by_log(run.path), local_ranks if placement.device_type == "cuda" else 0):
+        with monitor_run(
+            run.path, cfg.monitor_hz, ranks_by_log(run.path), local_ranks if placement.device_type == "cuda" else 0
+        ):
             summary = run_ranks(cfg, placement, run.path, tasks)
     except (RanksFailed, KeyboardInterrupt) as exc:
-        failed = {"status": "failed", "error": str(exc) or type(exc).__name__, "workers": cfg.workers,
-                  "strategy": cfg.strategy_name, "prepare_s": prepare_s, "wall_time_s": time.perf_counter() - command_started}
+        failed = {
+            "status": "failed",
+            "error": str(exc) or type(exc).__name__,
+            "workers": cfg.workers,
+            "strategy": cfg.strategy_name,
+            "prepare_s": prepare_s,
+            "wall_time_s": time.perf_counter() - command_started,
+        }
         write_json(run.summary, failed)
         raise
     assert summary is not None, "rank 0 returned no summary"
     # wall_time_s is the whole command, data preparation (prepare_s: decoding, caching) included.
-    names = workload_of(cfg)       # what was trained, by its own names (a user's model is not "cifar10-cnn")
-    summary = {**summary, "model": names.model, "dataset": names.dataset, "prepare_s": prepare_s, "launch_and_train_s": time.perf_counter() - started,
-               "wall_time_s": time.perf_counter() - command_started, "run_dir": str(run.path),
-               "machine_load": load.finish()}
+    names = workload_of(cfg)  # what was trained, by its own names (a user's model is not "cifar10-cnn")
+    summary = {
+        **summary,
+        "model": names.model,
+        "dataset": names.dataset,
+        "prepare_s": prepare_s,
+        "launch_and_train_s": time.perf_counter() - started,
+        "wall_time_s": time.perf_counter() - command_started,
+        "run_dir": str(run.path),
+        "machine_load": load.finish(),
+    }
     write_json(run.summary, summary)
     if summary["status"] == "diverged":
         raise TrainingDiverged(summary["error"])
@@ -160,22 +202,34 @@ def _prepare_run_dir(run: RunDir, cfg: TrainConfig, device_type: str) -> None:
         if ckpt["identity"] != cfg.identity():
             before = run.read_config()
             now = cfg.model_dump(mode="json")
-            changed = [k for k in now if k not in (*RUN_CONTROL_FIELDS, "device", *cfg.reshardable_fields())
-                       and before.get(k) != now[k]]
+            changed = [
+                k
+                for k in now
+                if k not in (*RUN_CONTROL_FIELDS, "device", *cfg.reshardable_fields()) and before.get(k) != now[k]
+            ]
             diffs = [f"--{k.replace('_', '-')} {before.get(k)} -> {now[k]}" for k in changed]
-            if cfg.reshardable_fields():    # fsdp: the ranks may change, the global batch and its LR may not
+            if cfg.reshardable_fields():  # fsdp: the ranks may change, the global batch and its LR may not
                 resolved = before.get("resolved", {})
-                diffs += [f"the {k.replace('_', ' ')} {resolved.get(k)} -> {getattr(cfg, k)}"
-                          for k in ("global_batch_size", "reference_batch_size") if resolved.get(k) != getattr(cfg, k)]
+                diffs += [
+                    f"the {k.replace('_', ' ')} {resolved.get(k)} -> {getattr(cfg, k)}"
+                    for k in ("global_batch_size", "reference_batch_size")
+                    if resolved.get(k) != getattr(cfg, k)
+                ]
             what = ", ".join(diffs) or "the configuration"
-            raise UsageError(f"--resume: the checkpoint in {path} was written by a different configuration ({what}); "
-                             "rerun the original command with --resume")
+            raise UsageError(
+                f"--resume: the checkpoint in {path} was written by a different configuration ({what}); "
+                "rerun the original command with --resume"
+            )
         # Random-number generator states and the fp16 grad scaler are device-specific: a checkpoint
         # resumes only on the kind of device that wrote it (older checkpoints did not say: CPU).
         written_on = ckpt.get("device", "cpu")
         if written_on != device_type:
-            raise UsageError(f"--resume: the checkpoint in {path} was written by {written_on} ranks and this run would use "
-                             f"{device_type}; resume with --device {written_on} on a machine that has it, or start a new --run-dir")
+            raise UsageError(
+                f"--resume: the checkpoint in {path} was written by {written_on} ranks and this run would use "
+                f"{device_type}; resume with --device {written_on} on a machine that has it, or start a new --run-dir"
+            )
         return
     if path.exists() and (not path.is_dir() or run_dir_entries(path)):
-        raise UsageError(f"{path} already exists and is not empty; pass --resume to continue that run or choose another --run-dir")
+        raise UsageError(
+            f"{path} already exists and is not empty; pass --resume to continue that run or choose another --run-dir"
+        )

@@ -5,11 +5,13 @@ per-core CPU counters and the CPU time of its own process tree before and after 
 whatever the run's cores were busy with that the run did not account for is other work, and on a
 virtual machine `steal` is time the hypervisor gave to someone else while a core wanted to run.
 """
+
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import psutil
 
@@ -24,9 +26,9 @@ CONTENDED_ABOVE = 0.10
 @dataclass(frozen=True)
 class LoadReading:
     time_s: float
-    busy_s: float       # user + nice + system, summed over the measured cores
+    busy_s: float  # user + nice + system, summed over the measured cores
     steal_s: float
-    tree_cpu_s: float   # this process and its descendants, including those already reaped
+    tree_cpu_s: float  # this process and its descendants, including those already reaped
 
 
 def _tree_cpu_s() -> float:
@@ -37,7 +39,7 @@ def _tree_cpu_s() -> float:
     for proc in [me, *me.children(recursive=True)]:
         try:
             t = proc.cpu_times()
-        except psutil.Error:        # exited between the listing and the reading
+        except psutil.Error:  # exited between the listing and the reading
             continue
         total += t.user + t.system + getattr(t, "children_user", 0.0) + getattr(t, "children_system", 0.0)
     return total
@@ -57,18 +59,25 @@ def machine_load(start: LoadReading, end: LoadReading, cores: int) -> dict[str, 
     """The `machine_load` record of summary.json from two readings over `cores` cores."""
     wall = end.time_s - start.time_s
     run_cpu = end.tree_cpu_s - start.tree_cpu_s
-    other = max(0.0, end.busy_s - start.busy_s - run_cpu)     # counters tick at 10 ms: never below zero
+    other = max(0.0, end.busy_s - start.busy_s - run_cpu)  # counters tick at 10 ms: never below zero
     steal = end.steal_s - start.steal_s
     fraction = (other + steal) / (cores * wall) if wall > 0 else 0.0
-    return {"cores": cores, "wall_s": wall, "run_cpu_s": run_cpu, "other_cpu_s": other, "steal_s": steal,
-            "other_fraction": fraction, "contended": fraction > CONTENDED_ABOVE}
+    return {
+        "cores": cores,
+        "wall_s": wall,
+        "run_cpu_s": run_cpu,
+        "other_cpu_s": other,
+        "steal_s": steal,
+        "other_fraction": fraction,
+        "contended": fraction > CONTENDED_ABOVE,
+    }
 
 
 class LoadMeter:
     """Started right before the ranks, finished right after: measures the cores the ranks were
     pinned to, or every core this process may use when they are not pinned (GPU ranks, oversubscribed)."""
 
-    def __init__(self, cpu_sets: Optional[list[list[int]]]):
+    def __init__(self, cpu_sets: list[list[int]] | None):
         self.cores = sorted({c for cores in cpu_sets for c in cores}) if cpu_sets else available_cores()
         self.start = read_load(self.cores)
 

@@ -6,6 +6,7 @@ supervising N worker processes, a failure of any rank tearing the others down. W
 node's agent starts its share of the ranks and the agents meet at node 0's rendezvous, as torchrun
 does; with --max-restarts the agents restart every rank when one dies (docs/cluster.md).
 """
+
 from __future__ import annotations
 
 import logging
@@ -17,9 +18,10 @@ import signal
 import sys
 import tempfile
 import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import torch
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
@@ -67,7 +69,7 @@ def quiet_elastic_logs() -> None:
         logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
-def launch_local(cfg: TrainConfig, placement: Placement, run_dir: Path) -> Optional[dict[str, Any]]:
+def launch_local(cfg: TrainConfig, placement: Placement, run_dir: Path) -> dict[str, Any] | None:
     """Run `cfg` on `cfg.workers` local ranks; returns rank 0's summary."""
     # A memory limit bounds a process of the rank's own, never the caller's; restarts need an agent.
     if cfg.workers == 1 and cfg.memory_limit is None and cfg.max_restarts == 0:
@@ -77,11 +79,16 @@ def launch_local(cfg: TrainConfig, placement: Placement, run_dir: Path) -> Optio
     # directory that nothing removes; kept when a rank fails, removed after a clean run. Another
     # node than node 0 must not write there before the nodes have met (node 0 refuses a directory
     # that is not empty, and on a shared file system it is the same one): it uses one of its own.
-    elastic_logs = run_dir / "logs" / "elastic" if not cfg.node_rank else Path(tempfile.mkdtemp(prefix="paratrain-elastic-"))
+    elastic_logs = (
+        run_dir / "logs" / "elastic" if not cfg.node_rank else Path(tempfile.mkdtemp(prefix="paratrain-elastic-"))
+    )
     start_method = "spawn" if cfg.memory_limit else forkserver.start_method()
     launch_config = LaunchConfig(
-        nproc_per_node=cfg.workers_per_node, **rendezvous(cfg), local_addr=node_address(cfg),
-        max_restarts=cfg.max_restarts, monitor_interval=0.1,
+        nproc_per_node=cfg.workers_per_node,
+        **rendezvous(cfg),
+        local_addr=node_address(cfg),
+        max_restarts=cfg.max_restarts,
+        monitor_interval=0.1,
         # A rank that does not end on SIGTERM (hung, stopped) is killed after this; paratrain's ranks
         # have nothing to flush (checkpoints are written atomically), so torch's 30 s are not waited.
         shutdown_timeout=5,
@@ -100,25 +107,39 @@ def launch_local(cfg: TrainConfig, placement: Placement, run_dir: Path) -> Optio
     # restarts, rank 0 hosts a fresh store for every attempt instead (torch's own opt-out).
     fresh_store = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if cfg.max_restarts else {}
     try:
-        with scoped_environ({**thread_env(placement.threads_per_worker), **(LIMITED_RANK_ENV if cfg.memory_limit else {}),
-                             **fresh_store}), quiet:
+        with (
+            scoped_environ(
+                {
+                    **thread_env(placement.threads_per_worker),
+                    **(LIMITED_RANK_ENV if cfg.memory_limit else {}),
+                    **fresh_store,
+                }
+            ),
+            quiet,
+        ):
             # A forked rank has the environment the fork server started with: it applies what changed since.
             changes = forkserver.environ_changes() if start_method == "forkserver" else None
-            results = elastic_launch(launch_config, run_rank)(cfg.model_dump(mode="json"), placement.to_dict(), str(run_dir), changes)
+            results = elastic_launch(launch_config, run_rank)(
+                cfg.model_dump(mode="json"), placement.to_dict(), str(run_dir), changes
+            )
     except SignalException as exc:
         # SIGTERM or SIGHUP to the launcher (`kill`, a scheduler's time limit): the agent has already
         # stopped the ranks; the run ends as a failed one, with its summary.
         raise RanksFailed(f"stopped by {signal.Signals(exc.sigval).name}; the ranks were terminated") from None
     except ChildFailedError as exc:
         rank, failure = min(exc.failures.items())
-        if cfg.nodes > 1:       # the agent numbers ranks by the rendezvous; paratrain by --node-rank (engine/distributed.py)
+        if cfg.nodes > 1:  # the agent numbers ranks by the rendezvous; paratrain by --node-rank (engine/distributed.py)
             rank = cfg.node_rank * cfg.workers_per_node + failure.local_rank
         message = failure.message.get("message", "") if isinstance(failure.message, dict) else str(failure.message)
         # paratrain's own errors are whole sentences; torch's record prefixes their class names.
-        reason = re.sub(r"^(CollectiveFailed|MemoryLimitExceeded): ", "", last_line(message)) or f"exit code {failure.exitcode}"
+        reason = (
+            re.sub(r"^(CollectiveFailed|MemoryLimitExceeded): ", "", last_line(message))
+            or f"exit code {failure.exitcode}"
+        )
         restarts = f" after {cfg.max_restarts} restart(s)" if cfg.max_restarts else ""
-        raise RanksFailed(f"rank {rank} failed{restarts}: {reason} (see {run_dir / 'logs' / f'rank{rank}.log'}"
-                          f"{agent_output})") from None
+        raise RanksFailed(
+            f"rank {rank} failed{restarts}: {reason} (see {run_dir / 'logs' / f'rank{rank}.log'}{agent_output})"
+        ) from None
     except RendezvousError as exc:
         raise RendezvousFailed(rendezvous_failure(cfg, exc) + agent_output) from None
     # Kept when the run failed, like node 0's agent files; removed after a clean run.
@@ -141,14 +162,26 @@ def rendezvous(cfg: TrainConfig) -> dict[str, Any]:
     --rdzv-timeout (`read_timeout`), and all wait for each other as long (`join_timeout`).
     """
     if cfg.nodes == 1:
-        return dict(min_nodes=1, max_nodes=1, run_id=str(uuid.uuid4()), rdzv_backend="c10d", rdzv_endpoint="localhost:0")
+        return dict(
+            min_nodes=1, max_nodes=1, run_id=str(uuid.uuid4()), rdzv_backend="c10d", rdzv_endpoint="localhost:0"
+        )
     seconds = max(1, math.ceil(cfg.rdzv_timeout))
-    return dict(min_nodes=cfg.nodes, max_nodes=cfg.nodes, run_id=f"paratrain-{cfg.identity()}", rdzv_backend=cfg.rdzv_backend,
-                rdzv_endpoint=cfg.rdzv, rdzv_configs={"is_host": cfg.node_rank == 0, "join_timeout": seconds,
-                                                       "read_timeout": seconds, "timeout": seconds})
+    return dict(
+        min_nodes=cfg.nodes,
+        max_nodes=cfg.nodes,
+        run_id=f"paratrain-{cfg.identity()}",
+        rdzv_backend=cfg.rdzv_backend,
+        rdzv_endpoint=cfg.rdzv,
+        rdzv_configs={
+            "is_host": cfg.node_rank == 0,
+            "join_timeout": seconds,
+            "read_timeout": seconds,
+            "timeout": seconds,
+        },
+    )
 
 
-def node_address(cfg: TrainConfig) -> Optional[str]:
+def node_address(cfg: TrainConfig) -> str | None:
     """This machine's address on the route to node 0 (None on one machine: torch's default is right).
 
     The node that the rendezvous makes its rank 0 publishes its address as the workers'
@@ -161,24 +194,32 @@ def node_address(cfg: TrainConfig) -> Optional[str]:
     try:
         return address_towards(host.strip("[]"), int(port))
     except OSError as exc:
-        raise RendezvousFailed(f"--rdzv {cfg.rdzv}: no route from this machine to {host} ({exc.strerror or exc}); give "
-                               "node 0's address as the other nodes reach it") from None
+        raise RendezvousFailed(
+            f"--rdzv {cfg.rdzv}: no route from this machine to {host} ({exc.strerror or exc}); give "
+            "node 0's address as the other nodes reach it"
+        ) from None
 
 
 def rendezvous_failure(cfg: TrainConfig, exc: RendezvousError) -> str:
     where = f"the rendezvous at {cfg.rdzv}" if cfg.rdzv else "the local rendezvous"
     if isinstance(exc, RendezvousTimeoutError):
-        return (f"not every node joined {where} within --rdzv-timeout {cfg.rdzv_timeout:g} s (--nodes {cfg.nodes}); start "
-                "the same command with each --node-rank on the other nodes")
+        return (
+            f"not every node joined {where} within --rdzv-timeout {cfg.rdzv_timeout:g} s (--nodes {cfg.nodes}); start "
+            "the same command with each --node-rank on the other nodes"
+        )
     cause = last_line(str(exc.__cause__ or exc)) or type(exc).__name__
     if cfg.node_rank == 0:
-        return (f"node 0 cannot host {where} ({cause}); --rdzv must be an address of this machine that the other nodes "
-                "can reach, with a free port")
-    return (f"cannot reach {where} within --rdzv-timeout {cfg.rdzv_timeout:g} s ({cause}); start node 0 first and check "
-            "that this machine reaches that address and port")
+        return (
+            f"node 0 cannot host {where} ({cause}); --rdzv must be an address of this machine that the other nodes "
+            "can reach, with a free port"
+        )
+    return (
+        f"cannot reach {where} within --rdzv-timeout {cfg.rdzv_timeout:g} s ({cause}); start node 0 first and check "
+        "that this machine reaches that address and port"
+    )
 
 
-def _run_here(cfg: TrainConfig, placement: Placement, run_dir: Path) -> Optional[dict[str, Any]]:
+def _run_here(cfg: TrainConfig, placement: Placement, run_dir: Path) -> dict[str, Any] | None:
     """One rank needs no agent and no rendezvous: run it in this process.
 
     Spawning a rank costs a fresh interpreter and a second `import torch` (about 2 s here), which

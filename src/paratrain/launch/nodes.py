@@ -18,6 +18,7 @@ Three ways a run's ranks get started, and what each process of it is:
 Whichever way, global rank 0 (node 0's first rank) writes config.json, metrics.jsonl, the
 checkpoints and summary.json; other processes only add their logs/rank<R>.log.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,10 +27,11 @@ import shutil
 import subprocess
 import sys
 import zlib
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any
 
 from paratrain.config import TrainConfig, validate
 from paratrain.engine.distributed import Placement
@@ -42,20 +44,20 @@ from paratrain.launch.placement import available_cores, check_gpus, resolve_back
 class Tasks:
     """The processes an external launcher started, as this one sees them."""
 
-    launcher: str                 # "srun" or "mpirun"
-    rank: int                     # this process's index among all of them
-    size: int                     # how many there are
-    local_rank: int               # its index among those on this machine
-    local_size: int               # how many are on this machine
-    node: int                     # this machine's index (SLURM_NODEID; mpirun: unknown, 0)
-    nodes: int                    # machines taking part (mpirun: unknown, 1)
-    master_addr: Optional[str]    # the host of rank 0 (None: the environment does not say)
+    launcher: str  # "srun" or "mpirun"
+    rank: int  # this process's index among all of them
+    size: int  # how many there are
+    local_rank: int  # its index among those on this machine
+    local_size: int  # how many are on this machine
+    node: int  # this machine's index (SLURM_NODEID; mpirun: unknown, 0)
+    nodes: int  # machines taking part (mpirun: unknown, 1)
+    master_addr: str | None  # the host of rank 0 (None: the environment does not say)
     master_port: int
-    job: str                      # the launcher's job id, for a default run directory every process agrees on
-    cpus_per_task: Optional[int] = None
+    job: str  # the launcher's job id, for a default run directory every process agrees on
+    cpus_per_task: int | None = None
 
 
-def detect_tasks(env: Mapping[str, str]) -> Optional[Tasks]:
+def detect_tasks(env: Mapping[str, str]) -> Tasks | None:
     """The srun step or mpirun job this process belongs to, from its environment; None outside one.
 
     srun: SLURM_PROCID, SLURM_STEP_NUM_TASKS, SLURM_LOCALID, SLURM_NODEID, SLURM_STEP_NUM_NODES,
@@ -72,15 +74,24 @@ def detect_tasks(env: Mapping[str, str]) -> Optional[Tasks]:
         nodes = _int(env, "SLURM_STEP_NUM_NODES") or _int(env, "SLURM_NNODES") or len(per_node)
         hosts = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
         cpus = env.get("SLURM_CPUS_PER_TASK")
-        return Tasks("srun", _int(env, "SLURM_PROCID"), _int(env, "SLURM_STEP_NUM_TASKS"), _int(env, "SLURM_LOCALID", 0),
-                     per_node[min(node, len(per_node) - 1)], node, nodes,
-                     env.get("MASTER_ADDR") or (first_host(hosts) if hosts else None),
-                     # A port of the job's own: two jobs sharing a first node must not pick the same one.
-                     _int(env, "MASTER_PORT") if port else 29500 + (_int(env, "SLURM_JOB_ID") or 0) % 2000,
-                     job, int(cpus) if cpus and cpus.isdigit() else None)
+        return Tasks(
+            "srun",
+            _int(env, "SLURM_PROCID"),
+            _int(env, "SLURM_STEP_NUM_TASKS"),
+            _int(env, "SLURM_LOCALID", 0),
+            per_node[min(node, len(per_node) - 1)],
+            node,
+            nodes,
+            env.get("MASTER_ADDR") or (first_host(hosts) if hosts else None),
+            # A port of the job's own: two jobs sharing a first node must not pick the same one.
+            _int(env, "MASTER_PORT") if port else 29500 + (_int(env, "SLURM_JOB_ID") or 0) % 2000,
+            job,
+            int(cpus) if cpus and cpus.isdigit() else None,
+        )
     for rank, size, local_rank, local_size in (
-            ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
-            ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS")):
+        ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+        ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+    ):
         if rank in env and size in env:
             world = _int(env, size)
             local = _int(env, local_size, world)
@@ -88,13 +99,22 @@ def detect_tasks(env: Mapping[str, str]) -> Optional[Tasks]:
             job = env.get("PMIX_NAMESPACE") or env.get("OMPI_MCA_ess_base_jobid") or env.get("PMI_JOBID") or "0"
             # All ranks on this machine: rank 0 is here too. Across machines only the user knows.
             here = "127.0.0.1" if local == world else None
-            return Tasks("mpirun", _int(env, rank), world, _int(env, local_rank, 0), local, 0, 1,
-                         env.get("MASTER_ADDR") or here,
-                         _int(env, "MASTER_PORT") if port else 29500 + zlib.crc32(job.encode()) % 2000, job)
+            return Tasks(
+                "mpirun",
+                _int(env, rank),
+                world,
+                _int(env, local_rank, 0),
+                local,
+                0,
+                1,
+                env.get("MASTER_ADDR") or here,
+                _int(env, "MASTER_PORT") if port else 29500 + zlib.crc32(job.encode()) % 2000,
+                job,
+            )
     return None
 
 
-def _int(env: Mapping[str, str], name: str, default: Optional[int] = None) -> Optional[int]:
+def _int(env: Mapping[str, str], name: str, default: int | None = None) -> int | None:
     """A launcher's variable as a number; one line naming it when it is not one."""
     text = env.get(name)
     if text is None or text == "":
@@ -102,8 +122,9 @@ def _int(env: Mapping[str, str], name: str, default: Optional[int] = None) -> Op
     try:
         return int(text)
     except ValueError:
-        raise UsageError(f"{name}={text!r} in the environment is not a number; unset it or set it to the launcher's "
-                         "value") from None
+        raise UsageError(
+            f"{name}={text!r} in the environment is not a number; unset it or set it to the launcher's value"
+        ) from None
 
 
 def expand_tasks_per_node(text: str) -> list[int]:
@@ -124,7 +145,9 @@ def first_host(nodelist: str) -> str:
     """
     if shutil.which("scontrol"):
         try:
-            out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=10)
+            out = subprocess.run(
+                ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=10
+            )
             if out.returncode == 0 and out.stdout.split():
                 return out.stdout.split()[0]
         except (OSError, subprocess.SubprocessError):
@@ -139,7 +162,7 @@ def first_host(nodelist: str) -> str:
     return f"{prefix}{first}{suffix}"
 
 
-def adopt_tasks(cfg: TrainConfig, env: Mapping[str, str] = os.environ) -> tuple[TrainConfig, Optional[Tasks]]:
+def adopt_tasks(cfg: TrainConfig, env: Mapping[str, str] = os.environ) -> tuple[TrainConfig, Tasks | None]:
     """Fit the configuration to the srun or mpirun job this process is part of.
 
     Returns the tasks when each of them is a rank (they run in place, `run_ranks`); None when
@@ -148,24 +171,36 @@ def adopt_tasks(cfg: TrainConfig, env: Mapping[str, str] = os.environ) -> tuple[
     """
     tasks = detect_tasks(env)
     if tasks is None or tasks.size == 1 or cfg.nodes > 1:
-        return cfg, None      # --nodes given: the command says where it runs (as `paratrain slurm`'s scripts do)
+        return cfg, None  # --nodes given: the command says where it runs (as `paratrain slurm`'s scripts do)
     given_workers = "workers" in cfg.model_fields_set
     if tasks.launcher == "srun" and tasks.local_size == 1 and tasks.nodes > 1:
         if tasks.master_addr is None:
-            raise UsageError("srun gives no node list (SLURM_STEP_NODELIST); pass --nodes, --node-rank and --rdzv yourself")
-        across = {"workers": cfg.workers if given_workers else tasks.nodes, "nodes": tasks.nodes, "node_rank": tasks.node,
-                  "rdzv": f"{tasks.master_addr}:{tasks.master_port}"}
+            raise UsageError(
+                "srun gives no node list (SLURM_STEP_NODELIST); pass --nodes, --node-rank and --rdzv yourself"
+            )
+        across = {
+            "workers": cfg.workers if given_workers else tasks.nodes,
+            "nodes": tasks.nodes,
+            "node_rank": tasks.node,
+            "rdzv": f"{tasks.master_addr}:{tasks.master_port}",
+        }
         return validate(TrainConfig, {**cfg.model_dump(exclude_unset=True), **across}), None
     if cfg.max_restarts:
-        raise UsageError(f"--max-restarts needs paratrain's own agent on each node, and {tasks.launcher} started every rank "
-                         "itself; start one task per node (srun --ntasks-per-node=1 ... --workers N), or drop --max-restarts")
+        raise UsageError(
+            f"--max-restarts needs paratrain's own agent on each node, and {tasks.launcher} started every rank "
+            "itself; start one task per node (srun --ntasks-per-node=1 ... --workers N), or drop --max-restarts"
+        )
     if given_workers and cfg.workers != tasks.size:
-        raise UsageError(f"{tasks.launcher} started {tasks.size} processes, each one rank, and --workers says {cfg.workers}; "
-                         f"drop --workers ({tasks.launcher} decides), or start {cfg.workers} processes")
+        raise UsageError(
+            f"{tasks.launcher} started {tasks.size} processes, each one rank, and --workers says {cfg.workers}; "
+            f"drop --workers ({tasks.launcher} decides), or start {cfg.workers} processes"
+        )
     if tasks.master_addr is None and cfg.backend != "mpi":
-        raise UsageError(f"{tasks.launcher} spans machines and its environment does not say where rank 0 runs; export "
-                         "MASTER_ADDR=<rank 0's host> and MASTER_PORT=<a free port> to every rank (mpirun -x MASTER_ADDR "
-                         "-x MASTER_PORT), or use --backend mpi with a torch built with MPI")
+        raise UsageError(
+            f"{tasks.launcher} spans machines and its environment does not say where rank 0 runs; export "
+            "MASTER_ADDR=<rank 0's host> and MASTER_PORT=<a free port> to every rank (mpirun -x MASTER_ADDR "
+            "-x MASTER_PORT), or use --backend mpi with a torch built with MPI"
+        )
     return validate(TrainConfig, {**cfg.model_dump(exclude_unset=True), "workers": tasks.size}), tasks
 
 
@@ -177,44 +212,61 @@ def task_placement(cfg: TrainConfig, tasks: Tasks) -> Placement:
     if cuda:
         check_gpus(tasks.local_size, tasks.launcher)
     if cfg.allreduce == "shm" and tasks.local_size != tasks.size:
-        raise UsageError("--allreduce shm averages between the ranks of one host and these ranks span several; use --allreduce auto")
+        raise UsageError(
+            "--allreduce shm averages between the ranks of one host and these ranks span several; use --allreduce auto"
+        )
     threads = cfg.threads_per_worker or tasks.cpus_per_task or max(1, len(available_cores()) // tasks.local_size)
-    return Placement(backend=backend, device_type="cuda" if cuda else "cpu", threads_per_worker=threads,
-                     allreduce="shm" if cfg.allreduce == "shm" else "backend", timeout_s=cfg.timeout,
-                     spans_hosts=tasks.local_size != tasks.size)
+    return Placement(
+        backend=backend,
+        device_type="cuda" if cuda else "cpu",
+        threads_per_worker=threads,
+        allreduce="shm" if cfg.allreduce == "shm" else "backend",
+        timeout_s=cfg.timeout,
+        spans_hosts=tasks.local_size != tasks.size,
+    )
 
 
-def default_run_dir(cfg: TrainConfig, tasks: Optional[Tasks]) -> Optional[Path]:
+def default_run_dir(cfg: TrainConfig, tasks: Tasks | None) -> Path | None:
     """A run directory every process of a run across processes names alike (a timestamp would not be)."""
     if tasks is not None:
-        return Path("runs") / f"{tasks.launcher}-{re.sub(r'[^A-Za-z0-9.]+', '_', tasks.job)}-{cfg.workload}-w{cfg.workers}"
+        return (
+            Path("runs") / f"{tasks.launcher}-{re.sub(r'[^A-Za-z0-9.]+', '_', tasks.job)}-{cfg.workload}-w{cfg.workers}"
+        )
     if cfg.nodes > 1:
         return Path("runs") / f"{cfg.workload}-n{cfg.nodes}-w{cfg.workers}-{cfg.identity()[:8]}"
     return None
 
 
-def writes_run_dir(cfg: TrainConfig, tasks: Optional[Tasks]) -> bool:
+def writes_run_dir(cfg: TrainConfig, tasks: Tasks | None) -> bool:
     """Global rank 0's process writes the run directory: node 0's agent, or rank 0 itself."""
     return not cfg.node_rank and (tasks is None or tasks.rank == 0)
 
 
-def run_ranks(cfg: TrainConfig, placement: Placement, run_dir: Path, tasks: Optional[Tasks]) -> Optional[dict[str, Any]]:
+def run_ranks(cfg: TrainConfig, placement: Placement, run_dir: Path, tasks: Tasks | None) -> dict[str, Any] | None:
     """Start this machine's ranks (launch_local), or run this process's own rank in place."""
     if tasks is None:
         return launch_local(cfg, placement, run_dir)
     from paratrain.engine.loop import run_rank
 
     # What torchrun would have set: env:// initialisation reads them; rank 0 hosts the TCP store.
-    env = {"RANK": str(tasks.rank), "WORLD_SIZE": str(tasks.size), "LOCAL_RANK": str(tasks.local_rank),
-           "LOCAL_WORLD_SIZE": str(tasks.local_size), "MASTER_ADDR": tasks.master_addr or "",
-           "MASTER_PORT": str(tasks.master_port), **thread_env(placement.threads_per_worker)}
+    env = {
+        "RANK": str(tasks.rank),
+        "WORLD_SIZE": str(tasks.size),
+        "LOCAL_RANK": str(tasks.local_rank),
+        "LOCAL_WORLD_SIZE": str(tasks.local_size),
+        "MASTER_ADDR": tasks.master_addr or "",
+        "MASTER_PORT": str(tasks.master_port),
+        **thread_env(placement.threads_per_worker),
+    }
     try:
         with scoped_environ(env), _own_terminal():
             return run_rank(cfg.model_dump(mode="json"), placement.to_dict(), str(run_dir))
     except Exception as exc:
         lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
         reason = lines[-1] if lines else type(exc).__name__
-        raise RanksFailed(f"rank {tasks.rank} failed: {reason} (see {run_dir / 'logs' / f'rank{tasks.rank}.log'})") from None
+        raise RanksFailed(
+            f"rank {tasks.rank} failed: {reason} (see {run_dir / 'logs' / f'rank{tasks.rank}.log'})"
+        ) from None
 
 
 @contextmanager

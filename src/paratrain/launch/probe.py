@@ -1,7 +1,8 @@
 """The rank-side probe: where the time of an unmodified training script goes, step by step.
 
 `paratrain launch` (and `scale --script`, and sweep `--script` trials) start each rank of a Python
-script as `python probe.py script.py ...` (`command()`) instead of `python script.py ...`: it installs the probe, then runs the script as `__main__`, with its
+script as `python probe.py script.py ...` (`command()`) instead of `python script.py ...`: it installs the
+probe, then runs the script as `__main__`, with its
 own argv and sys.path[0], the way the interpreter would. Nothing is imported before the script
 runs: the hooks go in when the script itself imports torch (a post-import hook), so a script that
 sets OMP_NUM_THREADS (or anything else) before `import torch` behaves exactly as without the probe.
@@ -33,6 +34,7 @@ changes (torch's threads, DataLoader workers, DDP's settings), a `step` record p
 the probe then steps aside for the rest of the run and the script goes on untouched.
 launch/probe_summary.py turns the files into summary.json's `breakdown` and `probe` blocks.
 """
+
 from __future__ import annotations
 
 import functools
@@ -46,7 +48,8 @@ import statistics
 import sys
 import time
 import weakref
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 RUN_DIR_ENV = "PARATRAIN_RUN_DIR"
 # `collective`: a collective the script itself calls between the phases (a loss averaged for a log
@@ -55,7 +58,7 @@ PHASES = ("data", "forward", "backward", "comm", "collective", "optimizer", "eva
 # A per-device batch this small or smaller gets its forward and backward timed at a larger batch once
 # (the small-batch check's measured slope), on copies of the model's own layers.
 SMALL_BATCH = 16
-CALIBRATION_STEP = 3        # after warm-up: the first steps allocate and fill caches
+CALIBRATION_STEP = 3  # after warm-up: the first steps allocate and fill caches
 # After this many steps (and the calibration, if any) the global module hooks give way to hooks on the
 # outermost modules seen so far.
 NARROW_AFTER_STEP = CALIBRATION_STEP
@@ -77,16 +80,32 @@ DEVICE_PHASES = ("forward", "backward", "optimizer", "eval")
 PAUSE_FIRST_STEP = 10
 PAUSE_EVERY = 16
 PAUSES = 12
-FLUSH_EVERY_S = 1.0         # buffered lines reach the file at least this often (a killed rank loses less)
+FLUSH_EVERY_S = 1.0  # buffered lines reach the file at least this often (a killed rank loses less)
 # Collectives a script (or FSDP2, or Lightning) calls from Python. A blocking call is exposed
 # communication; an async one is counted when its Work is waited for.
-COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single", "all_gather_object",
-               "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "broadcast",
-               "broadcast_object_list", "barrier", "all_to_all", "all_to_all_single", "reduce", "gather",
-               "gather_object", "scatter", "monitored_barrier")
+COLLECTIVES = (
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_single",
+    "all_gather_object",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "reduce_scatter_single",
+    "broadcast",
+    "broadcast_object_list",
+    "barrier",
+    "all_to_all",
+    "all_to_all_single",
+    "reduce",
+    "gather",
+    "gather_object",
+    "scatter",
+    "monitored_barrier",
+)
 
 
-def _first_len(value: Any, torch: Any, depth: int = 0) -> Optional[int]:
+def _first_len(value: Any, torch: Any, depth: int = 0) -> int | None:
     """The leading dimension of the first tensor in a batch (a tensor, or a tuple, list or dict of them)."""
     if isinstance(value, torch.Tensor):
         return int(value.shape[0]) if value.dim() else None
@@ -126,7 +145,7 @@ def thread_penalty(torch: Any, threads: int, fair: int, size: int = 192, repeats
         return statistics.median(times)
 
     try:
-        best(fair)          # warm-up: first-call allocations
+        best(fair)  # warm-up: first-call allocations
         return best(threads) / best(fair)
     finally:
         torch.set_num_threads(threads)
@@ -141,6 +160,7 @@ class LayerTwins:
 
     def __init__(self, torch: Any, layers: list[tuple[Any, tuple[Any, ...]]], batch: int):
         import copy
+
         self.torch, self.batch, self.twins = torch, batch, []
         for layer, args in layers:
             try:
@@ -148,12 +168,15 @@ class LayerTwins:
             except Exception:
                 continue
         self.cuda = torch.cuda.is_available() and any(
-            isinstance(a, torch.Tensor) and a.is_cuda for _, args in self.twins for a in args)
+            isinstance(a, torch.Tensor) and a.is_cuda for _, args in self.twins for a in args
+        )
 
     def _grown(self, args: tuple[Any, ...], k: int) -> tuple[Any, ...]:
         torch = self.torch
-        return tuple(torch.cat([a] * k) if isinstance(a, torch.Tensor) and a.dim() and a.shape[0] == self.batch
-                     else a for a in args)
+        return tuple(
+            torch.cat([a] * k) if isinstance(a, torch.Tensor) and a.dim() and a.shape[0] == self.batch else a
+            for a in args
+        )
 
     def _once(self, layer: Any, args: tuple[Any, ...]) -> float:
         if self.cuda:
@@ -167,7 +190,7 @@ class LayerTwins:
             self.torch.cuda.synchronize()
         return time.perf_counter() - started
 
-    def seconds(self, grow: int = 1, threads: Optional[int] = None, repeats: int = 3) -> float:
+    def seconds(self, grow: int = 1, threads: int | None = None, repeats: int = 3) -> float:
         """Forward and backward of every layer that runs, the batch `grow` times larger, on `threads`
         threads: each layer warmed up once (a new shape allocates and picks kernels), then the median."""
         torch, total = self.torch, 0.0
@@ -187,14 +210,14 @@ class LayerTwins:
             torch.set_rng_state(rng)
         return total
 
-    def batch_slope(self, factor: int = CALIBRATION_FACTOR) -> Optional[float]:
+    def batch_slope(self, factor: int = CALIBRATION_FACTOR) -> float | None:
         """Seconds of forward and backward per extra sample, between the script's batch and `factor`
         times it. A step's fixed costs (per-call dispatch, the optimizer, the all-reduce) stay; this is
         what grows. None when no layer could be timed."""
         small, large = self.seconds(), self.seconds(grow=factor)
         return None if large <= 0 else max(0.0, (large - small) / ((factor - 1) * self.batch))
 
-    def thread_penalty(self, threads: int, fair: int) -> Optional[float]:
+    def thread_penalty(self, threads: int, fair: int) -> float | None:
         """How much slower the layers run on `threads` threads than on `fair`."""
         slow, fast = self.seconds(threads=threads), self.seconds(threads=fair)
         return None if fast <= 0 else slow / fast
@@ -214,30 +237,30 @@ class WorkerPause:
 
     def __init__(self) -> None:
         self.stopped: list[int] = []
-        self.batches: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
+        self.batches: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self.due = False
         self.taken = 0
 
     def count(self, iterator: Any) -> None:
         try:
             self.batches[iterator] = self.batches.get(iterator, 0) + 1
-        except TypeError:       # an iterator that cannot be weakly referenced is not measured
+        except TypeError:  # an iterator that cannot be weakly referenced is not measured
             pass
 
     @staticmethod
-    def cpu_s(pids: list[int]) -> Optional[float]:
+    def cpu_s(pids: list[int]) -> float | None:
         """User and system CPU seconds of these processes so far; None where /proc cannot tell."""
         total = 0
         try:
             for pid in pids:
                 with open(f"/proc/{pid}/stat") as f:
                     fields = f.read().rsplit(")", 1)[1].split()
-                total += int(fields[11]) + int(fields[12])     # utime, stime (fields 14 and 15)
+                total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
         except (OSError, IndexError, ValueError):
             return None
         return total / os.sysconf("SC_CLK_TCK")
 
-    def stop(self, iterator: Any, threads: int, cores: int) -> Optional[dict[str, Any]]:
+    def stop(self, iterator: Any, threads: int, cores: int) -> dict[str, Any] | None:
         """At a due step's first batch: stop the iterator's workers when they crowd the rank's cores, and
         return the reading that goes into the step record (workers' CPU so far, batches delivered)."""
         self.due = False
@@ -257,16 +280,22 @@ class WorkerPause:
         self.taken += 1
         return {"loader_id": id(iterator), "loader_cpu_s": round(cpu, 3), "loader_batches": self.batches[iterator]}
 
-    def inline_load_s(self, iterator: Any, batch: int, torch: Any) -> Optional[float]:
+    def inline_load_s(self, iterator: Any, batch: int, torch: Any) -> float | None:
         """Seconds to prepare one batch of `batch` samples in the rank's own process, as the remedy
         (num_workers=0) would: the iterator's own dataset and collate function on fixed indices, timed
         while the workers are stopped. Every random stream is restored, so the script's data and
         augmentation are unchanged. None for an iterable dataset (no index to fetch) or any error."""
         dataset, collate = getattr(iterator, "_dataset", None), getattr(iterator, "_collate_fn", None)
-        if (dataset is None or collate is None or batch <= 0 or not getattr(iterator, "_auto_collation", False)
-                or isinstance(dataset, torch.utils.data.IterableDataset)):
+        if (
+            dataset is None
+            or collate is None
+            or batch <= 0
+            or not getattr(iterator, "_auto_collation", False)
+            or isinstance(dataset, torch.utils.data.IterableDataset)
+        ):
             return None
         import random
+
         numpy = sys.modules.get("numpy")
         states = (torch.get_rng_state(), random.getstate(), numpy.random.get_state() if numpy else None)
         started = time.perf_counter()
@@ -289,7 +318,7 @@ class WorkerPause:
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGCONT)
-            except OSError:     # the worker has gone (its iterator shut down)
+            except OSError:  # the worker has gone (its iterator shut down)
                 pass
 
 
@@ -302,7 +331,7 @@ class HostEvent:
     def query(self) -> bool:
         return True
 
-    def elapsed_time(self, end: "HostEvent") -> float:
+    def elapsed_time(self, end: HostEvent) -> float:
         return (end.at - self.at) * 1e3
 
 
@@ -316,7 +345,7 @@ class DeviceTimeline:
         self.make_event = make_event
         self.start: Any = None
         self.spans: list[tuple[str, Any, Any]] = []
-        self.open: Optional[tuple[str, Any]] = None
+        self.open: tuple[str, Any] | None = None
         self.pending: list[tuple[int, Any, Any, list[tuple[str, Any, Any]]]] = []
 
     def _event(self) -> Any:
@@ -343,8 +372,12 @@ class DeviceTimeline:
         done = []
         while self.pending and self.pending[0][2].query():
             step, start, end, spans = self.pending.pop(0)
-            record: dict[str, Any] = {"kind": "device", "step": step,
-                                      "span_s": round(start.elapsed_time(end) / 1e3, 6), **dict.fromkeys(DEVICE_PHASES, 0.0)}
+            record: dict[str, Any] = {
+                "kind": "device",
+                "step": step,
+                "span_s": round(start.elapsed_time(end) / 1e3, 6),
+                **dict.fromkeys(DEVICE_PHASES, 0.0),
+            }
             for phase, began, ended in spans:
                 record[phase] = round(record[phase] + began.elapsed_time(ended) / 1e3, 6)
             done.append(record)
@@ -361,25 +394,25 @@ class Probe:
         self.origin = self.clock()
         self.mark = self.origin
         self.stack: list[str] = []
-        self.step_started: Optional[float] = None
+        self.step_started: float | None = None
         self.times = dict.fromkeys(PHASES, 0.0)
-        self.data_cpu = 0.0         # CPU seconds of this thread inside the data phase
-        self.ddp_overhead = 0.0     # DDP's own forward work around the wrapped module's (find_unused_parameters)
-        self.wrapped: Any = None    # the module a DDP at the outermost call wraps
+        self.data_cpu = 0.0  # CPU seconds of this thread inside the data phase
+        self.ddp_overhead = 0.0  # DDP's own forward work around the wrapped module's (find_unused_parameters)
+        self.wrapped: Any = None  # the module a DDP at the outermost call wraps
         self.outer_started = self.inner_started = self.inner_s = 0.0
-        self.last_batch = 0         # samples per training forward in the last step
-        self.samples = 0            # training samples (outermost forward's batch) in this step
-        self.micro = 0              # training forwards in this step
-        self.rounds = 0             # DDP all-reduce rounds (last buckets) in this step
-        self.syncs = 0              # host-device synchronisations in this step
-        self.sync_wait = 0.0        # seconds the host spent inside them (waiting for the device)
-        self.timeline: Optional[DeviceTimeline] = None     # device events, on GPU ranks once CUDA is in use
-        self.depth = 0              # nesting of module calls
-        self.outer_kind = ""        # the outermost module call's phase: forward or eval
-        self.backward_launch: Optional[float] = None  # when DDP's last bucket left, in this backward
+        self.last_batch = 0  # samples per training forward in the last step
+        self.samples = 0  # training samples (outermost forward's batch) in this step
+        self.micro = 0  # training forwards in this step
+        self.rounds = 0  # DDP all-reduce rounds (last buckets) in this step
+        self.syncs = 0  # host-device synchronisations in this step
+        self.sync_wait = 0.0  # seconds the host spent inside them (waiting for the device)
+        self.timeline: DeviceTimeline | None = None  # device events, on GPU ranks once CUDA is in use
+        self.depth = 0  # nesting of module calls
+        self.outer_kind = ""  # the outermost module call's phase: forward or eval
+        self.backward_launch: float | None = None  # when DDP's last bucket left, in this backward
         self.steps = 0
-        self.paused = False         # the probe's own measurements run: hooks pass through
-        self.layers: Optional[list[tuple[Any, tuple[Any, ...]]]] = None  # leaf calls captured for batch_slope
+        self.paused = False  # the probe's own measurements run: hooks pass through
+        self.layers: list[tuple[Any, tuple[Any, ...]]] | None = None  # leaf calls captured for batch_slope
         self.state: dict[str, Any] = {}
         self.lines: list[str] = []
         self.flushed = self.origin
@@ -387,12 +420,12 @@ class Probe:
         self.fair = fair_threads()  # launch pinned the rank before it started: read once, not every step
         self.restore: list[Callable[[], None]] = []
         # The outermost modules called (and the modules DDP wraps), and the global hooks that find them.
-        self.tops: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        self.tops: weakref.WeakSet[Any] = weakref.WeakSet()
         self.global_hooks: list[Any] = []
-        self.searching: "weakref.WeakSet[Any]" = weakref.WeakSet()  # DDPs with find_unused_parameters=True
-        self.hook_pair: Optional[tuple[Callable[..., Any], Callable[..., Any]]] = None
+        self.searching: weakref.WeakSet[Any] = weakref.WeakSet()  # DDPs with find_unused_parameters=True
+        self.hook_pair: tuple[Callable[..., Any], Callable[..., Any]] | None = None
         self.workers = WorkerPause()
-        self.pause: dict[str, Any] = {}     # this step's worker-pause reading and what ran while they were stopped
+        self.pause: dict[str, Any] = {}  # this step's worker-pause reading and what ran while they were stopped
         self.fb_at, self.micro_at = 0.0, 0  # forward + backward seconds and micro-steps when they were stopped
 
     # -- phase clocks ---------------------------------------------------------------------
@@ -403,7 +436,7 @@ class Probe:
     def enter(self, phase: str) -> None:
         now = self.clock()
         if self.step_started is None:
-            self.step_started, self.mark = now, now     # the first step starts at the first phase
+            self.step_started, self.mark = now, now  # the first step starts at the first phase
         self._charge(now)
         if not self.stack and self.timeline is not None:
             self.timeline.enter(phase)
@@ -412,7 +445,7 @@ class Probe:
     def leave(self, phase: str) -> float:
         now = self.clock()
         self._charge(now)
-        while self.stack:           # an exception may have skipped an inner leave
+        while self.stack:  # an exception may have skipped an inner leave
             if self.stack.pop() == phase:
                 break
         if not self.stack and self.timeline is not None:
@@ -428,15 +461,28 @@ class Probe:
         threads = self.torch.get_num_threads()
         if threads != self.state.get("threads"):
             self.note(threads=threads)
-        record = {"kind": "step", "step": self.steps, "end_s": round(now - self.origin, 6),
-                  "wall_s": round(now - started, 6), **{k: round(v, 6) for k, v in self.times.items()},
-                  "data_cpu": round(self.data_cpu, 6), "ddp_overhead": round(self.ddp_overhead, 6),
-                  "samples": self.samples, "micro": self.micro, "rounds": self.rounds, "syncs": self.syncs,
-                  "sync_wait": round(self.sync_wait, 6), **self.pause}
+        record = {
+            "kind": "step",
+            "step": self.steps,
+            "end_s": round(now - self.origin, 6),
+            "wall_s": round(now - started, 6),
+            **{k: round(v, 6) for k, v in self.times.items()},
+            "data_cpu": round(self.data_cpu, 6),
+            "ddp_overhead": round(self.ddp_overhead, 6),
+            "samples": self.samples,
+            "micro": self.micro,
+            "rounds": self.rounds,
+            "syncs": self.syncs,
+            "sync_wait": round(self.sync_wait, 6),
+            **self.pause,
+        }
         self.lines.append(json.dumps(record))
         self.pause = {}
-        if (self.steps >= PAUSE_FIRST_STEP and (self.steps - PAUSE_FIRST_STEP) % PAUSE_EVERY == 0
-                and self.workers.taken < PAUSES):
+        if (
+            self.steps >= PAUSE_FIRST_STEP
+            and (self.steps - PAUSE_FIRST_STEP) % PAUSE_EVERY == 0
+            and self.workers.taken < PAUSES
+        ):
             self.workers.due = True
         self.times = dict.fromkeys(PHASES, 0.0)
         self.data_cpu = self.ddp_overhead = 0.0
@@ -451,11 +497,11 @@ class Probe:
         fair = self.fair
         if threads > fair and "thread_penalty" not in self.state:
             self.note(thread_penalty=round(thread_penalty(self.torch, threads, fair), 3), fair_threads=fair)
-            now = self.mark = self.clock()      # the measurement is no part of any step
+            now = self.mark = self.clock()  # the measurement is no part of any step
         if self.layers is not None:
             now = self._calibrate()
         elif self.steps == CALIBRATION_STEP - 1 and (0 < self.last_batch <= SMALL_BATCH or threads > fair):
-            self.layers = []        # the next step's training forward records its leaf calls
+            self.layers = []  # the next step's training forward records its leaf calls
         if self.layers is None and self.steps >= NARROW_AFTER_STEP and self.global_hooks:
             self._narrow()
         self.step_started = now
@@ -471,9 +517,13 @@ class Probe:
             inline = self.workers.inline_load_s(iterator, _first_len(batch, self.torch) or 0, self.torch)
         finally:
             self.paused = False
-        self.mark = self.clock()    # the measurement is no part of any phase
-        self.pause = {**reading, "inline_load_s": None if inline is None else round(inline, 6),
-                      "paused_fb": 0.0, "paused_micro": 0}
+        self.mark = self.clock()  # the measurement is no part of any phase
+        self.pause = {
+            **reading,
+            "inline_load_s": None if inline is None else round(inline, 6),
+            "paused_fb": 0.0,
+            "paused_micro": 0,
+        }
         self.fb_at, self.micro_at = self.times["forward"] + self.times["backward"], self.micro
 
     def _resume_workers(self) -> None:
@@ -482,11 +532,12 @@ class Probe:
             return
         self.workers.resume()
         self._charge(self.clock())
-        self.pause["paused_fb"] = round(self.pause["paused_fb"] + self.times["forward"] + self.times["backward"]
-                                        - self.fb_at, 6)
+        self.pause["paused_fb"] = round(
+            self.pause["paused_fb"] + self.times["forward"] + self.times["backward"] - self.fb_at, 6
+        )
         self.pause["paused_micro"] += self.micro - self.micro_at
 
-    def _device_timeline(self) -> Optional[DeviceTimeline]:
+    def _device_timeline(self) -> DeviceTimeline | None:
         """From the second step, on a rank whose script has put CUDA to use (never initialising it for a
         CPU script on a GPU machine)."""
         if os.environ.get(DEVICE_EVENTS_ENV) == "cpu":
@@ -503,15 +554,17 @@ class Probe:
             twins = LayerTwins(self.torch, layers, self.last_batch)
             if 0 < self.last_batch <= SMALL_BATCH:
                 slope = twins.batch_slope()
-                self.note(batch_slope_s=None if slope is None else round(slope, 9),
-                          batch_slope_between=[self.last_batch, CALIBRATION_FACTOR * self.last_batch])
+                self.note(
+                    batch_slope_s=None if slope is None else round(slope, 9),
+                    batch_slope_between=[self.last_batch, CALIBRATION_FACTOR * self.last_batch],
+                )
             threads = self.torch.get_num_threads()
             if threads > self.fair:
                 penalty = twins.thread_penalty(threads, self.fair)
                 self.note(layer_thread_penalty=None if penalty is None else round(penalty, 3))
         finally:
             self.paused = False
-        self.mark = self.clock()    # the measurement is no part of any step
+        self.mark = self.clock()  # the measurement is no part of any step
         return self.mark
 
     # -- records --------------------------------------------------------------------------
@@ -547,12 +600,15 @@ class Probe:
             return
         self.broken = True
         self.workers.resume()
-        self.lines.append(json.dumps({"kind": "fallback", "step": self.steps, "where": where,
-                                      "error": f"{type(exc).__name__}: {exc}"[:500]}))
+        self.lines.append(
+            json.dumps(
+                {"kind": "fallback", "step": self.steps, "where": where, "error": f"{type(exc).__name__}: {exc}"[:500]}
+            )
+        )
         for undo in reversed(self.restore):
             try:
                 undo()
-            except Exception:       # best effort: a hook left behind checks `broken` and passes through
+            except Exception:  # best effort: a hook left behind checks `broken` and passes through
                 pass
         try:
             self.flush()
@@ -562,21 +618,34 @@ class Probe:
     # -- installation ---------------------------------------------------------------------
     def install(self, torch: Any) -> None:
         self.torch = torch
-        self.note(threads=torch.get_num_threads(), interop_threads=torch.get_num_interop_threads(),
-                  pid=os.getpid(), cpu_affinity=len(os.sched_getaffinity(0)))
-        for install in (self._optimizer_hooks, self._module_hooks, self._backward, self._loader,
-                        self._collectives, self._ddp, self._save, self._host_syncs):
+        self.note(
+            threads=torch.get_num_threads(),
+            interop_threads=torch.get_num_interop_threads(),
+            pid=os.getpid(),
+            cpu_affinity=len(os.sched_getaffinity(0)),
+        )
+        for install in (
+            self._optimizer_hooks,
+            self._module_hooks,
+            self._backward,
+            self._loader,
+            self._collectives,
+            self._ddp,
+            self._save,
+            self._host_syncs,
+        ):
             install(torch)
 
     def _patch(self, owner: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
         original = getattr(owner, name)
         wrapper = make(original)
-        wrapper.__wrapped__ = original      # type: ignore[attr-defined]
+        wrapper.__wrapped__ = original  # type: ignore[attr-defined]
         setattr(owner, name, wrapper)
         self.restore.append(lambda: setattr(owner, name, original))
 
     def _guarded(self, where: str, body: Callable[..., Any]) -> Callable[..., Any]:
         """A hook body that can never break the script: on any error the probe falls back."""
+
         def hook(*args: Any, **kwargs: Any) -> Any:
             if self.broken or self.paused:
                 return None
@@ -585,6 +654,7 @@ class Probe:
             except Exception as exc:
                 self.fail(where, exc)
                 return None
+
         return hook
 
     def _phase_call(self, phase: str, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -602,12 +672,16 @@ class Probe:
                 return original(*args, **kwargs)
             finally:
                 probe.leave(now)
+
         return timed
 
     def _optimizer_hooks(self, torch: Any) -> None:
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
-        handles = [register_optimizer_step_pre_hook(self._guarded("optimizer", lambda *a: self.enter("optimizer"))),
-                   register_optimizer_step_post_hook(self._guarded("optimizer", self._after_step))]
+
+        handles = [
+            register_optimizer_step_pre_hook(self._guarded("optimizer", lambda *a: self.enter("optimizer"))),
+            register_optimizer_step_post_hook(self._guarded("optimizer", self._after_step)),
+        ]
         self.restore += [h.remove for h in handles]
 
     def _after_step(self, *args: Any) -> None:
@@ -624,8 +698,15 @@ class Probe:
             if self.depth != 1:
                 if self.layers is not None and self.outer_kind == "forward" and next(module.children(), None) is None:
                     # detached copies that still ask for their gradient, so the input's backward is timed too
-                    self.layers.append((module, tuple(a.detach().requires_grad_(a.requires_grad)
-                                                      if isinstance(a, torch.Tensor) else a for a in args)))
+                    self.layers.append(
+                        (
+                            module,
+                            tuple(
+                                a.detach().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a
+                                for a in args
+                            ),
+                        )
+                    )
                 return
             self.tops.add(module)
             training = module.training and torch.is_grad_enabled()
@@ -636,7 +717,9 @@ class Probe:
                 self.samples += _first_len(args, torch) or 0
             # Under DDP, its forward's own work (find_unused_parameters' graph search) is the outer
             # call's time less the wrapped module's.
-            self.wrapped = getattr(module, "module", None) if type(module).__name__ == "DistributedDataParallel" else None
+            self.wrapped = (
+                getattr(module, "module", None) if type(module).__name__ == "DistributedDataParallel" else None
+            )
             if self.wrapped is not None:
                 self.tops.add(self.wrapped)
             self.inner_s = 0.0
@@ -651,25 +734,30 @@ class Probe:
                 now = self.leave(self.outer_kind)
                 if self.wrapped is not None and self.outer_kind == "forward":
                     self.ddp_overhead += now - self.outer_started - self.inner_s
-            elif self.depth < 0:        # hooks installed mid-call: re-synchronise
+            elif self.depth < 0:  # hooks installed mid-call: re-synchronise
                 self.depth = 0
 
         self.hook_pair = (self._guarded("forward", pre), self._guarded("forward", post))
-        self.global_hooks = [register_module_forward_pre_hook(self.hook_pair[0]),
-                             register_module_forward_hook(self.hook_pair[1], always_call=True)]
+        self.global_hooks = [
+            register_module_forward_pre_hook(self.hook_pair[0]),
+            register_module_forward_hook(self.hook_pair[1], always_call=True),
+        ]
         self.restore.append(lambda: [h.remove() for h in self.global_hooks])
         self._patch(torch.nn.Module, "train", self._on_mode_switch)
 
     def _hook_module(self, module: Any) -> None:
         pre, post = self.hook_pair or (None, None)
         # first in, last out: FSDP2's own hooks (gathering the parameters) are inside the timed call
-        handles = [module.register_forward_pre_hook(pre, prepend=True), module.register_forward_hook(post, always_call=True)]
+        handles = [
+            module.register_forward_pre_hook(pre, prepend=True),
+            module.register_forward_hook(post, always_call=True),
+        ]
         self.restore += [h.remove for h in handles]
 
     def _narrow(self) -> None:
         """Global hooks run on every module call; from here on only the outermost modules are hooked."""
         if not self.tops:
-            return          # no module call seen: keep looking
+            return  # no module call seen: keep looking
         for handle in self.global_hooks:
             handle.remove()
         self.global_hooks = []
@@ -684,7 +772,7 @@ class Probe:
         def train(module: Any, *args: Any, **kwargs: Any) -> Any:
             if inside[0] or probe.broken or probe.global_hooks:
                 return original(module, *args, **kwargs)
-            inside[0] = True        # train() recurses into the children: only the outermost call counts
+            inside[0] = True  # train() recurses into the children: only the outermost call counts
             try:
                 if module not in probe.tops:
                     try:
@@ -695,6 +783,7 @@ class Probe:
                 return original(module, *args, **kwargs)
             finally:
                 inside[0] = False
+
         return train
 
     def _backward(self, torch: Any) -> None:
@@ -716,11 +805,14 @@ class Probe:
                         tail = min(now - probe.backward_launch, probe.times["backward"])
                         probe.times["backward"] -= tail
                         probe.times["comm"] += tail
+
             return backward
+
         self._patch(torch.autograd, "backward", make)
 
     def _loader(self, torch: Any) -> None:
         from torch.utils.data import dataloader
+
         probe = self
 
         def make(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -733,7 +825,7 @@ class Probe:
                     probe.note(loader_workers=max(int(iterator._num_workers), probe.state.get("loader_workers", 0)))
                 except Exception as exc:
                     probe.fail("data", exc)
-                probe._resume_workers()     # never wait on a stopped worker
+                probe._resume_workers()  # never wait on a stopped worker
                 # CPU time of this thread beside the wait: decoding in the rank's own process is
                 # CPU, reading or a loader worker's batch not yet ready is waiting.
                 cpu = time.thread_time()
@@ -748,11 +840,14 @@ class Probe:
                 except Exception as exc:
                     probe.fail("data", exc)
                 return batch
+
             return next_batch
+
         self._patch(dataloader._BaseDataLoaderIter, "__next__", make)
 
     def _collectives(self, torch: Any) -> None:
         import torch.distributed as dist
+
         if not dist.is_available():
             return
         for name in COLLECTIVES:
@@ -766,8 +861,9 @@ class Probe:
         first forward, when the script can no longer register its own."""
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
         from torch.nn.parallel import DistributedDataParallel as DDP
+
         probe = self
-        hooked: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        hooked: weakref.WeakSet[Any] = weakref.WeakSet()
 
         def timed_hook(hook: Callable[..., Any]) -> Callable[..., Any]:
             # wraps: DDP checks the hook's signature (and logs its name); inspect follows __wrapped__.
@@ -777,6 +873,7 @@ class Probe:
                     probe.rounds += 1
                     probe.backward_launch = probe.clock()
                 return hook(state, bucket)
+
             return hook_and_time
 
         def make_register(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -785,12 +882,14 @@ class Probe:
                     return original(ddp, state, hook)
                 hooked.add(ddp)
                 return original(ddp, state, timed_hook(hook))
+
             return register_comm_hook
 
         def make_builtin(original: Callable[..., Any]) -> Callable[..., Any]:
             def register_builtin(ddp: Any, *args: Any, **kwargs: Any) -> Any:
-                hooked.add(ddp)       # a C++ hook: its rounds cannot be timed from here
+                hooked.add(ddp)  # a C++ hook: its rounds cannot be timed from here
                 return original(ddp, *args, **kwargs)
+
             return register_builtin
 
         def make_init(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -800,13 +899,18 @@ class Probe:
                     return
                 try:
                     grads = sum(p.numel() * p.element_size() for p in ddp.module.parameters() if p.requires_grad)
-                    probe.note(ddp=True, find_unused_parameters=bool(ddp.find_unused_parameters),
-                               gradient_bytes=int(grads), static_graph=bool(getattr(ddp, "static_graph", False)))
+                    probe.note(
+                        ddp=True,
+                        find_unused_parameters=bool(ddp.find_unused_parameters),
+                        gradient_bytes=int(grads),
+                        static_graph=bool(getattr(ddp, "static_graph", False)),
+                    )
                     ddp.register_forward_pre_hook(probe._guarded("ddp", first_forward), prepend=True)
                     if ddp.find_unused_parameters:
                         probe.searching.add(ddp)
                 except Exception as exc:
                     probe.fail("ddp", exc)
+
             return init
 
         def first_forward(ddp: Any, args: Any) -> None:
@@ -820,7 +924,6 @@ class Probe:
 
     def _save(self, torch: Any) -> None:
         self._patch(torch, "save", lambda original: self._phase_call("checkpoint", original))
-
 
     def _host_syncs(self, torch: Any) -> None:
         device = os.environ.get(SYNC_DEVICE_ENV, "cuda")
@@ -838,11 +941,13 @@ class Probe:
                     return original(tensor, *args, **kwargs)
                 finally:
                     probe.sync_wait += probe.clock() - started
+
             return read
 
         for name in HOST_READS:
             self._patch(torch.Tensor, name, counted)
         if device == "cuda":
+
             def synchronize(original: Callable[..., Any]) -> Callable[..., Any]:
                 def counted_synchronize(*args: Any, **kwargs: Any) -> Any:
                     if probe.broken or probe.paused:
@@ -853,7 +958,9 @@ class Probe:
                         return original(*args, **kwargs)
                     finally:
                         probe.sync_wait += probe.clock() - started
+
                 return counted_synchronize
+
             self._patch(torch.cuda, "synchronize", synchronize)
 
 
@@ -875,7 +982,8 @@ class _AfterTorchImport(importlib.abc.MetaPathFinder):
         def exec_module(module: Any) -> None:
             load(module)
             then(module)
-        spec.loader.exec_module = exec_module     # type: ignore[method-assign]
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
 
 
@@ -889,6 +997,7 @@ def command(script: str) -> list[str]:
 def run(argv: list[str]) -> None:
     """Run the script `argv[0]` with arguments `argv[1:]` as `python script.py ...` would, probed."""
     import atexit
+
     rank = int(os.environ.get("RANK", "0"))
     folder = os.path.join(os.environ[RUN_DIR_ENV], "probe")
     os.makedirs(folder, exist_ok=True)

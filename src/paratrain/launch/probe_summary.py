@@ -9,6 +9,7 @@ and all-reduce rounds per step.
 Per-step figures are means over the steady steps, not medians: an evaluation or checkpoint every
 k steps is time the run spends, and the doctor's predicted gains are shares of that time.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -29,7 +30,7 @@ WARMUP_MIN = 2
 def steady(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The steps after warm-up."""
     skip = max(int(len(steps) * WARMUP_SHARE), WARMUP_MIN)
-    return steps[skip:] if len(steps) > 2 * skip else steps[len(steps) // 2:]
+    return steps[skip:] if len(steps) > 2 * skip else steps[len(steps) // 2 :]
 
 
 def rank_record(rank: int, records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -50,7 +51,8 @@ def rank_record(rank: int, records: list[dict[str, Any]]) -> dict[str, Any]:
         n = len(used)
         wall = sum(s["wall_s"] for s in used)
         out.update(
-            step_s=wall / n, wall_s=wall,
+            step_s=wall / n,
+            wall_s=wall,
             phases_s={p: sum(s.get(p, 0.0) for s in used) / n for p in PHASES},
             samples_per_step=sum(s["samples"] for s in used) / n,
             micro_per_step=sum(s["micro"] for s in used) / n,
@@ -63,7 +65,8 @@ def rank_record(rank: int, records: list[dict[str, Any]]) -> dict[str, Any]:
             ddp_overhead_s=sum(s["ddp_overhead"] for s in used) / n,
             **excess_s(used),
             # per-step wall times, for the spread (a rank whose steps vary waits unevenly)
-            step_s_median=statistics.median(s["wall_s"] for s in used))
+            step_s_median=statistics.median(s["wall_s"] for s in used),
+        )
         out.update(device_record(records, {s["step"] for s in used}))
         out.update(worker_pause_record(steps, used))
     return out
@@ -78,8 +81,11 @@ def worker_pause_record(steps: list[dict[str, Any]], used: list[dict[str, Any]])
     running = [(s["forward"] + s["backward"]) / s["micro"] for s in used if s["micro"] > 0]
     if not paused or not running:
         return {}
-    out: dict[str, Any] = {"paused_steps": len(paused), "fb_per_micro_s": statistics.median(running),
-                           "paused_fb_per_micro_s": statistics.median(s["paused_fb"] / s["paused_micro"] for s in paused)}
+    out: dict[str, Any] = {
+        "paused_steps": len(paused),
+        "fb_per_micro_s": statistics.median(running),
+        "paused_fb_per_micro_s": statistics.median(s["paused_fb"] / s["paused_micro"] for s in paused),
+    }
     cpu = batches = 0.0
     for loader in {s["loader_id"] for s in paused}:
         readings = [s for s in paused if s["loader_id"] == loader]
@@ -99,8 +105,11 @@ def device_record(records: list[dict[str, Any]], steps: set[int]) -> dict[str, A
     if not device:
         return {}
     n = len(device)
-    return {"device_step_s": sum(r["span_s"] for r in device) / n, "device_steps": n,
-            "device_phases_s": {p: sum(r[p] for r in device) / n for p in DEVICE_PHASES}}
+    return {
+        "device_step_s": sum(r["span_s"] for r in device) / n,
+        "device_steps": n,
+        "device_phases_s": {p: sum(r[p] for r in device) / n for p in DEVICE_PHASES},
+    }
 
 
 def excess_s(used: list[dict[str, Any]]) -> dict[str, float]:
@@ -111,8 +120,10 @@ def excess_s(used: list[dict[str, Any]]) -> dict[str, float]:
     if not plain:
         return {}
     base = statistics.median(plain)
-    return {f"{phase}_excess_s": sum(max(0.0, s["wall_s"] - base) for s in used if s[phase] > 0) / len(used)
-            for phase in ("eval", "checkpoint")}
+    return {
+        f"{phase}_excess_s": sum(max(0.0, s["wall_s"] - base) for s in used if s[phase] > 0) / len(used)
+        for phase in ("eval", "checkpoint")
+    }
 
 
 def summarise(run_dir: Path) -> dict[str, Any]:
@@ -124,20 +135,29 @@ def summarise(run_dir: Path) -> dict[str, Any]:
     fell_back = [r for r in ranks if "fallback" in r]
     probe: dict[str, Any] = {"status": "on", "ranks": ranks}
     if fell_back:
-        probe.update(status="fell back", reason="; ".join(f"rank {r['rank']}: {r['fallback']}" for r in fell_back)
-                     + " (the script ran on untouched; only the monitor's samples describe this run)")
+        probe.update(
+            status="fell back",
+            reason="; ".join(f"rank {r['rank']}: {r['fallback']}" for r in fell_back)
+            + " (the script ran on untouched; only the monitor's samples describe this run)",
+        )
         return {"probe": probe}
     timed = [r for r in ranks if "phases_s" in r]
     if not timed:
-        probe.update(status="no steps", reason="no optimizer step was seen: the script never called "
-                                               "optimizer.step() of a torch.optim optimizer")
+        probe.update(
+            status="no steps",
+            reason="no optimizer step was seen: the script never called optimizer.step() of a torch.optim optimizer",
+        )
         return {"probe": probe}
     phases = {p: statistics.mean(r["phases_s"][p] for r in timed) for p in PHASES}
     probe["phases_s"] = phases
     probe["step_s"] = statistics.mean(r["step_s"] for r in timed)
-    breakdown = {"data_s": phases["data"], "compute_s": phases["forward"] + phases["backward"],
-                 "comm_s": phases["comm"] + phases["collective"], "optimizer_s": phases["optimizer"],
-                 "other_s": phases["other"] + phases["eval"] + phases["checkpoint"]}
+    breakdown = {
+        "data_s": phases["data"],
+        "compute_s": phases["forward"] + phases["backward"],
+        "comm_s": phases["comm"] + phases["collective"],
+        "optimizer_s": phases["optimizer"],
+        "other_s": phases["other"] + phases["eval"] + phases["checkpoint"],
+    }
     out: dict[str, Any] = {"breakdown": breakdown, "probe": probe}
     samples = sum(r["samples_per_step"] * r["steady_steps"] for r in timed)
     wall = max(r["wall_s"] for r in timed)

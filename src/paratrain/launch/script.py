@@ -19,6 +19,7 @@ The run directory:
 summary.json then also holds `breakdown` (seconds per optimizer step: data, compute, comm,
 optimizer, other, as for built-in runs) and `probe` (what the probe saw per rank, or why it is off).
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -31,7 +32,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any
 
 from paratrain.config import LaunchConfig, validate
 from paratrain.errors import UsageError
@@ -46,8 +47,22 @@ from paratrain.script_client import REPORT_FILE_ENV
 
 # The keys of summary.json that launch itself writes; a reported metric of the same name is kept
 # under "reported" only.
-OWN_KEYS = ("status", "workers", "exit_code", "failed_rank", "error", "wall_time_s", "run_dir", "reported",
-            "machine_load", "samples_per_s", "epoch_times_s", "epoch_time_s", "breakdown", "probe")
+OWN_KEYS = (
+    "status",
+    "workers",
+    "exit_code",
+    "failed_rank",
+    "error",
+    "wall_time_s",
+    "run_dir",
+    "reported",
+    "machine_load",
+    "samples_per_s",
+    "epoch_times_s",
+    "epoch_time_s",
+    "breakdown",
+    "probe",
+)
 
 # Each rank starts as `python -c RANK_EXEC PROGRAM...`: it pins itself to its cores, sends its
 # output to its log and names its report file, then exec()s the program: same process, same
@@ -69,7 +84,7 @@ os.execv(sys.argv[1], sys.argv[1:])
 """.replace("{report_env}", REPORT_FILE_ENV)
 
 
-def launch_script(config: Union[LaunchConfig, dict[str, Any], None] = None, **overrides: Any) -> dict[str, Any]:
+def launch_script(config: LaunchConfig | dict[str, Any] | None = None, **overrides: Any) -> dict[str, Any]:
     """Run a torchrun-style script on `workers` local ranks; returns the summary (also RUN_DIR/summary.json).
 
     A failing script does not raise: the summary says `status: failed` with the `exit_code` of
@@ -89,27 +104,44 @@ def launch_script(config: Union[LaunchConfig, dict[str, Any], None] = None, **ov
         program = probe.command(str(script))
     cuda = resolve_device("auto")
     cores = available_cores()
-    if cuda:        # GPU ranks, as in `train`: one GPU each, cores shared, unpinned
+    if cuda:  # GPU ranks, as in `train`: one GPU each, cores shared, unpinned
         threads, cpu_sets = cfg.threads_per_worker or max(1, len(cores) // cfg.workers), None
     else:
         threads, cpu_sets = core_sets(cfg.workers, cfg.threads_per_worker, cfg.allow_oversubscribe, cores)
     run = RunDir(cfg.run_dir or Path("runs") / f"{_dt.datetime.now():%Y%m%d-%H%M%S}-{script.stem}-w{cfg.workers}")
     if run.path.exists() and (not run.path.is_dir() or run_dir_entries(run.path)):
         raise UsageError(f"{run.path} already exists and is not empty; choose another --run-dir")
-    with run_dir_lock(run.path, fresh=True):      # one run at a time in it (runs/lock.py)
+    with run_dir_lock(run.path, fresh=True):  # one run at a time in it (runs/lock.py)
         return _launch(cfg, run, script, program, cuda, threads, cpu_sets)
 
 
-def _launch(cfg: LaunchConfig, run: RunDir, script: Path, program: list[str], cuda: bool, threads: int,
-            cpu_sets: Optional[list[list[int]]]) -> dict[str, Any]:
+def _launch(
+    cfg: LaunchConfig,
+    run: RunDir,
+    script: Path,
+    program: list[str],
+    cuda: bool,
+    threads: int,
+    cpu_sets: list[list[int]] | None,
+) -> dict[str, Any]:
     """Write config.json, run the ranks under the monitor, write summary.json."""
     for sub in ("logs", "reports"):
         (run.path / sub).mkdir(parents=True, exist_ok=True)
     run_id = str(uuid.uuid4())
-    write_json(run.config, {
-        **cfg.model_dump(mode="json"), "script": str(script), "command": [*program, *cfg.script_args],
-        "resolved": {"device": "cuda" if cuda else "cpu", "threads_per_worker": threads, "cpu_sets": cpu_sets,
-                     "run_id": run_id}})
+    write_json(
+        run.config,
+        {
+            **cfg.model_dump(mode="json"),
+            "script": str(script),
+            "command": [*program, *cfg.script_args],
+            "resolved": {
+                "device": "cuda" if cuda else "cpu",
+                "threads_per_worker": threads,
+                "cpu_sets": cpu_sets,
+                "run_id": run_id,
+            },
+        },
+    )
     env = {**thread_env(threads), **cfg.env, "PARATRAIN_RUN_DIR": str(run.path.resolve())}
     if cpu_sets is not None:
         env["PARATRAIN_CPU_SETS"] = ";".join(",".join(map(str, cores)) for cores in cpu_sets)
@@ -121,14 +153,33 @@ def _launch(cfg: LaunchConfig, run: RunDir, script: Path, program: list[str], cu
         with monitor_run(run.path, cfg.monitor_hz, ranks_by_environment(run_id), cfg.workers if cuda else 0, env):
             outcome = _run(program + cfg.script_args, cfg.workers, run_id, run.path, env)
     except KeyboardInterrupt:
-        write_json(run.summary, {"status": "failed", "workers": cfg.workers, "exit_code": 130, "error": "interrupted",
-                                 "wall_time_s": time.perf_counter() - started, "run_dir": str(run.path)})
+        write_json(
+            run.summary,
+            {
+                "status": "failed",
+                "workers": cfg.workers,
+                "exit_code": 130,
+                "error": "interrupted",
+                "wall_time_s": time.perf_counter() - started,
+                "run_dir": str(run.path),
+            },
+        )
         raise
-    summary = {**outcome, "workers": cfg.workers, "wall_time_s": time.perf_counter() - started,
-               "run_dir": str(run.path), "machine_load": load.finish()}
+    summary = {
+        **outcome,
+        "workers": cfg.workers,
+        "wall_time_s": time.perf_counter() - started,
+        "run_dir": str(run.path),
+        "machine_load": load.finish(),
+    }
     reported = read_reports(run.path / "reports")
-    summary = {**{k: v for k, v in reported.items() if k not in OWN_KEYS}, **summary, "reported": reported,
-               **throughput(run.path / "reports"), **probed(cfg, script, run.path)}
+    summary = {
+        **{k: v for k, v in reported.items() if k not in OWN_KEYS},
+        **summary,
+        "reported": reported,
+        **throughput(run.path / "reports"),
+        **probed(cfg, script, run.path),
+    }
     if summary.get("samples_per_s") is None and summary["probe"].get("samples_per_s"):
         # The script reported no throughput: the probe's count of the samples its ranks trained on.
         summary["samples_per_s"] = summary["probe"]["samples_per_s"]
@@ -144,18 +195,28 @@ def _run(command: list[str], workers: int, run_id: str, run_dir: Path, env: dict
     from torch.distributed.launcher.api import elastic_launch
 
     quiet_elastic_logs()
-    elastic_logs = run_dir / "logs" / "elastic"      # error.json of scripts that use torch's @record
+    elastic_logs = run_dir / "logs" / "elastic"  # error.json of scripts that use torch's @record
     config = ElasticConfig(
-        min_nodes=1, max_nodes=1, nproc_per_node=workers, run_id=run_id, rdzv_backend="c10d",
-        rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1,
-        logs_specs=DefaultLogsSpecs(log_dir=str(elastic_logs)))
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=workers,
+        run_id=run_id,
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=0,
+        monitor_interval=0.1,
+        logs_specs=DefaultLogsSpecs(log_dir=str(elastic_logs)),
+    )
     try:
         with scoped_environ(env):
             elastic_launch(config, sys.executable)("-c", RANK_EXEC, *command)
     except SignalException as exc:
         # SIGTERM or SIGHUP to this process: the agent has stopped the ranks.
-        return {"status": "failed", "exit_code": 128 + exc.sigval,
-                "error": f"stopped by {signal.Signals(exc.sigval).name}; the ranks were terminated"}
+        return {
+            "status": "failed",
+            "exit_code": 128 + exc.sigval,
+            "error": f"stopped by {signal.Signals(exc.sigval).name}; the ranks were terminated",
+        }
     except ChildFailedError as exc:
         # The first rank to fail is the cause; the agent then terminates the others.
         rank, failure = exc.get_first_failure()
@@ -163,8 +224,12 @@ def _run(command: list[str], workers: int, run_id: str, run_dir: Path, env: dict
         how = f"exit status {code}" if failure.exitcode >= 0 else f"killed by {_signal_name(-failure.exitcode)}"
         log = run_dir / "logs" / f"rank{rank}.log"
         last = _framework_fix(log) or _last_line(log)
-        return {"status": "failed", "exit_code": code, "failed_rank": rank,
-                "error": f"rank {rank} failed with {how}{': ' + last if last else ''} (see {log})"}
+        return {
+            "status": "failed",
+            "exit_code": code,
+            "failed_rank": rank,
+            "error": f"rank {rank} failed with {how}{': ' + last if last else ''} (see {log})",
+        }
     shutil.rmtree(elastic_logs, ignore_errors=True)
     return {"status": "completed", "exit_code": 0}
 
@@ -237,8 +302,10 @@ def _signal_name(number: int) -> str:
 # Lightning checks its Trainer(devices * num_nodes) against the launcher's WORLD_SIZE before training and
 # raises this; the usual cause is a devices count written into the script, which breaks as soon as the
 # launch (or a `scale --script` point) starts another number of ranks.
-LIGHTNING_WORLD = re.compile(r"You set `devices=(\d+)` and `num_nodes=(\d+)` in Lightning, but the product"
-                             r" \(\d+ \* \d+\) does not match the world size \((\d+)\)")
+LIGHTNING_WORLD = re.compile(
+    r"You set `devices=(\d+)` and `num_nodes=(\d+)` in Lightning, but the product"
+    r" \(\d+ \* \d+\) does not match the world size \((\d+)\)"
+)
 
 
 def _framework_fix(path: Path) -> str:
@@ -249,8 +316,10 @@ def _framework_fix(path: Path) -> str:
     if not found:
         return ""
     devices, nodes, world = found.groups()
-    return (f"Lightning's Trainer(devices={devices}, num_nodes={nodes}) does not match the {world} rank(s) "
-            f"started; set devices=int(os.environ['WORLD_SIZE']) and num_nodes=1 in your Trainer")
+    return (
+        f"Lightning's Trainer(devices={devices}, num_nodes={nodes}) does not match the {world} rank(s) "
+        f"started; set devices=int(os.environ['WORLD_SIZE']) and num_nodes=1 in your Trainer"
+    )
 
 
 def _last_line(path: Path) -> str:

@@ -27,6 +27,7 @@ differ from PCI order on a machine with mixed GPUs, and NVML's own index order i
 to be PCI order either, so the monitor sorts NVML's devices by PCI bus id itself (NVIDIA's CUDA
 C Programming Guide, "CUDA Environment Variables").
 """
+
 from __future__ import annotations
 
 import json
@@ -35,9 +36,10 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Callable, Mapping, Optional
+from typing import Any
 
 import psutil
 
@@ -46,7 +48,7 @@ log = logging.getLogger("paratrain.monitor")
 SYSTEM_FILE = "system.jsonl"
 DEFAULT_HZ = 2.0
 
-RankOf = Callable[[psutil.Process], Optional[int]]
+RankOf = Callable[[psutil.Process], int | None]
 
 
 def ranks_by_log(run_dir: Path) -> RankOf:
@@ -59,7 +61,7 @@ def ranks_by_log(run_dir: Path) -> RankOf:
     logs = (Path(run_dir) / "logs").resolve()
     name = re.compile(r"rank(\d+)\.log")
 
-    def rank_of(proc: psutil.Process) -> Optional[int]:
+    def rank_of(proc: psutil.Process) -> int | None:
         for f in proc.open_files():
             path = Path(f.path)
             match = name.fullmatch(path.name)
@@ -80,7 +82,7 @@ def wait_for_rank(root_pid: int, rank_of: RankOf, rank: int, timeout_s: float = 
             try:
                 if rank_of(proc) == rank:
                     return proc.pid
-            except psutil.Error:        # exited meanwhile, or not ours to read
+            except psutil.Error:  # exited meanwhile, or not ours to read
                 continue
         time.sleep(0.02)
     raise TimeoutError(f"no descendant of process {root_pid} became rank {rank} within {timeout_s:.0f} s")
@@ -90,7 +92,7 @@ def ranks_by_environment(run_id: str) -> RankOf:
     """Scripts started by the elastic agent (`launch`): each worker is started with RANK and the
     agent's TORCHELASTIC_RUN_ID in its environment; the run id tells this run's ranks from others."""
 
-    def rank_of(proc: psutil.Process) -> Optional[int]:
+    def rank_of(proc: psutil.Process) -> int | None:
         env = proc.environ()
         if env.get("TORCHELASTIC_RUN_ID") == run_id and env.get("RANK", "").isdigit():
             return int(env["RANK"])
@@ -131,9 +133,9 @@ def devices_in_cuda_order(nvml: Any, environ: Mapping[str, str]) -> list[Any]:
             matches = [i for i, uuid in enumerate(uuids) if entry and uuid.startswith(entry)]
             position = matches[0] if len(matches) == 1 else -1
         if position < 0:
-            break       # CUDA stops at the first entry that names no device (or more than one)
+            break  # CUDA stops at the first entry that names no device (or more than one)
         if position in seen:
-            return []   # and a device named twice makes none visible
+            return []  # and a device named twice makes none visible
         seen.add(position)
         out.append(by_pci[position])
     return out
@@ -150,27 +152,35 @@ class Monitor:
     those are; `nvml` replaces the `pynvml` module (tests).
     """
 
-    def __init__(self, path: Path, hz: float, rank_of: RankOf, root: Optional[psutil.Process] = None,
-                 cuda_ranks: int = 0, nvml: Any = None, environ: Optional[Mapping[str, str]] = None):
+    def __init__(
+        self,
+        path: Path,
+        hz: float,
+        rank_of: RankOf,
+        root: psutil.Process | None = None,
+        cuda_ranks: int = 0,
+        nvml: Any = None,
+        environ: Mapping[str, str] | None = None,
+    ):
         if hz <= 0:
             raise ValueError(f"monitor frequency must be positive (got {hz})")
         self.path, self.period, self.rank_of = Path(path), 1.0 / hz, rank_of
         self.root = root or psutil.Process()
         self.cuda_ranks, self._nvml = cuda_ranks, nvml
         self._environ = dict(os.environ if environ is None else environ)
-        self._exported: Optional[dict[str, Optional[str]]] = None     # what start() changed in os.environ
+        self._exported: dict[str, str | None] | None = None  # what start() changed in os.environ
         self._handles: list[tuple[int, Any]] = []
-        self._ranks: dict[int, tuple[int, psutil.Process]] = {}     # pid -> (rank, process), baseline taken
-        self._cores_before: list[Any] = []          # the host's per-core baseline, read by start()
+        self._ranks: dict[int, tuple[int, psutil.Process]] = {}  # pid -> (rank, process), baseline taken
+        self._cores_before: list[Any] = []  # the host's per-core baseline, read by start()
         self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
         self._file: Any = None
 
-    def __enter__(self) -> "Monitor":
+    def __enter__(self) -> Monitor:
         self.start()
         return self
 
-    def __exit__(self, kind: Optional[type], error: Optional[BaseException], tb: Optional[TracebackType]) -> None:
+    def __exit__(self, kind: type | None, error: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()
 
     def start(self) -> None:
@@ -208,7 +218,7 @@ class Monitor:
                 self._file.write(json.dumps(record) + "\n")
             self._file.flush()
             due += self.period
-            if due < time.monotonic():      # fell behind (a stalled machine): skip, never burst
+            if due < time.monotonic():  # fell behind (a stalled machine): skip, never burst
                 due = time.monotonic() + self.period
 
     def sample(self) -> list[dict[str, Any]]:
@@ -234,10 +244,19 @@ class Monitor:
                     # threads): it has ended, like one that is gone.
                     if rss == 0 or proc.status() == psutil.STATUS_ZOMBIE:
                         raise psutil.ZombieProcess(proc.pid)
-                    out.append({"time": now, "kind": "rank", "rank": rank, "pid": proc.pid,
-                                "cpu_percent": round(proc.cpu_percent(), 1), "rss_bytes": rss,
-                                "num_threads": proc.num_threads(), "cores": proc.cpu_affinity()})
-            except psutil.Error:          # it ended since it was listed
+                    out.append(
+                        {
+                            "time": now,
+                            "kind": "rank",
+                            "rank": rank,
+                            "pid": proc.pid,
+                            "cpu_percent": round(proc.cpu_percent(), 1),
+                            "rss_bytes": rss,
+                            "num_threads": proc.num_threads(),
+                            "cores": proc.cpu_affinity(),
+                        }
+                    )
+            except psutil.Error:  # it ended since it was listed
                 self._ranks.pop(proc.pid, None)
         return out
 
@@ -251,14 +270,14 @@ class Monitor:
         self._ranks = {pid: known for pid, known in self._ranks.items() if pid in alive}
         ready = list(self._ranks.values())
         taken = {rank for rank, _ in ready}
-        for proc in sorted(listed, key=_started):       # parents before the children they fork
+        for proc in sorted(listed, key=_started):  # parents before the children they fork
             if proc.pid in self._ranks:
                 continue
             try:
                 rank = self.rank_of(proc)
                 if rank is None or rank in taken:
                     continue
-                proc.cpu_percent()               # the baseline: psutil's first reading is always 0.0
+                proc.cpu_percent()  # the baseline: psutil's first reading is always 0.0
             except psutil.Error:
                 continue
             self._ranks[proc.pid] = (rank, proc)
@@ -270,7 +289,9 @@ class Monitor:
             try:
                 import pynvml
             except ImportError:
-                log.warning("no GPU samples: NVML's Python binding is missing; pip install 'paratrain[gpu]' (nvidia-ml-py)")
+                log.warning(
+                    "no GPU samples: NVML's Python binding is missing; pip install 'paratrain[gpu]' (nvidia-ml-py)"
+                )
                 return
             self._nvml = pynvml
         nvml = self._nvml
@@ -287,13 +308,19 @@ class Monitor:
             return
         order = self._environ.get("CUDA_DEVICE_ORDER", "FASTEST_FIRST")
         if order != "PCI_BUS_ID" and len(devices) > 1:
-            log.warning("the ranks number their GPUs with CUDA_DEVICE_ORDER=%s; the GPU samples assume PCI order and may "
-                        "be attributed to the wrong CUDA device numbers", order)
+            log.warning(
+                "the ranks number their GPUs with CUDA_DEVICE_ORDER=%s; the GPU samples assume PCI order and may "
+                "be attributed to the wrong CUDA device numbers",
+                order,
+            )
         # Local rank r computes on CUDA device r % count: n ranks use the first min(n, count) devices.
-        self._handles = list(enumerate(devices[:self.cuda_ranks]))
+        self._handles = list(enumerate(devices[: self.cuda_ranks]))
         if not self._handles:
-            log.warning("no GPU samples: CUDA_VISIBLE_DEVICES=%r names none of this machine's %d GPU(s)",
-                        self._environ.get("CUDA_VISIBLE_DEVICES"), nvml.nvmlDeviceGetCount())
+            log.warning(
+                "no GPU samples: CUDA_VISIBLE_DEVICES=%r names none of this machine's %d GPU(s)",
+                self._environ.get("CUDA_VISIBLE_DEVICES"),
+                nvml.nvmlDeviceGetCount(),
+            )
             nvml.nvmlShutdown()
 
     def _gpu(self, now: float, index: int, handle: Any) -> dict[str, Any]:
@@ -302,17 +329,21 @@ class Monitor:
         def read(what: Callable[[], Any]) -> Any:
             try:
                 return what()
-            except nvml.NVMLError:      # not supported by this device (power on some boards, MIG)
+            except nvml.NVMLError:  # not supported by this device (power on some boards, MIG)
                 return None
 
         memory = read(lambda: nvml.nvmlDeviceGetMemoryInfo(handle))
         power_mw = read(lambda: nvml.nvmlDeviceGetPowerUsage(handle))
-        return {"time": now, "kind": "gpu", "index": index,
-                "utilization_percent": read(lambda: nvml.nvmlDeviceGetUtilizationRates(handle).gpu),
-                "memory_used_bytes": memory.used if memory else None,
-                "memory_total_bytes": memory.total if memory else None,
-                "power_w": power_mw / 1000 if power_mw is not None else None,
-                "sm_clock_mhz": read(lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM))}
+        return {
+            "time": now,
+            "kind": "gpu",
+            "index": index,
+            "utilization_percent": read(lambda: nvml.nvmlDeviceGetUtilizationRates(handle).gpu),
+            "memory_used_bytes": memory.used if memory else None,
+            "memory_total_bytes": memory.total if memory else None,
+            "power_w": power_mw / 1000 if power_mw is not None else None,
+            "sm_clock_mhz": read(lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)),
+        }
 
 
 def _started(proc: psutil.Process) -> float:
@@ -325,6 +356,7 @@ def _started(proc: psutil.Process) -> float:
 def _busy_percent(before: Any, after: Any) -> float:
     """A core's busy share between two psutil.cpu_times readings: everything but idle and iowait
     (guest time is already inside user and nice on Linux, so it is not counted twice)."""
+
     def total(t: Any) -> float:
         return sum(t) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
 
@@ -335,9 +367,12 @@ def _busy_percent(before: Any, after: Any) -> float:
     return round(100.0 * (elapsed - (idle(after) - idle(before))) / elapsed, 1) if elapsed > 0 else 0.0
 
 
-def monitor_run(run_dir: Path, hz: float, rank_of: RankOf, cuda_ranks: int = 0,
-                env: Optional[Mapping[str, str]] = None) -> Monitor:
+def monitor_run(
+    run_dir: Path, hz: float, rank_of: RankOf, cuda_ranks: int = 0, env: Mapping[str, str] | None = None
+) -> Monitor:
     """The monitor of a run launched from this process, writing RUN_DIR/system.jsonl. `cuda_ranks`:
     the GPU ranks this process starts on this machine (never the whole run's across nodes); `env`:
     what the ranks' environment adds to this process's (`launch --env`)."""
-    return Monitor(Path(run_dir) / SYSTEM_FILE, hz, rank_of, cuda_ranks=cuda_ranks, environ={**os.environ, **(env or {})})
+    return Monitor(
+        Path(run_dir) / SYSTEM_FILE, hz, rank_of, cuda_ranks=cuda_ranks, environ={**os.environ, **(env or {})}
+    )

@@ -8,11 +8,12 @@ parallel; it does not -> shard or pipeline, whichever is faster; neither fits ->
 docs/planner.md explains the model, where it is known to be wrong, and how it compares with
 measurements.
 """
+
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from paratrain.config import PlanConfig, TrainConfig
 from paratrain.errors import UsageError
@@ -23,8 +24,8 @@ from paratrain.plan.memory import USABLE_FRACTION, Layout, memory_per_device
 from paratrain.plan.profile import ModelProfile, profile_model
 from paratrain.plan.step_time import Efficiency, Topology, bubble_fraction, step_time
 
-GPUS_PER_NODE = 8           # a DGX/HGX node: the default when --gpus-per-node is not given
-CURVE_MAX_DEVICES = 4096    # the scaling plot's reach
+GPUS_PER_NODE = 8  # a DGX/HGX node: the default when --gpus-per-node is not given
+CURVE_MAX_DEVICES = 4096  # the scaling plot's reach
 PLAN_FILE = "plan.json"
 
 
@@ -34,14 +35,16 @@ def run_plan(cfg: PlanConfig) -> dict[str, Any]:
 
     runs = calibrate.read_runs(cfg.calibrate) if cfg.calibrate else []
     device = get_device(cfg.device, cfg.precision, cfg.cache_dir)
-    device.peak(cfg.precision)          # refuses a dtype the device lacks
+    device.peak(cfg.precision)  # refuses a dtype the device lacks
     per_node = cfg.gpus_per_node or (_cores() if device.name == "cpu" else GPUS_PER_NODE)
     counts = [cfg.nodes * per_node] if cfg.nodes is not None else sorted(set(cfg.gpus))
     if cfg.global_batch is not None:
         for n in counts:
             if cfg.global_batch % n:
-                raise UsageError(f"--global-batch {cfg.global_batch} does not divide evenly over {n} devices; "
-                                 f"use a multiple of {n} (e.g. {cfg.global_batch // n * n or n})")
+                raise UsageError(
+                    f"--global-batch {cfg.global_batch} does not divide evenly over {n} devices; "
+                    f"use a multiple of {n} (e.g. {cfg.global_batch // n * n or n})"
+                )
     profile = profile_model(_train_config(cfg))
     topo = _topology(cfg, device, per_node, float(profile.param_bytes))
     momentum = TrainConfig.model_fields["momentum"].default
@@ -52,36 +55,66 @@ def run_plan(cfg: PlanConfig) -> dict[str, Any]:
     planner = _Planner(cfg, profile, device, topo, eff, momentum)
     top = max(counts)
     if not planner.layouts(top):
-        raise UsageError(f"no layout of --strategy {','.join(cfg.strategy)} fits {top} devices: hybrid needs at least 4, "
-                         f"a pipeline at most one stage per block ({len(profile.units)} here"
-                         f"{'' if profile.units else ': its blocks applied in order do not give its output'}); add ddp, zero1 or fsdp, "
-                         "or change the device count")
-    wanted = sorted({1, *counts, *(2 ** i for i in range(1, top.bit_length()) if 2 ** i < top)})
+        raise UsageError(
+            f"no layout of --strategy {','.join(cfg.strategy)} fits {top} devices: hybrid needs at least 4, "
+            f"a pipeline at most one stage per block ({len(profile.units)} here"
+            f"{'' if profile.units else ': its blocks applied in order do not give its output'}); add ddp, zero1 or "
+            "fsdp, "
+            "or change the device count"
+        )
+    wanted = sorted({1, *counts, *(2**i for i in range(1, top.bit_length()) if 2**i < top)})
     rows = [row for n in wanted for row in planner.rows(n)]
-    curve_counts = sorted({*(2 ** i for i in range((max(top, CURVE_MAX_DEVICES)).bit_length())), *counts})
+    curve_counts = sorted({*(2**i for i in range((max(top, CURVE_MAX_DEVICES)).bit_length())), *counts})
     curve = [planner.best(n) for n in curve_counts]
     recommendation = planner.recommend(top)
     return {
-        "model": {"name": profile.name, "params": profile.params, "flops_per_sample": profile.flops_per_sample,
-                  "activation_bytes_per_sample": profile.activation_bytes_per_sample,
-                  "activation_bytes_fixed": profile.activation_bytes_fixed, "param_bytes": profile.param_bytes,
-                  "buffer_bytes": profile.buffer_bytes, "largest_unit_bytes": profile.largest_unit_bytes,
-                  "pipeline_units": len(profile.units), "measured": "on the meta device, on this machine (profile.py)"},
-        "device": {"name": device.name, "precision": cfg.precision, "peak_flops_per_s": device.peak(cfg.precision),
-                   "memory_bytes": device.memory_bytes, "usable_fraction": USABLE_FRACTION,
-                   "memory_bandwidth_bytes_per_s": device.memory_bandwidth, "efficiency": eff.compute,
-                   "efficiency_source": eff.source, "overhead_s": eff.overhead_s,
-                   "calibrated_by_devices": [{"devices": n, "efficiency": share, "fixed_compute_s": eff.fixed_compute_s(n),
-                                              "overhead_s": eff.overhead_for(n)} for n, share in eff.by_devices],
-                   "per_node": per_node, "intra_node_link": _link_json(topo.intra), "inter_node_link": _link_json(topo.inter),
-                   "sources": device.sources},
-        "optimizer": cfg.optimizer, "batch": {"per_device": cfg.batch_size, "global": cfg.global_batch},
-        "rows": rows, "recommendation": recommendation, "backend": backend_guidance(device),
-        "curve": curve, "pareto": pareto(curve),
+        "model": {
+            "name": profile.name,
+            "params": profile.params,
+            "flops_per_sample": profile.flops_per_sample,
+            "activation_bytes_per_sample": profile.activation_bytes_per_sample,
+            "activation_bytes_fixed": profile.activation_bytes_fixed,
+            "param_bytes": profile.param_bytes,
+            "buffer_bytes": profile.buffer_bytes,
+            "largest_unit_bytes": profile.largest_unit_bytes,
+            "pipeline_units": len(profile.units),
+            "measured": "on the meta device, on this machine (profile.py)",
+        },
+        "device": {
+            "name": device.name,
+            "precision": cfg.precision,
+            "peak_flops_per_s": device.peak(cfg.precision),
+            "memory_bytes": device.memory_bytes,
+            "usable_fraction": USABLE_FRACTION,
+            "memory_bandwidth_bytes_per_s": device.memory_bandwidth,
+            "efficiency": eff.compute,
+            "efficiency_source": eff.source,
+            "overhead_s": eff.overhead_s,
+            "calibrated_by_devices": [
+                {
+                    "devices": n,
+                    "efficiency": share,
+                    "fixed_compute_s": eff.fixed_compute_s(n),
+                    "overhead_s": eff.overhead_for(n),
+                }
+                for n, share in eff.by_devices
+            ],
+            "per_node": per_node,
+            "intra_node_link": _link_json(topo.intra),
+            "inter_node_link": _link_json(topo.inter),
+            "sources": device.sources,
+        },
+        "optimizer": cfg.optimizer,
+        "batch": {"per_device": cfg.batch_size, "global": cfg.global_batch},
+        "rows": rows,
+        "recommendation": recommendation,
+        "backend": backend_guidance(device),
+        "curve": curve,
+        "pareto": pareto(curve),
     }
 
 
-PARETO_SAMPLES = 10_000_000     # the work the Pareto plot prices: ten million samples
+PARETO_SAMPLES = 10_000_000  # the work the Pareto plot prices: ten million samples
 
 
 def pareto(curve: list[dict[str, Any]], samples: int = PARETO_SAMPLES) -> dict[str, Any]:
@@ -96,9 +129,16 @@ def pareto(curve: list[dict[str, Any]], samples: int = PARETO_SAMPLES) -> dict[s
     """
     import math
 
-    points = [{"devices": c["devices"], "strategy": c["strategy"], "wall_hours": samples / c["samples_per_s"] / 3600,
-               "device_hours": c["devices"] * samples / c["samples_per_s"] / 3600}
-              for c in curve if c.get("strategy") and c["samples_per_s"] > 0]
+    points = [
+        {
+            "devices": c["devices"],
+            "strategy": c["strategy"],
+            "wall_hours": samples / c["samples_per_s"] / 3600,
+            "device_hours": c["devices"] * samples / c["samples_per_s"] / 3600,
+        }
+        for c in curve
+        if c.get("strategy") and c["samples_per_s"] > 0
+    ]
     points.sort(key=lambda p: p["wall_hours"])
     frontier, cheapest = [], float("inf")
     # From the fastest: a point is on the frontier when no faster point costs less (equal cost stays:
@@ -129,9 +169,12 @@ def _published_efficiency(device: Device, precision: str) -> Efficiency:
     if share is None:
         return Efficiency(one, source=source)
     kept = [(n, one * (1 - (1 - share) * (n - 1) / (NODE_DEVICES - 1))) for n in range(1, NODE_DEVICES + 1)]
-    return Efficiency(one, source=f"{source}; x {share:.3f} from {NODE_DEVICES} devices on (linear from 1 to {NODE_DEVICES}): "
-                                  f"{device.sources.get(f'node_share.{precision}', '')}",
-                      by_devices=tuple(kept))
+    return Efficiency(
+        one,
+        source=f"{source}; x {share:.3f} from {NODE_DEVICES} devices on (linear from 1 to {NODE_DEVICES}): "
+        f"{device.sources.get(f'node_share.{precision}', '')}",
+        by_devices=tuple(kept),
+    )
 
 
 def _cores() -> int:
@@ -141,8 +184,11 @@ def _cores() -> int:
 def _train_config(cfg: PlanConfig) -> TrainConfig:
     from paratrain.config import validate
 
-    values = {k: getattr(cfg, k) for k in ("workload", "model", "dataset", "image_size", "seq_len", "num_classes", "cache_dir")
-              if getattr(cfg, k) is not None}
+    values = {
+        k: getattr(cfg, k)
+        for k in ("workload", "model", "dataset", "image_size", "seq_len", "num_classes", "cache_dir")
+        if getattr(cfg, k) is not None
+    }
     if cfg.workload is None:
         from paratrain.workloads.gpt import PRESETS
 
@@ -153,7 +199,9 @@ def _train_config(cfg: PlanConfig) -> TrainConfig:
 
 
 def _topology(cfg: PlanConfig, device: Device, per_node: int, gradient_bytes: float) -> Topology:
-    intra: Link = shm_link(device.memory_bandwidth) if device.intra_node_link == "shm" else get_link(device.intra_node_link)
+    intra: Link = (
+        shm_link(device.memory_bandwidth) if device.intra_node_link == "shm" else get_link(device.intra_node_link)
+    )
     inter: Link = get_link(DEFAULT_INTER_NODE if device.name != "cpu" else "25gbe")
     if cfg.interconnect is not None:
         if cfg.interconnect.endswith(".json") or Path(cfg.interconnect).is_file():
@@ -175,12 +223,18 @@ def _topology(cfg: PlanConfig, device: Device, per_node: int, gradient_bytes: fl
 
 
 def _link_json(link: Link) -> dict[str, Any]:
-    return {"name": link.name, "bandwidth_bytes_per_s": link.bandwidth, "latency_s": link.latency,
-            "base_latency_s": link.base_latency, "source": link.source}
+    return {
+        "name": link.name,
+        "bandwidth_bytes_per_s": link.bandwidth,
+        "latency_s": link.latency,
+        "base_latency_s": link.base_latency,
+        "source": link.source,
+    }
 
 
-def _run_timing(profile: ModelProfile, summary: dict[str, Any], device: Device, cfg: PlanConfig,
-                topo: Topology) -> dict[str, float]:
+def _run_timing(
+    profile: ModelProfile, summary: dict[str, Any], device: Device, cfg: PlanConfig, topo: Topology
+) -> dict[str, float]:
     """The plan's step for a measured run's layout, uncalibrated: the communication and optimizer
     time that calibration compares the run's with."""
     n = summary["workers"]
@@ -189,10 +243,18 @@ def _run_timing(profile: ModelProfile, summary: dict[str, Any], device: Device, 
 
 
 class _Planner:
-    def __init__(self, cfg: PlanConfig, profile: ModelProfile, device: Device, topo: Topology, eff: Efficiency,
-                 momentum: float):
-        self.cfg, self.profile, self.device, self.topo, self.eff, self.momentum = cfg, profile, device, topo, eff, momentum
-        self._base: Optional[float] = None
+    def __init__(
+        self, cfg: PlanConfig, profile: ModelProfile, device: Device, topo: Topology, eff: Efficiency, momentum: float
+    ):
+        self.cfg, self.profile, self.device, self.topo, self.eff, self.momentum = (
+            cfg,
+            profile,
+            device,
+            topo,
+            eff,
+            momentum,
+        )
+        self._base: float | None = None
 
     def global_batch(self, n: int) -> int:
         return self.cfg.global_batch if self.cfg.global_batch is not None else self.cfg.batch_size * n
@@ -216,7 +278,7 @@ class _Planner:
                     out.append(layout)
         return out
 
-    def _hybrid(self, n: int, g: int, units: int) -> Optional[Layout]:
+    def _hybrid(self, n: int, g: int, units: int) -> Layout | None:
         """The fewest stages (at least 2, dividing N, at most the units) whose largest stage fits."""
         candidates = [k for k in range(2, min(units, n // 2) + 1) if n % k == 0 and g % (n // k) == 0]
         for k in candidates:
@@ -229,8 +291,9 @@ class _Planner:
         return Layout("hybrid", n, n // k, k, max(self.cfg.microbatches, k), g // (n // k))
 
     def memory(self, layout: Layout) -> dict[str, Any]:
-        return memory_per_device(self.profile, layout, self.cfg.optimizer, self.cfg.precision, self.device.runtime_bytes,
-                                 self.momentum)
+        return memory_per_device(
+            self.profile, layout, self.cfg.optimizer, self.cfg.precision, self.device.runtime_bytes, self.momentum
+        )
 
     def base_samples_per_s(self) -> float:
         if self._base is None:
@@ -245,13 +308,24 @@ class _Planner:
         timing, memory = self._timing(layout), self.memory(layout)
         samples = self.global_batch(layout.devices) / timing["step_time_s"]
         speedup = samples / self.base_samples_per_s()
-        return {"devices": layout.devices, "nodes": -(-layout.devices // self.topo.per_node), "strategy": layout.strategy,
-                "data_parallel": layout.data_parallel, "stages": layout.stages, "microbatches": layout.microbatches,
-                "global_batch": self.global_batch(layout.devices), "step_time_s": timing["step_time_s"],
-                "samples_per_s": samples, "speedup": speedup, "efficiency": speedup / layout.devices,
-                "memory_per_device_bytes": memory["total_bytes"],
-                "fits": memory["total_bytes"] <= self.device.memory_bytes * USABLE_FRACTION,
-                "memory": memory, "time": timing, "bubble_fraction": bubble_fraction(layout.stages, layout.microbatches)}
+        return {
+            "devices": layout.devices,
+            "nodes": -(-layout.devices // self.topo.per_node),
+            "strategy": layout.strategy,
+            "data_parallel": layout.data_parallel,
+            "stages": layout.stages,
+            "microbatches": layout.microbatches,
+            "global_batch": self.global_batch(layout.devices),
+            "step_time_s": timing["step_time_s"],
+            "samples_per_s": samples,
+            "speedup": speedup,
+            "efficiency": speedup / layout.devices,
+            "memory_per_device_bytes": memory["total_bytes"],
+            "fits": memory["total_bytes"] <= self.device.memory_bytes * USABLE_FRACTION,
+            "memory": memory,
+            "time": timing,
+            "bubble_fraction": bubble_fraction(layout.stages, layout.microbatches),
+        }
 
     def rows(self, n: int) -> list[dict[str, Any]]:
         return [self.row(layout) for layout in self.layouts(n)]
@@ -274,39 +348,66 @@ class _Planner:
         if n == 1:
             single = rows["single"]
             verdict = "fits" if single["fits"] else "does not fit"
-            return {"devices": 1, "strategy": "single" if single["fits"] else None,
-                    "reason": f"one device: the model needs {size(single['memory_per_device_bytes'])} ({verdict}; {room})"}
+            return {
+                "devices": 1,
+                "strategy": "single" if single["fits"] else None,
+                "reason": f"one device: the model needs {size(single['memory_per_device_bytes'])} ({verdict}; {room})",
+            }
         need = {name: r["memory_per_device_bytes"] for name, r in rows.items()}
         ddp = rows.get("ddp")
         if ddp is not None and ddp["fits"]:
-            return self._pick(ddp, f"the model fits one device under ddp ({size(need['ddp'])} of {room}): data parallel; "
-                                   f"predicted {ddp['samples_per_s']:,.0f} samples/s, speedup {ddp['speedup']:.1f}, "
-                                   f"efficiency {ddp['efficiency']:.2f} on {n} devices")
+            return self._pick(
+                ddp,
+                f"the model fits one device under ddp ({size(need['ddp'])} of {room}): data parallel; "
+                f"predicted {ddp['samples_per_s']:,.0f} samples/s, speedup {ddp['speedup']:.1f}, "
+                f"efficiency {ddp['efficiency']:.2f} on {n} devices",
+            )
         sharded = [rows[s] for s in ("zero1", "fsdp", "pipeline") if s in rows and rows[s]["fits"]]
-        too_big = (f"ddp needs {size(need['ddp'])} per device, more than {room}" if "ddp" in need
-                   else "data parallel was not planned")
+        too_big = (
+            f"ddp needs {size(need['ddp'])} per device, more than {room}"
+            if "ddp" in need
+            else "data parallel was not planned"
+        )
         if sharded:
             best = max(sharded, key=lambda r: r["samples_per_s"])
             others = ", ".join(f"{r['strategy']} {r['samples_per_s']:,.0f}" for r in sharded if r is not best)
-            return self._pick(best, f"{too_big}: shard or pipeline; {best['strategy']} fits ({size(need[best['strategy']])}) "
-                                    f"and is the fastest that does ({best['samples_per_s']:,.0f} samples/s"
-                                    + (f"; {others}" if others else "") + ")")
+            return self._pick(
+                best,
+                f"{too_big}: shard or pipeline; {best['strategy']} fits ({size(need[best['strategy']])}) "
+                f"and is the fastest that does ({best['samples_per_s']:,.0f} samples/s"
+                + (f"; {others}" if others else "")
+                + ")",
+            )
         hybrid = rows.get("hybrid")
         if hybrid is not None and hybrid["fits"]:
-            return self._pick(hybrid, f"{too_big}, and neither sharding nor one pipeline fits: hybrid, {hybrid['data_parallel']} "
-                                      f"replicas x {hybrid['stages']} stages, {size(need['hybrid'])} per device, "
-                                      f"{hybrid['samples_per_s']:,.0f} samples/s")
+            return self._pick(
+                hybrid,
+                f"{too_big}, and neither sharding nor one pipeline fits: hybrid, {hybrid['data_parallel']} "
+                f"replicas x {hybrid['stages']} stages, {size(need['hybrid'])} per device, "
+                f"{hybrid['samples_per_s']:,.0f} samples/s",
+            )
         least = min(rows.values(), key=lambda r: r["memory_per_device_bytes"])
-        return {"devices": n, "strategy": None,
-                "reason": f"nothing planned fits: the smallest, {least['strategy']}, needs {size(least['memory_per_device_bytes'])} "
-                          f"per device ({room}); use more devices, a smaller --batch-size, activation checkpointing, "
-                          "or a device with more memory"}
+        return {
+            "devices": n,
+            "strategy": None,
+            "reason": f"nothing planned fits: the smallest, {least['strategy']}, needs "
+            f"{size(least['memory_per_device_bytes'])} "
+            f"per device ({room}); use more devices, a smaller --batch-size, activation checkpointing, "
+            "or a device with more memory",
+        }
 
     @staticmethod
     def _pick(row: dict[str, Any], reason: str) -> dict[str, Any]:
-        return {"devices": row["devices"], "strategy": row["strategy"], "data_parallel": row["data_parallel"],
-                "stages": row["stages"], "samples_per_s": row["samples_per_s"], "efficiency": row["efficiency"],
-                "memory_per_device_bytes": row["memory_per_device_bytes"], "reason": reason}
+        return {
+            "devices": row["devices"],
+            "strategy": row["strategy"],
+            "data_parallel": row["data_parallel"],
+            "stages": row["stages"],
+            "samples_per_s": row["samples_per_s"],
+            "efficiency": row["efficiency"],
+            "memory_per_device_bytes": row["memory_per_device_bytes"],
+            "reason": reason,
+        }
 
 
 def backend_guidance(device: Device) -> dict[str, Any]:
@@ -316,14 +417,21 @@ def backend_guidance(device: Device) -> dict[str, Any]:
 
     return {
         "use": "nccl" if device.name != "cpu" else "gloo",
-        "why": ("GPUs: NCCL is the fastest for GPU collectives and uses NVLink and InfiniBand directly"
-                if device.name != "cpu" else "CPU ranks: Gloo (NCCL is GPU-only); paratrain averages gradients of CPU "
-                                             "ranks on one host through shared memory"),
+        "why": (
+            "GPUs: NCCL is the fastest for GPU collectives and uses NVLink and InfiniBand directly"
+            if device.name != "cpu"
+            else "CPU ranks: Gloo (NCCL is GPU-only); paratrain averages gradients of CPU "
+            "ranks on one host through shared memory"
+        ),
         "backends": {
             "nccl": "GPU tensors only (no CPU collectives); collectives and point-to-point, over NVLink and InfiniBand",
             "gloo": "CPU: the collectives and point-to-point; GPU tensors: broadcast and all-reduce only (in the "
-                    "table of torch 2.3's docs; newer releases add some)",
-            "mpi": ("available in this build" if dist.is_mpi_available() else "not in this build (needs torch built with MPI)")
-                   + "; CPU collectives (GPU only with a CUDA-aware MPI); rides on the cluster's interconnect",
+            "table of torch 2.3's docs; newer releases add some)",
+            "mpi": (
+                "available in this build"
+                if dist.is_mpi_available()
+                else "not in this build (needs torch built with MPI)"
+            )
+            + "; CPU collectives (GPU only with a CUDA-aware MPI); rides on the cluster's interconnect",
         },
     }

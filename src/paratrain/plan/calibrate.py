@@ -17,11 +17,13 @@ layout, uncalibrated, is the yardstick for the rest. Fitted:
   the optimizer's own per-tensor work), which no FLOP or byte count predicts; two CPU ranks share
   the host's memory bandwidth, so their optimizer steps are slower than one rank's.
 """
+
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from paratrain.errors import UsageError
 from paratrain.plan.step_time import Efficiency
@@ -36,8 +38,10 @@ def read_runs(paths: Sequence[Path]) -> list[dict[str, Any]]:
     for path in paths:
         run = RunDir(Path(path))
         if not run.is_run() or not run.summary.is_file():
-            raise UsageError(f"--calibrate {path}: not a paratrain run directory (no config.json and summary.json); "
-                             "pass the --run-dir of finished paratrain train runs")
+            raise UsageError(
+                f"--calibrate {path}: not a paratrain run directory (no config.json and summary.json); "
+                "pass the --run-dir of finished paratrain train runs"
+            )
         summary = run.read_summary()
         why = _unusable(summary)
         if why:
@@ -51,11 +55,16 @@ def _unusable(summary: dict[str, Any]) -> str:
     if summary.get("status") != "completed":
         return f"the run did not complete (status {summary.get('status')!r}); calibrate from completed runs"
     if summary.get("strategy") not in WHOLE_MODEL:
-        return (f"strategy {summary.get('strategy')!r} splits the model, so its compute time is not the model's; "
-                f"calibrate from runs of {', '.join(WHOLE_MODEL)}")
+        return (
+            f"strategy {summary.get('strategy')!r} splits the model, so its compute time is not the model's; "
+            f"calibrate from runs of {', '.join(WHOLE_MODEL)}"
+        )
     peak = summary.get("mfu_peak") or {}
     if not summary.get("flops_per_sample") or not peak.get("per_device"):
-        return "the run has no FLOPs per sample or device peak (its model could not be counted); calibrate from another run"
+        return (
+            "the run has no FLOPs per sample or device peak (its model could not be counted); "
+            "calibrate from another run"
+        )
     return ""
 
 
@@ -65,7 +74,7 @@ def fit(runs: list[dict[str, Any]], predicted: Callable[[dict[str, Any]], dict[s
     `predicted(summary)` is the plan's uncalibrated step for that run's layout (`exposed_comm_s`,
     `optimizer_s`): what it leaves out of the measured communication and optimizer time is fitted.
     """
-    overheads: dict[int, list[float]] = {}       # per rank count
+    overheads: dict[int, list[float]] = {}  # per rank count
     # per rank count: (seconds the step's FLOPs would take at the peak, measured busy seconds)
     by_workers: dict[int, list[tuple[float, float]]] = {}
     for summary in runs:
@@ -76,21 +85,33 @@ def fit(runs: list[dict[str, Any]], predicted: Callable[[dict[str, Any]], dict[s
             ideal = summary["flops_per_sample"] * per_rank / summary["mfu_peak"]["per_device"]
             by_workers.setdefault(summary["workers"], []).append((ideal, b["compute_s"] + waiting))
         overheads.setdefault(summary["workers"], []).append(
-            b["data_s"] + b["other_s"] + max(b["optimizer_s"] - plan["optimizer_s"], 0.0))
+            b["data_s"] + b["other_s"] + max(b["optimizer_s"] - plan["optimizer_s"], 0.0)
+        )
     if not by_workers:
         raise UsageError("--calibrate: no run has a measured compute time; calibrate from runs of at least one epoch")
     fitted = {workers: _compute_line(points) for workers, points in sorted(by_workers.items())}
     per_count = tuple((workers, share) for workers, (share, _) in fitted.items())
-    fixed = tuple((workers, fixed_s) for workers, (_, fixed_s) in fitted.items()) if any(f for _, f in fitted.values()) else ()
+    fixed = (
+        tuple((workers, fixed_s) for workers, (_, fixed_s) in fitted.items())
+        if any(f for _, f in fitted.values())
+        else ()
+    )
     overhead = tuple((workers, statistics.median(values)) for workers, values in sorted(overheads.items()))
     names = ", ".join(Path(s["_path"]).name for s in runs)
-    shown = ", ".join(f"{share:.3f} on {workers} rank(s)" + (f" + {fixed_s * 1e3:.2f} ms a step" if fixed else "")
-                      for workers, (share, fixed_s) in fitted.items())
+    shown = ", ".join(
+        f"{share:.3f} on {workers} rank(s)" + (f" + {fixed_s * 1e3:.2f} ms a step" if fixed else "")
+        for workers, (share, fixed_s) in fitted.items()
+    )
     shown_overhead = ", ".join(f"{seconds * 1e3:.2f} ms on {workers} rank(s)" for workers, seconds in overhead)
-    return Efficiency(compute=per_count[0][1], overhead_s=overhead[0][1], by_devices=per_count, fixed_by_devices=fixed,
-                      overhead_by_devices=overhead,
-                      source=f"calibrated from {len(runs)} run(s) measured here ({names}): compute efficiency "
-                             f"{shown} of the peak (waiting for other ranks included), per-step overhead {shown_overhead}")
+    return Efficiency(
+        compute=per_count[0][1],
+        overhead_s=overhead[0][1],
+        by_devices=per_count,
+        fixed_by_devices=fixed,
+        overhead_by_devices=overhead,
+        source=f"calibrated from {len(runs)} run(s) measured here ({names}): compute efficiency "
+        f"{shown} of the peak (waiting for other ranks included), per-step overhead {shown_overhead}",
+    )
 
 
 def _compute_line(points: list[tuple[float, float]]) -> tuple[float, float]:
@@ -101,7 +122,7 @@ def _compute_line(points: list[tuple[float, float]]) -> tuple[float, float]:
     ideals = [x for x, _ in points]
     if max(ideals) >= 1.5 * min(ideals):
         mean_x, mean_y = statistics.fmean(ideals), statistics.fmean(y for _, y in points)
-        slope = (sum((x - mean_x) * (y - mean_y) for x, y in points) / sum((x - mean_x) ** 2 for x in ideals))
+        slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / sum((x - mean_x) ** 2 for x in ideals)
         intercept = mean_y - slope * mean_x
         if slope > 0 and intercept >= 0:
             return 1 / slope, intercept

@@ -10,12 +10,12 @@ which) or from runs measured here (`paratrain plan --calibrate RUN_DIRS...`).
 (docs/scaling.md), so a "device" is one core: its matrix-product peak (engine/flops.py's probe on one
 thread), its share of the host's memory and a memory bandwidth timed here.
 """
+
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 import torch
 
@@ -61,16 +61,16 @@ NODE_DEVICES = 8
 @dataclass(frozen=True)
 class Device:
     name: str
-    peak_flops: dict[str, Optional[float]]       # FLOP/s by precision; None where the device has no such unit
+    peak_flops: dict[str, float | None]  # FLOP/s by precision; None where the device has no such unit
     memory_bytes: float
-    memory_bandwidth: float                      # bytes/s
-    intra_node_link: str                         # the links.py name of how devices of one node are joined
-    efficiency: dict[str, float]                 # achievable share of the peak, by precision
+    memory_bandwidth: float  # bytes/s
+    intra_node_link: str  # the links.py name of how devices of one node are joined
+    efficiency: dict[str, float]  # achievable share of the peak, by precision
     # by precision: the share of that speed each device keeps when NODE_DEVICES of a node train at once
     node_share: dict[str, float] = field(default_factory=dict)
-    sources: dict[str, str] = field(default_factory=dict)     # figure -> where it comes from
-    overlap: bool = True                         # communication runs beside compute (own copy engines, NCCL streams)
-    runtime_bytes: float = 0.0                   # memory the process holds before any model
+    sources: dict[str, str] = field(default_factory=dict)  # figure -> where it comes from
+    overlap: bool = True  # communication runs beside compute (own copy engines, NCCL streams)
+    runtime_bytes: float = 0.0  # memory the process holds before any model
 
     def peak(self, precision: str) -> float:
         value = self.peak_flops.get(precision)
@@ -80,11 +80,27 @@ class Device:
         return value
 
 
-def _gpu(name: str, sheet: str, fp32: float, tf32: Optional[float], bf16: Optional[float], fp16: Optional[float],
-         memory_gb: float, bandwidth_gbs: float, link: str, efficiency: dict[str, float], efficiency_source: str,
-         node_share: dict[str, float], node_share_source: str) -> Device:
-    flops = {"fp32": fp32 * TFLOPS, "tf32": tf32 * TFLOPS if tf32 else None,
-             "bf16": bf16 * TFLOPS if bf16 else None, "fp16": fp16 * TFLOPS if fp16 else None}
+def _gpu(
+    name: str,
+    sheet: str,
+    fp32: float,
+    tf32: float | None,
+    bf16: float | None,
+    fp16: float | None,
+    memory_gb: float,
+    bandwidth_gbs: float,
+    link: str,
+    efficiency: dict[str, float],
+    efficiency_source: str,
+    node_share: dict[str, float],
+    node_share_source: str,
+) -> Device:
+    flops = {
+        "fp32": fp32 * TFLOPS,
+        "tf32": tf32 * TFLOPS if tf32 else None,
+        "bf16": bf16 * TFLOPS if bf16 else None,
+        "fp16": fp16 * TFLOPS if fp16 else None,
+    }
     sources = {f"peak_flops.{p}": f"{sheet}: {v / TFLOPS:g} TFLOP/s dense" for p, v in flops.items() if v is not None}
     sources["memory_bytes"] = f"{sheet}: {memory_gb:g} GB"
     sources["memory_bandwidth"] = f"{sheet}: {bandwidth_gbs:g} GB/s"
@@ -97,34 +113,112 @@ def _gpu(name: str, sheet: str, fp32: float, tf32: Optional[float], bf16: Option
 
 
 _A100_EFF = {"fp32": 0.568, "tf32": 0.146, "bf16": 0.192, "fp16": 0.192}
-_A100_EFF_SOURCE = (f"{DLE_RESNET50}: A100 TF32 938 img/s = 0.146, AMP 2,470 img/s = 0.192 of the peak; "
-                    "fp32 (no TF32) taken from V100's 0.568")
+_A100_EFF_SOURCE = (
+    f"{DLE_RESNET50}: A100 TF32 938 img/s = 0.146, AMP 2,470 img/s = 0.192 of the peak; "
+    "fp32 (no TF32) taken from V100's 0.568"
+)
 _V100_EFF = {"fp32": 0.568, "fp16": 0.233}
 _V100_EFF_SOURCE = f"{DLE_RESNET50}: V100 FP32 367 img/s = 0.568, AMP 1,200 img/s = 0.233 of the peak"
 _A100_NODE = {"fp32": 0.972, "tf32": 0.966, "bf16": 0.841, "fp16": 0.841}
-_A100_NODE_SOURCE = (f"{DLE_RESNET50_NODE}: A100 TF32 7,248 / 8 x 938 = 0.966, AMP 16,621 / 8 x 2,470 = 0.841; "
-                     "fp32 (no TF32) taken from V100's 0.972")
+_A100_NODE_SOURCE = (
+    f"{DLE_RESNET50_NODE}: A100 TF32 7,248 / 8 x 938 = 0.966, AMP 16,621 / 8 x 2,470 = 0.841; "
+    "fp32 (no TF32) taken from V100's 0.972"
+)
 _V100_NODE = {"fp32": 0.972, "fp16": 0.867}
 _V100_NODE_SOURCE = f"{DLE_RESNET50_NODE}: V100 FP32 2,855 / 8 x 367 = 0.972, AMP 8,322 / 8 x 1,200 = 0.867"
 _ASSUMED = "no published measurement used: assumed equal to {0}'s share for the same kind of unit ({1}); calibrate"
 
 GPUS: dict[str, Device] = {
-    "p100": _gpu("p100", P100_DS, 10.6, None, None, 21.2, 16, 732, "nvlink1",
-                 {"fp32": 0.568, "fp16": 0.233}, _ASSUMED.format("V100", DLE_RESNET50),
-                 dict(_V100_NODE), _ASSUMED.format("V100", DLE_RESNET50_NODE)),
-    "v100": _gpu("v100", V100_DS, 15.7, None, None, 125.0, 16, 900, "nvlink2", _V100_EFF, _V100_EFF_SOURCE,
-                 _V100_NODE, _V100_NODE_SOURCE),
-    "a100": _gpu("a100", A100_DS, 19.5, 156.0, 312.0, 312.0, 80, 2039, "nvlink3", _A100_EFF, _A100_EFF_SOURCE,
-                 _A100_NODE, _A100_NODE_SOURCE),
-    "h100": _gpu("h100", H100_DS, 67.0, 494.7, 989.4, 989.4, 80, 3350, "nvlink4",
-                 dict(_A100_EFF), _ASSUMED.format("A100", DLE_RESNET50),
-                 dict(_A100_NODE), _ASSUMED.format("A100", DLE_RESNET50_NODE)),
-    "l4": _gpu("l4", L4_DS, 30.3, 60.0, 121.0, 121.0, 24, 300, "pcie4",
-               dict(_A100_EFF), _ASSUMED.format("A100", DLE_RESNET50),
-               dict(_A100_NODE), _ASSUMED.format("A100", DLE_RESNET50_NODE)),
-    "t4": _gpu("t4", T4_DS, 8.1, None, None, 65.0, 16, 320, "pcie3",
-               {"fp32": 0.568, "fp16": 0.233}, _ASSUMED.format("V100", DLE_RESNET50),
-               dict(_V100_NODE), _ASSUMED.format("V100", DLE_RESNET50_NODE)),
+    "p100": _gpu(
+        "p100",
+        P100_DS,
+        10.6,
+        None,
+        None,
+        21.2,
+        16,
+        732,
+        "nvlink1",
+        {"fp32": 0.568, "fp16": 0.233},
+        _ASSUMED.format("V100", DLE_RESNET50),
+        dict(_V100_NODE),
+        _ASSUMED.format("V100", DLE_RESNET50_NODE),
+    ),
+    "v100": _gpu(
+        "v100",
+        V100_DS,
+        15.7,
+        None,
+        None,
+        125.0,
+        16,
+        900,
+        "nvlink2",
+        _V100_EFF,
+        _V100_EFF_SOURCE,
+        _V100_NODE,
+        _V100_NODE_SOURCE,
+    ),
+    "a100": _gpu(
+        "a100",
+        A100_DS,
+        19.5,
+        156.0,
+        312.0,
+        312.0,
+        80,
+        2039,
+        "nvlink3",
+        _A100_EFF,
+        _A100_EFF_SOURCE,
+        _A100_NODE,
+        _A100_NODE_SOURCE,
+    ),
+    "h100": _gpu(
+        "h100",
+        H100_DS,
+        67.0,
+        494.7,
+        989.4,
+        989.4,
+        80,
+        3350,
+        "nvlink4",
+        dict(_A100_EFF),
+        _ASSUMED.format("A100", DLE_RESNET50),
+        dict(_A100_NODE),
+        _ASSUMED.format("A100", DLE_RESNET50_NODE),
+    ),
+    "l4": _gpu(
+        "l4",
+        L4_DS,
+        30.3,
+        60.0,
+        121.0,
+        121.0,
+        24,
+        300,
+        "pcie4",
+        dict(_A100_EFF),
+        _ASSUMED.format("A100", DLE_RESNET50),
+        dict(_A100_NODE),
+        _ASSUMED.format("A100", DLE_RESNET50_NODE),
+    ),
+    "t4": _gpu(
+        "t4",
+        T4_DS,
+        8.1,
+        None,
+        None,
+        65.0,
+        16,
+        320,
+        "pcie3",
+        {"fp32": 0.568, "fp16": 0.233},
+        _ASSUMED.format("V100", DLE_RESNET50),
+        dict(_V100_NODE),
+        _ASSUMED.format("V100", DLE_RESNET50_NODE),
+    ),
 }
 DEVICE_NAMES = (*GPUS, "cpu")
 
@@ -136,7 +230,7 @@ CPU_RUNTIME_BYTES = 300 * 2**20
 CPU_DEFAULT_EFFICIENCY = 0.3
 
 
-def get_device(name: str, precision: str = "fp32", cache_dir: Optional[Path] = None) -> Device:
+def get_device(name: str, precision: str = "fp32", cache_dir: Path | None = None) -> Device:
     key = name.lower()
     if key == "cpu":
         return measure_cpu(precision, cache_dir)
@@ -145,7 +239,7 @@ def get_device(name: str, precision: str = "fp32", cache_dir: Optional[Path] = N
     return GPUS[key]
 
 
-def measure_cpu(precision: str = "fp32", cache_dir: Optional[Path] = None) -> Device:
+def measure_cpu(precision: str = "fp32", cache_dir: Path | None = None) -> Device:
     """One core of this machine as a device: its peak measured on one thread (in `precision`; CPUs have
     no TF32 and torch no fast fp16 CPU matmul), its share of the host's memory."""
     import psutil
@@ -157,20 +251,35 @@ def measure_cpu(precision: str = "fp32", cache_dir: Optional[Path] = None) -> De
     if precision not in ("fp32", "bf16"):
         raise UsageError(f"cpu has no {precision} units; choose --precision from fp32, bf16")
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)        # a rank per core: the peak of one core's thread
+    torch.set_num_threads(1)  # a rank per core: the peak of one core's thread
     try:
         peak, how = cpu_peak("32" if precision == "fp32" else precision, cache_dir or default_cache_dir())
         bandwidth, bandwidth_how = cpu_copy_bandwidth(cache_dir or default_cache_dir())
     finally:
         torch.set_num_threads(threads)
     total = psutil.virtual_memory().total
-    flops: dict[str, Optional[float]] = {"fp32": None, "tf32": None, "bf16": None, "fp16": None}
+    flops: dict[str, float | None] = {"fp32": None, "tf32": None, "bf16": None, "fp16": None}
     flops[precision] = peak
-    sources = {f"peak_flops.{precision}": how,
-               "memory_bytes": f"measured: this host's {total / 2**30:.1f} GiB (psutil) shared by {cores} core(s), one rank each",
-               "memory_bandwidth": bandwidth_how,
-               "intra_node_link": "paratrain's shared-memory averaging between CPU ranks of one host (engine/shm_allreduce.py)",
-               "runtime_bytes": "measured here: a rank's interpreter with torch and paratrain, docs/strategies.md (--memory-limit)",
-               f"efficiency.{precision}": f"default {CPU_DEFAULT_EFFICIENCY}: an assumption; calibrate with --calibrate RUN_DIRS"}
-    return Device("cpu", flops, total / cores, bandwidth, "shm", {precision: CPU_DEFAULT_EFFICIENCY}, sources=sources,
-                  overlap=False, runtime_bytes=CPU_RUNTIME_BYTES)
+    sources = {
+        f"peak_flops.{precision}": how,
+        "memory_bytes": f"measured: this host's {total / 2**30:.1f} GiB (psutil) shared by {cores} core(s), one rank "
+        "each",
+        "memory_bandwidth": bandwidth_how,
+        "intra_node_link": "paratrain's shared-memory averaging between CPU ranks of one host "
+        "(engine/shm_allreduce.py)",
+        "runtime_bytes": "measured here: a rank's interpreter with torch and paratrain, docs/strategies.md "
+        "(--memory-limit)",
+        f"efficiency.{precision}": f"default {CPU_DEFAULT_EFFICIENCY}: an assumption; calibrate with --calibrate "
+        "RUN_DIRS",
+    }
+    return Device(
+        "cpu",
+        flops,
+        total / cores,
+        bandwidth,
+        "shm",
+        {precision: CPU_DEFAULT_EFFICIENCY},
+        sources=sources,
+        overlap=False,
+        runtime_bytes=CPU_RUNTIME_BYTES,
+    )

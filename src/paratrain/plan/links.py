@@ -11,33 +11,38 @@ per step: NVLink 3.4 us, PCIe 5.7 us, network 9.6 us).
 A `paratrain commbench` result (the alpha-beta fit measured on the user's own machine) replaces the
 table's figures when given (`--interconnect PATH.json`).
 """
+
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from paratrain.errors import UsageError
 
 GB = 1e9
 US = 1e-6
 NCCL_TUNING = "NVIDIA/nccl src/graph/tuning.cc (ring, Simple protocol)"
-NCCL_BASE_LATENCY_S = 8.4 * US          # baseLat[ring][Simple]: once per collective
+NCCL_BASE_LATENCY_S = 8.4 * US  # baseLat[ring][Simple]: once per collective
 
 
 @dataclass(frozen=True)
 class Link:
     name: str
-    bandwidth: float            # bytes/s per direction, per device
-    latency: float              # seconds per ring step
+    bandwidth: float  # bytes/s per direction, per device
+    latency: float  # seconds per ring step
     source: str
-    base_latency: float = NCCL_BASE_LATENCY_S    # seconds per collective
+    base_latency: float = NCCL_BASE_LATENCY_S  # seconds per collective
 
 
 def _link(name: str, gbs: float, latency_us: float, kind: str, source: str) -> Link:
-    return Link(name, gbs * GB, latency_us * US,
-                f"bandwidth: {source}; latency: {NCCL_TUNING}, hwLat {kind} {latency_us:g} us per step")
+    return Link(
+        name,
+        gbs * GB,
+        latency_us * US,
+        f"bandwidth: {source}; latency: {NCCL_TUNING}, hwLat {kind} {latency_us:g} us per step",
+    )
 
 
 LINKS: dict[str, Link] = {
@@ -70,14 +75,22 @@ def get_link(name: str) -> Link:
 
 
 def shm_link(memory_bandwidth: float) -> Link:
-    return Link("shm", memory_bandwidth / 2, 0.0, f"bandwidth: half the core's measured copy bandwidth (each rank "
-                f"reads its peers' gradients and writes the average); latency: {SHM_SOURCE}", base_latency=SHM_LATENCY_S)
+    return Link(
+        "shm",
+        memory_bandwidth / 2,
+        0.0,
+        f"bandwidth: half the core's measured copy bandwidth (each rank "
+        f"reads its peers' gradients and writes the average); latency: {SHM_SOURCE}",
+        base_latency=SHM_LATENCY_S,
+    )
 
 
 def custom_link(name: str, gbits: float) -> Link:
     """A link given as --intra-node-gbps / --inter-node-gbps (gigabits per second, per direction)."""
     latency = 3.4 * US if name == "intra-node" else 9.6 * US
-    return Link(name, gbits * GB / 8, latency, f"bandwidth: given on the command line ({gbits:g} Gb/s); latency: {NCCL_TUNING}")
+    return Link(
+        name, gbits * GB / 8, latency, f"bandwidth: given on the command line ({gbits:g} Gb/s); latency: {NCCL_TUNING}"
+    )
 
 
 def commbench_link(path: Path, message_bytes: float) -> Link:
@@ -91,11 +104,15 @@ def commbench_link(path: Path, message_bytes: float) -> Link:
     try:
         data: dict[str, Any] = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
-        raise UsageError(f"--interconnect {path}: cannot read a commbench result ({type(exc).__name__}: {exc})") from None
-    fit: Optional[dict[str, Any]] = data.get("fit", data) if isinstance(data, dict) else None
+        raise UsageError(
+            f"--interconnect {path}: cannot read a commbench result ({type(exc).__name__}: {exc})"
+        ) from None
+    fit: dict[str, Any] | None = data.get("fit", data) if isinstance(data, dict) else None
     if not isinstance(fit, dict) or "alpha_s" not in fit or "beta_bytes_per_s" not in fit:
-        raise UsageError(f"--interconnect {path}: not a commbench result (it needs alpha_s and beta_bytes_per_s); "
-                         "run paratrain commbench, or name a link from the table")
+        raise UsageError(
+            f"--interconnect {path}: not a commbench result (it needs alpha_s and beta_bytes_per_s); "
+            "run paratrain commbench, or name a link from the table"
+        )
     ranks = int(fit.get("ranks", data.get("ranks", 2)))
     line = regime_for(fit["regimes"], message_bytes) if fit.get("regimes") else fit
     # commbench's beta is the all-reduce's algorithm bandwidth; the ring's per-link bandwidth is
@@ -103,6 +120,15 @@ def commbench_link(path: Path, message_bytes: float) -> Link:
     # bandwidth term (latency-bound at every size measured).
     beta = line["beta_bytes_per_s"]
     bus = float(beta) * 2 * (ranks - 1) / ranks if beta else float("inf")
-    regime = f", the regime of {message_bytes / 2**20:,.1f} MiB messages" if fit.get("regimes") and len(fit["regimes"]) > 1 else ""
-    return Link(f"commbench:{Path(path).name}", bus, 0.0, f"measured: paratrain commbench {path} "
-                f"(alpha {line['alpha_s'] * 1e6:.1f} us, {ranks} ranks{regime})", base_latency=float(line["alpha_s"]))
+    regime = (
+        f", the regime of {message_bytes / 2**20:,.1f} MiB messages"
+        if fit.get("regimes") and len(fit["regimes"]) > 1
+        else ""
+    )
+    return Link(
+        f"commbench:{Path(path).name}",
+        bus,
+        0.0,
+        f"measured: paratrain commbench {path} (alpha {line['alpha_s'] * 1e6:.1f} us, {ranks} ranks{regime})",
+        base_latency=float(line["alpha_s"]),
+    )

@@ -19,6 +19,7 @@ What a rank holds, as paratrain's strategies hold it (docs/strategies.md):
 - `runtime_bytes`: what the process holds before any model (a CPU rank's interpreter, ~300 MiB).
 A device fits when the total is at most USABLE_FRACTION of its memory.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -39,10 +40,10 @@ class Layout:
 
     strategy: str
     devices: int
-    data_parallel: int          # replicas that each take a different share of the batch
-    stages: int                 # pipeline stages per replica (1 for whole-model strategies)
-    microbatches: int           # per step, per replica (1 for whole-model strategies)
-    replica_batch: int          # samples per replica per step
+    data_parallel: int  # replicas that each take a different share of the batch
+    stages: int  # pipeline stages per replica (1 for whole-model strategies)
+    microbatches: int  # per step, per replica (1 for whole-model strategies)
+    replica_batch: int  # samples per replica per step
     schedule: str = "1f1b"
     reshard_after_forward: bool = True
 
@@ -63,8 +64,14 @@ def stage_bounds(profile: ModelProfile, stages: int) -> list[tuple[int, int]]:
     return list(zip(starts, [*starts[1:], len(costs)]))
 
 
-def memory_per_device(profile: ModelProfile, layout: Layout, optimizer: str, precision: str,
-                      runtime_bytes: float = 0.0, momentum: float = 0.9) -> dict[str, Any]:
+def memory_per_device(
+    profile: ModelProfile,
+    layout: Layout,
+    optimizer: str,
+    precision: str,
+    runtime_bytes: float = 0.0,
+    momentum: float = 0.9,
+) -> dict[str, Any]:
     """The largest rank's figures, in bytes: parameters, gradients, optimizer, activations, gathered
     (FSDP's parameters in flight), buffers, runtime and their total."""
     n = layout.data_parallel
@@ -75,17 +82,20 @@ def memory_per_device(profile: ModelProfile, layout: Layout, optimizer: str, pre
         params = float(profile.param_bytes)
         tensors = float(profile.param_tensors)
         local_batch = layout.replica_batch
-        figures = {"parameters_bytes": params, "gradients_bytes": params,
-                   "optimizer_bytes": optimizer_bytes(params, tensors, optimizer, momentum),
-                   "activations_bytes": fixed + per_sample * local_batch, "gathered_bytes": 0.0}
+        figures = {
+            "parameters_bytes": params,
+            "gradients_bytes": params,
+            "optimizer_bytes": optimizer_bytes(params, tensors, optimizer, momentum),
+            "activations_bytes": fixed + per_sample * local_batch,
+            "gathered_bytes": 0.0,
+        }
         if layout.strategy == "zero1":
             figures["optimizer_bytes"] /= n
         elif layout.strategy == "fsdp":
             for key in ("parameters_bytes", "gradients_bytes", "optimizer_bytes"):
                 figures[key] /= n
             if n > 1:
-                figures["gathered_bytes"] = (2 * profile.largest_unit_bytes if layout.reshard_after_forward
-                                             else params)
+                figures["gathered_bytes"] = 2 * profile.largest_unit_bytes if layout.reshard_after_forward else params
         buffers = float(profile.buffer_bytes)
     else:
         figures, buffers = _largest_stage(profile, layout, optimizer, per_sample, fixed, momentum)
@@ -95,20 +105,27 @@ def memory_per_device(profile: ModelProfile, layout: Layout, optimizer: str, pre
     return figures
 
 
-def _largest_stage(profile: ModelProfile, layout: Layout, optimizer: str, per_sample: float, fixed: float,
-                   momentum: float) -> tuple[dict[str, float], float]:
+def _largest_stage(
+    profile: ModelProfile, layout: Layout, optimizer: str, per_sample: float, fixed: float, momentum: float
+) -> tuple[dict[str, float], float]:
     total_flops = sum(max(u["flops_per_sample"], 1) for u in profile.units) or 1
     micro = layout.replica_batch / layout.microbatches
     best: dict[str, float] = {}
     for index, (start, end) in enumerate(stage_bounds(profile, layout.stages)):
         units = profile.units[start:end]
         params = float(sum(u["param_bytes"] for u in units))
-        share = sum(max(u["flops_per_sample"], 1) for u in units) / total_flops     # activations follow FLOPs
-        in_flight = layout.microbatches if layout.schedule == "gpipe" else min(layout.microbatches, layout.stages - index)
+        share = sum(max(u["flops_per_sample"], 1) for u in units) / total_flops  # activations follow FLOPs
+        in_flight = (
+            layout.microbatches if layout.schedule == "gpipe" else min(layout.microbatches, layout.stages - index)
+        )
         tensors = profile.param_tensors * params / max(profile.param_bytes, 1)
-        stage = {"parameters_bytes": params, "gradients_bytes": params,
-                 "optimizer_bytes": optimizer_bytes(params, tensors, optimizer, momentum),
-                 "activations_bytes": share * (fixed + per_sample * micro * in_flight), "gathered_bytes": 0.0}
+        stage = {
+            "parameters_bytes": params,
+            "gradients_bytes": params,
+            "optimizer_bytes": optimizer_bytes(params, tensors, optimizer, momentum),
+            "activations_bytes": share * (fixed + per_sample * micro * in_flight),
+            "gathered_bytes": 0.0,
+        }
         if sum(stage.values()) > sum(best.values()):
             best = stage
     return best, float(profile.buffer_bytes) / layout.stages

@@ -12,10 +12,12 @@ model is profiled in seconds on a laptop:
   the batch is told apart from the part that does;
 - the largest block (FSDP unit) and the bytes a pipeline stage hands to the next per sample.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -36,9 +38,9 @@ class ModelProfile:
     buffer_bytes: int
     flops_per_sample: int
     activation_bytes_per_sample: float
-    activation_bytes_fixed: float          # saved tensors that do not grow with the batch
-    largest_unit_bytes: int                # the largest FSDP unit's parameters (the root counts as one)
-    units: list[dict[str, Any]]            # pipeline units: name, param_bytes, flops_per_sample, output_bytes_per_sample
+    activation_bytes_fixed: float  # saved tensors that do not grow with the batch
+    largest_unit_bytes: int  # the largest FSDP unit's parameters (the root counts as one)
+    units: list[dict[str, Any]]  # pipeline units: name, param_bytes, flops_per_sample, output_bytes_per_sample
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -59,8 +61,10 @@ def profile_model(cfg: TrainConfig) -> ModelProfile:
     except UsageError:
         raise
     except Exception as exc:
-        raise UsageError(f"the model {workload_of(cfg).model!r} fails to build ({type(exc).__name__}: "
-                         f"{str(exc).splitlines()[0] if str(exc) else ''}); check the factory and its arguments") from None
+        raise UsageError(
+            f"the model {workload_of(cfg).model!r} fails to build ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}); check the factory and its arguments"
+        ) from None
     objective = build_objective(cfg.loss, model)
     params = list(model.parameters())
     param_bytes = sum(p.numel() * p.element_size() for p in params)
@@ -78,10 +82,17 @@ def profile_model(cfg: TrainConfig) -> ModelProfile:
     root_bytes = param_bytes - sum(unit_bytes)
     units = _pipeline_units(model, model_units(model), per_module, *_batch(cfg, data, 1))
     return ModelProfile(
-        name=workload_of(cfg).model, params=sum(p.numel() for p in params), param_bytes=param_bytes,
-        param_tensors=len(params), buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers()),
-        flops_per_sample=flops, activation_bytes_per_sample=per_sample, activation_bytes_fixed=fixed,
-        largest_unit_bytes=max([*unit_bytes, root_bytes]), units=units)
+        name=workload_of(cfg).model,
+        params=sum(p.numel() for p in params),
+        param_bytes=param_bytes,
+        param_tensors=len(params),
+        buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers()),
+        flops_per_sample=flops,
+        activation_bytes_per_sample=per_sample,
+        activation_bytes_fixed=fixed,
+        largest_unit_bytes=max([*unit_bytes, root_bytes]),
+        units=units,
+    )
 
 
 def _shapes(cfg: TrainConfig) -> Any:
@@ -96,12 +107,12 @@ def _shapes(cfg: TrainConfig) -> Any:
         return TrainingData(None, None, None, 10, (3, 32, 32))
     if dataset == "synthetic":
         return TrainingData(None, None, None, cfg.num_classes, tuple(cfg.synthetic_shape))
-    return load_data(cfg)       # a user's dataset factory: its shapes are known once it is built
+    return load_data(cfg)  # a user's dataset factory: its shapes are known once it is built
 
 
 def _batch(cfg: TrainConfig, data: Any, size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """A batch of `size` samples on the meta device, shaped as the loop would feed it."""
-    if data.train is not None:        # a user's dataset: its own samples, of whatever shape
+    if data.train is not None:  # a user's dataset: its own samples, of whatever shape
         from paratrain.engine.data import BatchPreparer, eval_batches
         from paratrain.engine.distributed import RankContext
 
@@ -110,12 +121,16 @@ def _batch(cfg: TrainConfig, data: Any, size: int) -> tuple[torch.Tensor, torch.
         return x.to("meta"), y.to("meta")
     if len(data.shape) == 1:
         seq = data.shape[0]
-        return (torch.zeros(size, seq, dtype=torch.long, device="meta"),
-                torch.zeros(size, seq, dtype=torch.long, device="meta"))
+        return (
+            torch.zeros(size, seq, dtype=torch.long, device="meta"),
+            torch.zeros(size, seq, dtype=torch.long, device="meta"),
+        )
     channels, height, width = data.shape
     side_h, side_w = (cfg.image_size, cfg.image_size) if cfg.image_size else (height, width)
-    return (torch.zeros(size, channels, side_h, side_w, device="meta"),
-            torch.zeros(size, dtype=torch.long, device="meta"))
+    return (
+        torch.zeros(size, channels, side_h, side_w, device="meta"),
+        torch.zeros(size, dtype=torch.long, device="meta"),
+    )
 
 
 def _count_flops(model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Tensor) -> tuple[int, dict[str, int]]:
@@ -124,9 +139,11 @@ def _count_flops(model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Ten
         with counter:
             objective(model, x, y)[0].backward()
     except Exception as exc:
-        raise UsageError(f"the model cannot run on the meta device, which the plan measures it on "
-                         f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); a model that "
-                         "reads tensor values in Python cannot be planned") from None
+        raise UsageError(
+            f"the model cannot run on the meta device, which the plan measures it on "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); a model that "
+            "reads tensor values in Python cannot be planned"
+        ) from None
     finally:
         _drop_grads(model)
     per_module = {name: int(sum(ops.values())) for name, ops in counter.get_flop_counts().items()}
@@ -140,7 +157,7 @@ def _saved_peak(model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Tens
     state = {"live": 0, "peak": 0}
 
     class Saved:
-        __slots__ = ("tensor", "key")
+        __slots__ = ("key", "tensor")
 
         def __init__(self, tensor: torch.Tensor, key: int):
             self.tensor, self.key = tensor, key
@@ -187,13 +204,18 @@ class _FusedAttention(TorchFunctionMode):
     model FLOPs for MFU).
     """
 
-    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         if func is F.scaled_dot_product_attention and kwargs.get("attn_mask") is None and args[0].device.type == "meta":
             query, key, value = args[:3]
             return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                query, key, value, kwargs.get("dropout_p", 0.0), kwargs.get("is_causal", False),
-                scale=kwargs.get("scale"))[0]
+                query,
+                key,
+                value,
+                kwargs.get("dropout_p", 0.0),
+                kwargs.get("is_causal", False),
+                scale=kwargs.get("scale"),
+            )[0]
         return func(*args, **kwargs)
 
 
@@ -202,8 +224,9 @@ def _drop_grads(model: nn.Module) -> None:
         p.grad = None
 
 
-def _pipeline_units(model: nn.Module, units: list[Any], per_module: dict[str, int], x: torch.Tensor,
-                    y: torch.Tensor) -> list[dict[str, Any]]:
+def _pipeline_units(
+    model: nn.Module, units: list[Any], per_module: dict[str, int], x: torch.Tensor, y: torch.Tensor
+) -> list[dict[str, Any]]:
     """Each pipeline unit's parameters, FLOPs per sample and the bytes it hands on per sample."""
     from paratrain.engine.strategies.pipeline_split import run_units
 
@@ -214,6 +237,7 @@ def _pipeline_units(model: nn.Module, units: list[Any], per_module: dict[str, in
             out = unit.run(root, value)
             outputs.append(out.numel() * out.element_size() // max(x.shape[0], 1))
             return out
+
         return call
 
     with torch.no_grad():
@@ -235,8 +259,14 @@ def _pipeline_units(model: nn.Module, units: list[Any], per_module: dict[str, in
             for p in module.parameters():
                 seen[id(p)] = p.numel() * p.element_size()
         flops = sum(count for name, count in per_module.items() if any(_inside(name, m) for m in unit.modules))
-        rows.append({"name": unit.name, "param_bytes": sum(seen.values()), "flops_per_sample": flops,
-                     "output_bytes_per_sample": output})
+        rows.append(
+            {
+                "name": unit.name,
+                "param_bytes": sum(seen.values()),
+                "flops_per_sample": flops,
+                "output_bytes_per_sample": output,
+            }
+        )
     return rows
 
 

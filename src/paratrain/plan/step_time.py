@@ -22,10 +22,11 @@
   CPU, only in the fill and drain where the device overlaps); `hybrid` adds the all-reduce of a
   stage's gradients across its replicas, after the last micro-batch.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from paratrain.plan.devices import Device
 from paratrain.plan.links import Link
@@ -64,8 +65,7 @@ def allreduce_s(size: float, ranks: int, per_node: int, topo: Topology) -> float
     if ranks <= per_node:
         return ring_allreduce_s(size, ranks, topo.intra)
     nodes = -(-ranks // per_node)
-    return (2 * ring_allgather_s(size, per_node, topo.intra)
-            + ring_allreduce_s(size / per_node, nodes, topo.inter))
+    return 2 * ring_allgather_s(size, per_node, topo.intra) + ring_allreduce_s(size / per_node, nodes, topo.inter)
 
 
 def allgather_s(size: float, ranks: int, per_node: int, topo: Topology) -> float:
@@ -79,8 +79,8 @@ def allgather_s(size: float, ranks: int, per_node: int, topo: Topology) -> float
 class Efficiency:
     """What the compute reaches, and the per-step costs a model of FLOPs and bytes leaves out."""
 
-    compute: float                  # achievable share of the peak
-    overhead_s: float = 0.0         # per step: data, bookkeeping, the optimizer's own (calibrated)
+    compute: float  # achievable share of the peak
+    overhead_s: float = 0.0  # per step: data, bookkeeping, the optimizer's own (calibrated)
     source: str = ""
     # Calibrated per device count: CPU ranks of one host share its memory bandwidth, so two ranks each
     # compute slower than one alone, and wait for each other; N devices take the share measured at
@@ -109,8 +109,15 @@ def _at_most(by_count: tuple[tuple[int, float], ...], devices: int, default: flo
     return measured[-1] if measured else default
 
 
-def step_time(profile: ModelProfile, layout: Layout, device: Device, precision: str, optimizer: str,
-              topo: Topology, eff: Efficiency) -> dict[str, Any]:
+def step_time(
+    profile: ModelProfile,
+    layout: Layout,
+    device: Device,
+    precision: str,
+    optimizer: str,
+    topo: Topology,
+    eff: Efficiency,
+) -> dict[str, Any]:
     """Seconds per optimizer step and where they go."""
     speed = device.peak(precision) * eff.compute_for(layout.devices)
     n = layout.data_parallel
@@ -127,19 +134,30 @@ def step_time(profile: ModelProfile, layout: Layout, device: Device, precision: 
         compute, comm, exposed, optimizer_s = _pipeline(profile, layout, device, topo, speed, traffic, fixed)
     overhead = eff.overhead_for(layout.devices)
     total = compute + exposed + optimizer_s + overhead
-    return {"step_time_s": total, "compute_s": compute, "comm_s": comm, "exposed_comm_s": exposed,
-            "optimizer_s": optimizer_s, "overhead_s": overhead}
+    return {
+        "step_time_s": total,
+        "compute_s": compute,
+        "comm_s": comm,
+        "exposed_comm_s": exposed,
+        "optimizer_s": optimizer_s,
+        "overhead_s": overhead,
+    }
 
 
-def _data_parallel_comm(profile: ModelProfile, layout: Layout, device: Device, topo: Topology, compute: float,
-                        backward: float) -> tuple[float, float]:
+def _data_parallel_comm(
+    profile: ModelProfile, layout: Layout, device: Device, topo: Topology, compute: float, backward: float
+) -> tuple[float, float]:
     n, per_node = layout.data_parallel, topo.per_node
     size = float(profile.param_bytes)
     if n <= 1:
         return 0.0, 0.0
     if layout.strategy in ("ddp", "zero1"):
         comm = allreduce_s(size, n, per_node, topo)
-        exposed = max(comm - backward, allreduce_s(min(size, DDP_BUCKET_BYTES), n, per_node, topo)) if device.overlap else comm
+        exposed = (
+            max(comm - backward, allreduce_s(min(size, DDP_BUCKET_BYTES), n, per_node, topo))
+            if device.overlap
+            else comm
+        )
         if layout.strategy == "zero1":
             broadcast = allgather_s(size, n, per_node, topo)
             comm, exposed = comm + broadcast, exposed + broadcast
@@ -152,8 +170,9 @@ def _data_parallel_comm(profile: ModelProfile, layout: Layout, device: Device, t
     return comm, exposed
 
 
-def _pipeline(profile: ModelProfile, layout: Layout, device: Device, topo: Topology, speed: float,
-              traffic: int, fixed: float) -> tuple[float, float, float, float]:
+def _pipeline(
+    profile: ModelProfile, layout: Layout, device: Device, topo: Topology, speed: float, traffic: int, fixed: float
+) -> tuple[float, float, float, float]:
     k, m = layout.stages, layout.microbatches
     micro = layout.replica_batch / m
     bounds = stage_bounds(profile, k)
@@ -178,5 +197,5 @@ def _pipeline(profile: ModelProfile, layout: Layout, device: Device, topo: Topol
     return compute, comm, exposed, optimizer_s
 
 
-def bubble_fraction(stages: int, microbatches: int) -> Optional[float]:
+def bubble_fraction(stages: int, microbatches: int) -> float | None:
     return (stages - 1) / (microbatches + stages - 1) if stages > 1 else None

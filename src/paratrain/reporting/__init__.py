@@ -3,6 +3,7 @@
 Plots are PNGs embedded as data URIs, styles are inline: the page opens from disk, from an e-mail
 attachment or a CI artifact, and never fetches anything.
 """
+
 from __future__ import annotations
 
 import base64
@@ -10,14 +11,24 @@ import html
 import json
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from paratrain.errors import UsageError
-from paratrain.reporting.verdict import (cannot_tell, comparison_verdict, doctor_html, human, run_verdict, study_points,
-                                         study_verdict, sweep_verdict, verdict_html, workers_what)
+from paratrain.reporting.verdict import (
+    cannot_tell,
+    comparison_verdict,
+    doctor_html,
+    human,
+    run_verdict,
+    study_points,
+    study_verdict,
+    sweep_verdict,
+    verdict_html,
+    workers_what,
+)
 from paratrain.runs import SCALING_FILE, SWEEP_FILE, RunDir
-
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1220px; color: #222; }
@@ -45,8 +56,10 @@ def kind_of(path: Path) -> str:
         return "run"
     if (path / PLAN_FILE).is_file():
         return "plan"
-    raise UsageError(f"{path} is not a paratrain run (config.json), scaling study (scaling.json) or sweep (sweep.json), "
-                     "nor a plan (plan.json)")
+    raise UsageError(
+        f"{path} is not a paratrain run (config.json), scaling study (scaling.json) or sweep (sweep.json), "
+        "nor a plan (plan.json)"
+    )
 
 
 def _scheduled_study(path: Path) -> bool:
@@ -55,7 +68,7 @@ def _scheduled_study(path: Path) -> bool:
     return spec.is_file() and json.loads(spec.read_text()).get("scheduler") == "slurm"
 
 
-def write_report(paths: Sequence[Path], out: Optional[Path] = None) -> Path:
+def write_report(paths: Sequence[Path], out: Path | None = None) -> Path:
     """Write the report for `paths` (one study, one run, or several runs to compare); return its path."""
     if not paths:
         raise UsageError("give at least one run or study directory")
@@ -63,12 +76,13 @@ def write_report(paths: Sequence[Path], out: Optional[Path] = None) -> Path:
         if _scheduled_study(Path(path)):
             from paratrain.scale import collect_study
 
-            collect_study(Path(path))     # its points ran as separate jobs: the table is built from what has finished
+            collect_study(Path(path))  # its points ran as separate jobs: the table is built from what has finished
     kinds = [kind_of(Path(p)) for p in paths]
     if len(paths) == 1:
         out = out or Path(paths[0]) / "report.html"
         body = {"study": _study_body, "sweep": _sweep_body, "plan": _plan_body, "batch": _batch_body}.get(
-            kinds[0], lambda p: _run_body(RunDir(p)))(Path(paths[0]))
+            kinds[0], lambda p: _run_body(RunDir(p))
+        )(Path(paths[0]))
         title = f"paratrain {kinds[0]}: {Path(paths[0]).name}"
     else:
         if set(kinds) != {"run"}:
@@ -76,8 +90,10 @@ def write_report(paths: Sequence[Path], out: Optional[Path] = None) -> Path:
         out = out or Path("comparison-report.html")
         body = _compare_body([RunDir(Path(p)) for p in paths])
         title = f"paratrain comparison of {len(paths)} runs"
-    page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-            f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>{body}</body></html>")
+    page = (
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>{body}</body></html>"
+    )
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     tmp.write_text(page)
     os.replace(tmp, out)
@@ -87,39 +103,56 @@ def write_report(paths: Sequence[Path], out: Optional[Path] = None) -> Path:
 # -- pieces ------------------------------------------------------------------------------------
 
 # paratrain find-batch / noise-scale / lr-find / recommend --out DIR (the batch package's RESULT_FILEs)
-BATCH_FILES = {"find_batch": "find_batch.json", "noise_scale": "noise_scale.json", "lr_find": "lr_find.json",
-               "recommend": "recommend.json"}
+BATCH_FILES = {
+    "find_batch": "find_batch.json",
+    "noise_scale": "noise_scale.json",
+    "lr_find": "lr_find.json",
+    "recommend": "recommend.json",
+}
 
 
 def _batch_body(path: Path) -> str:
     """The batch-size measurements in one directory: the recommendation if any, the headline figures, the plots."""
     from paratrain.reporting.plots import batch_plots
 
-    results = {key: json.loads((path / name).read_text()) for key, name in BATCH_FILES.items() if (path / name).is_file()}
+    results = {
+        key: json.loads((path / name).read_text()) for key, name in BATCH_FILES.items() if (path / name).is_file()
+    }
     lines = []
     if "recommend" in results:
         r = results["recommend"]
-        lines += [f"{key.replace('_', ' ')}: {r[key]['value']:.4g} ({r[key]['source']})" if isinstance(r[key]["value"], float)
-                  else f"{key.replace('_', ' ')}: {r[key]['value']} ({r[key]['source']})"
-                  for key in ("per_worker_batch", "global_batch", "lr", "warmup_epochs", "schedule", "optimizer")]
+        lines += [
+            f"{key.replace('_', ' ')}: {r[key]['value']:.4g} ({r[key]['source']})"
+            if isinstance(r[key]["value"], float)
+            else f"{key.replace('_', ' ')}: {r[key]['value']} ({r[key]['source']})"
+            for key in ("per_worker_batch", "global_batch", "lr", "warmup_epochs", "schedule", "optimizer")
+        ]
         lines += [f"note: {note}" for note in r["notes"]]
     if "find_batch" in results:
         f = results["find_batch"]
-        lines.append(f"find-batch: largest batch that fits {f['max_batch']} (limited by {f['limited_by']}), "
-                     f"{f['safe_batch']} with the {f['margin']:.0%} margin; knee {f['knee_batch']}")
+        lines.append(
+            f"find-batch: largest batch that fits {f['max_batch']} (limited by {f['limited_by']}), "
+            f"{f['safe_batch']} with the {f['margin']:.0%} margin; knee {f['knee_batch']}"
+        )
     if "noise_scale" in results and results["noise_scale"]["b_simple"] is not None:
         n = results["noise_scale"]
-        lines.append(f"noise scale B_simple {n['b_simple']:,.1f} ± {n['b_simple_stderr']:,.1f} after {n['steps']} steps")
+        lines.append(
+            f"noise scale B_simple {n['b_simple']:,.1f} ± {n['b_simple_stderr']:,.1f} after {n['steps']} steps"
+        )
     if "lr_find" in results:
-        lines.append(f"lr-find: suggested LR {results['lr_find']['suggested_lr']:.3g} at global batch "
-                     f"{results['lr_find']['global_batch_size']}")
+        lines.append(
+            f"lr-find: suggested LR {results['lr_find']['suggested_lr']:.3g} at global batch "
+            f"{results['lr_find']['global_batch_size']}"
+        )
     with tempfile.TemporaryDirectory() as tmp:
         images = "".join(_img(p, name) for name, p in batch_plots(results, Path(tmp)).items())
-    return ("<div id='verdict'>" + "".join(f"<p>{html.escape(line)}</p>" for line in lines) + "</div>"
-            f"<div class='plots'>{images}</div>")
+    return (
+        "<div id='verdict'>" + "".join(f"<p>{html.escape(line)}</p>" for line in lines) + "</div>"
+        f"<div class='plots'>{images}</div>"
+    )
 
 
-PLAN_FILE = "plan.json"      # paratrain plan --out DIR (plan.PLAN_FILE)
+PLAN_FILE = "plan.json"  # paratrain plan --out DIR (plan.PLAN_FILE)
 PLAN_PLOTS = ("plan_scaling.png", "plan_memory.png", "plan_pareto.png")
 
 
@@ -127,19 +160,45 @@ def _plan_body(path: Path) -> str:
     """The plan's recommendation, its table and its three plots (written beside plan.json by plan_plots)."""
     plan = json.loads((path / PLAN_FILE).read_text())
     rec = plan["recommendation"]
-    rows = [(r["devices"], r["strategy"], r["global_batch"], f"{r['step_time_s'] * 1e3:.2f} ms", f"{r['samples_per_s']:,.0f}",
-             f"{r['speedup']:.2f}", f"{r['efficiency']:.2f}", human("rss_peak_bytes", r["memory_per_device_bytes"]),
-             "yes" if r["fits"] else "no") for r in plan["rows"]]
+    rows = [
+        (
+            r["devices"],
+            r["strategy"],
+            r["global_batch"],
+            f"{r['step_time_s'] * 1e3:.2f} ms",
+            f"{r['samples_per_s']:,.0f}",
+            f"{r['speedup']:.2f}",
+            f"{r['efficiency']:.2f}",
+            human("rss_peak_bytes", r["memory_per_device_bytes"]),
+            "yes" if r["fits"] else "no",
+        )
+        for r in plan["rows"]
+    ]
     plots = "".join(_img(path / name, name) for name in PLAN_PLOTS if (path / name).is_file())
     device = plan["device"]
-    return (f"<div id='verdict'><p class='headline'>{html.escape(str(rec['strategy']))} on {rec['devices']} device(s)</p>"
-            f"<p>{html.escape(rec['reason'])}</p></div>"
-            f"<p class='note'>{html.escape(plan['model']['name'])}: {plan['model']['params']:,} parameters, "
-            f"{plan['model']['flops_per_sample']:.3g} FLOPs per sample; {html.escape(device['name'])} {device['precision']}, "
-            f"efficiency {device['efficiency']:.3f} ({html.escape(device['efficiency_source'])})</p>"
-            + _table(("devices", "strategy", "global batch", "step time", "samples/s", "speedup", "efficiency",
-                      "memory/device", "fits"), rows)
-            + f"<div class='plots'>{plots}</div>")
+    return (
+        f"<div id='verdict'><p class='headline'>{html.escape(str(rec['strategy']))} on {rec['devices']} device(s)</p>"
+        f"<p>{html.escape(rec['reason'])}</p></div>"
+        f"<p class='note'>{html.escape(plan['model']['name'])}: {plan['model']['params']:,} parameters, "
+        f"{plan['model']['flops_per_sample']:.3g} FLOPs per sample; {html.escape(device['name'])} "
+        f"{device['precision']}, "
+        f"efficiency {device['efficiency']:.3f} ({html.escape(device['efficiency_source'])})</p>"
+        + _table(
+            (
+                "devices",
+                "strategy",
+                "global batch",
+                "step time",
+                "samples/s",
+                "speedup",
+                "efficiency",
+                "memory/device",
+                "fits",
+            ),
+            rows,
+        )
+        + f"<div class='plots'>{plots}</div>"
+    )
 
 
 def _img(path: Path, alt: str) -> str:
@@ -171,9 +230,21 @@ def _with_plots(render) -> str:
 
 # -- a scaling study's table, headline and notes: shared by the terminal and the HTML page ---------
 
-STUDY_COLUMNS = ("workload", "workers", "threads", "global batch", "epoch time (s)", "samples/s", "speedup",
-                 "vs all cores", "efficiency", "{split} acc", "runs", "flags")
-ALL_CORES_POINT = "all_cores_reference"    # scaling.json's `point` of the one-process-on-all-cores row (scale.ALL_CORES)
+STUDY_COLUMNS = (
+    "workload",
+    "workers",
+    "threads",
+    "global batch",
+    "epoch time (s)",
+    "samples/s",
+    "speedup",
+    "vs all cores",
+    "efficiency",
+    "{split} acc",
+    "runs",
+    "flags",
+)
+ALL_CORES_POINT = "all_cores_reference"  # scaling.json's `point` of the one-process-on-all-cores row (scale.ALL_CORES)
 
 
 def _spread(value: float, span: Sequence[float], fmt: str, repeats: int) -> str:
@@ -183,9 +254,11 @@ def _spread(value: float, span: Sequence[float], fmt: str, repeats: int) -> str:
 
 
 # How each flag of a row reads in a table, and the name its rule goes by in the notes.
-_FLAG_WORDS = {"contended": ("contended {contended_runs}/{repeats}", "contended n/m"),
-               "repeats_disagree": ("spread x{repeat_spread:.2f}", "spread xR"),
-               "includes_startup": ("incl. start-up", "incl. start-up")}
+_FLAG_WORDS = {
+    "contended": ("contended {contended_runs}/{repeats}", "contended n/m"),
+    "repeats_disagree": ("spread x{repeat_spread:.2f}", "spread xR"),
+    "includes_startup": ("incl. start-up", "incl. start-up"),
+}
 
 
 def _flag_text(row: dict[str, Any]) -> str:
@@ -199,13 +272,25 @@ def study_table(result: dict[str, Any]) -> tuple[tuple[str, ...], list[tuple[str
         reference = r.get("point") == ALL_CORES_POINT
         vs_all = r.get("speedup_vs_all_cores")
         # A studied script reports what it measures: epoch time, global batch or accuracy may be missing.
-        cells.append((r["workload"], f"{r['workers']}{' (all cores)' if reference else ''}",
-                      str(r.get("threads_per_worker", "?")), str(r.get("global_batch_size") or "-"),
-                      "-" if r.get("epoch_time_s") is None else _spread(r["epoch_time_s"], r["epoch_time_s_range"], ".2f", r["repeats"]),
-                      _spread(r["samples_per_s"], r["samples_per_s_range"], ",.0f", r["repeats"])
-                      + (f"\n{r['tokens_per_s']:,.0f} tokens/s" if r.get("tokens_per_s") else ""),
-                      f"{r['speedup']:.2f}", "-" if vs_all is None else f"{vs_all:.2f}", f"{r['efficiency']:.2f}",
-                      "-" if r.get("val_accuracy") is None else f"{r['val_accuracy']:.2%}", str(r["repeats"]), _flag_text(r)))
+        cells.append(
+            (
+                r["workload"],
+                f"{r['workers']}{' (all cores)' if reference else ''}",
+                str(r.get("threads_per_worker", "?")),
+                str(r.get("global_batch_size") or "-"),
+                "-"
+                if r.get("epoch_time_s") is None
+                else _spread(r["epoch_time_s"], r["epoch_time_s_range"], ".2f", r["repeats"]),
+                _spread(r["samples_per_s"], r["samples_per_s_range"], ",.0f", r["repeats"])
+                + (f"\n{r['tokens_per_s']:,.0f} tokens/s" if r.get("tokens_per_s") else ""),
+                f"{r['speedup']:.2f}",
+                "-" if vs_all is None else f"{vs_all:.2f}",
+                f"{r['efficiency']:.2f}",
+                "-" if r.get("val_accuracy") is None else f"{r['val_accuracy']:.2%}",
+                str(r["repeats"]),
+                _flag_text(r),
+            )
+        )
     splits = {r.get("val_split", "test") for r in result["rows"]}
     split = splits.pop() if len(splits) == 1 else "val/test"
     return tuple(c.format(split=split) for c in STUDY_COLUMNS), cells
@@ -218,19 +303,31 @@ def study_headline(result: dict[str, Any]) -> list[str]:
     lines = []
     for workload, base, top, reference in study_points(result):
         who = f"{top['workers']} worker(s) x {top.get('threads_per_worker', '?')} core(s)"
-        against_all = (f" against one process on all {reference['threads_per_worker']} cores (what "
-                       f"'paratrain train --workers 1' runs)" if reference else "")
-        flagged = [f"{r['workers']}{' all cores' if r is reference else ''}: {_flag_text(r).replace(chr(10), ' ')}"
-                   for r in (top, reference) if r and r.get("flags")]
+        against_all = (
+            f" against one process on all {reference['threads_per_worker']} cores (what "
+            f"'paratrain train --workers 1' runs)"
+            if reference
+            else ""
+        )
+        flagged = [
+            f"{r['workers']}{' all cores' if r is reference else ''}: {_flag_text(r).replace(chr(10), ' ')}"
+            for r in (top, reference)
+            if r and r.get("flags")
+        ]
         undecided = cannot_tell(base, top, reference) if top is not base or reference else None
         if undecided:
-            lines.append(f"{workload}: {who}{against_all}: {undecided}" + (f". Flagged ({'; '.join(flagged)})." if flagged else "."))
+            lines.append(
+                f"{workload}: {who}{against_all}: {undecided}"
+                + (f". Flagged ({'; '.join(flagged)})." if flagged else ".")
+            )
             continue
         per_core = f"speedup {top['speedup']:.2f} and efficiency {top['efficiency']:.2f} against {workers_what(base)}"
         if reference:
-            measured = (f"epoch {top['epoch_time_s']:.2f} s against {reference['epoch_time_s']:.2f} s"
-                        if top.get("speedup_basis", "epoch_time_s") == "epoch_time_s" else
-                        f"{top['samples_per_s']:,.0f} against {reference['samples_per_s']:,.0f} samples/s")
+            measured = (
+                f"epoch {top['epoch_time_s']:.2f} s against {reference['epoch_time_s']:.2f} s"
+                if top.get("speedup_basis", "epoch_time_s") == "epoch_time_s"
+                else f"{top['samples_per_s']:,.0f} against {reference['samples_per_s']:,.0f} samples/s"
+            )
             line = f"{workload}: {who}{against_all}: speedup {top['speedup_vs_all_cores']:.2f} ({measured}); {per_core}"
         else:
             line = f"{workload}: {who}: {per_core}"
@@ -240,11 +337,15 @@ def study_headline(result: dict[str, Any]) -> list[str]:
 
 def study_notes(result: dict[str, Any]) -> list[str]:
     """What the brackets and the flags mean, with the thresholds used."""
-    notes = ["epoch time and samples/s: median over repeats, (min–max) when there is more than one run; "
-             "threads: cores per worker; vs all cores: speedup against one process on all cores (workers '1 (all cores)')"]
+    notes = [
+        "epoch time and samples/s: median over repeats, (min–max) when there is more than one run; "
+        "threads: cores per worker; vs all cores: speedup against one process on all cores (workers '1 (all cores)')"
+    ]
     if any(r["repeats"] < 2 for r in result["rows"]):
         notes.append("rows with one run show no spread: --repeats 3 measures the noise")
-    notes += [f"{_FLAG_WORDS.get(name, (name, name))[1]}: {rule}" for name, rule in result.get("flag_rules", {}).items()]
+    notes += [
+        f"{_FLAG_WORDS.get(name, (name, name))[1]}: {rule}" for name, rule in result.get("flag_rules", {}).items()
+    ]
     return notes
 
 
@@ -256,27 +357,42 @@ def _study_body(path: Path) -> str:
 
     def render(tmp: Path) -> str:
         plots = study_plots(result, tmp)
-        timed = [r for r in rows if r.get("breakdown")]      # a studied script has no step breakdown
-        labels = [f"{r['workload']} w{r['workers']}{' all cores' if r.get('point') == ALL_CORES_POINT else ''}" for r in timed]
+        timed = [r for r in rows if r.get("breakdown")]  # a studied script has no step breakdown
+        labels = [
+            f"{r['workload']} w{r['workers']}{' all cores' if r.get('point') == ALL_CORES_POINT else ''}" for r in timed
+        ]
         bd = breakdown_plot(timed, labels, tmp / "breakdown.png") if timed else None
         table = _table(*study_table(result), "scaling")
-        headline = "<div id='headline'>" + "".join(f"<p><b>{html.escape(line)}</b></p>" for line in study_headline(result)) + "</div>"
+        headline = (
+            "<div id='headline'>"
+            + "".join(f"<p><b>{html.escape(line)}</b></p>" for line in study_headline(result))
+            + "</div>"
+        )
         notes = "<ul class='note'>" + "".join(f"<li>{html.escape(n)}</li>" for n in study_notes(result)) + "</ul>"
         images = "".join(_img(p, name) for name, p in plots.items())
         spec = json.loads((path / "study.json").read_text()) if (path / "study.json").exists() else {}
-        return (verdict_html(study_verdict(result), doctor_html(path)) +
-                f"{headline}<p class='note'>{html.escape(result['mode'])} scaling. {html.escape(result.get('timing', ''))}. "
-                f"{html.escape(result.get('cpu_worker', ''))}.</p>{table}{notes}<h2>Plots</h2><div class='plots'>{images}</div>"
-                + (f"<h2>Step-time breakdown</h2>{_img(bd, 'breakdown')}" if bd else "") +
-                f"<h2>Study</h2>{_table(('option', 'value'), [(k, human(k, v)) for k, v in spec.items()])}")
+        return (
+            verdict_html(study_verdict(result), doctor_html(path))
+            + f"{headline}<p class='note'>{html.escape(result['mode'])} scaling. "
+            f"{html.escape(result.get('timing', ''))}. "
+            f"{html.escape(result.get('cpu_worker', ''))}.</p>{table}{notes}<h2>Plots</h2><div "
+            f"class='plots'>{images}</div>"
+            + (f"<h2>Step-time breakdown</h2>{_img(bd, 'breakdown')}" if bd else "")
+            + f"<h2>Study</h2>{_table(('option', 'value'), [(k, human(k, v)) for k, v in spec.items()])}"
+        )
 
     return _with_plots(render)
 
 
 # -- a sweep's notes: shared by the terminal and the HTML page -------------------------------------
 
-_SAMPLERS = {"grid": "grid (every combination in turn)", "random": "random (seeded draws from each parameter's prior)",
-             "tpe": "tpe (Optuna's TPESampler)", "gp": "gp (Optuna's GPSampler)", "nsga2": "nsga2 (Optuna's NSGAIISampler)"}
+_SAMPLERS = {
+    "grid": "grid (every combination in turn)",
+    "random": "random (seeded draws from each parameter's prior)",
+    "tpe": "tpe (Optuna's TPESampler)",
+    "gp": "gp (Optuna's GPSampler)",
+    "nsga2": "nsga2 (Optuna's NSGAIISampler)",
+}
 
 
 def sweep_notes(result: dict[str, Any]) -> list[str]:
@@ -287,19 +403,27 @@ def sweep_notes(result: dict[str, Any]) -> list[str]:
     if result.get("mode") == "builtin":
         split = result.get("val_split")
         if split:
-            notes.append(f"val_* metrics: on a validation split of {split:.0%} of the training set (stratified), which the "
-                         "sweep chooses on; test_accuracy: on the test split, shown, never optimised")
+            notes.append(
+                f"val_* metrics: on a validation split of {split:.0%} of the training set (stratified), which the "
+                "sweep chooses on; test_accuracy: on the test split, shown, never optimised"
+            )
         elif split is not None:
-            notes.append("no validation split (--val-split 0): the val_* metrics would be the test split's and are not "
-                         "recorded; test_accuracy is on the test split")
+            notes.append(
+                "no validation split (--val-split 0): the val_* metrics would be the test split's and are not "
+                "recorded; test_accuracy is on the test split"
+            )
     par = result.get("parallelism") or {}
     if par.get("speedup"):
-        notes.append(f"parallel speedup: {par['speedup']:.2f}x (sum of trial times {par['trial_time_s']:.1f} s in "
-                     f"{par['wall_time_s']:.1f} s of wall time)")
+        notes.append(
+            f"parallel speedup: {par['speedup']:.2f}x (sum of trial times {par['trial_time_s']:.1f} s in "
+            f"{par['wall_time_s']:.1f} s of wall time)"
+        )
     for limit, value in (result.get("stopped_by") or {}).items():
         done = result["counts"]["COMPLETE"] + result["counts"]["PRUNED"]
-        notes.append(f"stopped starting trials: --{limit.replace('_', '-')} {value:g} reached; {done} of {result['items']} "
-                     "planned trial(s) finished; rerun the command to continue")
+        notes.append(
+            f"stopped starting trials: --{limit.replace('_', '-')} {value:g} reached; {done} of {result['items']} "
+            "planned trial(s) finished; rerun the command to continue"
+        )
     return notes
 
 
@@ -315,19 +439,36 @@ def _sweep_body(path: Path) -> str:
 
     def render(tmp: Path) -> str:
         plots = sweep_plots(result, tmp)
-        rows = [(t["number"], fmt_params(t["params"]), *[human(m, t["metrics"].get(m)) for m in shown],
-                 t["state"].lower(), t["reason"] or "") for t in result["trials"]]
+        rows = [
+            (
+                t["number"],
+                fmt_params(t["params"]),
+                *[human(m, t["metrics"].get(m)) for m in shown],
+                t["state"].lower(),
+                t["reason"] or "",
+            )
+            for t in result["trials"]
+        ]
         table = _table(("trial", "params", *shown, "state", "reason"), rows, "trials")
         best = result["best"]
         if "pareto_front" in best:
-            best_html = _table(("trial", "params", *shown), [(t["number"], fmt_params(t["params"]),
-                                                              *[human(m, t["metrics"].get(m)) for m in shown])
-                                                             for t in best["pareto_front"]], "best")
+            best_html = _table(
+                ("trial", "params", *shown),
+                [
+                    (t["number"], fmt_params(t["params"]), *[human(m, t["metrics"].get(m)) for m in shown])
+                    for t in best["pareto_front"]
+                ],
+                "best",
+            )
             best_title = "Pareto front"
         else:
-            best_html = _table(("trial", "params", *shown), [(best["number"], fmt_params(best["params"]),
-                                                              *[human(m, best["metrics"].get(m)) for m in shown])]
-                               if best else [], "best")
+            best_html = _table(
+                ("trial", "params", *shown),
+                [(best["number"], fmt_params(best["params"]), *[human(m, best["metrics"].get(m)) for m in shown])]
+                if best
+                else [],
+                "best",
+            )
             best_title = "Best trial"
         counts = ", ".join(f"{n} {s.lower()}" for s, n in result["counts"].items() if n)
         # Multi-panel figures (one per searched parameter; a heatmap per objective) get the page's
@@ -336,22 +477,44 @@ def _sweep_body(path: Path) -> str:
         wide = "".join(_img(p, name) for name, p in plots.items() if name in panels)
         images = "".join(_img(p, name) for name, p in plots.items() if name not in panels)
         space = result["space"]
-        return (verdict_html(sweep_verdict(result), doctor_html(path)) +
-                f"<p class='note'>{html.escape(result['algorithm'])} search, {result['items']} trial(s) planned: "
-                f"{html.escape(counts)}. Objective: "
-                f"{html.escape(', '.join(f'{m} ({o})' for m, o in zip(metrics, result['objective'])))}.</p>"
-                "<ul class='note' id='notes'>" + "".join(f"<li>{html.escape(n)}</li>" for n in sweep_notes(result)) + "</ul>"
-                f"<h2>{best_title}</h2>{best_html}<h2>Trials</h2>{table}<h2>Plots</h2><div class='wide'>{wide}</div>"
-                f"<div class='plots'>{images}</div>"
-                f"<h2>Search space</h2>{_table(('setting', 'value'), [(k, human(k, v)) for k, v in space.items()])}")
+        return (
+            verdict_html(sweep_verdict(result), doctor_html(path))
+            + f"<p class='note'>{html.escape(result['algorithm'])} search, {result['items']} trial(s) planned: "
+            f"{html.escape(counts)}. Objective: "
+            f"{html.escape(', '.join(f'{m} ({o})' for m, o in zip(metrics, result['objective'])))}.</p>"
+            "<ul class='note' id='notes'>"
+            + "".join(f"<li>{html.escape(n)}</li>" for n in sweep_notes(result))
+            + "</ul>"
+            f"<h2>{best_title}</h2>{best_html}<h2>Trials</h2>{table}<h2>Plots</h2><div class='wide'>{wide}</div>"
+            f"<div class='plots'>{images}</div>"
+            f"<h2>Search space</h2>{_table(('setting', 'value'), [(k, human(k, v)) for k, v in space.items()])}"
+        )
 
     return _with_plots(render)
 
 
 def _summary_rows(summary: dict[str, Any]) -> list[tuple[str, Any]]:
-    keys = ("status", "workers", "strategy", "global_batch_size", "lr", "epochs", "epoch_time_s", "samples_per_s",
-            "tokens_per_s", "flops_per_sample", "mfu", "bubble_fraction", "bubble_fraction_theory", "train_loss", "val_loss", "val_bits_per_byte", "val_accuracy",
-            "test_accuracy", "wall_time_s")
+    keys = (
+        "status",
+        "workers",
+        "strategy",
+        "global_batch_size",
+        "lr",
+        "epochs",
+        "epoch_time_s",
+        "samples_per_s",
+        "tokens_per_s",
+        "flops_per_sample",
+        "mfu",
+        "bubble_fraction",
+        "bubble_fraction_theory",
+        "train_loss",
+        "val_loss",
+        "val_bits_per_byte",
+        "val_accuracy",
+        "test_accuracy",
+        "wall_time_s",
+    )
     return [(k, human(k, summary[k])) for k in keys if summary.get(k) is not None]
 
 
@@ -364,20 +527,30 @@ def _run_body(run: RunDir) -> str:
     evidence = read_run(run.path)
 
     def render(tmp: Path) -> str:
-        parts = [verdict_html(run_verdict(summary, evidence.config), doctor_html(run.path)),
-                 f"<h2>Summary</h2>{_table(('metric', 'value'), _summary_rows(summary or {'status': 'running or interrupted'}), 'summary')}"]
+        parts = [
+            verdict_html(run_verdict(summary, evidence.config), doctor_html(run.path)),
+            "<h2>Summary</h2>"
+            + _table(("metric", "value"), _summary_rows(summary or {"status": "running or interrupted"}), "summary"),
+        ]
         timeline = monitor_plot(evidence, tmp / "monitor.png")
         if timeline:
             idle = idle_fractions(evidence)
-            parts.append(f"<h2>Devices over time</h2><div class='wide'>{_img(timeline, 'monitor timelines')}</div>"
-                         f"<p class='note' id='idle'>idle share of the monitor's samples (a rank below 10 % of a core, "
-                         f"a GPU below 10 % utilisation): {html.escape(', '.join(f'{d} {f:.0%}' for d, f in idle.items()))}</p>")
+            parts.append(
+                f"<h2>Devices over time</h2><div class='wide'>{_img(timeline, 'monitor timelines')}</div>"
+                f"<p class='note' id='idle'>idle share of the monitor's samples (a rank below 10 % of a core, "
+                f"a GPU below 10 % utilisation): {html.escape(', '.join(f'{d} {f:.0%}' for d, f in idle.items()))}</p>"
+            )
         if evidence.epochs:
             curves = curves_plots([run], [run.path.name], tmp, "run-")
-            parts.append("<h2>Curves</h2><div class='wide'>" + "".join(_img(p, n) for n, p in curves.items()) + "</div>")
+            parts.append(
+                "<h2>Curves</h2><div class='wide'>" + "".join(_img(p, n) for n, p in curves.items()) + "</div>"
+            )
         parts.append(_memory_table(summary))
         if "breakdown" in summary:
-            parts.append(f"<h2>Step-time breakdown</h2>{_img(breakdown_plot([summary], [run.path.name], tmp / 'bd.png'), 'breakdown')}")
+            parts.append(
+                "<h2>Step-time "
+                f"breakdown</h2>{_img(breakdown_plot([summary], [run.path.name], tmp / 'bd.png'), 'breakdown')}"
+            )
         parts.append(f"<h2>Configuration</h2>{_config_table(run.read_config())}")
         return "".join(parts)
 
@@ -387,12 +560,16 @@ def _run_body(run: RunDir) -> str:
 MEMORY_FIGURES = ("parameters_bytes", "gradients_bytes", "optimizer_bytes", "activations_peak_bytes", "rss_peak_bytes")
 
 
-def memory_per_rank(summary: dict[str, Any]) -> dict[str, Optional[int]]:
+def memory_per_rank(summary: dict[str, Any]) -> dict[str, int | None]:
     """The largest rank's figures: what must fit on each device. `model_state_bytes` is parameters +
     gradients + optimizer state, the part that sharding divides."""
     memory = summary.get("memory") or {}
     worst = {k: max(memory[k]) if memory.get(k) else None for k in MEMORY_FIGURES}
-    states = [sum(v) for v in zip(*(memory[k] for k in MEMORY_FIGURES[:3]))] if all(memory.get(k) for k in MEMORY_FIGURES[:3]) else []
+    states = (
+        [sum(v) for v in zip(*(memory[k] for k in MEMORY_FIGURES[:3]))]
+        if all(memory.get(k) for k in MEMORY_FIGURES[:3])
+        else []
+    )
     return {"model_state_bytes": max(states) if states else None, **worst}
 
 
@@ -401,12 +578,18 @@ def _memory_table(summary: dict[str, Any]) -> str:
     ranks = len(next((v for v in memory.values() if isinstance(v, list)), []))
     if not ranks:
         return ""
-    rows = [(f"rank {r}", *(human(k, memory[k][r]) if memory.get(k) else "-" for k in MEMORY_FIGURES)) for r in range(ranks)]
-    return ("<h2>Memory per rank</h2>" + _table(("rank", "parameters", "gradients", "optimizer state", "activations (peak)",
-                                                "peak RSS"), rows, "memory")
-            + "<p class='note'>parameters, gradients and optimizer state: the tensors each rank holds (its shards under "
-              "zero1 and fsdp, its stage under pipeline); activations: the peak of tensors saved for backward in one "
-              "step; peak RSS: the whole process.</p>")
+    rows = [
+        (f"rank {r}", *(human(k, memory[k][r]) if memory.get(k) else "-" for k in MEMORY_FIGURES)) for r in range(ranks)
+    ]
+    return (
+        "<h2>Memory per rank</h2>"
+        + _table(
+            ("rank", "parameters", "gradients", "optimizer state", "activations (peak)", "peak RSS"), rows, "memory"
+        )
+        + "<p class='note'>parameters, gradients and optimizer state: the tensors each rank holds (its shards under "
+        "zero1 and fsdp, its stage under pipeline); activations: the peak of tensors saved for backward in one "
+        "step; peak RSS: the whole process.</p>"
+    )
 
 
 def comparison_rows(runs: list[RunDir]) -> list[dict[str, Any]]:
@@ -418,12 +601,22 @@ def comparison_rows(runs: list[RunDir]) -> list[dict[str, Any]]:
             raise UsageError(f"{run.path} has no summary.json: the run did not finish")
         s = run.read_summary()
         first = first or s
-        rows.append({"run": str(run.path), "workers": s.get("workers"), "strategy": s.get("strategy"),
-                     "global_batch_size": s.get("global_batch_size"), **memory_per_rank(s),
-                     "samples_per_s": s.get("samples_per_s"), "throughput_vs_first": s.get("samples_per_s", 0) / first["samples_per_s"],
-                     "epoch_time_s": s.get("epoch_time_s"), "train_loss": s.get("train_loss"),
-                     "val_accuracy": s.get("val_accuracy"), "val_accuracy_diff": s.get("val_accuracy", 0) - first["val_accuracy"],
-                     "wall_time_s": s.get("wall_time_s")})
+        rows.append(
+            {
+                "run": str(run.path),
+                "workers": s.get("workers"),
+                "strategy": s.get("strategy"),
+                "global_batch_size": s.get("global_batch_size"),
+                **memory_per_rank(s),
+                "samples_per_s": s.get("samples_per_s"),
+                "throughput_vs_first": s.get("samples_per_s", 0) / first["samples_per_s"],
+                "epoch_time_s": s.get("epoch_time_s"),
+                "train_loss": s.get("train_loss"),
+                "val_accuracy": s.get("val_accuracy"),
+                "val_accuracy_diff": s.get("val_accuracy", 0) - first["val_accuracy"],
+                "wall_time_s": s.get("wall_time_s"),
+            }
+        )
     return rows
 
 
@@ -442,18 +635,55 @@ def _compare_body(runs: list[RunDir]) -> str:
     def render(tmp: Path) -> str:
         curves = curves_plots(runs, labels, tmp, "cmp-")
         bd = breakdown_plot([r.read_summary() for r in runs], labels, tmp / "bd.png")
-        cells = [(Path(r["run"]).name, r["strategy"] or "-", r["workers"], r["global_batch_size"], human("samples_per_s", r["samples_per_s"]),
-                  f"{r['throughput_vs_first']:.2f}x", human("epoch_time_s", r["epoch_time_s"]), human("train_loss", r["train_loss"]),
-                  human("val_accuracy", r["val_accuracy"]), f"{r['val_accuracy_diff'] * 100:+.1f} points",
-                  human("model_state_bytes", r["model_state_bytes"]), human("activations_peak_bytes", r["activations_peak_bytes"]),
-                  human("rss_peak_bytes", r["rss_peak_bytes"]), human("wall_time_s", r["wall_time_s"])) for r in rows]
-        table = _table(("run", "strategy", "workers", "global batch", "samples/s", "x first", "epoch time", "train loss",
-                        f"{held_out_split(runs)} accuracy", "Δ accuracy", "model state / rank", "activations / rank",
-                        "peak RSS / rank", "wall time"), cells, "comparison")
-        table += ("<p class='note'>memory: the largest rank's; model state = parameters + gradients + optimizer state "
-                  "(what zero1 and fsdp shard).</p>")
+        cells = [
+            (
+                Path(r["run"]).name,
+                r["strategy"] or "-",
+                r["workers"],
+                r["global_batch_size"],
+                human("samples_per_s", r["samples_per_s"]),
+                f"{r['throughput_vs_first']:.2f}x",
+                human("epoch_time_s", r["epoch_time_s"]),
+                human("train_loss", r["train_loss"]),
+                human("val_accuracy", r["val_accuracy"]),
+                f"{r['val_accuracy_diff'] * 100:+.1f} points",
+                human("model_state_bytes", r["model_state_bytes"]),
+                human("activations_peak_bytes", r["activations_peak_bytes"]),
+                human("rss_peak_bytes", r["rss_peak_bytes"]),
+                human("wall_time_s", r["wall_time_s"]),
+            )
+            for r in rows
+        ]
+        table = _table(
+            (
+                "run",
+                "strategy",
+                "workers",
+                "global batch",
+                "samples/s",
+                "x first",
+                "epoch time",
+                "train loss",
+                f"{held_out_split(runs)} accuracy",
+                "Δ accuracy",
+                "model state / rank",
+                "activations / rank",
+                "peak RSS / rank",
+                "wall time",
+            ),
+            cells,
+            "comparison",
+        )
+        table += (
+            "<p class='note'>memory: the largest rank's; model state = parameters + gradients + optimizer state "
+            "(what zero1 and fsdp shard).</p>"
+        )
         doctors = "".join(f"<h3>{html.escape(r.path.name)}</h3>{doctor_html(r.path)}" for r in runs)
-        return (verdict_html(comparison_verdict(rows)) + f"{table}<h2>Doctor</h2>{doctors}<h2>Curves</h2><div class='wide'>" + "".join(_img(p, n) for n, p in curves.items()) +
-                f"</div><h2>Step-time breakdown</h2>{_img(bd, 'breakdown')}")
+        return (
+            verdict_html(comparison_verdict(rows))
+            + f"{table}<h2>Doctor</h2>{doctors}<h2>Curves</h2><div class='wide'>"
+            + "".join(_img(p, n) for n, p in curves.items())
+            + f"</div><h2>Step-time breakdown</h2>{_img(bd, 'breakdown')}"
+        )
 
     return _with_plots(render)

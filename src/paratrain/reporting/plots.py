@@ -1,17 +1,18 @@
 """PNG plots of runs, scaling studies and comparisons (matplotlib, no display needed)."""
+
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
-from paratrain.reporting import ALL_CORES_POINT  # noqa: E402
-from paratrain.runs import RunDir  # noqa: E402
+from paratrain.reporting import ALL_CORES_POINT
+from paratrain.runs import RunDir
 
 
 def _save(fig: Any, path: Path) -> Path:
@@ -50,8 +51,14 @@ def study_plots(result: dict[str, Any], out: Path) -> dict[str, Path]:
             base = f" (vs {mine[0]['workers']} worker(s) x {mine[0].get('threads_per_worker', '?')} core(s))"
             series = [(key, spread, workload + (base if name == "speedup" else ""), "-")]
             if name == "speedup" and ref:
-                series.append(("speedup_vs_all_cores", "speedup_vs_all_cores_range",
-                               f"{workload} (vs one process, all {ref['threads_per_worker']} cores)", "--"))
+                series.append(
+                    (
+                        "speedup_vs_all_cores",
+                        "speedup_vs_all_cores_range",
+                        f"{workload} (vs one process, all {ref['threads_per_worker']} cores)",
+                        "--",
+                    )
+                )
             for value, span, legend, style in series:
                 xs = [r["workers"] for r in mine]
                 ys = [r[value] for r in mine]
@@ -61,8 +68,13 @@ def study_plots(result: dict[str, Any], out: Path) -> dict[str, Path]:
                 hi = [r[span][1] * k - y if r.get(span) else 0.0 for y, r, k in zip(ys, mine, scale)]
                 ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, color=f"C{i}", linestyle=style, label=legend)
             if ref and name in ("epoch_time", "throughput") and ref.get(key) is not None:
-                ax.axhline(ref[key], color=f"C{i}", linestyle=":", linewidth=1.2,
-                           label=f"{workload}: one process, all {ref['threads_per_worker']} cores")
+                ax.axhline(
+                    ref[key],
+                    color=f"C{i}",
+                    linestyle=":",
+                    linewidth=1.2,
+                    label=f"{workload}: one process, all {ref['threads_per_worker']} cores",
+                )
         if name == "speedup":
             ax.plot(counts, counts, "k--", linewidth=1, label="ideal")
         if name == "efficiency":
@@ -80,7 +92,7 @@ def study_plots(result: dict[str, Any], out: Path) -> dict[str, Path]:
             plt.close(fig)
 
     measured = [r for r in rows if r.get("val_accuracy") is not None and r.get("global_batch_size") is not None]
-    if not measured:        # a studied script that reports no accuracy or global batch
+    if not measured:  # a studied script that reports no accuracy or global batch
         return paths
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     for workload in workloads:
@@ -114,15 +126,24 @@ def curves_plots(runs: list[RunDir], labels: list[str], out: Path, prefix: str) 
                 ends = {e["epoch"]: e for e in events if e["event"] == "epoch"}
                 split = "val" if any(e.get("split") == "val" for e in events) else "test"
                 splits.add(split)
-                points = [(ends[e["epoch"]]["step"], ends[e["epoch"]]["samples"], ends[e["epoch"]]["time_end"], e["accuracy"])
-                          for e in events if e["event"] == "eval" and e["split"] == split and e["epoch"] in ends]
+                points = [
+                    (ends[e["epoch"]]["step"], ends[e["epoch"]]["samples"], ends[e["epoch"]]["time_end"], e["accuracy"])
+                    for e in events
+                    if e["event"] == "eval" and e["split"] == split and e["epoch"] in ends
+                ]
             for i, (ax, (_, xlabel)) in enumerate(zip(axes, axes_keys)):
-                ax.plot([p[i] for p in points], [p[3] for p in points], marker="." if metric == "accuracy" else None, label=label)
+                ax.plot(
+                    [p[i] for p in points],
+                    [p[3] for p in points],
+                    marker="." if metric == "accuracy" else None,
+                    label=label,
+                )
                 ax.set_xlabel(xlabel)
                 ax.grid(alpha=0.3)
         # The split the accuracy was measured on, named as compare's and report's tables name it.
-        axes[0].set_ylabel("training loss" if metric == "loss" else
-                           f"{splits.pop() if len(splits) == 1 else 'val/test'} accuracy")
+        axes[0].set_ylabel(
+            "training loss" if metric == "loss" else f"{splits.pop() if len(splits) == 1 else 'val/test'} accuracy"
+        )
         axes[0].legend()
         paths[metric] = _save(fig, out / f"{prefix}{metric}.png")
     return paths
@@ -131,7 +152,7 @@ def curves_plots(runs: list[RunDir], labels: list[str], out: Path, prefix: str) 
 def breakdown_plot(summaries: list[dict[str, Any]], labels: list[str], path: Path) -> Path:
     """Stacked bars: where each run's step time goes."""
     phases = ("data_s", "compute_s", "comm_s", "optimizer_s", "other_s")
-    fig, ax = plt.subplots(figsize=(7.5, 0.6 * len(labels) + 1.6))     # wide enough for the five-entry legend
+    fig, ax = plt.subplots(figsize=(7.5, 0.6 * len(labels) + 1.6))  # wide enough for the five-entry legend
     left = [0.0] * len(labels)
     for phase in phases:
         values = [s["breakdown"].get(phase, 0.0) * 1e3 for s in summaries]
@@ -196,14 +217,23 @@ def sweep_param_figure(result: dict[str, Any], param: str) -> Any:
     shown = []
     for metric in [m for m in result["metric"] if m != "time_s"]:
         test = "test_" + metric.removeprefix("val_")
-        shown += [metric, *([test] if metric.startswith("val_") and test not in result["metric"]
-                            and any(test in t["metrics"] for t in trials) else [])]
+        shown += [
+            metric,
+            *(
+                [test]
+                if metric.startswith("val_")
+                and test not in result["metric"]
+                and any(test in t["metrics"] for t in trials)
+                else []
+            ),
+        ]
     shown.append("time_s")
     # At most three panels a row, each the size of a single plot: labels stay readable at page width.
     cols = min(len(shown), 3)
-    fig, axes = plt.subplots(-(-len(shown) // cols), cols, figsize=(4.2 * cols, 3.4 * -(-len(shown) // cols)),
-                             squeeze=False)
-    for ax in axes.flat[len(shown):]:
+    fig, axes = plt.subplots(
+        -(-len(shown) // cols), cols, figsize=(4.2 * cols, 3.4 * -(-len(shown) // cols)), squeeze=False
+    )
+    for ax in axes.flat[len(shown) :]:
         ax.set_visible(False)
     values = [t["params"].get(param) for t in trials]
     categorical = any(isinstance(v, str) for v in values)
@@ -224,7 +254,7 @@ def sweep_param_figure(result: dict[str, Any], param: str) -> Any:
     if isinstance(key, list):
         axes.flat[0].legend(handles=key, title=others[0], fontsize="small", title_fontsize="small")
     elif key is not None:
-        fig.colorbar(key, ax=axes.flat[len(shown) - 1], label=others[0])     # one panel's: tight_layout takes no more
+        fig.colorbar(key, ax=axes.flat[len(shown) - 1], label=others[0])  # one panel's: tight_layout takes no more
     fig.suptitle(f"{', '.join(shown)} against {param}" + (f", coloured by {others[0]}" if others else ""))
     return fig
 
@@ -246,8 +276,10 @@ def _colours_by(param: str, values: list[Any]) -> tuple[list[Any], Any]:
         mappable = ScalarMappable(norm=norm, cmap="viridis")
         return [mappable.to_rgba(v) for v in values], mappable
     colour = {v: f"C{i % DISTINCT_COLOURS}" for i, v in enumerate(distinct)}
-    return ([colour[v] for v in values],
-            [Line2D([], [], marker="o", linestyle="", color=colour[v], label=_label(v)) for v in distinct])
+    return (
+        [colour[v] for v in values],
+        [Line2D([], [], marker="o", linestyle="", color=colour[v], label=_label(v)) for v in distinct],
+    )
 
 
 def heatmap_cells(result: dict[str, Any], metric: str) -> tuple[list[Any], list[Any], list[list[float]]]:
@@ -257,9 +289,15 @@ def heatmap_cells(result: dict[str, Any], metric: str) -> tuple[list[Any], list[
     done = [t for t in result["trials"] if t["state"] == "COMPLETE" and metric in t["metrics"]]
     rows = sorted({t["params"][first] for t in result["trials"]}, key=_order)
     cols = sorted({t["params"][second] for t in result["trials"]}, key=_order)
-    cells = [[float(np.mean(values)) if (values := [t["metrics"][metric] for t in done
-                                                    if t["params"][first] == r and t["params"][second] == c]) else float("nan")
-              for c in cols] for r in rows]
+    cells = [
+        [
+            float(np.mean(values))
+            if (values := [t["metrics"][metric] for t in done if t["params"][first] == r and t["params"][second] == c])
+            else float("nan")
+            for c in cols
+        ]
+        for r in rows
+    ]
     return rows, cols, cells
 
 
@@ -287,7 +325,9 @@ def _heatmap(result: dict[str, Any], params: list[str], path: Path) -> Path:
         for (i, j), value in np.ndenumerate(grid):
             if np.isfinite(value):
                 dark = value > middle if objective == "minimize" else value < middle
-                ax.text(j, i, f"{value:.3g}", ha="center", va="center", fontsize="small", color="white" if dark else "black")
+                ax.text(
+                    j, i, f"{value:.3g}", ha="center", va="center", fontsize="small", color="white" if dark else "black"
+                )
         ax.set_title(f"{metric} ({objective}{f', mean of {repeats}' if repeats > 1 else ''})")
     return _save(fig, path)
 
@@ -301,7 +341,7 @@ def _spans_decades(values: list[Any]) -> bool:
     return len(numbers) == len(values) and bool(numbers) and max(numbers) / min(numbers) >= 16
 
 
-def monitor_plot(ev: Any, path: Path) -> Optional[Path]:
+def monitor_plot(ev: Any, path: Path) -> Path | None:
     """The monitor's timelines per device (RunEvidence `ev`): each rank's CPU % and resident memory,
     each GPU's utilisation, against seconds since training started, with the phases marked: epochs
     (dotted lines) and evaluation and checkpoints (shaded). Legends carry each device's idle share."""
@@ -318,10 +358,19 @@ def monitor_plot(ev: Any, path: Path) -> Optional[Path]:
         devices = gpus if panel == "gpu" else ranks
         for i, (device, samples) in enumerate(devices.items()):
             label = f"GPU {device}" if panel == "gpu" else f"rank {device}"
-            key, scale = {"cpu": ("cpu_percent", 1.0), "rss": ("rss_bytes", 2.0**-20), "gpu": ("utilization_percent", 1.0)}[panel]
+            key, scale = {
+                "cpu": ("cpu_percent", 1.0),
+                "rss": ("rss_bytes", 2.0**-20),
+                "gpu": ("utilization_percent", 1.0),
+            }[panel]
             shown = f"{label} (idle {idle.get(label, 0.0):.0%})" if panel != "rss" else label
-            ax.plot([s["time"] - origin for s in samples], [s[key] * scale for s in samples], color=f"C{i}",
-                    linewidth=1.2, label=shown)
+            ax.plot(
+                [s["time"] - origin for s in samples],
+                [s[key] * scale for s in samples],
+                color=f"C{i}",
+                linewidth=1.2,
+                label=shown,
+            )
         ax.set_ylabel({"cpu": "CPU % (100 = a core)", "rss": "resident MiB", "gpu": "GPU utilisation %"}[panel])
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
@@ -334,11 +383,20 @@ def monitor_plot(ev: Any, path: Path) -> Optional[Path]:
     top = axes[0, 0]
     for phase in ev.phases():
         if phase.kind == "train":
-            top.annotate(f"epoch {phase.epoch + 1}", (phase.start - origin, 1.0), xycoords=("data", "axes fraction"),
-                         fontsize="small", va="bottom", color="0.3")
+            top.annotate(
+                f"epoch {phase.epoch + 1}",
+                (phase.start - origin, 1.0),
+                xycoords=("data", "axes fraction"),
+                fontsize="small",
+                va="bottom",
+                color="0.3",
+            )
     checkpoints = " and checkpoints" if ev.config.get("checkpoint_every") else ""
-    axes[-1, 0].set_xlabel(f"seconds since the ranks started (metrics.jsonl time; shaded: evaluation{checkpoints}; "
-                           "dotted: epoch starts)" if ev.start_unix else "seconds since the first sample")
+    axes[-1, 0].set_xlabel(
+        f"seconds since the ranks started (metrics.jsonl time; shaded: evaluation{checkpoints}; dotted: epoch starts)"
+        if ev.start_unix
+        else "seconds since the first sample"
+    )
     return _save(fig, path)
 
 
@@ -364,8 +422,15 @@ def plan_plots(plan: dict[str, Any], out: Path) -> dict[str, Path]:
 
     top = max(r["devices"] for r in plan["rows"])
     rows = [r for r in plan["rows"] if r["devices"] == top]
-    parts = ("parameters_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes", "gathered_bytes",
-             "buffers_bytes", "runtime_bytes")
+    parts = (
+        "parameters_bytes",
+        "gradients_bytes",
+        "optimizer_bytes",
+        "activations_bytes",
+        "gathered_bytes",
+        "buffers_bytes",
+        "runtime_bytes",
+    )
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     bottom = np.zeros(len(rows))
     for part in parts:
@@ -384,16 +449,30 @@ def plan_plots(plan: dict[str, Any], out: Path) -> dict[str, Path]:
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     points = pareto["points"]
     frontier = [p for p in points if p["devices"] in pareto["frontier"]]
-    ax.plot([p["wall_hours"] for p in points], [p["device_hours"] for p in points], "o", color="grey", markersize=3,
-            label="dominated: slower and no cheaper")
-    ax.plot([p["wall_hours"] for p in frontier], [p["device_hours"] for p in frontier], "o-", markersize=4, label="frontier")
+    ax.plot(
+        [p["wall_hours"] for p in points],
+        [p["device_hours"] for p in points],
+        "o",
+        color="grey",
+        markersize=3,
+        label="dominated: slower and no cheaper",
+    )
+    ax.plot(
+        [p["wall_hours"] for p in frontier], [p["device_hours"] for p in frontier], "o-", markersize=4, label="frontier"
+    )
     for p in frontier:
-        ax.annotate(str(p["devices"]), (p["wall_hours"], p["device_hours"]), fontsize=6, xytext=(2, 2),
-                    textcoords="offset points")
+        ax.annotate(
+            str(p["devices"]),
+            (p["wall_hours"], p["device_hours"]),
+            fontsize=6,
+            xytext=(2, 2),
+            textcoords="offset points",
+        )
     bend = next((p for p in points if p["devices"] == pareto["bend_devices"]), None)
     if bend:
-        ax.plot([bend["wall_hours"]], [bend["device_hours"]], "r*", markersize=12,
-                label=f"bend: {bend['devices']} devices")
+        ax.plot(
+            [bend["wall_hours"]], [bend["device_hours"]], "r*", markersize=12, label=f"bend: {bend['devices']} devices"
+        )
     ax.legend(fontsize=7)
     ax.set_xscale("log")
     ax.set_yscale("log")
@@ -419,7 +498,9 @@ def batch_plots(results: dict[str, dict[str, Any]], out: Path) -> dict[str, Path
             batches = [c["batch"] for c in noise["curve"]]
             right.plot(batches, [c["steps_vs_min"] for c in noise["curve"]], "o-", label="steps / S_min")
             right.plot(batches, [c["examples_vs_min"] for c in noise["curve"]], "s-", label="examples / E_min")
-            right.axvline(noise["critical_batch"], color="grey", ls=":", label=f"critical batch ≈ {noise['critical_batch']:,.0f}")
+            right.axvline(
+                noise["critical_batch"], color="grey", ls=":", label=f"critical batch ≈ {noise['critical_batch']:,.0f}"
+            )
             right.set_xscale("log", base=2)
             right.set_yscale("log")
             right.set_xlabel("batch size")

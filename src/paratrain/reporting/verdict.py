@@ -8,12 +8,14 @@ A headline answers the user's question for that kind of page, and says against w
 - a comparison: each run against the first;
 - a run: what it achieved, and that whether it pays off needs a baseline.
 """
+
 from __future__ import annotations
 
 import html
 import statistics
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any
 
 from paratrain.errors import UsageError
 from paratrain.formatting import size
@@ -24,7 +26,7 @@ PAYS_OFF_SPEEDUP = 1.10
 ACCURACY_TOLERANCE_POINTS = 1.0
 
 
-def judge(speedup: float, accuracy_points: Optional[float]) -> str:
+def judge(speedup: float, accuracy_points: float | None) -> str:
     if speedup < 1.0:
         return "does not pay off (slower)"
     if speedup < PAYS_OFF_SPEEDUP:
@@ -38,11 +40,11 @@ def _faster(ratio: float, than: str) -> str:
     return f"{ratio:.2f}x faster than {than}" if ratio >= 1 else f"{1 / ratio:.2f}x slower than {than}"
 
 
-def _points(a: Optional[float], b: Optional[float]) -> Optional[float]:
+def _points(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else (a - b) * 100
 
 
-def _accuracy_text(points: Optional[float]) -> str:
+def _accuracy_text(points: float | None) -> str:
     return "accuracy not reported" if points is None else f"accuracy {points:+.1f} points"
 
 
@@ -90,13 +92,16 @@ def seconds(value: float) -> str:
 
 # -- headlines ---------------------------------------------------------------------------------
 
+
 def run_verdict(summary: dict[str, Any], config: dict[str, Any]) -> list[str]:
     if not summary:
         return ["no summary.json: the run is still going or was interrupted"]
     if config.get("script"):
         name = Path(config["script"]).name
-        line = (f"{name} on {summary.get('workers')} rank(s): {summary.get('status')}, exit status "
-                f"{summary.get('exit_code')}, {seconds(summary.get('wall_time_s', 0.0))}")
+        line = (
+            f"{name} on {summary.get('workers')} rank(s): {summary.get('status')}, exit status "
+            f"{summary.get('exit_code')}, {seconds(summary.get('wall_time_s', 0.0))}"
+        )
         if summary.get("samples_per_s") is not None:
             line += f", {summary['samples_per_s']:,.0f} samples/s reported"
         return [line + ("" if summary.get("status") == "completed" else f": {summary.get('error', '')}")]
@@ -106,17 +111,21 @@ def run_verdict(summary: dict[str, Any], config: dict[str, Any]) -> list[str]:
     threads = config.get("resolved", {}).get("threads_per_worker")
     each = f", {threads} core(s) each" if threads and config.get("resolved", {}).get("device") == "cpu" else ""
     split = summary.get("val_split", "test")
-    lines = [f"{n} worker(s) ({summary['strategy']}{each}): {summary['samples_per_s']:,.0f} samples/s, epoch "
-             f"{seconds(summary['epoch_time_s'])}, {split} accuracy {summary['val_accuracy']:.1%}"]
+    lines = [
+        f"{n} worker(s) ({summary['strategy']}{each}): {summary['samples_per_s']:,.0f} samples/s, epoch "
+        f"{seconds(summary['epoch_time_s'])}, {split} accuracy {summary['val_accuracy']:.1%}"
+    ]
     if n > 1:
-        lines.append(f"whether {n} workers pay off needs a baseline this run does not have: paratrain scale --workers "
-                     f"1,{n} with the same flags measures it")
+        lines.append(
+            f"whether {n} workers pay off needs a baseline this run does not have: paratrain scale --workers "
+            f"1,{n} with the same flags measures it"
+        )
     else:
         lines.append("one worker: paratrain scale --workers 1,2 with the same flags measures what a second would buy")
     return lines
 
 
-def study_points(result: dict[str, Any]) -> Iterator[tuple[str, dict, dict, Optional[dict]]]:
+def study_points(result: dict[str, Any]) -> Iterator[tuple[str, dict, dict, dict | None]]:
     """Per workload of a study: (workload, base, top, reference): its fewest and most workers, and the
     one process on all cores when the study measured it. The verdict and the CLI's headline both read these."""
     from paratrain.reporting import ALL_CORES_POINT
@@ -146,12 +155,14 @@ def study_verdict(result: dict[str, Any]) -> list[str]:
         else:
             ratio, against, what = top["speedup"] / base["workers"], base, base_what
         points = _points(top.get("val_accuracy"), against.get("val_accuracy"))
-        lines.append(f"{workload}: {top['workers']} workers are {_faster(ratio, what)}, {top['efficiency']:.0%} "
-                     f"efficiency against {base_what}, {_accuracy_text(points)}: {judge(ratio, points)}")
+        lines.append(
+            f"{workload}: {top['workers']} workers are {_faster(ratio, what)}, {top['efficiency']:.0%} "
+            f"efficiency against {base_what}, {_accuracy_text(points)}: {judge(ratio, points)}"
+        )
     return lines
 
 
-def _contended(row: Optional[dict]) -> bool:
+def _contended(row: dict | None) -> bool:
     return bool(row) and "contended" in row.get("flags", [])
 
 
@@ -159,7 +170,7 @@ def workers_what(row: dict) -> str:
     return f"{row['workers']} worker(s) x {row.get('threads_per_worker', '?')} core(s)"
 
 
-def cannot_tell(base: dict, top: dict, reference: Optional[dict]) -> Optional[str]:
+def cannot_tell(base: dict, top: dict, reference: dict | None) -> str | None:
     """Why the table cannot back a verdict, for the verdict and the study's headline alike: a
     comparison whose rows other work slowed (a 2-thread process collapses when its cores are taken,
     so a contended all-cores reference reads as a large speedup), or the two comparisons pointing
@@ -169,21 +180,33 @@ def cannot_tell(base: dict, top: dict, reference: Optional[dict]) -> Optional[st
     vs_base = top["speedup"] / base["workers"] if top is not base else None
     vs_ref = top.get("speedup_vs_all_cores") if reference else None
     ref_what = f"one process on all {reference.get('threads_per_worker', '?')} cores" if reference else ""
-    rerun = ("rerun paratrain scale with the same flags on an idle machine, with --repeats 3 "
-             "(paratrain doctor on a run shows what else took its cores)")
-    shown = "; ".join(f"against {what}: {ratio:.2f}x" for what, ratio, row in
-                      ((base_what, vs_base, base), (ref_what, vs_ref, reference))
-                      if ratio is not None and not _contended(row))
+    rerun = (
+        "rerun paratrain scale with the same flags on an idle machine, with --repeats 3 "
+        "(paratrain doctor on a run shows what else took its cores)"
+    )
+    shown = "; ".join(
+        f"against {what}: {ratio:.2f}x"
+        for what, ratio, row in ((base_what, vs_base, base), (ref_what, vs_ref, reference))
+        if ratio is not None and not _contended(row)
+    )
     if _contended(top):
-        return (f"can't tell: the {top['workers']}-worker run was slowed by other work; "
-                f"measured {'; '.join(f'against {w}: {r:.2f}x' for w, r in ((base_what, vs_base), (ref_what, vs_ref)) if r is not None)}; {rerun}")
+        measured = "; ".join(
+            f"against {what}: {ratio:.2f}x"
+            for what, ratio in ((base_what, vs_base), (ref_what, vs_ref))
+            if ratio is not None
+        )
+        return f"can't tell: the {top['workers']}-worker run was slowed by other work; measured {measured}; {rerun}"
     slowed = [what for what, row in ((base_what, base), (ref_what, reference)) if row is not top and _contended(row)]
     if slowed and (vs_ref is not None or vs_base is not None):
-        return (f"can't tell: the reference {' and '.join(slowed)} was slowed by other work"
-                f"{'; ' + shown if shown else ''}; {rerun}")
+        return (
+            f"can't tell: the reference {' and '.join(slowed)} was slowed by other work"
+            f"{'; ' + shown if shown else ''}; {rerun}"
+        )
     if vs_base is not None and vs_ref is not None and (vs_base >= 1) != (vs_ref >= 1):
-        return (f"can't tell: the comparisons disagree (against {base_what}: {vs_base:.2f}x; against "
-                f"{ref_what}: {vs_ref:.2f}x); {rerun}")
+        return (
+            f"can't tell: the comparisons disagree (against {base_what}: {vs_base:.2f}x; against "
+            f"{ref_what}: {vs_ref:.2f}x); {rerun}"
+        )
     return None
 
 
@@ -200,12 +223,20 @@ def sweep_verdict(result: dict[str, Any]) -> list[str]:
     best = result.get("best") or {}
     if "pareto_front" in best:
         front = best["pareto_front"]
-        lines = [f"{len(front)} trial(s) on the Pareto front of {metrics[0]} and {metrics[1]}: " + "; ".join(
-            f"trial {t['number']} ({shown(t)}): " + ", ".join(f"{m} {human(m, t['metrics'].get(m))}" for m in metrics[:2])
-            for t in front[:3]) + (" ..." if len(front) > 3 else "")]
+        lines = [
+            f"{len(front)} trial(s) on the Pareto front of {metrics[0]} and {metrics[1]}: "
+            + "; ".join(
+                f"trial {t['number']} ({shown(t)}): "
+                + ", ".join(f"{m} {human(m, t['metrics'].get(m))}" for m in metrics[:2])
+                for t in front[:3]
+            )
+            + (" ..." if len(front) > 3 else "")
+        ]
     else:
         time_text = f" in {seconds(best['metrics']['time_s'])}" if best.get("metrics", {}).get("time_s") else ""
-        lines = [f"best: trial {best['number']} ({shown(best)}): {metrics[0]} {human(metrics[0], best['value'])}{time_text}"]
+        lines = [
+            f"best: trial {best['number']} ({shown(best)}): {metrics[0]} {human(metrics[0], best['value'])}{time_text}"
+        ]
     for param in result["space"].get("parameters", {}):
         values = [t["params"].get(param) for t in done if param in t["params"]]
         distinct = sorted(set(values), key=lambda v: (isinstance(v, str), v))
@@ -213,8 +244,10 @@ def sweep_verdict(result: dict[str, Any]) -> list[str]:
             continue
         effects = []
         for metric in [metrics[0], *(["time_s"] if metrics[0] != "time_s" else [])]:
-            by_value = {v: [t["metrics"][metric] for t in done if t["params"].get(param) == v and metric in t["metrics"]]
-                        for v in distinct}
+            by_value = {
+                v: [t["metrics"][metric] for t in done if t["params"].get(param) == v and metric in t["metrics"]]
+                for v in distinct
+            }
             by_value = {v: m for v, m in by_value.items() if m}
             if len(by_value) < 2:
                 continue
@@ -225,7 +258,9 @@ def sweep_verdict(result: dict[str, Any]) -> list[str]:
             else:
                 means = {v: statistics.mean(m) for v, m in by_value.items()}
                 top, bottom = max(means, key=means.get), min(means, key=means.get)
-                effects.append(f"{name} from {human(metric, means[bottom])} ({bottom}) to {human(metric, means[top])} ({top})")
+                effects.append(
+                    f"{name} from {human(metric, means[bottom])} ({bottom}) to {human(metric, means[top])} ({top})"
+                )
         if effects:
             numeric = all(isinstance(v, (int, float)) for v in distinct)
             head = f"{param} {human(param, distinct[0])} -> {human(param, distinct[-1])}" if numeric else param
@@ -239,13 +274,16 @@ def comparison_verdict(rows: list[dict[str, Any]]) -> list[str]:
     for r in rows[1:]:
         ratio = r["throughput_vs_first"]
         points = _points(r.get("val_accuracy"), first.get("val_accuracy"))
-        lines.append(f"{Path(r['run']).name} ({r['workers']} worker(s)) against {Path(first['run']).name} "
-                     f"({first['workers']} worker(s)): {ratio:.2f}x the samples/s, {_accuracy_text(points)}: "
-                     f"{judge(ratio, points)}")
+        lines.append(
+            f"{Path(r['run']).name} ({r['workers']} worker(s)) against {Path(first['run']).name} "
+            f"({first['workers']} worker(s)): {ratio:.2f}x the samples/s, {_accuracy_text(points)}: "
+            f"{judge(ratio, points)}"
+        )
     return lines
 
 
 # -- HTML --------------------------------------------------------------------------------------
+
 
 def doctor_html(path: Path) -> str:
     """The doctor's verdict and ranked findings for a run, study or sweep directory."""
@@ -259,9 +297,13 @@ def doctor_html(path: Path) -> str:
         f"<li><b>{html.escape(f['finding'])}</b> <span class='note'>[{f['severity']}]</span>"
         f"<br>evidence: {html.escape(f['evidence'])}<br>cause: {html.escape(f['cause'])}"
         f"<br>remedy: <code>{html.escape(f['remedy'])}</code><br>predicted: {html.escape(f['predicted_gain'])}</li>"
-        for f in diagnosis["findings"])
-    return (f"<div id='doctor'><p><b>Doctor:</b> {html.escape(diagnosis['verdict'])}</p>"
-            + (f"<ol class='findings'>{items}</ol>" if items else "") + "</div>")
+        for f in diagnosis["findings"]
+    )
+    return (
+        f"<div id='doctor'><p><b>Doctor:</b> {html.escape(diagnosis['verdict'])}</p>"
+        + (f"<ol class='findings'>{items}</ol>" if items else "")
+        + "</div>"
+    )
 
 
 def verdict_html(lines: Sequence[str], doctor: str = "") -> str:

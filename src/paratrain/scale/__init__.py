@@ -25,13 +25,15 @@ from the environment (PARATRAIN_SCALE_MODE=weak|strong) and its worker count fro
 When it reports no epoch times, speedup is the ratio of samples/s (the same thing for a fixed
 amount of work per epoch).
 """
+
 from __future__ import annotations
 
 import json
 import shutil
 import statistics
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 from paratrain.config import SCRIPT_STUDY_FLAGS, LaunchConfig, ScaleConfig, TrainConfig, validate
 from paratrain.engine.strategies import check_strategy
@@ -45,17 +47,23 @@ from paratrain.runs.lock import run_dir_entries, run_dir_lock
 # machine repeats of these workloads agree within a few per cent.
 SPREAD_LIMIT = 1.15
 ALL_CORES = "all_cores_reference"
-SCALE_MODE_ENV = "PARATRAIN_SCALE_MODE"      # tells a studied script weak or strong
+SCALE_MODE_ENV = "PARATRAIN_SCALE_MODE"  # tells a studied script weak or strong
 LAYOUT_FIELDS = ("dp", "stages", "microbatches", "pipeline_schedule")
 
 
-def point_config(study: ScaleConfig, workload: str, workers: int, repeat: int, all_cores: bool = False,
-                 strategy: Optional[str] = None) -> dict[str, Any]:
+def point_config(
+    study: ScaleConfig, workload: str, workers: int, repeat: int, all_cores: bool = False, strategy: str | None = None
+) -> dict[str, Any]:
     """The train configuration of one point of the study; `all_cores`: the one-process reference;
     `strategy`: a point of the strategy axis (None: the train default)."""
     name = f"{workload}-{strategy + '-' if strategy else ''}w{workers}-{'all-cores-' if all_cores else ''}r{repeat}"
-    train = {**study.train, "workload": workload, "workers": workers, "quiet": study.quiet,
-             "run_dir": str(study.out / "runs" / name)}
+    train = {
+        **study.train,
+        "workload": workload,
+        "workers": workers,
+        "quiet": study.quiet,
+        "run_dir": str(study.out / "runs" / name),
+    }
     if study.strategy:
         # The layout flags of a strategy axis belong to the strategies that use them: --dp and
         # --stages to hybrid (which defaults to 2 replicas), --microbatches and the schedule to the
@@ -67,7 +75,7 @@ def point_config(study: ScaleConfig, workload: str, workers: int, repeat: int, a
         if strategy == "hybrid" and "dp" not in train and "stages" not in train:
             train["dp"] = 2
     if train.get("tensorboard"):
-        train["tensorboard"] = str(Path(train["tensorboard"]) / name)     # one TensorBoard run per point
+        train["tensorboard"] = str(Path(train["tensorboard"]) / name)  # one TensorBoard run per point
     # On CPU a worker plays the role of a GPU: one core each unless told otherwise, so every
     # point of the study has the same compute per worker. The reference takes the default instead:
     # every core, as `paratrain train --workers 1` does.
@@ -83,13 +91,15 @@ def point_config(study: ScaleConfig, workload: str, workers: int, repeat: int, a
     if study.mode == "strong":
         global_batch = min(study.workers) * batch
         if global_batch % replicas:
-            raise UsageError(f"strong scaling splits the global batch {global_batch} over {replicas} data-parallel replicas: "
-                             "choose --batch-size and --workers so it divides evenly")
+            raise UsageError(
+                f"strong scaling splits the global batch {global_batch} over {replicas} data-parallel replicas: "
+                "choose --batch-size and --workers so it divides evenly"
+            )
         train["batch_size"] = global_batch // replicas
-        train["base_batch_size"] = global_batch        # the global batch never changes, so neither does the LR
+        train["base_batch_size"] = global_batch  # the global batch never changes, so neither does the LR
     elif replicas != workers:
         train["batch_size"] = batch * workers // replicas
-        train.setdefault("base_batch_size", batch)     # the LR scales with the global batch, as for ddp
+        train.setdefault("base_batch_size", batch)  # the LR scales with the global batch, as for ddp
     return train
 
 
@@ -100,8 +110,15 @@ def script_point_config(study: ScaleConfig, workers: int, repeat: int, all_cores
     launch = {k: v for k, v in study.train.items() if k in SCRIPT_STUDY_FLAGS}
     # One core per worker, and every core for the reference, as for built-in workloads.
     launch["threads_per_worker"] = None if all_cores else launch.get("threads_per_worker", 1)
-    return {**launch, "script": str(study.script), "script_args": study.script_args, "workers": workers,
-            "run_dir": str(study.out / "runs" / name), "env": {SCALE_MODE_ENV: study.mode}, "probe": study.probe}
+    return {
+        **launch,
+        "script": str(study.script),
+        "script_args": study.script_args,
+        "workers": workers,
+        "run_dir": str(study.out / "runs" / name),
+        "env": {SCALE_MODE_ENV: study.mode},
+        "probe": study.probe,
+    }
 
 
 def plan(study: ScaleConfig) -> list[tuple[str, int, int, dict[str, Any]]]:
@@ -109,8 +126,10 @@ def plan(study: ScaleConfig) -> list[tuple[str, int, int, dict[str, Any]]]:
     cores = len(available_cores())
     threads = study.train.get("threads_per_worker", 1)
     if max(study.workers) * threads > cores and not study.train.get("allow_oversubscribe"):
-        raise UsageError(f"--workers {max(study.workers)} x {threads} thread(s) each needs {max(study.workers) * threads} cores "
-                         f"but this machine gives {cores}; drop the larger worker counts")
+        raise UsageError(
+            f"--workers {max(study.workers)} x {threads} thread(s) each needs {max(study.workers) * threads} cores "
+            f"but this machine gives {cores}; drop the larger worker counts"
+        )
     if study.script is not None and study.script.is_dir():
         raise UsageError(f"--script {study.script} is a directory; pass the path of your training script, a file in it")
     if study.script is not None and not study.script.is_file():
@@ -141,23 +160,31 @@ def study_points(study: ScaleConfig, on_cpu: bool) -> list[tuple[str, int, int, 
                         validate(LaunchConfig, cfg)
                     else:
                         cfg = point_config(study, workload, workers, repeat, all_cores, strategy)
-                        check_model(validate(TrainConfig, cfg))      # the workload and model exist
+                        check_model(validate(TrainConfig, cfg))  # the workload and model exist
                     points.append((workload, workers, repeat, cfg))
     return points
 
 
 def study_spec(study: ScaleConfig) -> dict[str, Any]:
     """What makes a study this study: --out may only be resumed by the same spec."""
-    spec = {"mode": study.mode, "workers": study.workers, "repeats": study.repeats, "workload": study.workload,
-            **({"strategy": study.strategy} if study.strategy else {}),
-            "train": {k: v for k, v in sorted(study.train.items()) if k not in ("quiet",)}}
+    spec = {
+        "mode": study.mode,
+        "workers": study.workers,
+        "repeats": study.repeats,
+        "workload": study.workload,
+        **({"strategy": study.strategy} if study.strategy else {}),
+        "train": {k: v for k, v in sorted(study.train.items()) if k not in ("quiet",)},
+    }
     if study.script is not None:
         spec.update(workload=[study.script.name], script=str(study.script), script_args=study.script_args)
     return spec
 
 
-def run_study(study: ScaleConfig, on_start: Optional[Callable[[], None]] = None,
-              on_point: Optional[Callable[[str, int, int, dict], None]] = None) -> dict[str, Any]:
+def run_study(
+    study: ScaleConfig,
+    on_start: Callable[[], None] | None = None,
+    on_point: Callable[[str, int, int, dict], None] | None = None,
+) -> dict[str, Any]:
     """Run every point not yet finished, then write OUT/scaling.json and return it.
 
     `on_start` is called once the whole study has been validated, `on_point` after each run.
@@ -173,9 +200,13 @@ def run_study(study: ScaleConfig, on_start: Optional[Callable[[], None]] = None,
         if not spec_file.exists():
             raise UsageError(f"--out {out} exists and holds something else than a scaling study; choose another --out")
         if json.loads(spec_file.read_text()) != json.loads(json.dumps(spec, default=str)):
-            raise UsageError(f"--out {out} holds a different study; choose another --out (or repeat that study's flags)")
+            raise UsageError(
+                f"--out {out} holds a different study; choose another --out (or repeat that study's flags)"
+            )
         if not study.resume:
-            raise UsageError(f"--out {out} already holds this study; pass --resume to finish it or choose another --out")
+            raise UsageError(
+                f"--out {out} already holds this study; pass --resume to finish it or choose another --out"
+            )
     # One study process at a time in --out: a second one would restart the first one's running point.
     with run_dir_lock(out, fresh=False, option="--out"):
         write_json(spec_file, spec)
@@ -187,14 +218,16 @@ def run_study(study: ScaleConfig, on_start: Optional[Callable[[], None]] = None,
             if run.summary.exists() and _finished(run.read_summary()):
                 continue
             if run.path.exists():
-                shutil.rmtree(run.path)      # an interrupted point starts over: its timing is incomplete
+                shutil.rmtree(run.path)  # an interrupted point starts over: its timing is incomplete
             summary = launch_script(cfg) if study.script else train(cfg)
             if study.script and summary["status"] != "completed":
                 raise RunFailed(f"{run.path.name}: {summary['error']}")
             if study.script and summary.get("samples_per_s") is None:
-                raise UsageError(f"--script {study.script.name} reported no throughput (see {run.path / 'reports'}); call "
-                                 "paratrain.report(samples_per_s=...) in it, or paratrain.report(samples=N, epoch_time_s=T) "
-                                 "once per epoch (N: samples of one epoch over all ranks)")
+                raise UsageError(
+                    f"--script {study.script.name} reported no throughput (see {run.path / 'reports'}); call "
+                    "paratrain.report(samples_per_s=...) in it, or paratrain.report(samples=N, epoch_time_s=T) "
+                    "once per epoch (N: samples of one epoch over all ranks)"
+                )
             if on_point:
                 on_point(workload, workers, repeat, summary)
 
@@ -205,22 +238,28 @@ def run_study(study: ScaleConfig, on_start: Optional[Callable[[], None]] = None,
 
 def study_result(study: ScaleConfig, runs: list[RunDir]) -> dict[str, Any]:
     """What scaling.json holds: the study's table computed from its run directories."""
-    return {"mode": study.mode, "workload": study.workload, "repeats": study.repeats,
-            "timing": ("samples/s is what the script reported; speedup = samples/s(N) / samples/s(base) x base, "
-                       "efficiency = speedup / N; speedup_vs_all_cores = samples/s(N) / samples/s(one process on all cores)"
-                       if study.script else
-                       "epoch time is the median over the epochs after the first of each run; "
-                       "speedup = T(base) / T(N) x base, efficiency = speedup / N; "
-                       "speedup_vs_all_cores = T(one process on all cores) / T(N)"),
-            "cpu_worker": "one worker = one rank with its own core(s), playing the role of a GPU",
-            "flag_rules": {
-                "contended": f"in n of the m runs, other work took over {CONTENDED_ABOVE:.0%} of the run's cores "
-                             "(summary.json machine_load.other_fraction)",
-                "repeats_disagree": f"the repeats' samples/s differ by more than x{SPREAD_LIMIT} (fastest / slowest = R)",
-                "includes_startup": "a run had a single epoch, so its time and samples/s include start-up",
-            },
-            **({"strategy": study.strategy} if study.strategy else {}),
-            "rows": scaling_rows(runs, study.strategy)}
+    return {
+        "mode": study.mode,
+        "workload": study.workload,
+        "repeats": study.repeats,
+        "timing": (
+            "samples/s is what the script reported; speedup = samples/s(N) / samples/s(base) x base, "
+            "efficiency = speedup / N; speedup_vs_all_cores = samples/s(N) / samples/s(one process on all cores)"
+            if study.script
+            else "epoch time is the median over the epochs after the first of each run; "
+            "speedup = T(base) / T(N) x base, efficiency = speedup / N; "
+            "speedup_vs_all_cores = T(one process on all cores) / T(N)"
+        ),
+        "cpu_worker": "one worker = one rank with its own core(s), playing the role of a GPU",
+        "flag_rules": {
+            "contended": f"in n of the m runs, other work took over {CONTENDED_ABOVE:.0%} of the run's cores "
+            "(summary.json machine_load.other_fraction)",
+            "repeats_disagree": f"the repeats' samples/s differ by more than x{SPREAD_LIMIT} (fastest / slowest = R)",
+            "includes_startup": "a run had a single epoch, so its time and samples/s include start-up",
+        },
+        **({"strategy": study.strategy} if study.strategy else {}),
+        "rows": scaling_rows(runs, study.strategy),
+    }
 
 
 def collect_study(out: Path) -> dict[str, Any]:
@@ -235,8 +274,10 @@ def collect_study(out: Path) -> dict[str, Any]:
     runs = [RunDir(Path(cfg["run_dir"])) for *_, cfg in study_points(study, on_cpu)]
     finished = [run for run in runs if run.summary.exists() and _finished(run.read_summary())]
     if not finished:
-        raise UsageError(f"no point of the study in {out} has finished yet (see its jobs' logs in {out / 'slurm' / 'logs'}); "
-                         "run paratrain report again once one has")
+        raise UsageError(
+            f"no point of the study in {out} has finished yet (see its jobs' logs in {out / 'slurm' / 'logs'}); "
+            "run paratrain report again once one has"
+        )
     result = study_result(study, finished)
     write_json(out / SCALING_FILE, result)
     return result
@@ -254,8 +295,11 @@ def steady_epoch_time(summary: dict[str, Any]) -> float:
 
 def is_all_cores_reference(config: dict[str, Any]) -> bool:
     """One CPU process with the default threads (every core): what `paratrain train --workers 1` runs."""
-    return (config.get("workers") == 1 and config.get("resolved", {}).get("device") == "cpu"
-            and config.get("threads_per_worker", 1) is None)
+    return (
+        config.get("workers") == 1
+        and config.get("resolved", {}).get("device") == "cpu"
+        and config.get("threads_per_worker", 1) is None
+    )
 
 
 def scaling_rows(runs: list[RunDir], strategies: list[str] = ()) -> list[dict[str, Any]]:
@@ -272,8 +316,9 @@ def scaling_rows(runs: list[RunDir], strategies: list[str] = ()) -> list[dict[st
             continue
         config = run.read_config()
         strategy = summary["strategy"] if strategies and summary["workers"] > 1 else ""
-        groups.setdefault((workload_label(config, summary), strategy, summary["workers"], is_all_cores_reference(config)),
-                          []).append((run, config, summary))
+        groups.setdefault(
+            (workload_label(config, summary), strategy, summary["workers"], is_all_cores_reference(config)), []
+        ).append((run, config, summary))
 
     rows = []
     for workload in dict.fromkeys(w for w, *_ in groups):
@@ -287,8 +332,12 @@ def scaling_rows(runs: list[RunDir], strategies: list[str] = ()) -> list[dict[st
         for strategy in [s for s in strategies if any(k[0] == s for k in mine)] or [""]:
             label = f"{workload} · {strategy}" if strategy else None
             counts = sorted(n for s, n, ref in mine if not ref and (s == strategy or (s == "" and n == smallest)))
-            rows += [_row(mine[(strategy if (strategy, n, False) in mine else "", n, False)], base, reference, by_rate, label)
-                     for n in counts]
+            rows += [
+                _row(
+                    mine[(strategy if (strategy, n, False) in mine else "", n, False)], base, reference, by_rate, label
+                )
+                for n in counts
+            ]
             if reference:
                 rows.append(_row(reference, base, reference, by_rate, label))
     return rows
@@ -308,9 +357,13 @@ def _threads(config: dict[str, Any]) -> int:
     return config.get("resolved", {}).get("threads_per_worker") or config.get("threads_per_worker") or 1
 
 
-def _row(members: list[tuple[RunDir, dict, dict]], base: list[tuple[RunDir, dict, dict]],
-         reference: Optional[list[tuple[RunDir, dict, dict]]], by_rate: bool = False,
-         label: Optional[str] = None) -> dict[str, Any]:
+def _row(
+    members: list[tuple[RunDir, dict, dict]],
+    base: list[tuple[RunDir, dict, dict]],
+    reference: list[tuple[RunDir, dict, dict]] | None,
+    by_rate: bool = False,
+    label: str | None = None,
+) -> dict[str, Any]:
     run, config, first = members[0]
     summaries = [s for _, _, s in members]
     n, threads = first["workers"], _threads(config)
@@ -332,28 +385,50 @@ def _row(members: list[tuple[RunDir, dict, dict]], base: list[tuple[RunDir, dict
     ref_time = statistics.median(seconds(s) for _, _, s in reference) if reference else None
     contended = sum(bool(s.get("machine_load", {}).get("contended")) for s in summaries)
     spread = max(rates) / min(rates)
-    flags = [name for name, raised in (("contended", contended > 0), ("repeats_disagree", spread > SPREAD_LIMIT),
-                                       ("includes_startup", epochs is not None and any(len(s["epoch_times_s"]) < 2 for s in summaries)))
-             if raised]
+    flags = [
+        name
+        for name, raised in (
+            ("contended", contended > 0),
+            ("repeats_disagree", spread > SPREAD_LIMIT),
+            ("includes_startup", epochs is not None and any(len(s["epoch_times_s"]) < 2 for s in summaries)),
+        )
+        if raised
+    ]
     return {
-        "workload": label or workload_label(config, first), "strategy": first.get("strategy"),
-        "workers": n, "threads_per_worker": threads,
+        "workload": label or workload_label(config, first),
+        "strategy": first.get("strategy"),
+        "workers": n,
+        "threads_per_worker": threads,
         "point": ALL_CORES if is_all_cores_reference(config) else "scaling",
-        "global_batch_size": first.get("global_batch_size"), "batch_size": first.get("batch_size"), "lr": first.get("lr"),
+        "global_batch_size": first.get("global_batch_size"),
+        "batch_size": first.get("batch_size"),
+        "lr": first.get("lr"),
         "epoch_time_s": statistics.median(epochs) if epochs else None,
         "epoch_time_s_range": [min(epochs), max(epochs)] if epochs else None,
-        "samples_per_s": statistics.median(rates), "samples_per_s_range": [min(rates), max(rates)],
+        "samples_per_s": statistics.median(rates),
+        "samples_per_s_range": [min(rates), max(rates)],
         # sequence workloads: the same throughput in tokens; every run: model FLOPs utilisation
         "tokens_per_s": statistics.median(s["tokens_per_s"] for s in summaries) if "tokens_per_s" in first else None,
-        "mfu": statistics.median(s["mfu"] for s in summaries) if all(s.get("mfu") is not None for s in summaries) else None,
+        "mfu": statistics.median(s["mfu"] for s in summaries)
+        if all(s.get("mfu") is not None for s in summaries)
+        else None,
         "speedup_basis": "samples_per_s" if by_rate else "epoch_time_s",
-        "speedup": speedup, "speedup_range": [base_time / max(times) * base_n, base_time / min(times) * base_n],
+        "speedup": speedup,
+        "speedup_range": [base_time / max(times) * base_n, base_time / min(times) * base_n],
         "efficiency": speedup / (n * threads / base_threads),
         "speedup_vs_all_cores": ref_time / work_time if ref_time else None,
         "speedup_vs_all_cores_range": [ref_time / max(times), ref_time / min(times)] if ref_time else None,
-        "val_accuracy": statistics.median(s["val_accuracy"] for s in summaries) if all("val_accuracy" in s for s in summaries) else None,
-        "val_split": first.get("val_split", "test"),      # what val_accuracy was measured on
-        "repeats": len(members), "repeat_spread": spread, "contended_runs": contended, "flags": flags,
-        "run_dir": str(run.path), "run_dirs": [str(r.path) for r, _, _ in members],
-        "breakdown": {k: statistics.median(s["breakdown"][k] for s in summaries) for k in first["breakdown"]} if "breakdown" in first else None,
+        "val_accuracy": statistics.median(s["val_accuracy"] for s in summaries)
+        if all("val_accuracy" in s for s in summaries)
+        else None,
+        "val_split": first.get("val_split", "test"),  # what val_accuracy was measured on
+        "repeats": len(members),
+        "repeat_spread": spread,
+        "contended_runs": contended,
+        "flags": flags,
+        "run_dir": str(run.path),
+        "run_dirs": [str(r.path) for r, _, _ in members],
+        "breakdown": {k: statistics.median(s["breakdown"][k] for s in summaries) for k in first["breakdown"]}
+        if "breakdown" in first
+        else None,
     }

@@ -7,6 +7,7 @@ threads of one, never run the same item, and the budget is never overshot. An it
 failed is claimed again while retryLimit allows; an item whose driver died (killed, machine
 lost) is marked failed as "interrupted" and claimed again without counting against it.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -18,10 +19,11 @@ import threading
 import time
 import traceback
 from collections import defaultdict
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any
 
 import psutil
 
@@ -29,35 +31,66 @@ from paratrain.config import SweepConfig, TrainConfig, flag
 from paratrain.errors import RunFailed, UsageError
 from paratrain.runs import SWEEP_FILE, write_json
 from paratrain.sweep.space import SearchSpace, parse_parameter, parse_space, read_config_file
-from paratrain.sweep.trial import (VAL_METRICS, BuiltinCommand, Outcome, ScriptCommand, Slot, TrialProcess, check_script,
-                                   gpu_count, plan_slots, start_server)
+from paratrain.sweep.trial import (
+    VAL_METRICS,
+    BuiltinCommand,
+    Outcome,
+    ScriptCommand,
+    Slot,
+    TrialProcess,
+    check_script,
+    gpu_count,
+    plan_slots,
+    start_server,
+)
 
 JOURNAL_FILE = "study.journal"
 SPEC_ATTR = "paratrain_sweep"
-HEARTBEAT_S = 10.0          # a driver refreshes its running trials' heartbeat this often
-STALE_AFTER_S = 60.0        # a running trial of another machine without a heartbeat this long is orphaned
-BUILTIN_METRICS = ("val_loss", "val_accuracy", "test_loss", "test_accuracy", "train_loss", "samples_per_s",
-                   "epoch_time_s", "wall_time_s", "time_s", "global_batch_size", "lr", "tokens_per_s", "val_bits_per_byte",
-                   "mfu")
+HEARTBEAT_S = 10.0  # a driver refreshes its running trials' heartbeat this often
+STALE_AFTER_S = 60.0  # a running trial of another machine without a heartbeat this long is orphaned
+BUILTIN_METRICS = (
+    "val_loss",
+    "val_accuracy",
+    "test_loss",
+    "test_accuracy",
+    "train_loss",
+    "samples_per_s",
+    "epoch_time_s",
+    "wall_time_s",
+    "time_s",
+    "global_batch_size",
+    "lr",
+    "tokens_per_s",
+    "val_bits_per_byte",
+    "mfu",
+)
 # What the tables show of a built-in trial's summary besides the objectives (time_s last).
-BUILTIN_SHOWN = ("val_loss", "val_accuracy", "val_bits_per_byte", "test_accuracy", "train_loss", "samples_per_s",
-                 "tokens_per_s")
-DEFAULT_VAL_SPLIT = 0.1     # a built-in sweep chooses on this fraction of the training set unless told otherwise
+BUILTIN_SHOWN = (
+    "val_loss",
+    "val_accuracy",
+    "val_bits_per_byte",
+    "test_accuracy",
+    "train_loss",
+    "samples_per_s",
+    "tokens_per_s",
+)
+DEFAULT_VAL_SPLIT = 0.1  # a built-in sweep chooses on this fraction of the training set unless told otherwise
 
 
 @dataclass
 class Sweep:
     """Everything the workers share, rebuilt identically by every driver of the study."""
+
     space: SearchSpace
     command: ScriptCommand | BuiltinCommand
     workers_per_trial: int
     pruner: str
-    trial_timeout: Optional[float]
+    trial_timeout: float | None
     out: Path
-    spec: dict[str, Any]             # what is stored in the study, and compared on resume
-    storage: Any = None              # the Optuna storage, once opened
+    spec: dict[str, Any]  # what is stored in the study, and compared on resume
+    storage: Any = None  # the Optuna storage, once opened
 
-    def last_step(self, params: dict[str, Any]) -> Optional[int]:
+    def last_step(self, params: dict[str, Any]) -> int | None:
         """A built-in trial reports once per epoch; a script's last step is unknown."""
         if isinstance(self.command, BuiltinCommand):
             values = {**self.command.train, **params}
@@ -67,7 +100,8 @@ class Sweep:
 
 # -- setting up ---------------------------------------------------------------------------------
 
-def prepare(cfg: SweepConfig) -> tuple[Sweep, Any, "ClaimLock", str, list[Slot]]:
+
+def prepare(cfg: SweepConfig) -> tuple[Sweep, Any, ClaimLock, str, list[Slot]]:
     """Validate everything, then open (or create) the study: bad input leaves nothing on disk.
     Returns the sweep, the study, the claim lock, where the storage is, and the device slots."""
     if cfg.join is not None:
@@ -75,9 +109,17 @@ def prepare(cfg: SweepConfig) -> tuple[Sweep, Any, "ClaimLock", str, list[Slot]]
     raw = read_config_file(cfg.config)
     space = parse_space(raw, f"sweep config {cfg.config}")
     train = cfg.train if cfg.script else _with_validation(cfg.train, space)
-    spec = {"config": raw, "script": str(cfg.script.resolve()) if cfg.script else None, "script_args": cfg.script_args,
-            "param_style": cfg.param_style, "train": train, "workers_per_trial": cfg.workers_per_trial,
-            "pruner": cfg.pruner, "trial_timeout": cfg.trial_timeout, "probe": cfg.probe}
+    spec = {
+        "config": raw,
+        "script": str(cfg.script.resolve()) if cfg.script else None,
+        "script_args": cfg.script_args,
+        "param_style": cfg.param_style,
+        "train": train,
+        "workers_per_trial": cfg.workers_per_trial,
+        "pruner": cfg.pruner,
+        "trial_timeout": cfg.trial_timeout,
+        "probe": cfg.probe,
+    }
     sweep = _build(spec, space, cfg.out)
     slots = plan_slots(cfg.jobs, sweep.workers_per_trial, cfg.allow_oversubscribe, gpus=gpu_count())
     study_name = cfg.study_name or space.name
@@ -90,10 +132,12 @@ def prepare(cfg: SweepConfig) -> tuple[Sweep, Any, "ClaimLock", str, list[Slot]]
     elif _comparable(stored) != _comparable(spec):
         if not _extends_grid(_comparable(stored), _comparable(spec)):
             changed = sorted(k for k in spec if _comparable(stored).get(k) != _comparable(spec).get(k))
-            raise UsageError(f"{where} already holds sweep {study_name!r} with a different {', '.join(changed)}; "
-                             "rerun the original command to resume it (adding numbers to a grid's discrete parameters "
-                             "extends it), or choose another --out / --study-name")
-        study.set_user_attr(SPEC_ATTR, spec)      # the extended grid, for reruns and --join
+            raise UsageError(
+                f"{where} already holds sweep {study_name!r} with a different {', '.join(changed)}; "
+                "rerun the original command to resume it (adding numbers to a grid's discrete parameters "
+                "extends it), or choose another --out / --study-name"
+            )
+        study.set_user_attr(SPEC_ATTR, spec)  # the extended grid, for reruns and --join
     cfg.out.mkdir(parents=True, exist_ok=True)
     return sweep, study, lock, where, slots
 
@@ -139,18 +183,22 @@ def _with_validation(train: dict[str, Any], space: SearchSpace) -> dict[str, Any
         return {**train, "val_split": DEFAULT_VAL_SPLIT}
     chosen = [m for m in space.metrics if m in VAL_METRICS]
     if not train["val_split"] and chosen:
-        raise UsageError(f"{flag('val_split')} 0 leaves no validation split, so {chosen[0]} would be measured on the "
-                         f"test split and the sweep would choose on it; drop {flag('val_split')} (the sweep's default is "
-                         f"{DEFAULT_VAL_SPLIT}) or give a fraction such as 0.2")
+        raise UsageError(
+            f"{flag('val_split')} 0 leaves no validation split, so {chosen[0]} would be measured on the "
+            f"test split and the sweep would choose on it; drop {flag('val_split')} (the sweep's default is "
+            f"{DEFAULT_VAL_SPLIT}) or give a fraction such as 0.2"
+        )
     return train
 
 
-def _join(cfg: SweepConfig) -> tuple[Sweep, Any, "ClaimLock", str, list[Slot]]:
+def _join(cfg: SweepConfig) -> tuple[Sweep, Any, ClaimLock, str, list[Slot]]:
     target = cfg.join
     assert target is not None
     is_url = "://" in target
     if not is_url and not (Path(target) / JOURNAL_FILE).is_file():
-        raise UsageError(f"--join {target}: no sweep there (no {JOURNAL_FILE}); pass a sweep directory or a storage URL")
+        raise UsageError(
+            f"--join {target}: no sweep there (no {JOURNAL_FILE}); pass a sweep directory or a storage URL"
+        )
     if is_url and cfg.out is None:
         raise UsageError("--join URL needs --out DIR on this machine for its trials' directories")
     out = cfg.out or Path(target)
@@ -177,8 +225,9 @@ def _join(cfg: SweepConfig) -> tuple[Sweep, Any, "ClaimLock", str, list[Slot]]:
 def _build(spec: dict[str, Any], space: SearchSpace, out: Path) -> Sweep:
     if spec["script"] is not None:
         check_script(Path(spec["script"]))
-        command: ScriptCommand | BuiltinCommand = ScriptCommand(spec["script"], tuple(spec["script_args"]), spec["param_style"],
-                                                                   spec.get("probe", True))
+        command: ScriptCommand | BuiltinCommand = ScriptCommand(
+            spec["script"], tuple(spec["script_args"]), spec["param_style"], spec.get("probe", True)
+        )
     else:
         command = BuiltinCommand(spec["train"])
         _check_builtin(space, spec["train"])
@@ -191,20 +240,32 @@ def _check_builtin(space: SearchSpace, train: dict[str, Any]) -> None:
     derived = [space.lr_scaling.lr_param] if space.lr_scaling else []
     for param in [p.name for p in space.parameters] + derived:
         if param not in fields or param in ("workers", "run_dir", "resume"):
-            raise UsageError(f"parameter {param!r} is not a train option a trial can vary; "
-                             f"name parameters after train flags ({flag('batch_size')} -> batch_size), or use --script")
+            raise UsageError(
+                f"parameter {param!r} is not a train option a trial can vary; "
+                f"name parameters after train flags ({flag('batch_size')} -> batch_size), or use --script"
+            )
     for metric in space.metrics:
         if metric not in BUILTIN_METRICS:
-            raise UsageError(f"metric {metric!r} is not in a built-in trial's summary; choose from {', '.join(BUILTIN_METRICS)}")
+            raise UsageError(
+                f"metric {metric!r} is not in a built-in trial's summary; choose from {', '.join(BUILTIN_METRICS)}"
+            )
         if metric.startswith("test_"):
-            raise UsageError(f"metric {metric!r} would choose on the test split; optimise {metric.replace('test_', 'val_')} "
-                             f"(measured on a validation split carved from the training set, {flag('val_split')}); "
-                             f"{metric} is still recorded and shown")
+            raise UsageError(
+                f"metric {metric!r} would choose on the test split; optimise {metric.replace('test_', 'val_')} "
+                f"(measured on a validation split carved from the training set, {flag('val_split')}); "
+                f"{metric} is still recorded and shown"
+            )
     swept = {p.name for p in space.parameters}
-    if train.get("lr_scaling", "linear") != "none" and "batch_size" in swept and "base_batch_size" not in train \
-            and space.lr_scaling is None:
-        raise UsageError(f"sweeping batch_size with {flag('lr_scaling')} {train.get('lr_scaling', 'linear')} needs "
-                         f"{flag('base_batch_size')} (the batch --lr is meant for), or {flag('lr_scaling')} none for a fixed LR")
+    if (
+        train.get("lr_scaling", "linear") != "none"
+        and "batch_size" in swept
+        and "base_batch_size" not in train
+        and space.lr_scaling is None
+    ):
+        raise UsageError(
+            f"sweeping batch_size with {flag('lr_scaling')} {train.get('lr_scaling', 'linear')} needs "
+            f"{flag('base_batch_size')} (the batch --lr is meant for), or {flag('lr_scaling')} none for a fixed LR"
+        )
     # A trial that cannot even be configured would fail every time: check one now, and load its
     # data here, once, so that a dataset still to be decoded is not decoded by every trial at once
     # (and a bad --data-dir is an input error, not a sweep of failures).
@@ -237,8 +298,9 @@ def _open_study(storage: Any, name: str, sweep: Sweep, create: bool, worker_salt
     pruner = optuna.pruners.MedianPruner() if prunes(space, sweep.pruner) else optuna.pruners.NopPruner()
     sampler = _sampler(space, space.seed + worker_salt)
     if create:
-        return optuna.create_study(storage=storage, study_name=name, directions=directions, sampler=sampler,
-                                   pruner=pruner, load_if_exists=True)
+        return optuna.create_study(
+            storage=storage, study_name=name, directions=directions, sampler=sampler, pruner=pruner, load_if_exists=True
+        )
     return optuna.load_study(study_name=name, storage=storage, sampler=sampler, pruner=pruner)
 
 
@@ -250,7 +312,7 @@ def _sampler(space: SearchSpace, seed: int) -> Any:
     if space.algorithm != "bayes":
         return optuna.samplers.RandomSampler(seed=seed)
     budget = space.combinations()
-    startup = max(2, min(10, budget // 3))    # random trials before the model takes over
+    startup = max(2, min(10, budget // 3))  # random trials before the model takes over
     if space.sampler == "gp":
         return optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup)
     if space.sampler == "nsga2":
@@ -258,7 +320,7 @@ def _sampler(space: SearchSpace, seed: int) -> Any:
     return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup)
 
 
-def open_storage(url: Optional[str], out: Path) -> tuple[Any, "ClaimLock", str]:
+def open_storage(url: str | None, out: Path) -> tuple[Any, ClaimLock, str]:
     import optuna
 
     if url is None:
@@ -270,12 +332,13 @@ def open_storage(url: Optional[str], out: Path) -> tuple[Any, "ClaimLock", str]:
     try:
         storage = optuna.storages.RDBStorage(url, heartbeat_interval=None)
     except ImportError as exc:
-        raise UsageError(f"--storage {_safe(url)}: the database driver is missing ({exc}); "
-                         "pip install 'paratrain[postgres]'") from None
+        raise UsageError(
+            f"--storage {_safe(url)}: the database driver is missing ({exc}); pip install 'paratrain[postgres]'"
+        ) from None
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UsageError(f"--storage {_safe(url)} cannot be opened: {first}") from None
-    lock: ClaimLock = (AdvisoryClaimLock(storage) if url.startswith("postgresql") else FileClaimLock(out / "sweep.lock"))
+    lock: ClaimLock = AdvisoryClaimLock(storage) if url.startswith("postgresql") else FileClaimLock(out / "sweep.lock")
     return storage, lock, _safe(url)
 
 
@@ -289,6 +352,7 @@ def _safe(url: str) -> str:
 
 
 # -- the lock every driver honours ------------------------------------------------------------
+
 
 class ClaimLock:
     def __init__(self) -> None:
@@ -343,10 +407,11 @@ class AdvisoryClaimLock(ClaimLock):
 
 # -- claiming work --------------------------------------------------------------------------
 
+
 @dataclass
 class Claim:
-    trial: Any                  # optuna.Trial, RUNNING and owned by this driver
-    params: dict[str, Any]      # sampled and derived
+    trial: Any  # optuna.Trial, RUNNING and owned by this driver
+    params: dict[str, Any]  # sampled and derived
     item: int
     repeat: int
     attempt: int
@@ -377,20 +442,21 @@ def _orphaned(trial: Any, me: dict[str, Any]) -> bool:
 
 
 class Claimer:
-    def __init__(self, sweep: Sweep, study: Any, lock: ClaimLock, n_trials: Optional[int] = None,
-                 timeout: Optional[float] = None):
+    def __init__(
+        self, sweep: Sweep, study: Any, lock: ClaimLock, n_trials: int | None = None, timeout: float | None = None
+    ):
         self.sweep, self.study, self.lock = sweep, study, lock
         self.me = _owner()
         space = sweep.space
-        self._grid = space.grid()[:space.combinations()] if space.algorithm == "grid" else None
+        self._grid = space.grid()[: space.combinations()] if space.algorithm == "grid" else None
         self.items = space.combinations() * space.repeats
         # Optuna's optimize(n_trials=, timeout=): limits on what this driver starts.
         self.n_trials, self.timeout = n_trials, timeout
         self.started = 0
         self.clock = time.monotonic()
-        self.stopped_by: Optional[str] = None      # "n_trials" | "timeout", once a limit kept a trial from starting
+        self.stopped_by: str | None = None  # "n_trials" | "timeout", once a limit kept a trial from starting
 
-    def next(self) -> Optional[Claim]:
+    def next(self) -> Claim | None:
         """The next item to run, claimed for this driver, or None when nothing is left to start."""
         from optuna.trial import TrialState
 
@@ -398,8 +464,13 @@ class Claimer:
             trials = self.study.get_trials(deepcopy=False)
             for t in trials:
                 if t.state == TrialState.RUNNING and "item" in t.user_attrs and _orphaned(t, self.me):
-                    record_end(self.sweep, self.study, t.number, Outcome("FAIL", reason="interrupted: its sweep driver stopped"),
-                               interrupted=True)
+                    record_end(
+                        self.sweep,
+                        self.study,
+                        t.number,
+                        Outcome("FAIL", reason="interrupted: its sweep driver stopped"),
+                        interrupted=True,
+                    )
             trials = self.study.get_trials(deepcopy=False)
             by_item: dict[int, list[Any]] = defaultdict(list)
             for t in trials:
@@ -410,7 +481,9 @@ class Claimer:
                 last = attempts[-1]
                 if last.state != TrialState.FAIL:
                     continue
-                failures = sum(1 for t in attempts if t.state == TrialState.FAIL and not t.user_attrs.get("interrupted"))
+                failures = sum(
+                    1 for t in attempts if t.state == TrialState.FAIL and not t.user_attrs.get("interrupted")
+                )
                 if last.user_attrs.get("interrupted") or failures <= self.sweep.space.retry_limit:
                     sampled = {k: v for k, v in last.params.items()}
                     return self._start(item, sampled, attempt=len(attempts))
@@ -421,11 +494,13 @@ class Claimer:
                 return None
             return self._start(item, self._params_for(item, by_item), attempt=0)
 
-    def _next_combination(self, by_item: dict[int, list[Any]]) -> Optional[Claim]:
+    def _next_combination(self, by_item: dict[int, list[Any]]) -> Claim | None:
         """A grid's next item is the first (combination, repeat) no trial has claimed: a grid
         extended with new values runs its new combinations and redoes none of the finished ones."""
         assert self._grid is not None
-        claimed = {(_combination(attempts[0].params), attempts[0].user_attrs.get("repeat", 0)) for attempts in by_item.values()}
+        claimed = {
+            (_combination(attempts[0].params), attempts[0].user_attrs.get("repeat", 0)) for attempts in by_item.values()
+        }
         for combo in self._grid:
             for repeat in range(self.sweep.space.repeats):
                 if (_combination(combo), repeat) not in claimed:
@@ -435,16 +510,16 @@ class Claimer:
     def still_running(self) -> bool:
         return any("item" in t.user_attrs for t in self.study.get_trials(deepcopy=False, states=(_running(),)))
 
-    def _params_for(self, item: int, by_item: dict[int, list[Any]]) -> Optional[dict[str, Any]]:
+    def _params_for(self, item: int, by_item: dict[int, list[Any]]) -> dict[str, Any] | None:
         space = self.sweep.space
         combo, repeat = divmod(item, space.repeats)
         if space.algorithm == "random":
             return space.draw(combo)
-        if repeat > 0:                 # bayes: a repeat reuses its combination's sampled values
+        if repeat > 0:  # bayes: a repeat reuses its combination's sampled values
             return dict(by_item[combo * space.repeats][0].params)
-        return None                    # bayes: the sampler chooses
+        return None  # bayes: the sampler chooses
 
-    def _start(self, item: int, fixed: Optional[dict[str, Any]], attempt: int, repeat: Optional[int] = None) -> Optional[Claim]:
+    def _start(self, item: int, fixed: dict[str, Any] | None, attempt: int, repeat: int | None = None) -> Claim | None:
         if self.n_trials is not None and self.started >= self.n_trials:
             self.stopped_by = "n_trials"
             return None
@@ -458,8 +533,14 @@ class Claimer:
         trial = self.study.ask(space.distributions())
         params = {**trial.params, **space.derived(trial.params)}
         repeat = item % space.repeats if repeat is None else repeat
-        for key, value in (("item", item), ("repeat", repeat), ("attempt", attempt), ("owner", self.me),
-                           ("heartbeat", time.time()), ("derived", space.derived(trial.params))):
+        for key, value in (
+            ("item", item),
+            ("repeat", repeat),
+            ("attempt", attempt),
+            ("owner", self.me),
+            ("heartbeat", time.time()),
+            ("derived", space.derived(trial.params)),
+        ):
             trial.set_user_attr(key, value)
         return Claim(trial, params, item, repeat, attempt)
 
@@ -478,8 +559,14 @@ def record_end(sweep: Sweep, study: Any, number: int, outcome: Outcome, interrup
     from optuna.trial import TrialState
 
     trial_id = _trial_id(sweep, study, number)
-    attrs = {"reason": outcome.reason, "metrics": outcome.metrics, "duration_s": outcome.duration_s, "ended_at": time.time(),
-             "launch_overhead_s": outcome.launch_overhead_s, "interrupted": interrupted}
+    attrs = {
+        "reason": outcome.reason,
+        "metrics": outcome.metrics,
+        "duration_s": outcome.duration_s,
+        "ended_at": time.time(),
+        "launch_overhead_s": outcome.launch_overhead_s,
+        "interrupted": interrupted,
+    }
     for key, value in attrs.items():
         sweep.storage.set_trial_user_attr(trial_id, key, value)
     state = {"COMPLETE": TrialState.COMPLETE, "PRUNED": TrialState.PRUNED, "FAIL": TrialState.FAIL}[outcome.state]
@@ -488,7 +575,7 @@ def record_end(sweep: Sweep, study: Any, number: int, outcome: Outcome, interrup
 
 # -- running --------------------------------------------------------------------------------
 
-Listener = Callable[[str, dict[str, Any]], None]     # ("start" | "report" | "end", info)
+Listener = Callable[[str, dict[str, Any]], None]  # ("start" | "report" | "end", info)
 
 
 class SweepFailed(RunFailed):
@@ -498,23 +585,33 @@ class SweepFailed(RunFailed):
 class Driver:
     """N worker threads, one per slot; each claims an item, runs its trial, records the end."""
 
-    def __init__(self, sweep: Sweep, study: Any, lock: ClaimLock, slots: list[Slot], listener: Listener,
-                 n_trials: Optional[int] = None, timeout: Optional[float] = None):
+    def __init__(
+        self,
+        sweep: Sweep,
+        study: Any,
+        lock: ClaimLock,
+        slots: list[Slot],
+        listener: Listener,
+        n_trials: int | None = None,
+        timeout: float | None = None,
+    ):
         self.sweep, self.study, self.slots, self.listener = sweep, study, slots, listener
         self.claimer = Claimer(sweep, study, lock, n_trials, timeout)
         self.stopping = threading.Event()
         self.running: dict[int, TrialProcess] = {}
         self._threads: list[threading.Thread] = []
-        self._current: dict[str, dict[str, Any]] = {}     # thread name -> the trial it is running
+        self._current: dict[str, dict[str, Any]] = {}  # thread name -> the trial it is running
         self._failure_lock = threading.Lock()
-        self.failure: Optional[dict[str, Any]] = None       # the first exception of a driver thread
+        self.failure: dict[str, Any] | None = None  # the first exception of a driver thread
 
     def run(self) -> None:
         # A trial that outlived a killed sweep would keep its cores busy while the resumed sweep
         # hands them out again: trials die with the fork server, which dies with this thread.
         start_server(builtin=isinstance(self.sweep.command, BuiltinCommand))
-        self._threads = [threading.Thread(target=self._guarded, args=(self._work, slot), name=f"slot-{slot.index}",
-                                          daemon=True) for slot in self.slots]
+        self._threads = [
+            threading.Thread(target=self._guarded, args=(self._work, slot), name=f"slot-{slot.index}", daemon=True)
+            for slot in self.slots
+        ]
         beat = threading.Thread(target=self._guarded, args=(self._heartbeat,), name="heartbeat", daemon=True)
         for thread in self._threads:
             thread.start()
@@ -524,7 +621,7 @@ class Driver:
                 for thread in self._threads:
                     thread.join(0.2)
         finally:
-            self.stopping.set()       # Ctrl-C lands here: the workers stop their trials and record them
+            self.stopping.set()  # Ctrl-C lands here: the workers stop their trials and record them
             for thread in self._threads:
                 thread.join()
         if self.failure is not None:
@@ -547,12 +644,17 @@ class Driver:
             if self.failure is None:
                 during = f" during trial {trial['number']}" if trial else ""
                 self.failure = {
-                    "thread": name, "error": error, "traceback": traceback.format_exc(),
-                    "trial": trial, "running": sorted(self.running),
-                    "message": f"the sweep stopped: {name} failed{during}: {error} (the trials running then are recorded "
-                               f"as interrupted and run again when the sweep is rerun; traceback in {self.sweep.out / SWEEP_FILE})",
+                    "thread": name,
+                    "error": error,
+                    "traceback": traceback.format_exc(),
+                    "trial": trial,
+                    "running": sorted(self.running),
+                    "message": f"the sweep stopped: {name} failed{during}: {error} (the trials running then are "
+                    "recorded "
+                    "as interrupted and run again when the sweep is rerun; traceback in "
+                    f"{self.sweep.out / SWEEP_FILE})",
                 }
-        self.stopping.set()           # the other slots stop their trials and record them as interrupted
+        self.stopping.set()  # the other slots stop their trials and record them as interrupted
         if trial is None:
             return
         # The trial is not to blame: stopped and recorded as interrupted, it runs again on a rerun
@@ -561,9 +663,14 @@ class Driver:
         if proc is not None:
             proc.stop()
         try:
-            record_end(self.sweep, self.study, trial["number"], Outcome("FAIL", reason=f"interrupted: the sweep failed ({error})"),
-                       interrupted=True)
-        except Exception:             # the storage itself may be what failed; the next driver finds it orphaned
+            record_end(
+                self.sweep,
+                self.study,
+                trial["number"],
+                Outcome("FAIL", reason=f"interrupted: the sweep failed ({error})"),
+                interrupted=True,
+            )
+        except Exception:  # the storage itself may be what failed; the next driver finds it orphaned
             pass
 
     def _work(self, slot: Slot) -> None:
@@ -584,8 +691,9 @@ class Driver:
         claim.trial.set_user_attr("trial_dir", str(trial_dir))
         info = {"number": number, "params": claim.params, "slot": slot.describe(), "attempt": claim.attempt}
         try:
-            proc = TrialProcess(self.sweep.command, claim.params, trial_dir, slot, claim.repeat,
-                                self.sweep.workers_per_trial, number)
+            proc = TrialProcess(
+                self.sweep.command, claim.params, trial_dir, slot, claim.repeat, self.sweep.workers_per_trial, number
+            )
         except Exception as exc:
             outcome = Outcome("FAIL", reason=f"could not start: {exc}")
             record_end(self.sweep, self.study, number, outcome)
@@ -595,12 +703,12 @@ class Driver:
         self._current[threading.current_thread().name] = info
         claim.trial.set_user_attr("started_at", proc.started_unix)
         self.listener("start", info)
-        stopped_because: Optional[tuple[str, str]] = None      # (state, reason)
+        stopped_because: tuple[str, str] | None = None  # (state, reason)
         metric = self.sweep.space.metrics[0]
         timeout = self.sweep.trial_timeout
         last_step = self.sweep.last_step(claim.params)
         while True:
-            alive = proc.running()        # read before the reports, so the last ones are never missed
+            alive = proc.running()  # read before the reports, so the last ones are never missed
             for step, metrics in proc.new_reports():
                 self.listener("report", {**info, "step": step, "metrics": metrics})
                 if self.sweep.space.multi_objective or step is None or metric not in metrics or stopped_because:
@@ -628,8 +736,17 @@ class Driver:
             outcome.state, outcome.reason, outcome.values = stopped_because[0], stopped_because[1], None
         interrupted = stopped_because is not None and stopped_because[1].startswith("interrupted")
         record_end(self.sweep, self.study, number, outcome, interrupted=interrupted)
-        self.listener("end", {**info, "state": outcome.state, "values": outcome.values, "reason": outcome.reason,
-                              "duration_s": outcome.duration_s, "metrics": outcome.metrics})
+        self.listener(
+            "end",
+            {
+                **info,
+                "state": outcome.state,
+                "values": outcome.values,
+                "reason": outcome.reason,
+                "duration_s": outcome.duration_s,
+                "metrics": outcome.metrics,
+            },
+        )
         del self._current[threading.current_thread().name]
 
     def _heartbeat(self) -> None:
@@ -638,13 +755,18 @@ class Driver:
         while not self.stopping.wait(HEARTBEAT_S):
             for number in list(self.running):
                 try:
-                    self.sweep.storage.set_trial_user_attr(_trial_id(self.sweep, self.study, number), "heartbeat", time.time())
-                except UpdateFinishedTrialError:      # it finished meanwhile: nothing to keep alive
+                    self.sweep.storage.set_trial_user_attr(
+                        _trial_id(self.sweep, self.study, number), "heartbeat", time.time()
+                    )
+                except UpdateFinishedTrialError:  # it finished meanwhile: nothing to keep alive
                     pass
 
 
-def run_sweep(cfg: SweepConfig, listener: Listener = lambda kind, info: None,
-              on_ready: Callable[[Sweep, list[Slot], str, int, int], None] = lambda *a: None) -> dict[str, Any]:
+def run_sweep(
+    cfg: SweepConfig,
+    listener: Listener = lambda kind, info: None,
+    on_ready: Callable[[Sweep, list[Slot], str, int, int], None] = lambda *a: None,
+) -> dict[str, Any]:
     """Run (or resume, or join) a sweep to the end of its budget; returns what sweep.json holds."""
     if cfg.join is None:
         # The fork server imports torch (about 4 s here) in its own process while this one
@@ -652,8 +774,11 @@ def run_sweep(cfg: SweepConfig, listener: Listener = lambda kind, info: None,
         start_server(builtin=cfg.script is None)
     sweep, study, lock, where, slots = prepare(cfg)
     driver = Driver(sweep, study, lock, slots, listener, cfg.n_trials, cfg.timeout)
-    finished = {t.user_attrs["item"] for t in study.get_trials(deepcopy=False)
-                if "item" in t.user_attrs and t.state.name in ("COMPLETE", "PRUNED")}
+    finished = {
+        t.user_attrs["item"]
+        for t in study.get_trials(deepcopy=False)
+        if "item" in t.user_attrs and t.state.name in ("COMPLETE", "PRUNED")
+    }
     on_ready(sweep, slots, where, driver.claimer.items, len(finished))
     try:
         driver.run()
@@ -661,7 +786,7 @@ def run_sweep(cfg: SweepConfig, listener: Listener = lambda kind, info: None,
         # sweep.json still records every trial's end, and what failed while which trials ran.
         try:
             partial = collect(sweep, study, where)
-        except Exception:         # the storage may be what failed
+        except Exception:  # the storage may be what failed
             partial = {"name": sweep.space.name, "out": str(sweep.out)}
         write_json(sweep.out / SWEEP_FILE, {**partial, "failure": driver.failure})
         raise
@@ -673,6 +798,7 @@ def run_sweep(cfg: SweepConfig, listener: Listener = lambda kind, info: None,
 
 
 # -- results --------------------------------------------------------------------------------
+
 
 def collect(sweep: Sweep, study: Any, where: str) -> dict[str, Any]:
     """sweep.json: every trial, the best one (or the Pareto front), and the space it came from."""
@@ -686,14 +812,24 @@ def collect(sweep: Sweep, study: Any, where: str) -> dict[str, Any]:
         sign = 1 if space.directions[0] == "minimize" else -1
         best = min(done, key=lambda r: sign * r["value"]) if done else {}
     builtin = isinstance(sweep.command, BuiltinCommand)
-    return {"name": space.name, "out": str(sweep.out), "algorithm": space.algorithm, "sampler": space.sampler,
-            "metric": list(space.metrics), "objective": list(space.directions), "storage": where,
-            "mode": "builtin" if builtin else "script",
-            **({"val_split": sweep.command.train.get("val_split")} if builtin else {"script": sweep.command.script}),
-            "recorded_metrics": _recorded_metrics(rows, space.metrics, builtin),
-            "space": space.to_dict(), "items": space.combinations() * space.repeats,
-            "counts": {s: sum(1 for r in rows if r["state"] == s) for s in ("COMPLETE", "PRUNED", "FAIL", "RUNNING")},
-            "parallelism": _parallelism(rows), "trials": rows, "best": best}
+    return {
+        "name": space.name,
+        "out": str(sweep.out),
+        "algorithm": space.algorithm,
+        "sampler": space.sampler,
+        "metric": list(space.metrics),
+        "objective": list(space.directions),
+        "storage": where,
+        "mode": "builtin" if builtin else "script",
+        **({"val_split": sweep.command.train.get("val_split")} if builtin else {"script": sweep.command.script}),
+        "recorded_metrics": _recorded_metrics(rows, space.metrics, builtin),
+        "space": space.to_dict(),
+        "items": space.combinations() * space.repeats,
+        "counts": {s: sum(1 for r in rows if r["state"] == s) for s in ("COMPLETE", "PRUNED", "FAIL", "RUNNING")},
+        "parallelism": _parallelism(rows),
+        "trials": rows,
+        "best": best,
+    }
 
 
 def _recorded_metrics(rows: list[dict[str, Any]], objectives: tuple[str, ...], builtin: bool) -> list[str]:
@@ -707,24 +843,41 @@ def _recorded_metrics(rows: list[dict[str, Any]], objectives: tuple[str, ...], b
 def _parallelism(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Whether running trials side by side paid off: the trials' summed durations against the wall
     time during which at least one of them ran (gaps between resumed runs of the sweep excluded)."""
-    spans = sorted((r["started_at"], r["started_at"] + r["duration_s"]) for r in rows
-                   if r["started_at"] is not None and r["duration_s"] is not None)
+    spans = sorted(
+        (r["started_at"], r["started_at"] + r["duration_s"])
+        for r in rows
+        if r["started_at"] is not None and r["duration_s"] is not None
+    )
     busy, end = 0.0, float("-inf")
     for start, stop in spans:
         busy += max(0.0, stop - max(start, end))
         end = max(end, stop)
     total = sum(stop - start for start, stop in spans)
-    return {"trials": len(spans), "trial_time_s": total, "wall_time_s": busy, "speedup": total / busy if busy > 0 else None}
+    return {
+        "trials": len(spans),
+        "trial_time_s": total,
+        "wall_time_s": busy,
+        "speedup": total / busy if busy > 0 else None,
+    }
 
 
 def _row(t: Any, space: SearchSpace) -> dict[str, Any]:
     attrs = t.user_attrs
     values = list(t.values) if t.values is not None and t.state.name == "COMPLETE" else None
-    return {"number": t.number, "params": {**t.params, **(attrs.get("derived") or {})},
-            "value": (values[0] if len(space.metrics) == 1 else values) if values else None,
-            "state": t.state.name, "duration_s": attrs.get("duration_s"), "run_dir": attrs.get("trial_dir"),
-            "reason": attrs.get("reason"), "metrics": attrs.get("metrics") or {},
-            "item": attrs["item"], "repeat": attrs.get("repeat", 0), "attempt": attrs.get("attempt", 0),
-            "launch_overhead_s": attrs.get("launch_overhead_s"), "started_at": attrs.get("started_at"),
-            "ended_at": attrs.get("ended_at"),
-            "intermediate": {str(k): v for k, v in sorted(t.intermediate_values.items())}}
+    return {
+        "number": t.number,
+        "params": {**t.params, **(attrs.get("derived") or {})},
+        "value": (values[0] if len(space.metrics) == 1 else values) if values else None,
+        "state": t.state.name,
+        "duration_s": attrs.get("duration_s"),
+        "run_dir": attrs.get("trial_dir"),
+        "reason": attrs.get("reason"),
+        "metrics": attrs.get("metrics") or {},
+        "item": attrs["item"],
+        "repeat": attrs.get("repeat", 0),
+        "attempt": attrs.get("attempt", 0),
+        "launch_overhead_s": attrs.get("launch_overhead_s"),
+        "started_at": attrs.get("started_at"),
+        "ended_at": attrs.get("ended_at"),
+        "intermediate": {str(k): v for k, v in sorted(t.intermediate_values.items())},
+    }

@@ -7,6 +7,7 @@ fork server must die with the driver too; multiprocessing's server does not on i
 on, with its trials, after a SIGKILL to the driver). The driver starts the server from its main
 thread, because the signal follows the thread that forked a process, not the process.
 """
+
 from paratrain.sweep.trial import die_with_parent
 
 die_with_parent()

@@ -1,4 +1,5 @@
 """What the user watches during a sweep: a live table on a terminal, one line per event otherwise."""
+
 from __future__ import annotations
 
 import threading
@@ -30,14 +31,20 @@ class SweepProgress:
         self.live_view = self.console.is_terminal and not quiet
         self.running: dict[int, dict[str, Any]] = {}
         self.lock = threading.Lock()
-        self.progress = Progress(TextColumn("trials"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                 TextColumn("{task.fields[counts]}"), console=self.console)
+        self.progress = Progress(
+            TextColumn("trials"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[counts]}"),
+            console=self.console,
+        )
         self.task = self.progress.add_task("trials", total=total, completed=already_done, counts="")
         self.counts = {"COMPLETE": 0, "PRUNED": 0, "FAIL": 0}
         # Live re-renders `self` (via __rich__) twice a second, so elapsed times tick between events.
         self.live = Live(self, console=self.console, refresh_per_second=2, transient=True) if self.live_view else None
 
-    def __enter__(self) -> "SweepProgress":
+    def __enter__(self) -> SweepProgress:
         if self.live is not None:
             self.live.__enter__()
         return self
@@ -63,7 +70,9 @@ class SweepProgress:
                 self.counts[state] = self.counts.get(state, 0) + 1
                 if not (info.get("reason") or "").startswith("interrupted"):
                     self.progress.advance(self.task)
-                self.progress.update(self.task, counts=", ".join(f"{n} {s.lower()}" for s, n in self.counts.items() if n))
+                self.progress.update(
+                    self.task, counts=", ".join(f"{n} {s.lower()}" for s, n in self.counts.items() if n)
+                )
                 result = show_values(info.get("values")) if state == "COMPLETE" else info.get("reason") or state.lower()
                 line = f"trial {number} {state.lower()}: {show_params(info['params'])} -> {result}"
                 if self.live is not None:
@@ -76,5 +85,7 @@ class SweepProgress:
         for col in ("trial", "params", "elapsed", "last report"):
             table.add_column(col)
         for number, r in sorted(self.running.items()):
-            table.add_row(str(number), show_params(r["params"]), f"{time.perf_counter() - r['started']:.0f} s", r["last"])
+            table.add_row(
+                str(number), show_params(r["params"]), f"{time.perf_counter() - r['started']:.0f} s", r["last"]
+            )
         return Group(self.progress, table)

@@ -10,15 +10,17 @@
 Files copied from articles carry `#` comments and trailing commas; they are accepted. Every
 problem is one UsageError naming the file, the place and what was expected.
 """
+
 from __future__ import annotations
 
 import itertools
 import json
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import numpy as np
 import yaml
@@ -39,6 +41,7 @@ TOP_KEYS = {"algorithm", "parameters", "spec", "trials", "name", "lr_scaling"}
 
 # -- reading the file -------------------------------------------------------------------------
 
+
 def read_config_file(path: Path) -> dict[str, Any]:
     """JSON, YAML, or JSON with `#` comments and trailing commas, as a dict."""
     if not path.is_file():
@@ -55,9 +58,11 @@ def read_config_file(path: Path) -> dict[str, Any]:
         try:
             data = json.loads(strip_json_extras(text))
         except json.JSONDecodeError as exc:
-            raise UsageError(f"sweep config {path} line {exc.lineno}, column {exc.colno}: {_expected(exc.msg)}") from None
+            raise UsageError(
+                f"sweep config {path} line {exc.lineno}, column {exc.colno}: {_expected(exc.msg)}"
+            ) from None
     if not isinstance(data, dict):
-        raise UsageError(f"sweep config {path} must hold an object with \"algorithm\", \"parameters\" and \"spec\"")
+        raise UsageError(f'sweep config {path} must hold an object with "algorithm", "parameters" and "spec"')
     return data
 
 
@@ -69,7 +74,7 @@ def strip_json_extras(text: str) -> str:
     """Blank out `#` comments and drop trailing commas outside strings, keeping line numbers."""
     out: list[str] = []
     in_string = escaped = in_comment = False
-    pending_comma: Optional[int] = None          # index in `out` of a comma that may be trailing
+    pending_comma: int | None = None  # index in `out` of a comma that may be trailing
     for char in text:
         if in_comment:
             if char == "\n":
@@ -102,16 +107,17 @@ def strip_json_extras(text: str) -> str:
 
 # -- parameters -------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Parameter:
     name: str
-    type: str                      # integer | float | discrete | categorical ("double" is read as float)
-    scaling: str = "uniform"       # uniform | loguniform | normal | lognormal ("linear" is uniform)
-    low: Optional[float] = None
-    high: Optional[float] = None
-    values: Optional[tuple] = None
-    mu: Optional[float] = None
-    sigma: Optional[float] = None
+    type: str  # integer | float | discrete | categorical ("double" is read as float)
+    scaling: str = "uniform"  # uniform | loguniform | normal | lognormal ("linear" is uniform)
+    low: float | None = None
+    high: float | None = None
+    values: tuple | None = None
+    mu: float | None = None
+    sigma: float | None = None
 
     @property
     def is_choice(self) -> bool:
@@ -186,31 +192,40 @@ class Parameter:
 
     def _typed(self, points: Sequence[float]) -> list[Any]:
         if self.type == "integer":
-            return list(dict.fromkeys(int(round(p)) for p in points))
+            # int(): points from np.geomspace are NumPy floats, whose round() is a float before NumPy 2.
+            return list(dict.fromkeys(int(round(p)) for p in points))  # noqa: RUF046
         return [float(p) for p in points]
 
 
 def parse_parameter(name: str, spec: Any, where: str) -> Parameter:
     if not isinstance(spec, dict):
-        raise UsageError(f"{where}: parameter {name!r} must be an object like {{\"type\": \"integer\", \"min\": 1, \"max\": 5}}")
+        raise UsageError(
+            f'{where}: parameter {name!r} must be an object like {{"type": "integer", "min": 1, "max": 5}}'
+        )
     known = {"type", "min", "max", "values", "scalingType", "mu", "sigma"}
     unknown = sorted(set(spec) - known)
     if unknown:
-        raise UsageError(f"{where}: parameter {name!r} has unknown key {unknown[0]!r}; expected one of {', '.join(sorted(known))}")
+        raise UsageError(
+            f"{where}: parameter {name!r} has unknown key {unknown[0]!r}; expected one of {', '.join(sorted(known))}"
+        )
     kind = spec.get("type")
     if kind not in TYPES:
         raise UsageError(f"{where}: parameter {name!r} has type {kind!r}; expected one of {', '.join(TYPES)}")
     kind = "float" if kind == "double" else kind
     scaling = spec.get("scalingType", "uniform")
     if scaling not in SCALINGS:
-        raise UsageError(f"{where}: parameter {name!r} has scalingType {scaling!r}; expected one of {', '.join(SCALINGS)}")
+        raise UsageError(
+            f"{where}: parameter {name!r} has scalingType {scaling!r}; expected one of {', '.join(SCALINGS)}"
+        )
     scaling = "uniform" if scaling == "linear" else scaling
     if kind in ("discrete", "categorical"):
         values = spec.get("values")
         if not isinstance(values, list) or not values:
-            raise UsageError(f"{where}: parameter {name!r} ({kind}) needs a non-empty \"values\" list")
+            raise UsageError(f'{where}: parameter {name!r} ({kind}) needs a non-empty "values" list')
         if kind == "discrete" and not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-            raise UsageError(f"{where}: parameter {name!r} is discrete, so its values must be numbers; use \"categorical\" for strings")
+            raise UsageError(
+                f'{where}: parameter {name!r} is discrete, so its values must be numbers; use "categorical" for strings'
+            )
         if len(set(map(json.dumps, values))) != len(values):
             raise UsageError(f"{where}: parameter {name!r} lists a value twice")
         return Parameter(name, kind, values=tuple(values))
@@ -220,13 +235,13 @@ def parse_parameter(name: str, spec: Any, where: str) -> Parameter:
             raise UsageError(f"{where}: parameter {name!r}: {key} must be a number (got {value!r})")
     if scaling in ("normal", "lognormal"):
         if mu is None or sigma is None:
-            raise UsageError(f"{where}: parameter {name!r} with scalingType {scaling} needs \"mu\" and \"sigma\"")
+            raise UsageError(f'{where}: parameter {name!r} with scalingType {scaling} needs "mu" and "sigma"')
         if sigma <= 0:
             raise UsageError(f"{where}: parameter {name!r}: sigma must be positive (got {sigma})")
         if (low is None) != (high is None):
             raise UsageError(f"{where}: parameter {name!r}: give both min and max, or neither")
     elif low is None or high is None:
-        raise UsageError(f"{where}: parameter {name!r} ({kind}) needs \"min\" and \"max\"")
+        raise UsageError(f'{where}: parameter {name!r} ({kind}) needs "min" and "max"')
     if low is not None and high is not None and low > high:
         raise UsageError(f"{where}: parameter {name!r} has min {low} > max {high}; swap them")
     if scaling == "loguniform" and low is not None and low <= 0:
@@ -236,9 +251,11 @@ def parse_parameter(name: str, spec: Any, where: str) -> Parameter:
 
 # -- the whole config -------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class LRScaling:
     """lr = base_lr x (batch / base_batch_size) (linear) or its square root (sqrt): Goyal et al. 2017."""
+
     rule: str
     base_batch_size: int
     base_lr: float
@@ -255,16 +272,16 @@ class SearchSpace:
     algorithm: str
     parameters: tuple[Parameter, ...]
     metrics: tuple[str, ...]
-    directions: tuple[str, ...]        # "minimize" | "maximize", one per metric
-    max_combo: int                     # combinations to try (grid: 0 = all of it)
-    repeats: int                       # trials of each combination ("trials")
+    directions: tuple[str, ...]  # "minimize" | "maximize", one per metric
+    max_combo: int  # combinations to try (grid: 0 = all of it)
+    repeats: int  # trials of each combination ("trials")
     seed: int
     grid_size: int
     retry_limit: int
     randomize: bool
-    sampler: str                       # what picks the values: grid | random, or bayes's tpe | gp | nsga2
+    sampler: str  # what picks the values: grid | random, or bayes's tpe | gp | nsga2
     name: str
-    lr_scaling: Optional[LRScaling]
+    lr_scaling: LRScaling | None
 
     @property
     def multi_objective(self) -> bool:
@@ -316,11 +333,23 @@ class SearchSpace:
         return {rule.lr_param: rule.lr_for(params[rule.batch_param])}
 
     def to_dict(self) -> dict[str, Any]:
-        return {"algorithm": self.algorithm, "metrics": list(self.metrics), "directions": list(self.directions),
-                "max_combo": self.max_combo, "repeats": self.repeats, "seed": self.seed, "grid_size": self.grid_size,
-                "retry_limit": self.retry_limit, "randomize": self.randomize, "sampler": self.sampler, "name": self.name,
-                "parameters": {p.name: {k: v for k, v in vars(p).items() if k != "name" and v is not None} for p in self.parameters},
-                "lr_scaling": vars(self.lr_scaling) if self.lr_scaling else None}
+        return {
+            "algorithm": self.algorithm,
+            "metrics": list(self.metrics),
+            "directions": list(self.directions),
+            "max_combo": self.max_combo,
+            "repeats": self.repeats,
+            "seed": self.seed,
+            "grid_size": self.grid_size,
+            "retry_limit": self.retry_limit,
+            "randomize": self.randomize,
+            "sampler": self.sampler,
+            "name": self.name,
+            "parameters": {
+                p.name: {k: v for k, v in vars(p).items() if k != "name" and v is not None} for p in self.parameters
+            },
+            "lr_scaling": vars(self.lr_scaling) if self.lr_scaling else None,
+        }
 
 
 def parse_space(data: dict[str, Any], where: str = "sweep config") -> SearchSpace:
@@ -332,15 +361,17 @@ def parse_space(data: dict[str, Any], where: str = "sweep config") -> SearchSpac
         raise UsageError(f"{where}: algorithm {algorithm!r} is not one of {', '.join(ALGORITHMS)}")
     params = data.get("parameters")
     if not isinstance(params, dict) or not params:
-        raise UsageError(f"{where}: \"parameters\" must be a non-empty object of parameter specs")
+        raise UsageError(f'{where}: "parameters" must be a non-empty object of parameter specs')
     parameters = tuple(parse_parameter(name, spec, where) for name, spec in params.items())
 
     spec = data.get("spec", {})
     if not isinstance(spec, dict):
-        raise UsageError(f"{where}: \"spec\" must be an object with \"metric\" and \"objective\"")
+        raise UsageError(f'{where}: "spec" must be an object with "metric" and "objective"')
     unknown = sorted(set(spec) - SPEC_KEYS - SPEC_IGNORED)
     if unknown:
-        raise UsageError(f"{where}: unknown spec key {unknown[0]!r}; expected {', '.join(sorted(SPEC_KEYS | SPEC_IGNORED))}")
+        raise UsageError(
+            f"{where}: unknown spec key {unknown[0]!r}; expected {', '.join(sorted(SPEC_KEYS | SPEC_IGNORED))}"
+        )
     metric = spec.get("metric", "loss")
     metrics = tuple(metric) if isinstance(metric, list) else (metric,)
     if not metrics or not all(isinstance(m, str) and m for m in metrics):
@@ -348,10 +379,13 @@ def parse_space(data: dict[str, Any], where: str = "sweep config") -> SearchSpac
     objective = spec.get("objective", "minimize")
     directions = tuple(objective) if isinstance(objective, list) else (objective,) * len(metrics)
     if len(directions) != len(metrics):
-        raise UsageError(f"{where}: spec.objective lists {len(directions)} objective(s) for {len(metrics)} metric(s); give one per metric")
+        raise UsageError(
+            f"{where}: spec.objective lists {len(directions)} objective(s) for {len(metrics)} metric(s); give one per "
+            "metric"
+        )
     for direction in directions:
         if direction not in ("minimize", "maximize"):
-            raise UsageError(f"{where}: spec.objective {direction!r} must be \"minimize\" or \"maximize\"")
+            raise UsageError(f'{where}: spec.objective {direction!r} must be "minimize" or "maximize"')
 
     def count(key: str, default: int, least: int) -> int:
         value = spec.get(key, default) if key in spec else data.get(key, default)
@@ -361,10 +395,12 @@ def parse_space(data: dict[str, Any], where: str = "sweep config") -> SearchSpac
 
     max_combo = count("maxCombo", 0, 0)
     if algorithm != "grid" and max_combo == 0:
-        max_combo = 10 * len(parameters)           # Comet's default budget for random and bayes
+        max_combo = 10 * len(parameters)  # Comet's default budget for random and bayes
     if "sampler" in spec and algorithm != "bayes":
-        raise UsageError(f"{where}: spec.sampler chooses the sampler of algorithm \"bayes\"; {algorithm} search has "
-                         "its own plan, so drop spec.sampler")
+        raise UsageError(
+            f'{where}: spec.sampler chooses the sampler of algorithm "bayes"; {algorithm} search has '
+            "its own plan, so drop spec.sampler"
+        )
     # Grid and random plans are computed here, not sampled by Optuna: they are named for what they are.
     sampler = spec.get("sampler", "nsga2" if len(metrics) > 1 else "tpe") if algorithm == "bayes" else algorithm
     if algorithm == "bayes" and sampler not in SAMPLERS:
@@ -373,26 +409,42 @@ def parse_space(data: dict[str, Any], where: str = "sweep config") -> SearchSpac
     if not isinstance(name, str) or not name:
         raise UsageError(f"{where}: name must be a non-empty string")
     space = SearchSpace(
-        algorithm=algorithm, parameters=parameters, metrics=metrics, directions=directions, max_combo=max_combo,
-        repeats=count("trials", 1, 1), seed=count("seed", 0, 0), grid_size=count("gridSize", 10, 1),
-        retry_limit=count("retryLimit", 0, 0), randomize=bool(spec.get("randomize", False)), sampler=sampler,
-        name=name, lr_scaling=_parse_lr_scaling(data.get("lr_scaling"), parameters, where))
+        algorithm=algorithm,
+        parameters=parameters,
+        metrics=metrics,
+        directions=directions,
+        max_combo=max_combo,
+        repeats=count("trials", 1, 1),
+        seed=count("seed", 0, 0),
+        grid_size=count("gridSize", 10, 1),
+        retry_limit=count("retryLimit", 0, 0),
+        randomize=bool(spec.get("randomize", False)),
+        sampler=sampler,
+        name=name,
+        lr_scaling=_parse_lr_scaling(data.get("lr_scaling"), parameters, where),
+    )
     return space
 
 
-def _parse_lr_scaling(spec: Any, parameters: Sequence[Parameter], where: str) -> Optional[LRScaling]:
+def _parse_lr_scaling(spec: Any, parameters: Sequence[Parameter], where: str) -> LRScaling | None:
     if spec is None:
         return None
     keys = {"rule", "base_batch_size", "base_lr", "batch_param", "lr_param"}
     if not isinstance(spec, dict) or set(spec) - keys:
         raise UsageError(f"{where}: lr_scaling must be an object with keys {', '.join(sorted(keys))}")
-    rule = LRScaling(rule=spec.get("rule", "linear"), base_batch_size=spec.get("base_batch_size", 0),
-                     base_lr=spec.get("base_lr", 0), batch_param=spec.get("batch_param", "batch_size"),
-                     lr_param=spec.get("lr_param", "lr"))
+    rule = LRScaling(
+        rule=spec.get("rule", "linear"),
+        base_batch_size=spec.get("base_batch_size", 0),
+        base_lr=spec.get("base_lr", 0),
+        batch_param=spec.get("batch_param", "batch_size"),
+        lr_param=spec.get("lr_param", "lr"),
+    )
     if rule.rule not in LR_RULES:
         raise UsageError(f"{where}: lr_scaling.rule {rule.rule!r} is not one of {', '.join(LR_RULES)}")
     if not isinstance(rule.base_batch_size, int) or rule.base_batch_size <= 0:
-        raise UsageError(f"{where}: lr_scaling.base_batch_size must be a positive integer, the batch base_lr was tuned for")
+        raise UsageError(
+            f"{where}: lr_scaling.base_batch_size must be a positive integer, the batch base_lr was tuned for"
+        )
     if not isinstance(rule.base_lr, (int, float)) or rule.base_lr <= 0:
         raise UsageError(f"{where}: lr_scaling.base_lr must be a positive number")
     names = [p.name for p in parameters]

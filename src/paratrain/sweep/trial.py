@@ -8,6 +8,7 @@ monitor into the trial's system.jsonl (the sweep driver pays nothing for it). Ei
 puts itself in its own session (so the trial and everything it starts is stopped as one group),
 asks the kernel to kill it if the sweep dies, and pins itself to its slot's cores.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -22,18 +23,19 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait as wait_for_sentinels
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from paratrain.errors import UsageError
 from paratrain.measure.monitor import DEFAULT_HZ, SYSTEM_FILE, Monitor
 from paratrain.runs import RunDir
 from paratrain.script_client import PARAMS_ENV, REPORT_FILE_ENV
 
-PARAM_STYLES = ("space", "equals", "plain", "none")   # --lr 0.1 | --lr=0.1 | lr=0.1 (Hydra) | env only
-VAL_METRICS = ("val_loss", "val_accuracy", "val_bits_per_byte")   # a built-in trial's metrics on the validation split
+PARAM_STYLES = ("space", "equals", "plain", "none")  # --lr 0.1 | --lr=0.1 | lr=0.1 (Hydra) | env only
+VAL_METRICS = ("val_loss", "val_accuracy", "val_bits_per_byte")  # a built-in trial's metrics on the validation split
 # Modules the fork server imports once for built-in trials; torch._dynamo is imported lazily by
 # the first optimizer torch builds (over 2 s), so it is loaded here too.
 GUARD = "paratrain.sweep.guard"
@@ -42,36 +44,51 @@ PRELOAD = [GUARD, "torch", "torch._dynamo", "paratrain.launch", "paratrain.engin
 
 # -- devices ----------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Slot:
     """The devices one running trial owns: cores always, GPUs when there are any."""
+
     index: int
     cores: tuple[int, ...]
-    gpus: Optional[tuple[int, ...]] = None
+    gpus: tuple[int, ...] | None = None
 
     def describe(self) -> str:
         cores = f"cores {','.join(map(str, self.cores))}"
         return f"GPUs {','.join(map(str, self.gpus))}, {cores}" if self.gpus else cores
 
 
-def plan_slots(jobs: int, workers_per_trial: int, allow_oversubscribe: bool,
-               cores: Optional[Sequence[int]] = None, gpus: int = 0) -> list[Slot]:
+def plan_slots(
+    jobs: int, workers_per_trial: int, allow_oversubscribe: bool, cores: Sequence[int] | None = None, gpus: int = 0
+) -> list[Slot]:
     """Split this machine's devices among `jobs` concurrent trials, never sharing one by accident."""
     cores = sorted(cores if cores is not None else os.sched_getaffinity(0))
     if gpus:
         if jobs * workers_per_trial > gpus and not allow_oversubscribe:
-            raise UsageError(f"-j {jobs} x --workers-per-trial {workers_per_trial} needs {jobs * workers_per_trial} GPUs; "
-                             f"this machine has {gpus}; lower -j or pass --allow-oversubscribe")
+            raise UsageError(
+                f"-j {jobs} x --workers-per-trial {workers_per_trial} needs {jobs * workers_per_trial} GPUs; "
+                f"this machine has {gpus}; lower -j or pass --allow-oversubscribe"
+            )
         per_cores = max(1, len(cores) // jobs)
-        return [Slot(i, tuple(cores[(i * per_cores) % len(cores):][:per_cores]),
-                     tuple((i * workers_per_trial + k) % gpus for k in range(workers_per_trial))) for i in range(jobs)]
+        return [
+            Slot(
+                i,
+                tuple(cores[(i * per_cores) % len(cores) :][:per_cores]),
+                tuple((i * workers_per_trial + k) % gpus for k in range(workers_per_trial)),
+            )
+            for i in range(jobs)
+        ]
     if jobs * workers_per_trial > len(cores) and not allow_oversubscribe:
-        raise UsageError(f"-j {jobs} x --workers-per-trial {workers_per_trial} needs {jobs * workers_per_trial} cores; "
-                         f"this process may use {len(cores)}; lower -j or pass --allow-oversubscribe "
-                         "(trials would then time-slice cores and every timing would be wrong)")
+        raise UsageError(
+            f"-j {jobs} x --workers-per-trial {workers_per_trial} needs {jobs * workers_per_trial} cores; "
+            f"this process may use {len(cores)}; lower -j or pass --allow-oversubscribe "
+            "(trials would then time-slice cores and every timing would be wrong)"
+        )
     per = max(1, len(cores) // jobs)
-    return [Slot(i, tuple(cores[(i * per + k) % len(cores)] for k in range(max(per, workers_per_trial))))
-            for i in range(jobs)]
+    return [
+        Slot(i, tuple(cores[(i * per + k) % len(cores)] for k in range(max(per, workers_per_trial))))
+        for i in range(jobs)
+    ]
 
 
 def gpu_count() -> int:
@@ -84,7 +101,7 @@ def gpu_count() -> int:
     return torch.cuda.device_count()
 
 
-def visible_devices(gpus: Sequence[int], inherited: Optional[str]) -> str:
+def visible_devices(gpus: Sequence[int], inherited: str | None) -> str:
     """CUDA_VISIBLE_DEVICES for a trial that owns the sweep's GPUs number `gpus`.
 
     The sweep counts the GPUs it can see, 0..N-1; under an inherited CUDA_VISIBLE_DEVICES (SLURM
@@ -104,13 +121,14 @@ def visible_devices(gpus: Sequence[int], inherited: Optional[str]) -> str:
 # sweep driver and the script trials' fork server, which stay light. A probed trial starts as launch's
 # ranks do (probe.command()): `python PROBE_FILE SCRIPT ARGS...`, its records in TRIAL_DIR/probe/.
 PROBE_FILE = Path(__file__).resolve().parents[1] / "launch" / "probe.py"
-PROBE_RUN_DIR_ENV = "PARATRAIN_RUN_DIR"     # launch/probe.py's RUN_DIR_ENV
+PROBE_RUN_DIR_ENV = "PARATRAIN_RUN_DIR"  # launch/probe.py's RUN_DIR_ENV
 
 
 @dataclass(frozen=True)
 class ScriptCommand:
     """Any program; hyperparameters as arguments and in PARATRAIN_PARAMS. A Python script runs under the
     probe unless `probe` is off."""
+
     script: str
     args: tuple[str, ...] = ()
     param_style: str = "space"
@@ -134,7 +152,9 @@ def check_script(script: Path) -> None:
     if not script.is_file():
         raise UsageError(f"--script {script} does not exist; pass the path of your training script")
     if script.suffix != ".py" and not os.access(script, os.X_OK):
-        raise UsageError(f"--script {script} is not executable; chmod +x it, or pass a .py file (run with {sys.executable})")
+        raise UsageError(
+            f"--script {script} is not executable; chmod +x it, or pass a .py file (run with {sys.executable})"
+        )
 
 
 def param_arguments(params: dict[str, Any], style: str) -> list[str]:
@@ -155,7 +175,8 @@ def param_arguments(params: dict[str, Any], style: str) -> list[str]:
 @dataclass(frozen=True)
 class BuiltinCommand:
     """A paratrain workload: `paratrain train` with the sweep's train flags and the trial's params."""
-    train: dict[str, Any]          # the shared train flags (TrainConfig fields)
+
+    train: dict[str, Any]  # the shared train flags (TrainConfig fields)
 
     def config(self, params: dict[str, Any], repeat: int, workers: int, run_dir: Path) -> dict[str, Any]:
         values = {**self.train, **params, "workers": workers, "run_dir": str(run_dir), "quiet": True}
@@ -167,14 +188,15 @@ class BuiltinCommand:
 
 # -- running one --------------------------------------------------------------------------------
 
+
 @dataclass
 class Outcome:
-    state: str                                  # COMPLETE | FAIL | PRUNED
-    values: Optional[list[float]] = None        # the objective(s), in spec.metric order
+    state: str  # COMPLETE | FAIL | PRUNED
+    values: list[float] | None = None  # the objective(s), in spec.metric order
     metrics: dict[str, float] = field(default_factory=dict)
-    reason: Optional[str] = None                # why it failed or was pruned
+    reason: str | None = None  # why it failed or was pruned
     duration_s: float = 0.0
-    launch_overhead_s: Optional[float] = None   # from launch to the first training step (built-in)
+    launch_overhead_s: float | None = None  # from launch to the first training step (built-in)
 
 
 _server: Any = None
@@ -202,18 +224,30 @@ def start_server(builtin: bool) -> Any:
 class TrialProcess:
     """A started trial: poll it, read what it reported, stop it."""
 
-    def __init__(self, command: ScriptCommand | BuiltinCommand, params: dict[str, Any], trial_dir: Path,
-                 slot: Slot, repeat: int, workers: int, number: int):
+    def __init__(
+        self,
+        command: ScriptCommand | BuiltinCommand,
+        params: dict[str, Any],
+        trial_dir: Path,
+        slot: Slot,
+        repeat: int,
+        workers: int,
+        number: int,
+    ):
         self.command, self.trial_dir, self.slot = command, trial_dir, slot
         trial_dir.mkdir(parents=True, exist_ok=True)
         self.reports_path = trial_dir / "reports.jsonl"
         self.reports_path.touch()
         self.run = RunDir(trial_dir / "run")
-        env = {PARAMS_ENV: json.dumps(params), REPORT_FILE_ENV: str(self.reports_path),
-               "PARATRAIN_TRIAL_NUMBER": str(number), "PARATRAIN_TRIAL_DIR": str(trial_dir),
-               "PARATRAIN_WORKERS": str(workers),
-               "OMP_NUM_THREADS": str(max(1, len(slot.cores) // workers)),
-               "MKL_NUM_THREADS": str(max(1, len(slot.cores) // workers))}
+        env = {
+            PARAMS_ENV: json.dumps(params),
+            REPORT_FILE_ENV: str(self.reports_path),
+            "PARATRAIN_TRIAL_NUMBER": str(number),
+            "PARATRAIN_TRIAL_DIR": str(trial_dir),
+            "PARATRAIN_WORKERS": str(workers),
+            "OMP_NUM_THREADS": str(max(1, len(slot.cores) // workers)),
+            "MKL_NUM_THREADS": str(max(1, len(slot.cores) // workers)),
+        }
         if slot.gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = visible_devices(slot.gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
         if isinstance(command, ScriptCommand):
@@ -227,14 +261,18 @@ class TrialProcess:
         self.started_unix = time.time()
         self.started = time.perf_counter()
         ctx = start_server(builtin=isinstance(command, BuiltinCommand))
-        self.process = ctx.Process(target=_trial_main, daemon=False, name=f"trial-{number}",
-                                   args=(slot.cores, env, str(trial_dir / "stdout.log"), str(trial_dir / "stderr.log"), what))
+        self.process = ctx.Process(
+            target=_trial_main,
+            daemon=False,
+            name=f"trial-{number}",
+            args=(slot.cores, env, str(trial_dir / "stdout.log"), str(trial_dir / "stderr.log"), what),
+        )
         with _popen_lock:
             self.process.start()
         self._offset = 0
 
     @property
-    def pid(self) -> Optional[int]:
+    def pid(self) -> int | None:
         return self.process.pid
 
     def elapsed(self) -> float:
@@ -248,7 +286,7 @@ class TrialProcess:
         """Until the trial ends or `timeout` seconds pass."""
         wait_for_sentinels([self.process.sentinel], timeout)
 
-    def new_reports(self) -> list[tuple[Optional[int], dict[str, float]]]:
+    def new_reports(self) -> list[tuple[int | None, dict[str, float]]]:
         """(step, metrics) reported since the last call: the script's report file, or the built-in
         run's evaluation events (one step per epoch), each named after its split: val_* only ever
         measures the validation split, so a sweep never prunes or chooses on the test split."""
@@ -287,27 +325,46 @@ class TrialProcess:
         if code != 0:
             why = f"killed by signal {-code}" if code is not None and code < 0 else f"exit status {code}"
             last = _last_line(self.trial_dir / "stderr.log")
-            return Outcome("FAIL", metrics=final, reason=f"{why}: {last}" if last else why, duration_s=duration,
-                           launch_overhead_s=overhead)
+            return Outcome(
+                "FAIL",
+                metrics=final,
+                reason=f"{why}: {last}" if last else why,
+                duration_s=duration,
+                launch_overhead_s=overhead,
+            )
         missing = [m for m in metrics_wanted if m not in final]
         if missing:
-            how = ("paratrain.report" if isinstance(self.command, ScriptCommand) else "the run's summary.json")
-            return Outcome("FAIL", metrics=final, duration_s=duration, launch_overhead_s=overhead,
-                           reason=f"the trial never reported {missing[0]!r} (looked in {how} and the last lines of stdout)")
+            how = "paratrain.report" if isinstance(self.command, ScriptCommand) else "the run's summary.json"
+            return Outcome(
+                "FAIL",
+                metrics=final,
+                duration_s=duration,
+                launch_overhead_s=overhead,
+                reason=f"the trial never reported {missing[0]!r} (looked in {how} and the last lines of stdout)",
+            )
         values = [final[m] for m in metrics_wanted]
         bad = [m for m, v in zip(metrics_wanted, values) if not math.isfinite(v)]
         if bad:
-            return Outcome("FAIL", metrics=final, duration_s=duration, launch_overhead_s=overhead,
-                           reason=f"the trial reported {bad[0]} = {final[bad[0]]}")
+            return Outcome(
+                "FAIL",
+                metrics=final,
+                duration_s=duration,
+                launch_overhead_s=overhead,
+                reason=f"the trial reported {bad[0]} = {final[bad[0]]}",
+            )
         return Outcome("COMPLETE", values=values, metrics=final, duration_s=duration, launch_overhead_s=overhead)
 
-    def _final_metrics(self) -> tuple[dict[str, float], Optional[float]]:
+    def _final_metrics(self) -> tuple[dict[str, float], float | None]:
         if isinstance(self.command, BuiltinCommand):
             metrics: dict[str, float] = {}
             if self.run.summary.exists():
                 summary = self.run.read_summary()
-                metrics = {k: float(v) for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-                if summary.get("val_split") == "test":      # without a validation split the engine's val_* are the test split's
+                metrics = {
+                    k: float(v) for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+                }
+                if (
+                    summary.get("val_split") == "test"
+                ):  # without a validation split the engine's val_* are the test split's
                     metrics = {k: v for k, v in metrics.items() if k not in VAL_METRICS}
             start = next((e["unix_time"] for e in self.run.read_metrics() if e.get("event") == "start"), None)
             return metrics, (start - self.started_unix if start is not None else None)
@@ -340,7 +397,7 @@ def _trial_main(cores: Sequence[int], env: dict[str, str], stdout: str, stderr: 
 
     try:
         train(what)
-    except BaseException as exc:   # the reason goes to stderr.log's last line, where the sweep reads it
+    except BaseException as exc:  # the reason goes to stderr.log's last line, where the sweep reads it
         print(f"{type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         sys.stderr.flush()
         os._exit(1)
@@ -365,13 +422,15 @@ def die_with_parent() -> None:
     """PR_SET_PDEATHSIG: the kernel sends SIGKILL to this process when its parent thread ends."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
-    except (OSError, AttributeError):     # not Linux: trials may outlive a killed sweep
+    except (OSError, AttributeError):  # not Linux: trials may outlive a killed sweep
         pass
 
 
 # -- the stdout protocol ----------------------------------------------------------------------
 
-_PAIR = re.compile(r"([A-Za-z_][\w.\-/]*)\s*(?:=|:)\s*([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|inf|NaN|Inf))\b")
+_PAIR = re.compile(
+    r"([A-Za-z_][\w.\-/]*)\s*(?:=|:)\s*([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|inf|NaN|Inf))\b"
+)
 
 
 def parse_stdout_metrics(lines: Sequence[str]) -> dict[str, float]:

@@ -5,6 +5,7 @@ registered name or a user's own `pkg.module:factory`. Image workloads pair a cla
 CIFAR-10 or synthetic images; text workloads pair a `gpt` preset with byte-level text
 (workloads/text.py). The loss comes with the workload (workloads/objective.py).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -12,8 +13,9 @@ import inspect
 import math
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 from torch import nn
@@ -36,14 +38,24 @@ WORKLOADS: dict[str, Workload] = {
     "cifar10-resnet50v2": Workload("resnet50v2", "cifar10", "pre-activation ResNet-50 (v2) on CIFAR-10"),
     "cifar10-resnet152v2": Workload("resnet152v2", "cifar10", "pre-activation ResNet-152 (v2) on CIFAR-10"),
     "synthetic-cnn": Workload("cifar10-cnn", "synthetic", "the tutorial CNN on random images: throughput work"),
-    "synthetic-resnet50v2": Workload("resnet50v2", "synthetic", "ResNet-50 v2 on random images (set --synthetic-shape 3,128,128)"),
-    "gpt-tiny": Workload("gpt-tiny", "text", "GPT, 4 x 128, context 256 (0.86 M parameters) on Python's own sources, bytes"),
+    "synthetic-resnet50v2": Workload(
+        "resnet50v2", "synthetic", "ResNet-50 v2 on random images (set --synthetic-shape 3,128,128)"
+    ),
+    "gpt-tiny": Workload(
+        "gpt-tiny", "text", "GPT, 4 x 128, context 256 (0.86 M parameters) on Python's own sources, bytes"
+    ),
     "gpt-small": Workload("gpt-small", "text", "GPT, 6 x 384, context 256 (10.8 M) on Python's own sources, bytes"),
-    "gpt-medium": Workload("gpt-medium", "text", "GPT, 12 x 768, context 1024 (86 M; GPT-2 small's shape) on Python's sources"),
-    "gpt-large": Workload("gpt-large", "text", "GPT, 24 x 1024, context 1024 (304 M; GPT-2 medium's shape) on Python's sources"),
-    "gpt-xl": Workload("gpt-xl", "text", "GPT, 36 x 1280, context 1024 (710 M; GPT-2 large's shape): needs sharding on 24 GiB"),
+    "gpt-medium": Workload(
+        "gpt-medium", "text", "GPT, 12 x 768, context 1024 (86 M; GPT-2 small's shape) on Python's sources"
+    ),
+    "gpt-large": Workload(
+        "gpt-large", "text", "GPT, 24 x 1024, context 1024 (304 M; GPT-2 medium's shape) on Python's sources"
+    ),
+    "gpt-xl": Workload(
+        "gpt-xl", "text", "GPT, 36 x 1280, context 1024 (710 M; GPT-2 large's shape): needs sharding on 24 GiB"
+    ),
 }
-DEFAULT_SEQ_LEN = 256       # text windows for models that are not gpt presets
+DEFAULT_SEQ_LEN = 256  # text windows for models that are not gpt presets
 
 
 @dataclass
@@ -56,19 +68,20 @@ class TrainingData:
 
     train: Any
     test: Any
-    val: Optional[Any]
+    val: Any | None
     num_classes: int
-    shape: tuple[int, ...]             # C,H,W of an image; (seq_len,) of text; any shape of features
-    features: bool = False             # float samples that are not C,H,W images (vectors, sequences of vectors)
-    info: dict[str, Any] = field(default_factory=dict)     # the data's provenance, recorded in config.json
+    shape: tuple[int, ...]  # C,H,W of an image; (seq_len,) of text; any shape of features
+    features: bool = False  # float samples that are not C,H,W images (vectors, sequences of vectors)
+    info: dict[str, Any] = field(default_factory=dict)  # the data's provenance, recorded in config.json
 
 
 def workload_of(config: TrainConfig) -> Workload:
     try:
         base = WORKLOADS[config.workload]
     except KeyError:
-        raise UsageError(f"unknown workload {config.workload!r}; choose from {', '.join(WORKLOADS)} "
-                         "or pass --model/--dataset") from None
+        raise UsageError(
+            f"unknown workload {config.workload!r}; choose from {', '.join(WORKLOADS)} or pass --model/--dataset"
+        ) from None
     return Workload(config.model or base.model, config.dataset or base.dataset, base.description)
 
 
@@ -86,9 +99,11 @@ def import_factory(spec: str, what: str) -> Callable[..., Any]:
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # any import-time failure is the user's to fix
-        raise UsageError(f"{what} factory {spec!r}: cannot import {module_name} ({type(exc).__name__}: {exc})") from None
+        raise UsageError(
+            f"{what} factory {spec!r}: cannot import {module_name} ({type(exc).__name__}: {exc})"
+        ) from None
     factory: Any = module
-    for part in attr.split("."):     # a qualified name: a class's factory method, say
+    for part in attr.split("."):  # a qualified name: a class's factory method, say
         factory = getattr(factory, part, None)
     if not callable(factory):
         raise UsageError(f"{what} factory {spec!r}: {module_name} has no callable {attr!r}")
@@ -109,8 +124,9 @@ def load_data(config: TrainConfig) -> TrainingData:
     if name == "cifar10":
         data = datasets.load_cifar10(config.data_dir, config.cache_dir)
     elif name == "synthetic":
-        data = datasets.load_synthetic(config.synthetic_samples, config.synthetic_shape, config.num_classes,
-                                       seed=config.seed)
+        data = datasets.load_synthetic(
+            config.synthetic_samples, config.synthetic_shape, config.num_classes, seed=config.seed
+        )
     elif name == "text":
         return _text_data(config)
     else:
@@ -122,8 +138,10 @@ def load_data(config: TrainConfig) -> TrainingData:
     train, val = data.train, None
     if config.limit_train is not None:
         if config.limit_train < len(data.classes):
-            raise UsageError(f"--limit-train {config.limit_train} is below the {len(data.classes)} classes: a class-balanced "
-                             f"subset needs a sample of each; use --limit-train {len(data.classes)} or more")
+            raise UsageError(
+                f"--limit-train {config.limit_train} is below the {len(data.classes)} classes: a class-balanced "
+                f"subset needs a sample of each; use --limit-train {len(data.classes)} or more"
+            )
         train = train.subset(datasets.balanced_subset(train.y, config.limit_train, seed=config.seed))
     if config.val_split > 0:
         keep, held_out = datasets.stratified_split(train.y, config.val_split, seed=config.seed)
@@ -149,9 +167,14 @@ def _text_data(config: TrainConfig) -> TrainingData:
         val = text.eval_windows(val_tokens, seq_len, config.eval_samples)
     text.check_length(train, seq_len, "training")
     text.check_length(held_out, seq_len, "held-out")
-    return TrainingData(train=text.TokenStream(train, seq_len, config.samples_per_epoch),
-                        test=text.eval_windows(held_out, seq_len, config.eval_samples), val=val,
-                        num_classes=gpt.BYTE_VOCAB, shape=(seq_len,), info=info)
+    return TrainingData(
+        train=text.TokenStream(train, seq_len, config.samples_per_epoch),
+        test=text.eval_windows(held_out, seq_len, config.eval_samples),
+        val=val,
+        num_classes=gpt.BYTE_VOCAB,
+        shape=(seq_len,),
+        info=info,
+    )
 
 
 # The share of a single Dataset from a factory that is held out as its test split.
@@ -163,25 +186,36 @@ def _generic_data(spec: str, result: Any, config: TrainConfig) -> TrainingData:
         # One Dataset: a seeded split, the same on every rank and every rerun with the same --seed.
         test_size = max(1, int(len(result) * TEST_FRACTION))
         if len(result) - test_size < 1:
-            raise UsageError(f"dataset factory {spec!r} returned {len(result)} sample(s): too few to hold out a test split")
-        result = tuple(torch.utils.data.random_split(result, [len(result) - test_size, test_size],
-                                                     generator=torch.Generator().manual_seed(config.seed)))
+            raise UsageError(
+                f"dataset factory {spec!r} returned {len(result)} sample(s): too few to hold out a test split"
+            )
+        result = tuple(
+            torch.utils.data.random_split(
+                result, [len(result) - test_size, test_size], generator=torch.Generator().manual_seed(config.seed)
+            )
+        )
     if not (isinstance(result, tuple) and len(result) == 2):
-        raise UsageError(f"dataset factory {spec!r} must return a torch Dataset, a (train, test) pair of them, "
-                         "or a paratrain Dataset")
+        raise UsageError(
+            f"dataset factory {spec!r} must return a torch Dataset, a (train, test) pair of them, "
+            "or a paratrain Dataset"
+        )
     train, test = result
     if config.limit_train is not None or config.val_split > 0:
-        raise UsageError("--limit-train and --val-split need labels up front: return a paratrain Dataset from the factory")
+        raise UsageError(
+            "--limit-train and --val-split need labels up front: return a paratrain Dataset from the factory"
+        )
     item = train[0]
     if not (isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[0], torch.Tensor)):
-        raise UsageError(f"dataset factory {spec!r}: a sample must be an (input tensor, target) pair "
-                         f"(got {type(item).__name__})")
+        raise UsageError(
+            f"dataset factory {spec!r}: a sample must be an (input tensor, target) pair (got {type(item).__name__})"
+        )
     sample = item[0]
     # Only these shapes are read: images (C,H,W) give a model in_channels and image_size, integer
     # vectors are token ids (vocab_size, seq_len); anything else is fed to the model as it is.
     features = sample.is_floating_point() and sample.dim() != 3
-    return TrainingData(train=train, test=test, val=None, num_classes=config.num_classes, shape=tuple(sample.shape),
-                        features=features)
+    return TrainingData(
+        train=train, test=test, val=None, num_classes=config.num_classes, shape=tuple(sample.shape), features=features
+    )
 
 
 def build_model(config: TrainConfig, data: TrainingData) -> nn.Module:
@@ -193,7 +227,7 @@ def build_model(config: TrainConfig, data: TrainingData) -> nn.Module:
     if data.features:
         check_inputs(name, data)
         shape_kwargs = dict(in_features=math.prod(data.shape), input_shape=data.shape)
-    elif len(data.shape) == 1:        # text: a user's sequence model
+    elif len(data.shape) == 1:  # text: a user's sequence model
         shape_kwargs = dict(vocab_size=data.num_classes, seq_len=data.shape[0])
     else:
         shape_kwargs = dict(in_channels=data.shape[0], image_size=config.image_size or data.shape[1])
@@ -208,8 +242,10 @@ def build_model(config: TrainConfig, data: TrainingData) -> nn.Module:
 
 def check_inputs(name: str, data: TrainingData) -> None:
     if data.features and name in models.MODELS:
-        raise UsageError(f"model {name!r} takes C,H,W images and the dataset's samples have shape {data.shape}; "
-                         "pass --model pkg.module:factory with a model for them")
+        raise UsageError(
+            f"model {name!r} takes C,H,W images and the dataset's samples have shape {data.shape}; "
+            "pass --model pkg.module:factory with a model for them"
+        )
 
 
 def check_model(config: TrainConfig) -> None:
@@ -220,12 +256,16 @@ def check_model(config: TrainConfig) -> None:
     if name in gpt.PRESETS:
         shape = gpt.resolve(name, config.n_layer, config.n_head, config.n_embd)
         if config.seq_len is not None and config.seq_len > shape.block_size:
-            raise UsageError(f"--seq-len {config.seq_len} exceeds {name}'s context of {shape.block_size} tokens; "
-                             f"use --seq-len {shape.block_size} or less, or a preset with a longer context")
+            raise UsageError(
+                f"--seq-len {config.seq_len} exceeds {name}'s context of {shape.block_size} tokens; "
+                f"use --seq-len {shape.block_size} or less, or a preset with a longer context"
+            )
         return
     if shape_flags:
-        raise UsageError(f"--{shape_flags[0].replace('_', '-')} shapes the gpt models only; "
-                         f"{name!r} is not one (choose from {', '.join(gpt.PRESETS)})")
+        raise UsageError(
+            f"--{shape_flags[0].replace('_', '-')} shapes the gpt models only; "
+            f"{name!r} is not one (choose from {', '.join(gpt.PRESETS)})"
+        )
     if name not in models.MODELS:
         import_factory(name, "model")
     elif config.image_size is not None:

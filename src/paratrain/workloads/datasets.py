@@ -11,6 +11,7 @@ Decoding (the only per-image Python work) happens once per source; the tensors a
 `torch.save` under a key made of the source's path, size and modification time, and later loads
 are a single `torch.load`.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -21,16 +22,16 @@ import sys
 import tarfile
 import urllib.request
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Optional, Union
 
 import numpy as np
 import torch
 
 from paratrain.errors import UsageError
 
-PathLike = Union[str, os.PathLike]
+PathLike = str | os.PathLike
 
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
@@ -44,13 +45,13 @@ CACHE_VERSION = 1
 
 @dataclass
 class Split:
-    x: torch.Tensor   # uint8 [N, C, H, W]
-    y: torch.Tensor   # int64 [N]
+    x: torch.Tensor  # uint8 [N, C, H, W]
+    y: torch.Tensor  # int64 [N]
 
     def __len__(self) -> int:
         return len(self.y)
 
-    def subset(self, idx: torch.Tensor) -> "Split":
+    def subset(self, idx: torch.Tensor) -> Split:
         return Split(self.x[idx].contiguous(), self.y[idx].contiguous())
 
 
@@ -75,7 +76,8 @@ def default_cache_dir() -> Path:
 
 # -- CIFAR-10 and image trees ------------------------------------------------------------------
 
-def load_cifar10(data_dir: Optional[PathLike], cache_dir: Optional[PathLike] = None) -> Dataset:
+
+def load_cifar10(data_dir: PathLike | None, cache_dir: PathLike | None = None) -> Dataset:
     """CIFAR-10 from `data_dir` in any of the accepted forms; the bundled subset when None."""
     source = Path(data_dir).expanduser() if data_dir is not None else BUNDLED
     if not source.exists():
@@ -87,18 +89,29 @@ def load_cifar10(data_dir: Optional[PathLike], cache_dir: Optional[PathLike] = N
         try:
             return _from_cache(torch.load(cached, weights_only=True))
         except Exception:
-            cached.unlink(missing_ok=True)     # a stale or damaged cache entry is simply rebuilt
+            cached.unlink(missing_ok=True)  # a stale or damaged cache entry is simply rebuilt
     try:
         data = _decode(kind, path)
     except UsageError:
         raise
     except (tarfile.TarError, EOFError, zlib.error, pickle.UnpicklingError, OSError, KeyError, ValueError) as exc:
-        raise UsageError(f"{path} is corrupt or truncated ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
-                         "download or build it again") from None
+        raise UsageError(
+            f"{path} is corrupt or truncated ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+            "download or build it again"
+        ) from None
     cache.mkdir(parents=True, exist_ok=True)
     tmp = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
-    torch.save({"name": data.name, "classes": data.classes, "train_x": data.train.x, "train_y": data.train.y,
-                "test_x": data.test.x, "test_y": data.test.y}, tmp)
+    torch.save(
+        {
+            "name": data.name,
+            "classes": data.classes,
+            "train_x": data.train.x,
+            "train_y": data.train.y,
+            "test_x": data.test.x,
+            "test_y": data.test.y,
+        },
+        tmp,
+    )
     os.replace(tmp, cached)
     return data
 
@@ -113,7 +126,9 @@ def _identify(source: Path) -> tuple[str, Path]:
         raise UsageError(f"--data-dir {source} is a file but not a .tar.gz/.tgz/.tar archive")
     entries = [p for p in source.iterdir() if not p.name.startswith(".")]
     if not entries:
-        raise UsageError(f"--data-dir {source} is empty; put cifar-10-python.tar.gz or a train/ and test/ image tree in it")
+        raise UsageError(
+            f"--data-dir {source} is empty; put cifar-10-python.tar.gz or a train/ and test/ image tree in it"
+        )
     if (source / "data_batch_1").exists() and (source / "test_batch").exists():
         return "cifar-folder", source
     if (source / CIFAR10_FOLDER).is_dir():
@@ -128,8 +143,10 @@ def _identify(source: Path) -> tuple[str, Path]:
     archives = [p for p in entries if p.is_file() and p.name.endswith((".tar.gz", ".tgz"))]
     if len(archives) == 1:
         return "tree-archive", archives[0]
-    raise UsageError(f"--data-dir {source} holds neither CIFAR-10 ({CIFAR10_ARCHIVE} or {CIFAR10_FOLDER}/) "
-                     "nor an image tree with train/<class>/ and test/<class>/ folders")
+    raise UsageError(
+        f"--data-dir {source} holds neither CIFAR-10 ({CIFAR10_ARCHIVE} or {CIFAR10_FOLDER}/) "
+        "nor an image tree with train/<class>/ and test/<class>/ folders"
+    )
 
 
 def _fingerprint(kind: str, path: Path) -> str:
@@ -145,8 +162,12 @@ def _fingerprint(kind: str, path: Path) -> str:
 
 
 def _from_cache(blob: dict) -> Dataset:
-    return Dataset(blob["name"], Split(blob["train_x"], blob["train_y"]), Split(blob["test_x"], blob["test_y"]),
-                   list(blob["classes"]))
+    return Dataset(
+        blob["name"],
+        Split(blob["train_x"], blob["train_y"]),
+        Split(blob["test_x"], blob["test_y"]),
+        list(blob["classes"]),
+    )
 
 
 def _decode(kind: str, path: Path) -> Dataset:
@@ -183,8 +204,15 @@ def _cifar_batches(read) -> Dataset:
         classes = [c.decode() for c in meta[b"label_names"]]
     except UsageError:
         classes = list(CIFAR10_CLASSES)
-    return Dataset("cifar10", Split(torch.from_numpy(np.concatenate([x for x, _ in train])), torch.from_numpy(np.concatenate([y for _, y in train]))),
-                   Split(torch.from_numpy(test_x), torch.from_numpy(test_y)), classes)
+    return Dataset(
+        "cifar10",
+        Split(
+            torch.from_numpy(np.concatenate([x for x, _ in train])),
+            torch.from_numpy(np.concatenate([y for _, y in train])),
+        ),
+        Split(torch.from_numpy(test_x), torch.from_numpy(test_y)),
+        classes,
+    )
 
 
 def _image_tree(files: Iterable[tuple[str, object]], source: Path) -> Dataset:
@@ -197,11 +225,16 @@ def _image_tree(files: Iterable[tuple[str, object]], source: Path) -> Dataset:
         if len(parts) >= 3 and parts[-3] in found and Path(parts[-1]).suffix.lower() in IMAGE_SUFFIXES:
             found[parts[-3]].append((parts[-2], "/".join(parts[-3:]), read))
     if not found["train"] or not found["test"]:
-        raise UsageError(f"{source} holds no train/<class>/ and test/<class>/ images; expected an image tree such as CIFAR-10's")
+        raise UsageError(
+            f"{source} holds no train/<class>/ and test/<class>/ images; expected an image tree such as CIFAR-10's"
+        )
     train_classes = sorted({c for c, _, _ in found["train"]})
     test_classes = sorted({c for c, _, _ in found["test"]})
     if train_classes != test_classes:
-        raise UsageError(f"{source}: train and test have different classes ({', '.join(sorted(set(train_classes) ^ set(test_classes)))})")
+        raise UsageError(
+            f"{source}: train and test have different classes "
+            f"({', '.join(sorted(set(train_classes) ^ set(test_classes)))})"
+        )
     classes = list(CIFAR10_CLASSES) if sorted(CIFAR10_CLASSES) == train_classes else train_classes
     index = {c: i for i, c in enumerate(classes)}
     splits = {}
@@ -218,8 +251,10 @@ def _image_tree(files: Iterable[tuple[str, object]], source: Path) -> Dataset:
             if shape is None:
                 shape = array.shape
             elif array.shape != shape:
-                raise UsageError(f"{source}: images differ in size ({name} is {array.shape[1]}x{array.shape[0]}, "
-                                 f"others {shape[1]}x{shape[0]}); resize them to one size first")
+                raise UsageError(
+                    f"{source}: images differ in size ({name} is {array.shape[1]}x{array.shape[0]}, "
+                    f"others {shape[1]}x{shape[0]}); resize them to one size first"
+                )
             images.append(array)
             labels.append(index[cls])
         x = torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).contiguous()
@@ -239,8 +274,10 @@ def _progress(items: list, description: str) -> Iterable:
 
 # -- synthetic ---------------------------------------------------------------------------------
 
-def load_synthetic(num_samples: int, shape: tuple[int, int, int], num_classes: int, seed: int = 0,
-                   test_samples: Optional[int] = None) -> Dataset:
+
+def load_synthetic(
+    num_samples: int, shape: tuple[int, int, int], num_classes: int, seed: int = 0, test_samples: int | None = None
+) -> Dataset:
     """Random images whose class is learnable: each class has its own mean image, plus noise."""
     if num_samples <= 0 or num_classes <= 1 or len(shape) != 3 or min(shape) <= 0:
         raise UsageError("synthetic data needs samples > 0, classes > 1 and a C,H,W shape")
@@ -257,6 +294,7 @@ def load_synthetic(num_samples: int, shape: tuple[int, int, int], num_classes: i
 
 
 # -- subsets -----------------------------------------------------------------------------------
+
 
 def balanced_subset(y: torch.Tensor, n: int, seed: int) -> torch.Tensor:
     """n indices with the classes as equal as possible, each class's picks random; shuffled.
@@ -307,6 +345,7 @@ def stratified_split(y: torch.Tensor, fraction: float, seed: int) -> tuple[torch
 
 
 # -- download ----------------------------------------------------------------------------------
+
 
 def download_cifar10(dest_dir: PathLike, url: str = CIFAR10_URL, md5: str = CIFAR10_MD5) -> Path:
     """Fetch the canonical archive into dest_dir, verify its md5, and return its path.

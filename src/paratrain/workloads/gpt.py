@@ -15,11 +15,11 @@ embedding's weight (`head.lm_head.weight is embed.wte.weight`): a pipeline that 
 
 The vocabulary is bytes (256): the text workloads need no tokenizer.
 """
+
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -35,13 +35,15 @@ class GPTConfig:
     n_layer: int
     n_head: int
     n_embd: int
-    block_size: int                 # the context: longest sequence the position embeddings cover
+    block_size: int  # the context: longest sequence the position embeddings cover
     vocab_size: int = BYTE_VOCAB
 
     def validate(self) -> None:
         if self.n_embd % self.n_head:
-            raise UsageError(f"--n-embd {self.n_embd} is not divisible by --n-head {self.n_head}; "
-                             "choose a head count that divides the width or a width that is a multiple of the heads")
+            raise UsageError(
+                f"--n-embd {self.n_embd} is not divisible by --n-head {self.n_head}; "
+                "choose a head count that divides the width or a width that is a multiple of the heads"
+            )
 
 
 # The presets, by parameter count (byte vocabulary, so fewer than the GPT-2 model of the same shape):
@@ -60,8 +62,7 @@ PRESETS: dict[str, GPTConfig] = {
 }
 
 
-def resolve(preset: str, n_layer: Optional[int] = None, n_head: Optional[int] = None,
-            n_embd: Optional[int] = None) -> GPTConfig:
+def resolve(preset: str, n_layer: int | None = None, n_head: int | None = None, n_embd: int | None = None) -> GPTConfig:
     """The preset's shape with any of --n-layer/--n-head/--n-embd applied; validated."""
     overrides = {k: v for k, v in (("n_layer", n_layer), ("n_head", n_head), ("n_embd", n_embd)) if v is not None}
     config = replace(PRESETS[preset], **overrides)
@@ -78,8 +79,10 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, time, width = x.shape
-        q, k, v = (t.view(batch, time, self.n_head, width // self.n_head).transpose(1, 2)
-                   for t in self.qkv(x).split(width, dim=2))
+        q, k, v = (
+            t.view(batch, time, self.n_head, width // self.n_head).transpose(1, 2)
+            for t in self.qkv(x).split(width, dim=2)
+        )
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.proj(y.transpose(1, 2).reshape(batch, time, width))
 

@@ -10,9 +10,10 @@
 All end in adaptive average pooling, so any input size from the model's smallest works (e.g.
 128x128); below it the model refuses to be built (a UsageError naming the smallest size).
 """
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -30,7 +31,9 @@ class TutorialCNN(nn.Module):
         self.conv2 = nn.Conv2d(6, 16, 5)
         side = ((image_size - 4) // 2 - 4) // 2
         if side < 1:
-            raise UsageError(f"cifar10-cnn needs images of at least 16 px a side (got {image_size}); use --image-size 16 or more")
+            raise UsageError(
+                f"cifar10-cnn needs images of at least 16 px a side (got {image_size}); use --image-size 16 or more"
+            )
         self.fc1 = nn.Linear(16 * side * side, 120)
         self.fc2 = nn.Linear(120, 84)
         self.fc3 = nn.Linear(84, num_classes)
@@ -89,8 +92,17 @@ class PreActBottleneck(nn.Module):
 
 
 class ResNet(nn.Module):
-    def __init__(self, name: str, block: type[nn.Module], layers: list[int], num_classes: int, in_channels: int,
-                 image_size: int, imagenet_stem_from: int, preact: bool):
+    def __init__(
+        self,
+        name: str,
+        block: type[nn.Module],
+        layers: list[int],
+        num_classes: int,
+        in_channels: int,
+        image_size: int,
+        imagenet_stem_from: int,
+        preact: bool,
+    ):
         super().__init__()
         imagenet_stem = image_size >= imagenet_stem_from
         # Every stage after the first halves the side (the ImageNet stem a further 4x). Padding keeps
@@ -98,19 +110,25 @@ class ResNet(nn.Module):
         # pooled features say next to nothing about the image: refused, not silently trained.
         downsampling = (4 if imagenet_stem else 1) * 2 ** (len(layers) - 1)
         if image_size < downsampling:
-            raise UsageError(f"{name} needs images of at least {downsampling} px a side, its total downsampling "
-                             f"(got {image_size}); use --image-size {downsampling} or more")
+            raise UsageError(
+                f"{name} needs images of at least {downsampling} px a side, its total downsampling "
+                f"(got {image_size}); use --image-size {downsampling} or more"
+            )
         if imagenet_stem:
-            self.stem = nn.Sequential(nn.Conv2d(in_channels, 64, 7, 2, 3, bias=not preact),
-                                      *([] if preact else [nn.BatchNorm2d(64), nn.ReLU(inplace=True)]),
-                                      nn.MaxPool2d(3, 2, 1))
+            self.stem = nn.Sequential(
+                nn.Conv2d(in_channels, 64, 7, 2, 3, bias=not preact),
+                *([] if preact else [nn.BatchNorm2d(64), nn.ReLU(inplace=True)]),
+                nn.MaxPool2d(3, 2, 1),
+            )
         else:
-            self.stem = nn.Sequential(nn.Conv2d(in_channels, 64, 3, 1, 1, bias=not preact),
-                                      *([] if preact else [nn.BatchNorm2d(64), nn.ReLU(inplace=True)]))
+            self.stem = nn.Sequential(
+                nn.Conv2d(in_channels, 64, 3, 1, 1, bias=not preact),
+                *([] if preact else [nn.BatchNorm2d(64), nn.ReLU(inplace=True)]),
+            )
         blocks: list[nn.Module] = []
         in_planes = 64
         for stage, count in enumerate(layers):
-            planes = 64 * 2 ** stage
+            planes = 64 * 2**stage
             for i in range(count):
                 blocks.append(block(in_planes, planes, stride=2 if (stage > 0 and i == 0) else 1))
                 in_planes = planes * block.expansion
@@ -133,15 +151,35 @@ class ResNet(nn.Module):
 
 
 def _resnet18(num_classes: int = 10, in_channels: int = 3, image_size: int = 32) -> nn.Module:
-    return ResNet("resnet18", BasicBlock, [2, 2, 2, 2], num_classes, in_channels, image_size, imagenet_stem_from=96, preact=False)
+    return ResNet(
+        "resnet18", BasicBlock, [2, 2, 2, 2], num_classes, in_channels, image_size, imagenet_stem_from=96, preact=False
+    )
 
 
 def _resnet50v2(num_classes: int = 10, in_channels: int = 3, image_size: int = 32) -> nn.Module:
-    return ResNet("resnet50v2", PreActBottleneck, [3, 4, 6, 3], num_classes, in_channels, image_size, imagenet_stem_from=64, preact=True)
+    return ResNet(
+        "resnet50v2",
+        PreActBottleneck,
+        [3, 4, 6, 3],
+        num_classes,
+        in_channels,
+        image_size,
+        imagenet_stem_from=64,
+        preact=True,
+    )
 
 
 def _resnet152v2(num_classes: int = 10, in_channels: int = 3, image_size: int = 32) -> nn.Module:
-    return ResNet("resnet152v2", PreActBottleneck, [3, 8, 36, 3], num_classes, in_channels, image_size, imagenet_stem_from=64, preact=True)
+    return ResNet(
+        "resnet152v2",
+        PreActBottleneck,
+        [3, 8, 36, 3],
+        num_classes,
+        in_channels,
+        image_size,
+        imagenet_stem_from=64,
+        preact=True,
+    )
 
 
 MODELS: dict[str, Callable[..., nn.Module]] = {
@@ -159,7 +197,8 @@ def build_model(name: str, num_classes: int = 10, in_channels: int = 3, image_si
 
 
 def residual_blocks(model: nn.Module) -> list[nn.Module]:
-    """The modules worth checkpointing: residual or transformer blocks if any, else top-level children with parameters."""
+    """The modules worth checkpointing: residual or transformer blocks if any, else top-level children with
+    parameters."""
     blocks = [m for m in model.modules() if isinstance(m, (BasicBlock, PreActBottleneck, gpt.Block))]
     if blocks:
         return blocks

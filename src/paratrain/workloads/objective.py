@@ -11,10 +11,12 @@
   key or attribute (Hugging Face's ModelOutput, a dict), with `logits` used for accuracy if
   present. Without logits, accuracy is not measured (NaN in the metrics).
 """
+
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -29,7 +31,7 @@ Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 class Objective:
     """`objective(model, x, y) -> (mean loss, output or None)`; `objective.correct(output, y)`."""
 
-    def __init__(self, loss: Optional[Loss] = None, target_parameter: Optional[str] = None, name: str = "cross-entropy"):
+    def __init__(self, loss: Loss | None = None, target_parameter: str | None = None, name: str = "cross-entropy"):
         self.loss = loss
         self.target_parameter = target_parameter
         self.name = name
@@ -39,7 +41,9 @@ class Objective:
         """True when the loss is the built-in cross-entropy, so it can be read as nats (and bits)."""
         return self.loss is None and self.target_parameter is None
 
-    def __call__(self, model: Callable[..., Any], x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    def __call__(
+        self, model: Callable[..., Any], x: torch.Tensor, y: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.target_parameter is not None:
             return _unpack(model(x, **{self.target_parameter: y}))
         out = model(x)
@@ -51,15 +55,15 @@ class Objective:
             return self.loss(out, y)
         return F.cross_entropy(out.float().reshape(-1, out.shape[-1]), y.reshape(-1))
 
-    def correct(self, out: Optional[torch.Tensor], y: torch.Tensor) -> torch.Tensor:
+    def correct(self, out: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor:
         """Correct predictions counted in samples (a sequence counts its fraction of correct tokens)."""
         if out is None or out.shape[:-1] != y.shape or y.is_floating_point():
-            return torch.full((), float("nan"), device=y.device)     # filled there: no host-to-device copy
+            return torch.full((), float("nan"), device=y.device)  # filled there: no host-to-device copy
         hits = (out.argmax(-1) == y).reshape(len(y), -1)
         return hits.float().mean(1).sum()
 
 
-def _unpack(result: Any) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+def _unpack(result: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     if isinstance(result, torch.Tensor):
         return result, None
     if isinstance(result, (tuple, list)) and len(result) == 2:
@@ -68,12 +72,14 @@ def _unpack(result: Any) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     loss = result.get("loss") if isinstance(result, dict) else getattr(result, "loss", None)
     logits = result.get("logits") if isinstance(result, dict) else getattr(result, "logits", None)
     if loss is None:
-        raise UsageError(f"the model's forward returned {type(result).__name__} without a loss; return the loss "
-                         "tensor, (logits, loss), or an object with a `loss`")
+        raise UsageError(
+            f"the model's forward returned {type(result).__name__} without a loss; return the loss "
+            "tensor, (logits, loss), or an object with a `loss`"
+        )
     return loss, logits
 
 
-def build_objective(loss_spec: Optional[str], model: nn.Module) -> Objective:
+def build_objective(loss_spec: str | None, model: nn.Module) -> Objective:
     """The run's objective: `--loss` if given, else the model's own loss if its forward takes targets,
     else cross-entropy."""
     if loss_spec is not None:
@@ -86,7 +92,7 @@ def build_objective(loss_spec: Optional[str], model: nn.Module) -> Objective:
     return Objective()
 
 
-def target_parameter(model: nn.Module) -> Optional[str]:
+def target_parameter(model: nn.Module) -> str | None:
     try:
         params = inspect.signature(model.forward).parameters
     except (TypeError, ValueError):
@@ -97,5 +103,7 @@ def target_parameter(model: nn.Module) -> Optional[str]:
 def check_scalar(loss: Any, source: str) -> None:
     if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
         shape = list(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
-        raise UsageError(f"{source} returned {shape}, not a scalar tensor; reduce it (e.g. .mean()) so "
-                         "backward() has one number to differentiate")
+        raise UsageError(
+            f"{source} returned {shape}, not a scalar tensor; reduce it (e.g. .mean()) so "
+            "backward() has one number to differentiate"
+        )

@@ -14,6 +14,7 @@ chosen by a hash of their relative path: the split is fixed by document, the sam
 and run, and no held-out file ever leaks into training. A single file is one document; its last
 10 % of bytes is held out instead.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -23,7 +24,7 @@ import sys
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -40,7 +41,7 @@ class TokenStream:
     """The training text as one uint8 tensor; an epoch is `samples_per_epoch` random windows of
     `seq_len + 1` bytes (inputs and the same bytes shifted by one as targets)."""
 
-    tokens: torch.Tensor       # uint8 [N]
+    tokens: torch.Tensor  # uint8 [N]
     seq_len: int
     samples_per_epoch: int
 
@@ -50,11 +51,13 @@ class TokenStream:
 
 @dataclass
 class Corpus:
-    documents: list[tuple[str, bytes]]     # (name, bytes), sorted by name
-    info: dict[str, Any]                   # where the text came from, recorded in config.json
+    documents: list[tuple[str, bytes]]  # (name, bytes), sorted by name
+    info: dict[str, Any]  # where the text came from, recorded in config.json
 
 
-def load_corpus(data_dir: Optional[PathLike], cache_dir: Optional[PathLike] = None) -> tuple[torch.Tensor, torch.Tensor, list[int], dict[str, Any]]:
+def load_corpus(
+    data_dir: PathLike | None, cache_dir: PathLike | None = None
+) -> tuple[torch.Tensor, torch.Tensor, list[int], dict[str, Any]]:
     """(train bytes, held-out bytes, lengths of the training documents, info), cached after the first load."""
     if data_dir is None:
         root = Path(sysconfig.get_paths()["stdlib"])
@@ -64,11 +67,20 @@ def load_corpus(data_dir: Optional[PathLike], cache_dir: Optional[PathLike] = No
         root = Path(data_dir).expanduser()
         if not root.exists():
             raise UsageError(f"--data-dir {root} does not exist; pass a text file or a folder of text files")
-        files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file() and not
-                                                     any(part.startswith(".") for part in p.relative_to(root).parts))
+        files = (
+            [root]
+            if root.is_file()
+            else sorted(
+                p
+                for p in root.rglob("*")
+                if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)
+            )
+        )
         kind = "text"
     listing = [f"{_name(p, root)}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files]
-    key = hashlib.sha256("\n".join([kind, str(root.resolve()), str(TEXT_CACHE_VERSION), *listing]).encode()).hexdigest()[:20]
+    key = hashlib.sha256(
+        "\n".join([kind, str(root.resolve()), str(TEXT_CACHE_VERSION), *listing]).encode()
+    ).hexdigest()[:20]
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     cached = cache / f"text-{root.name.split('.')[0]}-{key}.pt"
     if cached.exists():
@@ -76,7 +88,7 @@ def load_corpus(data_dir: Optional[PathLike], cache_dir: Optional[PathLike] = No
             blob = torch.load(cached, weights_only=True)
             return blob["train"], blob["held_out"], list(blob["train_lengths"]), blob["info"]
         except Exception:
-            cached.unlink(missing_ok=True)     # a damaged cache entry is simply rebuilt
+            cached.unlink(missing_ok=True)  # a damaged cache entry is simply rebuilt
     corpus = _read(root, files, kind, data_dir is None)
     train, held_out, lengths = _split_by_document(corpus.documents)
     cache.mkdir(parents=True, exist_ok=True)
@@ -115,8 +127,13 @@ def _read(root: Path, files: list[Path], kind: str, stdlib: bool) -> Corpus:
     digest = hashlib.sha256()
     for name, data in documents:
         digest.update(name.encode() + b"\0" + data)
-    info = {"source": kind, "path": str(root), "documents": len(documents),
-            "bytes": sum(len(d) for _, d in documents), "sha256": digest.hexdigest()}
+    info = {
+        "source": kind,
+        "path": str(root),
+        "documents": len(documents),
+        "bytes": sum(len(d) for _, d in documents),
+        "sha256": digest.hexdigest(),
+    }
     if stdlib:
         info["python"] = sys.version.split()[0]
         info["licence"] = "PSF (Python Software Foundation License)"
@@ -140,7 +157,9 @@ def _tensor(parts: list[bytes]) -> torch.Tensor:
     return torch.frombuffer(bytearray(b"".join(parts)), dtype=torch.uint8)
 
 
-def carve_validation(tokens: torch.Tensor, lengths: list[int], fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def carve_validation(
+    tokens: torch.Tensor, lengths: list[int], fraction: float, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(train, val): `--val-split` of the training documents (seeded choice) become a validation text."""
     if not 0 < fraction < 1:
         raise UsageError(f"--val-split must be between 0 and 1 (got {fraction})")
@@ -151,8 +170,10 @@ def carve_validation(tokens: torch.Tensor, lengths: list[int], fraction: float, 
     if len(picked) == len(lengths):
         picked.pop()
     docs = torch.split(tokens, lengths)
-    return (torch.cat([d for i, d in enumerate(docs) if i not in picked]),
-            torch.cat([d for i, d in enumerate(docs) if i in picked]))
+    return (
+        torch.cat([d for i, d in enumerate(docs) if i not in picked]),
+        torch.cat([d for i, d in enumerate(docs) if i in picked]),
+    )
 
 
 def eval_windows(tokens: torch.Tensor, seq_len: int, count: int) -> Split:
@@ -171,5 +192,7 @@ def eval_windows(tokens: torch.Tensor, seq_len: int, count: int) -> Split:
 
 def check_length(tokens: torch.Tensor, seq_len: int, what: str) -> None:
     if len(tokens) < seq_len + 2:
-        raise UsageError(f"the {what} text has {len(tokens)} bytes, too few for one window of --seq-len {seq_len}; "
-                         "pass more text or a smaller --seq-len")
+        raise UsageError(
+            f"the {what} text has {len(tokens)} bytes, too few for one window of --seq-len {seq_len}; "
+            "pass more text or a smaller --seq-len"
+        )

@@ -5,11 +5,13 @@ updates, runs one micro-step's forward and backward, and says how gradient synch
 deferred during gradient accumulation; the loop, the data and the bookkeeping are shared. One
 module each.
 """
+
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -26,9 +28,9 @@ class Strategy(Protocol):
     strategies override what."""
 
     name: str
-    allreduce: Optional[str]      # what averages gradients (shm, gloo, nccl, ...); None: nothing to average
-    bucket_norms: Optional[BucketNorms]     # --grad-noise on data-parallel ranks: gradient norms before and after averaging
-    trains: bool                  # False on a rank that only serves (async-ps's parameter servers)
+    allreduce: str | None  # what averages gradients (shm, gloo, nccl, ...); None: nothing to average
+    bucket_norms: BucketNorms | None  # --grad-noise on data-parallel ranks: gradient norms before and after averaging
+    trains: bool  # False on a rank that only serves (async-ps's parameter servers)
 
     def data_shard(self) -> tuple[int, int]:
         """(index, count) of the training-data shard this rank reads; ranks of one pipeline share one."""
@@ -43,30 +45,44 @@ class Strategy(Protocol):
     def build_optimizer(self, model: nn.Module, make: OptimizerFactory) -> torch.optim.Optimizer:
         """The optimizer over what this rank updates (ZeRO shards its state; a stage has its layers)."""
 
-    def forward_backward(self, model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Tensor,
-                         loss_divisor: int, scaler: torch.amp.GradScaler, autocast: Callable[[], AbstractContextManager]) -> StepResult:
+    def forward_backward(
+        self,
+        model: nn.Module,
+        objective: Any,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        loss_divisor: int,
+        scaler: torch.amp.GradScaler,
+        autocast: Callable[[], AbstractContextManager],
+    ) -> StepResult:
         """Forward and backward of one micro-step; the mean loss and output on ranks that hold them."""
 
-    def evaluate(self, model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Tensor,
-                 autocast: Callable[[], AbstractContextManager]) -> StepResult:
+    def evaluate(
+        self,
+        model: nn.Module,
+        objective: Any,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        autocast: Callable[[], AbstractContextManager],
+    ) -> StepResult:
         """Forward only, without gradients."""
 
     def no_sync(self, model: nn.Module) -> AbstractContextManager:
         """Context for micro-steps whose gradients are accumulated locally, not synchronised."""
 
-    def comm_started(self) -> Optional[Any]:
+    def comm_started(self) -> Any | None:
         """Clock stamp of this step's last gradient all-reduce launch (None: no communication)."""
 
-    def optimizer_step(self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> Optional[tuple[Any, Any]]:
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> tuple[Any, Any] | None:
         """Apply the step's gradients; the stamps (start, end) of communication it ran, else None."""
 
-    def bytes_sent(self) -> Optional[int]:
+    def bytes_sent(self) -> int | None:
         """Bytes this rank handed to communication so far; None where the strategy does not count."""
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         """The plain module."""
 
-    def checkpoint_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> Optional[dict[str, Any]]:
+    def checkpoint_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
         """Model and optimizer state to save, on rank 0 (None elsewhere). Every rank calls it."""
 
     def load_checkpoint_state(self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
@@ -91,7 +107,8 @@ def _imported_when_built(path: str) -> Callable[[TrainConfig, RankContext, Calla
 
 # Each is built from the run's config, the rank's context and the clock's stamp function.
 STRATEGIES: dict[str, Callable[[TrainConfig, RankContext, Callable[[], Any]], Strategy]] = {
-    name: _imported_when_built(f"paratrain.engine.strategies.{path}") for name, path in {
+    name: _imported_when_built(f"paratrain.engine.strategies.{path}")
+    for name, path in {
         "single": "single:SingleProcess",
         "ddp": "ddp:DataParallel",
         "zero1": "zero1:ZeroOne",
@@ -117,19 +134,25 @@ def check_fsdp(cfg: TrainConfig, data: Any, device_type: str) -> None:
         fsdp_only.append("reshard_after_forward")
     if cfg.strategy_name != "fsdp":
         if fsdp_only:
-            raise UsageError(f"--{fsdp_only[0].replace('_', '-')} applies to --strategy fsdp (this run uses {cfg.strategy_name})")
+            raise UsageError(
+                f"--{fsdp_only[0].replace('_', '-')} applies to --strategy fsdp (this run uses {cfg.strategy_name})"
+            )
         return
     if cfg.cpu_offload and device_type != "cuda":
-        raise UsageError("--cpu-offload moves FSDP's shards from GPU to host memory; CPU ranks hold them in host memory "
-                         "already: drop --cpu-offload")
+        raise UsageError(
+            "--cpu-offload moves FSDP's shards from GPU to host memory; CPU ranks hold them in host memory "
+            "already: drop --cpu-offload"
+        )
     if cfg.precision == "fp16":
-        raise UsageError("--precision fp16 with --strategy fsdp is not supported (it would need a sharded loss scaler); "
-                         "use --precision bf16")
+        raise UsageError(
+            "--precision fp16 with --strategy fsdp is not supported (it would need a sharded loss scaler); "
+            "use --precision bf16"
+        )
     if cfg.shard_unit is not None:
         from paratrain.engine.strategies.fsdp import shard_units
         from paratrain.workloads import build_model
 
-        with torch.device("meta"):      # shapes only: free even for large models
+        with torch.device("meta"):  # shapes only: free even for large models
             shard_units(build_model(cfg, data), cfg.shard_unit)
 
 

@@ -20,13 +20,15 @@ meets the workers only where it reads the loss anyway (log points, epoch ends, e
 between those points no rank waits for another. Workers evaluate with the parameters they pulled
 last. CPU ranks only.
 """
+
 from __future__ import annotations
 
 import copy
 import threading
 from collections import Counter
+from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -39,7 +41,7 @@ from paratrain.engine.strategies.base import OptimizerFactory, StepResult, Whole
 from paratrain.errors import UsageError
 
 # The shard this process serves (None on workers): RPC calls arrive as module-level functions.
-_SERVER: Optional["ShardServer"] = None
+_SERVER: ShardServer | None = None
 
 
 class AsyncParameterServer(WholeModelStrategy):
@@ -51,7 +53,7 @@ class AsyncParameterServer(WholeModelStrategy):
         self.workers = ctx.world_size - cfg.ps_ranks
         self.is_server = ctx.rank >= self.workers
         self.trains = not self.is_server
-        self._shards: list[list[int]] = []     # parameter indices held by each server
+        self._shards: list[list[int]] = []  # parameter indices held by each server
         self._params: list[nn.Parameter] = []
         self._bytes = 0
 
@@ -65,9 +67,12 @@ class AsyncParameterServer(WholeModelStrategy):
             dist.broadcast(tensor, src=0)
         self._params = list(model.parameters())
         self._shards = shard_parameters([p.numel() for p in self._params], self.cfg.ps_ranks)
-        options = rpc.TensorPipeRpcBackendOptions(num_worker_threads=max(16, 2 * self.workers + 4),
-                                                  rpc_timeout=self.cfg.timeout)
-        rpc.init_rpc(_name(self.ctx.rank), rank=self.ctx.rank, world_size=self.ctx.world_size, rpc_backend_options=options)
+        options = rpc.TensorPipeRpcBackendOptions(
+            num_worker_threads=max(16, 2 * self.workers + 4), rpc_timeout=self.cfg.timeout
+        )
+        rpc.init_rpc(
+            _name(self.ctx.rank), rank=self.ctx.rank, world_size=self.ctx.world_size, rpc_backend_options=options
+        )
         return model
 
     def build_optimizer(self, model: nn.Module, make: OptimizerFactory) -> torch.optim.Optimizer:
@@ -79,31 +84,47 @@ class AsyncParameterServer(WholeModelStrategy):
             params = list(served.parameters())
             shard = [params[i] for i in self._shards[self.ctx.rank - self.workers]]
             _SERVER = ShardServer(shard, make(served), self.workers, self.cfg.max_staleness)
-        dist.barrier()      # every server is ready before any worker pushes
+        dist.barrier()  # every server is ready before any worker pushes
         # The loop sets this optimizer's LR each step; workers send it with their pushes. It never steps.
         return make(model)
 
-    def forward_backward(self, model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Tensor,
-                         loss_divisor: int, scaler: torch.amp.GradScaler, autocast: Callable[[], AbstractContextManager]) -> StepResult:
+    def forward_backward(
+        self,
+        model: nn.Module,
+        objective: Any,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        loss_divisor: int,
+        scaler: torch.amp.GradScaler,
+        autocast: Callable[[], AbstractContextManager],
+    ) -> StepResult:
         if self.is_server:
             return None, None
         return super().forward_backward(model, objective, x, y, loss_divisor, scaler, autocast)
 
-    def evaluate(self, model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Tensor,
-                 autocast: Callable[[], AbstractContextManager]) -> StepResult:
+    def evaluate(
+        self,
+        model: nn.Module,
+        objective: Any,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        autocast: Callable[[], AbstractContextManager],
+    ) -> StepResult:
         if self.is_server:
             return None, None
         return super().evaluate(model, objective, x, y, autocast)
 
-    def optimizer_step(self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> Optional[tuple[Any, Any]]:
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> tuple[Any, Any] | None:
         if self.is_server:
             return None
         start = self.stamp()
         lr = optimizer.param_groups[0]["lr"]
         pending = []
         for server, indices in enumerate(self._shards):
-            grads = [self._params[i].grad if self._params[i].grad is not None else torch.zeros_like(self._params[i])
-                     for i in indices]
+            grads = [
+                self._params[i].grad if self._params[i].grad is not None else torch.zeros_like(self._params[i])
+                for i in indices
+            ]
             self._bytes += sum(g.numel() * g.element_size() for g in grads)
             pending.append(rpc.rpc_async(_name(self.workers + server), _push_and_pull, args=(self.ctx.rank, lr, grads)))
         with torch.no_grad():
@@ -112,7 +133,7 @@ class AsyncParameterServer(WholeModelStrategy):
                     self._params[i].copy_(fresh)
         return start, self.stamp()
 
-    def bytes_sent(self) -> Optional[int]:
+    def bytes_sent(self) -> int | None:
         return _SERVER.bytes_sent if self.is_server else self._bytes
 
     def summary_fields(self) -> dict[str, Any]:
@@ -127,24 +148,30 @@ class AsyncParameterServer(WholeModelStrategy):
             staleness.update(r["staleness"])
             delay.update(r["delay"])
         updates = sum(staleness.values())
-        return {"ps": {
-            "servers": self.cfg.ps_ranks, "workers": self.workers, "max_staleness": self.cfg.max_staleness,
-            "parameters_per_server": [r["parameters"] for r in servers],
-            "updates": updates,     # per server: each worker's step is one update on every server
-            "staleness": _distribution(staleness, updates), "delay": _distribution(delay, updates),
-        }}
+        return {
+            "ps": {
+                "servers": self.cfg.ps_ranks,
+                "workers": self.workers,
+                "max_staleness": self.cfg.max_staleness,
+                "parameters_per_server": [r["parameters"] for r in servers],
+                "updates": updates,  # per server: each worker's step is one update on every server
+                "staleness": _distribution(staleness, updates),
+                "delay": _distribution(delay, updates),
+            }
+        }
 
 
 class ShardServer:
     """One server's shard: applies pushed gradients one at a time and answers with the parameters."""
 
-    def __init__(self, params: list[nn.Parameter], optimizer: torch.optim.Optimizer, workers: int,
-                 max_staleness: Optional[int]):
+    def __init__(
+        self, params: list[nn.Parameter], optimizer: torch.optim.Optimizer, workers: int, max_staleness: int | None
+    ):
         self.params, self.optimizer, self.max_staleness = params, optimizer, max_staleness
         self.changed = threading.Condition()
-        self.clock = [0] * workers          # updates applied from each worker
-        self.version = 0                    # updates applied in all
-        self.pulled = [0] * workers         # the version each worker last received
+        self.clock = [0] * workers  # updates applied from each worker
+        self.version = 0  # updates applied in all
+        self.pulled = [0] * workers  # the version each worker last received
         self.staleness: Counter = Counter()
         self.delay: Counter = Counter()
         self.bytes_sent = 0
@@ -171,8 +198,11 @@ class ShardServer:
 
     def records(self) -> dict[str, Any]:
         with self.changed:
-            return {"staleness": dict(self.staleness), "delay": dict(self.delay),
-                    "parameters": sum(p.numel() for p in self.params)}
+            return {
+                "staleness": dict(self.staleness),
+                "delay": dict(self.delay),
+                "parameters": sum(p.numel() for p in self.params),
+            }
 
 
 def _push_and_pull(worker: int, lr: float, grads: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -196,8 +226,11 @@ def shard_parameters(sizes: list[int], servers: int) -> list[list[int]]:
 
 
 def _distribution(counts: Counter, total: int) -> dict[str, Any]:
-    return {"max": max(counts) if counts else None, "mean": sum(k * n for k, n in counts.items()) / total if total else None,
-            "counts": {str(k): counts[k] for k in sorted(counts)}}
+    return {
+        "max": max(counts) if counts else None,
+        "mean": sum(k * n for k, n in counts.items()) / total if total else None,
+        "counts": {str(k): counts[k] for k in sorted(counts)},
+    }
 
 
 def check_async_ps(cfg: TrainConfig, device_type: str) -> None:

@@ -6,10 +6,12 @@ how gradients are averaged and where optimizer state lives. Strategies that spli
 stages (pipeline, model-parallel, hybrid) override the step and evaluation, because a pipeline
 schedule runs forward and backward over micro-batches itself.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 from torch import nn
@@ -20,14 +22,14 @@ from paratrain.engine.grad_noise import BucketNorms
 
 # Builds the run's optimizer (--optimizer, --lr, ...) over a module's parameters.
 OptimizerFactory = Callable[[nn.Module], torch.optim.Optimizer]
-StepResult = tuple[Optional[torch.Tensor], Optional[torch.Tensor]]   # (mean loss, output); None where the rank has none
+StepResult = tuple[torch.Tensor | None, torch.Tensor | None]  # (mean loss, output); None where the rank has none
 
 
 class WholeModelStrategy:
     name = "whole-model"
-    allreduce: Optional[str] = None
-    bucket_norms: Optional[BucketNorms] = None     # ddp with --grad-noise: per-step gradient norms from the comm hook
-    trains = True         # False on a rank that only serves (async-ps's parameter servers)
+    allreduce: str | None = None
+    bucket_norms: BucketNorms | None = None  # ddp with --grad-noise: per-step gradient norms from the comm hook
+    trains = True  # False on a rank that only serves (async-ps's parameter servers)
 
     def __init__(self, cfg: TrainConfig, ctx: RankContext, stamp: Callable[[], Any]):
         self.cfg, self.ctx, self.stamp = cfg, ctx, stamp
@@ -46,40 +48,54 @@ class WholeModelStrategy:
     def build_optimizer(self, model: nn.Module, make: OptimizerFactory) -> torch.optim.Optimizer:
         return make(self.unwrap(model))
 
-    def forward_backward(self, model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Tensor,
-                         loss_divisor: int, scaler: torch.amp.GradScaler, autocast: Callable[[], AbstractContextManager]) -> StepResult:
+    def forward_backward(
+        self,
+        model: nn.Module,
+        objective: Any,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        loss_divisor: int,
+        scaler: torch.amp.GradScaler,
+        autocast: Callable[[], AbstractContextManager],
+    ) -> StepResult:
         with autocast():
             loss, out = objective(model, x, y)
         scaler.scale(loss / loss_divisor if loss_divisor > 1 else loss).backward()
         return loss.detach(), out
 
     @torch.no_grad()
-    def evaluate(self, model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Tensor,
-                 autocast: Callable[[], AbstractContextManager]) -> StepResult:
+    def evaluate(
+        self,
+        model: nn.Module,
+        objective: Any,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        autocast: Callable[[], AbstractContextManager],
+    ) -> StepResult:
         with autocast():
             return objective(self.unwrap(model), x, y)
 
     def no_sync(self, model: nn.Module) -> AbstractContextManager:
         return nullcontext()
 
-    def comm_started(self) -> Optional[Any]:
+    def comm_started(self) -> Any | None:
         return None
 
-    def optimizer_step(self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> Optional[tuple[Any, Any]]:
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> tuple[Any, Any] | None:
         """Apply this step's gradients; returns the clock stamps (start, end) of communication the
         step ran (local SGD's parameter averaging, a parameter server's push and pull), else None."""
         scaler.step(optimizer)
         scaler.update()
         return None
 
-    def bytes_sent(self) -> Optional[int]:
+    def bytes_sent(self) -> int | None:
         """Bytes this rank has handed to communication so far; None where the strategy does not count."""
         return None
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         return model
 
-    def checkpoint_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> Optional[dict[str, Any]]:
+    def checkpoint_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
         """Model and optimizer state to save, on rank 0 (None elsewhere). Every rank calls it."""
         if not self.ctx.is_main:
             return None

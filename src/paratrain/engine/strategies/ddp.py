@@ -15,9 +15,11 @@ wrappers around either hook), `--grad-compression powersgd` (torch's PowerSGD ho
 With --grad-noise the chosen hook is wrapped to take each bucket's squared norm before and after
 it averages (engine/grad_noise.py).
 """
+
 import logging
+from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -46,15 +48,15 @@ class DataParallel(WholeModelStrategy):
     def __init__(self, cfg: TrainConfig, ctx: RankContext, stamp: Callable[[], Any]):
         super().__init__(cfg, ctx, stamp)
         self.bucket_cap_mb = cfg.bucket_cap_mb
-        self.allreduce: Optional[str] = None        # what averaged the gradients: shm, gloo, nccl, ...
-        self._shm: Optional[SharedMemoryAverage] = None
-        self._pending: list[tuple[torch.Tensor, torch.futures.Future]] = []    # buckets of this step, in order
-        self._last_launch: Optional[Any] = None
-        self._bytes = 0                 # bytes this rank handed to collectives (compressed size when compressed)
-        self._why: Optional[str] = None                         # why the gradients took the path they took
-        self._local_sgd: Optional[PostLocalSGDState] = None     # --sync-every H > 1
-        self._averager: Optional[PeriodicModelAverager] = None
-        self._powersgd: Optional[PowerSGDState] = None          # --grad-compression powersgd
+        self.allreduce: str | None = None  # what averaged the gradients: shm, gloo, nccl, ...
+        self._shm: SharedMemoryAverage | None = None
+        self._pending: list[tuple[torch.Tensor, torch.futures.Future]] = []  # buckets of this step, in order
+        self._last_launch: Any | None = None
+        self._bytes = 0  # bytes this rank handed to collectives (compressed size when compressed)
+        self._why: str | None = None  # why the gradients took the path they took
+        self._local_sgd: PostLocalSGDState | None = None  # --sync-every H > 1
+        self._averager: PeriodicModelAverager | None = None
+        self._powersgd: PowerSGDState | None = None  # --grad-compression powersgd
 
     def wrap(self, model: nn.Module) -> nn.Module:
         wrapped = DistributedDataParallel(
@@ -84,21 +86,36 @@ class DataParallel(WholeModelStrategy):
             # first --sync-warmup steps and then leaves them local (post_local_gradient_allreduce=False:
             # its default would all-reduce them within each node, i.e. on one host everywhere);
             # PeriodicModelAverager averages the parameters after every H-th optimizer step.
-            self._local_sgd = PostLocalSGDState(process_group=None, subgroup=None, start_localSGD_iter=cfg.sync_warmup,
-                                                post_local_gradient_allreduce=False)
+            self._local_sgd = PostLocalSGDState(
+                process_group=None,
+                subgroup=None,
+                start_localSGD_iter=cfg.sync_warmup,
+                post_local_gradient_allreduce=False,
+            )
             self._averager = PeriodicModelAverager(period=cfg.sync_every, warmup_steps=cfg.sync_warmup)
-            self.allreduce, self._why = backend, ("local SGD: torch's post_localSGD_hook and PeriodicModelAverager "
-                                                  "average through the process group")
+            self.allreduce, self._why = (
+                backend,
+                ("local SGD: torch's post_localSGD_hook and PeriodicModelAverager average through the process group"),
+            )
             return _local_sgd
         if cfg.grad_compression == "powersgd":
-            self._powersgd = PowerSGDState(process_group=None, matrix_approximation_rank=cfg.powersgd_rank,
-                                           start_powerSGD_iter=cfg.powersgd_start)
-            self.allreduce, self._why = backend, ("PowerSGD all-reduces its low-rank factors through the process group; "
-                                                  "the shared-memory average has no low-rank form")
+            self._powersgd = PowerSGDState(
+                process_group=None, matrix_approximation_rank=cfg.powersgd_rank, start_powerSGD_iter=cfg.powersgd_start
+            )
+            self.allreduce, self._why = (
+                backend,
+                (
+                    "PowerSGD all-reduces its low-rank factors through the process group; "
+                    "the shared-memory average has no low-rank form"
+                ),
+            )
             return _powersgd
         if cfg.reduce == "ps":
             hook: CommHook = _reduce_to_one
-            self.allreduce, self._why = f"reduce+broadcast ({backend})", "--reduce ps: gradients summed on rank 0, which broadcasts the average"
+            self.allreduce, self._why = (
+                f"reduce+broadcast ({backend})",
+                "--reduce ps: gradients summed on rank 0, which broadcasts the average",
+            )
         else:
             if self.ctx.allreduce == "shm":
                 self._shm = open_shared_average(self.ctx.rank, self.ctx.world_size, timeout_s=self.ctx.timeout_s)
@@ -106,8 +123,12 @@ class DataParallel(WholeModelStrategy):
                     log.warning("shared-memory all-reduce unavailable on some rank; averaging through %s", backend)
             hook = _shm_average if self._shm is not None else _backend_allreduce
             self.allreduce = "shm" if self._shm is not None else backend
-            self._why = ("CPU ranks with cores of their own on one x86-64 host" if self._shm is not None else
-                         "the process group's all-reduce" + (" (shared memory was unavailable)" if self.ctx.allreduce == "shm" else ""))
+            self._why = (
+                "CPU ranks with cores of their own on one x86-64 host"
+                if self._shm is not None
+                else "the process group's all-reduce"
+                + (" (shared memory was unavailable)" if self.ctx.allreduce == "shm" else "")
+            )
         if cfg.grad_compression in ("fp16", "bf16"):
             # torch's compress wrapper casts each bucket before whichever hook averages it and back
             # after: half the bytes through shared memory, the backend or the reduce-to-one alike.
@@ -116,13 +137,15 @@ class DataParallel(WholeModelStrategy):
             self._why += f"; buckets cast to {cfg.grad_compression} first"
         return hook
 
-    def optimizer_step(self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> Optional[tuple[Any, Any]]:
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> tuple[Any, Any] | None:
         super().optimizer_step(optimizer, scaler)
         if self._averager is None:
             return None
         averager = self._averager
         # PeriodicModelAverager's own rule (it counts the step whether or not it averages).
-        averages = averager.step >= averager.warmup_steps and (averager.step - averager.warmup_steps) % averager.period == 0
+        averages = (
+            averager.step >= averager.warmup_steps and (averager.step - averager.warmup_steps) % averager.period == 0
+        )
         start = self.stamp()
         averager.average_parameters(optimizer.param_groups)
         if not averages:
@@ -130,20 +153,31 @@ class DataParallel(WholeModelStrategy):
         self._bytes += sum(_nbytes(p) for group in optimizer.param_groups for p in group["params"])
         return start, self.stamp()
 
-    def bytes_sent(self) -> Optional[int]:
+    def bytes_sent(self) -> int | None:
         return self._bytes
 
     def summary_fields(self) -> dict[str, Any]:
         cfg = self.cfg
-        return {"sync": {"sync_every": cfg.sync_every, "sync_warmup": cfg.sync_warmup, "grad_compression": cfg.grad_compression,
-                         **({"powersgd_rank": cfg.powersgd_rank, "powersgd_start": cfg.powersgd_start}
-                            if cfg.grad_compression == "powersgd" else {}),
-                         "reduce": cfg.reduce, "path": self.allreduce, "why": self._why}}
+        return {
+            "sync": {
+                "sync_every": cfg.sync_every,
+                "sync_warmup": cfg.sync_warmup,
+                "grad_compression": cfg.grad_compression,
+                **(
+                    {"powersgd_rank": cfg.powersgd_rank, "powersgd_start": cfg.powersgd_start}
+                    if cfg.grad_compression == "powersgd"
+                    else {}
+                ),
+                "reduce": cfg.reduce,
+                "path": self.allreduce,
+                "why": self._why,
+            }
+        }
 
     def no_sync(self, model: nn.Module) -> AbstractContextManager:
         return model.no_sync()
 
-    def comm_started(self) -> Optional[Any]:
+    def comm_started(self) -> Any | None:
         launched, self._last_launch = self._last_launch, None
         return launched
 
@@ -163,8 +197,9 @@ def _backend_allreduce(strategy: DataParallel, bucket: dist.GradBucket) -> torch
     return future.then(lambda fut: fut.value()[0])
 
 
-def _at_the_last_bucket(strategy: DataParallel, bucket: dist.GradBucket,
-                        average: Callable[[torch.Tensor], tuple[torch.Tensor, int]]) -> torch.futures.Future[torch.Tensor]:
+def _at_the_last_bucket(
+    strategy: DataParallel, bucket: dist.GradBucket, average: Callable[[torch.Tensor], tuple[torch.Tensor, int]]
+) -> torch.futures.Future[torch.Tensor]:
     """Hold each bucket until the last one is ready, then `average` them all (each call returns the
     averaged bucket and the bytes this rank handed over): the ranks meet once per step instead of
     once per bucket, and each meeting costs the wait for the slower rank. Little is lost to
@@ -202,7 +237,7 @@ def _reduce_to_one(strategy: DataParallel, bucket: dist.GradBucket) -> torch.fut
 
 def _local_sgd(strategy: DataParallel, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     state = strategy._local_sgd
-    if state.iter < state.start_localSGD_iter:       # warm-up: the hook all-reduces this bucket
+    if state.iter < state.start_localSGD_iter:  # warm-up: the hook all-reduces this bucket
         strategy._last_launch = strategy.stamp()
         strategy._bytes += _nbytes(bucket.buffer())
     return post_localSGD_hook(state, bucket)
@@ -224,24 +259,37 @@ def _powersgd(strategy: DataParallel, bucket: dist.GradBucket) -> torch.futures.
 def check_synchronisation(cfg: TrainConfig, device_type: str) -> None:
     """Before anything is written: the options that need the process group are not forced onto
     shared memory, and the device can compute in the compressed type."""
-    needs_group = ("--sync-every" if cfg.sync_every > 1 else
-                   "--grad-compression powersgd" if cfg.grad_compression == "powersgd" else
-                   "--reduce ps" if cfg.reduce == "ps" else None)
+    needs_group = (
+        "--sync-every"
+        if cfg.sync_every > 1
+        else "--grad-compression powersgd"
+        if cfg.grad_compression == "powersgd"
+        else "--reduce ps"
+        if cfg.reduce == "ps"
+        else None
+    )
     if needs_group and cfg.allreduce == "shm":
-        raise UsageError(f"--allreduce shm cannot carry {needs_group}: it runs through the process group's collectives "
-                         "(torch's hooks); use --allreduce auto or backend")
+        raise UsageError(
+            f"--allreduce shm cannot carry {needs_group}: it runs through the process group's collectives "
+            "(torch's hooks); use --allreduce auto or backend"
+        )
     if cfg.grad_compression == "bf16" and not _ddp_accepts_bf16_hook():
         # DDP's register_comm_hook refuses torch's bf16 wrapper unless the build has CUDA with NCCL
         # 2.10+ (or XPU), whatever the backend: gloo itself would average bfloat16.
-        raise UsageError(f"--grad-compression bf16: DDP accepts torch's bf16 compress hook only in torch builds with CUDA "
-                         f"and NCCL 2.10+ (this is {torch.__version__}); use --grad-compression fp16")
+        raise UsageError(
+            f"--grad-compression bf16: DDP accepts torch's bf16 compress hook only in torch builds with CUDA "
+            f"and NCCL 2.10+ (this is {torch.__version__}); use --grad-compression fp16"
+        )
     if cfg.grad_compression == "bf16" and device_type == "cuda" and not torch.cuda.is_bf16_supported():
         raise UsageError("--grad-compression bf16: this GPU has no bfloat16; use --grad-compression fp16")
 
 
 def _ddp_accepts_bf16_hook() -> bool:
     """The condition of DistributedDataParallel.register_comm_hook for bf16_compress_wrapper_hook."""
-    cuda_nccl = ((torch.version.cuda is not None or torch.version.hip is not None) and dist.is_nccl_available()
-                 and torch.cuda.nccl.version() >= (2, 10))
+    cuda_nccl = (
+        (torch.version.cuda is not None or torch.version.hip is not None)
+        and dist.is_nccl_available()
+        and torch.cuda.nccl.version() >= (2, 10)
+    )
     xpu = dist.is_xccl_available() and torch.xpu.is_available()
     return bool(cuda_nccl or xpu)

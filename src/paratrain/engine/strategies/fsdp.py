@@ -44,15 +44,17 @@ keeping the averaged gradient of its own shard.
   so that the shards differ). A model that creates parameters or buffers no `reset_parameters`
   initialises is built whole on the host instead, as before, and the rank log says so.
 """
+
 from __future__ import annotations
 
 import copy
 import logging
 import shutil
 import warnings
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -76,7 +78,7 @@ log = logging.getLogger("paratrain.rank")
 DCP_DIR = "checkpoint.dcp"
 
 
-def shard_units(model: nn.Module, class_name: Optional[str]) -> list[nn.Module]:
+def shard_units(model: nn.Module, class_name: str | None) -> list[nn.Module]:
     """The modules wrapped as FSDP units before the root, innermost first.
 
     A unit whose parameters are also used outside it (weights tied across modules, such as gpt's
@@ -88,11 +90,12 @@ def shard_units(model: nn.Module, class_name: Optional[str]) -> list[nn.Module]:
         units = [m for m in model.modules() if type(m).__name__ == class_name and m is not model]
         if not units and type(model).__name__ != class_name:
             found = sorted({type(m).__name__ for m in model.modules()})
-            raise UsageError(f"--shard-unit {class_name}: the model has no module of that class; choose one of "
-                             f"{', '.join(found)}")
+            raise UsageError(
+                f"--shard-unit {class_name}: the model has no module of that class; choose one of {', '.join(found)}"
+            )
     else:
         units = residual_blocks(model)
-    owners: dict[int, set[int]] = {}        # parameter -> the modules that register it
+    owners: dict[int, set[int]] = {}  # parameter -> the modules that register it
     for module in model.modules():
         for param in module.parameters(recurse=False):
             owners.setdefault(id(param), set()).add(id(module))
@@ -115,31 +118,43 @@ def _on_meta(model: nn.Module) -> bool:
     return any(t.is_meta for t in (*model.parameters(), *model.buffers()))
 
 
-def uninitialisable(model: nn.Module) -> Optional[str]:
+def uninitialisable(model: nn.Module) -> str | None:
     """Why a model built on the meta device cannot be initialised after sharding, or None if it can:
     every module that holds parameters or buffers of its own must reset them, and all of them must
     be on meta (a factory may place some tensors on a device itself)."""
     if not all(t.is_meta for t in (*model.parameters(), *model.buffers())):
         return "the model factory put some of its tensors on a real device under torch.device('meta')"
     for name, module in model.named_modules():
-        owns = next(module.parameters(recurse=False), None) is not None or next(module.buffers(recurse=False), None) is not None
+        owns = (
+            next(module.parameters(recurse=False), None) is not None
+            or next(module.buffers(recurse=False), None) is not None
+        )
         if owns and not _resets(module):
-            return (f"{name or 'the model'} ({type(module).__name__}) holds parameters or buffers and has no reset_parameters() "
-                    "to initialise them after sharding")
+            return (
+                f"{name or 'the model'} ({type(module).__name__}) holds parameters or buffers and has no "
+                "reset_parameters() "
+                "to initialise them after sharding"
+            )
     return None
 
 
 class _StampedReduceScatter(ReduceScatter):
     """FSDP's own reduce-scatter (`dist.reduce_scatter_single`), stamping when each one starts."""
 
-    def __init__(self, strategy: "FullyShardedDataParallel"):
+    def __init__(self, strategy: FullyShardedDataParallel):
         self.strategy = strategy
 
     def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return torch.empty(*size, dtype=dtype, device=device)
 
-    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
-                 op: Any, async_op: bool = False) -> Optional[dist.Work]:
+    def __call__(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        group: dist.ProcessGroup,
+        op: Any,
+        async_op: bool = False,
+    ) -> dist.Work | None:
         self.strategy._last_launch = self.strategy.stamp()
         return dist.reduce_scatter_single(output_tensor, input_tensor, group=group, op=op, async_op=async_op)
 
@@ -152,13 +167,14 @@ class FullyShardedDataParallel(WholeModelStrategy):
         if not dist.is_initialized():
             # One rank has nobody to shard with, but its parameters are still DTensors on a mesh of
             # one: the same code path, and its checkpoints resume on any number of ranks.
-            dist.init_process_group("nccl" if ctx.device.type == "cuda" else "gloo", store=dist.HashStore(),
-                                    rank=0, world_size=1)
+            dist.init_process_group(
+                "nccl" if ctx.device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0, world_size=1
+            )
         # Every fully_shard call gets this mesh: the default one would be on the compile-time accelerator.
         self.mesh = init_device_mesh(ctx.device.type, (dist.get_world_size(),))
         self.allreduce = f"reduce-scatter ({dist.get_backend()})"
-        self._last_launch: Optional[Any] = None
-        self._saved: Optional[str] = None          # the DCP directory checkpoint.pt names (relative to the run)
+        self._last_launch: Any | None = None
+        self._saved: str | None = None  # the DCP directory checkpoint.pt names (relative to the run)
         self.run_dir = Path(cfg.run_dir) if cfg.run_dir is not None else Path(".")
 
     def build(self, make: Callable[[], nn.Module]) -> nn.Module:
@@ -196,7 +212,7 @@ class FullyShardedDataParallel(WholeModelStrategy):
     def _materialise(self, model: nn.Module, twins: list[tuple[nn.Module, nn.Module]]) -> None:
         """Storage for this rank's shards (and the buffers), then their initial values (module docstring)."""
         model.to_empty(device=self.ctx.device)
-        torch.manual_seed(self.cfg.seed)        # as build_model seeded the ordinary construction
+        torch.manual_seed(self.cfg.seed)  # as build_model seeded the ordinary construction
         while twins:
             # One module's full-size copy at a time: dropped from the list as soon as its shard is taken.
             module, twin = twins.pop(0)
@@ -215,19 +231,33 @@ class FullyShardedDataParallel(WholeModelStrategy):
             # DTensor warns at each random op on a CPU mesh; the separate streams below are the answer.
             warnings.filterwarnings("ignore", message="DTensor random operators may not have complete support")
             if is_rng_supported_mesh(self.mesh):
-                init_weights()       # DTensor's own generator gives each shard its part of one stream
+                init_weights()  # DTensor's own generator gives each shard its part of one stream
             else:
                 with torch.random.fork_rng(devices=[]):
                     torch.manual_seed(self.cfg.seed * 1000 + self.ctx.rank)
                     init_weights()
 
-    def forward_backward(self, model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Tensor,
-                         loss_divisor: int, scaler: torch.amp.GradScaler, autocast: Callable[[], AbstractContextManager]) -> StepResult:
+    def forward_backward(
+        self,
+        model: nn.Module,
+        objective: Any,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        loss_divisor: int,
+        scaler: torch.amp.GradScaler,
+        autocast: Callable[[], AbstractContextManager],
+    ) -> StepResult:
         # The mixed-precision policy casts the parameters (module docstring): no autocast on top.
         return super().forward_backward(model, objective, x, y, loss_divisor, scaler, nullcontext)
 
-    def evaluate(self, model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Tensor,
-                 autocast: Callable[[], AbstractContextManager]) -> StepResult:
+    def evaluate(
+        self,
+        model: nn.Module,
+        objective: Any,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        autocast: Callable[[], AbstractContextManager],
+    ) -> StepResult:
         return super().evaluate(model, objective, x, y, nullcontext)
 
     @contextmanager
@@ -238,11 +268,11 @@ class FullyShardedDataParallel(WholeModelStrategy):
         finally:
             model.set_requires_gradient_sync(True)
 
-    def comm_started(self) -> Optional[Any]:
+    def comm_started(self) -> Any | None:
         launched, self._last_launch = self._last_launch, None
         return launched
 
-    def checkpoint_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> Optional[dict[str, Any]]:
+    def checkpoint_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
         """Every rank writes its shards to a new DCP directory; rank 0 returns its name for checkpoint.pt.
 
         Directories other than the one checkpoint.pt names now (left by a save that was

@@ -10,9 +10,11 @@ data-parallel average; sharding inside a stage is `fsdp`'s job and would add par
 all-gathers to every micro-batch. The all-reduce of the last micro-batch runs inside that
 micro-batch's backward, so the measured busy time of a stage includes it.
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch.distributed as dist
 from torch import nn
@@ -33,5 +35,8 @@ class Hybrid(PipelineParallel):
     def _replicate(self, module: nn.Module) -> nn.Module:
         if self.dp == 1:
             return module
-        return DistributedDataParallel(module, process_group=self.mesh.get_group("dp"),
-                                       device_ids=[self.ctx.device.index] if self.ctx.device.type == "cuda" else None)
+        return DistributedDataParallel(
+            module,
+            process_group=self.mesh.get_group("dp"),
+            device_ids=[self.ctx.device.index] if self.ctx.device.type == "cuda" else None,
+        )

@@ -5,9 +5,11 @@ The same stages as `pipeline` (engine/strategies/pipeline.py) run by ScheduleGPi
 its bubble is (K−1)/K of the step, measured and reported the same way. It is the baseline that
 shows what micro-batching buys: with `pipeline` and M micro-batches it falls to (K−1)/(M+K−1).
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from paratrain.config import TrainConfig
 from paratrain.engine.distributed import RankContext

@@ -25,12 +25,14 @@ backward over the micro-batches, sending activations and gradients between neigh
   (GPipe and 1F1B; (K−1)/(2M+K−1) for the interleaved schedule's two stages per rank).
   The first step of each micro-batch shape is left out: it infers the stages' shapes.
 """
+
 from __future__ import annotations
 
 import logging
 import statistics
+from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -43,8 +45,15 @@ from paratrain.config import TrainConfig
 from paratrain.engine.distributed import RankContext, host_group
 from paratrain.engine.strategies.base import OptimizerFactory, StepResult, WholeModelStrategy
 from paratrain.engine.strategies.pipeline_split import (
-    StageModule, Unit, balanced_starts, measure_unit_seconds, model_units, named_starts, stage_slots,
-    tied_parameter_names, unit_of,
+    StageModule,
+    Unit,
+    balanced_starts,
+    measure_unit_seconds,
+    model_units,
+    named_starts,
+    stage_slots,
+    tied_parameter_names,
+    unit_of,
 )
 
 log = logging.getLogger("paratrain.rank")
@@ -121,7 +130,7 @@ class StageModules(nn.Module):
 
 class PipelineParallel(WholeModelStrategy):
     name = "pipeline"
-    allreduce: Optional[str] = None
+    allreduce: str | None = None
 
     def __init__(self, cfg: TrainConfig, ctx: RankContext, stamp: Callable[[], Any]):
         super().__init__(cfg, ctx, stamp)
@@ -139,8 +148,8 @@ class PipelineParallel(WholeModelStrategy):
         # NCCL, whose object gather would hold world size x the largest stage's state on rank 0's GPU.
         self.object_group = host_group() if ctx.distributed else None
         self.busy = BusyClock(stamp)
-        self.schedules: dict[tuple[bool, int], tuple[Any, int]] = {}     # (train, batch size) -> (schedule, M)
-        self.shaped: set[int] = set()       # batch sizes whose training schedule has inferred the stages' shapes
+        self.schedules: dict[tuple[bool, int], tuple[Any, int]] = {}  # (train, batch size) -> (schedule, M)
+        self.shaped: set[int] = set()  # batch sizes whose training schedule has inferred the stages' shapes
         self.local_slots = [s for s in range(self.slots) if s % self.pp == self.pp_rank]
         self.layout: dict[str, Any] = {}
 
@@ -153,12 +162,18 @@ class PipelineParallel(WholeModelStrategy):
         units = model_units(model)
         starts, split_by, seconds = self._plan(model, units)
         bounds = list(zip(starts, [*starts[1:], len(units)]))
-        self.layout = {"stages": self.pp, "stage_slots": self.slots, "dp": self.dp, "schedule": self.schedule_name,
-                       "microbatches": self.microbatches, "split_by": split_by,
-                       "split": [[u.name for u in units[a:b]] for a, b in bounds],
-                       **({"unit_seconds": dict(zip((u.name for u in units), seconds))} if seconds else {})}
+        self.layout = {
+            "stages": self.pp,
+            "stage_slots": self.slots,
+            "dp": self.dp,
+            "schedule": self.schedule_name,
+            "microbatches": self.microbatches,
+            "split_by": split_by,
+            "split": [[u.name for u in units[a:b]] for a, b in bounds],
+            **({"unit_seconds": dict(zip((u.name for u in units), seconds))} if seconds else {}),
+        }
         log.info("pipeline split (%s): %s", split_by, " | ".join(",".join(s) for s in self.layout["split"]))
-        self.stage_modules = [StageModule(model, units[bounds[s][0]:bounds[s][1]]) for s in self.local_slots]
+        self.stage_modules = [StageModule(model, units[bounds[s][0] : bounds[s][1]]) for s in self.local_slots]
         self._tie_weights(model, units, bounds)
         return StageModules([self._replicate(m) for m in self.stage_modules])
 
@@ -172,10 +187,12 @@ class PipelineParallel(WholeModelStrategy):
             try:
                 seconds = measure_unit_seconds(model, units, self._sample_microbatch())
                 plan[0] = (balanced_starts(seconds, self.slots), "measured forward+backward time", seconds)
-            except (RuntimeError, MemoryError) as exc:      # out of memory: the whole model does not run here
+            except (RuntimeError, MemoryError) as exc:  # out of memory: the whole model does not run here
                 log.warning("could not time the blocks (%s); balancing the stages by parameters", exc)
-                counts = [float(sum(p.numel() for path in u.modules for p in model.get_submodule(path).parameters()))
-                          for u in units]
+                counts = [
+                    float(sum(p.numel() for path in u.modules for p in model.get_submodule(path).parameters()))
+                    for u in units
+                ]
                 plan[0] = (balanced_starts(counts, self.slots), "parameters", [])
         if self.ctx.distributed:
             dist.broadcast_object_list(plan, src=0)
@@ -193,7 +210,7 @@ class PipelineParallel(WholeModelStrategy):
 
     def _tie_weights(self, model: nn.Module, units: list[Unit], bounds: list[tuple[int, int]]) -> None:
         """Groups of ranks (one per pipeline) that sum the gradients of a tied weight's copies."""
-        self.ties: list[tuple[list[nn.Parameter], Optional[dist.ProcessGroup]]] = []
+        self.ties: list[tuple[list[nn.Parameter], dist.ProcessGroup | None]] = []
         slot_of_unit = {u: s for s, (a, b) in enumerate(bounds) for u in range(a, b)}
         for names in tied_parameter_names(model):
             holders = sorted({slot_of_unit[unit_of(n, units)] % self.pp for n in names})
@@ -238,8 +255,10 @@ class PipelineParallel(WholeModelStrategy):
         """One schedule per (train or eval, batch size): a PipelineStage sizes its buffers on its first batch."""
         key = (train, n)
         if key not in self.schedules:
-            stages = [TimedStage(module, slot, self.slots, self.ctx.device, group=self.pp_group, busy=self.busy)
-                      for module, slot in zip(model.stages, self.local_slots)]
+            stages = [
+                TimedStage(module, slot, self.slots, self.ctx.device, group=self.pp_group, busy=self.busy)
+                for module, slot in zip(model.stages, self.local_slots)
+            ]
 
             def loss_fn(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
                 return self.busy.timed(objective.loss_of, out, y)
@@ -262,8 +281,16 @@ class PipelineParallel(WholeModelStrategy):
     def _last(self) -> bool:
         return self.slots - 1 in self.local_slots
 
-    def forward_backward(self, model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Tensor,
-                         loss_divisor: int, scaler: torch.amp.GradScaler, autocast: Callable[[], AbstractContextManager]) -> StepResult:
+    def forward_backward(
+        self,
+        model: nn.Module,
+        objective: Any,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        loss_divisor: int,
+        scaler: torch.amp.GradScaler,
+        autocast: Callable[[], AbstractContextManager],
+    ) -> StepResult:
         schedule, m = self._schedule(model, objective, len(y), train=True)
         losses: list[torch.Tensor] = []
         start = self.stamp()
@@ -290,13 +317,19 @@ class PipelineParallel(WholeModelStrategy):
                 p.grad = total.clone() if len(copies) > 1 else total
 
     @torch.no_grad()
-    def evaluate(self, model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Tensor,
-                 autocast: Callable[[], AbstractContextManager]) -> StepResult:
+    def evaluate(
+        self,
+        model: nn.Module,
+        objective: Any,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        autocast: Callable[[], AbstractContextManager],
+    ) -> StepResult:
         schedule, _ = self._schedule(model, objective, len(y), train=False)
         losses: list[torch.Tensor] = []
         with autocast():
             out = schedule.eval(*((x,) if self._first else ()), target=y if self._last else None, losses=losses)
-        self.busy.spans = []        # evaluation is not part of any training step's busy time
+        self.busy.spans = []  # evaluation is not part of any training step's busy time
         if not self._last:
             return None, None
         return torch.stack(losses).mean(), out
@@ -306,15 +339,17 @@ class PipelineParallel(WholeModelStrategy):
     def _parameter_names(self) -> dict[int, str]:
         return {id(p): name for module in self.stage_modules for name, p in module.named_parameters()}
 
-    def checkpoint_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> Optional[dict[str, Any]]:
+    def checkpoint_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
         mine = None
-        if self.dp_rank == 0:       # data-parallel replicas hold the same state: one pipeline's is enough
+        if self.dp_rank == 0:  # data-parallel replicas hold the same state: one pipeline's is enough
             names = self._parameter_names()
             order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
             state = optimizer.state_dict()["state"]
-            mine = {"model": _to_cpu({k: v for module in self.stage_modules for k, v in module.state_dict().items()}),
-                    "optimizer": _to_cpu({order[i]: s for i, s in state.items()})}
-        gathered: Optional[list[Any]] = [None] * self.ctx.world_size if self.ctx.is_main else None
+            mine = {
+                "model": _to_cpu({k: v for module in self.stage_modules for k, v in module.state_dict().items()}),
+                "optimizer": _to_cpu({order[i]: s for i, s in state.items()}),
+            }
+        gathered: list[Any] | None = [None] * self.ctx.world_size if self.ctx.is_main else None
         if self.ctx.distributed:
             dist.gather_object(mine, gathered, dst=0, group=self.object_group)
         else:
@@ -337,8 +372,12 @@ class PipelineParallel(WholeModelStrategy):
         names = self._parameter_names()
         order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
         saved = state["optimizer"]["state_by_name"]
-        optimizer.load_state_dict({"state": {i: saved[name] for i, name in enumerate(order) if name in saved},
-                                   "param_groups": optimizer.state_dict()["param_groups"]})
+        optimizer.load_state_dict(
+            {
+                "state": {i: saved[name] for i, name in enumerate(order) if name in saved},
+                "param_groups": optimizer.state_dict()["param_groups"],
+            }
+        )
 
     # -- the bubble ------------------------------------------------------------------------------
 
@@ -351,14 +390,18 @@ class PipelineParallel(WholeModelStrategy):
         per_rank = self.ctx.gather_objects(self.busy.busy_and_step_seconds())
         steps = min(len(r) for r in per_rank)
         measured = None
-        by_rank: list[Optional[float]] = [None] * len(per_rank)
+        by_rank: list[float | None] = [None] * len(per_rank)
         if steps:
             by_rank = [statistics.median(1 - busy / span for busy, span in r[:steps]) for r in per_rank]
-            measured = statistics.median(1 - sum(r[i][0] for r in per_rank) / sum(r[i][1] for r in per_rank)
-                                         for i in range(steps))
-        return {"pipeline": {**self.layout, "timed_steps": steps},
-                "bubble_fraction": measured, "bubble_fraction_per_rank": by_rank,
-                "bubble_fraction_theory": self.theory()}
+            measured = statistics.median(
+                1 - sum(r[i][0] for r in per_rank) / sum(r[i][1] for r in per_rank) for i in range(steps)
+            )
+        return {
+            "pipeline": {**self.layout, "timed_steps": steps},
+            "bubble_fraction": measured,
+            "bubble_fraction_per_rank": by_rank,
+            "bubble_fraction_theory": self.theory(),
+        }
 
 
 def _to_cpu(tree: Any) -> Any:

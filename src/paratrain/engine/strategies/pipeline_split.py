@@ -17,14 +17,17 @@ its units' submodules under their original paths (a ModuleList becomes a ModuleD
 same indices), so `blocks.3.attn.qkv.weight` is called that on every stage and a stage's
 state_dict is a slice of the whole model's.
 """
+
 from __future__ import annotations
 
 import copy
+import itertools
 import statistics
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -39,8 +42,8 @@ class Unit:
     """One link of the model's chain: what `--split` names, the submodules it owns, how it runs."""
 
     name: str
-    modules: tuple[str, ...]                                   # submodule paths, e.g. ("blocks.3",)
-    run: Callable[[nn.Module, torch.Tensor], torch.Tensor]     # (a module holding those paths, input) -> output
+    modules: tuple[str, ...]  # submodule paths, e.g. ("blocks.3",)
+    run: Callable[[nn.Module, torch.Tensor], torch.Tensor]  # (a module holding those paths, input) -> output
 
 
 def _call(path: str) -> Callable[[nn.Module, torch.Tensor], torch.Tensor]:
@@ -56,6 +59,7 @@ def _cnn_conv(name: str, flatten: bool) -> Callable[[nn.Module, torch.Tensor], t
     def run(root: nn.Module, x: torch.Tensor) -> torch.Tensor:
         x = root.pool(F.relu(root.get_submodule(name)(x)))
         return torch.flatten(x, 1) if flatten else x
+
     return run
 
 
@@ -69,22 +73,32 @@ def model_units(model: nn.Module) -> list[Unit]:
     from paratrain.workloads.models import ResNet, TutorialCNN
 
     if isinstance(model, GPT):
-        return [Unit("embed", ("embed",), _call("embed")),
-                *(Unit(f"blocks.{i}", (f"blocks.{i}",), _call(f"blocks.{i}")) for i in range(len(model.blocks))),
-                Unit("head", ("head",), _call("head"))]
+        return [
+            Unit("embed", ("embed",), _call("embed")),
+            *(Unit(f"blocks.{i}", (f"blocks.{i}",), _call(f"blocks.{i}")) for i in range(len(model.blocks))),
+            Unit("head", ("head",), _call("head")),
+        ]
     if isinstance(model, ResNet):
-        return [Unit("stem", ("stem",), _call("stem")),
-                *(Unit(f"blocks.{i}", (f"blocks.{i}",), _call(f"blocks.{i}")) for i in range(len(model.blocks))),
-                Unit("head_norm", ("head_norm", "fc"), _resnet_head)]
+        return [
+            Unit("stem", ("stem",), _call("stem")),
+            *(Unit(f"blocks.{i}", (f"blocks.{i}",), _call(f"blocks.{i}")) for i in range(len(model.blocks))),
+            Unit("head_norm", ("head_norm", "fc"), _resnet_head),
+        ]
     if isinstance(model, TutorialCNN):
-        return [Unit("conv1", ("conv1", "pool"), _cnn_conv("conv1", flatten=False)),
-                Unit("conv2", ("conv2", "pool"), _cnn_conv("conv2", flatten=True)),
-                Unit("fc1", ("fc1",), _cnn_fc("fc1", relu=True)), Unit("fc2", ("fc2",), _cnn_fc("fc2", relu=True)),
-                Unit("fc3", ("fc3",), _cnn_fc("fc3", relu=False))]
+        return [
+            Unit("conv1", ("conv1", "pool"), _cnn_conv("conv1", flatten=False)),
+            Unit("conv2", ("conv2", "pool"), _cnn_conv("conv2", flatten=True)),
+            Unit("fc1", ("fc1",), _cnn_fc("fc1", relu=True)),
+            Unit("fc2", ("fc2",), _cnn_fc("fc2", relu=True)),
+            Unit("fc3", ("fc3",), _cnn_fc("fc3", relu=False)),
+        ]
     # A ModuleList has no forward of its own: its items are the links (the nanoGPT/torchtitan
     # layout, `self.layers = nn.ModuleList(...)` looped over in forward).
-    return [Unit(path, (path,), _call(path)) for name, child in model.named_children()
-            for path in ([f"{name}.{i}" for i in range(len(child))] if isinstance(child, nn.ModuleList) else [name])]
+    return [
+        Unit(path, (path,), _call(path))
+        for name, child in model.named_children()
+        for path in ([f"{name}.{i}" for i in range(len(child))] if isinstance(child, nn.ModuleList) else [name])
+    ]
 
 
 def run_units(root: nn.Module, units: list[Unit], x: torch.Tensor) -> torch.Tensor:
@@ -114,12 +128,16 @@ def named_starts(units: list[Unit], split: str, slots: int) -> list[int]:
         if name not in names:
             raise UsageError(f"--split: the model has no block named {name!r}; its blocks are {_listing(names)}")
     if len(given) != slots - 1:
-        raise UsageError(f"--split names {len(given)} block(s) for {slots} stages; name {slots - 1}, the first block of "
-                         f"each stage after the first (or use --split auto)")
+        raise UsageError(
+            f"--split names {len(given)} block(s) for {slots} stages; name {slots - 1}, the first block of "
+            f"each stage after the first (or use --split auto)"
+        )
     starts = [0, *(names.index(name) for name in given)]
-    if any(b <= a for a, b in zip(starts, starts[1:])):
-        raise UsageError(f"--split: the blocks must be given in model order, each after the one before, and not "
-                         f"{names[0]!r} (stage 1 starts there); the model's order is {_listing(names)}")
+    if any(b <= a for a, b in itertools.pairwise(starts)):
+        raise UsageError(
+            f"--split: the blocks must be given in model order, each after the one before, and not "
+            f"{names[0]!r} (stage 1 starts there); the model's order is {_listing(names)}"
+        )
     return starts
 
 
@@ -139,19 +157,29 @@ def check_pipeline_split(cfg: TrainConfig, data: Any) -> None:
     with torch.device("meta"):
         model = build_model(cfg, data)
     if cfg.loss is None and target_parameter(model) is not None:
-        raise UsageError(f"--strategy {cfg.strategy_name} computes the loss on the last stage from the model's output, and this "
-                         "model's forward takes the targets and computes its own loss; return the output and pass --loss pkg.module:fn")
+        raise UsageError(
+            f"--strategy {cfg.strategy_name} computes the loss on the last stage from the model's output, and this "
+            "model's forward takes the targets and computes its own loss; return the output and pass --loss "
+            "pkg.module:fn"
+        )
     units = model_units(model)
     owned = tuple(path for unit in units for path in unit.modules)
-    stray = [name for name, _ in (*model.named_parameters(), *model.named_buffers())
-             if not any(name == path or name.startswith(path + ".") for path in owned)]
+    stray = [
+        name
+        for name, _ in (*model.named_parameters(), *model.named_buffers())
+        if not any(name == path or name.startswith(path + ".") for path in owned)
+    ]
     if stray:
-        raise UsageError(f"--strategy {cfg.strategy_name} splits the model by its top-level children and {stray[0]!r} belongs "
-                         "to none of them; move it into a child module")
+        raise UsageError(
+            f"--strategy {cfg.strategy_name} splits the model by its top-level children and {stray[0]!r} belongs "
+            "to none of them; move it into a child module"
+        )
     slots = stage_slots(cfg)
     if len(units) < slots:
-        raise UsageError(f"the model has {len(units)} blocks ({_listing([u.name for u in units])}), too few for {slots} "
-                         f"stages; use --stages {len(units) // (slots // cfg.pipeline_stages)} or fewer")
+        raise UsageError(
+            f"the model has {len(units)} blocks ({_listing([u.name for u in units])}), too few for {slots} "
+            f"stages; use --stages {len(units) // (slots // cfg.pipeline_stages)} or fewer"
+        )
     if cfg.split != "auto":
         named_starts(units, cfg.split, slots)
     one = RankContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
@@ -165,13 +193,19 @@ def check_pipeline_split(cfg: TrainConfig, data: Any) -> None:
             with torch.device("cpu"):
                 model = build_model(cfg, data)
             whole, chained = _whole_and_chained(model, model_units(model), x)
-        except Exception as exc:       # any failure of the user's modules is the user's to fix
-            raise UsageError(f"--strategy {cfg.strategy_name}: the model's blocks ({_listing([u.name for u in units])}) do not chain, "
-                             f"each taking the one before's output ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
-                             "write the model as an nn.Sequential of its blocks") from None
+        except Exception as exc:  # any failure of the user's modules is the user's to fix
+            raise UsageError(
+                f"--strategy {cfg.strategy_name}: the model's blocks ({_listing([u.name for u in units])}) do not "
+                "chain, "
+                f"each taking the one before's output ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else ''}); "
+                "write the model as an nn.Sequential of its blocks"
+            ) from None
     if not isinstance(whole, torch.Tensor) or not isinstance(chained, torch.Tensor) or whole.shape != chained.shape:
-        raise UsageError(f"--strategy {cfg.strategy_name}: the model's blocks ({_listing([u.name for u in units])}) applied in "
-                         "order do not give the model's output; write the model as an nn.Sequential of its blocks")
+        raise UsageError(
+            f"--strategy {cfg.strategy_name}: the model's blocks ({_listing([u.name for u in units])}) applied in "
+            "order do not give the model's output; write the model as an nn.Sequential of its blocks"
+        )
 
 
 def _whole_and_chained(model: nn.Module, units: list[Unit], x: torch.Tensor) -> tuple[Any, Any]:
@@ -180,6 +214,7 @@ def _whole_and_chained(model: nn.Module, units: list[Unit], x: torch.Tensor) -> 
 
 
 # -- choosing the cuts -----------------------------------------------------------------------
+
 
 def balanced_starts(costs: list[float], slots: int) -> list[int]:
     """Cut the chain into `slots` runs of consecutive units so that the costliest run is as cheap
@@ -232,7 +267,7 @@ def measure_unit_seconds(model: nn.Module, units: list[Unit], x: torch.Tensor, b
                 inputs.append(h)
                 outputs.append(out)
                 h = out
-            grad: Optional[torch.Tensor] = torch.ones_like(h)
+            grad: torch.Tensor | None = torch.ones_like(h)
             for i in reversed(range(len(units))):
                 t = now()
                 if outputs[i].requires_grad and grad is not None:
@@ -253,16 +288,17 @@ def measure_unit_seconds(model: nn.Module, units: list[Unit], x: torch.Tensor, b
 
 # -- stage modules ---------------------------------------------------------------------------
 
+
 class StageModule(nn.Module):
     """A run of consecutive units, holding copies of their submodules under their original paths."""
 
     def __init__(self, model: nn.Module, units: list[Unit]):
         super().__init__()
         self._pipeline_units = list(units)
-        memo: dict[int, Any] = {}       # one memo: weights tied inside the stage stay one tensor
+        memo: dict[int, Any] = {}  # one memo: weights tied inside the stage stay one tensor
         for unit in units:
             for path in unit.modules:
-                _place(self, path, lambda: copy.deepcopy(model.get_submodule(path), memo))
+                _place(self, path, lambda path=path: copy.deepcopy(model.get_submodule(path), memo))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return run_units(self, self._pipeline_units, x)

@@ -1,7 +1,9 @@
 """One process, no communication: the baseline every speedup is measured against."""
+
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from paratrain.config import TrainConfig
 from paratrain.engine.distributed import RankContext
