@@ -1,5 +1,6 @@
-"""Exact checks (#25): every place that drops the first epoch (it pays for start-up) before taking
-the epoch time, on hand-computed cases, and what each does with a single epoch (they agree: keep it)."""
+"""Exact checks (#25): the rule that drops the first epoch (it pays for start-up) before taking the epoch
+time, on hand-computed cases, and every reader that times epochs taking it from that one place
+(paratrain.runs): a launched script's throughput, a scaling study's rows and the doctor's start-up check."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from paratrain.doctor.checks import first_epoch_overhead
 from paratrain.doctor.evidence import RunEvidence
 from paratrain.launch.script import throughput
-from paratrain.scale import steady_epoch_time
+from paratrain.runs import RunDir, steady_epoch_time, steady_epochs, write_json
+from paratrain.scale import scaling_rows
 
 # Epochs of 10, 2, 2, 3 s: without the first, [2, 2, 3] -> median 2 s (the mean would be 7/3 s).
 # Epochs of 10, 4, 2 s: without the first, [4, 2] -> median (2 + 4) / 2 = 3 s (the median with the
@@ -19,18 +22,53 @@ CASES = [([10.0, 2.0, 2.0, 3.0], 2.0), ([10.0, 4.0, 2.0], 3.0), ([5.0], 5.0), ([
 
 
 @pytest.mark.parametrize("times, expected", CASES)
-def test_scale_steady_epoch_time(times, expected):
-    assert steady_epoch_time({"epoch_times_s": times}) == pytest.approx(expected, abs=1e-12)
+def test_the_steady_epoch_time(times, expected):
+    assert steady_epoch_time(times) == pytest.approx(expected, abs=1e-12)
+
+
+def test_the_steady_epochs_are_all_but_the_first_or_the_only_one():
+    assert steady_epochs(["a", "b", "c"]) == ["b", "c"]
+    assert steady_epochs(["a"]) == ["a"]
+    assert steady_epochs([]) == []
 
 
 @pytest.mark.parametrize("times, expected", CASES)
-def test_doctor_steady_epoch_s(times, expected):
-    run = RunEvidence(path=Path("."), config={}, summary={"epoch_times_s": times}, events=[])
-    assert run.steady_epoch_s == pytest.approx(expected, abs=1e-12)
+def test_a_scaling_row_times_its_steady_epochs(tmp_path, times, expected):
+    # two repeats of one point, the second 2x slower in every epoch: the row's epoch time is the median
+    # of the two steady times, (expected + 2 * expected) / 2 = 1.5 * expected
+    runs = []
+    for i, scale in enumerate((1.0, 2.0)):
+        run = RunDir(tmp_path / f"r{i}")
+        run.path.mkdir()
+        write_json(
+            run.config,
+            {
+                "workload": "m",
+                "workers": 1,
+                "threads_per_worker": 1,
+                "resolved": {"device": "cpu", "threads_per_worker": 1},
+            },
+        )
+        write_json(
+            run.summary,
+            {
+                "status": "completed",
+                "workers": 1,
+                "strategy": "single",
+                "epoch_times_s": [t * scale for t in times],
+                "samples_per_s": 1.0,
+            },
+        )
+        runs.append(run)
+    (row,) = scaling_rows(runs)
+    assert row["epoch_time_s"] == pytest.approx(1.5 * expected, abs=1e-12)
 
 
-def test_doctor_steady_epoch_s_without_epochs_is_none():
-    assert RunEvidence(path=Path("."), config={}, summary={}, events=[]).steady_epoch_s is None
+def test_the_doctors_start_up_share_is_against_the_steady_epoch_time():
+    # epochs 10, 4, 2 s: steady 3 s (median of [4, 2]); start-up share (10 - 3) / 16 = 0.4375
+    ev = RunEvidence(path=Path("."), config={}, summary={"epoch_times_s": [10.0, 4.0, 2.0]}, events=[])
+    finding = first_epoch_overhead(ev)
+    assert finding is not None and "against 3.00 s for the others (3.3x)" in finding.evidence
 
 
 def _write_reports(tmp_path: Path, metrics: list[dict]) -> Path:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from paratrain.config import ScaleConfig, parse_size, validate
 from paratrain.doctor.evidence import read_run
 from paratrain.errors import UsageError
-from paratrain.runs import RunDir
+from paratrain.runs import RunDir, steady_epoch_time
 from paratrain.sweep.space import parse_space
 
 FEW = settings(max_examples=60, deadline=None)
@@ -159,7 +159,7 @@ def test_run_dirs_from_other_versions_read(extra, times, drop):
         run.config.write_text(json.dumps({"workers": 1, **extra}))
         run.summary.write_text(json.dumps(summary))
         ev = read_run(Path(tmp))
-        steady = ev.steady_epoch_s
+        steady = steady_epoch_time(ev.epoch_times) if ev.epoch_times else None
         if drop == "epoch_times_s" or not times:
             assert steady is None
         else:

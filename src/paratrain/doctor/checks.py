@@ -14,6 +14,7 @@ from typing import Any
 
 from paratrain.doctor.evidence import IDLE_CPU_PERCENT, RunEvidence, idle_fractions, rerun_command
 from paratrain.doctor.finding import Finding, accumulation, ms, pct, speedup
+from paratrain.runs import steady_epoch_time
 
 # Thresholds: a share of the optimizer step (breakdown) above which a phase is worth fixing.
 COMM_SHARE = 0.20  # exposed all-reduce time that backward did not hide
@@ -316,7 +317,7 @@ def first_epoch_overhead(ev: RunEvidence) -> Finding | None:
         )
     if len(times) < 2:
         return None
-    steady = statistics.median(times[1:])
+    steady = steady_epoch_time(times)
     share = (times[0] - steady) / sum(times)
     if share < FIRST_EPOCH_SHARE:
         return None

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,11 +100,6 @@ class RunEvidence:
     @property
     def epoch_times(self) -> list[float]:
         return list(self.summary.get("epoch_times_s") or [e["epoch_time_s"] for e in self.epochs])
-
-    @property
-    def steady_epoch_s(self) -> float | None:
-        times = self.epoch_times
-        return statistics.median(times[1:] or times) if times else None
 
     @property
     def start_unix(self) -> float | None:

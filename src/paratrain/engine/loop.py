@@ -45,7 +45,7 @@ from paratrain.engine.optim import build_optimizer
 from paratrain.engine.progress import EpochProgress
 from paratrain.engine.strategies import Strategy, build_strategy
 from paratrain.engine.timing import Clock, StepBreakdown
-from paratrain.runs import MetricsWriter, RunDir
+from paratrain.runs import MetricsWriter, RunDir, steady_epoch_time, steady_epochs
 from paratrain.workloads import build_model, load_data
 from paratrain.workloads.datasets import default_cache_dir
 from paratrain.workloads.objective import build_objective
@@ -656,7 +656,7 @@ class Trainer:
         if not self.ctx.is_main:
             return None
         cfg, epochs = self.cfg, self.state.epochs_done
-        steady = epochs[1:] or epochs  # the first epoch pays for start-up: excluded when there are more
+        steady = steady_epochs(epochs)
         last = epochs[-1]
         held_out = last["evals"].get("val", last["evals"]["test"])
         steady_time = sum(e["epoch_time_s"] for e in steady)
@@ -677,7 +677,7 @@ class Trainer:
             "steps": self.state.step,
             "steps_per_epoch": self.steps_per_epoch,
             "epoch_times_s": [e["epoch_time_s"] for e in epochs],
-            "epoch_time_s": statistics.median(e["epoch_time_s"] for e in steady),
+            "epoch_time_s": steady_epoch_time([e["epoch_time_s"] for e in epochs]),
             "samples_per_s": sum(e["epoch_samples"] for e in steady) / steady_time,
             "timed_epochs": len(steady),
             "train_loss": last["train_loss"],

@@ -27,7 +27,6 @@ import os
 import re
 import shutil
 import signal
-import statistics
 import sys
 import time
 import uuid
@@ -41,7 +40,7 @@ from paratrain.launch.load import LoadMeter
 from paratrain.launch.local import quiet_elastic_logs, scoped_environ, thread_env
 from paratrain.launch.placement import available_cores, core_sets, resolve_device
 from paratrain.measure.monitor import monitor_run, ranks_by_environment
-from paratrain.runs import RunDir, json_records, write_json
+from paratrain.runs import RunDir, json_records, steady_epoch_time, write_json
 from paratrain.runs.lock import run_dir_entries, run_dir_lock
 from paratrain.script_client import REPORT_FILE_ENV
 
@@ -268,7 +267,7 @@ def throughput(reports: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if epochs:
         out["epoch_times_s"] = epochs
-        out["epoch_time_s"] = statistics.median(epochs[1:] or epochs)
+        out["epoch_time_s"] = steady_epoch_time(epochs)
     if "samples_per_s" in last:
         out["samples_per_s"] = float(last["samples_per_s"])
     elif epochs and "samples" in last:

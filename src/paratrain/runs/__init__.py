@@ -1,27 +1,59 @@
 """The run directory: the contract between a training run and every tool that reads it.
 
-    DIR/config.json     the resolved configuration (what ran, after defaults and derivations)
-    DIR/metrics.jsonl   one JSON object per line, each with an "event" key (step, epoch, eval, ...)
-    DIR/summary.json    the outcome; its keys are listed in SUMMARY_KEYS
-    DIR/logs/rank<R>.log  each rank's log
-    DIR/checkpoint.pt   the latest checkpoint, with --checkpoint-every
+DIR/config.json     the resolved configuration (what ran, after defaults and derivations)
+DIR/metrics.jsonl   one JSON object per line, each with an "event" key (step, epoch, eval, ...)
+DIR/summary.json    the outcome; its keys are listed in SUMMARY_KEYS
+DIR/logs/rank<R>.log  each rank's log
+DIR/checkpoint.pt   the latest checkpoint, with --checkpoint-every
 """
+
 from __future__ import annotations
 
 import json
 import os
+import statistics
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, TypeVar
 
 from paratrain.errors import UsageError
 
-SCALING_FILE = "scaling.json"     # a scaling study's table, in the study directory
-SWEEP_FILE = "sweep.json"         # a sweep's trials and best, in the sweep directory
+SCALING_FILE = "scaling.json"  # a scaling study's table, in the study directory
+SWEEP_FILE = "sweep.json"  # a sweep's trials and best, in the sweep directory
 SUMMARY_KEYS = (
-    "status", "workers", "strategy", "batch_size", "global_batch_size", "lr", "epochs", "epoch_times_s",
-    "epoch_time_s", "samples_per_s", "train_loss", "val_loss", "val_accuracy", "wall_time_s", "breakdown",
-    "peak_memory_bytes", "memory",
+    "status",
+    "workers",
+    "strategy",
+    "batch_size",
+    "global_batch_size",
+    "lr",
+    "epochs",
+    "epoch_times_s",
+    "epoch_time_s",
+    "samples_per_s",
+    "train_loss",
+    "val_loss",
+    "val_accuracy",
+    "wall_time_s",
+    "breakdown",
+    "peak_memory_bytes",
+    "memory",
 )
+
+
+Epoch = TypeVar("Epoch")
+
+
+def steady_epochs(epochs: Sequence[Epoch]) -> Sequence[Epoch]:
+    """The epochs that time training: all but the first, which pays for start-up (process-group set-up,
+    allocations, first kernels, caches); the only epoch when there is one. The rule lives here alone: the
+    engine's summary, a launched script's throughput, scale and the doctor all take epoch time through it."""
+    return epochs[1:] or epochs
+
+
+def steady_epoch_time(times: Sequence[float]) -> float:
+    """The median time of the steady epochs: the median, so that one epoch slowed by other work does not move it."""
+    return statistics.median(steady_epochs(times))
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -100,8 +132,11 @@ class MetricsWriter:
         if keep_until_step is not None and path.exists():
             # A resumed run rewinds the log to its checkpoint: events the interrupted run wrote
             # after that point describe work that is about to be redone.
-            kept = [line for line in path.read_text().splitlines()
-                    if _whole_event(line) and json.loads(line).get("step", 0) <= keep_until_step]
+            kept = [
+                line
+                for line in path.read_text().splitlines()
+                if _whole_event(line) and json.loads(line).get("step", 0) <= keep_until_step
+            ]
             tmp = path.with_name(path.name + ".tmp")
             tmp.write_text("".join(line + "\n" for line in kept))
             os.replace(tmp, path)

@@ -7,11 +7,13 @@ instead (paratrain/__init__.py, which Python imports before any module of the pa
 launcher runs what is registered: every run of `paratrain.train`, whichever command starts it
 (train, each point of scale, a sweep's trial, ...), is exported as its config asks.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 
 @dataclass(frozen=True)

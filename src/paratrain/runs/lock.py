@@ -6,13 +6,14 @@ first still trains, two commands started at once into a new directory) finds the
 is refused before it touches anything. The kernel drops the lock when the holder's process ends however it ends, SIGKILL
 included, so a killed run leaves no stale lock: the file stays, locked by nobody.
 """
+
 from __future__ import annotations
 
 import fcntl
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from paratrain.errors import UsageError
 
@@ -30,11 +31,13 @@ def run_dir_lock(path: Path, fresh: bool, option: str = "--run-dir") -> Iterator
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise UsageError(f"{path} is in use by another paratrain run right now; wait for it to end, "
-                             f"or choose another {option}") from None
+            raise UsageError(
+                f"{path} is in use by another paratrain run right now; wait for it to end, or choose another {option}"
+            ) from None
         if fresh and run_dir_entries(path):
-            raise UsageError(f"{path} already exists and is not empty (another run has just started in it); "
-                             f"choose another {option}")
+            raise UsageError(
+                f"{path} already exists and is not empty (another run has just started in it); choose another {option}"
+            )
         yield
     finally:
         os.close(fd)

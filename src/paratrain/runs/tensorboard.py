@@ -4,6 +4,7 @@ Fed the same events as metrics.jsonl, under TensorBoard's usual tags (train/loss
 ...), with the optimizer step as the x axis. Needs the `tensorboard` package (the
 `paratrain[tensorboard]` extra).
 """
+
 from __future__ import annotations
 
 from pathlib import Path

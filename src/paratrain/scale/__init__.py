@@ -40,7 +40,7 @@ from paratrain.engine.strategies import check_strategy
 from paratrain.errors import RunFailed, UsageError
 from paratrain.launch.load import CONTENDED_ABOVE
 from paratrain.launch.placement import available_cores, resolve_device
-from paratrain.runs import SCALING_FILE, RunDir, write_json
+from paratrain.runs import SCALING_FILE, RunDir, steady_epoch_time, write_json
 from paratrain.runs.lock import run_dir_entries, run_dir_lock
 
 # Repeats whose samples/s differ by more than this ratio (fastest / slowest) are flagged: on a quiet
@@ -287,12 +287,6 @@ def _finished(summary: dict[str, Any]) -> bool:
     return summary.get("status") == "completed" and summary.get("samples_per_s") is not None
 
 
-def steady_epoch_time(summary: dict[str, Any]) -> float:
-    """Median epoch time without the first epoch, which pays for start-up (kept when it is the only one)."""
-    times = summary["epoch_times_s"]
-    return statistics.median(times[1:] or times)
-
-
 def is_all_cores_reference(config: dict[str, Any]) -> bool:
     """One CPU process with the default threads (every core): what `paratrain train --workers 1` runs."""
     return (
@@ -370,13 +364,14 @@ def _row(
 
     def seconds(summary: dict[str, Any]) -> float:
         """The time of a fixed amount of work: an epoch, or (by_rate) one sample."""
-        return 1.0 / summary["samples_per_s"] if by_rate else steady_epoch_time(summary)
+        return 1.0 / summary["samples_per_s"] if by_rate else steady_epoch_time(summary["epoch_times_s"])
 
     times = [seconds(s) for s in summaries]
     rates = [s["samples_per_s"] for s in summaries]
     work_time = statistics.median(times)
     # a script that reports samples/s only has no epoch times
-    epochs = [steady_epoch_time(s) for s in summaries] if all(s.get("epoch_times_s") for s in summaries) else None
+    timed = all(s.get("epoch_times_s") for s in summaries)
+    epochs = [steady_epoch_time(s["epoch_times_s"]) for s in summaries] if timed else None
     # Speedup in units of the base point's workers: T(base)/T x base; efficiency per base-worker's
     # worth of cores, which for the study's own points (same threads each) is speedup / N.
     base_n, base_threads = base[0][2]["workers"], _threads(base[0][1])
