@@ -291,7 +291,8 @@ def test_a_refusal_names_where_the_config_came_from(tmp_path):
     )
     path = tmp_path / "space.json"
     path.write_text('{"algorithm": "grid", "parameters": {"x": {"type": "integer", "min": 1, "max": 2}},}')
-    assert [p.name for p in load_space(path).parameters] == ["x"]
+    raw, space = load_space(path)
+    assert [p.name for p in space.parameters] == ["x"] and raw["algorithm"] == "grid"
     path.write_text('{"algorithm": "hyperband", "parameters": {}}')
     with pytest.raises(UsageError, match=f"^sweep config {path}: algorithm 'hyperband'"):
         load_space(path)

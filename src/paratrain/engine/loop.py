@@ -45,6 +45,7 @@ from paratrain.engine.optim import build_optimizer
 from paratrain.engine.progress import EpochProgress
 from paratrain.engine.strategies import Strategy, build_strategy
 from paratrain.engine.timing import Clock, StepBreakdown
+from paratrain.errors import TrainingDiverged
 from paratrain.runs import MetricsWriter, RunDir, steady_epoch_time, steady_epochs
 from paratrain.workloads import build_model, load_data
 from paratrain.workloads.datasets import default_cache_dir
@@ -161,11 +162,6 @@ class Activity:
 class MemoryLimitExceeded(RuntimeError):
     """An allocation failed under --memory-limit: the run's model, gradients, optimizer state and
     activations do not fit the limit on this rank."""
-
-
-class TrainingDiverged(Exception):
-    """The training loss became NaN or infinite. The loss is all-reduced before it is checked, so
-    every rank sees the same value and all of them stop at the same step."""
 
 
 @dataclass
@@ -469,7 +465,8 @@ class Trainer:
         return record
 
     def _check_finite(self, loss_sum: float) -> None:
-        """Called where the loss is read anyway (log points, epoch ends): no extra sync per step."""
+        """Called where the loss is read anyway (log points, epoch ends): no extra sync per step. The loss
+        is all-reduced before it is checked, so every rank sees the same value and all stop at the same step."""
         if not math.isfinite(loss_sum):
             raise TrainingDiverged(
                 f"training diverged: the loss became {loss_sum} between steps {self.checked_step + 1} and "

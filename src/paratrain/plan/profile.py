@@ -16,7 +16,7 @@ model is profiled in seconds on a laptop:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -41,9 +41,6 @@ class ModelProfile:
     activation_bytes_fixed: float  # saved tensors that do not grow with the batch
     largest_unit_bytes: int  # the largest FSDP unit's parameters (the root counts as one)
     units: list[dict[str, Any]]  # pipeline units: name, param_bytes, flops_per_sample, output_bytes_per_sample
-
-    def as_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def profile_model(cfg: TrainConfig) -> ModelProfile:

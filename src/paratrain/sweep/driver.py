@@ -30,7 +30,7 @@ import psutil
 from paratrain.config import SweepConfig, TrainConfig, flag
 from paratrain.errors import RunFailed, UsageError
 from paratrain.runs import SWEEP_FILE, write_json
-from paratrain.sweep.space import SearchSpace, parse_parameter, parse_space, read_config_file
+from paratrain.sweep.space import SearchSpace, load_space, parse_parameter, parse_space
 from paratrain.sweep.trial import (
     VAL_METRICS,
     BuiltinCommand,
@@ -106,8 +106,7 @@ def prepare(cfg: SweepConfig) -> tuple[Sweep, Any, ClaimLock, str, list[Slot]]:
     Returns the sweep, the study, the claim lock, where the storage is, and the device slots."""
     if cfg.join is not None:
         return _join(cfg)
-    raw = read_config_file(cfg.config)
-    space = parse_space(raw, f"sweep config {cfg.config}")
+    raw, space = load_space(cfg.config)
     train = cfg.train if cfg.script else _with_validation(cfg.train, space)
     spec = {
         "config": raw,

@@ -455,5 +455,8 @@ def _parse_lr_scaling(spec: Any, parameters: Sequence[Parameter], where: str) ->
     return rule
 
 
-def load_space(path: Path) -> SearchSpace:
-    return parse_space(read_config_file(path), f"sweep config {path}")
+def load_space(path: Path) -> tuple[dict[str, Any], SearchSpace]:
+    """A sweep config file's contents, as stored with the study (a rerun is checked against them), and
+    the search space they describe; refusals name the file."""
+    raw = read_config_file(path)
+    return raw, parse_space(raw, f"sweep config {path}")
