@@ -188,9 +188,8 @@ def ten_minute_run(work: Path, seconds: float = 600.0, epochs: int = 4) -> None:
     summary = train("gpt-small", 2, out, seq_len, batch, samples=samples, epochs=epochs, extra=extra)
     print(
         f"command: {BIN / 'paratrain'} train --workload gpt-small --workers 2 --threads-per-worker 1 --seq-len "
-        f"{seq_len} "
-        f"--batch-size {batch} --samples-per-epoch {samples} --epochs {epochs} --optimizer adamw --lr 1e-3 "
-        f"--eval-samples 256"
+        f"{seq_len} --batch-size {batch} --samples-per-epoch {samples} --epochs {epochs} --optimizer adamw --lr 1e-3 "
+        "--eval-samples 256"
     )
     print(
         f"train time {summary['train_time_s']:.0f} s, {summary['tokens_per_s']:,.0f} tokens/s, "

@@ -62,8 +62,7 @@ def main() -> None:
     commands = []
     print(
         "| model | GPUs, precision, batch a GPU | 1 GPU: published / predicted img/s | 8 GPUs: published / predicted "
-        "img/s "
-        "| speedup at 8: published / predicted (error) |"
+        "img/s | speedup at 8: published / predicted (error) |"
     )
     print("|---|---|---|---|---|")
     for model, device, precision, batch, one, eight in SINGLE_NODE:
@@ -113,10 +112,9 @@ def main() -> None:
     efficiency = (rows[256]["samples_per_s"] / 256) / (rows[8]["samples_per_s"] / 8)
     print(
         f"\nGoyal et al. 2017, 8 -> 256 P100, scaling efficiency: published ~0.90, predicted {efficiency:.3f} "
-        f"({(efficiency - 0.90) / 0.90:+.1%}); exposed communication {rows[8]['time']['exposed_comm_s'] * 1e3:.2f} "
-        "ms a "
-        "step "
-        f"on 8, {rows[256]['time']['exposed_comm_s'] * 1e3:.2f} ms on 256, of {rows[256]['step_time_s'] * 1e3:.0f} ms"
+        f"({(efficiency - 0.90) / 0.90:+.1%}); exposed communication {rows[8]['time']['exposed_comm_s'] * 1e3:.2f} ms "
+        f"a step on 8, {rows[256]['time']['exposed_comm_s'] * 1e3:.2f} ms on 256, of "
+        f"{rows[256]['step_time_s'] * 1e3:.0f} ms"
     )
     print("\ncommands (PYTHONPATH=benchmarks):")
     for command in commands:

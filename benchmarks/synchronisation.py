@@ -131,8 +131,7 @@ def table(results: dict[str, list[dict]]) -> str:
         accuracies = ", ".join(f"{r['test_accuracy']:.1%}" for r in done)
         lines.append(
             f"| {name} | {rate:,.0f} ({rates}) | {efficiency} | {accuracy:.2%} ({accuracies}) | {versus} | "
-            f"{train_time:.0f} s | {comm:.2f} ms | "
-            f"{sent_text} | {path} |"
+            f"{train_time:.0f} s | {comm:.2f} ms | {sent_text} | {path} |"
         )
     return "\n".join(lines)
 

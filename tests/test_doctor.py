@@ -349,8 +349,7 @@ def test_headlines_say_against_what_and_whether_it_pays_off():
     ]
     assert study_verdict({"rows": rows}) == [
         "w: 2 workers are 1.30x faster than one process on all 2 cores, 92% efficiency against 1 worker(s) x 1 "
-        "core(s), "
-        "accuracy -1.3 points: faster, but it costs accuracy"
+        "core(s), accuracy -1.3 points: faster, but it costs accuracy"
     ]
     trials = [
         {"number": i, "state": "COMPLETE", "params": {"batch_size": b}, "metrics": {"val_accuracy": a, "time_s": t}}

@@ -278,9 +278,8 @@ def test_calibration_from_one_batch_size_has_no_fixed_cost():
     assert eff.fixed_by_devices == ()
     # no fixed cost anywhere: none is shown
     assert eff.source == (
-        "calibrated from 2 run(s) measured here (r, r): compute efficiency 0.400 on 1 rank(s), "
-        "0.455 on 2 rank(s) of the peak (waiting for other ranks included), "
-        "per-step overhead 0.00 ms on 1 rank(s), 0.00 ms on 2 rank(s)"
+        "calibrated from 2 run(s) measured here (r, r): compute efficiency 0.400 on 1 rank(s), 0.455 on 2 rank(s) of "
+        "the peak (waiting for other ranks included), per-step overhead 0.00 ms on 1 rank(s), 0.00 ms on 2 rank(s)"
     )
 
 

@@ -380,9 +380,8 @@ def test_builtin_workload_sweep_with_derived_lr(tmp_path):
         lines = page.evaluate("[...document.querySelectorAll('#verdict .headline')].map(e => e.innerText)")
         best = result["best"]
         assert lines[0] == (
-            f"best: trial {best['number']} (batch_size={best['params']['batch_size']}, lr="
-            f"{best['params']['lr']:.3g}): val_accuracy {best['value']:.1%} in "
-            f"{seconds(best['metrics']['time_s'])}"
+            f"best: trial {best['number']} (batch_size={best['params']['batch_size']}, lr={best['params']['lr']:.3g}): "
+            f"val_accuracy {best['value']:.1%} in {seconds(best['metrics']['time_s'])}"
         )
         assert lines[1].startswith("batch_size 16 -> 64: val_accuracy ") and ", trial time " in lines[1]
 

@@ -242,10 +242,9 @@ def build_parser() -> Parser:
         "launch",
         help="run your own torchrun-style script on N ranks, pinned and monitored, into a run directory",
         description="Run any torchrun-style script (it reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) on N "
-        "local "
-        "ranks under PyTorch's elastic launcher, each rank on its own cores, with the monitor sampling CPU, "
-        "memory and GPUs into RUN_DIR/system.jsonl. Everything after the script's path goes to the script. "
-        "paratrain exits with the script's exit status. See docs/launch.md.",
+        "local ranks under PyTorch's elastic launcher, each rank on its own cores, with the monitor sampling CPU, "
+        "memory and GPUs into RUN_DIR/system.jsonl. Everything after the script's path goes to the script. paratrain "
+        "exits with the script's exit status. See docs/launch.md.",
         epilog="example: paratrain launch -n 2 --run-dir runs/mine train.py --epochs 3",
     )
     launch.add_argument(
@@ -302,10 +301,9 @@ def build_parser() -> Parser:
         "plan",
         help="predict memory, step time and speedup of every strategy on 1 ... N devices, before you queue",
         description="Measure the model here (FLOPs, parameters, activation bytes per sample, on the meta device: "
-        "nothing "
-        "is trained), then predict per-device memory and step time for ddp, zero1, fsdp, pipeline and hybrid "
-        "on 1 ... N devices of a table of accelerators (or this machine's cores), which strategies fit, and "
-        "one recommendation with its reason. See docs/planner.md.",
+        "nothing is trained), then predict per-device memory and step time for ddp, zero1, fsdp, pipeline and hybrid "
+        "on 1 ... N devices of a table of accelerators (or this machine's cores), which strategies fit, and one "
+        "recommendation with its reason. See docs/planner.md.",
         epilog="example: paratrain plan --workload gpt-medium --device a100 --precision bf16 --nodes 8 --gpus-per-node "
         "8",
     )
@@ -579,8 +577,7 @@ def _print_summary(summary: dict[str, Any]) -> None:
             "global batch",
             f"{summary['global_batch_size']} "
             f"({summary['global_batch_size'] // (summary['batch_size'] * summary['grad_accum'])} x "
-            f"{summary['batch_size']}"
-            f"{' x ' + str(summary['grad_accum']) if summary['grad_accum'] > 1 else ''})",
+            f"{summary['batch_size']}{' x ' + str(summary['grad_accum']) if summary['grad_accum'] > 1 else ''})",
         ),
         ("learning rate", f"{summary['lr']:.4g} ({summary['lr_scaling']} from {summary['base_lr']:.4g})"),
         (
@@ -595,9 +592,8 @@ def _print_summary(summary: dict[str, Any]) -> None:
         ),
         (
             "step time",
-            f"data {b['data_s'] * 1e3:.1f} ms, compute {b['compute_s'] * 1e3:.1f} ms, "
-            f"comm {b['comm_s'] * 1e3:.1f} ms, optimizer {b['optimizer_s'] * 1e3:.1f} ms, other "
-            f"{b['other_s'] * 1e3:.1f} ms",
+            f"data {b['data_s'] * 1e3:.1f} ms, compute {b['compute_s'] * 1e3:.1f} ms, comm {b['comm_s'] * 1e3:.1f} ms, "
+            f"optimizer {b['optimizer_s'] * 1e3:.1f} ms, other {b['other_s'] * 1e3:.1f} ms",
         ),
         *[
             (
@@ -1130,10 +1126,8 @@ def _find_batch(args: argparse.Namespace) -> int:
     _wide_console().print(table)
     print(
         f"largest batch that fits: {result['max_batch']} (limited by {result['limited_by']}); with the "
-        f"{result['margin']:.0%} margin use at most {result['safe_batch']}; knee (within "
-        f"{result['knee_within']:.0%} of "
-        "the "
-        f"best {result['best_samples_per_s']:,.0f} samples/s): {result['knee_batch']}"
+        f"{result['margin']:.0%} margin use at most {result['safe_batch']}; knee (within {result['knee_within']:.0%} "
+        f"of the best {result['best_samples_per_s']:,.0f} samples/s): {result['knee_batch']}"
     )
     print(f"saved: {Path(cfg.out) / RESULT_FILE}")
     return 0

@@ -148,8 +148,7 @@ class TrainConfig(BaseModel):
     shard_unit: str | None = Field(
         None,
         description="fsdp: the module class sharded as one unit (default: gpt blocks, ResNet stages, else each "
-        "child of "
-        "the model)",
+        "child of the model)",
     )
     reshard_after_forward: bool = Field(
         True,
@@ -167,8 +166,7 @@ class TrainConfig(BaseModel):
     device: Device = Field(
         "auto",
         description="where ranks compute: cuda (one GPU per rank), cpu (cores per rank, even on a GPU host), auto "
-        "(cuda "
-        "when GPUs are visible)",
+        "(cuda when GPUs are visible)",
     )
     backend: Backend = Field("auto", description="torch.distributed backend: nccl on GPUs and gloo on CPU by default")
     allreduce: AllReduce = Field(
@@ -233,8 +231,7 @@ class TrainConfig(BaseModel):
     grad_compression: GradCompression = Field(
         "none",
         description="ddp: compress gradients before averaging: fp16 or bf16 (half the bytes; bf16 needs a CUDA "
-        "build of "
-        "torch), powersgd (low-rank, --powersgd-rank)",
+        "build of torch), powersgd (low-rank, --powersgd-rank)",
     )
     powersgd_rank: int = Field(
         2,
@@ -251,8 +248,7 @@ class TrainConfig(BaseModel):
     reduce: Reduce = Field(
         "allreduce",
         description="ddp: allreduce (every rank sums), or ps: gradients reduced to rank 0, which broadcasts the "
-        "average "
-        "back (a synchronous parameter server)",
+        "average back (a synchronous parameter server)",
     )
     ps_ranks: int = Field(
         1,
@@ -296,8 +292,7 @@ class TrainConfig(BaseModel):
         0,
         ge=0,
         description="stop when the validation loss has not improved for this many epochs (0: never); needs a "
-        "validation "
-        "split",
+        "validation split",
     )
 
     # Measurements for choosing the batch and the LR (paratrain find-batch, noise-scale, lr-find; docs/batch-size.md).
@@ -568,8 +563,7 @@ class TrainConfig(BaseModel):
         if self.lr_end is not None and self.lr_end <= self.lr:
             raise ValueError(
                 f"--lr-end {self.lr_end:g} must be above --lr {self.lr:g}: the range test raises the LR from one to "
-                "the "
-                "other"
+                "the other"
             )
         if self.lr_end is not None and self.warmup_epochs > 0:
             raise ValueError("--schedule range-test sets every step's LR itself; drop --warmup-epochs")
@@ -1029,8 +1023,7 @@ class SweepConfig(BaseModel):
     param_style: Literal["space", "equals", "plain", "none"] = Field(
         "space",
         description="how parameters reach the script: --name value | --name=value | name=value | none "
-        "(PARATRAIN_PARAMS "
-        "only)",
+        "(PARATRAIN_PARAMS only)",
     )
     workers_per_trial: int = Field(1, gt=0, description="data-parallel workers (ranks) inside each trial")
     probe: bool = Field(
@@ -1048,9 +1041,8 @@ class SweepConfig(BaseModel):
     pruner: Literal["auto", "median", "none"] = Field(
         "auto",
         description="stop trials whose metric at an epoch is worse than "
-        "the median of earlier trials at that epoch; auto: "
-        "median for random and bayes, none for a grid or a "
-        "sweep over a batch size",
+        "the median of earlier trials at that epoch; auto: median for random and bayes, none for a grid or a sweep "
+        "over a batch size",
     )
     trial_timeout: float | None = Field(
         None, gt=0, description="seconds after which a trial is stopped and recorded as failed"
@@ -1238,8 +1230,7 @@ class RecommendConfig(BaseModel):
     workers: int = Field(gt=0, description="the workers the recommended run will use")
     out: Path = Field(
         description="directory for recommend.json and the measurements (their JSON files are reused when the same "
-        "train "
-        "flags made them)"
+        "train flags made them)"
     )
     apply: bool = Field(False, description="print the paratrain train command of the recommendation")
     max_batch: int | None = Field(

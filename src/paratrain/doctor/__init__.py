@@ -59,9 +59,8 @@ def diagnose_run(ev: RunEvidence) -> list[Finding]:
             for r in ev.probe.get("ranks", [])
         )
         raise UsageError(
-            f"{ev.path}: the probe saw no optimizer step ({seen}); the doctor times steps at "
-            "torch.optim's optimizer.step(): train with a torch.optim optimizer, or run long enough for "
-            "a step to finish"
+            f"{ev.path}: the probe saw no optimizer step ({seen}); the doctor times steps at torch.optim's "
+            "optimizer.step(): train with a torch.optim optimizer, or run long enough for a step to finish"
         )
     if not ev.has_steps:
         raise UsageError(

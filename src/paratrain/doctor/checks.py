@@ -77,9 +77,8 @@ def oversubscription(ev: RunEvidence) -> Finding | None:
         saving = 1 - 1 / factor
         gain = (
             f"{factor:.1f}x faster on a quiet machine: at {FIXED_MFU:.0%} of the measured matmul peak a rank's compute "
-            "takes "
-            f"{ms(predicted_compute)} per step, against {ms(ev.breakdown['compute_s'])} measured; every phase of the "
-            "step is slowed alike, so the whole step shrinks by that factor"
+            f"takes {ms(predicted_compute)} per step, against {ms(ev.breakdown['compute_s'])} measured; every phase of "
+            "the step is slowed alike, so the whole step shrinks by that factor"
         )
     else:
         saving = 0.5
@@ -150,8 +149,7 @@ def data_wait(ev: RunEvidence) -> Finding | None:
         f"ranks wait for data {pct(ev.share('data_s'))} of every step",
         f"{_steps_text(ev)}; --loader-workers {loaders}; dataset {dataset}",
         "preparing a batch (reading, decoding, transforming samples) takes longer than the GPU/CPU needs to train on "
-        "it, "
-        "and it happens in the rank's own process, between steps",
+        "it, and it happens in the rank's own process, between steps",
         remedy,
         f"{speedup(saving)} if the data time is hidden entirely (data_s -> 0)",
         saving,
@@ -362,8 +360,7 @@ def global_batch_sqrt_n(ev: RunEvidence) -> Finding | None:
         "global_batch_sqrt_n",
         f"global batch {g} exceeds the sqrt(N) = {math.sqrt(n_train):.0f} guidance",
         f"global batch {g} ({ev.workers} workers x {ev.summary.get('batch_size')}) for N = {n_train:,} training "
-        "samples; "
-        f"{math.ceil(n_train / g)} steps per epoch",
+        f"samples; {math.ceil(n_train / g)} steps per epoch",
         "few, large steps per epoch: large batches generalise worse (Keskar et al. 2016) unless the LR is scaled and "
         "warmed up; HPC centres' rule of thumb keeps the global batch under sqrt(N)",
         rerun_command(ev, batch_size=per_worker),
@@ -392,8 +389,7 @@ def no_warmup(ev: RunEvidence) -> Finding | None:
         f"global batch {g} against the base batch {ref}: --lr-scaling {rule} multiplied --lr {ev.config.get('lr')} by "
         f"{factor:.1f} from the first step; --warmup-epochs 0",
         "a large scaled LR applied to the untrained network diverges or lands in a worse region early (Goyal et al. "
-        "2017 "
-        "ramp it up over 5 epochs)",
+        "2017 ramp it up over 5 epochs)",
         rerun_command(ev, warmup_epochs=warmup),
         "accuracy and stability, not time (Goyal et al.: with warmup, batch 8192 matched batch 256's accuracy)",
         None,
@@ -433,8 +429,7 @@ def idle_devices(ev: RunEvidence) -> Finding | None:
     return Finding(
         "idle_devices",
         f"{', '.join(idle)} idle {pct(max(idle.values()))} of the run",
-        "share of the monitor's samples with utilisation under "
-        f"{IDLE_CPU_PERCENT:.0f} %: "
+        f"share of the monitor's samples with utilisation under {IDLE_CPU_PERCENT:.0f} %: "
         + ", ".join(f"{label} {pct(share)} of {samples[int(label.split()[1])]}" for label, share in idle.items()),
         "a GPU idles while its rank waits: for data, for another rank (evaluation or checkpoints on one rank, a "
         "straggler), for the host (syncs, Python between kernels), or at start-up and between epochs",

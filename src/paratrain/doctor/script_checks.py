@@ -185,15 +185,13 @@ def loader_workers(ev: RunEvidence) -> Finding | None:
         f"one batch prepared in the rank's own process took {ms(_mean(inline))}"
         if inline
         else "a batch could not be prepared in the rank (an iterable dataset), so the workers' CPU per batch stands "
-        "for "
-        "it"
+        "for it"
     )
     return Finding(
         "loader_workers",
         f"{workers} DataLoader workers per rank share its {cores} core(s) with torch's {threads} thread(s)",
         f"{_steps_text(ev)}; with the workers stopped (in {min(r['paused_steps'] for r in ranks)} steps a rank) "
-        "forward "
-        f"and backward took {ms(stopped)} a micro-step against {ms(running)}; {measured}; the workers spent "
+        f"forward and backward took {ms(stopped)} a micro-step against {ms(running)}; {measured}; the workers spent "
         f"{ms(_mean(worker_cpu)) if worker_cpu else 'an unknown CPU time'} of CPU on each batch",
         "the workers run on the cores the rank's threads compute on: each time slice they take stalls those threads, "
         "and receiving their batches costs the rank a wait and a copy, more than preparing the batch itself",

@@ -56,9 +56,8 @@ def verify(path: Path, repeats: int = 1) -> dict[str, Any]:
     if top.rerun is None:
         change = top.remedy.split(": ", 1)[-1] if top.remedy.startswith("code change") else top.remedy
         raise UsageError(
-            f"{path}: the top finding ({top.check}) has a code change as its remedy ({change}); --verify "
-            "runs only remedies that are paratrain flags or environment settings: make the change, "
-            "launch again, and compare"
+            f"{path}: the top finding ({top.check}) has a code change as its remedy ({change}); --verify runs only "
+            "remedies that are paratrain flags or environment settings: make the change, launch again, and compare"
         )
     out = path.with_name(path.name + "-verify")
     if out.exists():

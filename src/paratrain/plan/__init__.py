@@ -56,11 +56,10 @@ def run_plan(cfg: PlanConfig) -> dict[str, Any]:
     top = max(counts)
     if not planner.layouts(top):
         raise UsageError(
-            f"no layout of --strategy {','.join(cfg.strategy)} fits {top} devices: hybrid needs at least 4, "
-            f"a pipeline at most one stage per block ({len(profile.units)} here"
-            f"{'' if profile.units else ': its blocks applied in order do not give its output'}); add ddp, zero1 or "
-            "fsdp, "
-            "or change the device count"
+            f"no layout of --strategy {','.join(cfg.strategy)} fits {top} devices: hybrid needs at least 4, a pipeline "
+            f"at most one stage per block ({len(profile.units)} "
+            f"here{'' if profile.units else ': its blocks applied in order do not give its output'}); add ddp, zero1 "
+            "or fsdp, or change the device count"
         )
     wanted = sorted({1, *counts, *(2**i for i in range(1, top.bit_length()) if 2**i < top)})
     rows = [row for n in wanted for row in planner.rows(n)]
@@ -391,9 +390,8 @@ class _Planner:
             "devices": n,
             "strategy": None,
             "reason": f"nothing planned fits: the smallest, {least['strategy']}, needs "
-            f"{size(least['memory_per_device_bytes'])} "
-            f"per device ({room}); use more devices, a smaller --batch-size, activation checkpointing, "
-            "or a device with more memory",
+            f"{size(least['memory_per_device_bytes'])} per device ({room}); use more devices, a smaller --batch-size, "
+            "activation checkpointing, or a device with more memory",
         }
 
     @staticmethod

@@ -275,9 +275,8 @@ def comparison_verdict(rows: list[dict[str, Any]]) -> list[str]:
         ratio = r["throughput_vs_first"]
         points = _points(r.get("val_accuracy"), first.get("val_accuracy"))
         lines.append(
-            f"{Path(r['run']).name} ({r['workers']} worker(s)) against {Path(first['run']).name} "
-            f"({first['workers']} worker(s)): {ratio:.2f}x the samples/s, {_accuracy_text(points)}: "
-            f"{judge(ratio, points)}"
+            f"{Path(r['run']).name} ({r['workers']} worker(s)) against {Path(first['run']).name} ({first['workers']} "
+            f"worker(s)): {ratio:.2f}x the samples/s, {_accuracy_text(points)}: {judge(ratio, points)}"
         )
     return lines
 

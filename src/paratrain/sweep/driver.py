@@ -649,8 +649,7 @@ class Driver:
                     "trial": trial,
                     "running": sorted(self.running),
                     "message": f"the sweep stopped: {name} failed{during}: {error} (the trials running then are "
-                    "recorded "
-                    "as interrupted and run again when the sweep is rerun; traceback in "
+                    "recorded as interrupted and run again when the sweep is rerun; traceback in "
                     f"{self.sweep.out / SWEEP_FILE})",
                 }
         self.stopping.set()  # the other slots stop their trials and record them as interrupted

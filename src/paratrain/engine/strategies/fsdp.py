@@ -132,8 +132,7 @@ def uninitialisable(model: nn.Module) -> str | None:
         if owns and not _resets(module):
             return (
                 f"{name or 'the model'} ({type(module).__name__}) holds parameters or buffers and has no "
-                "reset_parameters() "
-                "to initialise them after sharding"
+                "reset_parameters() to initialise them after sharding"
             )
     return None
 

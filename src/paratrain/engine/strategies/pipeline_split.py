@@ -196,10 +196,8 @@ def check_pipeline_split(cfg: TrainConfig, data: Any) -> None:
         except Exception as exc:  # any failure of the user's modules is the user's to fix
             raise UsageError(
                 f"--strategy {cfg.strategy_name}: the model's blocks ({_listing([u.name for u in units])}) do not "
-                "chain, "
-                f"each taking the one before's output ({type(exc).__name__}: "
-                f"{str(exc).splitlines()[0] if str(exc) else ''}); "
-                "write the model as an nn.Sequential of its blocks"
+                f"chain, each taking the one before's output ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else ''}); write the model as an nn.Sequential of its blocks"
             ) from None
     if not isinstance(whole, torch.Tensor) or not isinstance(chained, torch.Tensor) or whole.shape != chained.shape:
         raise UsageError(
