@@ -50,7 +50,7 @@ def train_config_of(words: list[str]) -> TrainConfig:
     start = words.index("paratrain")
     assert words[start + 1] == "train", words
     args = build_parser().parse_args(words[start + 1 :])
-    values = {k: v for k, v in vars(args).items() if k not in ("handler", "command", "config", "json")}
+    values = {k: v for k, v in vars(args).items() if k not in ("command", "config_file", "json")}
     return validate(TrainConfig, values)
 
 

@@ -1,9 +1,11 @@
 """The typed inputs of every command.
 
-One pydantic model per command. Each field's description is its CLI help, so the model is the
-single place a flag is declared: the CLI is generated from it (see cli.py) and config files
-(YAML, TOML, JSON) use the same keys. Validation failures become one-line UsageErrors naming the
-flag.
+One pydantic model per command. Each field is a flag of its command: its name, type, default and
+description are the flag's, so the model is the single place a flag is declared. The CLI is
+generated from the models (cli.py, `add_config_flags`), config files (YAML, TOML, JSON) use the same
+keys, and a model with a `train` field takes every train flag too, less those it sets itself
+(`train_flags_left_out`). A field that is not a plain `--name VALUE` says how it appears with
+`json_schema_extra=cli(...)`. Validation failures become one-line UsageErrors naming the flag.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import tomllib
 import yaml
@@ -33,6 +35,36 @@ GradCompression = Literal["none", "fp16", "bf16", "powersgd"]
 Reduce = Literal["allreduce", "ps"]
 # Strategies that split the model's layers into stages, one per rank of a pipeline.
 STAGED_STRATEGIES = ("pipeline", "model-parallel", "hybrid")
+
+
+def cli(**how: Any) -> dict[str, Any]:
+    """How a field appears on the command line when not as `--field-name VALUE`, for
+    `Field(..., json_schema_extra=cli(...))`. Keys: positional (an argument, not a flag); nargs ("?",
+    "+", or "..." for everything after it, as torchrun takes a script's arguments); short ("-n");
+    flag (its spelling when it differs: --no-probe turns off a field that is on by default); metavar;
+    const (the value of a flag given without one); hidden (never a flag: set after `--`, or by Python)."""
+    return {"cli": how}
+
+
+def cli_options(field: Any) -> dict[str, Any]:
+    """What `cli(...)` declared for a pydantic field (empty for a plain flag)."""
+    extra = field.json_schema_extra
+    return extra.get("cli", {}) if isinstance(extra, dict) else {}
+
+
+def comma_separated(value: Any) -> Any:
+    """A list flag's input: '1,2,4', or ['1,2', '4'] from a flag given twice, -> ['1', '2', '4']."""
+    if isinstance(value, str):
+        value = [value]
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return [part.strip() for v in value for part in v.split(",") if part.strip()]
+    return value
+
+
+# Train flags that only a run across nodes takes; a study's and a sweep's runs are on this machine.
+ACROSS_NODES = ("nodes", "node_rank", "rdzv", "rdzv_backend", "rdzv_timeout")
+# Train flags that find-batch, noise-scale, lr-find and recommend set themselves on the runs they start.
+BATCH_COMMAND_OWNED = ("run_dir", "resume", "quiet", "max_steps", "grad_noise", "schedule", "lr_end")
 
 
 # Fields that say where and how to record a run, not what it trains: a resumed run may change them.
@@ -64,6 +96,14 @@ class TrainConfig(BaseModel):
     """Everything `paratrain train` needs; `paratrain.train(TrainConfig(...))` takes the same."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # Sections of `paratrain train --help`, each starting at the named field.
+    flag_sections: ClassVar[dict[str, str]] = {
+        "workload": "what to train",
+        "workers": "parallelism",
+        "batch_size": "batch, learning rate and optimizer",
+        "precision": "compute",
+        "seed": "run directory and bookkeeping",
+    }
 
     # What to train.
     workload: str = Field("cifar10-cnn", description="named workload (model + dataset); see `paratrain workloads`")
@@ -374,9 +414,7 @@ class TrainConfig(BaseModel):
     @field_validator("augment", mode="before")
     @classmethod
     def _split_augment(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return [part.strip() for part in value.split(",") if part.strip()]
-        return value
+        return comma_separated(value)
 
     @field_validator("synthetic_shape", mode="before")
     @classmethod
@@ -811,6 +849,7 @@ class ScaleConfig(BaseModel):
     """`paratrain scale`: the same training job on several worker counts."""
 
     model_config = ConfigDict(extra="forbid")
+    train_flags_left_out: ClassVar[tuple[str, ...]] = ("run_dir", *ACROSS_NODES)
 
     workers: list[int] = Field(description="worker counts to run, e.g. 1,2,4")
     mode: Literal["weak", "strong"] = Field(
@@ -836,8 +875,15 @@ class ScaleConfig(BaseModel):
         description="study your own torchrun-style script instead of a workload; it reports its throughput with "
         "paratrain.report(samples_per_s=...)",
     )
-    script_args: list[str] = Field(default_factory=list, description="arguments after -- passed to the script")
-    probe: bool = Field(True, description="with --script: time each rank's steps by phase (launch's probe)")
+    script_args: list[str] = Field(
+        default_factory=list, description="arguments after -- passed to the script", json_schema_extra=cli(hidden=True)
+    )
+    probe: bool = Field(
+        True,
+        description="with --script: time each rank's steps by phase (launch's probe); --no-probe runs the script "
+        "untouched",
+        json_schema_extra=cli(flag="--no-probe"),
+    )
     quiet: bool = Field(
         False, description="no progress bar of the running point, as train --quiet; a line per finished point"
     )
@@ -845,11 +891,7 @@ class ScaleConfig(BaseModel):
     @field_validator("workers", "workload", "strategy", mode="before")
     @classmethod
     def _split_lists(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return [part.strip() for part in value.split(",") if part.strip()]
-        if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
-            return [part.strip() for v in value for part in v.split(",") if part.strip()]
-        return value
+        return comma_separated(value)
 
     @field_validator("workers")
     @classmethod
@@ -945,6 +987,7 @@ class PlanConfig(BaseModel):
         default_factory=list,
         description="run directories measured here whose compute efficiency, overhead and synchronisation the plan "
         "uses",
+        json_schema_extra=cli(nargs="+", metavar="RUN_DIR"),
     )
     out: Path | None = Field(None, description="also write plan.json, the plots and report.html into this directory")
     cache_dir: Path | None = TrainConfig.model_fields["cache_dir"]
@@ -952,9 +995,7 @@ class PlanConfig(BaseModel):
     @field_validator("gpus", "strategy", mode="before")
     @classmethod
     def _split_lists(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return [part.strip() for part in value.split(",") if part.strip()]
-        return value
+        return comma_separated(value)
 
     @model_validator(mode="after")
     def _consistent(self) -> PlanConfig:
@@ -983,20 +1024,30 @@ class LaunchConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    script: Path = Field(description="the program every rank runs: a .py file (run with this Python) or an executable")
-    script_args: list[str] = Field(default_factory=list, description="arguments passed to the script")
-    workers: int = Field(1, gt=0, description="ranks to start")
+    script: Path = Field(
+        description="the program every rank runs: a .py file (run with this Python) or an executable",
+        json_schema_extra=cli(positional=True),
+    )
+    script_args: list[str] = Field(
+        default_factory=list,
+        description="arguments for the script: everything after its path",
+        json_schema_extra=cli(positional=True, nargs="..."),
+    )
+    workers: int = Field(1, gt=0, description="ranks to start", json_schema_extra=cli(short="-n", metavar="N"))
     threads_per_worker: int | None = Field(
         None, gt=0, description="CPU threads per rank, pinned to their own cores (default: cores // ranks)"
     )
     allow_oversubscribe: bool = Field(False, description="allow more threads than cores (slow; for testing only)")
     run_dir: Path | None = Field(None, description="run directory (default runs/<time>-<script>-w<ranks>)")
     monitor_hz: float = TrainConfig.model_fields["monitor_hz"]
-    env: dict[str, str] = Field(default_factory=dict, description="extra environment variables of the ranks")
+    env: dict[str, str] = Field(
+        default_factory=dict, description="extra environment variables of the ranks", json_schema_extra=cli(hidden=True)
+    )
     probe: bool = Field(
         True,
         description="time each rank's steps by phase for the doctor (torch-level hooks, "
         "docs/doctor.md); --no-probe runs the script untouched",
+        json_schema_extra=cli(flag="--no-probe"),
     )
 
 
@@ -1004,21 +1055,31 @@ class SweepConfig(BaseModel):
     """`paratrain sweep`: a hyperparameter search, N trials at once (inter-model parallelism)."""
 
     model_config = ConfigDict(extra="forbid")
+    train_flags_left_out: ClassVar[tuple[str, ...]] = ("workers", "run_dir", "resume", *ACROSS_NODES)
 
     config: Path | None = Field(
-        None, description="the search space: Comet optimizer format (JSON, YAML, or JSON with # comments)"
+        None,
+        description="the search space: Comet optimizer format (JSON, YAML, or JSON with # comments)",
+        json_schema_extra=cli(positional=True, nargs="?"),
     )
     out: Path | None = Field(
         None, description="sweep directory: sweep.json, study storage, trials/, plots, report.html"
     )
-    jobs: int = Field(1, gt=0, description="trials running at once, each on its own cores (or GPUs)")
+    jobs: int = Field(
+        1,
+        gt=0,
+        description="trials running at once, each on its own cores (or GPUs)",
+        json_schema_extra=cli(short="-j"),
+    )
     script: Path | None = Field(
         None,
         description="your training program (any executable, or a .py run with this Python); "
         "without it, trials are paratrain workloads built from the train flags",
     )
     script_args: list[str] = Field(
-        default_factory=list, description="arguments after -- passed to every trial before the parameters"
+        default_factory=list,
+        description="arguments after -- passed to every trial before the parameters",
+        json_schema_extra=cli(hidden=True),
     )
     param_style: Literal["space", "equals", "plain", "none"] = Field(
         "space",
@@ -1030,13 +1091,18 @@ class SweepConfig(BaseModel):
         True,
         description="with a .py --script: time each trial's steps by phase (launch's probe; "
         "TRIAL_DIR/probe/); --no-probe runs the script untouched",
+        json_schema_extra=cli(flag="--no-probe"),
     )
     storage: str | None = Field(
         None,
         description="Optuna storage URL shared by machines, e.g. postgresql://user@host/db "
         "(default: a journal file in the sweep directory)",
     )
-    join: str | None = Field(None, description="add workers to an existing sweep: its directory or storage URL")
+    join: str | None = Field(
+        None,
+        description="add workers to an existing sweep: its directory or storage URL",
+        json_schema_extra=cli(metavar="DIR_OR_URL"),
+    )
     study_name: str | None = Field(None, description="the study's name in the storage (default: the config's name)")
     pruner: Literal["auto", "median", "none"] = Field(
         "auto",
@@ -1092,6 +1158,7 @@ class SlurmConfig(BaseModel):
         default_factory=list,
         description="shell lines run before paratrain in every job, e.g. 'module load python' or 'source "
         "~/venv/bin/activate' (repeatable)",
+        json_schema_extra=cli(metavar="LINE"),
     )
     gres: str | None = Field(
         None,
@@ -1108,6 +1175,7 @@ class SlurmConfig(BaseModel):
     sbatch_option: list[str] = Field(
         default_factory=list,
         description="another #SBATCH option for every job, written with =: --sbatch-option=--qos=training (repeatable)",
+        json_schema_extra=cli(metavar="LINE"),
     )
     out: Path | None = Field(
         None,
@@ -1154,6 +1222,7 @@ class FindBatchConfig(BaseModel):
     """`paratrain find-batch`: the largest per-worker batch that fits, and the throughput knee."""
 
     model_config = ConfigDict(extra="forbid")
+    train_flags_left_out: ClassVar[tuple[str, ...]] = (*BATCH_COMMAND_OWNED, *ACROSS_NODES)
 
     out: Path = Field(description="directory for find_batch.json (the probes' run directories are removed)")
     margin: float = Field(
@@ -1181,6 +1250,7 @@ class NoiseScaleConfig(BaseModel):
     """`paratrain noise-scale`: the gradient noise scale B_simple measured during a short run."""
 
     model_config = ConfigDict(extra="forbid")
+    train_flags_left_out: ClassVar[tuple[str, ...]] = (*BATCH_COMMAND_OWNED, *ACROSS_NODES)
 
     out: Path = Field(description="directory for noise_scale.json and the measured run (OUT/noise-scale-run)")
     steps: int = Field(200, gt=0, description="optimizer steps of the measured run")
@@ -1197,6 +1267,7 @@ class LRFindConfig(BaseModel):
     """`paratrain lr-find`: the LR range test."""
 
     model_config = ConfigDict(extra="forbid")
+    train_flags_left_out: ClassVar[tuple[str, ...]] = (*BATCH_COMMAND_OWNED, *ACROSS_NODES)
 
     out: Path = Field(description="directory for lr_find.json and the sweep's run (OUT/lr-find-run)")
     steps: int = Field(100, gt=0, description="optimizer steps of the sweep from --lr-min to --lr-max")
@@ -1226,6 +1297,11 @@ class RecommendConfig(BaseModel):
     """`paratrain recommend`: per-worker batch, global batch, LR, warmup and optimizer for N workers."""
 
     model_config = ConfigDict(extra="forbid")
+    # recommend takes a --schedule for the run it recommends (its measurements set their own).
+    train_flags_left_out: ClassVar[tuple[str, ...]] = (
+        *(f for f in BATCH_COMMAND_OWNED if f != "schedule"),
+        *ACROSS_NODES,
+    )
 
     workers: int = Field(gt=0, description="the workers the recommended run will use")
     out: Path = Field(
@@ -1290,3 +1366,85 @@ class CommbenchConfig(BaseModel):
                 f"--out {self.out} is a directory; give the JSON file's path, e.g. {self.out / 'commbench.json'}"
             )
         return self
+
+
+# -- reading and housekeeping commands -----------------------------------------------------------
+
+
+class DoctorConfig(BaseModel):
+    """`paratrain doctor`: why a run, study or sweep is slow, and what to change."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: Path = Field(
+        description="a run directory (--run-dir), a scaling study's or a sweep's --out",
+        json_schema_extra=cli(positional=True),
+    )
+    verify: bool = Field(
+        False,
+        description="rerun the run as it was and with the top finding's remedy (when it is a paratrain flag), "
+        "alternating, into RUN-verify/, and print the predicted gain beside the measured one",
+    )
+    # No bound here: verify() refuses fewer than 1 round with its own message, for Python callers too.
+    repeats: int = Field(1, description="--verify: rounds of baseline and remedy runs (median)")
+
+    @model_validator(mode="after")
+    def _repeats_need_verify(self) -> DoctorConfig:
+        if self.repeats != 1 and not self.verify:
+            raise ValueError(f"--repeats {self.repeats} counts --verify's rounds; add --verify, or drop --repeats")
+        return self
+
+
+class ReportConfig(BaseModel):
+    """`paratrain report`: one self-contained HTML page for a run, a study or several runs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    paths: list[Path] = Field(description="run or study directories", json_schema_extra=cli(positional=True, nargs="+"))
+    out: Path | None = Field(None, description="the HTML file (default: DIR/report.html, or comparison-report.html)")
+
+
+class CompareConfig(BaseModel):
+    """`paratrain compare`: final metrics, throughput and overlaid curves of two or more runs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    paths: list[Path] = Field(
+        description="two or more run directories", json_schema_extra=cli(positional=True, nargs="+")
+    )
+    out: Path = Field(Path("comparison-report.html"), description="the HTML page with the overlays")
+
+    @model_validator(mode="after")
+    def _two_or_more(self) -> CompareConfig:
+        if len(self.paths) < 2:
+            raise ValueError("compare needs at least two run directories")
+        return self
+
+
+class CacheConfig(BaseModel):
+    """`paratrain cache`: the decoded-dataset cache, listed with sizes or cleared."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    clear: str | None = Field(
+        None,
+        description="delete every entry, or those whose names start with PREFIX",
+        json_schema_extra=cli(nargs="?", const="", metavar="PREFIX"),
+    )
+    cache_dir: Path | None = Field(None, description="the cache (default $PARATRAIN_CACHE or ~/.cache/paratrain)")
+
+
+class DownloadConfig(BaseModel):
+    """`paratrain download-cifar10`: the canonical CIFAR-10 archive (needs internet)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    data_dir: Path = Field(
+        description="directory to put cifar-10-python.tar.gz in", json_schema_extra=cli(positional=True)
+    )
+
+
+class WorkloadsConfig(BaseModel):
+    """`paratrain workloads`: the named workloads and models (no options)."""
+
+    model_config = ConfigDict(extra="forbid")

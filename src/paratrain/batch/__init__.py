@@ -16,17 +16,16 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from paratrain.config import TrainConfig, validate
+from paratrain.config import BATCH_COMMAND_OWNED, TrainConfig, validate
 from paratrain.errors import UsageError
 from paratrain.runs import write_json
 
 # Flags each command sets itself on the runs it starts.
-COMMAND_OWNED = ("run_dir", "resume", "quiet", "max_steps", "grad_noise", "schedule", "lr_end")
 
 
 def check_train_flags(train: dict[str, Any], command: str) -> None:
     """Refuse train flags the command sets itself, before anything runs."""
-    owned = [k for k in train if k in COMMAND_OWNED]
+    owned = [k for k in train if k in BATCH_COMMAND_OWNED]
     if owned:
         raise UsageError(
             f"paratrain {command} sets --{owned[0].replace('_', '-')} itself on the runs it starts; drop it"

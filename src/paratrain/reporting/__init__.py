@@ -620,6 +620,46 @@ def comparison_rows(runs: list[RunDir]) -> list[dict[str, Any]]:
     return rows
 
 
+def comparison_table(rows: list[dict[str, Any]], split: str) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
+    """The comparison's columns and cells, as the page and the terminal both show them."""
+    columns = (
+        "run",
+        "strategy",
+        "workers",
+        "global batch",
+        "samples/s",
+        "x first",
+        "epoch time",
+        "train loss",
+        f"{split} accuracy",
+        "Δ accuracy",
+        "model state / rank",
+        "activations / rank",
+        "peak RSS / rank",
+        "wall time",
+    )
+    cells = [
+        (
+            Path(r["run"]).name,
+            r["strategy"] or "-",
+            str(r["workers"]),
+            str(r["global_batch_size"]),
+            human("samples_per_s", r["samples_per_s"]),
+            f"{r['throughput_vs_first']:.2f}x",
+            human("epoch_time_s", r["epoch_time_s"]),
+            human("train_loss", r["train_loss"]),
+            human("val_accuracy", r["val_accuracy"]),
+            f"{r['val_accuracy_diff'] * 100:+.1f} points",
+            human("model_state_bytes", r["model_state_bytes"]),
+            human("activations_peak_bytes", r["activations_peak_bytes"]),
+            human("rss_peak_bytes", r["rss_peak_bytes"]),
+            human("wall_time_s", r["wall_time_s"]),
+        )
+        for r in rows
+    ]
+    return columns, cells
+
+
 def held_out_split(runs: list[RunDir]) -> str:
     """What the runs' accuracy was measured on, for column titles: val, test, or val/test when mixed."""
     splits = {run.read_summary().get("val_split", "test") for run in runs}
@@ -635,45 +675,7 @@ def _compare_body(runs: list[RunDir]) -> str:
     def render(tmp: Path) -> str:
         curves = curves_plots(runs, labels, tmp, "cmp-")
         bd = breakdown_plot([r.read_summary() for r in runs], labels, tmp / "bd.png")
-        cells = [
-            (
-                Path(r["run"]).name,
-                r["strategy"] or "-",
-                r["workers"],
-                r["global_batch_size"],
-                human("samples_per_s", r["samples_per_s"]),
-                f"{r['throughput_vs_first']:.2f}x",
-                human("epoch_time_s", r["epoch_time_s"]),
-                human("train_loss", r["train_loss"]),
-                human("val_accuracy", r["val_accuracy"]),
-                f"{r['val_accuracy_diff'] * 100:+.1f} points",
-                human("model_state_bytes", r["model_state_bytes"]),
-                human("activations_peak_bytes", r["activations_peak_bytes"]),
-                human("rss_peak_bytes", r["rss_peak_bytes"]),
-                human("wall_time_s", r["wall_time_s"]),
-            )
-            for r in rows
-        ]
-        table = _table(
-            (
-                "run",
-                "strategy",
-                "workers",
-                "global batch",
-                "samples/s",
-                "x first",
-                "epoch time",
-                "train loss",
-                f"{held_out_split(runs)} accuracy",
-                "Δ accuracy",
-                "model state / rank",
-                "activations / rank",
-                "peak RSS / rank",
-                "wall time",
-            ),
-            cells,
-            "comparison",
-        )
+        table = _table(*comparison_table(rows, held_out_split(runs)), "comparison")
         table += (
             "<p class='note'>memory: the largest rank's; model state = parameters + gradients + optimizer state "
             "(what zero1 and fsdp shard).</p>"
