@@ -156,16 +156,29 @@ PLAN_FILE = "plan.json"  # paratrain plan --out DIR (plan.PLAN_FILE)
 PLAN_PLOTS = ("plan_scaling.png", "plan_memory.png", "plan_pareto.png")
 
 
-def _plan_body(path: Path) -> str:
-    """The plan's recommendation, its table and its three plots (written beside plan.json by plan_plots)."""
-    plan = json.loads((path / PLAN_FILE).read_text())
-    rec = plan["recommendation"]
-    rows = [
+def plan_table(plan: dict[str, Any]) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
+    """The plan's columns and cells, as the page and the terminal both show them."""
+    columns = (
+        "devices",
+        "strategy",
+        "layout",
+        "global batch",
+        "step time",
+        "samples/s",
+        "speedup",
+        "efficiency",
+        "memory/device",
+        "fits",
+    )
+    cells = [
         (
-            r["devices"],
+            str(r["devices"]),
             r["strategy"],
-            r["global_batch"],
-            f"{r['step_time_s'] * 1e3:.2f} ms",
+            f"{r['data_parallel']} x {r['stages']} stages, M={r['microbatches']}"
+            if r["stages"] > 1
+            else f"{r['data_parallel']} replica(s)",
+            str(r["global_batch"]),
+            f"{r['step_time_s'] * 1e3:,.2f} ms",
             f"{r['samples_per_s']:,.0f}",
             f"{r['speedup']:.2f}",
             f"{r['efficiency']:.2f}",
@@ -174,6 +187,13 @@ def _plan_body(path: Path) -> str:
         )
         for r in plan["rows"]
     ]
+    return columns, cells
+
+
+def _plan_body(path: Path) -> str:
+    """The plan's recommendation, its table and its three plots (written beside plan.json by plan_plots)."""
+    plan = json.loads((path / PLAN_FILE).read_text())
+    rec = plan["recommendation"]
     plots = "".join(_img(path / name, name) for name in PLAN_PLOTS if (path / name).is_file())
     device = plan["device"]
     return (
@@ -183,20 +203,7 @@ def _plan_body(path: Path) -> str:
         f"{plan['model']['flops_per_sample']:.3g} FLOPs per sample; {html.escape(device['name'])} "
         f"{device['precision']}, "
         f"efficiency {device['efficiency']:.3f} ({html.escape(device['efficiency_source'])})</p>"
-        + _table(
-            (
-                "devices",
-                "strategy",
-                "global batch",
-                "step time",
-                "samples/s",
-                "speedup",
-                "efficiency",
-                "memory/device",
-                "fits",
-            ),
-            rows,
-        )
+        + _table(*plan_table(plan))
         + f"<div class='plots'>{plots}</div>"
     )
 

@@ -13,8 +13,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from paratrain.reporting import comparison_table, study_headline, study_notes, study_table, sweep_notes
-from paratrain.reporting.verdict import human
+from paratrain.reporting import comparison_table, plan_table, study_headline, study_notes, study_table, sweep_notes
 
 
 def wide_console() -> Console:
@@ -148,37 +147,11 @@ def show_plan(result: dict[str, Any]) -> None:
         title=f"plan: {model['name']} ({model['params']:,} parameters, {model['flops_per_sample']:.3g} FLOPs/sample) "
         f"on {device['name']} {device['precision']}, {result['optimizer']}"
     )
-    for col in (
-        "devices",
-        "strategy",
-        "layout",
-        "global batch",
-        "step time",
-        "samples/s",
-        "speedup",
-        "efficiency",
-        "memory/device",
-        "fits",
-    ):
+    columns, cells = plan_table(result)
+    for col in columns:
         table.add_column(col, justify="left" if col in ("strategy", "layout") else "right")
-    for r in result["rows"]:
-        layout = (
-            f"{r['data_parallel']} x {r['stages']} stages, M={r['microbatches']}"
-            if r["stages"] > 1
-            else f"{r['data_parallel']} replica(s)"
-        )
-        table.add_row(
-            str(r["devices"]),
-            r["strategy"],
-            layout,
-            str(r["global_batch"]),
-            f"{r['step_time_s'] * 1e3:,.2f} ms",
-            f"{r['samples_per_s']:,.0f}",
-            f"{r['speedup']:.2f}",
-            f"{r['efficiency']:.2f}",
-            human("rss_peak_bytes", r["memory_per_device_bytes"]),
-            "yes" if r["fits"] else "no",
-        )
+    for row in cells:
+        table.add_row(*row)
     console = wide_console()
     console.print(table)
     rec = result["recommendation"]
