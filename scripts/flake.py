@@ -9,7 +9,8 @@ A fresh process per run, not pytest-repeat's `--count`: the flakes met so far li
 (a rank aborting at exit after its process group was destroyed, module fixtures that start ranks once,
 a port taken between choosing and binding it), which repeating tests inside one pytest process does not
 recreate. Every failure is kept: the run's last lines go to OUT/<file>-<i>.log, and OUT/flake.json holds
-runs, failures and seconds per file (appended to across invocations, so a loop cut short still counts).
+runs, failures, seconds and the commits tested per file (appended to across invocations, so a loop cut
+short still counts).
 Exit status 1 when any run failed. Not part of `make test`.
 """
 
@@ -54,10 +55,19 @@ def main() -> int:
     record_path = args.out / "flake.json"
     record = json.loads(record_path.read_text()) if record_path.exists() else {}
     failed = False
+    commit = (
+        subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False
+        ).stdout.strip()
+        or "unknown"
+    )
     with Progress() as progress:
         task = progress.add_task("flake loop", total=len(files) * args.runs)
         for name in files:
             entry = record.setdefault(key(name, args.select), {"runs": 0, "failures": 0, "seconds": []})
+            # the commit each run tested: a record gathered over several sessions says which code passed
+            entry.setdefault("commits", {})
+            entry["commits"][commit] = entry["commits"].get(commit, 0)
             for i in range(args.runs):
                 progress.update(task, description=f"{name} {i + 1}/{args.runs}")
                 began = time.monotonic()
@@ -69,6 +79,7 @@ def main() -> int:
                     text=True,
                 )
                 entry["runs"] += 1
+                entry["commits"][commit] += 1
                 entry["seconds"].append(round(time.monotonic() - began, 1))
                 if done.returncode != 0:
                     entry["failures"] += 1
