@@ -42,6 +42,7 @@ from paratrain.launch.placement import available_cores, core_sets, resolve_devic
 from paratrain.measure.monitor import monitor_run, ranks_by_environment
 from paratrain.runs import RunDir, json_records, steady_epoch_time, write_json
 from paratrain.runs.lock import run_dir_entries, run_dir_lock
+from paratrain.runs.records import checked_summary, fitting_fields
 from paratrain.script_client import REPORT_FILE_ENV
 
 # The keys of summary.json that launch itself writes; a reported metric of the same name is kept
@@ -173,7 +174,7 @@ def _launch(
     }
     reported = read_reports(run.path / "reports")
     summary = {
-        **{k: v for k, v in reported.items() if k not in OWN_KEYS},
+        **fitting_fields({k: v for k, v in reported.items() if k not in OWN_KEYS}),
         **summary,
         "reported": reported,
         **throughput(run.path / "reports"),
@@ -182,7 +183,7 @@ def _launch(
     if summary.get("samples_per_s") is None and summary["probe"].get("samples_per_s"):
         # The script reported no throughput: the probe's count of the samples its ranks trained on.
         summary["samples_per_s"] = summary["probe"]["samples_per_s"]
-    write_json(run.summary, summary)
+    write_json(run.summary, checked_summary(summary))
     return summary
 
 

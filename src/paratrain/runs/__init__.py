@@ -14,9 +14,12 @@ import os
 import statistics
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from paratrain.errors import UsageError
+
+if TYPE_CHECKING:  # pydantic only when a record is read: `import paratrain` loads this module
+    from paratrain.runs.records import Summary
 
 SCALING_FILE = "scaling.json"  # a scaling study's table, in the study directory
 SWEEP_FILE = "sweep.json"  # a sweep's trials and best, in the sweep directory
@@ -99,6 +102,12 @@ class RunDir:
 
     def read_summary(self) -> dict[str, Any]:
         return json.loads(self.summary.read_text())
+
+    def summary_record(self) -> Summary:
+        """summary.json as a typed record (runs/records.py)."""
+        from paratrain.runs.records import read_summary_record
+
+        return read_summary_record(self.read_summary(), str(self.summary))
 
     def read_metrics(self) -> Iterator[dict[str, Any]]:
         if not self.metrics.exists():

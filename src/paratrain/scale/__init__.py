@@ -42,6 +42,7 @@ from paratrain.launch.load import CONTENDED_ABOVE
 from paratrain.launch.placement import available_cores, resolve_device
 from paratrain.runs import SCALING_FILE, RunDir, steady_epoch_time, write_json
 from paratrain.runs.lock import run_dir_entries, run_dir_lock
+from paratrain.runs.records import Summary
 
 # Repeats whose samples/s differ by more than this ratio (fastest / slowest) are flagged: on a quiet
 # machine repeats of these workloads agree within a few per cent.
@@ -215,7 +216,7 @@ def run_study(
 
         for workload, workers, repeat, cfg in points:
             run = RunDir(Path(cfg["run_dir"]))
-            if run.summary.exists() and _finished(run.read_summary()):
+            if run.summary.exists() and _finished(run.summary_record()):
                 continue
             if run.path.exists():
                 shutil.rmtree(run.path)  # an interrupted point starts over: its timing is incomplete
@@ -272,7 +273,7 @@ def collect_study(out: Path) -> dict[str, Any]:
     study = validate(ScaleConfig, {k: v for k, v in spec.items() if k in ScaleConfig.model_fields} | {"out": out})
     on_cpu = spec["train"].get("device") == "cpu"
     runs = [RunDir(Path(cfg["run_dir"])) for *_, cfg in study_points(study, on_cpu)]
-    finished = [run for run in runs if run.summary.exists() and _finished(run.read_summary())]
+    finished = [run for run in runs if run.summary.exists() and _finished(run.summary_record())]
     if not finished:
         raise UsageError(
             f"no point of the study in {out} has finished yet (see its jobs' logs in {out / 'slurm' / 'logs'}); "
@@ -283,8 +284,8 @@ def collect_study(out: Path) -> dict[str, Any]:
     return result
 
 
-def _finished(summary: dict[str, Any]) -> bool:
-    return summary.get("status") == "completed" and summary.get("samples_per_s") is not None
+def _finished(summary: Summary) -> bool:
+    return summary.status == "completed" and summary.samples_per_s is not None
 
 
 def is_all_cores_reference(config: dict[str, Any]) -> bool:
@@ -303,15 +304,15 @@ def scaling_rows(runs: list[RunDir], strategies: list[str] = ()) -> list[dict[st
     With a strategy axis, each strategy is a line of its own ("gpt-small · fsdp", `strategy` in
     its rows) and each line starts from the workload's 1-worker run and ends with its reference,
     so tables and plots compare the strategies against the same base."""
-    groups: dict[tuple[str, str, int, bool], list[tuple[RunDir, dict, dict]]] = {}
+    groups: dict[tuple[str, str, int, bool], list[tuple[RunDir, dict, Summary]]] = {}
     for run in runs:
-        summary = run.read_summary()
+        summary = run.summary_record()
         if not _finished(summary):
             continue
         config = run.read_config()
-        strategy = summary["strategy"] if strategies and summary["workers"] > 1 else ""
+        strategy = summary.strategy if strategies and summary.workers > 1 else ""
         groups.setdefault(
-            (workload_label(config, summary), strategy, summary["workers"], is_all_cores_reference(config)), []
+            (workload_label(config, summary), strategy, summary.workers, is_all_cores_reference(config)), []
         ).append((run, config, summary))
 
     rows = []
@@ -337,14 +338,14 @@ def scaling_rows(runs: list[RunDir], strategies: list[str] = ()) -> list[dict[st
     return rows
 
 
-def workload_label(config: dict[str, Any], summary: dict[str, Any]) -> str:
+def workload_label(config: dict[str, Any], summary: Summary) -> str:
     """The name a row goes by: the workload's, or, when --model or --dataset replaced half of it,
     what was actually trained (a user's model is not "cifar10-cnn")."""
     if config.get("script"):
         return Path(config["script"]).name
     if not (config.get("model") or config.get("dataset")):
         return config["workload"]
-    return f"{summary.get('model', config.get('model'))} on {summary.get('dataset', config.get('dataset'))}"
+    return f"{summary.model or config.get('model')} on {summary.dataset or config.get('dataset')}"
 
 
 def _threads(config: dict[str, Any]) -> int:
@@ -352,78 +353,80 @@ def _threads(config: dict[str, Any]) -> int:
 
 
 def _row(
-    members: list[tuple[RunDir, dict, dict]],
-    base: list[tuple[RunDir, dict, dict]],
-    reference: list[tuple[RunDir, dict, dict]] | None,
+    members: list[tuple[RunDir, dict, Summary]],
+    base: list[tuple[RunDir, dict, Summary]],
+    reference: list[tuple[RunDir, dict, Summary]] | None,
     by_rate: bool = False,
     label: str | None = None,
 ) -> dict[str, Any]:
     run, config, first = members[0]
     summaries = [s for _, _, s in members]
-    n, threads = first["workers"], _threads(config)
+    n, threads = first.workers, _threads(config)
 
-    def seconds(summary: dict[str, Any]) -> float:
+    def seconds(summary: Summary) -> float:
         """The time of a fixed amount of work: an epoch, or (by_rate) one sample."""
-        return 1.0 / summary["samples_per_s"] if by_rate else steady_epoch_time(summary["epoch_times_s"])
+        return 1.0 / summary.samples_per_s if by_rate else steady_epoch_time(summary.epoch_times_s)
 
     times = [seconds(s) for s in summaries]
-    rates = [s["samples_per_s"] for s in summaries]
+    rates = [s.samples_per_s for s in summaries]
     work_time = statistics.median(times)
     # a script that reports samples/s only has no epoch times
-    timed = all(s.get("epoch_times_s") for s in summaries)
-    epochs = [steady_epoch_time(s["epoch_times_s"]) for s in summaries] if timed else None
+    timed = all(s.epoch_times_s for s in summaries)
+    epochs = [steady_epoch_time(s.epoch_times_s) for s in summaries] if timed else None
     # Speedup in units of the base point's workers: T(base)/T x base; efficiency per base-worker's
     # worth of cores, which for the study's own points (same threads each) is speedup / N.
-    base_n, base_threads = base[0][2]["workers"], _threads(base[0][1])
+    base_n, base_threads = base[0][2].workers, _threads(base[0][1])
     base_time = statistics.median(seconds(s) for _, _, s in base)
     speedup = base_time / work_time * base_n
     ref_time = statistics.median(seconds(s) for _, _, s in reference) if reference else None
-    contended = sum(bool(s.get("machine_load", {}).get("contended")) for s in summaries)
+    contended = sum(s.contended for s in summaries)
     spread = max(rates) / min(rates)
     flags = [
         name
         for name, raised in (
             ("contended", contended > 0),
             ("repeats_disagree", spread > SPREAD_LIMIT),
-            ("includes_startup", epochs is not None and any(len(s["epoch_times_s"]) < 2 for s in summaries)),
+            ("includes_startup", epochs is not None and any(len(s.epoch_times_s) < 2 for s in summaries)),
         )
         if raised
     ]
     return {
         "workload": label or workload_label(config, first),
-        "strategy": first.get("strategy"),
+        "strategy": first.strategy,
         "workers": n,
         "threads_per_worker": threads,
         "point": ALL_CORES if is_all_cores_reference(config) else "scaling",
-        "global_batch_size": first.get("global_batch_size"),
-        "batch_size": first.get("batch_size"),
-        "lr": first.get("lr"),
+        "global_batch_size": first.global_batch_size,
+        "batch_size": first.batch_size,
+        "lr": first.lr,
         "epoch_time_s": statistics.median(epochs) if epochs else None,
         "epoch_time_s_range": [min(epochs), max(epochs)] if epochs else None,
         "samples_per_s": statistics.median(rates),
         "samples_per_s_range": [min(rates), max(rates)],
         # sequence workloads: the same throughput in tokens; every run: model FLOPs utilisation
-        "tokens_per_s": statistics.median(s["tokens_per_s"] for s in summaries) if "tokens_per_s" in first else None,
-        "mfu": statistics.median(s["mfu"] for s in summaries)
-        if all(s.get("mfu") is not None for s in summaries)
+        "tokens_per_s": statistics.median(s.tokens_per_s for s in summaries)
+        if first.tokens_per_s is not None
         else None,
+        "mfu": statistics.median(s.mfu for s in summaries) if all(s.mfu is not None for s in summaries) else None,
         "speedup_basis": "samples_per_s" if by_rate else "epoch_time_s",
         "speedup": speedup,
         "speedup_range": [base_time / max(times) * base_n, base_time / min(times) * base_n],
         "efficiency": speedup / (n * threads / base_threads),
         "speedup_vs_all_cores": ref_time / work_time if ref_time else None,
         "speedup_vs_all_cores_range": [ref_time / max(times), ref_time / min(times)] if ref_time else None,
-        "val_accuracy": statistics.median(s["val_accuracy"] for s in summaries)
-        if all("val_accuracy" in s for s in summaries)
+        "val_accuracy": statistics.median(s.val_accuracy for s in summaries)
+        if all(s.val_accuracy is not None for s in summaries)
         else None,
-        "val_split": first.get("val_split", "test"),  # what val_accuracy was measured on
+        "val_split": first.val_split or "test",  # what val_accuracy was measured on
         "repeats": len(members),
         "repeat_spread": spread,
         "contended_runs": contended,
         "flags": flags,
         "run_dir": str(run.path),
         "run_dirs": [str(r.path) for r, _, _ in members],
-        "breakdown": {k: statistics.median(s["breakdown"][k] for s in summaries) for k in first["breakdown"]}
-        if "breakdown" in first
+        "breakdown": {
+            k: statistics.median(s.breakdown.model_dump()[k] for s in summaries) for k in first.breakdown.model_dump()
+        }
+        if first.breakdown is not None
         else None,
     }

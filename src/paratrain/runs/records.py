@@ -1,0 +1,179 @@
+"""Typed records of the run directory: summary.json and its blocks.
+
+The launcher checks every summary it writes against `Summary` (a field of the wrong type is a bug
+in paratrain, caught where it is written, not in a report weeks later), and readers get the record
+from `RunDir.summary_record()`. Units are in the names (`_s` seconds, `_bytes`, `_per_s`), as in the
+files. docs/run-directory.md documents these fields; tests/test_records.py keeps the two in step.
+
+Old run directories still load: every field but `status` may be missing, and keys these models do
+not name are kept as they are: what a launched script reported (at the top level, beside these), an
+exporter's additions, and fields a later release adds. File names and keys never change; new ones
+are added.
+
+Not imported by `paratrain.runs` itself: `import paratrain` and a trial script load `runs` without
+pydantic (pyproject.toml's import-linter contract).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from paratrain.errors import UsageError
+
+
+class Record(BaseModel):
+    """A block of a run file: named fields typed, others kept. Fields are optional: a release that
+    wrote fewer of them still reads."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class Breakdown(Record):
+    """Seconds per optimizer step, averaged over the ranks that train; they sum to the step."""
+
+    data_s: float | None = None
+    compute_s: float | None = None
+    comm_s: float | None = None
+    optimizer_s: float | None = None
+    other_s: float | None = None
+
+
+class Memory(Record):
+    """Where each rank's memory goes, one entry per rank (None: the run ended before the measured step)."""
+
+    parameters_bytes: list[int | None] = []
+    gradients_bytes: list[int | None] = []
+    optimizer_bytes: list[int | None] = []
+    activations_peak_bytes: list[int | None] = []
+    rss_peak_bytes: list[int | None] = []
+
+
+class MachineLoad(Record):
+    """What else ran on the run's cores while its ranks trained."""
+
+    cores: int | None = None
+    wall_s: float | None = None
+    run_cpu_s: float | None = None
+    other_cpu_s: float | None = None
+    steal_s: float | None = None
+    other_fraction: float | None = None
+    contended: bool | None = None
+
+
+class MfuPeak(Record):
+    """The peak FLOP/s that MFU divides by, and where it came from."""
+
+    flops_per_s: float | None = None
+    per_device: float | None = None
+    devices: int | None = None
+    source: str | None = None
+
+
+class Summary(Record):
+    """summary.json: a run's outcome (`paratrain train`, or `paratrain launch` of a user's script)."""
+
+    status: Literal["completed", "failed", "diverged"]
+    error: str | None = None
+    diverged_after_step: int | None = None
+    model: str | None = None
+    dataset: str | None = None
+    workers: int | None = None
+    strategy: str | None = None
+    allreduce: str | None = None
+    comm_bytes_per_step: list[float] | None = None
+    # A strategy's own block: ddp's `sync`, async-ps's `ps`, a pipeline's layout.
+    sync: dict[str, Any] | None = None
+    ps: dict[str, Any] | None = None
+    pipeline: dict[str, Any] | None = None
+    bubble_fraction: float | None = None
+    bubble_fraction_per_rank: list[float | None] | None = None
+    bubble_fraction_theory: float | None = None
+    batch_size: int | None = None
+    global_batch_size: int | None = None
+    grad_accum: int | None = None
+    lr: float | None = None
+    base_lr: float | None = None
+    lr_scaling: str | None = None
+    epochs: int | None = None
+    steps: int | None = None
+    steps_per_epoch: int | None = None
+    epochs_run: int | None = None
+    early_stopped: bool | None = None
+    best_epoch: int | None = None
+    restarts: int | None = None
+    resumed_from_step: int | None = None
+    epoch_times_s: list[float] | None = None
+    epoch_time_s: float | None = None
+    timed_epochs: int | None = None
+    samples_per_s: float | None = None
+    train_loss: float | None = None
+    train_accuracy: float | None = None
+    val_loss: float | None = None
+    val_accuracy: float | None = None
+    val_split: str | None = None
+    test_loss: float | None = None
+    test_accuracy: float | None = None
+    wall_time_s: float | None = None
+    prepare_s: float | None = None
+    launch_and_train_s: float | None = None
+    train_time_s: float | None = None
+    breakdown: Breakdown | None = None
+    peak_memory_bytes: list[int | None] | None = None
+    memory: Memory | None = None
+    seq_len: int | None = None
+    tokens_per_s: float | None = None
+    val_bits_per_byte: float | None = None
+    test_bits_per_byte: float | None = None
+    flops_per_sample: float | None = None
+    mfu: float | None = None
+    mfu_peak: MfuPeak | None = None
+    machine_load: MachineLoad | None = None
+    grad_noise: dict[str, Any] | None = None
+    # A launched script's: its exit status, the rank that failed first, what it reported, the probe's figures.
+    exit_code: int | None = None
+    failed_rank: int | None = None
+    reported: dict[str, Any] | None = None
+    probe: dict[str, Any] | None = None
+    run_dir: str | None = None
+
+    @property
+    def contended(self) -> bool:
+        return bool(self.machine_load and self.machine_load.contended)
+
+
+def checked_summary(summary: dict[str, Any]) -> dict[str, Any]:
+    """`summary` as it is, once it reads as a Summary: what the launcher writes passes through here."""
+    Summary.model_validate(summary)
+    return summary
+
+
+def fitting_fields(values: dict[str, Any]) -> dict[str, Any]:
+    """The values that fit the Summary field of their name (all others, which are not fields, too): a
+    launched script's reported metrics go to the top level of its summary only where they read as
+    what the field means (a script's `epochs` of 2.5 stays in `reported` alone)."""
+    from pydantic import ValidationError
+
+    fields = Summary.model_fields
+    kept = {}
+    for key, value in values.items():
+        if key in fields and key != "status":
+            try:
+                Summary.model_validate({"status": "completed", key: value})
+            except ValidationError:
+                continue
+        kept[key] = value
+    return kept
+
+
+def read_summary_record(data: dict[str, Any], where: str) -> Summary:
+    """A summary.json's contents as a record; one line naming the file when it is not a summary."""
+    from pydantic import ValidationError
+
+    try:
+        return Summary.model_validate(data)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = ".".join(str(part) for part in error["loc"])
+        raise UsageError(f"{where} is not a paratrain summary: {field}: {error['msg']}") from None

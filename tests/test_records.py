@@ -1,0 +1,114 @@
+"""Typed run records (#28): summary.json read as paratrain.runs.records.Summary, checked when it is
+written, documented in docs/run-directory.md field for field, and read from older releases' files."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from paratrain.errors import UsageError
+from paratrain.runs import RunDir, write_json
+from paratrain.runs.records import Summary, checked_summary, fitting_fields, read_summary_record
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "run-directory.md"
+
+# summary.json as a release before the memory, MFU and machine-load blocks wrote it (session 2's
+# format): what `paratrain report` and `scale` must still read.
+OLD_SUMMARY = {
+    "status": "completed",
+    "workers": 2,
+    "strategy": "ddp",
+    "batch_size": 32,
+    "global_batch_size": 64,
+    "lr": 0.02,
+    "epochs": 3,
+    "epoch_times_s": [4.1, 2.0, 2.2],
+    "epoch_time_s": 2.1,
+    "samples_per_s": 2380.9,
+    "train_loss": 1.9,
+    "val_loss": 1.8,
+    "val_accuracy": 0.34,
+    "wall_time_s": 12.5,
+    "breakdown": {"data_s": 0.001, "compute_s": 0.01, "comm_s": 0.002, "optimizer_s": 0.001, "other_s": 0.0},
+    "peak_memory_bytes": [200000000, 190000000],
+}
+
+
+def _documented_keys() -> set[str]:
+    text = DOCS.read_text()
+    section = text[text.index("## `summary.json`") : text.index("## `machine_load`")]
+    keys: set[str] = set()
+    for line in section.splitlines():
+        if line.startswith("| `"):
+            keys.update(re.findall(r"`([a-z_]+)`", line.split("|")[1]))
+    return keys
+
+
+def test_every_summary_field_is_documented_and_every_documented_key_is_a_field():
+    assert _documented_keys() == set(Summary.model_fields)
+
+
+def test_a_summary_an_older_release_wrote_reads(tmp_path):
+    run = RunDir(tmp_path)
+    write_json(run.summary, OLD_SUMMARY)
+    record = run.summary_record()
+    assert (record.workers, record.epoch_times_s, record.breakdown.comm_s) == (2, [4.1, 2.0, 2.2], 0.002)
+    assert record.memory is None and record.machine_load is None and not record.contended
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    dropped=st.sets(st.sampled_from(sorted(set(OLD_SUMMARY) - {"status"}))),
+    extra=st.dictionaries(
+        st.text("abcdefgh_", min_size=3, max_size=8).filter(lambda k: k not in Summary.model_fields),
+        st.one_of(st.floats(allow_nan=False), st.text(max_size=5), st.none()),
+        max_size=3,
+    ),
+)
+def test_any_subset_of_an_old_summary_with_unknown_keys_reads_and_keeps_them(dropped, extra):
+    data = {**{k: v for k, v in OLD_SUMMARY.items() if k not in dropped}, **extra}
+    record = read_summary_record(data, "summary.json")
+    assert record.model_dump(exclude_unset=True) == data
+
+
+def test_a_wrongly_typed_summary_is_refused_where_it_is_written_and_named_where_it_is_read():
+    with pytest.raises(ValueError):
+        checked_summary({**OLD_SUMMARY, "epoch_times_s": "fast"})
+    with pytest.raises(ValueError):
+        checked_summary({**OLD_SUMMARY, "status": "done"})
+    with pytest.raises(UsageError, match=r"^runs/x/summary.json is not a paratrain summary: machine_load.contended"):
+        read_summary_record({**OLD_SUMMARY, "machine_load": {"contended": "perhaps"}}, "runs/x/summary.json")
+
+
+def test_a_scripts_reported_metrics_reach_the_top_level_only_where_they_fit_the_field():
+    reported = {"epochs": 2.5, "steps": 300.0, "model": 3.0, "val_accuracy": 0.91, "tokens_seen": 1e6}
+    assert fitting_fields(reported) == {"steps": 300.0, "val_accuracy": 0.91, "tokens_seen": 1e6}
+
+
+def test_a_real_runs_summary_reads_as_a_record(tmp_path):
+    """One training run on one rank: what the engine and the launcher write is a Summary field for field."""
+    import paratrain
+
+    summary = paratrain.train(
+        workload="cifar10-cnn",
+        dataset="synthetic",
+        synthetic_samples=256,
+        synthetic_shape="3,16,16",
+        epochs=2,
+        batch_size=32,
+        workers=1,
+        run_dir=tmp_path / "run",
+        quiet=True,
+    )
+    record = RunDir(tmp_path / "run").summary_record()
+    assert record.status == "completed" and record.timed_epochs == 1
+    assert record.breakdown is not None and record.machine_load is not None and record.memory is not None
+    written = json.loads((tmp_path / "run" / "summary.json").read_text())
+    typed = set(written) & set(Summary.model_fields)
+    assert typed == set(written), set(written) - typed  # nothing the engine writes goes untyped
+    assert summary["samples_per_s"] == record.samples_per_s
