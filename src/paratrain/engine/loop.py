@@ -165,6 +165,49 @@ class MemoryLimitExceeded(RuntimeError):
 
 
 @dataclass
+class EpochTally:
+    """An epoch so far. Sums of loss·n, correct predictions and n over the ranks that see the loss
+    (every rank, or the last stage of each pipeline) stay on the device and are read at log points
+    only: `interval` since the last one, `totals` before it."""
+
+    totals: torch.Tensor
+    interval: torch.Tensor
+    samples: int  # training samples counted at log points so far, all ranks
+    interval_start: float  # perf_counter at the last log point
+    started: float  # perf_counter at the epoch's start (earlier, for an epoch resumed in its middle)
+    time_start: float  # the epoch's start on the run's clock (metrics' `time`)
+
+    @classmethod
+    def zeros(cls, device: torch.device, now: float, time_start: float) -> EpochTally:
+        sums = [torch.zeros(3, dtype=torch.float64, device=device) for _ in range(2)]
+        return cls(*sums, samples=0, interval_start=now, started=now, time_start=time_start)
+
+    def add(self, loss: torch.Tensor, correct: torch.Tensor, n: int) -> None:
+        self.interval[0].add_(loss, alpha=n)
+        self.interval[1].add_(correct)
+        self.interval[2] += n  # a Python number: no host-to-device copy
+
+    def next_interval(self, now: float) -> None:
+        self.totals += self.interval
+        self.interval.zero_()
+        self.interval_start = now
+
+    def position(self, epoch: int, micro: int) -> dict[str, Any]:
+        """Where a checkpoint taken now leaves the epoch: resumed, it goes on from `micro`."""
+        return {
+            "epoch": epoch,
+            "micro": micro,
+            "epoch_samples": self.samples,
+            "epoch_elapsed_s": time.perf_counter() - self.started,
+            "time_start": self.time_start,
+        }
+
+    def partial(self) -> dict[str, torch.Tensor]:
+        """This rank's sums so far, saved with a checkpoint taken in the epoch's middle."""
+        return {"totals": self.totals.clone(), "interval": self.interval.clone()}
+
+
+@dataclass
 class RunState:
     """Where the run is; all of it goes into the checkpoint."""
 
@@ -320,38 +363,16 @@ class Trainer:
         return self._summary()
 
     def train_epoch(self, epoch: int, progress: EpochProgress) -> dict[str, Any]:
-        cfg, ctx, model, clock, breakdown = self.cfg, self.ctx, self.model, self.clock, self.breakdown
+        cfg, model, clock, breakdown = self.cfg, self.model, self.clock, self.breakdown
         model.train()
         breakdown.reset()
-        # Sums of loss·n, correct predictions and n over the ranks that see the loss (every rank, or
-        # the last stage of each pipeline) stay on the device, read at log points only.
-        totals = torch.zeros(3, dtype=torch.float64, device=ctx.device)
-        interval = torch.zeros(3, dtype=torch.float64, device=ctx.device)
-        epoch_samples = 0
-        interval_start = time.perf_counter()
-        epoch_start = time.perf_counter()
-        t_elapsed0 = self.state.elapsed_s + (epoch_start - self.started)
-        last_micro = self.micro_steps - 1
-        first_micro = 0
-        position, self.state.position = self.state.position, None
-        if position is not None and position["epoch"] == epoch:
-            # Resumed from a checkpoint taken mid-epoch: the epoch goes on from the next batch, with
-            # the sums and time of its first part (the random streams were restored with the rest).
-            first_micro, epoch_samples, t_elapsed0 = (
-                position["micro"],
-                position["epoch_samples"],
-                position["time_start"],
-            )
-            epoch_start -= position["epoch_elapsed_s"]
-            if self._partial is not None:
-                totals.copy_(self._partial["totals"])
-                interval.copy_(self._partial["interval"])
+        tally, first_micro = self._begin_epoch(epoch)
         self.activity.phase, self.activity.epoch, self.activity.step = "training", epoch, self.state.step + 1
 
         step_start = data_start = clock.stamp()
         for micro, (x, y) in enumerate(self.batches.epoch(epoch, first_micro), start=first_micro):
             data_ready = clock.stamp()
-            sync = (micro + 1) % cfg.grad_accum == 0 or micro == last_micro
+            sync = (micro + 1) % cfg.grad_accum == 0 or micro == self.micro_steps - 1
             # All micro-steps but the last accumulate locally: DDP skips the all-reduce in no_sync.
             with nullcontext() if sync else self.strategy.no_sync(model), self.memory.watch(self.state.step):
                 loss, out = self.strategy.forward_backward(
@@ -366,76 +387,93 @@ class Trainer:
             if sync and comm_start is not None:
                 breakdown.span("comm_s", comm_start, backward_end)
             if loss is not None:
-                interval[0].add_(loss, alpha=len(y))
-                interval[1].add_(self.objective.correct(out, y))
-                interval[2] += len(y)  # a Python number: no host-to-device copy
-
+                tally.add(loss, self.objective.correct(out, y), len(y))
             if sync:
-                lr = self.schedule.lr_at(self.state.step)
-                for group in self.optimizer.param_groups:
-                    group["lr"] = lr
-                opt_start = clock.stamp()
-                step_comm = self.strategy.optimizer_step(self.optimizer, self.scaler)
-                if step_comm is not None:  # communication inside the step: exposed, so it is comm_s
-                    breakdown.span("optimizer_comm_s", *step_comm)
-                self.memory.count(self.state.step, model, self.optimizer)
-                self.optimizer.zero_grad(set_to_none=True)
-                step_end = clock.stamp()
-                breakdown.span("optimizer_s", opt_start, step_end)
-                breakdown.span("step", step_start, step_end)
-                breakdown.step_done()
-                self.state.step += 1
+                step_end = self._optimizer_step(step_start)
                 progress.advance()
                 if self.state.step % cfg.log_every == 0:
-                    now = time.perf_counter()
-                    loss_sum, correct, n = ctx.sum(interval.clone()).tolist()
-                    self._check_finite(loss_sum)
-                    n = int(n)
-                    rate = n / (now - interval_start)
-                    progress.show(rate, loss_sum / n)
-                    self.state.samples += n
-                    epoch_samples += n
-                    self._event(
-                        "step",
-                        epoch=epoch,
-                        step=self.state.step,
-                        samples=self.state.samples,
-                        loss=loss_sum / n,
-                        accuracy=correct / n,
-                        lr=lr,
-                        samples_per_s=rate,
-                        time=self.state.elapsed_s + now - self.started,
-                    )
-                    totals += interval
-                    interval.zero_()
-                    interval_start = now
-                    if self.grad_noise is not None:
-                        self.grad_noise.flush()
+                    self._log_point(epoch, tally, progress)
                 step_start = step_end
                 self.activity.step = self.state.step + 1
                 if cfg.checkpoint_every_steps and self.state.step % cfg.checkpoint_every_steps == 0:
-                    self._save(
-                        position={
-                            "epoch": epoch,
-                            "micro": micro + 1,
-                            "epoch_samples": epoch_samples,
-                            "epoch_elapsed_s": time.perf_counter() - epoch_start,
-                            "time_start": t_elapsed0,
-                        },
-                        partial={"totals": totals.clone(), "interval": interval.clone()},
-                    )
+                    self._save(position=tally.position(epoch, micro + 1), partial=tally.partial())
                     step_start = clock.stamp()  # the checkpoint's time is not the next step's
                 if self._steps_done():
                     break
             data_start = clock.stamp()
+        return self._end_epoch(epoch, tally)
 
-        totals += interval
+    def _begin_epoch(self, epoch: int) -> tuple[EpochTally, int]:
+        """The epoch's tally, and the micro-step it starts from: 0, or where a checkpoint taken in its
+        middle left it (the epoch then goes on with the sums and time of its first part; the random
+        streams were restored with the rest)."""
+        now = time.perf_counter()
+        tally = EpochTally.zeros(self.ctx.device, now, self.state.elapsed_s + (now - self.started))
+        position, self.state.position = self.state.position, None
+        if position is None or position["epoch"] != epoch:
+            return tally, 0
+        tally.samples, tally.time_start = position["epoch_samples"], position["time_start"]
+        tally.started -= position["epoch_elapsed_s"]
+        if self._partial is not None:
+            tally.totals.copy_(self._partial["totals"])
+            tally.interval.copy_(self._partial["interval"])
+        return tally, position["micro"]
+
+    def _optimizer_step(self, step_start: float) -> float:
+        """The optimizer step at the LR of the schedule, timed; returns when it ended."""
+        clock, breakdown = self.clock, self.breakdown
+        lr = self.schedule.lr_at(self.state.step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        opt_start = clock.stamp()
+        step_comm = self.strategy.optimizer_step(self.optimizer, self.scaler)
+        if step_comm is not None:  # communication inside the step: exposed, so it is comm_s
+            breakdown.span("optimizer_comm_s", *step_comm)
+        self.memory.count(self.state.step, self.model, self.optimizer)
+        self.optimizer.zero_grad(set_to_none=True)
+        step_end = clock.stamp()
+        breakdown.span("optimizer_s", opt_start, step_end)
+        breakdown.span("step", step_start, step_end)
+        breakdown.step_done()
+        self.state.step += 1
+        return step_end
+
+    def _log_point(self, epoch: int, tally: EpochTally, progress: EpochProgress) -> None:
+        """Every --log-every steps: the interval's sums read from the devices (the only sync for
+        them), checked for divergence, shown and written as a `step` event."""
+        now = time.perf_counter()
+        loss_sum, correct, n = self.ctx.sum(tally.interval.clone()).tolist()
+        self._check_finite(loss_sum)
+        n = int(n)
+        rate = n / (now - tally.interval_start)
+        progress.show(rate, loss_sum / n)
+        self.state.samples += n
+        tally.samples += n
+        self._event(
+            "step",
+            epoch=epoch,
+            step=self.state.step,
+            samples=self.state.samples,
+            loss=loss_sum / n,
+            accuracy=correct / n,
+            lr=self.schedule.lr_at(self.state.step - 1),  # the step just taken's
+            samples_per_s=rate,
+            time=self.state.elapsed_s + now - self.started,
+        )
+        tally.next_interval(now)
+        if self.grad_noise is not None:
+            self.grad_noise.flush()
+
+    def _end_epoch(self, epoch: int, tally: EpochTally) -> dict[str, Any]:
+        """The epoch's record: its sums over the ranks, its time and its step-time breakdown."""
+        ctx = self.ctx
+        tally.totals += tally.interval
         if ctx.device.type == "cuda":
             torch.cuda.synchronize()
-        seconds = time.perf_counter() - epoch_start
-        loss_sum, correct, n = ctx.sum(totals).tolist()
+        seconds = time.perf_counter() - tally.started
+        loss_sum, correct, n = ctx.sum(tally.totals).tolist()
         n = int(n)
-        self.state.samples += n - epoch_samples  # the samples since the last log point
+        self.state.samples += n - tally.samples  # the samples since the last log point
         self._check_finite(loss_sum)
         if self.grad_noise is not None:
             self.grad_noise.flush()
@@ -456,8 +494,8 @@ class Trainer:
             "epoch_time_s": seconds,
             "samples_per_s": n / seconds,
             "lr": self.optimizer.param_groups[0]["lr"],
-            "time_start": t_elapsed0,
-            "time_end": t_elapsed0 + seconds,
+            "time_start": tally.time_start,
+            "time_end": tally.time_start + seconds,
             "breakdown": phases,
         }
         self._event("epoch", **record)

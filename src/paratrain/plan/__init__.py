@@ -67,42 +67,8 @@ def run_plan(cfg: PlanConfig) -> dict[str, Any]:
     curve = [planner.best(n) for n in curve_counts]
     recommendation = planner.recommend(top)
     return {
-        "model": {
-            "name": profile.name,
-            "params": profile.params,
-            "flops_per_sample": profile.flops_per_sample,
-            "activation_bytes_per_sample": profile.activation_bytes_per_sample,
-            "activation_bytes_fixed": profile.activation_bytes_fixed,
-            "param_bytes": profile.param_bytes,
-            "buffer_bytes": profile.buffer_bytes,
-            "largest_unit_bytes": profile.largest_unit_bytes,
-            "pipeline_units": len(profile.units),
-            "measured": "on the meta device, on this machine (profile.py)",
-        },
-        "device": {
-            "name": device.name,
-            "precision": cfg.precision,
-            "peak_flops_per_s": device.peak(cfg.precision),
-            "memory_bytes": device.memory_bytes,
-            "usable_fraction": USABLE_FRACTION,
-            "memory_bandwidth_bytes_per_s": device.memory_bandwidth,
-            "efficiency": eff.compute,
-            "efficiency_source": eff.source,
-            "overhead_s": eff.overhead_s,
-            "calibrated_by_devices": [
-                {
-                    "devices": n,
-                    "efficiency": share,
-                    "fixed_compute_s": eff.fixed_compute_s(n),
-                    "overhead_s": eff.overhead_for(n),
-                }
-                for n, share in eff.by_devices
-            ],
-            "per_node": per_node,
-            "intra_node_link": _link_json(topo.intra),
-            "inter_node_link": _link_json(topo.inter),
-            "sources": device.sources,
-        },
+        "model": _model_json(profile),
+        "device": _device_json(device, cfg.precision, eff, per_node, topo),
         "optimizer": cfg.optimizer,
         "batch": {"per_device": cfg.batch_size, "global": cfg.global_batch},
         "rows": rows,
@@ -110,6 +76,50 @@ def run_plan(cfg: PlanConfig) -> dict[str, Any]:
         "backend": backend_guidance(device),
         "curve": curve,
         "pareto": pareto(curve),
+    }
+
+
+def _model_json(profile: ModelProfile) -> dict[str, Any]:
+    """What the plan measured of the model, on the meta device."""
+    return {
+        "name": profile.name,
+        "params": profile.params,
+        "flops_per_sample": profile.flops_per_sample,
+        "activation_bytes_per_sample": profile.activation_bytes_per_sample,
+        "activation_bytes_fixed": profile.activation_bytes_fixed,
+        "param_bytes": profile.param_bytes,
+        "buffer_bytes": profile.buffer_bytes,
+        "largest_unit_bytes": profile.largest_unit_bytes,
+        "pipeline_units": len(profile.units),
+        "measured": "on the meta device, on this machine (profile.py)",
+    }
+
+
+def _device_json(device: Device, precision: str, eff: Efficiency, per_node: int, topo: Topology) -> dict[str, Any]:
+    """The device, its efficiency (published or calibrated from runs) and its links."""
+    return {
+        "name": device.name,
+        "precision": precision,
+        "peak_flops_per_s": device.peak(precision),
+        "memory_bytes": device.memory_bytes,
+        "usable_fraction": USABLE_FRACTION,
+        "memory_bandwidth_bytes_per_s": device.memory_bandwidth,
+        "efficiency": eff.compute,
+        "efficiency_source": eff.source,
+        "overhead_s": eff.overhead_s,
+        "calibrated_by_devices": [
+            {
+                "devices": n,
+                "efficiency": share,
+                "fixed_compute_s": eff.fixed_compute_s(n),
+                "overhead_s": eff.overhead_for(n),
+            }
+            for n, share in eff.by_devices
+        ],
+        "per_node": per_node,
+        "intra_node_link": _link_json(topo.intra),
+        "inter_node_link": _link_json(topo.inter),
+        "sources": device.sources,
     }
 
 

@@ -43,38 +43,9 @@ def study_plots(result: dict[str, Any], out: Path) -> dict[str, Path]:
     for name, (label, key, spread) in specs.items():
         fig, ax = plt.subplots(figsize=(5.5, 3.8))
         for i, workload in enumerate(workloads):
-            # a studied script that reports samples/s only has no epoch time
-            mine = [r for r in rows if r["workload"] == workload and r.get(key) is not None]
-            if not mine:
-                continue
-            ref = reference.get(workload)
-            base = f" (vs {mine[0]['workers']} worker(s) x {mine[0].get('threads_per_worker', '?')} core(s))"
-            series = [(key, spread, workload + (base if name == "speedup" else ""), "-")]
-            if name == "speedup" and ref:
-                series.append(
-                    (
-                        "speedup_vs_all_cores",
-                        "speedup_vs_all_cores_range",
-                        f"{workload} (vs one process, all {ref['threads_per_worker']} cores)",
-                        "--",
-                    )
-                )
-            for value, span, legend, style in series:
-                xs = [r["workers"] for r in mine]
-                ys = [r[value] for r in mine]
-                # Efficiency is proportional to speedup, so its bars are the speedup's, rescaled.
-                scale = [r["efficiency"] / r["speedup"] if name == "efficiency" else 1.0 for r in mine]
-                lo = [y - r[span][0] * k if r.get(span) else 0.0 for y, r, k in zip(ys, mine, scale)]
-                hi = [r[span][1] * k - y if r.get(span) else 0.0 for y, r, k in zip(ys, mine, scale)]
-                ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, color=f"C{i}", linestyle=style, label=legend)
-            if ref and name in ("epoch_time", "throughput") and ref.get(key) is not None:
-                ax.axhline(
-                    ref[key],
-                    color=f"C{i}",
-                    linestyle=":",
-                    linewidth=1.2,
-                    label=f"{workload}: one process, all {ref['threads_per_worker']} cores",
-                )
+            _study_series(
+                ax, name, key, spread, f"C{i}", [r for r in rows if r["workload"] == workload], reference.get(workload)
+            )
         if name == "speedup":
             ax.plot(counts, counts, "k--", linewidth=1, label="ideal")
         if name == "efficiency":
@@ -91,9 +62,52 @@ def study_plots(result: dict[str, Any], out: Path) -> dict[str, Path]:
         else:
             plt.close(fig)
 
+    accuracy = _accuracy_plot(rows, workloads, out)
+    return {**paths, **({"accuracy": accuracy} if accuracy else {})}
+
+
+def _study_series(ax: Any, name: str, key: str, spread: str, color: str, mine: list[dict], ref: dict | None) -> None:
+    """One workload's line (with min-max bars over repeats) in one study plot; the speedup plot adds
+    the speedup against one process on all cores, and the time plots that process as a dotted line.
+    A studied script that reports samples/s only has no epoch time: no line."""
+    workload = mine[0]["workload"]
+    mine = [r for r in mine if r.get(key) is not None]
+    if not mine:
+        return
+    base = f" (vs {mine[0]['workers']} worker(s) x {mine[0].get('threads_per_worker', '?')} core(s))"
+    series = [(key, spread, workload + (base if name == "speedup" else ""), "-")]
+    if name == "speedup" and ref:
+        series.append(
+            (
+                "speedup_vs_all_cores",
+                "speedup_vs_all_cores_range",
+                f"{workload} (vs one process, all {ref['threads_per_worker']} cores)",
+                "--",
+            )
+        )
+    for value, span, legend, style in series:
+        xs = [r["workers"] for r in mine]
+        ys = [r[value] for r in mine]
+        # Efficiency is proportional to speedup, so its bars are the speedup's, rescaled.
+        scale = [r["efficiency"] / r["speedup"] if name == "efficiency" else 1.0 for r in mine]
+        lo = [y - r[span][0] * k if r.get(span) else 0.0 for y, r, k in zip(ys, mine, scale)]
+        hi = [r[span][1] * k - y if r.get(span) else 0.0 for y, r, k in zip(ys, mine, scale)]
+        ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, color=color, linestyle=style, label=legend)
+    if ref and name in ("epoch_time", "throughput") and ref.get(key) is not None:
+        ax.axhline(
+            ref[key],
+            color=color,
+            linestyle=":",
+            linewidth=1.2,
+            label=f"{workload}: one process, all {ref['threads_per_worker']} cores",
+        )
+
+
+def _accuracy_plot(rows: list[dict], workloads: list[str], out: Path) -> Path | None:
+    """Accuracy against the global batch, one line per workload."""
     measured = [r for r in rows if r.get("val_accuracy") is not None and r.get("global_batch_size") is not None]
     if not measured:  # a studied script that reports no accuracy or global batch
-        return paths
+        return None
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     for workload in workloads:
         mine = [r for r in measured if r["workload"] == workload]
@@ -106,8 +120,7 @@ def study_plots(result: dict[str, Any], out: Path) -> dict[str, Path]:
     ax.set_title("accuracy against global batch")
     ax.grid(alpha=0.3)
     ax.legend()
-    paths["accuracy"] = _save(fig, out / "accuracy.png")
-    return paths
+    return _save(fig, out / "accuracy.png")
 
 
 def curves_plots(runs: list[RunDir], labels: list[str], out: Path, prefix: str) -> dict[str, Path]:
@@ -403,7 +416,14 @@ def monitor_plot(ev: Any, path: Path) -> Path | None:
 def plan_plots(plan: dict[str, Any], out: Path) -> dict[str, Path]:
     """A plan's three plots: predicted scaling with the ideal line, memory per device by strategy at
     the largest device count planned, and device-hours against wall time with the bend marked."""
-    paths = {}
+    return {
+        "scaling": _plan_scaling_plot(plan, out),
+        "memory": _plan_memory_plot(plan, out),
+        "pareto": _plan_pareto_plot(plan, out),
+    }
+
+
+def _plan_scaling_plot(plan: dict[str, Any], out: Path) -> Path:
     curve = [c for c in plan["curve"] if c.get("strategy")]
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     xs = [c["devices"] for c in curve]
@@ -418,8 +438,10 @@ def plan_plots(plan: dict[str, Any], out: Path) -> dict[str, Path]:
     ax.set_ylabel("predicted speedup")
     ax.set_title(f"{plan['model']['name']} on {plan['device']['name']} ({plan['device']['precision']})", fontsize=9)
     ax.legend(fontsize=7)
-    paths["scaling"] = _save(fig, out / "plan_scaling.png")
+    return _save(fig, out / "plan_scaling.png")
 
+
+def _plan_memory_plot(plan: dict[str, Any], out: Path) -> Path:
     top = max(r["devices"] for r in plan["rows"])
     rows = [r for r in plan["rows"] if r["devices"] == top]
     parts = (
@@ -443,8 +465,10 @@ def plan_plots(plan: dict[str, Any], out: Path) -> dict[str, Path]:
     ax.set_ylabel("GiB per device")
     ax.set_title(f"memory per device, {top} device(s)", fontsize=9)
     ax.legend(fontsize=7)
-    paths["memory"] = _save(fig, out / "plan_memory.png")
+    return _save(fig, out / "plan_memory.png")
 
+
+def _plan_pareto_plot(plan: dict[str, Any], out: Path) -> Path:
     pareto = plan["pareto"]
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     points = pareto["points"]
@@ -479,8 +503,7 @@ def plan_plots(plan: dict[str, Any], out: Path) -> dict[str, Path]:
     ax.set_xlabel(f"wall time (hours) for {pareto['samples']:,} samples")
     ax.set_ylabel("device-hours")
     ax.set_title("cost against time: the Pareto frontier", fontsize=9)
-    paths["pareto"] = _save(fig, out / "plan_pareto.png")
-    return paths
+    return _save(fig, out / "plan_pareto.png")
 
 
 def batch_plots(results: dict[str, dict[str, Any]], out: Path) -> dict[str, Path]:
