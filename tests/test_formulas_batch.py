@@ -323,3 +323,100 @@ def test_a_probe_that_fails_for_another_reason_keeps_its_run_directory(tmp_path,
     scratch = calls[0][2].parent
     assert scratch.is_dir()  # the error names a log there
     shutil.rmtree(scratch)
+
+
+# -- recommend's choice, on measurements written by hand (nothing runs) --------------------------
+
+
+def _recommend_on(tmp_path, monkeypatch, *, critical, stderr, knee=32, safe=128, workers=2, samples=4096):
+    """recommend() with find-batch's, noise-scale's and lr-find's results already in OUT (as a rerun
+    reuses them); a measurement it would start instead fails the test."""
+    import json
+
+    from paratrain.batch import lr_find, noise_scale
+    from paratrain.batch.recommend import recommend
+
+    def measuring(*args, **kwargs):
+        raise AssertionError("recommend ran a measurement instead of reusing the recorded one")
+
+    tmp_path.mkdir(exist_ok=True)
+
+    monkeypatch.setattr(fb, "find_batch", measuring)
+    monkeypatch.setattr(noise_scale, "measure_noise_scale", measuring)
+    monkeypatch.setattr(lr_find, "find_lr", measuring)
+    train = {
+        "workload": "cifar10-cnn",
+        "dataset": "synthetic",
+        "synthetic_samples": samples,
+        "synthetic_shape": "3,16,16",
+        "epochs": 10,
+        "optimizer": "sgd",
+    }
+    probes = [[8, 900.0], [16, 1500.0], [32, 2000.0], [64, 2050.0], [128, 2080.0]]
+    (tmp_path / "find_batch.json").write_text(
+        json.dumps(
+            {
+                "train": {**train, "workers": 1},
+                "options": {"max_batch": None},
+                "knee_batch": knee,
+                "safe_batch": safe,
+                "margin": 0.05,
+                "probes": [{"batch": b, "fits": True, "samples_per_s": r} for b, r in probes],
+            }
+        )
+    )
+    (tmp_path / "noise_scale.json").write_text(
+        json.dumps(
+            {
+                "train": {**train, "workers": workers, "batch_size": knee},
+                "options": {"steps": 200},
+                "critical_batch": critical,
+                "b_simple_stderr": stderr,
+            }
+        )
+    )
+    results = {}
+    for batch in range(1, safe + 1):  # the LR range test of whichever batch recommend chooses
+        (tmp_path / "lr_find.json").write_text(
+            json.dumps(
+                {
+                    "train": {**train, "workers": 1, "batch_size": batch},
+                    "options": {"steps": 100, "rule": lr_find.RULE},
+                    "suggested_lr": 0.01,
+                    "global_batch_size": batch,
+                    "rule": "a tenth of the minimum",
+                }
+            )
+        )
+        try:
+            results[batch] = recommend(dict(train), workers, tmp_path)
+        except AssertionError:
+            continue
+    assert len(results) == 1, results.keys()
+    return next(iter(results.values()))
+
+
+def test_recommend_keeps_the_knee_when_the_sqrt_rule_caps_the_global_batch(tmp_path, monkeypatch):
+    # 4096 samples: √ = 64 caps the global batch below the critical batch 150. Options: the knee 32
+    # (also √/2 = 32) and the critical batch / 2 = 75; 75 x 2 = 150 > 64 is ruled out, so 32 per
+    # worker, global 64; lr-find's LR 0.01 at batch 32, linear scaling to 64: 0.02; warmup 10 x 5/90
+    # = 0.6, raised to at least 1 epoch.
+    r = _recommend_on(tmp_path, monkeypatch, critical=150.0, stderr=20.0)
+    assert (r["per_worker_batch"]["value"], r["global_batch"]["value"]) == (32, 64)
+    options = {o["batch"]: o for o in r["per_worker_batch"]["options"]}
+    assert set(options) == {32, 75} and options[32]["ruled_out"] is None
+    assert options[75]["ruled_out"] == "its global batch 150 exceeds the √(training samples) 64"
+    assert r["lr"]["value"] == pytest.approx(0.02) and r["lr_scaling"] == "linear"
+    assert r["warmup_epochs"]["value"] == 1.0
+
+
+def test_recommend_goes_below_the_knee_only_when_the_noise_scale_rules_the_knee_out(tmp_path, monkeypatch):
+    # critical 30 ± 5: even +2 standard errors (40) is below the knee's global batch 2 x 32 = 64, so
+    # the options below the knee are allowed: critical / 2 = 15 per worker (and √ / 2 = 32, the knee).
+    r = _recommend_on(tmp_path, monkeypatch, critical=30.0, stderr=5.0)
+    assert r["per_worker_batch"]["value"] == 15
+    assert any("each worker runs below its knee" in note and "(+2 standard errors: 40)" in note for note in r["notes"])
+    # the same measurement with a wide error bar (30 ± 20: up to 70 > 64) keeps the knee
+    r = _recommend_on(tmp_path / "wide", monkeypatch, critical=30.0, stderr=20.0)
+    assert r["per_worker_batch"]["value"] == 32
+    assert any("within its error bar (+2 standard errors: 70)" in note for note in r["notes"])

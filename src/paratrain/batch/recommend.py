@@ -26,6 +26,7 @@ import json
 import math
 import shlex
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -60,8 +61,48 @@ def recommend(
     # A --schedule given is for the recommended run; the measurement runs set their own LR.
     schedule = train.get("schedule")
     train = {k: v for k, v in train.items() if k != "schedule"}
+    _check(train, workers, out, noise_steps, lr_steps)
     one = {**train, "workers": 1}
-    # Everything that would stop a later stage is checked now, before the first measurement runs.
+
+    on_stage("find-batch")
+    batches = read_result(
+        out / find_batch_module.RESULT_FILE, one, max_batch=max_batch
+    ) or find_batch_module.find_batch(one, out, max_batch=max_batch)
+
+    on_stage("noise-scale")
+    knee, _, _ = _within_a_ranks_share(batches, samples // workers)
+    noise_train = {**train, "workers": workers, "batch_size": knee}
+    noise = read_result(
+        out / noise_scale_module.RESULT_FILE, noise_train, steps=noise_steps
+    ) or noise_scale_module.measure_noise_scale(noise_train, out, noise_steps)
+    choice = BatchChoice.measured(batches, noise, workers, samples)
+
+    on_stage("lr-find")
+    lr_train = {**train, "workers": 1, "batch_size": choice.per_worker}
+    lrs = read_result(
+        out / lr_find_module.RESULT_FILE, lr_train, steps=lr_steps, rule=lr_find_module.RULE
+    ) or lr_find_module.find_lr(lr_train, out, steps=lr_steps, target_batch=choice.global_batch)
+
+    result = {
+        "train": json.loads(json.dumps(train, default=str)),
+        "workers": workers,
+        **choice.fields(batches["margin"]),
+        **_lr_fields(lrs, choice.global_batch, cfg.optimizer, cfg.epochs),
+        "schedule": _schedule_field(schedule),
+        "notes": choice.notes,
+        "measurements": {
+            "find_batch": str(out / find_batch_module.RESULT_FILE),
+            "noise_scale": str(out / noise_scale_module.RESULT_FILE),
+            "lr_find": str(out / lr_find_module.RESULT_FILE),
+        },
+    }
+    result["command"] = train_command(train, result)
+    write_result(out / RESULT_FILE, result)
+    return result
+
+
+def _check(train: dict[str, Any], workers: int, out: Path, noise_steps: int, lr_steps: int) -> None:
+    """Everything that would stop a later stage, checked before the first measurement runs."""
     for flag, steps, least in (
         ("--noise-steps", noise_steps, noise_scale_module.MIN_STEPS),
         ("--lr-steps", lr_steps, lr_find_module.MIN_STEPS),
@@ -76,127 +117,167 @@ def recommend(
     run_config({**train, "workers": workers}, grad_noise=True)  # the noise-scale run's layout, validated
     check_out(out)
 
-    on_stage("find-batch")
-    batches = read_result(
-        out / find_batch_module.RESULT_FILE, one, max_batch=max_batch
-    ) or find_batch_module.find_batch(one, out, max_batch=max_batch)
+
+def _within_a_ranks_share(batches: dict[str, Any], per_rank: int) -> tuple[int, int, str | None]:
+    """find-batch's knee and largest batch, and a note when they were capped. find-batch measures one
+    worker on all the training samples; with N workers a rank holds a 1/N share, and a step larger
+    than it cannot be run (the noise-scale run at the knee would refuse)."""
     knee, largest = batches["knee_batch"], batches["safe_batch"]
-    # find-batch measures one worker on all the training samples; with N workers a rank holds a 1/N
-    # share, and a step larger than it cannot be run (the noise-scale run at the knee would refuse).
-    per_rank = samples // workers
-    notes = []
-    if largest > per_rank:
-        notes.append(
-            f"find-batch's knee {knee} and largest batch {largest} capped at a rank's {per_rank} training samples"
+    if largest <= per_rank:
+        return knee, largest, None
+    note = f"find-batch's knee {knee} and largest batch {largest} capped at a rank's {per_rank} training samples"
+    return min(knee, per_rank), per_rank, note
+
+
+@dataclass
+class BatchChoice:
+    """The per-worker batch chosen from find-batch's and noise-scale's measurements, with the options
+    weighed, why each was kept or ruled out, and the notes a user reads."""
+
+    workers: int
+    samples: int
+    knee: int
+    largest: int
+    critical: float | None
+    upper: float | None  # the critical batch plus two standard errors
+    cap_name: str
+    cap: float
+    below_knee_allowed: bool
+    options: dict[int, list[str]]
+    times: dict[int, float]  # predicted time to the same loss of each option (empty without a noise scale)
+    per_worker: int
+    notes: list[str]
+
+    @classmethod
+    def measured(cls, batches: dict[str, Any], noise: dict[str, Any], workers: int, samples: int) -> BatchChoice:
+        knee, largest, capped = _within_a_ranks_share(batches, samples // workers)
+        notes = [capped] if capped else []
+        critical = noise["critical_batch"]
+        caps = {"critical batch (noise scale)": critical, "√(training samples)": math.isqrt(samples)}
+        cap_name, cap = min(((k, v) for k, v in caps.items() if v), key=lambda kv: kv[1])
+        # Below the knee a device idles; only the noise scale, beyond its error bar (two standard
+        # errors), is evidence that a smaller global batch trains better. A rule of thumb is not.
+        stderr = noise.get("b_simple_stderr")
+        upper = critical + 2 * stderr if critical and stderr is not None else None
+        below_knee_allowed = (
+            workers * knee > cap and cap_name.startswith("critical") and upper is not None and upper < workers * knee
         )
-        knee, largest = min(knee, per_rank), per_rank
-
-    on_stage("noise-scale")
-    noise_train = {**train, "workers": workers, "batch_size": knee}
-    noise = read_result(
-        out / noise_scale_module.RESULT_FILE, noise_train, steps=noise_steps
-    ) or noise_scale_module.measure_noise_scale(noise_train, out, noise_steps)
-    critical = noise["critical_batch"]
-    sqrt_rule = math.isqrt(samples)
-    caps = {"critical batch (noise scale)": critical, "√(training samples)": sqrt_rule}
-    cap_name, cap = min(((k, v) for k, v in caps.items() if v), key=lambda kv: kv[1])
-    # Below the knee a device idles; only the noise scale, beyond its error bar (two standard
-    # errors), is evidence that a smaller global batch trains better. A rule of thumb is not.
-    stderr = noise.get("b_simple_stderr")
-    upper = critical + 2 * stderr if critical and stderr is not None else None
-    below_knee_allowed = (
-        workers * knee > cap and cap_name.startswith("critical") and upper is not None and upper < workers * knee
-    )
-    # The options weighed: the knee, and the largest batch each cap allows a worker.
-    options: dict[int, list[str]] = {knee: ["the knee"]}
-    for name, value in caps.items():
-        if value:
-            options.setdefault(max(1, min(largest, int(value // workers))), []).append(
-                f"the {name} / {workers} workers"
+        # The options weighed: the knee, and the largest batch each cap allows a worker.
+        options: dict[int, list[str]] = {knee: ["the knee"]}
+        for name, value in caps.items():
+            if value:
+                options.setdefault(max(1, min(largest, int(value // workers))), []).append(
+                    f"the {name} / {workers} workers"
+                )
+        choice = cls(
+            workers=workers,
+            samples=samples,
+            knee=knee,
+            largest=largest,
+            critical=critical,
+            upper=upper,
+            cap_name=cap_name,
+            cap=cap,
+            below_knee_allowed=below_knee_allowed,
+            options=options,
+            times={},
+            per_worker=knee,
+            notes=notes,
+        )
+        allowed = [b for b in options if choice.ruled_out(b) is None]
+        if critical:
+            rates = samples_per_s_at(batches["probes"])
+            choice.times = {b: time_to_loss(b, workers, critical, rates(b)) for b in options}
+            choice.per_worker = min(allowed, key=choice.times.get)
+        else:
+            choice.per_worker = max(allowed)  # no noise scale, no time model: the most the cap allows
+        choice.notes.extend(choice._cap_notes())
+        if choice.times:
+            notes.append(
+                time_to_loss_note(options, choice.times, rates, choice.per_worker, workers, critical, choice.ruled_out)
             )
+        return choice
 
-    def ruled_out(batch: int) -> str | None:
-        if batch < knee and not below_knee_allowed:
+    @property
+    def global_batch(self) -> int:
+        return self.workers * self.per_worker
+
+    def ruled_out(self, batch: int) -> str | None:
+        if batch < self.knee and not self.below_knee_allowed:
             return "below the knee, where a worker idles, and the noise scale does not rule out the knee's global batch"
-        if workers * batch > cap and (batch != knee or below_knee_allowed):
-            return f"its global batch {workers * batch:,} exceeds the {cap_name} {cap:,.0f}"
+        if self.workers * batch > self.cap and (batch != self.knee or self.below_knee_allowed):
+            return f"its global batch {self.workers * batch:,} exceeds the {self.cap_name} {self.cap:,.0f}"
         return None
 
-    allowed = [b for b in options if ruled_out(b) is None]
-    times = {}
-    if critical:
-        rates = samples_per_s_at(batches["probes"])
-        times = {b: time_to_loss(b, workers, critical, rates(b)) for b in options}
-        per_worker = min(allowed, key=times.get)
-    else:
-        per_worker = max(allowed)  # no noise scale, no time model: the most the cap allows
-    if per_worker < knee:
-        notes.append(
-            f"{workers} workers x the knee batch {knee} exceed the critical batch {critical:.0f} "
-            f"(+2 standard errors: {upper:.0f}): each worker runs below its knee; "
-            f"{max(1, int(cap // knee))} worker(s) would use theirs fully"
-        )
-    elif workers * knee > cap:
-        notes.append(
-            f"{workers} workers x the knee batch {knee} exceed the {cap_name} {cap:.0f}, but "
-            + (
-                f"within its error bar (+2 standard errors: {upper:.0f})"
-                if cap_name.startswith("critical") and upper is not None
-                else "that is not a measurement of this model"
-            )
-            + ": each worker keeps its knee batch, below which it idles"
-        )
-    if times:
-        notes.append(time_to_loss_note(options, times, rates, per_worker, workers, critical, ruled_out))
-    global_batch = workers * per_worker
+    def _cap_notes(self) -> list[str]:
+        workers, knee, cap, upper = self.workers, self.knee, self.cap, self.upper
+        if self.per_worker < knee:
+            return [
+                f"{workers} workers x the knee batch {knee} exceed the critical batch {self.critical:.0f} "
+                f"(+2 standard errors: {upper:.0f}): each worker runs below its knee; "
+                f"{max(1, int(cap // knee))} worker(s) would use theirs fully"
+            ]
+        if workers * knee > cap:
+            return [
+                f"{workers} workers x the knee batch {knee} exceed the {self.cap_name} {cap:.0f}, but "
+                + (
+                    f"within its error bar (+2 standard errors: {upper:.0f})"
+                    if self.cap_name.startswith("critical") and upper is not None
+                    else "that is not a measurement of this model"
+                )
+                + ": each worker keeps its knee batch, below which it idles"
+            ]
+        return []
 
-    on_stage("lr-find")
-    lr_train = {**train, "workers": 1, "batch_size": per_worker}
-    lrs = read_result(
-        out / lr_find_module.RESULT_FILE, lr_train, steps=lr_steps, rule=lr_find_module.RULE
-    ) or lr_find_module.find_lr(lr_train, out, steps=lr_steps, target_batch=global_batch)
-    rule = lr_find_module.scaling_rule(cfg.optimizer)
-    base_lr, base_batch = lrs["suggested_lr"], lrs["global_batch_size"]
+    def fields(self, margin: float) -> dict[str, Any]:
+        """recommend.json's per_worker_batch and global_batch."""
+        times, per_worker = self.times, self.per_worker
+        return {
+            "per_worker_batch": {
+                "value": per_worker,
+                "source": f"find-batch: knee {self.knee}, largest that fits {self.largest} "
+                f"(margin {margin:.0%}); the global batch within the {self.cap_name}; "
+                + (
+                    "of the options, the shortest predicted time to the same loss (note)"
+                    if times
+                    else "no noise scale to predict the time to a loss: the largest the cap allows"
+                ),
+                "options": [
+                    {
+                        "batch": b,
+                        "global_batch": self.workers * b,
+                        "suggested_by": by,
+                        "relative_time_to_loss": times[b] / times[per_worker] if times else None,
+                        "ruled_out": self.ruled_out(b),
+                    }
+                    for b, by in sorted(self.options.items())
+                ],
+            },
+            "global_batch": {
+                "value": self.global_batch,
+                "source": f"{self.workers} x {per_worker}; {self.cap_name} {self.cap:.0f} (critical batch "
+                f"{self.critical and round(self.critical)}, √{self.samples} = {math.isqrt(self.samples)})",
+            },
+        }
+
+
+def _lr_fields(lrs: dict[str, Any], global_batch: int, optimizer: str, epochs: int) -> dict[str, Any]:
+    """recommend.json's LR, its scaling and warmup, and the optimizer hint, from lr-find's result."""
     from paratrain.engine.lr import scaled_lr
 
+    rule = lr_find_module.scaling_rule(optimizer)
+    base_lr, base_batch = lrs["suggested_lr"], lrs["global_batch_size"]
     lr = scaled_lr(base_lr, global_batch, base_batch, rule)
     ratio = global_batch / base_batch
     warmup = 0.0
     if ratio > 1:
-        warmup = min(5.0, max(1.0, round(cfg.epochs * GOYAL_WARMUP_FRACTION, 1)))
-        if warmup >= cfg.epochs:
-            warmup = cfg.epochs / 2
+        warmup = min(5.0, max(1.0, round(epochs * GOYAL_WARMUP_FRACTION, 1)))
+        if warmup >= epochs:
+            warmup = epochs / 2
     # A hint, not a switch: the LR was found for the run's optimizer, and LARS/LAMB's layer-wise
     # trust ratio changes what an LR means, so the command keeps the optimizer lr-find measured.
     adaptive = ("lamb" if rule == "sqrt" else "lars") if ratio > GOYAL_MAX_RATIO else None
-    result = {
-        "train": json.loads(json.dumps(train, default=str)),
-        "workers": workers,
-        "per_worker_batch": {
-            "value": per_worker,
-            "source": f"find-batch: knee {knee}, largest that fits {largest} "
-            f"(margin {batches['margin']:.0%}); the global batch within the {cap_name}; "
-            + (
-                "of the options, the shortest predicted time to the same loss (note)"
-                if times
-                else "no noise scale to predict the time to a loss: the largest the cap allows"
-            ),
-            "options": [
-                {
-                    "batch": b,
-                    "global_batch": workers * b,
-                    "suggested_by": by,
-                    "relative_time_to_loss": times[b] / times[per_worker] if times else None,
-                    "ruled_out": ruled_out(b),
-                }
-                for b, by in sorted(options.items())
-            ],
-        },
-        "global_batch": {
-            "value": global_batch,
-            "source": f"{workers} x {per_worker}; {cap_name} {cap:.0f} "
-            f"(critical batch {critical and round(critical)}, √{samples} = {sqrt_rule})",
-        },
+    return {
         "lr": {
             "value": lr,
             "source": f"lr-find at batch {base_batch}: {base_lr:.3g} ({lrs['rule']}), "
@@ -209,39 +290,33 @@ def recommend(
             "value": warmup,
             "source": "no scaling, no warmup"
             if ratio <= 1
-            else f"Goyal et al. 2017: 5 of 90 epochs, here {GOYAL_WARMUP_FRACTION:.1%} of --epochs {cfg.epochs} "
+            else f"Goyal et al. 2017: 5 of 90 epochs, here {GOYAL_WARMUP_FRACTION:.1%} of --epochs {epochs} "
             "(at least 1, at most 5)",
         },
         "optimizer": {
-            "value": cfg.optimizer,
+            "value": optimizer,
             "source": f"global batch {ratio:.0f}x the LR's base batch "
             + (
                 f"> {GOYAL_MAX_RATIO}x: consider --optimizer {adaptive}, layer-wise adaptation (You et al. 2017, "
                 f"2019), and run recommend again with it, so that lr-find measures its LR"
                 if adaptive
-                else f"<= {GOYAL_MAX_RATIO}x: {cfg.optimizer} with scaling and warmup suffices (Goyal et al. 2017)"
+                else f"<= {GOYAL_MAX_RATIO}x: {optimizer} with scaling and warmup suffices (Goyal et al. 2017)"
             ),
         },
-        # The LR found is the largest that trains stably; held constant it keeps the late epochs noisy.
-        # Measured (docs/batch-size.md): cifar10-cnn at global batch 222 plateaued at 53-58 % over
-        # 20 constant-LR epochs and reached 62 % in 10 with cosine decay.
-        "schedule": {
-            "value": schedule or "cosine",
-            "source": "--schedule as given"
-            if schedule
-            else "cosine decay to zero after the warmup (SGDR, Loshchilov & Hutter 2017): the found LR is the "
-            "largest that trains stably, and decaying it lets the last epochs converge",
-        },
-        "notes": notes,
-        "measurements": {
-            "find_batch": str(out / find_batch_module.RESULT_FILE),
-            "noise_scale": str(out / noise_scale_module.RESULT_FILE),
-            "lr_find": str(out / lr_find_module.RESULT_FILE),
-        },
     }
-    result["command"] = train_command(train, result)
-    write_result(out / RESULT_FILE, result)
-    return result
+
+
+def _schedule_field(schedule: str | None) -> dict[str, Any]:
+    # The LR found is the largest that trains stably; held constant it keeps the late epochs noisy.
+    # Measured (docs/batch-size.md): cifar10-cnn at global batch 222 plateaued at 53-58 % over
+    # 20 constant-LR epochs and reached 62 % in 10 with cosine decay.
+    return {
+        "value": schedule or "cosine",
+        "source": "--schedule as given"
+        if schedule
+        else "cosine decay to zero after the warmup (SGDR, Loshchilov & Hutter 2017): the found LR is the "
+        "largest that trains stably, and decaying it lets the last epochs converge",
+    }
 
 
 def samples_per_s_at(probes: list[dict[str, Any]]) -> Callable[[int], float]:
