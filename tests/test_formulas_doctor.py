@@ -1203,3 +1203,41 @@ def test_the_worker_pause_summary_by_hand():
     assert out["inline_load_s"] == pytest.approx(0.005)
     # no pause at all: no such fields
     assert "paused_steps" not in rank_record(0, [step(n, 0.02) for n in range(1, 31)])
+
+
+def test_a_contended_runs_time_findings_are_not_marked_high(tmp_path):
+    """The same 30 % exposed all-reduce is high on a quiet machine and medium when other work took the
+    run's cores (then the contention finding comes first); oversubscription, the run's own fault, stays high."""
+    from paratrain.doctor import diagnose
+
+    # a 100 ms step of which 50 ms is the all-reduce: k=8 micro-steps take 8 x 50 + 50 = 450 ms against 800
+    comm = [{"phases_s": {"forward": 0.02, "backward": 0.03, "comm": 0.05}}] * 2
+    quiet = probed_run(tmp_path / "quiet", comm)
+    busy = probed_run(tmp_path / "busy", comm)
+    summary = json.loads((busy / "summary.json").read_text())
+    summary["machine_load"] = {
+        "cores": 2,
+        "wall_s": 10.0,
+        "run_cpu_s": 14.0,
+        "other_cpu_s": 6.0,
+        "steal_s": 0.0,
+        "other_fraction": 0.3,
+        "contended": True,
+    }
+    (busy / "summary.json").write_text(json.dumps(summary))
+
+    def severities(run):
+        return {f["check"]: f["severity"] for f in diagnose(run)["findings"]}
+
+    assert severities(quiet)["exposed_communication"] == "high"
+    found = diagnose(busy)["findings"]
+    assert found[0]["check"] == "contended"
+    assert severities(busy)["exposed_communication"] == "medium"
+    assert {f["check"]: f["saving"] for f in found}["exposed_communication"] == pytest.approx(1 - 0.45 / 0.8)
+    from paratrain.doctor import tempered
+    from paratrain.doctor.finding import Finding
+
+    kept = tempered(
+        [Finding("contended", "", "", "", "", "", None), Finding("oversubscription", "", "", "", "", "", 0.5)]
+    )
+    assert [f.severity for f in kept] == ["advice", "high"]

@@ -11,6 +11,7 @@ and models, docs/doctor.md explains them).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,7 @@ def diagnose(path: Path) -> dict[str, Any]:
     elif (path / SWEEP_FILE).is_file():
         kind, findings = "sweep", _sweep_findings(path)
     elif RunDir(path).is_run():
-        kind, findings = "run", diagnose_run(read_run(path))
+        kind, findings = "run", tempered(diagnose_run(read_run(path)))
     else:
         raise UsageError(
             f"{path} is not a paratrain run (config.json), scaling study (scaling.json) or sweep "
@@ -94,6 +95,18 @@ EXACT_FIRST = ("no_sync_missing", "find_unused_parameters")
 # to the script or its flags removes them, and the next run may not meet them, so they come after the
 # run's own findings, whatever their saving.
 MACHINE_CAUSES = ("slow_rank",)
+
+
+def tempered(findings: Sequence[Finding]) -> list[Finding]:
+    """Timings taken while other work held the run's cores overstate waiting (a descheduled rank makes
+    its peers wait in the all-reduce, a busy core slows the loader): when the contention finding is
+    among them, no finding read from those timings is marked high. The contention finding, ranked
+    first, says to measure again on a quiet machine; the run's own misconfigurations keep theirs."""
+    if not any(f.check == "contended" for f in findings):
+        return list(findings)
+    return [
+        replace(f, severity="medium") if f.severity == "high" and f.check not in ROOT_CAUSES else f for f in findings
+    ]
 
 
 def rank(findings: Sequence[Finding]) -> list[Finding]:
