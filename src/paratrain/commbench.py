@@ -83,12 +83,6 @@ def message_sizes(smallest: int, largest: int) -> list[int]:
 
 def run_commbench(cfg: CommbenchConfig) -> dict[str, Any]:
     """Measure, fit, write the JSON file; returns what was written (with `path`)."""
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    from paratrain.launch.local import last_line, quiet_elastic_logs, scoped_environ, thread_env
-
     cuda = resolve_device(cfg.device)
     backend = resolve_backend(cfg.backend, cuda)
     if cuda:
@@ -108,56 +102,8 @@ def run_commbench(cfg: CommbenchConfig) -> dict[str, Any]:
     sizes = message_sizes(parse_size(cfg.min_size), parse_size(cfg.max_size))
     # The shared-memory average is DDP's path only between CPU ranks that own their cores.
     with_shm = not cuda and cpu_sets is not None
-    quiet_elastic_logs()
-    # The agent's per-rank files go to a directory removed afterwards, never left in /tmp.
-    with tempfile.TemporaryDirectory(prefix="paratrain-commbench-") as logs, scoped_environ(thread_env(threads)):
-        launch = LaunchConfig(
-            min_nodes=1,
-            max_nodes=1,
-            nproc_per_node=cfg.workers,
-            run_id=str(uuid.uuid4()),
-            rdzv_backend="c10d",
-            rdzv_endpoint="localhost:0",
-            max_restarts=0,
-            monitor_interval=0.1,
-            start_method="spawn",
-            logs_specs=DefaultLogsSpecs(log_dir=logs),
-        )
-        try:
-            results = elastic_launch(launch, _bench_rank)(placement.to_dict(), sizes, cfg.seconds_per_size, with_shm)
-        except ChildFailedError as exc:
-            rank, failure = min(exc.failures.items())
-            message = failure.message.get("message", "") if isinstance(failure.message, dict) else str(failure.message)
-            reason = last_line(message) or f"exit code {failure.exitcode}"
-            raise RunFailed(f"commbench: rank {rank} failed: {reason}; nothing was saved") from None
-    timings: dict[tuple[str, str], list[tuple[int, float, float]]] = results[0]
-    collectives = []
-    for (op, path), measured in timings.items():
-        points = [(n, typical) for n, typical, _ in measured]
-        line, fit = fit_alpha_beta(points), fit_regimes(points)
-        collectives.append(
-            {
-                "op": op,
-                "path": path,
-                "alpha_s": line["alpha_s"],
-                "beta_bytes_per_s": line["beta_bytes_per_s"],
-                "line_max_error": _largest(line["errors"]),
-                "regimes": fit["regimes"],
-                "max_error": _largest(fit["errors"]),
-                "points": [
-                    {
-                        "bytes": n,
-                        "seconds": t,
-                        "mean_seconds": mean,
-                        "algbw_bytes_per_s": n / t,
-                        "busbw_bytes_per_s": n / t * BUS_FACTOR[op](cfg.workers),
-                        "fit_seconds": f,
-                        "error": e,
-                    }
-                    for (n, t, mean), f, e in zip(measured, fit["fitted"], fit["errors"])
-                ],
-            }
-        )
+    timings = _measure(cfg.workers, placement, sizes, cfg.seconds_per_size, with_shm)
+    collectives = [_fitted(op, path, measured, cfg.workers) for (op, path), measured in timings.items()]
     training_path = "shm" if with_shm else backend
     allreduce = next(c for c in collectives if c["op"] == "all_reduce" and c["path"] == training_path)
     result = {
@@ -186,6 +132,73 @@ def run_commbench(cfg: CommbenchConfig) -> dict[str, Any]:
     }
     write_json(out, result)
     return {**result, "path": str(out)}
+
+
+def _measure(
+    workers: int, placement: Placement, sizes: list[int], seconds: float, with_shm: bool
+) -> dict[tuple[str, str], list[tuple[int, float, float]]]:
+    """Every collective timed at every size on `workers` ranks started by the elastic launcher:
+    rank 0's (bytes, typical seconds, mean seconds) per (collective, path)."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    from paratrain.launch.local import last_line, quiet_elastic_logs, scoped_environ, thread_env
+
+    quiet_elastic_logs()
+    # The agent's per-rank files go to a directory removed afterwards, never left in /tmp.
+    with (
+        tempfile.TemporaryDirectory(prefix="paratrain-commbench-") as logs,
+        scoped_environ(thread_env(placement.threads_per_worker)),
+    ):
+        launch = LaunchConfig(
+            min_nodes=1,
+            max_nodes=1,
+            nproc_per_node=workers,
+            run_id=str(uuid.uuid4()),
+            rdzv_backend="c10d",
+            rdzv_endpoint="localhost:0",
+            max_restarts=0,
+            monitor_interval=0.1,
+            start_method="spawn",
+            logs_specs=DefaultLogsSpecs(log_dir=logs),
+        )
+        try:
+            results = elastic_launch(launch, _bench_rank)(placement.to_dict(), sizes, seconds, with_shm)
+        except ChildFailedError as exc:
+            rank, failure = min(exc.failures.items())
+            message = failure.message.get("message", "") if isinstance(failure.message, dict) else str(failure.message)
+            reason = last_line(message) or f"exit code {failure.exitcode}"
+            raise RunFailed(f"commbench: rank {rank} failed: {reason}; nothing was saved") from None
+    return results[0]
+
+
+def _fitted(op: str, path: str, measured: list[tuple[int, float, float]], ranks: int) -> dict[str, Any]:
+    """One collective's entry: its straight alpha-beta line, its regimes, and every size measured
+    (typical and mean seconds, algorithm and bus bandwidth, the fit and its error)."""
+    points = [(n, typical) for n, typical, _ in measured]
+    line, fit = fit_alpha_beta(points), fit_regimes(points)
+    return {
+        "op": op,
+        "path": path,
+        "alpha_s": line["alpha_s"],
+        "beta_bytes_per_s": line["beta_bytes_per_s"],
+        "line_max_error": _largest(line["errors"]),
+        "regimes": fit["regimes"],
+        "max_error": _largest(fit["errors"]),
+        "points": [
+            {
+                "bytes": n,
+                "seconds": t,
+                "mean_seconds": mean,
+                "algbw_bytes_per_s": n / t,
+                "busbw_bytes_per_s": n / t * BUS_FACTOR[op](ranks),
+                "fit_seconds": f,
+                "error": e,
+            }
+            for (n, t, mean), f, e in zip(measured, fit["fitted"], fit["errors"])
+        ],
+    }
 
 
 def _bench_rank(placement: dict[str, Any], sizes: list[int], seconds: float, with_shm: bool) -> dict:

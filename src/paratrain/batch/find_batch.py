@@ -119,19 +119,7 @@ def find_batch(
 
     base = run_config(train)
     on_cpu = plan_placement(base).device_type == "cpu"
-    limit, limit_source = base.memory_limit, "--memory-limit"
-    if on_cpu and limit is None:
-        import psutil
-
-        limit = f"{psutil.virtual_memory().available // base.workers // 2**20}M"
-        limit_source = f"the memory available when the search started, split over {base.workers} worker(s)"
-    if on_cpu:
-        needed = model_state_bytes(base)
-        if run_config(train, memory_limit=limit).memory_limit_bytes < needed:
-            raise UsageError(
-                f"--memory-limit {limit} is below the model's own state ({needed / 2**20:,.0f} MiB of parameters, "
-                f"gradients and {base.optimizer} state): no batch can fit; raise --memory-limit"
-            )
+    limit, limit_source = _memory_limit(train, base, on_cpu)
     samples = train_samples(base)
     cap = samples // (base.data_parallel_size * base.grad_accum)
     if max_batch is not None:
@@ -166,7 +154,6 @@ def find_batch(
         shutil.rmtree(scratch, ignore_errors=True)
         raise
     shutil.rmtree(scratch, ignore_errors=True)
-    fitted = sorted((p["batch"], p["samples_per_s"]) for p in probes.values() if p["fits"])
     result = {
         "train": json.loads(json.dumps(train, default=str)),
         "device": "cpu" if on_cpu else "cuda",
@@ -175,6 +162,39 @@ def find_batch(
         "memory_limit": limit if on_cpu else None,
         "memory_limit_source": limit_source if on_cpu else None,
         "probe_steps": probe_steps,
+        **_outcome(probes, largest, failed, max_batch, margin, knee_within),
+    }
+    write_result(Path(out) / RESULT_FILE, result)
+    return result
+
+
+def _memory_limit(train: dict[str, Any], base: TrainConfig, on_cpu: bool) -> tuple[str | None, str]:
+    """The limit the probes run under and where it came from: --memory-limit, or on CPU what the
+    machine had available, split over the workers. Refused when the model's own state does not fit it."""
+    limit, source = base.memory_limit, "--memory-limit"
+    if not on_cpu:
+        return limit, source
+    if limit is None:
+        import psutil
+
+        limit = f"{psutil.virtual_memory().available // base.workers // 2**20}M"
+        source = f"the memory available when the search started, split over {base.workers} worker(s)"
+    needed = model_state_bytes(base)
+    if run_config(train, memory_limit=limit).memory_limit_bytes < needed:
+        raise UsageError(
+            f"--memory-limit {limit} is below the model's own state ({needed / 2**20:,.0f} MiB of parameters, "
+            f"gradients and {base.optimizer} state): no batch can fit; raise --memory-limit"
+        )
+    return limit, source
+
+
+def _outcome(
+    probes: dict[int, Probe], largest: int, failed: int | None, max_batch: int | None, margin: float, knee_within: float
+) -> dict[str, Any]:
+    """find_batch.json's findings from the probes: the largest batch that fitted and why the search
+    stopped there, the batch to use (less the margin when memory stopped it), the knee."""
+    fitted = sorted((p["batch"], p["samples_per_s"]) for p in probes.values() if p["fits"])
+    return {
         "margin": margin,
         "knee_within": knee_within,
         "max_batch": largest,
@@ -187,8 +207,6 @@ def find_batch(
         "best_samples_per_s": max(rate for _, rate in fitted),
         "probes": sorted(probes.values(), key=lambda p: p["batch"]),
     }
-    write_result(Path(out) / RESULT_FILE, result)
-    return result
 
 
 def _probe(values: dict[str, Any], steps: int, run_dir: Path, on_cpu: bool) -> Probe:

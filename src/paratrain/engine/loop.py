@@ -259,21 +259,7 @@ class Trainer:
         )
         self.micro_steps = len(self.batches)
         self.steps_per_epoch = -(-self.micro_steps // cfg.grad_accum)
-        self.schedule = LRSchedule(
-            base_lr=cfg.lr,
-            peak_lr=scaled_lr(cfg.lr, cfg.global_batch_size, cfg.reference_batch_size, cfg.lr_scaling),
-            steps_per_epoch=self.steps_per_epoch,
-            epochs=cfg.epochs,
-            warmup_epochs=cfg.warmup_epochs,
-            schedule=cfg.schedule,
-            step_size=cfg.lr_step_size,
-            gamma=cfg.lr_gamma,
-            decay_rate=cfg.lr_decay_rate,
-            power=cfg.lr_power,
-            min_lr=cfg.min_lr,
-            end_lr=cfg.lr_end,
-            max_steps=cfg.max_steps,
-        )
+        self.schedule = lr_schedule(cfg, self.steps_per_epoch)
         self.grad_noise = (
             GradNoiseRecorder(
                 cfg, ctx.rank, cfg.data_parallel_size, run.path, self.strategy.bucket_norms, self.strategy.allreduce
@@ -300,15 +286,18 @@ class Trainer:
         if cfg.resume or restartable:
             self._restore()
         self.memory = MemoryMeter(self.state.step, self.steps_per_epoch * cfg.epochs)
-        # Rank 0 records events: metrics.jsonl always, TensorBoard when asked.
-        self.sinks: list[Any] = []
-        if ctx.is_main:
-            rewind = cfg.resume or self.restarts > 0
-            self.sinks.append(MetricsWriter(run.metrics, keep_until_step=self.state.step if rewind else None))
-            if cfg.tensorboard is not None:
-                from paratrain.runs.tensorboard import TensorBoardSink
+        self.sinks = self._sinks() if ctx.is_main else []
 
-                self.sinks.append(TensorBoardSink(cfg.tensorboard))
+    def _sinks(self) -> list[Any]:
+        """Where rank 0 records events: metrics.jsonl always (a resumed or restarted run's rewound to
+        its checkpoint's step), TensorBoard when asked."""
+        rewind = self.cfg.resume or self.restarts > 0
+        sinks: list[Any] = [MetricsWriter(self.run.metrics, keep_until_step=self.state.step if rewind else None)]
+        if self.cfg.tensorboard is not None:
+            from paratrain.runs.tensorboard import TensorBoardSink
+
+            sinks.append(TensorBoardSink(self.cfg.tensorboard))
+        return sinks
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -735,6 +724,26 @@ class Trainer:
             **({"grad_noise": self.grad_noise.summary()} if self.grad_noise is not None else {}),
             **strategy_fields,
         }
+
+
+def lr_schedule(cfg: TrainConfig, steps_per_epoch: int) -> LRSchedule:
+    """The run's LR at every step: --lr scaled to the global batch by --lr-scaling, warmed up, then
+    the --schedule with its parameters."""
+    return LRSchedule(
+        base_lr=cfg.lr,
+        peak_lr=scaled_lr(cfg.lr, cfg.global_batch_size, cfg.reference_batch_size, cfg.lr_scaling),
+        steps_per_epoch=steps_per_epoch,
+        epochs=cfg.epochs,
+        warmup_epochs=cfg.warmup_epochs,
+        schedule=cfg.schedule,
+        step_size=cfg.lr_step_size,
+        gamma=cfg.lr_gamma,
+        decay_rate=cfg.lr_decay_rate,
+        power=cfg.lr_power,
+        min_lr=cfg.min_lr,
+        end_lr=cfg.lr_end,
+        max_steps=cfg.max_steps,
+    )
 
 
 def model_flops_per_sample(

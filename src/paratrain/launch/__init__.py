@@ -125,25 +125,8 @@ def _launch(
             "wall_time_s": time.perf_counter() - command_started,
         }
     (run.path / "logs").mkdir(parents=True, exist_ok=True)
-    resolved = {
-        **cfg.model_dump(mode="json"),
-        "resolved": {
-            "strategy": cfg.strategy_name,
-            "global_batch_size": cfg.global_batch_size,
-            "reference_batch_size": cfg.reference_batch_size,
-            "backend": placement.backend,
-            "device": placement.device_type,
-            "threads_per_worker": placement.threads_per_worker,
-            "cpu_sets": placement.cpu_sets,
-            "identity": cfg.identity(),
-            "train_samples": len(data.train),
-            "test_samples": len(data.test),
-            "val_samples": len(data.val) if data.val is not None else 0,
-            **({"data": data.info} if data.info else {}),
-        },
-    }
     if not cfg.resume:
-        write_json(run.config, resolved)
+        write_json(run.config, _resolved_config(cfg, placement, data))
 
     load = LoadMeter(placement.cpu_sets)  # what else ran on the run's cores meanwhile
     started = time.perf_counter()
@@ -187,6 +170,28 @@ def _launch(
         summary.update(exported)
         write_json(run.summary, checked_summary(summary))
     return summary
+
+
+def _resolved_config(cfg: TrainConfig, placement: Placement, data: Any) -> dict[str, Any]:
+    """config.json: every TrainConfig field as given, and `resolved`, what the launcher decided
+    (strategy, batch, backend, device, threads and cores per rank, sample counts, the identity)."""
+    return {
+        **cfg.model_dump(mode="json"),
+        "resolved": {
+            "strategy": cfg.strategy_name,
+            "global_batch_size": cfg.global_batch_size,
+            "reference_batch_size": cfg.reference_batch_size,
+            "backend": placement.backend,
+            "device": placement.device_type,
+            "threads_per_worker": placement.threads_per_worker,
+            "cpu_sets": placement.cpu_sets,
+            "identity": cfg.identity(),
+            "train_samples": len(data.train),
+            "test_samples": len(data.test),
+            "val_samples": len(data.val) if data.val is not None else 0,
+            **({"data": data.info} if data.info else {}),
+        },
+    }
 
 
 def _default_run_dir(cfg: TrainConfig) -> Path:
