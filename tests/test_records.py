@@ -112,3 +112,26 @@ def test_a_real_runs_summary_reads_as_a_record(tmp_path):
     typed = set(written) & set(Summary.model_fields)
     assert typed == set(written), set(written) - typed  # nothing the engine writes goes untyped
     assert summary["samples_per_s"] == record.samples_per_s
+
+
+def test_every_scaling_row_field_is_documented_and_every_documented_key_is_a_field():
+    from paratrain.runs.records import ScalingRow
+
+    text = (DOCS.parent / "scaling.md").read_text()
+    section = text[text.index("`DIR/scaling.json`") : text.index("Plots: `epoch_time.png`")]
+    keys: set[str] = set()
+    for line in section.splitlines():
+        if line.startswith("| `"):
+            keys.update(re.findall(r"`([a-z_]+)`", line.split("|")[1]))
+    assert keys == set(ScalingRow.model_fields)
+
+
+def test_a_scaling_row_of_the_wrong_shape_is_refused_where_it_is_written():
+    from paratrain.runs.records import checked_rows
+
+    row = {"workload": "m", "workers": 2, "samples_per_s": 10.0, "speedup": 1.8, "efficiency": 0.9}
+    assert checked_rows([row]) == [row]
+    with pytest.raises(ValueError):
+        checked_rows([{**row, "point": "reference"}])  # the reference row's kind is all_cores_reference
+    with pytest.raises(ValueError):
+        checked_rows([{k: v for k, v in row.items() if k != "speedup"}])

@@ -177,3 +177,45 @@ def read_summary_record(data: dict[str, Any], where: str) -> Summary:
         error = exc.errors()[0]
         field = ".".join(str(part) for part in error["loc"])
         raise UsageError(f"{where} is not a paratrain summary: {field}: {error['msg']}") from None
+
+
+class ScalingRow(Record):
+    """One row of scaling.json: a (workload, worker count) point over its repeats, or, on CPU, the
+    one-process-on-all-cores reference of a workload (`point` says which)."""
+
+    workload: str
+    strategy: str | None = None
+    workers: int
+    threads_per_worker: int | None = None
+    point: Literal["scaling", "all_cores_reference"] = "scaling"
+    global_batch_size: int | None = None
+    batch_size: int | None = None
+    lr: float | None = None
+    epoch_time_s: float | None = None
+    epoch_time_s_range: list[float] | None = None
+    samples_per_s: float
+    samples_per_s_range: list[float] | None = None
+    tokens_per_s: float | None = None
+    mfu: float | None = None
+    speedup_basis: Literal["epoch_time_s", "samples_per_s"] | None = None
+    speedup: float
+    speedup_range: list[float] | None = None
+    efficiency: float
+    speedup_vs_all_cores: float | None = None
+    speedup_vs_all_cores_range: list[float] | None = None
+    val_accuracy: float | None = None
+    val_split: str | None = None
+    repeats: int | None = None
+    repeat_spread: float | None = None
+    contended_runs: int | None = None
+    flags: list[str] = []
+    run_dir: str | None = None
+    run_dirs: list[str] | None = None
+    breakdown: dict[str, float] | None = None
+
+
+def checked_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """scaling.json's rows as they are, once each reads as a ScalingRow: what scale writes passes here."""
+    for row in rows:
+        ScalingRow.model_validate(row)
+    return rows

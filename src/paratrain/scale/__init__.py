@@ -42,7 +42,7 @@ from paratrain.launch.load import CONTENDED_ABOVE
 from paratrain.launch.placement import available_cores, resolve_device
 from paratrain.runs import SCALING_FILE, RunDir, steady_epoch_time, write_json
 from paratrain.runs.lock import run_dir_entries, run_dir_lock
-from paratrain.runs.records import Summary
+from paratrain.runs.records import Summary, checked_rows
 
 # Repeats whose samples/s differ by more than this ratio (fastest / slowest) are flagged: on a quiet
 # machine repeats of these workloads agree within a few per cent.
@@ -259,7 +259,7 @@ def study_result(study: ScaleConfig, runs: list[RunDir]) -> dict[str, Any]:
             "includes_startup": "a run had a single epoch, so its time and samples/s include start-up",
         },
         **({"strategy": study.strategy} if study.strategy else {}),
-        "rows": scaling_rows(runs, study.strategy),
+        "rows": checked_rows(scaling_rows(runs, study.strategy)),
     }
 
 
