@@ -23,7 +23,15 @@ def _actions(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
 
 
 def _flag_commands() -> dict[str, type]:
-    return {name: getattr(paratrain.config, c.config) for name, c in COMMANDS.items() if c.config}
+    """Each command's config model; slurm's flags are its target's and SlurmConfig's, parsed from its options."""
+    return {name: getattr(paratrain.config, c.config) for name, c in COMMANDS.items() if name != "slurm"}
+
+
+def test_every_command_has_its_help_from_its_config():
+    parsers = build_parser().commands
+    for name, c in COMMANDS.items():
+        text = getattr(paratrain.config, c.config).command_text
+        assert text.help and parsers[name].description == (text.description or None), name
 
 
 def test_every_field_of_every_command_is_a_flag_with_its_description():

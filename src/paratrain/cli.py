@@ -158,13 +158,13 @@ def config_values(model: Any, given: dict[str, Any]) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Command:
+    """A subcommand: its config model (whose `command_text` gives its help), the function that runs
+    it from the validated config and prints, and the help of its --json when it has one."""
+
     name: str
     config: str  # the config model's name in paratrain.config
-    help: str
     run: Callable[[Any, argparse.Namespace], int]  # the validated config and the CLI's own flags -> exit status
-    description: str = ""
-    epilog: str = ""
-    json: str = ""  # the help of its --json, when it prints its result as JSON on request
+    json: str = ""
 
 
 def _train(values: dict[str, Any], args: argparse.Namespace) -> int:
@@ -385,128 +385,26 @@ def _slurm(cfg: Any, args: argparse.Namespace) -> int:
 COMMANDS = {
     c.name: c
     for c in (
-        Command(
-            "train",
-            "TrainConfig",
-            "train one workload on N workers and write a run directory",
-            _train,
-            "Train one workload on N workers (ranks) and write a run directory "
-            "(config.json, metrics.jsonl, summary.json, logs/).",
-            json="print the summary as JSON on stdout",
-        ),
-        Command(
-            "scale",
-            "ScaleConfig",
-            "scaling study: the same job on 1, 2, 4, ... workers",
-            _scale,
-            "Run the same training job on several worker counts and report epoch time "
-            "(first epoch excluded), samples/s, speedup, efficiency and accuracy.",
-        ),
-        Command(
-            "sweep",
-            "SweepConfig",
-            "hyperparameter search, N trials at once (Optuna; Comet optimizer config format)",
-            _sweep,
-            "Run a hyperparameter search with N trials at once, each on its own cores/GPUs. CONFIG is a Comet "
-            "optimizer file (algorithm grid|random|bayes, parameters, spec). Trials run --script PATH (any program; "
-            "parameters as --name value, the metric back via paratrain.report() or its last stdout line) or a "
-            "built-in workload made from the train flags. Rerun the same command to resume.",
-            "example: paratrain sweep batch.json -j 2 --out runs/sweep --workload cifar10-cnn --epochs 3 "
-            "--lr-scaling none",
-        ),
-        Command(
-            "launch",
-            "LaunchConfig",
-            "run your own torchrun-style script on N ranks, pinned and monitored, into a run directory",
-            _launch,
-            "Run any torchrun-style script (it reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) on N local "
-            "ranks under PyTorch's elastic launcher, each rank on its own cores, with the monitor sampling CPU, "
-            "memory and GPUs into RUN_DIR/system.jsonl. Everything after the script's path goes to the script. "
-            "paratrain exits with the script's exit status. See docs/launch.md.",
-            "example: paratrain launch -n 2 --run-dir runs/mine train.py --epochs 3",
-        ),
-        Command("report", "ReportConfig", "one self-contained HTML page for a run, a study or several runs", _report),
-        Command("compare", "CompareConfig", "compare runs: final metrics, throughput, overlaid curves", _compare),
-        Command(
-            "doctor",
-            "DoctorConfig",
-            "why a run, study or sweep is slow, and what to change",
-            _doctor,
-            "Read a run, scaling study or sweep directory and print ranked findings: the evidence (numbers from the "
-            "run), the cause, the remedy (a command or code change) and the predicted gain. See docs/doctor.md.",
-            json="print the diagnosis as JSON (for tools)",
-        ),
-        Command(
-            "plan",
-            "PlanConfig",
-            "predict memory, step time and speedup of every strategy on 1 ... N devices, before you queue",
-            _plan,
-            "Measure the model here (FLOPs, parameters, activation bytes per sample, on the meta device: nothing is "
-            "trained), then predict per-device memory and step time for ddp, zero1, fsdp, pipeline and hybrid on "
-            "1 ... N devices of a table of accelerators (or this machine's cores), which strategies fit, and one "
-            "recommendation with its reason. See docs/planner.md.",
-            "example: paratrain plan --workload gpt-medium --device a100 --precision bf16 --nodes 8 --gpus-per-node 8",
-            json="print the plan as JSON (the same numbers as the table)",
-        ),
-        Command("workloads", "WorkloadsConfig", "list the named workloads and models", _workloads),
-        Command(
-            "download-cifar10", "DownloadConfig", "download the canonical CIFAR-10 archive (needs internet)", _download
-        ),
-        Command(
-            "slurm",
-            "",
-            "sbatch scripts for a run, each point of a scaling study, or a sweep on a SLURM cluster",
-            _slurm,
-            "Write the sbatch scripts of `paratrain train|scale|sweep` with these flags: one job per run or study "
-            "point (--gres, --ntasks-per-node, --cpus-per-task and srun line from its ranks), and for a study a last "
-            "job that collects the points into OUT (paratrain report OUT). --submit submits them. `paratrain slurm "
-            "scale --help` lists both the study's flags and the SLURM flags. See docs/cluster.md.",
-            "example: paratrain slurm scale --workers 1,2,4 --workload cifar10-resnet50v2 --gpus-per-node 4 "
-            "--time 00:30:00 --partition gpu --setup 'module load python' --out study",
-        ),
-        Command("cache", "CacheConfig", "list the decoded-dataset cache with sizes, or clear it", _cache),
-        Command(
-            "commbench",
-            "CommbenchConfig",
-            "collective latency and bandwidth on N local ranks, fitted to latency + bytes/bandwidth",
-            _commbench,
-            "Time all-reduce, broadcast, all-gather and reduce-scatter on the backend (and the shared-memory "
-            "average of CPU ranks) from --min-size to --max-size, fit t = alpha + bytes/beta to each, and save the "
-            "JSON (paratrain plan --interconnect FILE reads it). See docs/synchronisation.md.",
-            "example: paratrain commbench --workers 2 --out commbench.json",
-        ),
-        Command(
-            "find-batch",
-            "FindBatchConfig",
-            "the largest per-worker batch that fits (probe runs, doubling then bisection) and the throughput knee",
-            _find_batch,
-            epilog="example: paratrain find-batch --workload cifar10-cnn --memory-limit 2G --out batch",
-        ),
-        Command(
-            "noise-scale",
-            "NoiseScaleConfig",
-            "the gradient noise scale B_simple, which predicts the critical batch, measured during a short run",
-            _noise_scale,
-            epilog="example: paratrain noise-scale --workers 2 --batch-size 32 --steps 200 --out batch",
-        ),
-        Command(
-            "lr-find",
-            "LRFindConfig",
-            "the LR range test: an exponential LR sweep and the LR it suggests",
-            _lr_find,
-            epilog="example: paratrain lr-find --batch-size 32 --out batch",
-        ),
-        Command(
-            "recommend",
-            "RecommendConfig",
-            "batch per worker and in all, LR and its scaling, warmup, schedule and optimizer for N workers, from "
-            "find-batch, noise-scale and lr-find",
-            _recommend,
-            epilog="example: paratrain recommend --workers 2 --epochs 10 --out batch --apply",
-        ),
+        Command("train", "TrainConfig", _train, json="print the summary as JSON on stdout"),
+        Command("scale", "ScaleConfig", _scale),
+        Command("sweep", "SweepConfig", _sweep),
+        Command("launch", "LaunchConfig", _launch),
+        Command("report", "ReportConfig", _report),
+        Command("compare", "CompareConfig", _compare),
+        Command("doctor", "DoctorConfig", _doctor, json="print the diagnosis as JSON (for tools)"),
+        Command("plan", "PlanConfig", _plan, json="print the plan as JSON (the same numbers as the table)"),
+        Command("workloads", "WorkloadsConfig", _workloads),
+        Command("download-cifar10", "DownloadConfig", _download),
+        # its flags are its target's and SlurmConfig's, parsed from its options (_slurm)
+        Command("slurm", "SlurmConfig", _slurm),
+        Command("cache", "CacheConfig", _cache),
+        Command("commbench", "CommbenchConfig", _commbench),
+        Command("find-batch", "FindBatchConfig", _find_batch),
+        Command("noise-scale", "NoiseScaleConfig", _noise_scale),
+        Command("lr-find", "LRFindConfig", _lr_find),
+        Command("recommend", "RecommendConfig", _recommend),
     )
 }
-BATCH_COMMANDS = ("find-batch", "noise-scale", "lr-find", "recommend")
 
 
 def _model(name: str) -> Any:
@@ -516,11 +414,12 @@ def _model(name: str) -> Any:
 
 
 def _command_parser(commands: Any, command: Command) -> Parser:
-    description = command.description or (
-        f"Measure {command.help}. See docs/batch-size.md." if command.name in BATCH_COMMANDS else None
-    )
+    text = _model(command.config).command_text
     parser = commands.add_parser(
-        command.name, help=command.help, description=description, epilog=command.epilog or None
+        command.name,
+        help=text.help,
+        description=text.description or None,
+        epilog=f"example: {text.example}" if text.example else None,
     )
     if command.name == "train":
         parser.add_argument("--config", dest="config_file", type=Path, help=CONFIG_HELP)

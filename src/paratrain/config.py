@@ -14,6 +14,7 @@ import hashlib
 import json
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -61,6 +62,16 @@ def comma_separated(value: Any) -> Any:
     return value
 
 
+@dataclass(frozen=True)
+class CommandText:
+    """A command's words on the command line: its one-line help (in `paratrain --help`), the
+    description atop its own --help, and an example command line."""
+
+    help: str
+    description: str = ""
+    example: str = ""
+
+
 # Train flags that only a run across nodes takes; a study's and a sweep's runs are on this machine.
 ACROSS_NODES = ("nodes", "node_rank", "rdzv", "rdzv_backend", "rdzv_timeout")
 # Train flags that find-batch, noise-scale, lr-find and recommend set themselves on the runs they start.
@@ -96,6 +107,11 @@ class TrainConfig(BaseModel):
     """Everything `paratrain train` needs; `paratrain.train(TrainConfig(...))` takes the same."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    command_text: ClassVar[CommandText] = CommandText(
+        help="train one workload on N workers and write a run directory",
+        description="Train one workload on N workers (ranks) and write a run directory (config.json, metrics.jsonl, "
+        "summary.json, logs/).",
+    )
     # Sections of `paratrain train --help`, each starting at the named field.
     flag_sections: ClassVar[dict[str, str]] = {
         "workload": "what to train",
@@ -849,6 +865,11 @@ class ScaleConfig(BaseModel):
     """`paratrain scale`: the same training job on several worker counts."""
 
     model_config = ConfigDict(extra="forbid")
+    command_text: ClassVar[CommandText] = CommandText(
+        help="scaling study: the same job on 1, 2, 4, ... workers",
+        description="Run the same training job on several worker counts and report epoch time (first epoch "
+        "excluded), samples/s, speedup, efficiency and accuracy.",
+    )
     train_flags_left_out: ClassVar[tuple[str, ...]] = ("run_dir", *ACROSS_NODES)
 
     workers: list[int] = Field(description="worker counts to run, e.g. 1,2,4")
@@ -940,6 +961,14 @@ class PlanConfig(BaseModel):
     """`paratrain plan`: the performance and memory model of a model on 1 ... N devices (plan/)."""
 
     model_config = ConfigDict(extra="forbid")
+    command_text: ClassVar[CommandText] = CommandText(
+        help="predict memory, step time and speedup of every strategy on 1 ... N devices, before you queue",
+        description="Measure the model here (FLOPs, parameters, activation bytes per sample, on the meta device: "
+        "nothing is trained), then predict per-device memory and step time for ddp, zero1, fsdp, "
+        "pipeline and hybrid on 1 ... N devices of a table of accelerators (or this machine's cores), "
+        "which strategies fit, and one recommendation with its reason. See docs/planner.md.",
+        example="paratrain plan --workload gpt-medium --device a100 --precision bf16 --nodes 8 --gpus-per-node 8",
+    )
 
     workload: str | None = Field(None, description="named workload whose model is planned; see `paratrain workloads`")
     model: str | None = Field(None, description="the model instead: a registered name or pkg.module:factory")
@@ -1023,6 +1052,14 @@ class LaunchConfig(BaseModel):
     """`paratrain launch`: any torchrun-style script on N local ranks, into a run directory."""
 
     model_config = ConfigDict(extra="forbid")
+    command_text: ClassVar[CommandText] = CommandText(
+        help="run your own torchrun-style script on N ranks, pinned and monitored, into a run directory",
+        description="Run any torchrun-style script (it reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) on N "
+        "local ranks under PyTorch's elastic launcher, each rank on its own cores, with the monitor "
+        "sampling CPU, memory and GPUs into RUN_DIR/system.jsonl. Everything after the script's path "
+        "goes to the script. paratrain exits with the script's exit status. See docs/launch.md.",
+        example="paratrain launch -n 2 --run-dir runs/mine train.py --epochs 3",
+    )
 
     script: Path = Field(
         description="the program every rank runs: a .py file (run with this Python) or an executable",
@@ -1055,6 +1092,14 @@ class SweepConfig(BaseModel):
     """`paratrain sweep`: a hyperparameter search, N trials at once (inter-model parallelism)."""
 
     model_config = ConfigDict(extra="forbid")
+    command_text: ClassVar[CommandText] = CommandText(
+        help="hyperparameter search, N trials at once (Optuna; Comet optimizer config format)",
+        description="Run a hyperparameter search with N trials at once, each on its own cores/GPUs. CONFIG is a "
+        "Comet optimizer file (algorithm grid|random|bayes, parameters, spec). Trials run --script PATH "
+        "(any program; parameters as --name value, the metric back via paratrain.report() or its last "
+        "stdout line) or a built-in workload made from the train flags. Rerun the same command to resume.",
+        example="paratrain sweep batch.json -j 2 --out runs/sweep --workload cifar10-cnn --epochs 3 --lr-scaling none",
+    )
     train_flags_left_out: ClassVar[tuple[str, ...]] = ("workers", "run_dir", "resume", *ACROSS_NODES)
 
     config: Path | None = Field(
@@ -1143,6 +1188,16 @@ class SlurmConfig(BaseModel):
     """`paratrain slurm`: sbatch scripts for a train run, each point of a scaling study, or a sweep."""
 
     model_config = ConfigDict(extra="forbid")
+    command_text: ClassVar[CommandText] = CommandText(
+        help="sbatch scripts for a run, each point of a scaling study, or a sweep on a SLURM cluster",
+        description="Write the sbatch scripts of `paratrain train|scale|sweep` with these flags: one job per run or "
+        "study point (--gres, --ntasks-per-node, --cpus-per-task and srun line from its ranks), and for "
+        "a study a last job that collects the points into OUT (paratrain report OUT). --submit submits "
+        "them. `paratrain slurm scale --help` lists both the study's flags and the SLURM flags. See "
+        "docs/cluster.md.",
+        example="paratrain slurm scale --workers 1,2,4 --workload cifar10-resnet50v2 --gpus-per-node 4 --time "
+        "00:30:00 --partition gpu --setup 'module load python' --out study",
+    )
 
     gpus_per_node: int = Field(
         ge=0, description="GPUs of one node a job may use (0: CPU nodes, one rank per --cpus-per-worker cores)"
@@ -1222,6 +1277,12 @@ class FindBatchConfig(BaseModel):
     """`paratrain find-batch`: the largest per-worker batch that fits, and the throughput knee."""
 
     model_config = ConfigDict(extra="forbid")
+    command_text: ClassVar[CommandText] = CommandText(
+        help="the largest per-worker batch that fits (probe runs, doubling then bisection) and the throughput knee",
+        description="Measure the largest per-worker batch that fits (probe runs, doubling then bisection) and the "
+        "throughput knee. See docs/batch-size.md.",
+        example="paratrain find-batch --workload cifar10-cnn --memory-limit 2G --out batch",
+    )
     train_flags_left_out: ClassVar[tuple[str, ...]] = (*BATCH_COMMAND_OWNED, *ACROSS_NODES)
 
     out: Path = Field(description="directory for find_batch.json (the probes' run directories are removed)")
@@ -1250,6 +1311,12 @@ class NoiseScaleConfig(BaseModel):
     """`paratrain noise-scale`: the gradient noise scale B_simple measured during a short run."""
 
     model_config = ConfigDict(extra="forbid")
+    command_text: ClassVar[CommandText] = CommandText(
+        help="the gradient noise scale B_simple, which predicts the critical batch, measured during a short run",
+        description="Measure the gradient noise scale B_simple, which predicts the critical batch, measured during a "
+        "short run. See docs/batch-size.md.",
+        example="paratrain noise-scale --workers 2 --batch-size 32 --steps 200 --out batch",
+    )
     train_flags_left_out: ClassVar[tuple[str, ...]] = (*BATCH_COMMAND_OWNED, *ACROSS_NODES)
 
     out: Path = Field(description="directory for noise_scale.json and the measured run (OUT/noise-scale-run)")
@@ -1267,6 +1334,12 @@ class LRFindConfig(BaseModel):
     """`paratrain lr-find`: the LR range test."""
 
     model_config = ConfigDict(extra="forbid")
+    command_text: ClassVar[CommandText] = CommandText(
+        help="the LR range test: an exponential LR sweep and the LR it suggests",
+        description="Measure the LR range test: an exponential LR sweep and the LR it suggests. See "
+        "docs/batch-size.md.",
+        example="paratrain lr-find --batch-size 32 --out batch",
+    )
     train_flags_left_out: ClassVar[tuple[str, ...]] = (*BATCH_COMMAND_OWNED, *ACROSS_NODES)
 
     out: Path = Field(description="directory for lr_find.json and the sweep's run (OUT/lr-find-run)")
@@ -1297,6 +1370,13 @@ class RecommendConfig(BaseModel):
     """`paratrain recommend`: per-worker batch, global batch, LR, warmup and optimizer for N workers."""
 
     model_config = ConfigDict(extra="forbid")
+    command_text: ClassVar[CommandText] = CommandText(
+        help="batch per worker and in all, LR and its scaling, warmup, schedule and optimizer for N workers, "
+        "from find-batch, noise-scale and lr-find",
+        description="Measure batch per worker and in all, LR and its scaling, warmup, schedule and optimizer for N "
+        "workers, from find-batch, noise-scale and lr-find. See docs/batch-size.md.",
+        example="paratrain recommend --workers 2 --epochs 10 --out batch --apply",
+    )
     # recommend takes a --schedule for the run it recommends (its measurements set their own).
     train_flags_left_out: ClassVar[tuple[str, ...]] = (
         *(f for f in BATCH_COMMAND_OWNED if f != "schedule"),
@@ -1329,6 +1409,13 @@ class CommbenchConfig(BaseModel):
     """`paratrain commbench`: collective latency and bandwidth on N local ranks, fitted to alpha-beta."""
 
     model_config = ConfigDict(extra="forbid")
+    command_text: ClassVar[CommandText] = CommandText(
+        help="collective latency and bandwidth on N local ranks, fitted to latency + bytes/bandwidth",
+        description="Time all-reduce, broadcast, all-gather and reduce-scatter on the backend (and the shared-memory "
+        "average of CPU ranks) from --min-size to --max-size, fit t = alpha + bytes/beta to each, and "
+        "save the JSON (paratrain plan --interconnect FILE reads it). See docs/synchronisation.md.",
+        example="paratrain commbench --workers 2 --out commbench.json",
+    )
 
     workers: int = Field(2, gt=1, description="ranks taking part (at least 2)")
     out: Path | None = Field(
@@ -1375,6 +1462,12 @@ class DoctorConfig(BaseModel):
     """`paratrain doctor`: why a run, study or sweep is slow, and what to change."""
 
     model_config = ConfigDict(extra="forbid")
+    command_text: ClassVar[CommandText] = CommandText(
+        help="why a run, study or sweep is slow, and what to change",
+        description="Read a run, scaling study or sweep directory and print ranked findings: the evidence (numbers "
+        "from the run), the cause, the remedy (a command or code change) and the predicted gain. See "
+        "docs/doctor.md.",
+    )
 
     path: Path = Field(
         description="a run directory (--run-dir), a scaling study's or a sweep's --out",
@@ -1399,6 +1492,9 @@ class ReportConfig(BaseModel):
     """`paratrain report`: one self-contained HTML page for a run, a study or several runs."""
 
     model_config = ConfigDict(extra="forbid")
+    command_text: ClassVar[CommandText] = CommandText(
+        help="one self-contained HTML page for a run, a study or several runs",
+    )
 
     paths: list[Path] = Field(description="run or study directories", json_schema_extra=cli(positional=True, nargs="+"))
     out: Path | None = Field(None, description="the HTML file (default: DIR/report.html, or comparison-report.html)")
@@ -1408,6 +1504,9 @@ class CompareConfig(BaseModel):
     """`paratrain compare`: final metrics, throughput and overlaid curves of two or more runs."""
 
     model_config = ConfigDict(extra="forbid")
+    command_text: ClassVar[CommandText] = CommandText(
+        help="compare runs: final metrics, throughput, overlaid curves",
+    )
 
     paths: list[Path] = Field(
         description="two or more run directories", json_schema_extra=cli(positional=True, nargs="+")
@@ -1425,6 +1524,9 @@ class CacheConfig(BaseModel):
     """`paratrain cache`: the decoded-dataset cache, listed with sizes or cleared."""
 
     model_config = ConfigDict(extra="forbid")
+    command_text: ClassVar[CommandText] = CommandText(
+        help="list the decoded-dataset cache with sizes, or clear it",
+    )
 
     clear: str | None = Field(
         None,
@@ -1438,6 +1540,9 @@ class DownloadConfig(BaseModel):
     """`paratrain download-cifar10`: the canonical CIFAR-10 archive (needs internet)."""
 
     model_config = ConfigDict(extra="forbid")
+    command_text: ClassVar[CommandText] = CommandText(
+        help="download the canonical CIFAR-10 archive (needs internet)",
+    )
 
     data_dir: Path = Field(
         description="directory to put cifar-10-python.tar.gz in", json_schema_extra=cli(positional=True)
@@ -1448,3 +1553,6 @@ class WorkloadsConfig(BaseModel):
     """`paratrain workloads`: the named workloads and models (no options)."""
 
     model_config = ConfigDict(extra="forbid")
+    command_text: ClassVar[CommandText] = CommandText(
+        help="list the named workloads and models",
+    )
