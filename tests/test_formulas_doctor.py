@@ -353,7 +353,7 @@ def test_severity_and_speedup_of_a_finding_follow_its_saving():
 
 
 def test_the_texts_numbers_ms_pct_and_speedup():
-    from paratrain.doctor.finding import ms, pct, speedup
+    from paratrain.formatting import ms, pct, speedup
 
     # below 100 ms one decimal; from 100 ms whole milliseconds with thousands separators
     assert [ms(0.09), ms(0.0999), ms(0.1), ms(1.5)] == ["90.0 ms", "99.9 ms", "100 ms", "1,500 ms"]
@@ -893,7 +893,7 @@ def one_finding_per_check(tmp_path):
 
 def test_every_finding_says_what_why_what_to_do_and_its_gain(tmp_path):
     from paratrain.doctor import script_checks as sc
-    from paratrain.doctor.finding import speedup
+    from paratrain.formatting import speedup
 
     seen = []
     for found in one_finding_per_check(tmp_path):

@@ -371,7 +371,7 @@ def test_builtin_workload_sweep_with_derived_lr(tmp_path):
         assert summary["lr"] == pytest.approx(0.01 * t["params"]["batch_size"] / 16)
         assert t["value"] == summary["val_accuracy"] and t["launch_overhead_s"] is not None
         assert list(t["intermediate"]) == ["0", "1"]
-    from paratrain.reporting.verdict import seconds
+    from paratrain.formatting import seconds
 
     with browser_page(out / "report.html") as page:
         assert page.evaluate("document.querySelectorAll('#trials tbody tr').length") == 2

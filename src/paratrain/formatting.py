@@ -1,10 +1,13 @@
-"""Numbers written as a person writes them, shared by the analysis modules and the reports.
+"""Numbers written as a person writes them: the one place for the terminal, the HTML pages, the
+doctor's findings and the planner's reasons alike.
 
-Below every layer that prints (plan's reasons, the reports, the CLI), so each of them can use it
-without importing another's module.
+Below every layer that prints (plan's reasons, the doctor, the reports, the CLI), so each of them
+can use it without importing another's module.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 def size(n: float) -> str:
@@ -13,3 +16,60 @@ def size(n: float) -> str:
         if n >= scale:
             return f"{n / scale:,.1f} {unit}" if n < 10 * scale else f"{n / scale:,.0f} {unit}"
     return f"{n / 2**10:,.0f} KiB"
+
+
+def seconds(value: float) -> str:
+    """A duration: 140 s, 2.35 s, 12.5 s, 40.0 ms."""
+    if value >= 100:
+        return f"{value:,.0f} s"
+    if value >= 0.1:
+        return f"{value:.2f} s" if value < 10 else f"{value:.1f} s"
+    return f"{value * 1e3:.1f} ms"
+
+
+def ms(value: float) -> str:
+    """Seconds in milliseconds: 3.2 ms, 140 ms."""
+    return f"{value * 1e3:.1f} ms" if value < 0.1 else f"{value * 1e3:,.0f} ms"
+
+
+def pct(fraction: float) -> str:
+    """A share: 35%, 0.4%."""
+    return f"{fraction:.0%}" if fraction >= 0.01 else f"{fraction:.1%}"
+
+
+def speedup(saving: float) -> str:
+    """A saved fraction of time as the speed-up it buys."""
+    return f"{1 / (1 - saving):.2f}x faster" if saving < 0.995 else "more than 100x faster"
+
+
+# Keys whose values are fractions, shown as percentages.
+_PERCENT_KEYS = ("accuracy", "mfu", "fraction")
+
+
+def human(key: str, value: Any) -> str:
+    """A value as a person writes it, guided by its key's name (accuracy as %, seconds, MiB, ...)."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(human(key, v) for v in value) if value else "-"
+    if isinstance(value, dict):
+        return "; ".join(f"{k} {human(k, v)}" for k, v in value.items()) if value else "-"
+    if isinstance(value, (int, float)) and key.endswith("_bytes"):
+        return size(value)
+    if isinstance(value, int):
+        return f"{value:,}" if abs(value) >= 10000 else str(value)
+    if not isinstance(value, float):
+        return str(value)
+    if value != value:
+        return "-"
+    if any(k in key for k in _PERCENT_KEYS):
+        return f"{value:.1%}"
+    if key.endswith("_per_s"):
+        return f"{value:,.0f}"
+    if key.endswith("_s"):
+        return seconds(value)
+    if "loss" in key or "bits_per_byte" in key:
+        return f"{value:.3f}"
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 from paratrain.doctor.evidence import IDLE_CPU_PERCENT, RunEvidence, idle_fractions, rerun_command
-from paratrain.doctor.finding import Finding, accumulation, ms, pct, speedup
+from paratrain.doctor.finding import Finding, accumulation
+from paratrain.formatting import ms, pct, speedup
 from paratrain.runs import steady_epoch_time
 
 # Thresholds: a share of the optimizer step (breakdown) above which a phase is worth fixing.

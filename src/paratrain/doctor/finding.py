@@ -34,19 +34,6 @@ class Finding:
         return {**asdict(self), "predicted_speedup": self.predicted_speedup}
 
 
-def ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.1f} ms" if seconds < 0.1 else f"{seconds * 1e3:,.0f} ms"
-
-
-def pct(fraction: float) -> str:
-    return f"{fraction:.0%}" if fraction >= 0.01 else f"{fraction:.1%}"
-
-
-def speedup(saving: float) -> str:
-    """A saved fraction of time as the speed-up it buys."""
-    return f"{1 / (1 - saving):.2f}x faster" if saving < 0.995 else "more than 100x faster"
-
-
 def accumulation(per_micro_step: float, per_step: float, comm: float) -> tuple[int, float, float]:
     """Accumulating g micro-steps per all-reduce: g x the per-micro-step work, then the all-reduce and
     the per-step work (optimizer, ...) once, for g times the samples. g is the smallest power of two

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 from paratrain.doctor.evidence import RunEvidence, rerun_command
-from paratrain.doctor.finding import Finding, accumulation, ms, pct, speedup
+from paratrain.doctor.finding import Finding, accumulation
+from paratrain.formatting import ms, pct, speedup
 
 DATA_SHARE = 0.15  # waiting for the next batch, of the step
 COMM_SHARE = 0.20  # gradient all-reduce that backward did not hide, of the step

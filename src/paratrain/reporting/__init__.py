@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from paratrain.errors import UsageError
+from paratrain.formatting import human
 from paratrain.reporting.verdict import (
     cannot_tell,
     comparison_verdict,
     doctor_html,
-    human,
     run_verdict,
     study_points,
     study_verdict,

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from paratrain.errors import UsageError
-from paratrain.formatting import size
+from paratrain.formatting import human, seconds
 
 # "Pays off": at least this much faster than the alternative, losing at most this many points of
 # held-out accuracy (differences below a point are within seed noise for the built-in workloads).
@@ -46,48 +46,6 @@ def _points(a: float | None, b: float | None) -> float | None:
 
 def _accuracy_text(points: float | None) -> str:
     return "accuracy not reported" if points is None else f"accuracy {points:+.1f} points"
-
-
-# -- numbers -----------------------------------------------------------------------------------
-
-_PERCENT_KEYS = ("accuracy", "mfu", "fraction")
-
-
-def human(key: str, value: Any) -> str:
-    """A value as a person writes it, guided by its key's name (accuracy as %, seconds, MiB, ...)."""
-    if value is None:
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, (list, tuple)):
-        return ", ".join(human(key, v) for v in value) if value else "-"
-    if isinstance(value, dict):
-        return "; ".join(f"{k} {human(k, v)}" for k, v in value.items()) if value else "-"
-    if isinstance(value, (int, float)) and key.endswith("_bytes"):
-        return size(value)
-    if isinstance(value, int):
-        return f"{value:,}" if abs(value) >= 10000 else str(value)
-    if not isinstance(value, float):
-        return str(value)
-    if value != value:
-        return "-"
-    if any(k in key for k in _PERCENT_KEYS):
-        return f"{value:.1%}"
-    if key.endswith("_per_s"):
-        return f"{value:,.0f}"
-    if key.endswith("_s"):
-        return seconds(value)
-    if "loss" in key or "bits_per_byte" in key:
-        return f"{value:.3f}"
-    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
-
-
-def seconds(value: float) -> str:
-    if value >= 100:
-        return f"{value:,.0f} s"
-    if value >= 0.1:
-        return f"{value:.2f} s" if value < 10 else f"{value:.1f} s"
-    return f"{value * 1e3:.1f} ms"
 
 
 # -- headlines ---------------------------------------------------------------------------------
