@@ -7,8 +7,9 @@ and the same files:
     from paratrain.commands import scale
     from paratrain.config import ScaleConfig
 
-    result = scale(ScaleConfig(workers=[1, 2], out=Path("study"), train={"epochs": 3}))
-    result["report"]            # study/report.html, as `paratrain scale` leaves it
+    if __name__ == "__main__":  # the ranks are spawned and import the caller's module
+        result = scale(ScaleConfig(workers=[1, 2], out=Path("study"), train={"epochs": 3}))
+        result["report"]        # study/report.html, as `paratrain scale` leaves it
 
 Nothing is printed here: progress reaches the caller through the callbacks it passes. Heavy modules
 (torch, the engine) are imported inside each function, so `paratrain --help` stays fast and the
