@@ -358,8 +358,8 @@ def _slurm(cfg: Any, args: argparse.Namespace) -> int:
     # One parser knows the target's flags and the SLURM flags, so a typo in either is caught
     # (with a suggestion) and `paratrain slurm scale --help` shows both.
     target = COMMANDS[args.target]
-    inner = _command_parser(argparse.ArgumentParser(add_help=False).add_subparsers(parser_class=Parser), target)
-    inner.prog = f"paratrain slurm {args.target}"
+    inner = Parser(prog=f"paratrain slurm {args.target}", **_parser_texts(target))
+    _add_arguments(inner, target)
     group = inner.add_argument_group("SLURM")
     shared = [n for n in SlurmConfig.model_fields if "--" + n.replace("_", "-") in inner._option_string_actions]
     add_config_flags(group, SlurmConfig, skip=shared)  # --out of scale and sweep, --nodes of train: one flag
@@ -413,14 +413,16 @@ def _model(name: str) -> Any:
     return getattr(paratrain.config, name)
 
 
-def _command_parser(commands: Any, command: Command) -> Parser:
+def _parser_texts(command: Command) -> dict[str, str | None]:
     text = _model(command.config).command_text
-    parser = commands.add_parser(
-        command.name,
-        help=text.help,
-        description=text.description or None,
-        epilog=f"example: {text.example}" if text.example else None,
-    )
+    return {
+        "description": text.description or None,
+        "epilog": f"example: {text.example}" if text.example else None,
+    }
+
+
+def _add_arguments(parser: argparse.ArgumentParser, command: Command) -> None:
+    """A command's arguments: its config's flags, and the CLI's own (--config, --json) where it has them."""
     if command.name == "train":
         parser.add_argument("--config", dest="config_file", type=Path, help=CONFIG_HELP)
     if command.json:
@@ -431,7 +433,6 @@ def _command_parser(commands: Any, command: Command) -> Parser:
     else:
         add_config_flags(parser, _model(command.config))
     parser.set_defaults(command=command.name)
-    return parser
 
 
 def build_parser() -> Parser:
@@ -441,7 +442,8 @@ def build_parser() -> Parser:
     parser.add_argument("--version", action="version", version=f"paratrain {__version__}")
     commands = parser.add_subparsers(title="commands", metavar="COMMAND", parser_class=Parser)
     for command in COMMANDS.values():
-        _command_parser(commands, command)
+        help_text = _model(command.config).command_text.help
+        _add_arguments(commands.add_parser(command.name, help=help_text, **_parser_texts(command)), command)
     parser.commands = commands.choices  # for suggestions when a subcommand's flag is mistyped
     return parser
 
