@@ -21,12 +21,16 @@ import psutil
 import pytest
 import torch
 from conftest import free_port
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+from torch.distributed.elastic.multiprocessing.errors.error_handler import ErrorHandler
 
 import paratrain
 from paratrain.cli import main
 from paratrain.config import TrainConfig, validate
+from paratrain.engine.loop import CollectiveFailed
 from paratrain.engine.shm_allreduce import SharedMemoryAverage, segment_bytes
 from paratrain.errors import UsageError
+from paratrain.launch.local import root_failure
 from paratrain.launch.nodes import adopt_tasks, detect_tasks, expand_tasks_per_node, first_host
 from paratrain.measure.monitor import ranks_by_log, wait_for_rank
 
@@ -218,6 +222,56 @@ def test_a_collective_whose_peer_hangs_fails_within_the_timeout_naming_the_rank_
         r"or went away \(--timeout 3 s\)",
         line,
     ), line
+
+
+TIMED_OUT = "rank 0 stopped in step 9: a peer stopped answering or went away (--timeout 3 s): Timed out waiting"
+CLOSED = "rank 1 stopped in step 9: a peer stopped answering or went away (--timeout 3 s): Connection closed by peer"
+
+
+def _failed_ranks(attempt: Path, written: list[tuple[int, BaseException]], reported: int, exitcode: int = 1):
+    """The ChildFailedError the agent raises when it saw local rank `reported` exit, after each rank
+    in `written` recorded its exception (in that order) with torch's own error handler."""
+    for local_rank, error in written:
+        (attempt / str(local_rank)).mkdir(parents=True)
+        os.environ["TORCHELASTIC_ERROR_FILE"] = str(attempt / str(local_rank) / "error.json")
+        try:
+            raise error
+        except type(error) as raised:
+            ErrorHandler().record_exception(raised)
+        time.sleep(0.01)  # distinct modification times
+    del os.environ["TORCHELASTIC_ERROR_FILE"]
+    error_file = attempt / str(reported) / "error.json"
+    return ChildFailedError("run_rank", {reported: ProcessFailure(reported, 4242, exitcode, str(error_file))})
+
+
+@pytest.mark.parametrize("reported", [0, 1])
+def test_the_cause_of_a_failure_is_the_rank_that_timed_out_not_the_one_that_woke_to_a_closed_connection(
+    tmp_path, reported
+):
+    """The CI flake this fixes: rank 1 stopped, rank 0 timed out, rank 1 woke to rank 0's closed
+    connection and exited first; the agent reported rank 1."""
+    exc = _failed_ranks(tmp_path, [(0, CollectiveFailed(TIMED_OUT)), (1, CollectiveFailed(CLOSED))], reported)
+    rank, failure = root_failure(exc)
+    assert rank == 0 and failure.message["message"] == f"CollectiveFailed: {TIMED_OUT}"
+
+
+def test_a_ranks_own_error_is_the_cause_of_its_peers_failures_whichever_exited_first(tmp_path):
+    exc = _failed_ranks(
+        tmp_path,
+        [(2, CollectiveFailed(TIMED_OUT)), (0, CollectiveFailed(CLOSED)), (1, ValueError("bad batch"))],
+        reported=0,
+    )
+    assert root_failure(exc)[0] == 1
+
+
+def test_a_rank_killed_before_it_could_write_is_the_cause_and_equal_failures_go_by_time(tmp_path):
+    killed = _failed_ranks(tmp_path / "killed", [(0, CollectiveFailed(CLOSED))], reported=1, exitcode=-9)
+    rank, failure = root_failure(killed)
+    assert (rank, failure.exitcode) == (1, -9)
+    both_timed_out = _failed_ranks(
+        tmp_path / "timeouts", [(1, CollectiveFailed(TIMED_OUT)), (0, CollectiveFailed(TIMED_OUT))], reported=0
+    )
+    assert root_failure(both_timed_out)[0] == 1
 
 
 def test_the_shared_memory_average_gives_up_after_the_timeout_naming_the_missing_rank(tmp_path):

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 from torch.distributed.elastic.rendezvous import RendezvousError, RendezvousTimeoutError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -67,6 +67,45 @@ def quiet_elastic_logs() -> None:
     quiet = [n for n in logging.root.manager.loggerDict if n.startswith("torch.distributed.elastic")]
     for name in ("torch.distributed.elastic", "torch.multiprocessing.spawn", *quiet):
         logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+# A failure that follows from another rank's: a peer's closed connection (it had already ended), or,
+# after a rank's own error, a timeout waiting for a peer that stopped answering.
+_PEER_CLOSED = re.compile(r"connection (closed|reset)|broken pipe", re.IGNORECASE)
+
+
+def _message(failure: ProcessFailure) -> str:
+    return failure.message.get("message", "") if isinstance(failure.message, dict) else str(failure.message)
+
+
+def _consequence_order(failure: ProcessFailure) -> int:
+    """0 for a rank's own error or death, 1 for a peer that went silent, 2 for a peer that went away."""
+    message = _message(failure)
+    if _PEER_CLOSED.search(message):
+        return 2
+    return 1 if message.startswith("CollectiveFailed") else 0
+
+
+def root_failure(exc: ChildFailedError) -> tuple[int, ProcessFailure]:
+    """The local rank whose failure caused the others', and its failure.
+
+    The agent reports the first rank it saw exit. That is not always the cause: a rank tears down
+    (gc, destroy_process_group) for about as long as its peers take to notice it, so when rank 0
+    times out on a stopped rank 1 that then wakes to a closed connection, either may exit first.
+    Every rank that raised wrote its error.json beside the reported one; the cause is the failure
+    that is not a consequence of another's (its own error or death, then a timeout, then a closed
+    connection), and among equals the first written."""
+    reported_rank, reported = min(exc.failures.items())
+    failures = {reported_rank: reported}
+    for error_file in Path(reported.error_file).parent.parent.glob("*/error.json"):  # <attempt>/<local rank>/
+        local_rank = int(error_file.parent.name)
+        failures.setdefault(local_rank, ProcessFailure(local_rank, pid=0, exitcode=1, error_file=str(error_file)))
+
+    def written(failure: ProcessFailure) -> float:
+        path = Path(failure.error_file)
+        return path.stat().st_mtime if path.is_file() else -math.inf  # killed before it could write: first
+
+    return min(failures.items(), key=lambda item: (_consequence_order(item[1]), written(item[1]), item[0]))
 
 
 def launch_local(cfg: TrainConfig, placement: Placement, run_dir: Path) -> dict[str, Any] | None:
@@ -127,10 +166,10 @@ def launch_local(cfg: TrainConfig, placement: Placement, run_dir: Path) -> dict[
         # stopped the ranks; the run ends as a failed one, with its summary.
         raise RanksFailed(f"stopped by {signal.Signals(exc.sigval).name}; the ranks were terminated") from None
     except ChildFailedError as exc:
-        rank, failure = min(exc.failures.items())
+        rank, failure = root_failure(exc)
         if cfg.nodes > 1:  # the agent numbers ranks by the rendezvous; paratrain by --node-rank (engine/distributed.py)
             rank = cfg.node_rank * cfg.workers_per_node + failure.local_rank
-        message = failure.message.get("message", "") if isinstance(failure.message, dict) else str(failure.message)
+        message = _message(failure)
         # paratrain's own errors are whole sentences; torch's record prefixes their class names.
         reason = (
             re.sub(r"^(CollectiveFailed|MemoryLimitExceeded): ", "", last_line(message))

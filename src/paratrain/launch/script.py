@@ -37,7 +37,7 @@ from paratrain.config import LaunchConfig, validate
 from paratrain.errors import UsageError
 from paratrain.launch import probe, probe_summary
 from paratrain.launch.load import LoadMeter
-from paratrain.launch.local import quiet_elastic_logs, scoped_environ, thread_env
+from paratrain.launch.local import quiet_elastic_logs, root_failure, scoped_environ, thread_env
 from paratrain.launch.placement import available_cores, core_sets, resolve_device
 from paratrain.measure.monitor import monitor_run, ranks_by_environment
 from paratrain.runs import RunDir, json_records, steady_epoch_time, write_json
@@ -218,8 +218,8 @@ def _run(command: list[str], workers: int, run_id: str, run_dir: Path, env: dict
             "error": f"stopped by {signal.Signals(exc.sigval).name}; the ranks were terminated",
         }
     except ChildFailedError as exc:
-        # The first rank to fail is the cause; the agent then terminates the others.
-        rank, failure = exc.get_first_failure()
+        # The rank whose failure caused the others' (for scripts that record theirs with torch's @record).
+        rank, failure = root_failure(exc)
         code = failure.exitcode if failure.exitcode >= 0 else 128 - failure.exitcode
         how = f"exit status {code}" if failure.exitcode >= 0 else f"killed by {_signal_name(-failure.exitcode)}"
         log = run_dir / "logs" / f"rank{rank}.log"
