@@ -27,7 +27,7 @@ from torch.distributed.elastic.multiprocessing.errors.error_handler import Error
 import paratrain
 from paratrain.cli import main
 from paratrain.config import TrainConfig, validate
-from paratrain.engine.loop import CollectiveFailed
+from paratrain.engine.loop import CollectiveFailed, logged_failure_time
 from paratrain.engine.shm_allreduce import SharedMemoryAverage, segment_bytes
 from paratrain.errors import UsageError
 from paratrain.launch.local import root_failure
@@ -213,7 +213,9 @@ def test_a_collective_whose_peer_hangs_fails_within_the_timeout_naming_the_rank_
             os.kill(victim, signal.SIGCONT)
         _stop(proc)
     failed_at = next(line for line in log.read_text().splitlines() if "failed in step" in line)
-    gave_up = datetime.strptime(failed_at[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp() - stopped
+    logged = datetime.strptime(failed_at[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+    assert logged_failure_time(log) == logged  # what the launcher orders failing ranks by
+    gave_up = logged - stopped
     assert 2.5 <= gave_up <= 3 + 4, f"rank 0 gave up {gave_up:.1f} s after its peer stopped (--timeout 3)"
     assert proc.returncode == 1
     (line,) = err.strip().splitlines()
@@ -272,6 +274,25 @@ def test_a_rank_killed_before_it_could_write_is_the_cause_and_equal_failures_go_
         tmp_path / "timeouts", [(1, CollectiveFailed(TIMED_OUT)), (0, CollectiveFailed(TIMED_OUT))], reported=0
     )
     assert root_failure(both_timed_out)[0] == 1
+
+
+def test_ranks_that_failed_alike_are_ordered_by_when_they_logged_it_not_when_their_teardown_ended(tmp_path):
+    """Rank 1, stopped past its own deadline, also times out when it wakes; both then tear down for
+    seconds and rank 1's error.json can be written first. Rank 0 logged its failure first."""
+    exc = _failed_ranks(tmp_path, [(1, CollectiveFailed(TIMED_OUT)), (0, CollectiveFailed(TIMED_OUT))], reported=1)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for rank, at in ((0, "01:21:26,457"), (1, "01:21:26,511")):
+        (logs / f"rank{rank}.log").write_text(
+            f"2026-11-26 01:21:20,000 rank{rank} ERROR rank {rank} failed in step 2 (a restart's attempt before)\n"
+            f"2026-11-26 01:21:25,000 rank{rank} INFO epoch 1\n"
+            f"2026-11-26 {at} rank{rank} ERROR rank {rank} failed in step 9 (epoch 1, training: forward)\n"
+            "Traceback (most recent call last):\n"
+        )
+    assert root_failure(exc)[0] == 1  # without the logs: by error.json
+    assert root_failure(exc, lambda rank: logs / f"rank{rank}.log")[0] == 0
+    assert logged_failure_time(logs / "rank0.log") == datetime(2026, 11, 26, 1, 21, 26, 457000).timestamp()
+    assert logged_failure_time(logs / "missing.log") is None
 
 
 def test_the_shared_memory_average_gives_up_after_the_timeout_naming_the_missing_rank(tmp_path):

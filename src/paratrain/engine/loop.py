@@ -104,6 +104,26 @@ def run_rank(
         handler.close()
 
 
+# A rank log's line: "2026-11-26 01:21:26,457 rank0 ERROR rank 0 failed in step 9 ...".
+_FAILED_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) rank\d+ ERROR rank \d+ failed ")
+
+
+def logged_failure_time(path: Path) -> float | None:
+    """When the rank of log `path` last logged its failure (unix time), caught before its teardown
+    (gc, destroy_process_group: seconds when a peer is gone); None without such a line."""
+    from datetime import datetime
+
+    times = [m[1] for line in _lines(path) if (m := _FAILED_LINE.match(line))]
+    return datetime.strptime(times[-1], "%Y-%m-%d %H:%M:%S,%f").timestamp() if times else None
+
+
+def _lines(path: Path) -> list[str]:
+    try:
+        return path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+
+
 def _log_to_file(path: Path, ctx: RankContext) -> logging.Handler:
     path.parent.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(path, mode="a")

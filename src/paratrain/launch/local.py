@@ -18,7 +18,7 @@ import signal
 import sys
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -32,9 +32,10 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 from paratrain import forkserver
 from paratrain.config import TrainConfig
 from paratrain.engine.distributed import Placement, address_towards
-from paratrain.engine.loop import run_rank
+from paratrain.engine.loop import logged_failure_time, run_rank
 from paratrain.engine.memory import LIMITED_RANK_ENV
 from paratrain.errors import RunFailed, UsageError
+from paratrain.runs import RunDir
 
 
 class RanksFailed(RunFailed):
@@ -86,26 +87,32 @@ def _consequence_order(failure: ProcessFailure) -> int:
     return 1 if message.startswith("CollectiveFailed") else 0
 
 
-def root_failure(exc: ChildFailedError) -> tuple[int, ProcessFailure]:
+def root_failure(exc: ChildFailedError, rank_log: Callable[[int], Path] | None = None) -> tuple[int, ProcessFailure]:
     """The local rank whose failure caused the others', and its failure.
 
-    The agent reports the first rank it saw exit. That is not always the cause: a rank tears down
-    (gc, destroy_process_group) for about as long as its peers take to notice it, so when rank 0
-    times out on a stopped rank 1 that then wakes to a closed connection, either may exit first.
-    Every rank that raised wrote its error.json beside the reported one; the cause is the failure
-    that is not a consequence of another's (its own error or death, then a timeout, then a closed
-    connection), and among equals the first written."""
+    The agent reports the first rank it saw exit. That is not always the cause: after a collective
+    fails, every rank tears down (gc, destroy_process_group) for up to seconds, and they finish in
+    any order. When rank 1 is stopped, rank 0 times out waiting for it, and rank 1 wakes to a closed
+    connection or its own expired wait, either may exit first. Every rank that raised wrote its
+    error.json beside the reported one; the cause is the failure that is not a consequence of
+    another's (its own error or death, then a timeout, then a closed connection), then the first:
+    by the time the rank logged its failure before its teardown (`rank_log(local_rank)`, paratrain's
+    ranks), else by when its error.json was written."""
     reported_rank, reported = min(exc.failures.items())
     failures = {reported_rank: reported}
     for error_file in Path(reported.error_file).parent.parent.glob("*/error.json"):  # <attempt>/<local rank>/
         local_rank = int(error_file.parent.name)
         failures.setdefault(local_rank, ProcessFailure(local_rank, pid=0, exitcode=1, error_file=str(error_file)))
 
-    def written(failure: ProcessFailure) -> float:
-        path = Path(failure.error_file)
-        return path.stat().st_mtime if path.is_file() else -math.inf  # killed before it could write: first
+    def failed_at(local_rank: int, failure: ProcessFailure) -> float:
+        error_file = Path(failure.error_file)
+        if not error_file.is_file():
+            return -math.inf  # killed before it could write: first
+        # The log's last failure belongs to this attempt: this attempt's error.json follows it.
+        logged = logged_failure_time(rank_log(local_rank)) if rank_log else None
+        return logged if logged is not None else error_file.stat().st_mtime
 
-    return min(failures.items(), key=lambda item: (_consequence_order(item[1]), written(item[1]), item[0]))
+    return min(failures.items(), key=lambda item: (_consequence_order(item[1]), failed_at(*item), item[0]))
 
 
 def launch_local(cfg: TrainConfig, placement: Placement, run_dir: Path) -> dict[str, Any] | None:
@@ -166,9 +173,10 @@ def launch_local(cfg: TrainConfig, placement: Placement, run_dir: Path) -> dict[
         # stopped the ranks; the run ends as a failed one, with its summary.
         raise RanksFailed(f"stopped by {signal.Signals(exc.sigval).name}; the ranks were terminated") from None
     except ChildFailedError as exc:
-        rank, failure = root_failure(exc)
-        if cfg.nodes > 1:  # the agent numbers ranks by the rendezvous; paratrain by --node-rank (engine/distributed.py)
-            rank = cfg.node_rank * cfg.workers_per_node + failure.local_rank
+        # The agent numbers ranks by the rendezvous; paratrain by --node-rank (engine/distributed.py).
+        first_rank = (cfg.node_rank or 0) * cfg.workers_per_node
+        local_rank, failure = root_failure(exc, lambda local: RunDir(run_dir).rank_log(first_rank + local))
+        rank = first_rank + local_rank
         message = _message(failure)
         # paratrain's own errors are whole sentences; torch's record prefixes their class names.
         reason = (
