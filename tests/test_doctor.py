@@ -448,6 +448,7 @@ def test_one_rank_leading_in_one_sample_of_a_short_run_is_no_straggler():
     straggler. (A healthy CI run had rank 0 lead in 1 of 6 samples and was told to fix it.)"""
     from paratrain.doctor.checks import straggler
     from paratrain.doctor.evidence import RunEvidence
+    from paratrain.runs.records import Summary
 
     def evidence(leads: int, samples: int) -> RunEvidence:
         system = [
@@ -455,7 +456,7 @@ def test_one_rank_leading_in_one_sample_of_a_short_run_is_no_straggler():
             for t in range(samples)
             for rank in (0, 1)
         ]
-        return RunEvidence(Path("run"), {}, {"workers": 2}, [], system)
+        return RunEvidence(Path("run"), {}, Summary(status="completed", workers=2), [], system)
 
     assert straggler(evidence(1, 6)) is None
     found = straggler(evidence(4, 12))

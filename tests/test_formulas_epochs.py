@@ -13,6 +13,7 @@ from paratrain.doctor.checks import first_epoch_overhead
 from paratrain.doctor.evidence import RunEvidence
 from paratrain.launch.script import throughput
 from paratrain.runs import RunDir, steady_epoch_time, steady_epochs, write_json
+from paratrain.runs.records import Summary
 from paratrain.scale import scaling_rows
 
 # Epochs of 10, 2, 2, 3 s: without the first, [2, 2, 3] -> median 2 s (the mean would be 7/3 s).
@@ -66,7 +67,9 @@ def test_a_scaling_row_times_its_steady_epochs(tmp_path, times, expected):
 
 def test_the_doctors_start_up_share_is_against_the_steady_epoch_time():
     # epochs 10, 4, 2 s: steady 3 s (median of [4, 2]); start-up share (10 - 3) / 16 = 0.4375
-    ev = RunEvidence(path=Path("."), config={}, summary={"epoch_times_s": [10.0, 4.0, 2.0]}, events=[])
+    ev = RunEvidence(
+        path=Path("."), config={}, summary=Summary(status="completed", epoch_times_s=[10.0, 4.0, 2.0]), events=[]
+    )
     finding = first_epoch_overhead(ev)
     assert finding is not None and "against 3.00 s for the others (3.3x)" in finding.evidence
 

@@ -135,3 +135,57 @@ def test_a_scaling_row_of_the_wrong_shape_is_refused_where_it_is_written():
         checked_rows([{**row, "point": "reference"}])  # the reference row's kind is all_cores_reference
     with pytest.raises(ValueError):
         checked_rows([{k: v for k, v in row.items() if k != "speedup"}])
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A real 2-epoch run on one rank, and a copy of it whose summary an older release wrote."""
+    import shutil
+
+    import paratrain
+
+    root = tmp_path_factory.mktemp("records")
+    paratrain.train(
+        workload="cifar10-cnn",
+        dataset="synthetic",
+        synthetic_samples=256,
+        synthetic_shape="3,16,16",
+        epochs=2,
+        batch_size=32,
+        workers=1,
+        run_dir=root / "run",
+        quiet=True,
+    )
+    shutil.copytree(root / "run", root / "old")
+    write_json(RunDir(root / "old").summary, OLD_SUMMARY)
+    return root
+
+
+def test_the_doctor_report_and_compare_read_an_older_releases_summary(trained, tmp_path, capsys):
+    from paratrain.cli import main
+
+    old = str(trained / "old")
+    assert main(["report", old]) == 0
+    page = (trained / "old" / "report.html").read_text()
+    assert "2,381 samples/s" in page  # the verdict, from the old summary's figures
+    assert main(["doctor", old]) == 0
+    assert main(["compare", str(trained / "run"), old, "--out", str(tmp_path / "cmp")]) == 0
+    assert "old" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", ["report", "doctor", "compare"])
+def test_a_wrongly_typed_summary_is_one_line_naming_the_file_from_each_reader(command, trained, tmp_path, capsys):
+    import shutil
+
+    from paratrain.cli import main
+
+    bad = tmp_path / "bad"
+    shutil.copytree(trained / "run", bad)
+    (bad / "report.html").unlink(missing_ok=True)
+    write_json(RunDir(bad).summary, {**OLD_SUMMARY, "workers": "two"})
+    argv = {"report": [str(bad)], "doctor": [str(bad)], "compare": [str(trained / "run"), str(bad)]}[command]
+    out = tmp_path / "cmp"
+    assert main([command, *argv, *(["--out", str(out)] if command == "compare" else [])]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert re.search(rf"{re.escape(str(bad / 'summary.json'))} is not a paratrain summary: workers: ", line), line
+    assert not (bad / "report.html").exists() and not out.exists()

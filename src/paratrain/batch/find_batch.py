@@ -35,6 +35,7 @@ from typing import Any
 from paratrain.batch import check_out, check_train_flags, run_config, steps_run_config, train_samples, write_result
 from paratrain.config import TrainConfig
 from paratrain.errors import RunFailed, UsageError
+from paratrain.runs import RunDir
 
 RESULT_FILE = "find_batch.json"
 OPTIMIZER_STATES = {"sgd": 1, "lars": 1, "adam": 2, "adamw": 2, "lamb": 2}  # tensors of state per parameter
@@ -240,15 +241,15 @@ def _probe(values: dict[str, Any], steps: int, run_dir: Path, on_cpu: bool) -> P
             "samples_per_s": None,
             "peak_memory_bytes": None,
         }
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = RunDir(run_dir).summary_record()
     rates = [e["samples_per_s"] for e in _events(run_dir, "step")][1:]
     return {
         "batch": batch,
         "fits": True,
         "error": None,
-        "samples_per_s": statistics.median(rates) if rates else summary["samples_per_s"],
-        "peak_memory_bytes": max(summary["peak_memory_bytes"]),
-        "activations_peak_bytes": max((m or 0) for m in summary["memory"]["activations_peak_bytes"]),
+        "samples_per_s": statistics.median(rates) if rates else summary.samples_per_s,
+        "peak_memory_bytes": max(m or 0 for m in summary.peak_memory_bytes or []),
+        "activations_peak_bytes": max(m or 0 for m in summary.memory.activations_peak_bytes),
     }
 
 

@@ -169,15 +169,16 @@ def measure_noise_scale(train: dict[str, Any], out: Path, steps: int, ema_steps:
     from paratrain.launch import train as run_training
 
     try:
-        summary = run_training(cfg)
+        run_training(cfg)
     except RunFailed:
-        summary = RunDir(run_dir).read_summary()
-        if summary.get("status") != "diverged":
+        if RunDir(run_dir).summary_record().status != "diverged":
             raise
+    summary = RunDir(run_dir).summary_record()
+    grad_noise = summary.grad_noise or {}
     norms = read_norms(run_dir)
     if len(norms) < MIN_STEPS:
         raise RunFailed(
-            f"the run recorded {len(norms)} steps of gradient norms ({summary.get('status')}); the estimate needs "
+            f"the run recorded {len(norms)} steps of gradient norms ({summary.status}); the estimate needs "
             f"{MIN_STEPS}: see {run_dir}"
         )
     result = {
@@ -186,11 +187,11 @@ def measure_noise_scale(train: dict[str, Any], out: Path, steps: int, ema_steps:
         "run_dir": str(run_dir),
         "steps": len(norms),
         "ema_steps": ema,
-        "source": summary.get("grad_noise", {}).get("source"),
+        "source": grad_noise.get("source"),
         "small_batch": norms[-1]["small_batch"],
         "big_batch": norms[-1]["big_batch"],
-        "ranks": summary.get("grad_noise", {}).get("ranks", 1),
-        "status": summary["status"],
+        "ranks": grad_noise.get("ranks", 1),
+        "status": summary.status,
         **estimate(norms, ema),
     }
     result["critical_batch"] = result["b_simple"]

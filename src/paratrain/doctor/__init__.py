@@ -31,6 +31,7 @@ from paratrain.errors import UsageError
 from paratrain.launch import probe_summary
 from paratrain.launch.probe_summary import PROBE_DIR
 from paratrain.runs import SCALING_FILE, SWEEP_FILE, RunDir
+from paratrain.runs.records import Summary
 
 __all__ = ["Finding", "diagnose", "diagnose_run", "format_text", "idle_fractions"]
 
@@ -189,7 +190,7 @@ def _best_trial(sweep: dict[str, Any], best: dict[str, Any]) -> RunEvidence | No
     if RunDir(trial / "run").is_run():  # a built-in trial's run directory
         return read_run(trial / "run")
     if (trial / PROBE_DIR).is_dir():  # a script trial's probe records, summarised as launch does
-        summary = {"status": "completed", "workers": 1, **probe_summary.summarise(trial)}
+        summary = Summary.model_validate({"status": "completed", "workers": 1, **probe_summary.summarise(trial)})
         config = {"script": sweep.get("script", "the script"), "workers": 1, "resolved": {}}
         return RunEvidence(path=trial, config=config, summary=summary, events=[], system=system_samples(trial))
     return None

@@ -67,10 +67,11 @@ def oversubscription(ev: RunEvidence) -> Finding | None:
         counts = [max(s["num_threads"] for s in samples) for samples in ev.rank_samples.values()]
         seen = f"; the monitor counted {', '.join(map(str, counts))} threads per rank"
     evidence = f"{n} ranks x {threads} threads = {n * threads} threads on {cores} cores{seen}; " + (
-        _steps_text(ev) if ev.breakdown else f"wall time {ev.summary.get('wall_time_s', 0):.1f} s"
+        _steps_text(ev) if ev.breakdown else f"wall time {(ev.summary and ev.summary.wall_time_s) or 0:.1f} s"
     )
-    flops, peak = ev.summary.get("flops_per_sample"), (ev.summary.get("mfu_peak") or {}).get("per_device")
-    batch = ev.summary.get("batch_size", 0) * ev.summary.get("grad_accum", 1)
+    flops = ev.summary and ev.summary.flops_per_sample
+    peak = ev.summary and ev.summary.mfu_peak and ev.summary.mfu_peak.per_device
+    batch = (ev.batch_size or 0) * ev.grad_accum
     if flops and peak and batch and ev.breakdown.get("compute_s"):
         # Peak was measured for `threads` threads; a thread's share, times the threads the fix gives.
         predicted_compute = flops * batch / (peak / threads * fixed_threads * FIXED_MFU)
@@ -104,13 +105,14 @@ def exposed_communication(ev: RunEvidence) -> Finding | None:
     if ev.workers < 2 or ev.is_script or ev.share("comm_s") < COMM_SHARE:
         return None
     b = ev.breakdown
-    accum = int(ev.summary.get("grad_accum", 1))
+    accum = ev.grad_accum
     g, new_step, saving = accumulation(b["data_s"] + b["compute_s"], b["optimizer_s"] + b["other_s"], b["comm_s"])
-    batch = ev.summary.get("batch_size", ev.config.get("batch_size"))
+    batch = ev.batch_size
     # CPU ranks with cores of their own average faster through shared memory than through gloo's sockets.
     shm = (
         ev.on_cpu
-        and ev.summary.get("allreduce") not in (None, "shm")
+        and ev.summary
+        and ev.summary.allreduce not in (None, "shm")
         and ev.resolved.get("cpu_sets")
         and ev.config.get("allreduce") == "backend"
     )
@@ -137,7 +139,7 @@ def data_wait(ev: RunEvidence) -> Finding | None:
     loaders = int(ev.config.get("loader_workers") or 0)
     saving = b["data_s"] / ev.step_s
     spare = ev.cores is not None and ev.threads is not None and ev.cores > ev.workers * ev.threads
-    dataset = ev.summary.get("dataset") or ev.config.get("dataset") or ev.config.get("workload")
+    dataset = ev.dataset
     remedy = rerun_command(ev, loader_workers=max(2, 2 * loaders))
     remedy += (
         " (batches prepared in worker processes while the step runs)"
@@ -334,7 +336,7 @@ def first_epoch_overhead(ev: RunEvidence) -> Finding | None:
 
 
 def small_device_batch(ev: RunEvidence) -> Finding | None:
-    batch = ev.summary.get("batch_size") or ev.config.get("batch_size")
+    batch = ev.batch_size
     if ev.is_script or not batch or batch >= SMALL_BATCH:
         return None
     return Finding(
@@ -353,14 +355,14 @@ def small_device_batch(ev: RunEvidence) -> Finding | None:
 
 def global_batch_sqrt_n(ev: RunEvidence) -> Finding | None:
     n_train = ev.resolved.get("train_samples")
-    g = ev.summary.get("global_batch_size") or ev.resolved.get("global_batch_size")
+    g = ev.global_batch_size
     if not n_train or not g or g <= math.sqrt(n_train):
         return None
-    per_worker = max(1, int(math.sqrt(n_train)) // (ev.workers * int(ev.summary.get("grad_accum", 1))))
+    per_worker = max(1, int(math.sqrt(n_train)) // (ev.workers * ev.grad_accum))
     return Finding(
         "global_batch_sqrt_n",
         f"global batch {g} exceeds the sqrt(N) = {math.sqrt(n_train):.0f} guidance",
-        f"global batch {g} ({ev.workers} workers x {ev.summary.get('batch_size')}) for N = {n_train:,} training "
+        f"global batch {g} ({ev.workers} workers x {ev.batch_size}) for N = {n_train:,} training "
         f"samples; {math.ceil(n_train / g)} steps per epoch",
         "few, large steps per epoch: large batches generalise worse (Keskar et al. 2016) unless the LR is scaled and "
         "warmed up; HPC centres' rule of thumb keeps the global batch under sqrt(N)",
@@ -400,14 +402,14 @@ def no_warmup(ev: RunEvidence) -> Finding | None:
 
 
 def contended(ev: RunEvidence) -> Finding | None:
-    load = ev.summary.get("machine_load") or {}
-    if not load.get("contended"):
+    load = ev.machine_load
+    if not load.contended:
         return None
     return Finding(
         "contended",
-        f"other work took {pct(load['other_fraction'])} of the run's cores: its timings are unreliable",
-        f"machine_load: {load['other_cpu_s']:.1f} CPU s of other work and {load.get('steal_s', 0):.1f} s stolen on "
-        f"{load['cores']} core(s) over {load['wall_s']:.1f} s",
+        f"other work took {pct(load.other_fraction or 0)} of the run's cores: its timings are unreliable",
+        f"machine_load: {load.other_cpu_s or 0:.1f} CPU s of other work and {load.steal_s or 0:.1f} s stolen on "
+        f"{load.cores} core(s) over {load.wall_s or 0:.1f} s",
         "another process (or the hypervisor) ran on the run's cores while it trained",
         "rerun when the machine is quiet, or measure with repeats: paratrain scale --repeats 3 ...",
         "unknown: the run's own speed could not be measured",

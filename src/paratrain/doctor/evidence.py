@@ -16,6 +16,7 @@ from typing import Any
 from paratrain.errors import UsageError
 from paratrain.measure.monitor import SYSTEM_FILE
 from paratrain.runs import RunDir
+from paratrain.runs.records import MachineLoad, Summary, read_summary_record
 
 PHASES = ("data_s", "compute_s", "comm_s", "optimizer_s", "other_s")
 IDLE_CPU_PERCENT = 10.0  # a rank below this CPU % (100 = one core) is idle; a GPU below this utilisation too
@@ -36,7 +37,7 @@ class Phase:
 class RunEvidence:
     path: Path
     config: dict[str, Any]
-    summary: dict[str, Any]
+    summary: Summary | None  # None: the run wrote none (killed, or still running)
     events: list[dict[str, Any]]
     system: list[dict[str, Any]] = field(default_factory=list)
 
@@ -52,7 +53,31 @@ class RunEvidence:
 
     @property
     def workers(self) -> int:
-        return int(self.summary.get("workers") or self.config.get("workers") or self.config.get("nproc") or 1)
+        workers = self.summary and self.summary.workers
+        return int(workers or self.config.get("workers") or self.config.get("nproc") or 1)
+
+    @property
+    def batch_size(self) -> int | None:
+        """Samples per worker per micro-step: the run's, else the one configured."""
+        return (self.summary and self.summary.batch_size) or self.config.get("batch_size")
+
+    @property
+    def grad_accum(self) -> int:
+        return int((self.summary and self.summary.grad_accum) or self.config.get("grad_accum") or 1)
+
+    @property
+    def global_batch_size(self) -> int | None:
+        return (self.summary and self.summary.global_batch_size) or self.resolved.get("global_batch_size")
+
+    @property
+    def dataset(self) -> str | None:
+        """The dataset's name, else the workload's (which names its dataset)."""
+        return (self.summary and self.summary.dataset) or self.config.get("dataset") or self.config.get("workload")
+
+    @property
+    def machine_load(self) -> MachineLoad:
+        """What else ran on the run's cores (empty: not measured)."""
+        return (self.summary and self.summary.machine_load) or MachineLoad()
 
     @property
     def threads(self) -> int | None:
@@ -66,9 +91,8 @@ class RunEvidence:
     def cores(self) -> int | None:
         """Cores the ranks could run on: the launcher's measurement (machine_load) or the monitor's
         per-core readings."""
-        load = self.summary.get("machine_load") or {}
-        if load.get("cores"):
-            return int(load["cores"])
+        if self.machine_load.cores:
+            return self.machine_load.cores
         host = [s for s in self.system if s["kind"] == "host"]
         return len(host[0]["cpu_percent"]) if host else None
 
@@ -84,8 +108,8 @@ class RunEvidence:
     @property
     def breakdown(self) -> dict[str, float]:
         """Seconds per optimizer step by phase: the summary's, else the last epoch's (a failed run)."""
-        if self.summary.get("breakdown"):
-            return {p: float(self.summary["breakdown"].get(p, 0.0)) for p in PHASES}
+        if self.summary and self.summary.breakdown:
+            return {p: getattr(self.summary.breakdown, p) or 0.0 for p in PHASES}
         if self.epochs:
             return {p: float(self.epochs[-1]["breakdown"].get(p, 0.0)) for p in PHASES}
         return {}
@@ -99,7 +123,7 @@ class RunEvidence:
 
     @property
     def epoch_times(self) -> list[float]:
-        return list(self.summary.get("epoch_times_s") or [e["epoch_time_s"] for e in self.epochs])
+        return list((self.summary and self.summary.epoch_times_s) or [e["epoch_time_s"] for e in self.epochs])
 
     @property
     def start_unix(self) -> float | None:
@@ -122,7 +146,7 @@ class RunEvidence:
             return []
         epochs = self.epochs
         spans = []
-        train_end = self.summary.get("train_time_s")
+        train_end = self.summary and self.summary.train_time_s
         for i, e in enumerate(epochs):
             spans.append(Phase("train", e["epoch"], origin + e["time_start"], origin + e["time_end"]))
             after = epochs[i + 1]["time_start"] if i + 1 < len(epochs) else train_end
@@ -135,15 +159,14 @@ class RunEvidence:
         """Anything measured: optimizer steps (a built-in run) or monitor samples of the ranks (a script)."""
         return bool(
             self.epochs
-            or self.summary.get("breakdown")
-            or self.summary.get("steps")
+            or (self.summary and (self.summary.breakdown or self.summary.steps))
             or any(s["kind"] == "rank" for s in self.system)
         )
 
     # -- probe (launched scripts: launch/probe.py, launch/probe_summary.py) ---------------------
     @property
     def probe(self) -> dict[str, Any]:
-        return self.summary.get("probe") or {}
+        return (self.summary and self.summary.probe) or {}
 
     @property
     def probe_ranks(self) -> list[dict[str, Any]]:
@@ -192,7 +215,7 @@ def json_file(file: Path) -> dict[str, Any]:
 
 def read_run(path: Path) -> RunEvidence:
     run = RunDir(Path(path))
-    summary = json_file(run.summary) if run.summary.is_file() else {}
+    summary = read_summary_record(json_file(run.summary), str(run.summary)) if run.summary.is_file() else None
     return RunEvidence(
         path=run.path,
         config=json_file(run.config),

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from paratrain.doctor import MACHINE_CAUSES, diagnose_run, rank
-from paratrain.doctor.evidence import json_file, read_run, rerun_command
+from paratrain.doctor.evidence import read_run, rerun_command
 from paratrain.errors import RunFailed, UsageError
 from paratrain.runs import SCALING_FILE, SWEEP_FILE, RunDir
 
@@ -105,8 +105,9 @@ def _run(command: str, run_dir: Path) -> float:
     """Run a paratrain command line (as printed to the user) and return the run's steady samples/s."""
     args = shlex.split(command)
     done = subprocess.run([sys.executable, "-m", "paratrain", *args[1:]], check=False, capture_output=True, text=True)
-    summary = json_file(run_dir / "summary.json") if (run_dir / "summary.json").is_file() else {}
-    rate = summary.get("samples_per_s") or (summary.get("probe") or {}).get("samples_per_s")
+    run = RunDir(run_dir)
+    summary = run.summary_record() if run.summary.is_file() else None
+    rate = summary and (summary.samples_per_s or (summary.probe or {}).get("samples_per_s"))
     if done.returncode != 0 or not rate:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise RunFailed(f"--verify: `{command}` failed (exit {done.returncode}): {tail}")

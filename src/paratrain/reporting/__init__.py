@@ -29,6 +29,7 @@ from paratrain.reporting.verdict import (
     workers_what,
 )
 from paratrain.runs import SCALING_FILE, SWEEP_FILE, RunDir
+from paratrain.runs.records import Memory, Summary
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1220px; color: #222; }
@@ -368,7 +369,7 @@ def _study_body(path: Path) -> str:
         labels = [
             f"{r['workload']} w{r['workers']}{' all cores' if r.get('point') == ALL_CORES_POINT else ''}" for r in timed
         ]
-        bd = breakdown_plot(timed, labels, tmp / "breakdown.png") if timed else None
+        bd = breakdown_plot([r["breakdown"] for r in timed], labels, tmp / "breakdown.png") if timed else None
         table = _table(*study_table(result), "scaling")
         headline = (
             "<div id='headline'>"
@@ -500,7 +501,9 @@ def _sweep_body(path: Path) -> str:
     return _with_plots(render)
 
 
-def _summary_rows(summary: dict[str, Any]) -> list[tuple[str, Any]]:
+def _summary_rows(summary: Summary | None) -> list[tuple[str, Any]]:
+    if summary is None:
+        return [("status", "running or interrupted")]
     keys = (
         "status",
         "workers",
@@ -522,7 +525,7 @@ def _summary_rows(summary: dict[str, Any]) -> list[tuple[str, Any]]:
         "test_accuracy",
         "wall_time_s",
     )
-    return [(k, human(k, summary[k])) for k in keys if summary.get(k) is not None]
+    return [(k, human(k, getattr(summary, k))) for k in keys if getattr(summary, k) is not None]
 
 
 def _run_body(run: RunDir) -> str:
@@ -530,14 +533,13 @@ def _run_body(run: RunDir) -> str:
     from paratrain.doctor.evidence import read_run
     from paratrain.reporting.plots import breakdown_plot, curves_plots, monitor_plot
 
-    summary = run.read_summary() if run.summary.exists() else {}
     evidence = read_run(run.path)
+    summary = evidence.summary
 
     def render(tmp: Path) -> str:
         parts = [
             verdict_html(run_verdict(summary, evidence.config), doctor_html(run.path)),
-            "<h2>Summary</h2>"
-            + _table(("metric", "value"), _summary_rows(summary or {"status": "running or interrupted"}), "summary"),
+            "<h2>Summary</h2>" + _table(("metric", "value"), _summary_rows(summary), "summary"),
         ]
         timeline = monitor_plot(evidence, tmp / "monitor.png")
         if timeline:
@@ -552,12 +554,11 @@ def _run_body(run: RunDir) -> str:
             parts.append(
                 "<h2>Curves</h2><div class='wide'>" + "".join(_img(p, n) for n, p in curves.items()) + "</div>"
             )
-        parts.append(_memory_table(summary))
-        if "breakdown" in summary:
-            parts.append(
-                "<h2>Step-time "
-                f"breakdown</h2>{_img(breakdown_plot([summary], [run.path.name], tmp / 'bd.png'), 'breakdown')}"
-            )
+        if summary and summary.memory:
+            parts.append(_memory_table(summary.memory))
+        if summary and summary.breakdown:
+            plot = breakdown_plot([summary.breakdown.model_dump()], [run.path.name], tmp / "bd.png")
+            parts.append(f"<h2>Step-time breakdown</h2>{_img(plot, 'breakdown')}")
         parts.append(f"<h2>Configuration</h2>{_config_table(run.read_config())}")
         return "".join(parts)
 
@@ -567,26 +568,26 @@ def _run_body(run: RunDir) -> str:
 MEMORY_FIGURES = ("parameters_bytes", "gradients_bytes", "optimizer_bytes", "activations_peak_bytes", "rss_peak_bytes")
 
 
-def memory_per_rank(summary: dict[str, Any]) -> dict[str, int | None]:
+def memory_per_rank(memory: Memory | None) -> dict[str, int | None]:
     """The largest rank's figures: what must fit on each device. `model_state_bytes` is parameters +
     gradients + optimizer state, the part that sharding divides."""
-    memory = summary.get("memory") or {}
-    worst = {k: max(memory[k]) if memory.get(k) else None for k in MEMORY_FIGURES}
+    figures = {k: getattr(memory, k) if memory else [] for k in MEMORY_FIGURES}
+    worst = {k: max(v) if v else None for k, v in figures.items()}
     states = (
-        [sum(v) for v in zip(*(memory[k] for k in MEMORY_FIGURES[:3]))]
-        if all(memory.get(k) for k in MEMORY_FIGURES[:3])
+        [sum(v) for v in zip(*(figures[k] for k in MEMORY_FIGURES[:3]))]
+        if all(figures[k] for k in MEMORY_FIGURES[:3])
         else []
     )
     return {"model_state_bytes": max(states) if states else None, **worst}
 
 
-def _memory_table(summary: dict[str, Any]) -> str:
-    memory = summary.get("memory") or {}
-    ranks = len(next((v for v in memory.values() if isinstance(v, list)), []))
+def _memory_table(memory: Memory) -> str:
+    figures = {k: getattr(memory, k) for k in MEMORY_FIGURES}
+    ranks = max(map(len, figures.values()))
     if not ranks:
         return ""
     rows = [
-        (f"rank {r}", *(human(k, memory[k][r]) if memory.get(k) else "-" for k in MEMORY_FIGURES)) for r in range(ranks)
+        (f"rank {r}", *(human(k, figures[k][r]) if figures[k] else "-" for k in MEMORY_FIGURES)) for r in range(ranks)
     ]
     return (
         "<h2>Memory per rank</h2>"
@@ -606,22 +607,22 @@ def comparison_rows(runs: list[RunDir]) -> list[dict[str, Any]]:
     for run in runs:
         if not run.summary.exists():
             raise UsageError(f"{run.path} has no summary.json: the run did not finish")
-        s = run.read_summary()
+        s = run.summary_record()
         first = first or s
         rows.append(
             {
                 "run": str(run.path),
-                "workers": s.get("workers"),
-                "strategy": s.get("strategy"),
-                "global_batch_size": s.get("global_batch_size"),
-                **memory_per_rank(s),
-                "samples_per_s": s.get("samples_per_s"),
-                "throughput_vs_first": s.get("samples_per_s", 0) / first["samples_per_s"],
-                "epoch_time_s": s.get("epoch_time_s"),
-                "train_loss": s.get("train_loss"),
-                "val_accuracy": s.get("val_accuracy"),
-                "val_accuracy_diff": s.get("val_accuracy", 0) - first["val_accuracy"],
-                "wall_time_s": s.get("wall_time_s"),
+                "workers": s.workers,
+                "strategy": s.strategy,
+                "global_batch_size": s.global_batch_size,
+                **memory_per_rank(s.memory),
+                "samples_per_s": s.samples_per_s,
+                "throughput_vs_first": (s.samples_per_s or 0) / first.samples_per_s,
+                "epoch_time_s": s.epoch_time_s,
+                "train_loss": s.train_loss,
+                "val_accuracy": s.val_accuracy,
+                "val_accuracy_diff": (s.val_accuracy or 0) - first.val_accuracy,
+                "wall_time_s": s.wall_time_s,
             }
         )
     return rows
@@ -667,9 +668,14 @@ def comparison_table(rows: list[dict[str, Any]], split: str) -> tuple[tuple[str,
     return columns, cells
 
 
+def _breakdown(run: RunDir) -> dict[str, float | None]:
+    breakdown = run.summary_record().breakdown
+    return breakdown.model_dump() if breakdown else {}
+
+
 def held_out_split(runs: list[RunDir]) -> str:
     """What the runs' accuracy was measured on, for column titles: val, test, or val/test when mixed."""
-    splits = {run.read_summary().get("val_split", "test") for run in runs}
+    splits = {run.summary_record().val_split or "test" for run in runs}
     return splits.pop() if len(splits) == 1 else "val/test"
 
 
@@ -681,7 +687,7 @@ def _compare_body(runs: list[RunDir]) -> str:
 
     def render(tmp: Path) -> str:
         curves = curves_plots(runs, labels, tmp, "cmp-")
-        bd = breakdown_plot([r.read_summary() for r in runs], labels, tmp / "bd.png")
+        bd = breakdown_plot([_breakdown(r) for r in runs], labels, tmp / "bd.png")
         table = _table(*comparison_table(rows, held_out_split(runs)), "comparison")
         table += (
             "<p class='note'>memory: the largest rank's; model state = parameters + gradients + optimizer state "

@@ -162,13 +162,14 @@ def curves_plots(runs: list[RunDir], labels: list[str], out: Path, prefix: str) 
     return paths
 
 
-def breakdown_plot(summaries: list[dict[str, Any]], labels: list[str], path: Path) -> Path:
-    """Stacked bars: where each run's step time goes."""
+def breakdown_plot(breakdowns: list[dict[str, float | None]], labels: list[str], path: Path) -> Path:
+    """Stacked bars: where each run's step time goes (seconds per step by phase: summary.json's
+    `breakdown`, a scaling row's)."""
     phases = ("data_s", "compute_s", "comm_s", "optimizer_s", "other_s")
     fig, ax = plt.subplots(figsize=(7.5, 0.6 * len(labels) + 1.6))  # wide enough for the five-entry legend
     left = [0.0] * len(labels)
     for phase in phases:
-        values = [s["breakdown"].get(phase, 0.0) * 1e3 for s in summaries]
+        values = [(b.get(phase) or 0.0) * 1e3 for b in breakdowns]
         ax.barh(labels, values, left=left, label=phase.removesuffix("_s"))
         left = [a + b for a, b in zip(left, values)]
     ax.set_xlabel("ms per optimizer step")

@@ -13,7 +13,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from paratrain.formatting import ms
 from paratrain.reporting import comparison_table, plan_table, study_headline, study_notes, study_table, sweep_notes
+from paratrain.runs.records import Breakdown, Summary
 
 
 def wide_console() -> Console:
@@ -23,76 +25,78 @@ def wide_console() -> Console:
 
 
 def show_train(summary: dict[str, Any]) -> None:
-    table = Table(title=f"paratrain: {summary['strategy']} on {summary['workers']} worker(s)", show_header=False)
-    b = summary["breakdown"]
+    s = Summary.model_validate(summary)
+    table = Table(title=f"paratrain: {s.strategy} on {s.workers} worker(s)", show_header=False)
+    b, accum = s.breakdown or Breakdown(), s.grad_accum or 1
     rows = [
         # Replicas, not workers: the stages of one pipeline share a batch.
         (
             "global batch",
-            f"{summary['global_batch_size']} "
-            f"({summary['global_batch_size'] // (summary['batch_size'] * summary['grad_accum'])} x "
-            f"{summary['batch_size']}{' x ' + str(summary['grad_accum']) if summary['grad_accum'] > 1 else ''})",
+            f"{s.global_batch_size} ({s.global_batch_size // (s.batch_size * accum)} x "
+            f"{s.batch_size}{' x ' + str(accum) if accum > 1 else ''})",
         ),
-        ("learning rate", f"{summary['lr']:.4g} ({summary['lr_scaling']} from {summary['base_lr']:.4g})"),
+        ("learning rate", f"{s.lr:.4g} ({s.lr_scaling} from {s.base_lr:.4g})"),
         (
             "epoch time",
-            f"{summary['epoch_time_s']:.2f} s (median of {summary['timed_epochs']} epoch(s)"
-            f"{', first excluded' if summary['timed_epochs'] < summary['epochs'] else ''})",
+            f"{s.epoch_time_s:.2f} s (median of {s.timed_epochs} epoch(s)"
+            f"{', first excluded' if s.timed_epochs < s.epochs else ''})",
         ),
         (
             "throughput",
-            f"{summary['samples_per_s']:,.0f} samples/s"
-            + (f", {summary['tokens_per_s']:,.0f} tokens/s" if "tokens_per_s" in summary else ""),
+            f"{s.samples_per_s:,.0f} samples/s" + (f", {s.tokens_per_s:,.0f} tokens/s" if s.tokens_per_s else ""),
         ),
         (
             "step time",
-            f"data {b['data_s'] * 1e3:.1f} ms, compute {b['compute_s'] * 1e3:.1f} ms, comm {b['comm_s'] * 1e3:.1f} ms, "
-            f"optimizer {b['optimizer_s'] * 1e3:.1f} ms, other {b['other_s'] * 1e3:.1f} ms",
+            f"data {ms(b.data_s)}, compute {ms(b.compute_s)}, comm {ms(b.comm_s)}, optimizer {ms(b.optimizer_s)}, "
+            f"other {ms(b.other_s)}",
         ),
         *[
             (
                 "sent per step",
-                " / ".join(f"{n / 2**10:,.0f} KiB" for n in sent) + f" per rank, through {summary['allreduce']}",
+                " / ".join(f"{n / 2**10:,.0f} KiB" for n in sent) + f" per rank, through {s.allreduce}",
             )
-            for sent in [summary.get("comm_bytes_per_step")]
-            if sent and summary["workers"] > 1
+            for sent in [s.comm_bytes_per_step]
+            if sent and s.workers > 1
         ],
         *[
             (
                 "pipeline",
                 f"{p['stages']} stages x {p['dp']} replica(s), {p['schedule']}, {p['microbatches']} micro-batches; "
-                f"bubble {'n/a' if summary['bubble_fraction'] is None else format(summary['bubble_fraction'], '.1%')}"
-                f" measured, {summary['bubble_fraction_theory']:.1%} in theory",
+                f"bubble {'n/a' if s.bubble_fraction is None else format(s.bubble_fraction, '.1%')}"
+                f" measured, {s.bubble_fraction_theory:.1%} in theory",
             )
-            for p in [summary.get("pipeline")]
+            for p in [s.pipeline]
             if p
         ],
-        ("train loss", f"{summary['train_loss']:.4f}"),
+        ("train loss", f"{s.train_loss:.4f}"),
         (
-            f"{summary['val_split']} accuracy",
-            f"{summary['val_accuracy']:.2%} (loss {summary['val_loss']:.4f}"
-            + (f", {summary['val_bits_per_byte']:.3f} bits/byte)" if "val_bits_per_byte" in summary else ")"),
+            f"{s.val_split} accuracy",
+            f"{s.val_accuracy:.2%} (loss {s.val_loss:.4f}"
+            + (f", {s.val_bits_per_byte:.3f} bits/byte)" if s.val_bits_per_byte is not None else ")"),
         ),
         *(
             [
                 (
                     "MFU",
-                    f"{summary['mfu']:.1%} ({summary['flops_per_sample']:.3g} FLOPs/sample; peak "
-                    f"{summary['mfu_peak']['flops_per_s'] / 1e9:,.0f} GFLOP/s, "
-                    f"{summary['mfu_peak']['source'].split(':')[0]})",
+                    f"{s.mfu:.1%} ({s.flops_per_sample:.3g} FLOPs/sample; peak "
+                    f"{s.mfu_peak.flops_per_s / 1e9:,.0f} GFLOP/s, {s.mfu_peak.source.split(':')[0]})",
                 )
             ]
-            if summary.get("mfu") is not None
+            if s.mfu is not None and s.mfu_peak
             else []
         ),
-        ("peak memory", ", ".join(f"{m / 2**20:.0f} MiB" for m in summary["peak_memory_bytes"]) + " per rank"),
-        ("wall time", f"{summary['wall_time_s']:.1f} s"),
-        (
-            "other load",
-            f"{summary['machine_load']['other_fraction']:.0%} of the run's cores went to other work"
-            f"{' (contended: timings unreliable)' if summary['machine_load']['contended'] else ''}",
-        ),
-        ("run dir", summary["run_dir"]),
+        ("peak memory", ", ".join(f"{m / 2**20:.0f} MiB" for m in s.peak_memory_bytes or [] if m) + " per rank"),
+        ("wall time", f"{s.wall_time_s:.1f} s"),
+        *[
+            (
+                "other load",
+                f"{load.other_fraction:.0%} of the run's cores went to other work"
+                f"{' (contended: timings unreliable)' if load.contended else ''}",
+            )
+            for load in [s.machine_load]
+            if load and load.other_fraction is not None
+        ],
+        ("run dir", s.run_dir),
     ]
     for key, value in rows:
         table.add_row(key, value)
@@ -189,23 +193,25 @@ def study_progress(console: Console, study: Any) -> tuple[Any, Any]:
         )
 
     def point(workload: str, workers: int, repeat: int, summary: dict) -> None:
+        s = Summary.model_validate(summary)
         # A script reports what it measures: its epoch time and accuracy may be missing.
         shown = [
-            f"{summary['samples_per_s']:,.0f} samples/s",
-            *([f"epoch {summary['epoch_time_s']:.2f} s"] if summary.get("epoch_time_s") is not None else []),
-            *([f"accuracy {summary['val_accuracy']:.2%}"] if summary.get("val_accuracy") is not None else []),
-            *(["contended"] if summary.get("machine_load", {}).get("contended") else []),
+            f"{s.samples_per_s:,.0f} samples/s",
+            *([f"epoch {s.epoch_time_s:.2f} s"] if s.epoch_time_s is not None else []),
+            *([f"accuracy {s.val_accuracy:.2%}"] if s.val_accuracy is not None else []),
+            *(["contended"] if s.contended else []),
         ]
-        console.print(f"  {Path(summary['run_dir']).name}: {', '.join(shown)}")
+        console.print(f"  {Path(s.run_dir or '').name}: {', '.join(shown)}")
 
     return banner, point
 
 
 def show_launch(summary: dict[str, Any]) -> None:
-    reported = ", ".join(f"{k}={v:.4g}" for k, v in summary["reported"].items())
+    s = Summary.model_validate(summary)
+    reported = ", ".join(f"{k}={v:.4g}" for k, v in (s.reported or {}).items())
     print(
-        f"{summary['status']}: {summary['workers']} rank(s), {summary['wall_time_s']:.1f} s, exit status "
-        f"{summary['exit_code']}{'; reported ' + reported if reported else ''}; run dir {summary['run_dir']}"
+        f"{s.status}: {s.workers} rank(s), {s.wall_time_s:.1f} s, exit status "
+        f"{s.exit_code}{'; reported ' + reported if reported else ''}; run dir {s.run_dir}"
     )
 
 

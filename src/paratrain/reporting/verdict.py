@@ -19,6 +19,7 @@ from typing import Any
 
 from paratrain.errors import UsageError
 from paratrain.formatting import human, seconds
+from paratrain.runs.records import Summary
 
 # "Pays off": at least this much faster than the alternative, losing at most this many points of
 # held-out accuracy (differences below a point are within seed noise for the built-in workloads).
@@ -51,27 +52,26 @@ def _accuracy_text(points: float | None) -> str:
 # -- headlines ---------------------------------------------------------------------------------
 
 
-def run_verdict(summary: dict[str, Any], config: dict[str, Any]) -> list[str]:
-    if not summary:
+def run_verdict(summary: Summary | None, config: dict[str, Any]) -> list[str]:
+    if summary is None:
         return ["no summary.json: the run is still going or was interrupted"]
     if config.get("script"):
         name = Path(config["script"]).name
         line = (
-            f"{name} on {summary.get('workers')} rank(s): {summary.get('status')}, exit status "
-            f"{summary.get('exit_code')}, {seconds(summary.get('wall_time_s', 0.0))}"
+            f"{name} on {summary.workers} rank(s): {summary.status}, exit status "
+            f"{summary.exit_code}, {seconds(summary.wall_time_s or 0.0)}"
         )
-        if summary.get("samples_per_s") is not None:
-            line += f", {summary['samples_per_s']:,.0f} samples/s reported"
-        return [line + ("" if summary.get("status") == "completed" else f": {summary.get('error', '')}")]
-    if summary.get("status") != "completed":
-        return [f"the run {summary.get('status', 'did not finish')}: {summary.get('error', '')}"]
-    n = summary["workers"]
+        if summary.samples_per_s is not None:
+            line += f", {summary.samples_per_s:,.0f} samples/s reported"
+        return [line + ("" if summary.status == "completed" else f": {summary.error or ''}")]
+    if summary.status != "completed":
+        return [f"the run {summary.status}: {summary.error or ''}"]
+    n = summary.workers or 1
     threads = config.get("resolved", {}).get("threads_per_worker")
     each = f", {threads} core(s) each" if threads and config.get("resolved", {}).get("device") == "cpu" else ""
-    split = summary.get("val_split", "test")
     lines = [
-        f"{n} worker(s) ({summary['strategy']}{each}): {summary['samples_per_s']:,.0f} samples/s, epoch "
-        f"{seconds(summary['epoch_time_s'])}, {split} accuracy {summary['val_accuracy']:.1%}"
+        f"{n} worker(s) ({summary.strategy}{each}): {summary.samples_per_s:,.0f} samples/s, epoch "
+        f"{seconds(summary.epoch_time_s)}, {summary.val_split or 'test'} accuracy {summary.val_accuracy:.1%}"
     ]
     if n > 1:
         lines.append(
