@@ -38,6 +38,7 @@ TESTS = {
     "slurm.py": ["tests/test_formulas_slurm.py"],
     "doctor/script_checks.py": ["tests/test_formulas_doctor.py"],
     "doctor/finding.py": ["tests/test_formulas_doctor.py"],
+    "doctor/checks.py": ["tests/test_formulas_doctor_runs.py", "tests/test_formulas_epochs.py"],
     "launch/probe_summary.py": ["tests/test_formulas_doctor.py", "tests/test_probe_hooks.py"],
 }
 # module -> the functions whose mutants count, where the module also runs things (probes, runs,

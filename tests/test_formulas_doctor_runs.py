@@ -1,0 +1,294 @@
+"""The doctor's checks on built-in runs and studies (doctor/checks.py), against hand-computed cases:
+each threshold, each predicted gain and each rerun, from run directories written here file by file
+(config.json, summary.json, metrics.jsonl, system.jsonl) and read as the doctor reads them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from paratrain.doctor import checks
+from paratrain.doctor.evidence import RunEvidence, read_run
+
+BREAKDOWN = {"data_s": 0.01, "compute_s": 0.04, "comm_s": 0.04, "optimizer_s": 0.008, "other_s": 0.002}
+
+
+def built_run(
+    path: Path,
+    config: dict[str, Any] | None = None,
+    summary: dict[str, Any] | None = None,
+    events: list[dict[str, Any]] | None = None,
+    system: list[dict[str, Any]] | None = None,
+) -> RunEvidence:
+    """A run directory of a 2-worker ddp run on CPU (overridden by the arguments), read back."""
+    path.mkdir(parents=True)
+    config = dict(config or {})
+    resolved = {"device": "cpu", "threads_per_worker": 1, "cpu_sets": [[0], [1]], **config.pop("resolved", {})}
+    cfg = {"workload": "cifar10-cnn", "workers": 2, "batch_size": 32, "epochs": 4, **config}
+    (path / "config.json").write_text(json.dumps({**cfg, "resolved": resolved}))
+    base = {"status": "completed", "workers": cfg["workers"], "batch_size": cfg["batch_size"], "grad_accum": 1}
+    (path / "summary.json").write_text(json.dumps({**base, "breakdown": BREAKDOWN, **(summary or {})}))
+    (path / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events or []))
+    (path / "system.jsonl").write_text("".join(json.dumps(s) + "\n" for s in system or []))
+    return read_run(path)
+
+
+def quiet(breakdown: dict[str, float]) -> dict[str, Any]:
+    return {"breakdown": breakdown}
+
+
+# -- oversubscription -------------------------------------------------------------------------------
+
+
+def test_oversubscription_predicts_the_compute_at_ten_percent_of_a_threads_share_of_the_peak(tmp_path):
+    # 2 ranks x 2 threads on 2 cores. The fix: 1 thread each. A rank's compute at 10 % of its threads'
+    # share of the peak: 1e6 FLOPs x (32 x 2) samples / (1e9 / 2 threads x 1 thread x 0.10) = 1.28 s,
+    # against 4 s measured: 4 / 1.28 = 3.125x, a saving of 1 - 1 / 3.125 = 0.68.
+    ev = built_run(
+        tmp_path / "r",
+        {"resolved": {"threads_per_worker": 2}},
+        {
+            "grad_accum": 2,
+            "flops_per_sample": 1e6,
+            "mfu_peak": {"per_device": 1e9},
+            "machine_load": {"cores": 2},
+            "breakdown": {**BREAKDOWN, "compute_s": 4.0},
+        },
+    )
+    found = checks.oversubscription(ev)
+    assert found.finding == "4 threads compete for 2 cores"
+    assert found.saving == pytest.approx(0.68)
+    assert found.predicted_gain.startswith("3.1x faster on a quiet machine")
+    assert "takes 1,280 ms per step, against 4,000 ms measured" in found.predicted_gain
+    assert found.rerun == {"threads_per_worker": 1, "allow_oversubscribe": None}
+    assert "--threads-per-worker 1" in found.remedy and "--workers 2" in found.remedy  # the same ranks
+    assert found.evidence.startswith("2 ranks x 2 threads = 4 threads on 2 cores; step ")
+
+
+def test_oversubscription_by_ranks_fewer_ranks_and_no_prediction_without_a_flop_count(tmp_path):
+    ev = built_run(tmp_path / "r", {"workers": 4}, {"machine_load": {"cores": 2}, "wall_time_s": 3.0})
+    found = checks.oversubscription(ev)
+    assert found.rerun == {"threads_per_worker": 1, "allow_oversubscribe": None, "workers": 2}
+    assert found.saving == 0.5 and found.predicted_gain.startswith("not predicted (no FLOP count")
+    # A rank's compute that the fix cannot beat: no gain below 1x.
+    slower = built_run(
+        tmp_path / "s",
+        {"workers": 4},
+        {"machine_load": {"cores": 2}, "flops_per_sample": 1e6, "mfu_peak": {"per_device": 1e9}},
+    )
+    assert checks.oversubscription(slower).saving == 0.0
+    assert checks.oversubscription(built_run(tmp_path / "t", {"workers": 2}, {"machine_load": {"cores": 2}})) is None
+
+
+# -- exposed communication ---------------------------------------------------------------------------
+
+
+def test_exposed_communication_accumulates_until_the_all_reduce_is_a_tenth(tmp_path):
+    # step 0.1 s, comm 0.04 s (40 %). Micro-step work 0.05 s, per-step 0.01 s: 8 micro-steps take
+    # 8 x 0.05 + 0.01 + 0.04 = 0.45 s (all-reduce 8.9 %), against 8 x 0.1 = 0.8 s now: saving 0.4375.
+    ev = built_run(tmp_path / "r", {"allreduce": "backend"}, {"allreduce": "gloo"})
+    found = checks.exposed_communication(ev)
+    assert found.finding.startswith("40% of every step is spent in all-reduce")
+    assert found.saving == pytest.approx(0.4375)
+    assert found.rerun == {"grad_accum": 8}
+    assert "--grad-accum 8" in found.remedy and "or --batch-size 256 if it fits" in found.remedy
+    shm = found.remedy.split("; and average through shared memory: ")[1]  # --allreduce back to its default, auto
+    assert shm.startswith("paratrain train ") and "--allreduce" not in shm and "--grad-accum" not in shm
+    assert "450 ms per 8 micro-steps against 800 ms" in found.predicted_gain
+    assert found.evidence.endswith("2 workers, 32 samples per worker per step")
+
+
+def test_exposed_communication_multiplies_the_accumulation_already_there_and_stays_quiet_below_a_fifth(tmp_path):
+    ev = built_run(tmp_path / "r", {"grad_accum": 2, "allreduce": "shm"}, {"grad_accum": 2, "allreduce": "shm"})
+    found = checks.exposed_communication(ev)
+    assert found.rerun == {"grad_accum": 16} and "shared memory" not in found.remedy
+    below = {**BREAKDOWN, "comm_s": 0.0199, "compute_s": 0.0601}  # 19.9 %
+    assert checks.exposed_communication(built_run(tmp_path / "b", summary=quiet(below))) is None
+    # exactly 20 % (binary fractions: 0.25 of a 1.25 s step)
+    at = {"data_s": 0.25, "compute_s": 0.5, "comm_s": 0.25, "optimizer_s": 0.125, "other_s": 0.125}
+    assert checks.exposed_communication(built_run(tmp_path / "a", summary=quiet(at))) is not None
+    one = built_run(tmp_path / "one", {"workers": 1})
+    assert checks.exposed_communication(one) is None
+
+
+# -- data wait --------------------------------------------------------------------------------------
+
+
+def test_data_wait_saves_the_data_share_and_doubles_the_loader_workers(tmp_path):
+    waiting = {"data_s": 0.03, "compute_s": 0.06, "comm_s": 0.0, "optimizer_s": 0.01, "other_s": 0.0}
+    ev = built_run(tmp_path / "r", {"loader_workers": 3, "workers": 1}, {"breakdown": waiting, "dataset": "cifar10"})
+    found = checks.data_wait(ev)
+    assert found.saving == pytest.approx(0.3) and found.rerun == {"loader_workers": 6}
+    assert found.finding == "ranks wait for data 30% of every step"
+    # 1 rank of 1 thread on 2 cores: a spare core for the loader's workers.
+    ev = built_run(tmp_path / "s", {"workers": 1}, {"breakdown": waiting, "machine_load": {"cores": 2}})
+    found = checks.data_wait(ev)
+    assert found.rerun == {"loader_workers": 2} and "(batches prepared in worker processes" in found.remedy
+    # Every core taken: the loader cannot overlap; the dataset's own cost is named.
+    ev = built_run(tmp_path / "t", {"workers": 2}, {"breakdown": waiting, "machine_load": {"cores": 2}})
+    assert "needs spare cores to overlap" in checks.data_wait(ev).remedy
+    assert "(cifar10-cnn: decode and transform once" in checks.data_wait(ev).remedy
+    below = {**waiting, "data_s": 0.0149, "compute_s": 0.0751}
+    assert checks.data_wait(built_run(tmp_path / "b", summary=quiet(below))) is None
+
+
+# -- host-side stalls -------------------------------------------------------------------------------
+
+
+def _steps(rates: list[float], samples_each: int = 100) -> list[dict[str, Any]]:
+    return [
+        {"event": "step", "step": 10 * (i + 1), "samples": samples_each * (i + 1), "samples_per_s": rate}
+        for i, rate in enumerate(rates)
+    ]
+
+
+def test_host_sync_stalls_count_the_time_slow_intervals_lost(tmp_path):
+    # The first interval (50) is warm-up. The median of 100, 100, 100, 40, 100 is 100; 40 < 50 stalls:
+    # its 100 samples took 2.5 s instead of 1 s, 1.5 s lost of 10 s trained: 15 % (other is 2 %).
+    ev = built_run(
+        tmp_path / "r",
+        {"log_every": 5},
+        {"epoch_times_s": [5.0, 5.0]},
+        events=_steps([50, 100, 100, 100, 40, 100]),
+    )
+    found = checks.host_sync_stalls(ev)
+    assert found.saving == pytest.approx(0.15)
+    assert "1 logging interval(s) below 50% of the median samples/s, losing 1.50 s of 10.0 s" in found.evidence
+    assert found.rerun == {"log_every": 50}  # the default: the rerun drops --log-every 5
+    assert found.remedy.startswith("paratrain train ") and "--log-every" not in found.remedy
+    assert "(each log point reads the loss on the host); also: code change:" in found.remedy
+    # Without the stall and with other at 2 %: nothing; other at 20 % alone is a finding.
+    calm = built_run(tmp_path / "c", {"log_every": 50}, {"epoch_times_s": [5.0, 5.0]}, _steps([50, 100, 100, 100]))
+    assert checks.host_sync_stalls(calm) is None
+    busy = {**BREAKDOWN, "other_s": 0.02, "compute_s": 0.022}  # 20 % of a 0.1 s step
+    found = checks.host_sync_stalls(built_run(tmp_path / "o", {"log_every": 50}, quiet(busy)))
+    assert found.saving == pytest.approx(0.2) and found.rerun is None
+
+
+# -- monitor: rank 0 alone, straggler ---------------------------------------------------------------
+
+
+def _system(per_instant: list[tuple[float, float]]) -> list[dict[str, Any]]:
+    return [
+        {"time": 100.0 + t, "kind": "rank", "rank": rank, "cpu_percent": cpu, "num_threads": 1}
+        for t, cpus in enumerate(per_instant)
+        for rank, cpu in enumerate(cpus)
+    ]
+
+
+def test_rank0_alone_saves_its_share_times_the_ranks_that_could_share_it(tmp_path):
+    # 10 instants: rank 0 alone in 3, both busy in 5, both idle in 2: 30 % alone; over 2 ranks the
+    # lone work would take half: saving 0.3 x (1 - 1/2) = 0.15.
+    states = [(100, 5)] * 3 + [(100, 100)] * 5 + [(5, 5)] * 2
+    found = checks.rank0_alone(built_run(tmp_path / "r", system=_system(states)))
+    assert found.saving == pytest.approx(0.15)
+    assert found.evidence.startswith("3 of 10 monitor samples: rank 0 at 100 % CPU")
+    # Alone in 1 of 10 (below 15 %): nothing.
+    states = [(100, 5)] + [(100, 100)] * 9
+    assert checks.rank0_alone(built_run(tmp_path / "s", system=_system(states))) is None
+
+
+def test_a_straggler_leads_often_enough_and_saves_the_others_wait(tmp_path):
+    # 10 instants with both ranks busy: rank 1 at 200 % against rank 0's 100 % in 4 (ratio 0.5), even
+    # in 6. Share 0.4, saving 0.4 x (1 - 0.5) = 0.2.
+    states = [(100, 200)] * 4 + [(100, 100)] * 6
+    found = checks.straggler(built_run(tmp_path / "r", system=_system(states)))
+    assert found.finding == "rank 1 is a straggler: the others wait for it 40% of the time"
+    assert found.saving == pytest.approx(0.2)
+    # Twice: fewer than STRAGGLER_MIN_SAMPLES (3), however dominant.
+    states = [(100, 200)] * 2 + [(100, 100)] * 8
+    assert checks.straggler(built_run(tmp_path / "s", system=_system(states))) is None
+
+
+# -- evaluation, batch, warmup, load -----------------------------------------------------------------
+
+
+def test_evaluation_share_saves_half_the_time_between_epochs(tmp_path):
+    # Epochs 0-10 s and 14-24 s, training ends at 28 s: 8 s of evaluation against 20 s of training,
+    # 8/28 of the run; evaluating half as long saves 4/28.
+    events = [
+        {"event": "start", "step": 0, "unix_time": 1000.0},
+        {"event": "epoch", "epoch": 1, "step": 10, "time_start": 0.0, "time_end": 10.0, "epoch_time_s": 10.0},
+        {"event": "epoch", "epoch": 2, "step": 20, "time_start": 14.0, "time_end": 24.0, "epoch_time_s": 10.0},
+    ]
+    found = checks.evaluation_share(built_run(tmp_path / "r", summary={"train_time_s": 28.0}, events=events))
+    assert found.saving == pytest.approx(4 / 28)
+    assert found.evidence.startswith("8.0 s between epochs against 20.0 s of training over 2 epoch(s)")
+    events[2] = {**events[2], "time_start": 12.0, "time_end": 22.0}  # 2 + 2 s of 24: 17 %
+    assert checks.evaluation_share(built_run(tmp_path / "s", summary={"train_time_s": 24.0}, events=events)) is None
+
+
+def test_small_device_batch_below_eight_and_not_for_scripts(tmp_path):
+    found = checks.small_device_batch(built_run(tmp_path / "r", {"batch_size": 7}))
+    assert found.rerun == {"batch_size": 8} and found.saving is None
+    assert checks.small_device_batch(built_run(tmp_path / "s", {"batch_size": 8})) is None
+
+
+def test_global_batch_above_sqrt_n_suggests_the_per_worker_batch_that_meets_it(tmp_path):
+    # N = 10,000: sqrt 100. Global 256 over 2 workers x 2 micro-steps: 100 // 4 = 25 per worker.
+    ev = built_run(
+        tmp_path / "r",
+        {"grad_accum": 2, "resolved": {"train_samples": 10_000, "global_batch_size": 256}},
+        {"grad_accum": 2, "global_batch_size": 256},
+    )
+    found = checks.global_batch_sqrt_n(ev)
+    assert found.rerun == {"batch_size": 25}
+    assert found.evidence == "global batch 256 (2 workers x 32) for N = 10,000 training samples; 40 steps per epoch"
+    at = built_run(tmp_path / "s", {"resolved": {"train_samples": 10_000}}, {"global_batch_size": 100})
+    assert checks.global_batch_sqrt_n(at) is None
+
+
+def test_no_warmup_when_the_scaled_lr_is_eight_times_the_base(tmp_path):
+    # 1024 against 128: linear 8x (a finding; warmup min(5, 8 epochs / 4) = 2); sqrt 2.8x (none).
+    resolved = {"global_batch_size": 1024, "reference_batch_size": 128}
+    linear = {"lr_scaling": "linear", "lr": 0.1, "epochs": 8, "resolved": resolved}
+    found = checks.no_warmup(built_run(tmp_path / "r", linear))
+    assert found.finding == "the LR starts at 8x the base LR without warmup"
+    assert found.rerun == {"warmup_epochs": 2.0}
+    assert checks.no_warmup(built_run(tmp_path / "s", {**linear, "lr_scaling": "sqrt"})) is None
+    assert checks.no_warmup(built_run(tmp_path / "w", {**linear, "warmup_epochs": 1})) is None
+    smaller = {**linear, "resolved": {**resolved, "global_batch_size": 1016}}  # 7.9x
+    assert checks.no_warmup(built_run(tmp_path / "x", smaller)) is None
+
+
+def test_contended_names_the_other_work_and_is_advice(tmp_path):
+    load = {"cores": 2, "wall_s": 10.0, "other_cpu_s": 8.0, "steal_s": 0.5, "other_fraction": 0.4, "contended": True}
+    found = checks.contended(built_run(tmp_path / "r", summary={"machine_load": load}))
+    assert found.finding.startswith("other work took 40% of the run's cores")
+    assert found.evidence == "machine_load: 8.0 CPU s of other work and 0.5 s stolen on 2 core(s) over 10.0 s"
+    assert found.saving is None
+    assert checks.contended(built_run(tmp_path / "s", summary={"machine_load": {**load, "contended": False}})) is None
+
+
+# -- sweeps and studies ------------------------------------------------------------------------------
+
+
+def _trial(batch: int, rate: float) -> dict[str, Any]:
+    return {"state": "COMPLETE", "params": {"batch_size": batch}, "metrics": {"samples_per_s": rate}}
+
+
+def test_batch_knee_is_the_smallest_batch_within_five_percent_of_the_best(tmp_path):
+    # 200 samples/s at best: the knee is 32 (196 >= 190), not 16 (180). From 16: 1 - 180/196 saved.
+    trials = [_trial(8, 100), _trial(16, 180), _trial(16, 180), _trial(32, 196), _trial(64, 200)]
+    found = checks.batch_knee(trials, {"params": {"batch_size": 16}})
+    assert found.finding == "the best trial's batch 16 is below the throughput knee (32)"
+    assert found.saving == pytest.approx(1 - 180 / 196)
+    assert checks.batch_knee(trials, {"params": {"batch_size": 32}}) is None
+    assert checks.batch_knee(trials[:2], {"params": {"batch_size": 8}}) is None  # two batches: no knee
+
+
+def test_lr_not_scaled_in_a_weak_study_that_grew_the_batch(tmp_path):
+    rows = [
+        {"workers": 1, "global_batch_size": 64, "lr": 0.1, "val_accuracy": 0.5, "run_dir": "a"},
+        {"workers": 2, "global_batch_size": 128, "lr": 0.1, "val_accuracy": 0.45, "run_dir": "b"},
+    ]
+    configs = {"a": {"lr_scaling": "none"}, "b": {"lr_scaling": "none"}}
+    found = checks.lr_not_scaled({"mode": "weak", "rows": rows}, configs)
+    assert found.finding == "weak scaling grew the global batch 2x but not the LR"
+    assert found.remedy.startswith("paratrain scale --workers 1,2 --lr-scaling linear")
+    assert checks.lr_not_scaled({"mode": "strong", "rows": rows}, configs) is None
+    scaled = {"a": {"lr_scaling": "linear"}, "b": {"lr_scaling": "linear"}}
+    assert checks.lr_not_scaled({"mode": "weak", "rows": rows}, scaled) is None
