@@ -171,9 +171,11 @@ def test_host_sync_stalls_count_the_time_slow_intervals_lost(tmp_path):
 # -- monitor: rank 0 alone, straggler ---------------------------------------------------------------
 
 
-def _system(per_instant: list[tuple[float, float]]) -> list[dict[str, Any]]:
+def _system(per_instant: list[tuple[float, ...]], start: float = 100.0) -> list[dict[str, Any]]:
+    """The monitor's rank samples: an instant every 0.5 s, the ranks read 20 ms apart (one instant to
+    the doctor, which groups samples by the tenth of a second)."""
     return [
-        {"time": 100.0 + t, "kind": "rank", "rank": rank, "cpu_percent": cpu, "num_threads": 1}
+        {"time": start + 0.5 * t + 0.02 * rank, "kind": "rank", "rank": rank, "cpu_percent": cpu, "num_threads": 1}
         for t, cpus in enumerate(per_instant)
         for rank, cpu in enumerate(cpus)
     ]
@@ -216,7 +218,7 @@ def test_evaluation_share_saves_half_the_time_between_epochs(tmp_path):
     ]
     found = checks.evaluation_share(built_run(tmp_path / "r", summary={"train_time_s": 28.0}, events=events))
     assert found.saving == pytest.approx(4 / 28)
-    assert found.evidence.startswith("8.0 s between epochs against 20.0 s of training over 2 epoch(s)")
+    assert found.evidence == "8.0 s between epochs against 20.0 s of training over 2 epoch(s)"  # no monitor
     events[2] = {**events[2], "time_start": 12.0, "time_end": 22.0}  # 2 + 2 s of 24: 17 %
     assert checks.evaluation_share(built_run(tmp_path / "s", summary={"train_time_s": 24.0}, events=events)) is None
 
@@ -292,3 +294,254 @@ def test_lr_not_scaled_in_a_weak_study_that_grew_the_batch(tmp_path):
     assert checks.lr_not_scaled({"mode": "strong", "rows": rows}, configs) is None
     scaled = {"a": {"lr_scaling": "linear"}, "b": {"lr_scaling": "linear"}}
     assert checks.lr_not_scaled({"mode": "weak", "rows": rows}, scaled) is None
+
+
+# -- edges and branches (each case kills a plausible mistake: scripts/mutate.py doctor/checks.py) -----
+
+EXACT = {"data_s": 0.1875, "compute_s": 0.8125, "comm_s": 0.125, "optimizer_s": 0.0625, "other_s": 0.0625}  # 1.25 s
+
+
+def test_oversubscription_needs_cpu_ranks_with_known_threads_and_counts_what_the_monitor_saw(tmp_path):
+    gpu = built_run(
+        tmp_path / "g", {"resolved": {"device": "cuda", "threads_per_worker": 2}}, {"machine_load": {"cores": 2}}
+    )
+    assert checks.oversubscription(gpu) is None
+    unknown = built_run(tmp_path / "u", {"resolved": {"threads_per_worker": None}}, {"machine_load": {"cores": 1}})
+    assert checks.oversubscription(unknown) is None
+    # 2 ranks x 2 threads on 3 cores: 1 thread each (3 // 2); the monitor's thread counts in the evidence.
+    system = [{**s, "num_threads": 4 - s["rank"]} for s in _system([(100, 100)] * 2)]
+    seen = built_run(
+        tmp_path / "s",
+        {"resolved": {"threads_per_worker": 2}},
+        {"machine_load": {"cores": 3}, "breakdown": None, "wall_time_s": 3.0},
+        system=system,
+    )
+    found = checks.oversubscription(seen)
+    assert found.rerun == {"threads_per_worker": 1, "allow_oversubscribe": None}
+    assert found.evidence == (
+        "2 ranks x 2 threads = 4 threads on 3 cores; the monitor counted 4, 3 threads per rank; wall time 3.0 s"
+    )
+    bare = built_run(
+        tmp_path / "b", {"resolved": {"threads_per_worker": 2}}, {"machine_load": {"cores": 3}, "breakdown": None}
+    )
+    assert checks.oversubscription(bare).evidence.endswith("; wall time 0.0 s")
+
+
+def test_oversubscription_gives_the_fix_a_share_of_the_peak_for_each_thread_it_keeps(tmp_path):
+    # 2 ranks x 4 threads on 4 cores: 2 threads each. 1e6 x 32 / (1e9 / 4 x 2 x 0.10) = 0.64 s against
+    # 1.6 s: 2.5x, saving 0.6. Without a batch or a peak: not predicted.
+    peak = {"flops_per_sample": 1e6, "mfu_peak": {"per_device": 1e9}, "machine_load": {"cores": 4}}
+    ev = built_run(
+        tmp_path / "r",
+        {"resolved": {"threads_per_worker": 4}},
+        {**peak, "breakdown": {**BREAKDOWN, "compute_s": 1.6}},
+    )
+    found = checks.oversubscription(ev)
+    assert found.rerun["threads_per_worker"] == 2 and found.saving == pytest.approx(0.6)
+    no_batch = built_run(
+        tmp_path / "n", {"batch_size": None, "resolved": {"threads_per_worker": 4}}, {**peak, "batch_size": None}
+    )
+    assert checks.oversubscription(no_batch).predicted_gain.startswith("not predicted")
+    no_peak = built_run(tmp_path / "p", {"resolved": {"threads_per_worker": 4}}, {**peak, "mfu_peak": None})
+    assert checks.oversubscription(no_peak).saving == 0.5
+
+
+def test_shared_memory_is_suggested_only_to_cpu_ranks_with_cores_of_their_own_averaging_through_the_backend(tmp_path):
+    def shm(name, config, summary):
+        found = checks.exposed_communication(built_run(tmp_path / name, config, summary))
+        return "average through shared memory" in found.remedy
+
+    assert shm("gloo", {"allreduce": "backend"}, {"allreduce": "gloo"})
+    assert not shm("no-cpu-sets", {"allreduce": "backend", "resolved": {"cpu_sets": []}}, {"allreduce": "gloo"})
+    assert not shm("already", {"allreduce": "backend"}, {"allreduce": "shm"})
+    assert not shm("auto", {"allreduce": "auto"}, {"allreduce": "gloo"})
+
+
+def test_data_wait_at_its_threshold_and_the_loader_workers_in_evidence_and_remedy(tmp_path):
+    ev = built_run(tmp_path / "r", summary=quiet(EXACT))  # data exactly 15 %
+    found = checks.data_wait(ev)
+    assert found.saving == pytest.approx(0.15) and "; --loader-workers 0; dataset cifar10-cnn" in found.evidence
+    assert "--loader-workers 2" in found.remedy
+    assert found.remedy.endswith(
+        " needs spare cores to overlap: here the ranks take every core, so also make the dataset's __getitem__ "
+        "cheaper (cifar10-cnn: decode and transform once, keep tensors in memory)"
+    )
+    three = built_run(
+        tmp_path / "t", {"loader_workers": 3, "workers": 1}, {"machine_load": {"cores": 2}, **quiet(EXACT)}
+    )
+    assert "--loader-workers 6" in checks.data_wait(three).remedy
+    assert checks.data_wait(three).remedy.endswith(" (batches prepared in worker processes while the step runs)")
+    # 1 rank of 2 threads on 2 cores: no spare core.
+    busy = built_run(
+        tmp_path / "b",
+        {"workers": 1, "resolved": {"threads_per_worker": 2}},
+        {"machine_load": {"cores": 2}, **quiet(EXACT)},
+    )
+    assert "needs spare cores" in checks.data_wait(busy).remedy
+
+
+def test_stalls_from_the_second_interval_on_summed_and_counted(tmp_path):
+    # After the first: 40 (the second interval) and 20 stall (median 100): 100/40 - 1 + 100/20 - 1 = 5.5 s of 20.
+    events = _steps([50, 40, 100, 100, 20, 100, 100])
+    ev = built_run(tmp_path / "r", summary={"epoch_times_s": [10.0, 10.0]}, events=events)
+    found = checks.host_sync_stalls(ev)
+    assert "; 2 logging interval(s) below 50% of the median samples/s, losing 5.50 s of 20.0 s" in found.evidence
+    assert found.saving == pytest.approx(5.5 / 20)
+    # At half the median exactly: not a stall. Three intervals: too few to tell; four do.
+    edge = built_run(tmp_path / "e", summary={"epoch_times_s": [5.0, 5.0]}, events=_steps([50, 100, 100, 50, 100]))
+    assert checks.host_sync_stalls(edge) is None
+    few = built_run(tmp_path / "f", summary={"epoch_times_s": [5.0, 5.0]}, events=_steps([50, 10, 100, 100]))
+    assert checks.host_sync_stalls(few) is None
+    four = built_run(tmp_path / "4", summary={"epoch_times_s": [5.0, 5.0]}, events=_steps([50, 10, 100, 100, 100]))
+    assert checks.host_sync_stalls(four).saving == pytest.approx(0.9)  # four intervals: 100/10 - 1 = 9 s of 10
+
+
+def test_host_sync_stalls_at_both_thresholds_and_not_without_a_breakdown(tmp_path):
+    # Stalls exactly 10 %: 100 samples at 100/s against a median of 400/s lose 0.75 s of 7.5 s.
+    events = _steps([400, 400, 400, 100, 400])
+    stalled = built_run(tmp_path / "s", {"log_every": 10}, {"epoch_times_s": [3.75, 3.75]}, events)
+    found = checks.host_sync_stalls(stalled)
+    assert found.saving == pytest.approx(0.1) and found.rerun is None  # every 10 steps is often enough
+    assert found.remedy.startswith("code change: do not read tensors on the host every step")
+    other = checks.host_sync_stalls(
+        built_run(tmp_path / "o", summary=quiet({**EXACT, "data_s": 0.0625, "other_s": 0.1875}))
+    )
+    assert other.saving == pytest.approx(0.15) and "0 logging interval(s)" in other.evidence
+    big_stall = _steps([50, 10, 100, 100, 100])
+    none = built_run(tmp_path / "n", summary={"breakdown": None, "epoch_times_s": [5.0, 5.0]}, events=big_stall)
+    assert checks.host_sync_stalls(none) is None
+
+
+def test_rank0_alone_at_the_edges_of_idle_and_of_its_shares(tmp_path):
+    # A rank at exactly 10 % is busy: the same 3 of 10 as before.
+    states = [(10, 5)] * 3 + [(10, 10)] * 5 + [(5, 5)] * 2
+    found = checks.rank0_alone(built_run(tmp_path / "r", system=_system(states)))
+    assert found.saving == pytest.approx(0.15) and found.evidence.startswith("3 of 10 monitor samples")
+    # Alone and together exactly 15 % each (3 of 20): a finding.
+    states = [(100, 5)] * 3 + [(100, 100)] * 3 + [(5, 5)] * 14
+    assert checks.rank0_alone(built_run(tmp_path / "e", system=_system(states))).saving == pytest.approx(0.075)
+    # Together in 1 of 10: rank 0 is not alone in a run whose ranks never work at once.
+    states = [(100, 5)] * 5 + [(100, 100)] + [(5, 5)] * 4
+    assert checks.rank0_alone(built_run(tmp_path / "t", system=_system(states))) is None
+    # Four instants are enough; one rank is never alone.
+    four = [(100, 5)] + [(100, 100)] * 3
+    assert checks.rank0_alone(built_run(tmp_path / "f", system=_system(four))).saving == pytest.approx(0.125)
+    one = built_run(tmp_path / "o", {"workers": 1}, system=_system([(100,)] * 10))
+    assert checks.rank0_alone(one) is None and checks.straggler(one) is None
+
+
+def test_a_straggler_at_the_edges_and_as_rank_0(tmp_path):
+    # 13 against 10 (exactly 1.3x, both busy at 10 %): rank 1 leads in 4 of 10; saving 0.4 x 3/13.
+    states = [(10, 13)] * 4 + [(100, 100)] * 6
+    found = checks.straggler(built_run(tmp_path / "r", system=_system(states)))
+    assert found.saving == pytest.approx(0.4 * 3 / 13)
+    # Rank 0 as the straggler; 4 instants are enough.
+    found = checks.straggler(built_run(tmp_path / "z", system=_system([(200, 100)] * 3 + [(100, 100)])))
+    assert found.finding.startswith("rank 0 is a straggler") and found.saving == pytest.approx(0.75 * 0.5)
+    # Exactly 15 % (3 of 20) and exactly the 3 samples needed: a finding.
+    states = [(100, 200)] * 3 + [(100, 100)] * 17
+    assert checks.straggler(built_run(tmp_path / "e", system=_system(states))).saving == pytest.approx(0.075)
+
+
+def test_evaluation_share_at_a_quarter_and_the_ranks_idle_during_it(tmp_path):
+    # Epochs 0-3 s and 4-7 s, training ends at 8 s: 2 s of 8 evaluate (25 %). Monitor samples during
+    # evaluation (3.5 s, 7.5 s on the run's clock): rank 0 idle, rank 1 busy; one outside it, ignored.
+    events = [
+        {"event": "start", "step": 0, "unix_time": 1000.0},
+        {"event": "epoch", "epoch": 1, "step": 10, "time_start": 0.0, "time_end": 3.0, "epoch_time_s": 3.0},
+        {"event": "epoch", "epoch": 2, "step": 20, "time_start": 4.0, "time_end": 7.0, "epoch_time_s": 3.0},
+    ]
+    system = _system([(5, 100)], start=1003.5) + _system([(5, 100)], start=1007.5) + _system([(100, 5)], start=1001.0)
+    ev = built_run(tmp_path / "r", summary={"train_time_s": 8.0}, events=events, system=system)
+    found = checks.evaluation_share(ev)
+    assert found.saving == pytest.approx(0.125)
+    assert found.evidence.endswith("over 2 epoch(s); idle during evaluation: rank 0 100%, rank 1 0.0%")
+
+
+def test_first_epoch_overhead_one_epoch_two_epochs_and_a_quarter(tmp_path):
+    one = checks.first_epoch_overhead(built_run(tmp_path / "one", summary={"epoch_times_s": [4.0]}))
+    assert one.rerun == {"epochs": 2} and one.saving is None and one.severity == "advice"
+    assert " --epochs 2" in one.remedy and one.remedy.endswith(" (the summary then times the epochs after the first)")
+    script = built_run(tmp_path / "script", {"script": "train.py"}, {"epoch_times_s": [4.0]})
+    assert checks.first_epoch_overhead(script) is None
+    two = checks.first_epoch_overhead(built_run(tmp_path / "two", summary={"epoch_times_s": [5.0, 1.0]}))
+    assert two.finding == "start-up costs 67% of the training time"
+    quarter = built_run(tmp_path / "q", summary={"epoch_times_s": [3.0, 1.0, 1.0, 1.0, 1.0, 1.0]})  # (3 - 1) / 8
+    assert checks.first_epoch_overhead(quarter).finding == "start-up costs 25% of the training time"
+
+
+def test_batch_sqrt_n_and_warmup_edges(tmp_path):
+    script = built_run(tmp_path / "script", {"script": "train.py", "batch_size": 4}, {"batch_size": 4})
+    assert checks.small_device_batch(script) is None
+    # sqrt(N) over 2 workers x 3 micro-steps: 100 // 6 = 16; over 16 micro-steps, at least 1.
+    six = built_run(
+        tmp_path / "six",
+        {"grad_accum": 3, "resolved": {"train_samples": 10_000}},
+        {"grad_accum": 3, "global_batch_size": 192},
+    )
+    found = checks.global_batch_sqrt_n(six)
+    assert found.rerun == {"batch_size": 16} and "--batch-size 16" in found.remedy and found.saving is None
+    many = built_run(
+        tmp_path / "many",
+        {"grad_accum": 8, "resolved": {"train_samples": 100}},
+        {"grad_accum": 8, "global_batch_size": 512},
+    )
+    assert checks.global_batch_sqrt_n(many).rerun == {"batch_size": 1}
+    unknown_n = built_run(tmp_path / "n", summary={"global_batch_size": 512})
+    assert checks.global_batch_sqrt_n(unknown_n) is None
+    # warmup: none without a global or a base batch; none for --lr-scaling none even at 64x; at most 5 epochs.
+    resolved = {"global_batch_size": 8192, "reference_batch_size": 128}
+    for name, config in {
+        "no-g": {"lr_scaling": "linear", "resolved": {**resolved, "global_batch_size": None}},
+        "no-ref": {"lr_scaling": "linear", "resolved": {**resolved, "reference_batch_size": None}},
+        "none": {"lr_scaling": "none", "resolved": resolved},
+    }.items():
+        assert checks.no_warmup(built_run(tmp_path / name, config)) is None, name
+    long = checks.no_warmup(built_run(tmp_path / "long", {"lr_scaling": "sqrt", "epochs": 40, "resolved": resolved}))
+    assert long.rerun == {"warmup_epochs": 5.0} and "--warmup-epochs 5" in long.remedy and long.saving is None
+    unset = checks.no_warmup(
+        built_run(tmp_path / "unset", {"lr_scaling": "sqrt", "epochs": None, "resolved": resolved})
+    )
+    assert unset.rerun == {"warmup_epochs": 0.25}
+
+
+def test_idle_devices_names_the_gpus_idle_a_fifth_of_the_run(tmp_path):
+    def gpu(index, utilisations):
+        return [
+            {"time": 100.0 + t, "kind": "gpu", "index": index, "utilization_percent": u}
+            for t, u in enumerate(utilisations)
+        ]
+
+    # GPU 0 idle in 2 of 10 samples (exactly 20 %), GPU 1 in 1 (10 %, not named).
+    system = gpu(0, [5, 5] + [90] * 8) + gpu(1, [5] + [90] * 9)
+    found = checks.idle_devices(built_run(tmp_path / "r", {"resolved": {"device": "cuda"}}, system=system))
+    assert found.finding == "GPU 0 idle 20% of the run" and found.saving is None
+    assert found.evidence == "share of the monitor's samples with utilisation under 10 %: GPU 0 20% of 10"
+    assert checks.idle_devices(built_run(tmp_path / "s", system=gpu(0, [5] + [90] * 9))) is None
+
+
+def test_the_knee_among_complete_trials_with_a_rate_and_a_best_trial_with_a_batch(tmp_path):
+    trials = [_trial(8, 100), _trial(16, 180), _trial(32, 190), _trial(64, 200)]  # 190 is exactly 95 %
+    assert "knee (32)" in checks.batch_knee(trials, {"params": {"batch_size": 16}}).finding
+    failed = {"state": "FAIL", "params": {"batch_size": 128}, "metrics": {"samples_per_s": 1000}}
+    unmeasured = {"state": "COMPLETE", "params": {"batch_size": 256}, "metrics": {}}
+    assert "knee (32)" in checks.batch_knee([*trials, failed, unmeasured], {"params": {"batch_size": 16}}).finding
+    assert "knee (32)" in checks.batch_knee(trials[1:], {"params": {"batch_size": 16}}).finding  # 3 batches suffice
+    assert checks.batch_knee(trials, {"params": {"lr": 0.1}}) is None
+    assert checks.batch_knee(trials, {"number": 3}) is None
+
+
+def test_lr_not_scaled_reads_the_scaling_rows_from_first_to_last(tmp_path):
+    rows = [
+        {"workers": n, "global_batch_size": 64 * n, "lr": 0.1, "val_accuracy": 0.5, "run_dir": str(n)}
+        for n in (1, 2, 4)
+    ]
+    reference = {**rows[0], "point": "all_cores_reference", "run_dir": "ref"}
+    configs = {r["run_dir"]: {"lr_scaling": "none"} for r in [*rows, reference]}
+    found = checks.lr_not_scaled({"mode": "weak", "rows": [*rows, reference]}, configs)
+    assert found.finding == "weak scaling grew the global batch 4x but not the LR"
+    assert checks.lr_not_scaled({"mode": "weak", "rows": rows}, {"1": {"lr_scaling": "none"}}) is None
+    moved = [*rows[:2], {**rows[2], "lr": 0.4}]
+    assert checks.lr_not_scaled({"mode": "weak", "rows": moved}, configs) is None
+    flat = [{**r, "global_batch_size": 64} for r in rows]
+    assert checks.lr_not_scaled({"mode": "weak", "rows": flat}, configs) is None

@@ -169,10 +169,10 @@ def _stalls(ev: RunEvidence) -> tuple[int, float]:
     median = statistics.median(e["samples_per_s"] for e in steps)
     lost, count = 0.0, 0
     previous = {e["step"]: e for e in ev.step_events}
-    for e in steps:
+    for e in steps:  # each has a step event before it: the first was dropped
         if e["samples_per_s"] < STALL_RATE * median:
-            before = max((p for p in previous if p < e["step"]), default=None)
-            samples = e["samples"] - (previous[before]["samples"] if before is not None else 0)
+            before = max(p for p in previous if p < e["step"])
+            samples = e["samples"] - previous[before]["samples"]
             lost += samples / e["samples_per_s"] - samples / median
             count += 1
     return count, lost
