@@ -39,6 +39,8 @@ TESTS = {
     "doctor/script_checks.py": ["tests/test_formulas_doctor.py"],
     "doctor/finding.py": ["tests/test_formulas_doctor.py"],
     "doctor/checks.py": ["tests/test_formulas_doctor_runs.py", "tests/test_formulas_epochs.py"],
+    "engine/timing.py": ["tests/test_formulas_timing.py"],
+    "engine/memory.py": ["tests/test_formulas_engine_memory.py"],
     "launch/probe_summary.py": ["tests/test_formulas_doctor.py", "tests/test_probe_hooks.py"],
 }
 # module -> the functions whose mutants count, where the module also runs things (probes, runs,
@@ -47,6 +49,21 @@ FUNCTIONS = {
     "batch/lr_find.py": ["scaling_rule", "smooth", "suggest"],
     "batch/find_batch.py": ["knee", "binsearch", "find_batch"],
     "commbench.py": ["fit_alpha_beta", "fit_regimes", "regime_for", "_largest", "message_sizes"],
+    # Not the device and process calls (CUDA statistics, getrusage, setrlimit): GPU paths and limits.
+    "engine/memory.py": [
+        "storage_bytes",
+        "_optimizer_tensors",
+        "held_bytes",
+        "_pack",
+        "_release",
+        "__init__",
+        "watch",
+        "count",
+        "figures",
+        "_unpack",
+        "per_rank",
+        "is_out_of_memory",
+    ],
 }
 MESSAGE_LINES = [r"raise UsageError\(", r"raise RunFailed\(", r"^\s+f?\"[^\"]*\"?\)?$", r"^\s+f\"", r"^\s+\"[^\"]"]
 

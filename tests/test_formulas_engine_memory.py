@@ -1,0 +1,121 @@
+"""What a rank holds and saves (engine/memory.py), the figures of summary.json's `memory` block,
+against hand-counted bytes on small models in this process."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from paratrain.engine.memory import (
+    MEMORY_FIELDS,
+    MemoryMeter,
+    SavedTensorPeak,
+    held_bytes,
+    is_out_of_memory,
+    per_rank,
+    storage_bytes,
+)
+
+
+def trained_linear(optimizer: type[torch.optim.Optimizer], **options) -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = nn.Linear(10, 5)  # 50 weights + 5 biases: 55 floats, 220 bytes
+    opt = optimizer(model.parameters(), **options)
+    model(torch.randn(3, 10)).sum().backward()
+    opt.step()
+    return model, opt
+
+
+def test_held_bytes_count_parameters_gradients_and_each_optimizers_state():
+    # Adam: two moments of 220 bytes, and a float32 step count per parameter tensor (2 x 4 bytes).
+    model, adam = trained_linear(torch.optim.Adam)
+    assert held_bytes(model, adam) == {"parameters_bytes": 220, "gradients_bytes": 220, "optimizer_bytes": 448}
+    # SGD with momentum: one buffer; without: no state at all.
+    model, sgd = trained_linear(torch.optim.SGD, lr=0.1, momentum=0.9)
+    assert held_bytes(model, sgd)["optimizer_bytes"] == 220
+    model, plain = trained_linear(torch.optim.SGD, lr=0.1)
+    assert held_bytes(model, plain)["optimizer_bytes"] == 0
+    # Gradients set to None after the step are not held.
+    model.zero_grad(set_to_none=True)
+    assert held_bytes(model, plain)["gradients_bytes"] == 0
+
+
+def test_storage_bytes_counts_each_storage_once_and_skips_the_meta_device():
+    whole = torch.zeros(100)  # 400 bytes
+    other = torch.zeros(25, dtype=torch.float64)  # 200 bytes
+    assert storage_bytes([whole, whole[:10], whole.view(10, 10), other]) == 600
+    assert storage_bytes([whole[50:]]) == 400  # a view holds its whole storage
+    assert storage_bytes([torch.zeros(1000, device="meta"), other]) == 200
+    assert storage_bytes([]) == 0
+
+
+def test_the_saved_tensor_peak_counts_activations_once_and_not_parameters():
+    # sin saves its input x, exp its output: 2 x 1000 floats = 8000 bytes live at the end of forward;
+    # backward frees both.
+    x = torch.randn(1000, requires_grad=True)
+    meter = SavedTensorPeak()
+    with meter.watch():
+        loss = torch.exp(torch.sin(x)).sum()
+    assert (meter.peak, meter.live) == (8000, 8000)
+    loss.backward()
+    del loss
+    assert (meter.peak, meter.live) == (8000, 0)
+    # x * x saves x twice: one storage. A Linear saves its input, not its weight (a parameter).
+    meter = SavedTensorPeak()
+    with meter.watch():
+        squares = x * x
+    assert meter.peak == 4000
+    del squares
+    meter = SavedTensorPeak()
+    with meter.watch():
+        nn.Linear(100, 10)(torch.randn(8, 100))
+    assert meter.peak == 8 * 100 * 4
+    # Outside watch() nothing is counted.
+    torch.sin(x).sum()
+    assert meter.peak == 3200
+
+
+def test_the_meter_measures_the_second_optimizer_step_or_the_only_one():
+    assert MemoryMeter(first_step=0, last_step=10).step == 1
+    assert MemoryMeter(first_step=5, last_step=7).step == 6  # a resumed run: its own second step
+    assert MemoryMeter(first_step=5, last_step=6).step == 5  # one step: that one
+    meter = MemoryMeter(first_step=0, last_step=10)
+    assert meter.figures()["parameters_bytes"] is None and meter.figures()["activations_peak_bytes"] is None
+    model = nn.Linear(100, 10)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for step in range(3):
+        with meter.watch(step):
+            model(torch.randn(8 * (step + 1), 100)).sum().backward()  # 3200, 6400, 9600 bytes of input
+        opt.step()
+        meter.count(step, model, opt)
+        opt.zero_grad()
+    figures = meter.figures()
+    assert list(figures) == list(MEMORY_FIELDS)
+    assert figures["activations_peak_bytes"] == 6400  # step 1's forward only
+    assert figures["parameters_bytes"] == figures["gradients_bytes"] == figures["optimizer_bytes"] == 4040
+    assert figures["rss_peak_bytes"] > 50 * 2**20
+
+
+def test_per_rank_lists_each_figure_in_rank_order():
+    ranks = [dict.fromkeys(MEMORY_FIELDS, 1), {**dict.fromkeys(MEMORY_FIELDS, 2), "optimizer_bytes": None}]
+    assert per_rank(ranks) == {
+        "parameters_bytes": [1, 2],
+        "gradients_bytes": [1, 2],
+        "optimizer_bytes": [1, None],
+        "activations_peak_bytes": [1, 2],
+        "rss_peak_bytes": [1, 2],
+    }
+
+
+@pytest.mark.parametrize(
+    "error, out_of_memory",
+    [
+        (MemoryError(), True),
+        (RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 4 GB"), True),
+        (RuntimeError("shape mismatch"), False),
+        (ValueError("can't allocate memory"), False),
+    ],
+)
+def test_an_allocation_that_failed_is_told_from_other_errors(error, out_of_memory):
+    assert is_out_of_memory(error) is out_of_memory
