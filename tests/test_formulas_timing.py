@@ -98,3 +98,43 @@ def test_the_cpu_clock_reads_the_wall_clock_and_subtracts():
     assert isinstance(start, float) and not clock.cuda
     assert clock.seconds(1.25, 3.0) == 1.75
     assert Clock(torch.device("cuda")).cuda
+
+
+def test_spans_of_a_phase_add_up_over_the_steps(monkeypatch):
+    timing = StepBreakdown(Clock(torch.device("cpu")))
+    for _ in range(4):
+        timing.span("data_s", 0.0, 0.5)
+        timing.span("step", 0.0, 1.0)
+        timing.step_done()
+    assert timing.means()["data_s"] == pytest.approx(0.5) and timing.means()["other_s"] == pytest.approx(0.5)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    deferred = StepBreakdown(NumberEvents())
+    for _ in range(4):
+        deferred.span("data_s", 0.0, 0.5)
+        deferred.step_done()
+    assert deferred.means()["data_s"] == pytest.approx(0.5)
+
+
+class TimedEvent:
+    """torch.cuda.Event's part the clock uses, on the host: record() notes the time (ms between two)."""
+
+    def __init__(self, enable_timing=False):
+        self.enable_timing, self.at = enable_timing, None
+
+    def record(self):
+        self.at = TimedEvent.now
+
+    def elapsed_time(self, end):
+        assert self.enable_timing and end.enable_timing, "events need enable_timing=True to be timed"
+        return (end.at - self.at) * 1000.0
+
+
+def test_the_gpu_clock_records_timing_events_and_reads_them_in_seconds(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "Event", TimedEvent)
+    clock = Clock(torch.device("cuda", 0))
+    TimedEvent.now = 2.0
+    start = clock.stamp()
+    TimedEvent.now = 2.25
+    end = clock.stamp()
+    assert isinstance(start, TimedEvent) and start.enable_timing
+    assert clock.seconds(start, end) == pytest.approx(0.25)
