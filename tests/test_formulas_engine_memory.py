@@ -76,6 +76,52 @@ def test_the_saved_tensor_peak_counts_activations_once_and_not_parameters():
     assert meter.peak == 3200
 
 
+def test_the_saved_tensor_peak_leaves_backward_unchanged_and_skips_parameters():
+    torch.manual_seed(0)
+    layer, inputs = nn.Linear(20, 4), torch.randn(6, 20, requires_grad=True)
+    layer(inputs).square().sum().backward()
+    expected = (inputs.grad.clone(), layer.weight.grad.clone())
+    inputs.grad = layer.weight.grad = layer.bias.grad = None
+    meter = SavedTensorPeak()
+    with meter.watch():  # the weight is saved for the inputs' gradient: given back as it is
+        layer(inputs).square().sum().backward()
+    torch.testing.assert_close((inputs.grad, layer.weight.grad), expected)
+    only_parameters = SavedTensorPeak()
+    with only_parameters.watch():
+        torch.sin(layer.weight)
+    assert only_parameters.peak == 0
+
+
+def test_a_storage_saved_by_two_nodes_stays_live_until_both_are_freed():
+    # x * x saves x twice (one node), sin(x) once more (another): backward through the product alone
+    # frees two of the three holders, and x's 4000 bytes stay live for sin's.
+    x = torch.randn(1000, requires_grad=True)
+    meter = SavedTensorPeak()
+    with meter.watch():
+        product, sine = x * x, torch.sin(x)
+    product.sum().backward()
+    del product
+    assert meter.live == 4000
+    del sine
+    assert meter.live == 0
+
+
+def test_the_optimizer_state_of_zero_is_its_local_optimizers(tmp_path):
+    """ZeroRedundancyOptimizer keeps this rank's partition in `.optim`: on a 1-rank gloo group, all of it."""
+    import torch.distributed as dist
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        model = nn.Linear(10, 5)
+        zero = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam)
+        model(torch.randn(3, 10)).sum().backward()
+        zero.step()
+        assert held_bytes(model, zero)["optimizer_bytes"] == 448
+    finally:
+        dist.destroy_process_group()
+
+
 def test_the_meter_measures_the_second_optimizer_step_or_the_only_one():
     assert MemoryMeter(first_step=0, last_step=10).step == 1
     assert MemoryMeter(first_step=5, last_step=7).step == 6  # a resumed run: its own second step
@@ -88,6 +134,8 @@ def test_the_meter_measures_the_second_optimizer_step_or_the_only_one():
         with meter.watch(step):
             model(torch.randn(8 * (step + 1), 100)).sum().backward()  # 3200, 6400, 9600 bytes of input
         opt.step()
+        if step == 2:
+            opt.zero_grad(set_to_none=True)  # a count at this step would see no gradients
         meter.count(step, model, opt)
         opt.zero_grad()
     figures = meter.figures()
