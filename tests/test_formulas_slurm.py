@@ -361,15 +361,18 @@ def test_a_sweep_job_runs_the_sweep_with_its_own_flags_and_the_script_s_argument
     assert srun[-3:] == ["--", "--epochs", "3"]
     assert srun[srun.index("--jobs") + 1] == "2" and srun[srun.index("--script") + 1] == str(script)
     assert "train" not in srun and "--workload" not in srun  # a script's sweep has no train flags
+    assert not {"--config", "--train", "--script-args"} & set(srun)  # given back as the positional, flags and `--`
     jobs = slurm(tmp_path / "b", capsys, "sweep", str(space), "--workload", "synthetic-cnn", "--gpus-per-node", "0")
     srun = jobs["sweep"][2]
     assert srun[srun.index("--workload") + 1] == "synthetic-cnn" and "--" not in srun
+    assert srun[2:5] == ["paratrain", "sweep", str(space.absolute())]  # the sweep's own, then the train flags
+    assert not {"--config", "--train", "--script-args"} & set(srun)
 
 
 FAKE_SBATCH = """#!/bin/bash
 echo "$@" >> "{log}"
 for a in "$@"; do
-  if [ "$a" = --test-only ]; then cat > /dev/null; {test_only}; fi
+  if [ "$a" = --test-only ]; then cat >> "{log}.scripts"; {test_only}; fi
 done
 {submit}
 """
@@ -425,6 +428,67 @@ def test_submit_checks_every_script_then_submits_the_collection_after_the_points
         f"{points[1]}  submitted: job 105",
         f"{out}/slurm/collect.sbatch  submitted: job 106",
     ]
+    # what sbatch checked is what was written, script by script
+    written = "".join(Path(p).read_text() for p in [*points, f"{out}/slurm/collect.sbatch"])
+    assert Path(f"{log}.scripts").read_text() == written
+    # the study the collection reports on, and the collection's command
+    study = json.loads((out / "study.json").read_text())
+    assert study["scheduler"] == "slurm" and study["workers"] == [1, 2]
+    assert parse_script(out / "slurm" / "collect.sbatch")[2][-3:] == ["paratrain", "report", str(out)]
+
+
+def test_the_python_api_returns_where_it_wrote_and_refuses_what_the_job_sets(tmp_path, monkeypatch):
+    from paratrain.config import SlurmConfig
+    from paratrain.errors import UsageError
+    from paratrain.slurm import write_slurm
+
+    slurm_cfg = SlurmConfig(partition="p", time="00:10:00", gpus_per_node=0, out=tmp_path / "job")
+    result = write_slurm("train", {"workload": "synthetic-cnn"}, slurm_cfg)
+    assert result == {
+        "out": str(tmp_path / "job"),
+        "scripts": {"train": str(tmp_path / "job" / "slurm" / "train.sbatch")},
+        "job_ids": {},
+    }
+    # A study or a sweep given without train options gets the defaults' (the CLI always nests them).
+    cfg = slurm_cfg.model_copy(update={"out": tmp_path / "scale"})
+    scripts = write_slurm("scale", {"workload": ["synthetic-cnn"], "workers": [1, 2]}, cfg)["scripts"]
+    assert sorted(scripts) == ["collect", "synthetic-cnn-w1-all-cores-r0", "synthetic-cnn-w1-r0", "synthetic-cnn-w2-r0"]
+    space = tmp_path / "space.json"
+    space.write_text(json.dumps({"algorithm": "grid", "parameters": {"lr": {"type": "discrete", "values": [0.1]}}}))
+    cfg = slurm_cfg.model_copy(update={"out": tmp_path / "sweep"})
+    assert list(write_slurm("sweep", {"config": space}, cfg)["scripts"]) == ["sweep"]  # the default workload
+    for own in ("nodes", "node_rank", "rdzv"):
+        again = SlurmConfig(partition="p", time="00:10:00", gpus_per_node=0, out=tmp_path / own)
+        with pytest.raises(UsageError, match=f"--{own.replace('_', '-')} is set by the job itself"):
+            write_slurm("train", {"workload": "synthetic-cnn", own: 2}, again)
+
+
+def test_a_scale_job_gives_each_point_the_study_s_train_flags_quietly(tmp_path, capsys):
+    jobs = slurm(
+        tmp_path,
+        capsys,
+        "scale",
+        "--workers",
+        "1,2",
+        "--workload",
+        "synthetic-cnn",
+        "--gpus-per-node",
+        "0",
+        "--epochs",
+        "3",
+        "--lr",
+        "0.05",
+    )
+    for name in ("synthetic-cnn-w1-r0", "synthetic-cnn-w2-r0", "synthetic-cnn-w1-all-cores-r0"):
+        srun = jobs[name][2]
+        assert srun[srun.index("--epochs") + 1] == "3" and srun[srun.index("--lr") + 1] == "0.05", name
+        assert "--quiet" in srun, name  # a batch job has no terminal for a progress bar
+
+
+def test_an_empty_list_flag_is_left_out_and_the_flags_after_it_kept(tmp_path, capsys):
+    words = srun_words(tmp_path, capsys, "--augment", "", "--allow-oversubscribe", "--log-every", "7")
+    assert "--augment" not in words and "--allow-oversubscribe" in words
+    assert words[words.index("--log-every") + 1] == "7"
 
 
 def test_sbatch_refusing_a_script_writes_nothing_and_says_sbatch_s_last_line(tmp_path, capsys, monkeypatch):

@@ -252,6 +252,7 @@ def script_text(job: Job, slurm: SlurmConfig, out: Path) -> str:
 
 
 def _sbatch(argv: list[str], script: Any, what: str) -> str:
+    """sbatch's output (a submission's `jobid[;cluster]`), or its refusal in one line."""
     proc = subprocess.run(argv, input=script, capture_output=True, text=True)
     if proc.returncode != 0:
         said = [line.strip() for line in (proc.stderr or proc.stdout).splitlines() if line.strip()]
@@ -259,6 +260,4 @@ def _sbatch(argv: list[str], script: Any, what: str) -> str:
         if "--test-only" in argv:
             raise UsageError(message + "; fix the SLURM options (nothing was written)")
         raise RunFailed(message)
-    if "--test-only" in argv:
-        return ""
     return proc.stdout.strip()
