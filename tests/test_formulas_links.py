@@ -181,3 +181,63 @@ def test_regimes_one_line_when_it_fits_and_a_cut_where_it_does_not():
 def test_regime_for_takes_the_first_whose_largest_size_it_does_not_exceed():
     regimes = [{"up_to_bytes": 100, "id": 0}, {"up_to_bytes": 1000, "id": 1}, {"up_to_bytes": None, "id": 2}]
     assert [regime_for(regimes, n)["id"] for n in (1, 100, 101, 1000, 1001, 1e12)] == [0, 0, 1, 1, 2, 2]
+
+
+def _line(sizes, alpha, beta):
+    return [(n, alpha + n / beta) for n in sizes]
+
+
+def _regime_lengths(points, result):
+    """How many of the measured sizes each regime covers."""
+    sizes = sorted(n for n, _ in points)
+    ends = [
+        sizes.index(r["up_to_bytes"]) + 1 if r["up_to_bytes"] is not None else len(sizes) for r in result["regimes"]
+    ]
+    return [b - a for a, b in zip([0, *ends], ends)]
+
+
+def test_regimes_three_when_two_do_not_fit_and_never_more_than_three():
+    # Three lines of three sizes each, 10x apart in latency and bandwidth: two lines cannot fit
+    # all nine within 15 %, three fit exactly, cut after the third and the sixth size.
+    sizes = [2**k for k in range(10, 19)]
+    points = _line(sizes[:3], 1e-3, 1e12) + _line(sizes[3:6], 1e-4, 1e10) + _line(sizes[6:], 1e-5, 1e8)
+    three = fit_regimes(points)
+    assert _regime_lengths(points, three) == [3, 3, 3] and max(map(abs, three["errors"])) < 1e-6
+    # Four such lines over twelve sizes: at most three regimes, the best split of three (its worst size
+    # off by more than 15 %), never a fourth.
+    sizes = [2**k for k in range(10, 22)]
+    points = (
+        _line(sizes[:3], 1e-2, 1e13)
+        + _line(sizes[3:6], 1e-3, 1e11)
+        + _line(sizes[6:9], 1e-4, 1e9)
+        + _line(sizes[9:], 1e-5, 1e7)
+    )
+    capped = fit_regimes(points)
+    assert len(capped["regimes"]) == 3 and max(map(abs, capped["errors"])) > 0.15
+
+
+def test_regimes_keep_three_sizes_each_even_around_an_outlier():
+    # Seven sizes on one line, the fourth measured 3x slow: a regime of that size alone would fit
+    # perfectly, but a regime has at least three sizes.
+    points = _line([2**k for k in range(10, 17)], 1e-4, 1e9)
+    points[3] = (points[3][0], 3 * points[3][1])
+    result = fit_regimes(points)
+    assert all(length >= 3 for length in _regime_lengths(points, result))
+
+
+def test_regimes_stop_at_the_fewest_lines_that_fit():
+    # Within 6 % of one line at every size: one regime, though two would fit closer.
+    points = [
+        (n, t * (1.06 if i % 2 else 0.94)) for i, (n, t) in enumerate(_line([2**k for k in range(10, 16)], 1e-4, 1e9))
+    ]
+    assert len(fit_regimes(points)["regimes"]) == 1
+    # Fewer sizes than a regime needs: still one line through them.
+    assert len(fit_regimes([(1000, 1e-6), (2000, 2e-6)])["regimes"]) == 1
+
+
+def test_message_sizes_double_from_the_smallest_up_to_the_largest():
+    from paratrain.commbench import message_sizes
+
+    assert message_sizes(4, 64) == [4, 8, 16, 32, 64]
+    assert message_sizes(4, 63) == [4, 8, 16, 32]
+    assert message_sizes(8, 8) == [8]
