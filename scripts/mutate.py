@@ -41,7 +41,7 @@ TESTS = {
     "doctor/checks.py": ["tests/test_formulas_doctor_runs.py", "tests/test_formulas_epochs.py"],
     "engine/timing.py": ["tests/test_formulas_timing.py"],
     "engine/memory.py": ["tests/test_formulas_engine_memory.py"],
-    "launch/probe_summary.py": ["tests/test_formulas_doctor.py", "tests/test_probe_hooks.py"],
+    "launch/probe_summary.py": ["tests/test_formulas_probe_summary.py", "tests/test_formulas_doctor.py"],
 }
 # module -> the functions whose mutants count, where the module also runs things (probes, runs,
 # benchmarks) that no unit test here can afford; none listed: the whole module.

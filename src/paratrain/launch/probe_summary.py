@@ -128,7 +128,7 @@ def excess_s(used: list[dict[str, Any]]) -> dict[str, float]:
 
 def summarise(run_dir: Path) -> dict[str, Any]:
     """`breakdown` and `probe` for summary.json; the probe block alone when no step was seen or it fell back."""
-    files = sorted((run_dir / PROBE_DIR).glob("rank*.jsonl"), key=lambda p: int(p.stem[4:] or -1))
+    files = sorted((run_dir / PROBE_DIR).glob("rank[0-9]*.jsonl"), key=lambda p: int(p.stem[4:]))
     if not files:
         return {"probe": {"status": "no data", "reason": "no rank wrote probe records (did the script import torch?)"}}
     ranks = [rank_record(int(p.stem[4:]), json_records(p)) for p in files]
