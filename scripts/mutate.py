@@ -41,6 +41,7 @@ TESTS = {
     "doctor/checks.py": ["tests/test_formulas_doctor_runs.py", "tests/test_formulas_epochs.py"],
     "engine/timing.py": ["tests/test_formulas_timing.py"],
     "engine/memory.py": ["tests/test_formulas_engine_memory.py"],
+    "scale/__init__.py": ["tests/test_formulas_scale.py", "tests/test_formulas_epochs.py"],
     "launch/probe_summary.py": ["tests/test_formulas_probe_summary.py", "tests/test_formulas_doctor.py"],
 }
 # module -> the functions whose mutants count, where the module also runs things (probes, runs,
@@ -49,6 +50,20 @@ FUNCTIONS = {
     "batch/lr_find.py": ["scaling_rule", "smooth", "suggest"],
     "batch/find_batch.py": ["knee", "binsearch", "find_batch"],
     "commbench.py": ["fit_alpha_beta", "fit_regimes", "regime_for", "_largest", "message_sizes"],
+    # The table and the points, not the running of them (run_study, plan's look at this machine).
+    "scale/__init__.py": [
+        "point_config",
+        "script_point_config",
+        "study_points",
+        "study_spec",
+        "_finished",
+        "is_all_cores_reference",
+        "scaling_rows",
+        "workload_label",
+        "_threads",
+        "_row",
+        "_median_breakdown",
+    ],
     # Not the device and process calls (CUDA statistics, getrusage, setrlimit): GPU paths and limits.
     "engine/memory.py": [
         "storage_bytes",
@@ -102,7 +117,7 @@ do_not_mutate_patterns =
 process_isolation = forkserver
 use_git_change_detection = false
 """)
-    dotted = "paratrain." + module.removesuffix(".py").replace("/", ".")
+    dotted = "paratrain." + module.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
     names = [f"{dotted}.x_{f}__mutmut_*" for f in FUNCTIONS.get(module, [])] + [
         f"{dotted}.x\u01c1*{f}__mutmut_*" for f in FUNCTIONS.get(module, [])
     ]

@@ -104,7 +104,7 @@ def point_config(
     return train
 
 
-def script_point_config(study: ScaleConfig, workers: int, repeat: int, all_cores: bool = False) -> dict[str, Any]:
+def script_point_config(study: ScaleConfig, workers: int, repeat: int, all_cores: bool) -> dict[str, Any]:
     """The launch configuration of one point of a study of the user's script."""
     assert study.script is not None
     name = f"{study.script.stem}-w{workers}-{'all-cores-' if all_cores else ''}r{repeat}"
@@ -356,7 +356,7 @@ def _row(
     members: list[tuple[RunDir, dict, Summary]],
     base: list[tuple[RunDir, dict, Summary]],
     reference: list[tuple[RunDir, dict, Summary]] | None,
-    by_rate: bool = False,
+    by_rate: bool,
     label: str | None = None,
 ) -> dict[str, Any]:
     run, config, first = members[0]
@@ -424,9 +424,13 @@ def _row(
         "flags": flags,
         "run_dir": str(run.path),
         "run_dirs": [str(r.path) for r, _, _ in members],
-        "breakdown": {
-            k: statistics.median(s.breakdown.model_dump()[k] for s in summaries) for k in first.breakdown.model_dump()
-        }
-        if first.breakdown is not None
-        else None,
+        "breakdown": _median_breakdown(summaries),
     }
+
+
+def _median_breakdown(summaries: list[Summary]) -> dict[str, float] | None:
+    """Each phase's median over the repeats that timed it (an older summary may lack a phase)."""
+    timed = [s.breakdown.model_dump(exclude_none=True) for s in summaries if s.breakdown is not None]
+    if not timed:
+        return None
+    return {k: statistics.median(t[k] for t in timed if k in t) for k in dict.fromkeys(k for t in timed for k in t)}
