@@ -90,11 +90,15 @@ def test_a_scripts_reported_metrics_reach_the_top_level_only_where_they_fit_the_
     assert fitting_fields(reported) == {"steps": 300.0, "val_accuracy": 0.91, "tokens_seen": 1e6}
 
 
-def test_a_real_runs_summary_reads_as_a_record(tmp_path):
-    """One training run on one rank: what the engine and the launcher write is a Summary field for field."""
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A real 2-epoch run on one rank, and a copy of it whose summary an older release wrote."""
+    import shutil
+
     import paratrain
 
-    summary = paratrain.train(
+    root = tmp_path_factory.mktemp("records")
+    returned = paratrain.train(
         workload="cifar10-cnn",
         dataset="synthetic",
         synthetic_samples=256,
@@ -102,16 +106,24 @@ def test_a_real_runs_summary_reads_as_a_record(tmp_path):
         epochs=2,
         batch_size=32,
         workers=1,
-        run_dir=tmp_path / "run",
+        run_dir=root / "run",
         quiet=True,
     )
-    record = RunDir(tmp_path / "run").summary_record()
+    shutil.copytree(root / "run", root / "old")
+    write_json(RunDir(root / "old").summary, OLD_SUMMARY)
+    write_json(root / "returned.json", returned)  # what paratrain.train returned
+    return root
+
+
+def test_a_real_runs_summary_reads_as_a_record(trained):
+    """One training run on one rank: what the engine and the launcher write is a Summary field for field."""
+    record = RunDir(trained / "run").summary_record()
     assert record.status == "completed" and record.timed_epochs == 1
     assert record.breakdown is not None and record.machine_load is not None and record.memory is not None
-    written = json.loads((tmp_path / "run" / "summary.json").read_text())
+    written = json.loads((trained / "run" / "summary.json").read_text())
     typed = set(written) & set(Summary.model_fields)
     assert typed == set(written), set(written) - typed  # nothing the engine writes goes untyped
-    assert summary["samples_per_s"] == record.samples_per_s
+    assert json.loads((trained / "returned.json").read_text())["samples_per_s"] == record.samples_per_s
 
 
 def test_every_scaling_row_field_is_documented_and_every_documented_key_is_a_field():
@@ -135,30 +147,6 @@ def test_a_scaling_row_of_the_wrong_shape_is_refused_where_it_is_written():
         checked_rows([{**row, "point": "reference"}])  # the reference row's kind is all_cores_reference
     with pytest.raises(ValueError):
         checked_rows([{k: v for k, v in row.items() if k != "speedup"}])
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """A real 2-epoch run on one rank, and a copy of it whose summary an older release wrote."""
-    import shutil
-
-    import paratrain
-
-    root = tmp_path_factory.mktemp("records")
-    paratrain.train(
-        workload="cifar10-cnn",
-        dataset="synthetic",
-        synthetic_samples=256,
-        synthetic_shape="3,16,16",
-        epochs=2,
-        batch_size=32,
-        workers=1,
-        run_dir=root / "run",
-        quiet=True,
-    )
-    shutil.copytree(root / "run", root / "old")
-    write_json(RunDir(root / "old").summary, OLD_SUMMARY)
-    return root
 
 
 def test_the_doctor_report_and_compare_read_an_older_releases_summary(trained, tmp_path, capsys):
