@@ -389,6 +389,7 @@ def test_find_batch_bisects_through_cudnn_and_cublas_allocation_failures(tmp_pat
         (run_dir / "summary.json").write_text(
             json.dumps(
                 {
+                    "status": "completed",
                     "samples_per_s": 100.0 * batch,
                     "peak_memory_bytes": [batch],
                     "memory": {"activations_peak_bytes": [batch]},

@@ -151,6 +151,8 @@ _extra = st.dictionaries(st.text("qwxz_", min_size=1, max_size=8).map(lambda k: 
     drop=st.sampled_from([None, "epoch_times_s", "status", "samples_per_s"]),
 )
 def test_run_dirs_from_other_versions_read(extra, times, drop):
+    """Any release's summary (every one wrote `status`; other keys come and go) reads; a file without
+    `status` is no paratrain summary: one line naming it, not a traceback."""
     summary = {"status": "completed", "samples_per_s": 10.0, "epoch_times_s": times, **extra}
     if drop:
         summary.pop(drop)
@@ -158,6 +160,10 @@ def test_run_dirs_from_other_versions_read(extra, times, drop):
         run = RunDir(Path(tmp))
         run.config.write_text(json.dumps({"workers": 1, **extra}))
         run.summary.write_text(json.dumps(summary))
+        if drop == "status":
+            with pytest.raises(UsageError, match=rf"^{run.summary} is not a paratrain summary: status: Field required"):
+                read_run(Path(tmp))
+            return
         ev = read_run(Path(tmp))
         steady = steady_epoch_time(ev.epoch_times) if ev.epoch_times else None
         if drop == "epoch_times_s" or not times:
