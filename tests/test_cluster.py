@@ -628,3 +628,20 @@ def test_an_unreachable_rendezvous_fails_after_the_timeout_naming_host_and_port(
     kept = Path(message.rpartition("this node's agent output: ")[2])
     assert kept.name == "agent-stderr.log" and kept.is_file()
     shutil.rmtree(kept.parent)
+
+
+def test_a_rank_records_its_failure_before_its_teardown_and_only_under_the_agent(tmp_path, monkeypatch):
+    """The rank's error.json exists from the moment it failed: the agent may terminate it mid-teardown."""
+    from paratrain.engine.loop import _record_now
+
+    monkeypatch.delenv("TORCHELASTIC_ERROR_FILE", raising=False)
+    _record_now(CollectiveFailed(TIMED_OUT))  # one process, no agent: nothing to write
+    assert not list(tmp_path.iterdir())
+    error_file = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+    try:
+        raise CollectiveFailed(TIMED_OUT)
+    except CollectiveFailed as failure:
+        _record_now(failure)
+    recorded = ProcessFailure(0, pid=1, exitcode=1, error_file=str(error_file))
+    assert recorded.message["message"] == f"CollectiveFailed: {TIMED_OUT}"

@@ -80,20 +80,11 @@ def run_rank(
         return Trainer(cfg, ctx, run, activity).fit()
     except BaseException as exc:
         log.exception("rank %d failed %s", ctx.rank, activity)
-        if cfg.memory_limit is not None and is_out_of_memory(exc):
-            raise MemoryLimitExceeded(
-                f"rank {ctx.rank} needs more memory than --memory-limit {cfg.memory_limit} allows; shard the model "
-                "over the ranks with --strategy fsdp (or split it with --strategy pipeline), or raise --memory-limit"
-            ) from None
-        if ctx.distributed and _is_collective_failure(exc):
-            # torch's text, without the source locations and wrappers it adds around gloo's message.
-            reason = re.sub(r"\[[^\]]*\.(cc|cpp|h):\d+\] ?", "", " ".join(str(exc).split())).split(" At: ")[0]
-            reason = reason.rpartition("RuntimeError: ")[2] or type(exc).__name__
-            raise CollectiveFailed(
-                f"rank {ctx.rank} stopped {activity}: a peer stopped answering or went away "
-                f"(--timeout {cfg.timeout:g} s): {reason}"
-            ) from None
-        raise
+        failure = _explained(exc, cfg, ctx, activity)
+        _record_now(failure)
+        if failure is exc:
+            raise
+        raise failure from None
     finally:
         # The Trainer (its DDP model among it) sits in reference cycles, freed only by the collector:
         # free it now, before its process group goes, or torch 2.13 can abort at exit (SIGABRT).
@@ -102,6 +93,35 @@ def run_rank(
         release_cached_memory(ctx.device)
         logging.getLogger("paratrain").removeHandler(handler)
         handler.close()
+
+
+def _explained(exc: BaseException, cfg: TrainConfig, ctx: RankContext, activity: Activity) -> BaseException:
+    """What the user is told for `exc`: a memory limit or a lost peer in one sentence, else `exc` itself."""
+    if cfg.memory_limit is not None and is_out_of_memory(exc):
+        return MemoryLimitExceeded(
+            f"rank {ctx.rank} needs more memory than --memory-limit {cfg.memory_limit} allows; shard the model "
+            "over the ranks with --strategy fsdp (or split it with --strategy pipeline), or raise --memory-limit"
+        )
+    if ctx.distributed and _is_collective_failure(exc):
+        # torch's text, without the source locations and wrappers it adds around gloo's message.
+        reason = re.sub(r"\[[^\]]*\.(cc|cpp|h):\d+\] ?", "", " ".join(str(exc).split())).split(" At: ")[0]
+        reason = reason.rpartition("RuntimeError: ")[2] or type(exc).__name__
+        return CollectiveFailed(
+            f"rank {ctx.rank} stopped {activity}: a peer stopped answering or went away "
+            f"(--timeout {cfg.timeout:g} s): {reason}"
+        )
+    return exc
+
+
+def _record_now(failure: BaseException) -> None:
+    """Write the rank's error.json now, before its teardown (gc, destroy_process_group: seconds when a
+    peer is gone). When another rank ends first, the agent terminates this one, maybe mid-teardown;
+    the launcher then still finds this rank's failure (launch/local.py: root_failure). torch's @record
+    writes the file again, the same, when the exception leaves the process."""
+    if os.environ.get("TORCHELASTIC_ERROR_FILE"):  # only under the elastic agent
+        from torch.distributed.elastic.multiprocessing.errors.error_handler import ErrorHandler
+
+        ErrorHandler().record_exception(failure)
 
 
 # A rank log's line: "2026-11-26 01:21:26,457 rank0 ERROR rank 0 failed in step 9 ...".
