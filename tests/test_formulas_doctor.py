@@ -9,9 +9,9 @@ import json
 import pytest
 
 
-def probed_run(tmp_path, ranks, config=None):
+def probed_run(tmp_path, ranks, config=None, probe=None):
     """A run directory whose summary holds the probe block of `ranks` (seconds per step by phase);
-    `config`: entries added to its config.json."""
+    `config`: entries added to its config.json; `probe`: to the probe block."""
     from paratrain.launch.probe import PHASES
 
     full = [
@@ -48,6 +48,7 @@ def probed_run(tmp_path, ranks, config=None):
                     "status": "on",
                     "ranks": full,
                     "phases_s": {p: sum(r["phases_s"][p] for r in full) / len(full) for p in PHASES},
+                    **(probe or {}),
                 },
             }
         )
@@ -111,6 +112,11 @@ def test_predicted_gains_of_the_probed_checks_by_hand(tmp_path):
         )
     )
     assert sc.straggler(ev).saving == pytest.approx(1 - 0.045 / 0.098)
+    # the same with the probe's step-by-step all-reduce, 3 ms: 43 ms against 98
+    d2 = json.loads((tmp_path / "d2" / "summary.json").read_text())
+    d2["probe"]["all_reduce_s"] = 0.003
+    (tmp_path / "d2" / "summary.json").write_text(json.dumps(d2))
+    assert sc.straggler(read_run(tmp_path / "d2")).saving == pytest.approx(1 - 0.043 / 0.098)
     # ...but not when the other rank's own evaluation or checkpoint (here 12 ms of saving, against an excess of
     # 6 ms) explains why the waiting rank ran cold: the checkpoint check names that cause.
     ev = read_run(
@@ -511,6 +517,28 @@ def test_exposed_communication_with_an_optimizer_and_its_lines(tmp_path):
     # one rank, or a rank without DDP: no gradient all-reduce to accumulate over
     assert sc.exposed_communication(probed(tmp_path, "e", [at_line])) is None
     assert sc.exposed_communication(probed(tmp_path, "f", [at_line, {**at_line, "ddp": False}])) is None
+
+
+def test_the_all_reduce_own_time_is_the_probes_step_by_step_figure_when_it_has_one(tmp_path):
+    """Each rank's mean comm holds its waits for the others; the probe's all_reduce_s (the least-waiting rank
+    in each step) is the all-reduce's own time. A run directory without it falls back to the least mean."""
+    from paratrain.doctor import script_checks as sc
+    from paratrain.doctor.evidence import read_run
+
+    # 30 ms mean comm a rank in a 100 ms step, 5 ms of it the all-reduce's own: not an exposed all-reduce.
+    ranks = [{"phases_s": {"forward": 0.03, "backward": 0.03, "optimizer": 0.01, "comm": 0.03}}] * 2
+    assert sc.exposed_communication(read_run(probed_run(tmp_path / "a", ranks, probe={"all_reduce_s": 0.005}))) is None
+    assert sc.exposed_communication(read_run(probed_run(tmp_path / "b", ranks))) is not None
+    # At 25 ms own (25 %) the other 5 ms of waits stay in a micro-step: k micro-steps take k x 65 + 10 + 25
+    # (k=2 165 ms, 15.2 % all-reduce; k=4 295 ms, 8.5 %) -> k=4, 295 ms against 4 x 100.
+    found = sc.exposed_communication(read_run(probed_run(tmp_path / "c", ranks, probe={"all_reduce_s": 0.025})))
+    assert found.saving == pytest.approx(1 - 0.295 / 0.4)
+    # four rounds a step, 40 ms own of a 100 ms step (the mean comm 60): three of four rounds go -> 30/100.
+    rounds = [
+        {"phases_s": {"forward": 0.02, "comm": 0.06, "backward": 0.02}, "rounds_per_step": 4.0, "micro_per_step": 4}
+    ] * 2
+    ev = read_run(probed_run(tmp_path / "d", rounds, probe={"all_reduce_s": 0.04}))
+    assert sc.all_reduce_every_micro_step(ev).saving == pytest.approx(0.3)
 
 
 def test_small_batch_micro_steps_eval_the_cap_on_compute_and_its_lines(tmp_path):

@@ -14,12 +14,14 @@ import pytest
 from paratrain.launch.probe import DEVICE_PHASES, PHASES
 from paratrain.launch.probe_summary import (
     PROBE_DIR,
+    all_reduce_s,
     device_record,
     excess_s,
     off,
     rank_record,
     steady,
     summarise,
+    used_steps,
     worker_pause_record,
 )
 
@@ -187,6 +189,29 @@ def test_summarise_two_ranks_into_the_five_phases_and_the_runs_samples_per_secon
     empty = summarise(write_probe(tmp_path / "empty", {0: [step(i, samples=0) for i in range(10)]}))
     assert "samples_per_s" not in empty["probe"]
     assert out["probe"]["samples_per_s"] == pytest.approx(2 * 8 * 32 / 1.6)
+    assert out["probe"]["all_reduce_s"] == pytest.approx(0.01)  # both ranks' comm, 10 ms every step
+    assert "all_reduce_s" not in empty["probe"]  # one rank: no all-reduce to time
+
+
+def test_the_all_reduce_is_the_least_waiting_rank_in_each_step_over_the_steps_all_ranks_ran(tmp_path):
+    # 10 steps, the first 2 warm-up. From step 2 each rank waits 40 ms for the other in alternate steps (each
+    # lost its core in turn): each rank's mean comm is 30 ms, the all-reduce's own 10 ms.
+    rank0 = [step(i, comm=0.05 if i % 2 else 0.01) for i in range(10)]
+    rank1 = [step(i, comm=0.01 if i % 2 else 0.05) for i in range(10)]
+    run = write_probe(tmp_path / "alternate", {0: rank0, 1: rank1})
+    out = summarise(run)
+    assert [r["phases_s"]["comm"] for r in out["probe"]["ranks"]] == pytest.approx([0.03, 0.03])
+    assert out["probe"]["all_reduce_s"] == pytest.approx(0.01)
+    # Steps 2..9 steady; only the steps both ranks ran count (rank 1 has no step 9), and the loader-paused step 3
+    # of rank 0 is left out: per step min(0.002 i, 0.003 i) over steps 2, 4..8 = 0.002 x (2+4+5+6+7+8) / 6.
+    rank0 = [step(i, comm=0.002 * i) for i in range(10)]
+    rank0[3]["loader_id"] = 1
+    rank1 = [step(i, comm=0.003 * i) for i in range(9)]
+    steady_steps = [rank_record(0, rank0), rank_record(1, rank1)]
+    assert [r["steady_steps"] for r in steady_steps] == [7, 7]
+    assert all_reduce_s([used_steps(rank0), used_steps(rank1)]) == pytest.approx(0.002 * 32 / 6)
+    assert all_reduce_s([used_steps(rank0)]) is None
+    assert all_reduce_s([used_steps(rank0), []]) is None
 
 
 def test_summarise_orders_ranks_by_number_and_says_why_it_has_nothing(tmp_path):

@@ -177,6 +177,12 @@ class RunEvidence:
         """Seconds per step in `phase` (a probe phase: data, forward, ..., eval, checkpoint), per rank."""
         return [r["phases_s"][phase] for r in self.probe_ranks]
 
+    @property
+    def all_reduce_s(self) -> float:
+        """The all-reduce's own time per step, without the waits for other ranks (launch/probe_summary.py
+        all_reduce_s); a run directory written before it kept only each rank's mean: the least of them."""
+        return self.probe.get("all_reduce_s", min(self.rank_phase("comm")))
+
     # -- monitor --------------------------------------------------------------------------
     @property
     def rank_samples(self) -> dict[int, list[dict[str, Any]]]:

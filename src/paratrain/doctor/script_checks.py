@@ -211,9 +211,8 @@ def exposed_communication(ev: RunEvidence) -> Finding | None:
     ranks = ev.probe_ranks
     if len(ranks) < 2 or not all(r.get("ddp") for r in ranks):
         return None
-    # The rank that reaches the all-reduce last waits least: its exposed time is the all-reduce's own,
-    # the others' includes waiting for it (the straggler check's business).
-    comm, step = min(ev.rank_phase("comm")), _step(ev)
+    # The all-reduce's own time: the waits for a late rank are the straggler check's business.
+    comm, step = ev.all_reduce_s, _step(ev)
     rounds = _mean([r["rounds_per_step"] for r in ranks])
     if comm / step < COMM_SHARE or rounds > EXTRA_ROUNDS:
         return None
@@ -292,7 +291,7 @@ def all_reduce_every_micro_step(ev: RunEvidence) -> Finding | None:
     micro = _mean([r["micro_per_step"] for r in ranks])
     if len(ranks) < 2 or rounds <= EXTRA_ROUNDS:
         return None
-    comm, step = min(ev.rank_phase("comm")), _step(ev)
+    comm, step = ev.all_reduce_s, _step(ev)
     # Without the rounds before the last, their exposed all-reduce goes.
     saving = comm * (1 - 1 / rounds) / step
     return Finding(
@@ -478,7 +477,7 @@ def straggler(ev: RunEvidence) -> Finding | None:
     if exclusive >= excess:
         return None
     shared = sum(min(r["phases_s"][p] for r in ranks) for p in own)
-    new_step = shared + min(ev.rank_phase("comm"))
+    new_step = shared + ev.all_reduce_s
     saving = 1 - new_step / step
     predicted = (
         f"{speedup(saving)}: a step of {ms(new_step)}, each phase as fast as the fastest rank ran it "

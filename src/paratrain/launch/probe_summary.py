@@ -41,9 +41,7 @@ def rank_record(rank: int, records: list[dict[str, Any]]) -> dict[str, Any]:
             state.update({k: v for k, v in r.items() if k not in ("kind", "step")})
     steps = [r for r in records if r.get("kind") == "step"]
     fallback = next((r for r in records if r.get("kind") == "fallback"), None)
-    # A step run with the loader workers stopped (launch/probe.py WorkerPause) is the counterfactual, not
-    # the run: it is kept apart.
-    used = [s for s in steady(steps) if "loader_id" not in s]
+    used = used_steps(records)
     out: dict[str, Any] = {"rank": rank, "steps": len(steps), "steady_steps": len(used), **state}
     if fallback:
         out["fallback"] = f"{fallback['where']}: {fallback['error']}"
@@ -70,6 +68,25 @@ def rank_record(rank: int, records: list[dict[str, Any]]) -> dict[str, Any]:
         out.update(device_record(records, {s["step"] for s in used}))
         out.update(worker_pause_record(steps, used))
     return out
+
+
+def used_steps(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The steady steps a rank's figures are means of. A step run with the loader workers stopped
+    (launch/probe.py WorkerPause) is the counterfactual, not the run: it is kept apart."""
+    return [s for s in steady([r for r in records if r.get("kind") == "step"]) if "loader_id" not in s]
+
+
+def all_reduce_s(ranks_steps: list[list[dict[str, Any]]]) -> float | None:
+    """The all-reduce's own time per step: in each step the least exposed communication of any rank (the
+    rank that reached the all-reduce last waited for no one), averaged over the steps every rank ran.
+    Each rank's mean alone includes the waits for the others, and on a busy machine, where any rank can
+    lose its core for a while in any step, every rank's mean has waits in it: a healthy run then looked as
+    if its all-reduce took a third of the step."""
+    by_step = [{s["step"]: s.get("comm", 0.0) for s in steps} for steps in ranks_steps]
+    common = set.intersection(*(set(steps) for steps in by_step)) if len(by_step) > 1 else set()
+    if not common:
+        return None
+    return statistics.mean(min(steps[i] for steps in by_step) for i in common)
 
 
 def worker_pause_record(steps: list[dict[str, Any]], used: list[dict[str, Any]]) -> dict[str, Any]:
@@ -131,7 +148,8 @@ def summarise(run_dir: Path) -> dict[str, Any]:
     files = sorted((run_dir / PROBE_DIR).glob("rank[0-9]*.jsonl"), key=lambda p: int(p.stem[4:]))
     if not files:
         return {"probe": {"status": "no data", "reason": "no rank wrote probe records (did the script import torch?)"}}
-    ranks = [rank_record(int(p.stem[4:]), json_records(p)) for p in files]
+    records = [json_records(p) for p in files]
+    ranks = [rank_record(int(p.stem[4:]), r) for p, r in zip(files, records, strict=True)]
     fell_back = [r for r in ranks if "fallback" in r]
     probe: dict[str, Any] = {"status": "on", "ranks": ranks}
     if fell_back:
@@ -151,6 +169,9 @@ def summarise(run_dir: Path) -> dict[str, Any]:
     phases = {p: statistics.mean(r["phases_s"][p] for r in timed) for p in PHASES}
     probe["phases_s"] = phases
     probe["step_s"] = statistics.mean(r["step_s"] for r in timed)
+    own = all_reduce_s([used_steps(r) for r in records])
+    if own is not None:
+        probe["all_reduce_s"] = own
     breakdown = {
         "data_s": phases["data"],
         "compute_s": phases["forward"] + phases["backward"],
