@@ -2,8 +2,8 @@
 budget (docs/strategies.md).
 
 Each strategy trains the same workload for the same number of epochs with the same global batch
-(the per-worker batch is doubled for strategies whose ranks share one batch: pipeline and
-model-parallel; hybrid needs 4 ranks and runs oversubscribed on this 2-core machine, so its speed is
+(the per-worker batch is doubled for strategies whose ranks share one batch: pipeline,
+model-parallel and tp; hybrid needs 4 ranks and runs oversubscribed on this 2-core machine, so its speed is
 shown but not comparable). Runs alternate across repeats (single, ddp, zero1, ..., single, ddp, ...)
 because the machine's speed drifts; the table gives medians, memory the largest rank's.
 
@@ -36,6 +36,7 @@ STRATEGIES = {
     "fsdp": (["--workers", "2", "--strategy", "fsdp"], 1),
     "pipeline": (["--workers", "2", "--strategy", "pipeline", "--microbatches", "4"], 2),
     "model-parallel": (["--workers", "2", "--strategy", "model-parallel"], 2),
+    "tp": (["--workers", "2", "--tp", "2"], 2),  # both ranks compute each batch together
     "hybrid": (
         [
             "--workers",

@@ -179,6 +179,12 @@ class TrainConfig(BaseModel):
         description="parallel strategy: single, ddp, zero1, fsdp, pipeline, model-parallel, hybrid or async-ps "
         "(default: ddp for workers > 1)",
     )
+    tp: int = Field(
+        1,
+        gt=0,
+        description="tensor parallelism: ranks that split each layer's matmuls (the model declares which layers; gpt "
+        "does); equal to --workers",
+    )
     stages: int | None = Field(
         None,
         gt=0,
@@ -646,6 +652,31 @@ class TrainConfig(BaseModel):
             )
 
     @model_validator(mode="after")
+    def _tensor_layout(self) -> TrainConfig:
+        """--tp splits layers across every rank of the run: one tensor-parallel group, one replica."""
+        if self.tp == 1:
+            if self.strategy == "tp":
+                raise ValueError("--strategy tp is set by --tp N (N ranks split each layer); give --tp instead")
+            return self
+        if self.strategy not in (None, "tp"):
+            raise ValueError(
+                f"--tp {self.tp} runs as its own strategy (every rank splits each layer) and does not combine "
+                f"with --strategy {self.strategy}; drop --strategy"
+            )
+        if self.tp != self.workers:
+            raise ValueError(
+                f"--tp {self.tp} needs --workers {self.tp}: every rank of the run splits each layer (data "
+                "parallelism over tensor-parallel groups is not offered); make them equal"
+            )
+        for given, wrong, why in (
+            ("precision", "fp16", "its loss scaler reads gradients that are split across ranks; use --precision bf16"),
+            ("compile", True, "drop --compile"),
+        ):
+            if getattr(self, given) == wrong:
+                raise ValueError(f"{flag(given)} {str(wrong).lower()} is not supported with --tp ({why})")
+        return self
+
+    @model_validator(mode="after")
     def _pipeline_layout(self) -> TrainConfig:
         """The stages x replicas layout of pipeline, model-parallel and hybrid fits the ranks and the batch."""
         name = self.strategy_name
@@ -739,7 +770,7 @@ class TrainConfig(BaseModel):
 
     @property
     def strategy_name(self) -> str:
-        return self.strategy or ("ddp" if self.workers > 1 else "single")
+        return self.strategy or ("tp" if self.tp > 1 else "ddp" if self.workers > 1 else "single")
 
     @property
     def pipeline_stages(self) -> int:
@@ -755,7 +786,7 @@ class TrainConfig(BaseModel):
         """Replicas that each take a different share of the batch."""
         if self.strategy_name == "async-ps":
             return 1  # every update applies one worker's batch: the LR is scaled for that batch
-        return max(1, self.workers // self.pipeline_stages)
+        return max(1, self.workers // (self.pipeline_stages * self.tp))
 
     @property
     def global_batch_size(self) -> int:

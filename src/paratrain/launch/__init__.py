@@ -17,7 +17,7 @@ from paratrain.config import RUN_CONTROL_FIELDS, TrainConfig, validate
 from paratrain.engine.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from paratrain.engine.distributed import Placement
 from paratrain.engine.preflight import check_loss
-from paratrain.engine.strategies import check_fsdp, check_strategy
+from paratrain.engine.strategies import check_fsdp, check_strategy, check_tensor_parallel
 from paratrain.engine.strategies.async_ps import check_async_ps
 from paratrain.engine.strategies.ddp import check_synchronisation
 from paratrain.engine.strategies.pipeline_split import check_pipeline_split
@@ -76,6 +76,7 @@ def train(config: TrainConfig | dict[str, Any] | None = None, **overrides: Any) 
     check_loss(cfg, data)
     check_pipeline_split(cfg, data)
     check_fsdp(cfg, data, placement.device_type)
+    check_tensor_parallel(cfg, data)
     check_synchronisation(cfg, placement.device_type)
     check_async_ps(cfg, placement.device_type)
     if cfg.memory_limit is not None and placement.device_type == "cuda":

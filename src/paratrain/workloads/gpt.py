@@ -71,20 +71,33 @@ def resolve(preset: str, n_layer: int | None = None, n_head: int | None = None, 
 
 
 class CausalSelfAttention(nn.Module):
+    """Queries, keys and values from three projections, not one fused `qkv` (nanoGPT's): tensor
+    parallelism splits each by output columns, so that a rank holds whole heads of all three. The
+    forward counts heads from the projections' width, which under tensor parallelism is the rank's
+    share of them."""
+
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.n_head = config.n_head
-        self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd)
+        self.head_dim = config.n_embd // config.n_head
+        self.q, self.k, self.v = (nn.Linear(config.n_embd, config.n_embd) for _ in range(3))
         self.proj = nn.Linear(config.n_embd, config.n_embd)
+        self.register_load_state_dict_pre_hook(_split_fused_qkv)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, time, width = x.shape
-        q, k, v = (
-            t.view(batch, time, self.n_head, width // self.n_head).transpose(1, 2)
-            for t in self.qkv(x).split(width, dim=2)
-        )
+        batch, time, _ = x.shape
+        q, k, v = (p(x).view(batch, time, -1, self.head_dim).transpose(1, 2) for p in (self.q, self.k, self.v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(y.transpose(1, 2).reshape(batch, time, width))
+        return self.proj(y.transpose(1, 2).reshape(batch, time, -1))
+
+
+def _split_fused_qkv(_: nn.Module, state: dict[str, torch.Tensor], prefix: str, *__: object) -> None:
+    """A checkpoint written before the projections were split (one `qkv` of 3 x width rows) loads into
+    q, k and v: its rows are queries, then keys, then values."""
+    for kind in ("weight", "bias"):
+        fused = state.pop(f"{prefix}qkv.{kind}", None)
+        if fused is not None:
+            for name, part in zip("qkv", fused.chunk(3), strict=True):
+                state[f"{prefix}{name}.{kind}"] = part
 
 
 class MLP(nn.Module):
@@ -170,6 +183,21 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.head(x)
+
+    def tensor_parallel_plan(self, degree: int) -> dict[str, str]:
+        """Megatron-LM's split of a block (Shoeybi et al. 2019), as torchtitan applies it: the
+        attention's q, k, v and the MLP's first layer by output columns (each rank whole heads, a share
+        of the hidden units), the two projections back by input rows, so a block costs one all-reduce
+        forward and one backward for each of its halves. Embeddings, norms and the head (256 bytes of
+        vocabulary) stay whole on every rank."""
+        if self.config.n_head % degree:
+            raise UsageError(
+                f"--tp {degree} splits attention by heads and gpt has {self.config.n_head}; "
+                "choose a --tp that divides the head count"
+            )
+        block = {"attn.q": "colwise", "attn.k": "colwise", "attn.v": "colwise", "attn.proj": "rowwise"}
+        block |= {"mlp.fc": "colwise", "mlp.proj": "rowwise"}
+        return {f"blocks.*.{name}": style for name, style in block.items()}
 
     def num_params(self, non_embedding: bool = False) -> int:
         """Parameters, the tied embedding counted once; without the position embeddings when

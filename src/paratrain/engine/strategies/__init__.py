@@ -117,6 +117,7 @@ STRATEGIES: dict[str, Callable[[TrainConfig, RankContext, Callable[[], Any]], St
         "model-parallel": "model_parallel:ModelParallel",
         "hybrid": "hybrid:Hybrid",
         "async-ps": "async_ps:AsyncParameterServer",
+        "tp": "tensor:TensorParallel",
     }.items()
 }
 
@@ -154,6 +155,16 @@ def check_fsdp(cfg: TrainConfig, data: Any, device_type: str) -> None:
 
         with torch.device("meta"):  # shapes only: free even for large models
             shard_units(build_model(cfg, data), cfg.shard_unit)
+
+
+def check_tensor_parallel(cfg: TrainConfig, data: Any) -> None:
+    """Refuse a --tp the model cannot be split by, in the launching process (engine/strategies/tensor.py)."""
+    if cfg.tp == 1:
+        return
+    from paratrain.engine.strategies import tensor
+    from paratrain.workloads import build_model
+
+    tensor.check_tensor_parallel(cfg, lambda: build_model(cfg, data))
 
 
 def build_strategy(cfg: TrainConfig, ctx: RankContext, stamp: Callable[[], Any]) -> Strategy:

@@ -21,11 +21,9 @@ keeping the averaged gradient of its own shard.
 - Gradient accumulation: micro-steps before the last run under
   `set_requires_gradient_sync(False)`, which keeps unsharded gradients locally (memory of a
   whole model's gradients) and reduce-scatters once, on the last micro-step.
-- Checkpoints: `torch.distributed.checkpoint` (DCP) with `get_state_dict`/`set_state_dict`: every
-  rank writes its own shards into a directory beside checkpoint.pt; loading reshards them, so a
-  run saved on N ranks resumes on M (config.identity leaves the split of the global batch out for
-  fsdp). checkpoint.pt names the directory and is written last, so a run killed while saving
-  resumes from the previous complete one.
+- Checkpoints: `torch.distributed.checkpoint` (DCP, engine/strategies/sharded_checkpoint.py): every
+  rank writes its own shards; loading reshards them, so a run saved on N ranks resumes on M
+  (config.identity leaves the split of the global batch out for fsdp).
 - BatchNorm statistics (buffers) are not sharded or averaged: each rank keeps its own, as DDP
   would with `broadcast_buffers=False`; checkpoints keep rank 0's.
 - The device mesh is explicit, on the rank's own device type: without one, `fully_shard` builds
@@ -49,18 +47,14 @@ from __future__ import annotations
 
 import copy
 import logging
-import shutil
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
@@ -70,12 +64,10 @@ from torch.distributed.tensor._random import is_rng_supported_mesh
 from paratrain.config import TrainConfig
 from paratrain.engine.distributed import RankContext
 from paratrain.engine.strategies.base import StepResult, WholeModelStrategy
+from paratrain.engine.strategies.sharded_checkpoint import ShardedCheckpoints
 from paratrain.errors import UsageError
 
 log = logging.getLogger("paratrain.rank")
-
-# Where the sharded state of a checkpoint lives: RUN_DIR/checkpoint.dcp/save-NNNNNN/.
-DCP_DIR = "checkpoint.dcp"
 
 
 def shard_units(model: nn.Module, class_name: str | None) -> list[nn.Module]:
@@ -173,8 +165,7 @@ class FullyShardedDataParallel(WholeModelStrategy):
         self.mesh = init_device_mesh(ctx.device.type, (dist.get_world_size(),))
         self.allreduce = f"reduce-scatter ({dist.get_backend()})"
         self._last_launch: Any | None = None
-        self._saved: str | None = None  # the DCP directory checkpoint.pt names (relative to the run)
-        self.run_dir = Path(cfg.run_dir) if cfg.run_dir is not None else Path(".")
+        self.checkpoints = ShardedCheckpoints(ctx, cfg.run_dir)
 
     def build(self, make: Callable[[], nn.Module]) -> nn.Module:
         """The model on the meta device, for `wrap` to shard and materialise; built whole on the host
@@ -272,27 +263,7 @@ class FullyShardedDataParallel(WholeModelStrategy):
         return launched
 
     def checkpoint_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
-        """Every rank writes its shards to a new DCP directory; rank 0 returns its name for checkpoint.pt.
-
-        Directories other than the one checkpoint.pt names now (left by a save that was
-        interrupted, or superseded by the last save) are removed first, so at most two exist.
-        """
-        root = self.run_dir / DCP_DIR
-        number = int(self._saved.rsplit("-", 1)[1]) + 1 if self._saved else 1
-        name = f"{DCP_DIR}/save-{number:06d}"
-        if self.ctx.is_main and root.is_dir():
-            for entry in root.iterdir():
-                if f"{DCP_DIR}/{entry.name}" != self._saved:
-                    shutil.rmtree(entry, ignore_errors=True)
-        dist.barrier()
-        model_state, optim_state = get_state_dict(model, optimizer)
-        dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=self.run_dir / name)
-        self._saved = name
-        return {"dcp": name} if self.ctx.is_main else None
+        return self.checkpoints.save(model, optimizer)
 
     def load_checkpoint_state(self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-        model_state, optim_state = get_state_dict(model, optimizer)
-        loaded = {"model": model_state, "optimizer": optim_state}
-        dcp.load(loaded, checkpoint_id=self.run_dir / state["dcp"])
-        set_state_dict(model, optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optimizer"])
-        self._saved = state["dcp"]
+        self.checkpoints.load(model, optimizer, state)

@@ -1,0 +1,150 @@
+"""Tensor parallelism: each layer's matrix multiplications split across the ranks.
+
+Megatron-LM's split (Shoeybi et al. 2019) with PyTorch's `torch.distributed.tensor.parallel`, as
+torchtitan applies it: a linear layer whose output columns are split (`ColwiseParallel`) feeds one
+whose input rows are split (`RowwiseParallel`), so the pair needs one all-reduce in forward and one
+in backward, and each rank holds 1/T of their weights. The model declares which layers split how:
+
+    def tensor_parallel_plan(self, degree: int) -> dict[str, str | ParallelStyle]:
+        return {"blocks.*.mlp.fc": "colwise", "blocks.*.mlp.proj": "rowwise", ...}
+
+(module paths as `parallelize_module` takes them, `*` matching one level; "colwise" and "rowwise"
+are the default styles; any `ParallelStyle` is used as given). gpt declares the attention's q, k,
+v and the MLP's first layer colwise, their projections rowwise (workloads/gpt.py).
+
+Every other parameter (embeddings, norms, gpt's byte-vocabulary head) stays whole on each rank, as
+a replicated DTensor on the same mesh: the optimizer's foreach kernels take a list of DTensors or
+of tensors, not a mix, so every parameter is a DTensor, and the modules that hold them take and
+return plain tensors. Their gradients are equal on every rank (their inputs are, after the
+rowwise layers' all-reduce), so nothing averages them.
+
+All ranks of a tensor-parallel group read the same batch: with `--tp` equal to `--workers` the run
+has one data-parallel replica. Checkpoints go through torch.distributed.checkpoint
+(engine/strategies/sharded_checkpoint.py).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
+from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
+
+from paratrain.config import TrainConfig
+from paratrain.engine.distributed import RankContext
+from paratrain.engine.strategies.base import WholeModelStrategy
+from paratrain.engine.strategies.sharded_checkpoint import ShardedCheckpoints
+from paratrain.errors import UsageError
+
+STYLES: dict[str, Callable[[], ParallelStyle]] = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+# The weight dimension each default style splits, which must divide by the degree (nn.Linear's
+# weight is [out_features, in_features]).
+SPLIT_DIM = {"colwise": 0, "rowwise": 1}
+
+
+def model_plan(model: nn.Module, degree: int) -> dict[str, ParallelStyle]:
+    """The model's own plan (its `tensor_parallel_plan(degree)`), checked against its layers."""
+    declare = getattr(model, "tensor_parallel_plan", None)
+    if not callable(declare):
+        raise UsageError(
+            f"--tp {degree}: the model ({type(model).__name__}) declares no tensor-parallel plan; give it a method "
+            "tensor_parallel_plan(degree) returning {module path: 'colwise' | 'rowwise'} (see docs/strategies.md)"
+        )
+    plan: dict[str, Any] = declare(degree)
+    names = dict(model.named_modules())
+    resolved: dict[str, ParallelStyle] = {}
+    for path, style in plan.items():
+        matched = [name for name in names if fnmatch.fnmatchcase(name, path) and name.count(".") == path.count(".")]
+        if not matched:
+            raise UsageError(f"--tp {degree}: the model's tensor-parallel plan names {path!r}, which matches no module")
+        if isinstance(style, ParallelStyle):
+            resolved[path] = style
+            continue
+        if style not in STYLES:
+            raise UsageError(
+                f"--tp {degree}: the plan gives {path!r} the style {style!r}; use 'colwise', 'rowwise' or a "
+                "torch.distributed.tensor.parallel ParallelStyle"
+            )
+        for name in matched:
+            weight = getattr(names[name], "weight", None)
+            if weight is not None and weight.shape[SPLIT_DIM[style]] % degree:
+                raise UsageError(
+                    f"--tp {degree}: {name} ({style}) has {weight.shape[SPLIT_DIM[style]]} "
+                    f"{'outputs' if style == 'colwise' else 'inputs'}, which {degree} ranks cannot split evenly; "
+                    "choose a --tp that divides it"
+                )
+        resolved[path] = STYLES[style]()
+    return resolved
+
+
+def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, degree: int) -> nn.Module:
+    """Split the plan's layers over `mesh` and replicate every other parameter and buffer on it."""
+    parallelize_module(model, mesh, model_plan(model, degree))
+    replicated: dict[int, nn.Parameter] = {}  # a tied parameter stays one parameter
+    for module in model.modules():
+        own = [(n, p) for n, p in module.named_parameters(recurse=False) if not isinstance(p, DTensor)]
+        buffers = [(n, b) for n, b in module.named_buffers(recurse=False) if not isinstance(b, DTensor)]
+        if not own and not buffers:
+            continue
+        for name, param in own:
+            if id(param) not in replicated:
+                whole = distribute_tensor(param.detach(), mesh, [Replicate()])
+                replicated[id(param)] = nn.Parameter(whole, requires_grad=param.requires_grad)
+            module.register_parameter(name, replicated[id(param)])
+        for name, buffer in buffers:
+            module.register_buffer(name, distribute_tensor(buffer, mesh, [Replicate()]))
+        module.register_forward_pre_hook(_replicated_inputs(mesh))
+        module.register_forward_hook(_local_output)
+    return model
+
+
+def _replicated_inputs(mesh: DeviceMesh) -> Callable[[nn.Module, tuple[Any, ...]], tuple[Any, ...]]:
+    def hook(_: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        return tuple(
+            DTensor.from_local(a, mesh, [Replicate()], run_check=False)
+            if isinstance(a, torch.Tensor) and not isinstance(a, DTensor)
+            else a
+            for a in args
+        )
+
+    return hook
+
+
+def _local_output(_: nn.Module, __: Any, output: Any) -> Any:
+    return output.to_local() if isinstance(output, DTensor) else output
+
+
+class TensorParallel(WholeModelStrategy):
+    name = "tp"
+
+    def __init__(self, cfg: TrainConfig, ctx: RankContext, stamp: Callable[[], Any]):
+        super().__init__(cfg, ctx, stamp)
+        self.mesh = init_device_mesh(ctx.device.type, (cfg.tp,), mesh_dim_names=("tp",))
+        self.allreduce = f"all-reduce in each split layer pair ({dist.get_backend()})"
+        self.checkpoints = ShardedCheckpoints(ctx, cfg.run_dir)
+
+    def data_shard(self) -> tuple[int, int]:
+        """The ranks of a tensor-parallel group compute one batch together: each reads all of it."""
+        return 0, 1
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        return apply_tensor_parallel(model, self.mesh, self.cfg.tp)
+
+    def checkpoint_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
+        return self.checkpoints.save(model, optimizer)
+
+    def load_checkpoint_state(self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+        self.checkpoints.load(model, optimizer, state)
+
+
+def check_tensor_parallel(cfg: TrainConfig, make_model: Callable[[], nn.Module]) -> None:
+    """Refuse a plan that cannot split this model, in the launching process, before anything is written:
+    the model built on the meta device (shapes only)."""
+    with torch.device("meta"):
+        model_plan(make_model(), cfg.tp)

@@ -1,0 +1,196 @@
+"""Tensor parallelism (#29): gpt's layers split across 2 gloo ranks train as one process does, each rank
+holding its share of the parameters; a checkpoint resumes; a --tp that cannot split the model is refused in
+one line, before anything is written."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from test_strategies_sharded import _copy_first_checkpoint
+
+import paratrain
+from paratrain.cli import main
+from paratrain.runs import RunDir
+from paratrain.workloads import gpt
+
+COMMON = dict(
+    workload="gpt-tiny",
+    seq_len=32,
+    samples_per_epoch=64,
+    eval_samples=32,
+    batch_size=16,
+    threads_per_worker=1,
+    quiet=True,
+    log_every=1,
+    optimizer="sgd",
+    lr=0.1,
+    checkpoint_every=1,
+)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One process; 2 tensor-parallel ranks for 2 epochs; the copy of the latter at its first checkpoint,
+    resumed."""
+    out = tmp_path_factory.mktemp("tensor")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PARATRAIN_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+        paratrain.train(dict(COMMON, run_dir=out / "one", workers=1, epochs=2))
+        stop = threading.Event()
+        copier = threading.Thread(target=_copy_first_checkpoint, args=(out / "tp", out / "tp-at-checkpoint", stop))
+        copier.start()
+        try:
+            paratrain.train(dict(COMMON, run_dir=out / "tp", workers=2, tp=2, epochs=2))
+        finally:
+            stop.set()
+            copier.join()
+        paratrain.train(dict(COMMON, run_dir=out / "tp-at-checkpoint", workers=2, tp=2, epochs=2, resume=True))
+    return out
+
+
+def _losses(run_dir: Path) -> dict[int, float]:
+    return {e["step"]: e["loss"] for e in RunDir(run_dir).read_metrics() if e["event"] == "step"}
+
+
+def _params(run_dir: Path) -> dict[str, torch.Tensor]:
+    """The model's parameters in a run's last checkpoint: checkpoint.pt's, or the DCP shards it names read
+    back into whole tensors in this process."""
+    import torch.distributed.checkpoint as dcp
+
+    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    if "dcp" not in ckpt:
+        return ckpt["model"]
+    whole = {name: torch.empty_like(t) for name, t in _params(run_dir.parent / "one").items()}
+    dcp.load({"model": whole}, checkpoint_id=run_dir / ckpt["dcp"], no_dist=True)
+    return whole
+
+
+def test_two_tensor_parallel_ranks_train_gpt_as_one_process_does(runs):
+    """Same batch, same steps: each rank computes half of every split layer, the all-reduces add the halves.
+    Tolerance as data parallelism's: float32 summation order only (a row-split matmul sums two halves)."""
+    one, tp = RunDir(runs / "one").read_summary(), RunDir(runs / "tp").read_summary()
+    assert tp["status"] == "completed" and tp["strategy"] == "tp" and tp["workers"] == 2
+    assert tp["global_batch_size"] == one["global_batch_size"] == 16, "one replica: the ranks share each batch"
+    assert tp["steps"] == one["steps"] == 8
+    single, split = _losses(runs / "one"), _losses(runs / "tp")
+    assert sorted(split) == sorted(single) == list(range(1, 9))
+    for step in single:
+        assert split[step] == pytest.approx(single[step], rel=1e-5), f"loss differs at step {step}"
+    a, b = _params(runs / "one"), _params(runs / "tp")
+    torch.manual_seed(0)
+    init = gpt.GPT(gpt.PRESETS["gpt-tiny"]).state_dict()
+    assert max((a[k] - init[k]).abs().max().item() for k in a) > 1e-3, "training did not move the parameters"
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], rtol=1e-4, atol=1e-6)
+
+
+def test_each_rank_holds_its_share_of_the_split_layers_and_all_of_the_rest(runs):
+    """gpt-tiny (4 blocks, width C=128, vocabulary V=256, context T=256). Split in two: per block q, k, v
+    (weights and biases) and the MLP's first layer by output, both projections' weights by input. Whole on
+    each rank: the embeddings (V x C + T x C, the head tied to the first), 9 LayerNorms (2C each) and the
+    projections' biases (RowwiseParallel adds them after the all-reduce)."""
+    c, v, t, layers = 128, 256, 256, 4
+    split = layers * (3 * (c * c + c) + c * c + (4 * c * c + 4 * c) + 4 * c * c)
+    whole = v * c + t * c + (2 * layers + 1) * 2 * c + layers * 2 * c
+    assert whole + split == gpt.GPT(gpt.PRESETS["gpt-tiny"]).num_params()
+    memory = RunDir(runs / "tp").read_summary()["memory"]
+    assert memory["parameters_bytes"] == [4 * (whole + split // 2)] * 2
+    one = RunDir(runs / "one").read_summary()["memory"]
+    assert one["parameters_bytes"] == [4 * (whole + split)]
+
+
+def test_a_tensor_parallel_checkpoint_resumes_and_continues_the_curve(runs):
+    """The copy taken at the first checkpoint (end of epoch 1), resumed: steps 5..8 logged again as the
+    uninterrupted run logged them, and the same parameters at the end."""
+    resumed = RunDir(runs / "tp-at-checkpoint").read_summary()
+    assert resumed["status"] == "completed" and resumed["resumed_from_step"] == 4
+    full, after = _losses(runs / "tp"), _losses(runs / "tp-at-checkpoint")
+    assert sorted(after) == sorted(full)
+    for step in range(5, 9):
+        assert after[step] == pytest.approx(full[step], rel=1e-5), f"loss differs at step {step}"
+    a, b = _params(runs / "tp"), _params(runs / "tp-at-checkpoint")
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], rtol=1e-5, atol=1e-7)
+
+
+GPT = ["--workload", "gpt-tiny", "--seq-len", "32"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ([*GPT, "--tp", "3", "--workers", "3"], "--tp 3 splits attention by heads and gpt has 4; choose a --tp that"),
+        ([*GPT, "--tp", "2", "--workers", "4"], "--tp 2 needs --workers 2: every rank of the run splits each layer"),
+        ([*GPT, "--tp", "2", "--workers", "2", "--strategy", "fsdp"], "--tp 2 runs as its own strategy"),
+        ([*GPT, "--tp", "2", "--workers", "2", "--precision", "fp16"], "--precision fp16 is not supported with --tp"),
+        ([*GPT, "--strategy", "tp", "--workers", "2"], "--strategy tp is set by --tp N"),
+        (
+            ["--workload", "synthetic-cnn", "--tp", "2", "--workers", "2"],
+            "--tp 2: the model (TutorialCNN) declares no tensor-parallel plan; give it a method",
+        ),
+    ],
+)
+def test_a_tp_that_cannot_split_the_model_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, args, message):
+    run_dir = tmp_path / "run"
+    code = main(["train", "--quiet", *args, "--allow-oversubscribe", "--run-dir", str(run_dir)])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not run_dir.exists()
+
+
+def test_a_plan_is_checked_against_the_models_layers():
+    from paratrain.engine.strategies.tensor import model_plan
+    from paratrain.errors import UsageError
+
+    class Declared(torch.nn.Module):
+        def __init__(self, plan):
+            super().__init__()
+            self.fc, self.out, self.plan = torch.nn.Linear(6, 10), torch.nn.Linear(10, 3), plan
+
+        def tensor_parallel_plan(self, degree):
+            return self.plan
+
+    styles = model_plan(Declared({"fc": "colwise", "out": "rowwise"}), 2)
+    assert [type(s).__name__ for s in styles.values()] == ["ColwiseParallel", "RowwiseParallel"]
+    for plan, degree, message in [
+        ({"fc": "colwise"}, 4, "fc (colwise) has 10 outputs, which 4 ranks cannot split evenly"),
+        ({"out": "rowwise"}, 4, "out (rowwise) has 10 inputs, which 4 ranks cannot split evenly"),
+        ({"blocks.*.fc": "colwise"}, 2, "names 'blocks.*.fc', which matches no module"),
+        ({"fc": "diagonal"}, 2, "the plan gives 'fc' the style 'diagonal'"),
+    ]:
+        with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)").replace("*", r"\*")):
+            model_plan(Declared(plan), degree)
+    # gpt's plan: every block's six layers, by wildcard
+    model = gpt.GPT(gpt.PRESETS["gpt-tiny"])
+    assert set(model_plan(model, 2)) == {
+        f"blocks.*.{name}" for name in ("attn.q", "attn.k", "attn.v", "attn.proj", "mlp.fc", "mlp.proj")
+    }
+
+
+def test_a_checkpoint_of_the_fused_attention_loads_into_q_k_and_v():
+    """Before tensor parallelism gpt had one `qkv` projection (queries, keys, values stacked by rows): such a
+    checkpoint loads, and the model computes what it computed."""
+    torch.manual_seed(0)
+    model = gpt.GPT(gpt.PRESETS["gpt-tiny"])
+    fused = {}
+    for key, value in model.state_dict().items():
+        if ".attn.k." in key or ".attn.v." in key:
+            continue
+        if ".attn.q." in key:
+            prefix, kind = key.split(".attn.q.")
+            fused[f"{prefix}.attn.qkv.{kind}"] = torch.cat(
+                [model.state_dict()[f"{prefix}.attn.{n}.{kind}"] for n in "qkv"]
+            )
+        else:
+            fused[key] = value
+    fresh = gpt.GPT(gpt.PRESETS["gpt-tiny"])
+    fresh.load_state_dict(fused)
+    x = torch.randint(0, 256, (2, 16))
+    assert torch.equal(fresh(x), model(x))
+    assert json.dumps(sorted(fresh.state_dict())) == json.dumps(sorted(model.state_dict()))
