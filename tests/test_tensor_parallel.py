@@ -28,6 +28,7 @@ COMMON = dict(
     log_every=1,
     optimizer="sgd",
     lr=0.1,
+    base_batch_size=16,  # the LR is --lr for the global batch of 16 whatever its split
     checkpoint_every=1,
 )
 
@@ -89,6 +90,35 @@ def test_two_tensor_parallel_ranks_train_gpt_as_one_process_does(runs):
         torch.testing.assert_close(b[key], a[key], rtol=1e-4, atol=1e-6)
 
 
+def test_fsdp_over_two_tensor_parallel_groups_trains_gpt_as_one_process_does(runs, tmp_path):
+    """FSDP x TP on a (2, 2) mesh, 4 ranks on 2 cores (correctness only): 2 groups x batch 8 == 1 process x
+    batch 16, step for step; each rank holds half of a tensor-parallel rank's parameters."""
+    summary = paratrain.train(
+        dict(COMMON, run_dir=tmp_path / "fsdp-tp", workers=4, tp=2, strategy="fsdp", batch_size=8, epochs=2)
+        | {"allow_oversubscribe": True}
+    )
+    assert summary["status"] == "completed" and summary["global_batch_size"] == 16 and summary["steps"] == 8
+    single, layered = _losses(runs / "one"), _losses(tmp_path / "fsdp-tp")
+    assert sorted(layered) == sorted(single)
+    for step in single:
+        assert layered[step] == pytest.approx(single[step], rel=1e-5), f"loss differs at step {step}"
+    whole = {name: torch.empty_like(t) for name, t in _params(runs / "one").items()}
+    import torch.distributed.checkpoint as dcp
+
+    dcp.load(
+        {"model": whole},
+        checkpoint_id=tmp_path
+        / "fsdp-tp"
+        / torch.load(tmp_path / "fsdp-tp" / "checkpoint.pt", weights_only=True)["dcp"],
+        no_dist=True,
+    )
+    one = _params(runs / "one")
+    for key in one:
+        torch.testing.assert_close(whole[key], one[key], rtol=1e-4, atol=1e-6)
+    tp_rank = RunDir(runs / "tp").read_summary()["memory"]["parameters_bytes"][0]
+    assert summary["memory"]["parameters_bytes"] == [tp_rank // 2] * 4
+
+
 def test_each_rank_holds_its_share_of_the_split_layers_and_all_of_the_rest(runs):
     """gpt-tiny (4 blocks, width C=128, vocabulary V=256, context T=256). Split in two: per block q, k, v
     (weights and biases) and the MLP's first layer by output, both projections' weights by input. Whole on
@@ -126,7 +156,8 @@ GPT = ["--workload", "gpt-tiny", "--seq-len", "32"]
     [
         ([*GPT, "--tp", "3", "--workers", "3"], "--tp 3 splits attention by heads and gpt has 4; choose a --tp that"),
         ([*GPT, "--tp", "2", "--workers", "4"], "--tp 2 needs --workers 2: every rank of the run splits each layer"),
-        ([*GPT, "--tp", "2", "--workers", "2", "--strategy", "fsdp"], "--tp 2 runs as its own strategy"),
+        ([*GPT, "--tp", "2", "--workers", "2", "--strategy", "ddp"], "--tp 2 does not combine with --strategy ddp"),
+        ([*GPT, "--tp", "2", "--workers", "3", "--strategy", "fsdp"], "--tp 2 does not divide --workers 3: FSDP"),
         ([*GPT, "--tp", "2", "--workers", "2", "--precision", "fp16"], "--precision fp16 is not supported with --tp"),
         ([*GPT, "--strategy", "tp", "--workers", "2"], "--strategy tp is set by --tp N"),
         (

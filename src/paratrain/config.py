@@ -183,7 +183,7 @@ class TrainConfig(BaseModel):
         1,
         gt=0,
         description="tensor parallelism: ranks that split each layer's matmuls (the model declares which layers; gpt "
-        "does); equal to --workers",
+        "does); --workers alone, or a divisor of it with --strategy fsdp",
     )
     stages: int | None = Field(
         None,
@@ -653,20 +653,26 @@ class TrainConfig(BaseModel):
 
     @model_validator(mode="after")
     def _tensor_layout(self) -> TrainConfig:
-        """--tp splits layers across every rank of the run: one tensor-parallel group, one replica."""
+        """--tp T: alone, every rank splits each layer (T = --workers, one replica); with --strategy fsdp,
+        FSDP shards over --workers / T tensor-parallel groups."""
         if self.tp == 1:
             if self.strategy == "tp":
                 raise ValueError("--strategy tp is set by --tp N (N ranks split each layer); give --tp instead")
             return self
-        if self.strategy not in (None, "tp"):
+        if self.strategy not in (None, "tp", "fsdp"):
             raise ValueError(
-                f"--tp {self.tp} runs as its own strategy (every rank splits each layer) and does not combine "
-                f"with --strategy {self.strategy}; drop --strategy"
+                f"--tp {self.tp} does not combine with --strategy {self.strategy} (its wrapper does not take "
+                "tensor-parallel parameters); data parallelism over tensor-parallel groups is --strategy fsdp"
             )
-        if self.tp != self.workers:
+        if self.strategy == "fsdp" and self.workers % self.tp:
             raise ValueError(
-                f"--tp {self.tp} needs --workers {self.tp}: every rank of the run splits each layer (data "
-                "parallelism over tensor-parallel groups is not offered); make them equal"
+                f"--tp {self.tp} does not divide --workers {self.workers}: FSDP shards over groups of {self.tp} "
+                "ranks; make --workers a multiple of --tp"
+            )
+        if self.strategy != "fsdp" and self.tp != self.workers:
+            raise ValueError(
+                f"--tp {self.tp} needs --workers {self.tp}: every rank of the run splits each layer; make them "
+                "equal, or add --strategy fsdp to shard over several tensor-parallel groups"
             )
         for given, wrong, why in (
             ("precision", "fp16", "its loss scaler reads gradients that are split across ranks; use --precision bf16"),

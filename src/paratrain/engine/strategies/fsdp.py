@@ -29,6 +29,10 @@ keeping the averaged gradient of its own shard.
 - The device mesh is explicit, on the rank's own device type: without one, `fully_shard` builds
   its mesh on torch's compile-time accelerator (`torch._C._get_accelerator()`), which is cuda in
   any CUDA build of torch, and moves CPU ranks' parameters to a GPU.
+- `--tp T` (FSDP x TP): the ranks form a (workers/T, T) mesh; each layer is split over a row of T
+  ranks first (engine/strategies/tensor.py), then FSDP shards the splits over the column. The model
+  is then built whole on the host before it is split, so every layout starts from the weights one
+  process draws: on CPU meshes DTensor has no sharded random generator (see below).
 - No rank holds the whole model (torchtitan's idiom): the model is built on the meta device
   (shapes, no memory), sharded, materialised with `to_empty` on the rank's device, then
   initialised. Each module's own `reset_parameters` (FSDP's default initialisation of meta modules)
@@ -65,6 +69,7 @@ from paratrain.config import TrainConfig
 from paratrain.engine.distributed import RankContext
 from paratrain.engine.strategies.base import StepResult, WholeModelStrategy
 from paratrain.engine.strategies.sharded_checkpoint import ShardedCheckpoints
+from paratrain.engine.strategies.tensor import apply_tensor_parallel
 from paratrain.errors import UsageError
 
 log = logging.getLogger("paratrain.rank")
@@ -162,14 +167,25 @@ class FullyShardedDataParallel(WholeModelStrategy):
                 "nccl" if ctx.device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0, world_size=1
             )
         # Every fully_shard call gets this mesh: the default one would be on the compile-time accelerator.
-        self.mesh = init_device_mesh(ctx.device.type, (dist.get_world_size(),))
+        # With --tp T the ranks form a (data, tensor) mesh, torchtitan's 2-D layout: T consecutive ranks split
+        # each layer, and FSDP shards over the ranks holding the same split.
+        if cfg.tp > 1:
+            grid = init_device_mesh(
+                ctx.device.type, (dist.get_world_size() // cfg.tp, cfg.tp), mesh_dim_names=("dp_shard", "tp")
+            )
+            self.mesh, self.tp_mesh = grid["dp_shard"], grid["tp"]
+        else:
+            self.mesh = init_device_mesh(ctx.device.type, (dist.get_world_size(),))
         self.allreduce = f"reduce-scatter ({dist.get_backend()})"
         self._last_launch: Any | None = None
         self.checkpoints = ShardedCheckpoints(ctx, cfg.run_dir)
 
     def build(self, make: Callable[[], nn.Module]) -> nn.Module:
         """The model on the meta device, for `wrap` to shard and materialise; built whole on the host
-        when meta construction would leave something uninitialised (module docstring)."""
+        when meta construction would leave something uninitialised (module docstring), and with --tp: the
+        tensor-parallel split takes its slices of the weights the ordinary construction drew."""
+        if self.cfg.tp > 1:
+            return super().build(make)
         with torch.device("meta"):
             model = make()
         missing = uninitialisable(model)
@@ -187,6 +203,8 @@ class FullyShardedDataParallel(WholeModelStrategy):
             options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         if cfg.cpu_offload:
             options["offload_policy"] = CPUOffloadPolicy()
+        if cfg.tp > 1:  # tensor parallelism first, then FSDP over it (torchtitan's order)
+            apply_tensor_parallel(model, self.tp_mesh, cfg.tp)
         for unit in shard_units(model, cfg.shard_unit):
             fully_shard(unit, **options)
         fully_shard(model, **options)
@@ -226,6 +244,10 @@ class FullyShardedDataParallel(WholeModelStrategy):
                 with torch.random.fork_rng(devices=[]):
                     torch.manual_seed(self.cfg.seed * 1000 + self.ctx.rank)
                     init_weights()
+
+    def data_shard(self) -> tuple[int, int]:
+        """One shard per data-parallel index: the ranks of a tensor-parallel group read the same one."""
+        return self.ctx.rank // self.cfg.tp, self.ctx.world_size // self.cfg.tp
 
     def forward_backward(
         self,
