@@ -185,6 +185,12 @@ class TrainConfig(BaseModel):
         description="tensor parallelism: ranks that split each layer's matmuls (the model declares which layers; gpt "
         "does); --workers alone, or a divisor of it with --strategy fsdp",
     )
+    dp_replicate: int = Field(
+        1,
+        gt=0,
+        description="fsdp: replicas of the sharded model (HSDP): FSDP shards over --workers / (R x --tp) ranks, and "
+        "the R replicas all-reduce their gradients",
+    )
     stages: int | None = Field(
         None,
         gt=0,
@@ -652,9 +658,21 @@ class TrainConfig(BaseModel):
             )
 
     @model_validator(mode="after")
-    def _tensor_layout(self) -> TrainConfig:
+    def _mesh_layout(self) -> TrainConfig:
         """--tp T: alone, every rank splits each layer (T = --workers, one replica); with --strategy fsdp,
-        FSDP shards over --workers / T tensor-parallel groups."""
+        FSDP shards over --workers / T tensor-parallel groups, in --dp-replicate R replicas (HSDP)."""
+        if self.dp_replicate > 1:
+            if self.strategy_name != "fsdp":
+                raise ValueError(
+                    f"--dp-replicate {self.dp_replicate} replicates a sharded model; it applies to --strategy fsdp "
+                    f"(this run uses {self.strategy_name})"
+                )
+            if self.workers % (self.dp_replicate * self.tp):
+                ranks = f"--dp-replicate {self.dp_replicate} x --tp {self.tp}" if self.tp > 1 else "--dp-replicate"
+                raise ValueError(
+                    f"{ranks} ({self.dp_replicate * self.tp}) does not divide --workers {self.workers}; each replica "
+                    "shards over an equal number of ranks: make --workers a multiple of it"
+                )
         if self.tp == 1:
             if self.strategy == "tp":
                 raise ValueError("--strategy tp is set by --tp N (N ranks split each layer); give --tp instead")

@@ -29,6 +29,10 @@ keeping the averaged gradient of its own shard.
 - The device mesh is explicit, on the rank's own device type: without one, `fully_shard` builds
   its mesh on torch's compile-time accelerator (`torch._C._get_accelerator()`), which is cuda in
   any CUDA build of torch, and moves CPU ranks' parameters to a GPU.
+- `--dp-replicate R` (HSDP, hybrid sharded data parallel): FSDP2 given an (R, workers/R) mesh
+  shards each parameter within a replica of workers/R ranks and all-reduces the reduce-scattered
+  gradients across the R replicas: memory per rank as fsdp on workers/R ranks, and the gathers stay
+  within a replica (on a cluster: within a node).
 - `--tp T` (FSDP x TP): the ranks form a (workers/T, T) mesh; each layer is split over a row of T
   ranks first (engine/strategies/tensor.py), then FSDP shards the splits over the column. The model
   is then built whole on the host before it is split, so every layout starts from the weights one
@@ -42,9 +46,10 @@ keeping the averaged gradient of its own shard.
   models), the weights equal those of the ordinary build for the same seed. A model with an
   initialisation of its own over the whole model defines `init_weights()` (torchtitan's name; gpt
   and the ResNets do), which then runs on the shards: the same distributions, other draws (on CPU
-  meshes, where DTensor has no sharded random generator, each rank draws from a stream of its own
-  so that the shards differ). A model that creates parameters or buffers no `reset_parameters`
-  initialises is built whole on the host instead, as before, and the rank log says so.
+  meshes, where DTensor has no sharded random generator, each shard draws from a stream of its
+  own so that the shards differ, and HSDP's replicas of one shard draw the same). A model that
+  creates parameters or buffers no `reset_parameters` initialises is built whole on the host
+  instead, as before, and the rank log says so.
 """
 
 from __future__ import annotations
@@ -169,14 +174,20 @@ class FullyShardedDataParallel(WholeModelStrategy):
         # Every fully_shard call gets this mesh: the default one would be on the compile-time accelerator.
         # With --tp T the ranks form a (data, tensor) mesh, torchtitan's 2-D layout: T consecutive ranks split
         # each layer, and FSDP shards over the ranks holding the same split.
-        if cfg.tp > 1:
+        # With --dp-replicate R, FSDP shards within each of R replicas and all-reduces across them (HSDP).
+        if cfg.tp > 1 or cfg.dp_replicate > 1:
+            shards = dist.get_world_size() // (cfg.dp_replicate * cfg.tp)
             grid = init_device_mesh(
-                ctx.device.type, (dist.get_world_size() // cfg.tp, cfg.tp), mesh_dim_names=("dp_shard", "tp")
+                ctx.device.type, (cfg.dp_replicate, shards, cfg.tp), mesh_dim_names=("dp_replicate", "dp_shard", "tp")
             )
-            self.mesh, self.tp_mesh = grid["dp_shard"], grid["tp"]
+            self.mesh = grid["dp_replicate", "dp_shard"] if cfg.dp_replicate > 1 else grid["dp_shard"]
+            self.tp_mesh = grid["tp"]
+            self.shard_index = grid["dp_shard"].get_local_rank()
         else:
             self.mesh = init_device_mesh(ctx.device.type, (dist.get_world_size(),))
-        self.allreduce = f"reduce-scatter ({dist.get_backend()})"
+            self.shard_index = self.mesh.get_local_rank()
+        replicas = f" + all-reduce over {cfg.dp_replicate} replicas" if cfg.dp_replicate > 1 else ""
+        self.allreduce = f"reduce-scatter{replicas} ({dist.get_backend()})"
         self._last_launch: Any | None = None
         self.checkpoints = ShardedCheckpoints(ctx, cfg.run_dir)
 
@@ -241,8 +252,9 @@ class FullyShardedDataParallel(WholeModelStrategy):
             if is_rng_supported_mesh(self.mesh):
                 init_weights()  # DTensor's own generator gives each shard its part of one stream
             else:
+                # By shard, not by rank: HSDP's replicas of a shard must draw the same values.
                 with torch.random.fork_rng(devices=[]):
-                    torch.manual_seed(self.cfg.seed * 1000 + self.ctx.rank)
+                    torch.manual_seed(self.cfg.seed * 1000 + self.shard_index)
                     init_weights()
 
     def data_shard(self) -> tuple[int, int]:

@@ -1,6 +1,7 @@
-"""Tensor parallelism (#29): gpt's layers split across 2 gloo ranks train as one process does, each rank
-holding its share of the parameters; a checkpoint resumes; a --tp that cannot split the model is refused in
-one line, before anything is written."""
+"""Parallelisms composed on one device mesh (#29), on gloo ranks: tensor parallelism (gpt's layers split
+across 2 ranks) trains as one process does, each rank holding its share of the parameters, and its checkpoint
+resumes; FSDP x TP on a (2, 2) mesh and HSDP (2 replicas of a 2-way FSDP shard) train as the layouts they
+compose; a layout that cannot split the model is refused in one line, before anything is written."""
 
 from __future__ import annotations
 
@@ -57,15 +58,15 @@ def _losses(run_dir: Path) -> dict[int, float]:
     return {e["step"]: e["loss"] for e in RunDir(run_dir).read_metrics() if e["event"] == "step"}
 
 
-def _params(run_dir: Path) -> dict[str, torch.Tensor]:
+def _params(run_dir: Path, template: Path | None = None) -> dict[str, torch.Tensor]:
     """The model's parameters in a run's last checkpoint: checkpoint.pt's, or the DCP shards it names read
-    back into whole tensors in this process."""
+    back into whole tensors in this process, shaped as those of the `template` run (default: one beside it)."""
     import torch.distributed.checkpoint as dcp
 
     ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     if "dcp" not in ckpt:
         return ckpt["model"]
-    whole = {name: torch.empty_like(t) for name, t in _params(run_dir.parent / "one").items()}
+    whole = {name: torch.empty_like(t) for name, t in _params(template or run_dir.parent / "one").items()}
     dcp.load({"model": whole}, checkpoint_id=run_dir / ckpt["dcp"], no_dist=True)
     return whole
 
@@ -102,21 +103,36 @@ def test_fsdp_over_two_tensor_parallel_groups_trains_gpt_as_one_process_does(run
     assert sorted(layered) == sorted(single)
     for step in single:
         assert layered[step] == pytest.approx(single[step], rel=1e-5), f"loss differs at step {step}"
-    whole = {name: torch.empty_like(t) for name, t in _params(runs / "one").items()}
-    import torch.distributed.checkpoint as dcp
-
-    dcp.load(
-        {"model": whole},
-        checkpoint_id=tmp_path
-        / "fsdp-tp"
-        / torch.load(tmp_path / "fsdp-tp" / "checkpoint.pt", weights_only=True)["dcp"],
-        no_dist=True,
-    )
-    one = _params(runs / "one")
+    whole, one = _params(tmp_path / "fsdp-tp", template=runs / "one"), _params(runs / "one")
     for key in one:
         torch.testing.assert_close(whole[key], one[key], rtol=1e-4, atol=1e-6)
     tp_rank = RunDir(runs / "tp").read_summary()["memory"]["parameters_bytes"][0]
     assert summary["memory"]["parameters_bytes"] == [tp_rank // 2] * 4
+
+
+def test_hsdp_replicas_of_a_two_way_shard_train_as_the_shard_alone(runs, tmp_path):
+    """HSDP, 2 replicas x 2 shards x batch 4 (4 ranks on 2 cores), against fsdp on 2 ranks x batch 8: the
+    same global batch, the same shards. gpt is built on the meta device and initialised shard by shard
+    (init_weights on each rank's own random stream, on CPU ranks), so the two runs start from the same
+    weights only if both replicas of a shard draw the same ones; then each step's gradient, averaged over
+    the replicas, is the 2-rank run's. Each rank holds half of the model, as in the 2-rank run."""
+    layouts = {
+        "fsdp": dict(workers=2, batch_size=8),
+        "hsdp": dict(workers=4, batch_size=4, dp_replicate=2, allow_oversubscribe=True),
+    }
+    for name, layout in layouts.items():
+        paratrain.train(dict(COMMON, run_dir=tmp_path / name, strategy="fsdp", epochs=1, **layout))
+    fsdp, hsdp = RunDir(tmp_path / "fsdp").read_summary(), RunDir(tmp_path / "hsdp").read_summary()
+    assert hsdp["status"] == "completed" and hsdp["global_batch_size"] == fsdp["global_batch_size"] == 16
+    assert hsdp["allreduce"] == "reduce-scatter + all-reduce over 2 replicas (gloo)"
+    two, four = _losses(tmp_path / "fsdp"), _losses(tmp_path / "hsdp")
+    assert sorted(two) == sorted(four) == [1, 2, 3, 4]
+    for step in two:
+        assert four[step] == pytest.approx(two[step], rel=1e-5), f"loss differs at step {step}"
+    a, b = (_params(tmp_path / name, template=runs / "one") for name in layouts)
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], rtol=1e-4, atol=1e-6)
+    assert hsdp["memory"]["parameters_bytes"] == fsdp["memory"]["parameters_bytes"] * 2
 
 
 def test_each_rank_holds_its_share_of_the_split_layers_and_all_of_the_rest(runs):
@@ -160,13 +176,18 @@ GPT = ["--workload", "gpt-tiny", "--seq-len", "32"]
         ([*GPT, "--tp", "2", "--workers", "3", "--strategy", "fsdp"], "--tp 2 does not divide --workers 3: FSDP"),
         ([*GPT, "--tp", "2", "--workers", "2", "--precision", "fp16"], "--precision fp16 is not supported with --tp"),
         ([*GPT, "--strategy", "tp", "--workers", "2"], "--strategy tp is set by --tp N"),
+        ([*GPT, "--dp-replicate", "2", "--workers", "2"], "--dp-replicate 2 replicates a sharded model; it applies to"),
+        (
+            [*GPT, "--dp-replicate", "2", "--tp", "2", "--workers", "6", "--strategy", "fsdp"],
+            "--dp-replicate 2 x --tp 2 (4) does not divide --workers 6",
+        ),
         (
             ["--workload", "synthetic-cnn", "--tp", "2", "--workers", "2"],
             "--tp 2: the model (TutorialCNN) declares no tensor-parallel plan; give it a method",
         ),
     ],
 )
-def test_a_tp_that_cannot_split_the_model_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, args, message):
+def test_a_layout_that_cannot_split_the_model_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, args, message):
     run_dir = tmp_path / "run"
     code = main(["train", "--quiet", *args, "--allow-oversubscribe", "--run-dir", str(run_dir)])
     err = capsys.readouterr().err
