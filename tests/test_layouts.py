@@ -6,6 +6,7 @@ compose; a layout that cannot split the model is refused in one line, before any
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 from pathlib import Path
 
@@ -50,7 +51,12 @@ def runs(tmp_path_factory):
         finally:
             stop.set()
             copier.join()
+        # the same copy resumed at another layout: fsdp on 2 ranks, each its own half of the batch
+        shutil.copytree(out / "tp-at-checkpoint", out / "tp-then-fsdp")
         paratrain.train(dict(COMMON, run_dir=out / "tp-at-checkpoint", workers=2, tp=2, epochs=2, resume=True))
+        paratrain.train(
+            dict(COMMON, run_dir=out / "tp-then-fsdp", workers=2, strategy="fsdp", batch_size=8, epochs=2, resume=True)
+        )
     return out
 
 
@@ -165,6 +171,42 @@ def test_a_tensor_parallel_checkpoint_resumes_and_continues_the_curve(runs):
 
 
 GPT = ["--workload", "gpt-tiny", "--seq-len", "32"]
+
+
+def test_a_tensor_parallel_checkpoint_resumes_under_fsdp_on_the_same_curve(runs):
+    """The same copy resumed by fsdp on 2 ranks (the global batch of 16 split 8 + 8 instead of shared):
+    torch.distributed.checkpoint reshards the split weights and their optimizer state into FSDP's shards,
+    and the run goes on as the tensor-parallel one did."""
+    resumed = RunDir(runs / "tp-then-fsdp").read_summary()
+    assert resumed["status"] == "completed" and resumed["strategy"] == "fsdp" and resumed["resumed_from_step"] == 4
+    full, after = _losses(runs / "tp"), _losses(runs / "tp-then-fsdp")
+    assert sorted(after) == sorted(full)
+    for step in range(5, 9):
+        assert after[step] == pytest.approx(full[step], rel=1e-5), f"loss differs at step {step}"
+    a, b = _params(runs / "tp"), _params(runs / "tp-then-fsdp")
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], rtol=1e-4, atol=1e-6)
+
+
+def test_a_resume_at_another_layout_keeps_the_global_batch_and_needs_a_sharded_checkpoint(runs, tmp_path, capsys):
+    """Another split of another global batch, a strategy that cannot read the sharded checkpoint, or another
+    layout of another run (its LR changed) is the usual refusal: one line, exit 2, nothing written."""
+    for name, args in {
+        "batch": ["--strategy", "fsdp", "--batch-size", "16"],
+        "ddp": ["--strategy", "ddp", "--batch-size", "8"],
+        "lr": ["--strategy", "fsdp", "--batch-size", "8", "--lr", "0.2"],  # a layout it may take, another LR
+    }.items():
+        shutil.copytree(runs / "tp-at-checkpoint", tmp_path / name)
+        before = {p: p.stat().st_mtime_ns for p in (tmp_path / name).rglob("*")}
+        same = ["--samples-per-epoch", "64", "--eval-samples", "32", "--epochs", "2", "--optimizer", "sgd"]
+        same += ["--lr", "0.1", "--base-batch-size", "16", "--log-every", "1", "--checkpoint-every", "1"]
+        code = main(
+            ["train", *GPT, *same, "--workers", "2", *args, "--quiet", "--resume", "--run-dir", str(tmp_path / name)]
+        )
+        err = capsys.readouterr().err
+        assert code == 2 and "was written by a different configuration" in err, err
+        assert len(err.strip().splitlines()) == 1
+        assert {p: p.stat().st_mtime_ns for p in (tmp_path / name).rglob("*")} == before
 
 
 @pytest.mark.parametrize(

@@ -36,6 +36,10 @@ GradCompression = Literal["none", "fp16", "bf16", "powersgd"]
 Reduce = Literal["allreduce", "ps"]
 # Strategies that split the model's layers into stages, one per rank of a pipeline.
 STAGED_STRATEGIES = ("pipeline", "model-parallel", "hybrid")
+# Strategies whose checkpoints go through torch.distributed.checkpoint, which reshards them on load; and
+# the fields that lay a run out on its ranks, which a resume of such a checkpoint may change.
+SHARDED_CHECKPOINTS = ("fsdp", "tp")
+LAYOUT_FIELDS = ("strategy", "workers", "tp", "dp_replicate", "batch_size", "base_batch_size")
 
 
 def cli(**how: Any) -> dict[str, Any]:
@@ -846,6 +850,26 @@ class TrainConfig(BaseModel):
         change; the global batch and the batch its LR is scaled from (both in the identity) may not.
         """
         return ("workers", "batch_size", "base_batch_size") if self.strategy_name == "fsdp" else ()
+
+    def resumes_at_another_layout(self, saved: dict[str, Any], identity: str) -> bool:
+        """Whether a sharded checkpoint (torch.distributed.checkpoint, resharded on load) of the run whose
+        config.json is `saved` and whose identity is `identity` continues as this run: the same run laid out
+        otherwise (another strategy that shards, --tp, --dp-replicate, number of ranks), with the same global
+        batch and the same batch its LR is scaled from."""
+        if self.strategy_name not in SHARDED_CHECKPOINTS:
+            return False
+        fields = type(self).model_fields
+        layout = {k: saved.get(k, fields[k].default) for k in LAYOUT_FIELDS}
+        try:
+            as_saved = type(self).model_validate(self.model_dump() | layout)
+        except ValidationError:
+            return False
+        return (
+            as_saved.strategy_name in SHARDED_CHECKPOINTS
+            and as_saved.identity() == identity
+            and (as_saved.global_batch_size, as_saved.reference_batch_size)
+            == (self.global_batch_size, self.reference_batch_size)
+        )
 
     @property
     def memory_limit_bytes(self) -> int | None:

@@ -206,8 +206,11 @@ def _prepare_run_dir(run: RunDir, cfg: TrainConfig, device_type: str) -> None:
         if not run.is_run():
             raise UsageError(f"--resume: {path} holds no run to resume; run without --resume first")
         ckpt = load_checkpoint(path / CHECKPOINT_NAME)
-        if ckpt["identity"] != cfg.identity():
-            before = run.read_config()
+        before = run.read_config()
+        # A sharded checkpoint also resumes at another layout of the same run (TrainConfig.resumes_at_another_layout).
+        if ckpt["identity"] != cfg.identity() and not (
+            "dcp" in ckpt and cfg.resumes_at_another_layout(before, ckpt["identity"])
+        ):
             now = cfg.model_dump(mode="json")
             changed = [
                 k
