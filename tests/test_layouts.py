@@ -64,6 +64,11 @@ def _losses(run_dir: Path) -> dict[int, float]:
     return {e["step"]: e["loss"] for e in RunDir(run_dir).read_metrics() if e["event"] == "step"}
 
 
+def _counted(run_dir: Path) -> list[tuple[str, int]]:
+    """The samples each step and evaluation counted, in order: the loop sums them over the ranks."""
+    return [(e["event"], e["samples"]) for e in RunDir(run_dir).read_metrics() if e["event"] in ("step", "eval")]
+
+
 def _params(run_dir: Path, template: Path | None = None) -> dict[str, torch.Tensor]:
     """The model's parameters in a run's last checkpoint: checkpoint.pt's, or the DCP shards it names read
     back into whole tensors in this process, shaped as those of the `template` run (default: one beside it)."""
@@ -84,6 +89,8 @@ def test_two_tensor_parallel_ranks_train_gpt_as_one_process_does(runs):
     assert tp["status"] == "completed" and tp["strategy"] == "tp" and tp["workers"] == 2
     assert tp["global_batch_size"] == one["global_batch_size"] == 16, "one replica: the ranks share each batch"
     assert tp["steps"] == one["steps"] == 8
+    # the ranks of a group share each batch: its samples are counted once (throughput, MFU and eval rely on it)
+    assert _counted(runs / "tp") == _counted(runs / "one")
     single, split = _losses(runs / "one"), _losses(runs / "tp")
     assert sorted(split) == sorted(single) == list(range(1, 9))
     for step in single:
@@ -105,6 +112,7 @@ def test_fsdp_over_two_tensor_parallel_groups_trains_gpt_as_one_process_does(run
         | {"allow_oversubscribe": True}
     )
     assert summary["status"] == "completed" and summary["global_batch_size"] == 16 and summary["steps"] == 8
+    assert _counted(tmp_path / "fsdp-tp") == _counted(runs / "one")
     single, layered = _losses(runs / "one"), _losses(tmp_path / "fsdp-tp")
     assert sorted(layered) == sorted(single)
     for step in single:

@@ -74,7 +74,7 @@ from paratrain.config import TrainConfig
 from paratrain.engine.distributed import RankContext
 from paratrain.engine.strategies.base import StepResult, WholeModelStrategy
 from paratrain.engine.strategies.sharded_checkpoint import ShardedCheckpoints
-from paratrain.engine.strategies.tensor import apply_tensor_parallel
+from paratrain.engine.strategies.tensor import apply_tensor_parallel, reported
 from paratrain.errors import UsageError
 
 log = logging.getLogger("paratrain.rank")
@@ -272,7 +272,7 @@ class FullyShardedDataParallel(WholeModelStrategy):
         autocast: Callable[[], AbstractContextManager],
     ) -> StepResult:
         # The mixed-precision policy casts the parameters (module docstring): no autocast on top.
-        return super().forward_backward(model, objective, x, y, loss_divisor, scaler, nullcontext)
+        return self._reported(super().forward_backward(model, objective, x, y, loss_divisor, scaler, nullcontext))
 
     def evaluate(
         self,
@@ -282,7 +282,10 @@ class FullyShardedDataParallel(WholeModelStrategy):
         y: torch.Tensor,
         autocast: Callable[[], AbstractContextManager],
     ) -> StepResult:
-        return super().evaluate(model, objective, x, y, nullcontext)
+        return self._reported(super().evaluate(model, objective, x, y, nullcontext))
+
+    def _reported(self, result: StepResult) -> StepResult:
+        return reported(result, self.tp_mesh) if self.cfg.tp > 1 else result
 
     @contextmanager
     def no_sync(self, model: nn.Module) -> Iterator[None]:

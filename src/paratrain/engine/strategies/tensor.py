@@ -38,7 +38,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, Ro
 
 from paratrain.config import TrainConfig
 from paratrain.engine.distributed import RankContext
-from paratrain.engine.strategies.base import WholeModelStrategy
+from paratrain.engine.strategies.base import StepResult, WholeModelStrategy
 from paratrain.engine.strategies.sharded_checkpoint import ShardedCheckpoints
 from paratrain.errors import UsageError
 
@@ -104,6 +104,12 @@ def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, degree: int) -> nn
     return model
 
 
+def reported(result: StepResult, tp_mesh: DeviceMesh) -> StepResult:
+    """The step's loss and output on the first rank of a tensor-parallel group only: every rank of the group
+    computed the same batch, and the loop sums samples, losses and correct answers over the ranks."""
+    return result if tp_mesh.get_local_rank() == 0 else (None, None)
+
+
 def _replicated_inputs(mesh: DeviceMesh) -> Callable[[nn.Module, tuple[Any, ...]], tuple[Any, ...]]:
     def hook(_: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
         return tuple(
@@ -135,6 +141,14 @@ class TensorParallel(WholeModelStrategy):
 
     def wrap(self, model: nn.Module) -> nn.Module:
         return apply_tensor_parallel(model, self.mesh, self.cfg.tp)
+
+    def forward_backward(
+        self, model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Tensor, *rest: Any
+    ) -> StepResult:
+        return reported(super().forward_backward(model, objective, x, y, *rest), self.mesh)
+
+    def evaluate(self, model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Tensor, *rest: Any) -> StepResult:
+        return reported(super().evaluate(model, objective, x, y, *rest), self.mesh)
 
     def checkpoint_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
         return self.checkpoints.save(model, optimizer)
