@@ -29,3 +29,13 @@ class NotAChain(nn.Module):
 
     def forward(self, x):
         return self.fc(self.conv(x).relu().flatten(1))
+
+
+class DeclaredChain(NotAChain):
+    """The same model, declaring the chain its forward runs: the flatten belongs to the first unit."""
+
+    def pipeline_units(self):
+        return [
+            ("conv", ("conv",), lambda root, x: root.conv(x).relu().flatten(1)),
+            ("fc", ("fc",), lambda root, x: root.fc(x)),
+        ]

@@ -326,3 +326,18 @@ def test_a_bad_split_is_one_line_and_exit_status_2(tmp_path, capsys):
     assert err.strip().count("\n") == 0 and "no block named 'blocks.7'" in err, err
     assert "embed, blocks.0, blocks.1, blocks.2, blocks.3, head" in err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_model_that_declares_its_chain_is_split_along_it(tmp_path):
+    """NotAChain's forward flattens between its children, so they do not chain; declaring its units
+    (pipeline_units, the flatten in the first) makes it a pipeline on 2 ranks that reaches the parameters
+    of one process, and --split takes the declared names."""
+    model = dict(SMALL, model="pipeline_factories:DeclaredChain", batch_size=32)
+    paratrain.train(dict(model, run_dir=tmp_path / "one", workers=1))
+    paratrain.train(dict(model, run_dir=tmp_path / "two", workers=2, strategy="pipeline", split="fc"))
+    summary = json.loads((tmp_path / "two" / "summary.json").read_text())
+    assert summary["pipeline"]["split"] == [["conv"], ["fc"]]
+    one, two = (torch.load(tmp_path / run / "checkpoint.pt", weights_only=True)["model"] for run in ("one", "two"))
+    assert one.keys() == two.keys()
+    for key in one:
+        torch.testing.assert_close(two[key], one[key], rtol=1e-4, atol=1e-6)

@@ -19,6 +19,7 @@ The vocabulary is bytes (256): the text workloads need no tokenizer.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -28,6 +29,15 @@ from torch import nn
 from paratrain.errors import UsageError
 
 BYTE_VOCAB = 256
+
+# A link of the chain a pipeline cuts a model along (engine/strategies/pipeline_split.py): its name (what
+# --split takes), the submodule paths it owns, and how it runs given a module holding those paths.
+PipelineUnit = tuple[str, tuple[str, ...], Callable[[nn.Module, torch.Tensor], torch.Tensor]]
+
+
+def call_unit(path: str) -> PipelineUnit:
+    """The unit that is one submodule, called on the previous unit's output."""
+    return path, (path,), lambda root, x: root.get_submodule(path)(x)
 
 
 @dataclass(frozen=True)
@@ -183,6 +193,10 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.head(x)
+
+    def pipeline_units(self) -> list[PipelineUnit]:
+        """`embed`, each block, `head`: the chain forward runs."""
+        return [call_unit("embed"), *(call_unit(f"blocks.{i}") for i in range(len(self.blocks))), call_unit("head")]
 
     def tensor_parallel_plan(self, degree: int) -> dict[str, str]:
         """Megatron-LM's split of a block (Shoeybi et al. 2019), as torchtitan applies it: the

@@ -21,6 +21,7 @@ from torch import nn
 
 from paratrain.errors import UsageError
 from paratrain.workloads import gpt
+from paratrain.workloads.gpt import PipelineUnit, call_unit
 
 
 class TutorialCNN(nn.Module):
@@ -43,6 +44,28 @@ class TutorialCNN(nn.Module):
         x = self.pool(F.relu(self.conv2(x)))
         x = torch.flatten(x, 1)
         return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
+
+    def pipeline_units(self) -> list[PipelineUnit]:
+        """Each convolution with its ReLU and pooling (the second flattens), then each linear layer:
+        its forward's functional calls between the layers belong to a unit, so the chain is the model."""
+
+        def conv(name: str, flatten: bool) -> Callable[[nn.Module, torch.Tensor], torch.Tensor]:
+            def run(root: nn.Module, x: torch.Tensor) -> torch.Tensor:
+                x = root.pool(F.relu(root.get_submodule(name)(x)))
+                return torch.flatten(x, 1) if flatten else x
+
+            return run
+
+        def linear(name: str, relu: bool) -> Callable[[nn.Module, torch.Tensor], torch.Tensor]:
+            return lambda root, x: F.relu(root.get_submodule(name)(x)) if relu else root.get_submodule(name)(x)
+
+        return [
+            ("conv1", ("conv1", "pool"), conv("conv1", flatten=False)),
+            ("conv2", ("conv2", "pool"), conv("conv2", flatten=True)),
+            ("fc1", ("fc1",), linear("fc1", relu=True)),
+            ("fc2", ("fc2",), linear("fc2", relu=True)),
+            ("fc3", ("fc3",), linear("fc3", relu=False)),
+        ]
 
 
 class BasicBlock(nn.Module):
@@ -148,6 +171,18 @@ class ResNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.head_norm(self.blocks(self.stem(x)))
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+    def pipeline_units(self) -> list[PipelineUnit]:
+        """`stem`, each residual block, then the final norm with pooling and `fc` (forward after the blocks)."""
+        return [
+            call_unit("stem"),
+            *(call_unit(f"blocks.{i}") for i in range(len(self.blocks))),
+            ("head_norm", ("head_norm", "fc"), _resnet_head),
+        ]
+
+
+def _resnet_head(root: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return root.fc(torch.flatten(F.adaptive_avg_pool2d(root.head_norm(x), 1), 1))
 
 
 def _resnet18(num_classes: int = 10, in_channels: int = 3, image_size: int = 32) -> nn.Module:

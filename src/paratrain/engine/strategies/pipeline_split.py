@@ -3,9 +3,10 @@ modules that keep the whole model's parameter names.
 
 The split rule (docs/strategies.md, "The split"): a model is a chain of units, each applied to the
 previous one's output, and a stage is a run of consecutive units.
-- `gpt`: `embed`, `blocks.0` ... `blocks.<L-1>`, `head`.
-- ResNets: `stem`, `blocks.0` ... `blocks.<n-1>`, `head_norm` (final norm, pooling, flatten and `fc`).
-- the tutorial CNN: `conv1`, `conv2` (each conv, ReLU and pooling; `conv2` flattens), `fc1`, `fc2`, `fc3`.
+- a model that declares its chain, `pipeline_units()` returning (name, submodule paths, run(root, x))
+  for each link: gpt (`embed`, `blocks.0` ... `blocks.<L-1>`, `head`), the ResNets (`stem`, the
+  blocks, `head_norm` with pooling and `fc`) and the tutorial CNN (`conv1`, `conv2`, `fc1` ... `fc3`,
+  each with the functional calls its forward makes after it) declare theirs (workloads/);
 - any other model: its top-level children in registration order, the items of a ModuleList child one
   by one (`layers.0`, `layers.1`, ...). That is only the model when its
   forward chains its children (an nn.Sequential does); launch checks it on the meta device and
@@ -14,7 +15,7 @@ previous one's output, and a stage is a run of consecutive units.
 
 Stage modules are built as torchtitan's manual split builds them: the stage holds deep copies of
 its units' submodules under their original paths (a ModuleList becomes a ModuleDict keyed by the
-same indices), so `blocks.3.attn.qkv.weight` is called that on every stage and a stage's
+same indices), so `blocks.3.attn.q.weight` is called that on every stage and a stage's
 state_dict is a slice of the whole model's.
 """
 
@@ -30,7 +31,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from paratrain.config import STAGED_STRATEGIES, TrainConfig
@@ -46,52 +46,11 @@ class Unit:
     run: Callable[[nn.Module, torch.Tensor], torch.Tensor]  # (a module holding those paths, input) -> output
 
 
-def _call(path: str) -> Callable[[nn.Module, torch.Tensor], torch.Tensor]:
-    return lambda root, x: root.get_submodule(path)(x)
-
-
-def _resnet_head(root: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    # ResNet.forward after the blocks.
-    return root.fc(torch.flatten(F.adaptive_avg_pool2d(root.head_norm(x), 1), 1))
-
-
-def _cnn_conv(name: str, flatten: bool) -> Callable[[nn.Module, torch.Tensor], torch.Tensor]:
-    def run(root: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        x = root.pool(F.relu(root.get_submodule(name)(x)))
-        return torch.flatten(x, 1) if flatten else x
-
-    return run
-
-
-def _cnn_fc(name: str, relu: bool) -> Callable[[nn.Module, torch.Tensor], torch.Tensor]:
-    return lambda root, x: F.relu(root.get_submodule(name)(x)) if relu else root.get_submodule(name)(x)
-
-
 def model_units(model: nn.Module) -> list[Unit]:
     """The chain of units the model is split along (the module docstring gives the rule)."""
-    from paratrain.workloads.gpt import GPT
-    from paratrain.workloads.models import ResNet, TutorialCNN
-
-    if isinstance(model, GPT):
-        return [
-            Unit("embed", ("embed",), _call("embed")),
-            *(Unit(f"blocks.{i}", (f"blocks.{i}",), _call(f"blocks.{i}")) for i in range(len(model.blocks))),
-            Unit("head", ("head",), _call("head")),
-        ]
-    if isinstance(model, ResNet):
-        return [
-            Unit("stem", ("stem",), _call("stem")),
-            *(Unit(f"blocks.{i}", (f"blocks.{i}",), _call(f"blocks.{i}")) for i in range(len(model.blocks))),
-            Unit("head_norm", ("head_norm", "fc"), _resnet_head),
-        ]
-    if isinstance(model, TutorialCNN):
-        return [
-            Unit("conv1", ("conv1", "pool"), _cnn_conv("conv1", flatten=False)),
-            Unit("conv2", ("conv2", "pool"), _cnn_conv("conv2", flatten=True)),
-            Unit("fc1", ("fc1",), _cnn_fc("fc1", relu=True)),
-            Unit("fc2", ("fc2",), _cnn_fc("fc2", relu=True)),
-            Unit("fc3", ("fc3",), _cnn_fc("fc3", relu=False)),
-        ]
+    declared = getattr(model, "pipeline_units", None)
+    if callable(declared):
+        return [Unit(name, tuple(modules), run) for name, modules, run in declared()]
     # A ModuleList has no forward of its own: its items are the links (the nanoGPT/torchtitan
     # layout, `self.layers = nn.ModuleList(...)` looped over in forward).
     return [
@@ -99,6 +58,10 @@ def model_units(model: nn.Module) -> list[Unit]:
         for name, child in model.named_children()
         for path in ([f"{name}.{i}" for i in range(len(child))] if isinstance(child, nn.ModuleList) else [name])
     ]
+
+
+def _call(path: str) -> Callable[[nn.Module, torch.Tensor], torch.Tensor]:
+    return lambda root, x: root.get_submodule(path)(x)
 
 
 def run_units(root: nn.Module, units: list[Unit], x: torch.Tensor) -> torch.Tensor:
