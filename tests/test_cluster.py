@@ -295,6 +295,22 @@ def test_ranks_that_failed_alike_are_ordered_by_when_they_logged_it_not_when_the
     assert logged_failure_time(logs / "missing.log") is None
 
 
+def test_the_line_that_names_a_failure_is_a_tracebacks_last_and_a_messages_first():
+    """An exception whose message spans lines (fully_shard's, with a module's repr) was reported as its last
+    line, a lone ')'."""
+    from paratrain.launch.local import failure_line
+
+    multi = "ValueError: fully_shard does not support containers that do not implement forward: ModuleList(\n"
+    multi += "  (0-2): 3 x Block(\n    (fc): Linear(in_features=32, out_features=32, bias=True)\n  )\n)"
+    assert failure_line(multi) == (
+        "ValueError: fully_shard does not support containers that do not implement forward: ModuleList("
+    )
+    trace = "Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\nKeyError: 'lr'\n"
+    assert failure_line(trace) == "KeyError: 'lr'"
+    assert failure_line("\n  one sentence.  \n") == "one sentence."
+    assert failure_line(" \n") == ""
+
+
 def test_the_shared_memory_average_gives_up_after_the_timeout_naming_the_missing_rank(tmp_path):
     segment = tmp_path / "segment"
     segment.write_bytes(bytes(segment_bytes(2, 1024)))

@@ -149,6 +149,26 @@ def test_hsdp_replicas_of_a_two_way_shard_train_as_the_shard_alone(runs, tmp_pat
     assert hsdp["memory"]["parameters_bytes"] == fsdp["memory"]["parameters_bytes"] * 2
 
 
+def test_fsdp_shards_the_items_of_a_module_list_as_units(tmp_path):
+    """The nanoGPT/torchtitan layout (blocks in an nn.ModuleList): each block is an FSDP unit. The list
+    itself was one, and fully_shard refuses a container without a forward: every such model failed to start
+    under fsdp. 2 ranks reach the parameters of one process."""
+    from user_factories import layered_net
+
+    from paratrain.engine.strategies.fsdp import shard_units
+
+    model = layered_net()
+    assert shard_units(model, None) == [*model.layers, model.stem, model.head]
+    common = dict(model="user_factories:layered_net", dataset="user_factories:float_pairs", lr=0.05, epochs=1)
+    common |= dict(base_batch_size=16, log_every=1, checkpoint_every=1, threads_per_worker=1, quiet=True)
+    paratrain.train(dict(common, run_dir=tmp_path / "one", workers=1, batch_size=16))
+    summary = paratrain.train(dict(common, run_dir=tmp_path / "fsdp", workers=2, batch_size=8, strategy="fsdp"))
+    assert summary["status"] == "completed"
+    one, two = _params(tmp_path / "one"), _params(tmp_path / "fsdp")
+    for key in one:
+        torch.testing.assert_close(two[key], one[key], rtol=1e-4, atol=1e-6)
+
+
 def test_each_rank_holds_its_share_of_the_split_layers_and_all_of_the_rest(runs):
     """gpt-tiny (4 blocks, width C=128, vocabulary V=256, context T=256). Split in two: per block q, k, v
     (weights and biases) and the MLP's first layer by output, both projections' weights by input. Whole on

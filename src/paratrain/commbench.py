@@ -143,7 +143,7 @@ def _measure(
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from paratrain.launch.local import last_line, quiet_elastic_logs, scoped_environ, thread_env
+    from paratrain.launch.local import failure_line, quiet_elastic_logs, scoped_environ, thread_env
 
     quiet_elastic_logs()
     # The agent's per-rank files go to a directory removed afterwards, never left in /tmp.
@@ -168,7 +168,7 @@ def _measure(
         except ChildFailedError as exc:
             rank, failure = min(exc.failures.items())
             message = failure.message.get("message", "") if isinstance(failure.message, dict) else str(failure.message)
-            reason = last_line(message) or f"exit code {failure.exitcode}"
+            reason = failure_line(message) or f"exit code {failure.exitcode}"
             raise RunFailed(f"commbench: rank {rank} failed: {reason}; nothing was saved") from None
     return results[0]
 

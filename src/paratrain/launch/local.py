@@ -180,7 +180,7 @@ def launch_local(cfg: TrainConfig, placement: Placement, run_dir: Path) -> dict[
         message = _message(failure)
         # paratrain's own errors are whole sentences; torch's record prefixes their class names.
         reason = (
-            re.sub(r"^(CollectiveFailed|MemoryLimitExceeded): ", "", last_line(message))
+            re.sub(r"^(CollectiveFailed|MemoryLimitExceeded): ", "", failure_line(message))
             or f"exit code {failure.exitcode}"
         )
         restarts = f" after {cfg.max_restarts} restart(s)" if cfg.max_restarts else ""
@@ -254,7 +254,7 @@ def rendezvous_failure(cfg: TrainConfig, exc: RendezvousError) -> str:
             f"not every node joined {where} within --rdzv-timeout {cfg.rdzv_timeout:g} s (--nodes {cfg.nodes}); start "
             "the same command with each --node-rank on the other nodes"
         )
-    cause = last_line(str(exc.__cause__ or exc)) or type(exc).__name__
+    cause = failure_line(str(exc.__cause__ or exc)) or type(exc).__name__
     if cfg.node_rank == 0:
         return (
             f"node 0 cannot host {where} ({cause}); --rdzv must be an address of this machine that the other nodes "
@@ -278,7 +278,7 @@ def _run_here(cfg: TrainConfig, placement: Placement, run_dir: Path) -> dict[str
         with scoped_environ(thread_env(placement.threads_per_worker)):
             return run_rank(cfg.model_dump(mode="json"), placement.to_dict(), str(run_dir))
     except Exception as exc:
-        reason = last_line(str(exc)) or type(exc).__name__
+        reason = failure_line(str(exc)) or type(exc).__name__
         raise RanksFailed(f"rank 0 failed: {reason} (see {run_dir / 'logs' / 'rank0.log'})") from None
     finally:
         os.sched_setaffinity(0, affinity)
@@ -301,6 +301,10 @@ def _stderr_to(path: Path) -> Iterator[None]:
         os.close(saved)
 
 
-def last_line(text: str) -> str:
+def failure_line(text: str) -> str:
+    """The line of an error that says what went wrong: a traceback's last (the exception), else the first (an
+    exception whose message goes on over several lines, a module's repr in it, says what at its start)."""
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    return lines[-1] if lines else ""
+    if not lines:
+        return ""
+    return lines[-1] if lines[0].startswith("Traceback (most recent call last)") else lines[0]

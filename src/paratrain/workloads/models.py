@@ -232,9 +232,18 @@ def build_model(name: str, num_classes: int = 10, in_channels: int = 3, image_si
 
 
 def residual_blocks(model: nn.Module) -> list[nn.Module]:
-    """The modules worth checkpointing: residual or transformer blocks if any, else top-level children with
-    parameters."""
+    """The modules worth checkpointing and sharding as units: residual or transformer blocks if any, else
+    the top-level children with parameters, the items of a ModuleList or ModuleDict one by one (the
+    nanoGPT/torchtitan layout: a container has no forward, so FSDP cannot gather it as a unit, and as
+    one unit it would be the whole stack of layers)."""
     blocks = [m for m in model.modules() if isinstance(m, (BasicBlock, PreActBottleneck, gpt.Block))]
     if blocks:
         return blocks
-    return [m for m in model.children() if any(True for _ in m.parameters())]
+    units = []
+    for child in model.children():
+        if isinstance(child, nn.ModuleDict):
+            items = list(child.values())
+        else:
+            items = list(child) if isinstance(child, nn.ModuleList) else [child]
+        units += [m for m in items if any(True for _ in m.parameters())]
+    return units
