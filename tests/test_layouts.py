@@ -33,6 +33,7 @@ COMMON = dict(
     base_batch_size=16,  # the LR is --lr for the global batch of 16 whatever its split
     checkpoint_every=1,
 )
+GPT = ["--workload", "gpt-tiny", "--seq-len", "32"]  # the same workload's flags, for the CLI's refusals
 
 
 @pytest.fixture(scope="module")
@@ -187,33 +188,30 @@ def test_each_rank_holds_its_share_of_the_split_layers_and_all_of_the_rest(runs)
 def test_a_tensor_parallel_checkpoint_resumes_and_continues_the_curve(runs):
     """The copy taken at the first checkpoint (end of epoch 1), resumed: steps 5..8 logged again as the
     uninterrupted run logged them, and the same parameters at the end."""
-    resumed = RunDir(runs / "tp-at-checkpoint").read_summary()
-    assert resumed["status"] == "completed" and resumed["resumed_from_step"] == 4
-    full, after = _losses(runs / "tp"), _losses(runs / "tp-at-checkpoint")
-    assert sorted(after) == sorted(full)
-    for step in range(5, 9):
-        assert after[step] == pytest.approx(full[step], rel=1e-5), f"loss differs at step {step}"
-    a, b = _params(runs / "tp"), _params(runs / "tp-at-checkpoint")
-    for key in a:
-        torch.testing.assert_close(b[key], a[key], rtol=1e-5, atol=1e-7)
-
-
-GPT = ["--workload", "gpt-tiny", "--seq-len", "32"]
+    assert RunDir(runs / "tp-at-checkpoint").read_summary()["strategy"] == "tp"
+    _continues(runs / "tp", runs / "tp-at-checkpoint", rtol=1e-5, atol=1e-7)
 
 
 def test_a_tensor_parallel_checkpoint_resumes_under_fsdp_on_the_same_curve(runs):
     """The same copy resumed by fsdp on 2 ranks (the global batch of 16 split 8 + 8 instead of shared):
     torch.distributed.checkpoint reshards the split weights and their optimizer state into FSDP's shards,
     and the run goes on as the tensor-parallel one did."""
-    resumed = RunDir(runs / "tp-then-fsdp").read_summary()
-    assert resumed["status"] == "completed" and resumed["strategy"] == "fsdp" and resumed["resumed_from_step"] == 4
-    full, after = _losses(runs / "tp"), _losses(runs / "tp-then-fsdp")
+    assert RunDir(runs / "tp-then-fsdp").read_summary()["strategy"] == "fsdp"
+    _continues(runs / "tp", runs / "tp-then-fsdp", rtol=1e-4, atol=1e-6)
+
+
+def _continues(full_run: Path, resumed_run: Path, rtol: float, atol: float) -> None:
+    """The run resumed from the first-epoch checkpoint logged steps 5..8 as the uninterrupted one did and
+    ended at its parameters."""
+    resumed = RunDir(resumed_run).read_summary()
+    assert resumed["status"] == "completed" and resumed["resumed_from_step"] == 4
+    full, after = _losses(full_run), _losses(resumed_run)
     assert sorted(after) == sorted(full)
     for step in range(5, 9):
         assert after[step] == pytest.approx(full[step], rel=1e-5), f"loss differs at step {step}"
-    a, b = _params(runs / "tp"), _params(runs / "tp-then-fsdp")
+    a, b = _params(full_run), _params(resumed_run)
     for key in a:
-        torch.testing.assert_close(b[key], a[key], rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(b[key], a[key], rtol=rtol, atol=atol)
 
 
 def test_a_resume_at_another_layout_keeps_the_global_batch_and_needs_a_sharded_checkpoint(runs, tmp_path, capsys):
