@@ -230,15 +230,27 @@ def test_small_device_batch_below_eight_and_not_for_scripts(tmp_path):
 
 
 def test_global_batch_above_sqrt_n_suggests_the_per_worker_batch_that_meets_it(tmp_path):
-    # N = 10,000: sqrt 100. Global 256 over 2 workers x 2 micro-steps: 100 // 4 = 25 per worker.
+    # N = 10,000: sqrt 100. Global 256 = 2 workers x 64 x 2 micro-steps: 100 // 4 = 25 per worker.
     ev = built_run(
         tmp_path / "r",
-        {"grad_accum": 2, "resolved": {"train_samples": 10_000, "global_batch_size": 256}},
+        {"grad_accum": 2, "batch_size": 64, "resolved": {"train_samples": 10_000, "global_batch_size": 256}},
         {"grad_accum": 2, "global_batch_size": 256},
     )
     found = checks.global_batch_sqrt_n(ev)
     assert found.rerun == {"batch_size": 25}
-    assert found.evidence == "global batch 256 (2 workers x 32) for N = 10,000 training samples; 40 steps per epoch"
+    assert found.evidence == (
+        "global batch 256 (2 replica(s) x 64 x 2 micro-steps) for N = 10,000 training samples; 40 steps per epoch"
+    )
+    # Ranks that share a batch (a tensor-parallel pair, a pipeline's stages): 2 workers, one replica of 64.
+    # N = 1,024: sqrt 32, all of it the one replica's (not 16 a worker).
+    shared = built_run(
+        tmp_path / "shared",
+        {"batch_size": 64, "tp": 2, "resolved": {"train_samples": 1_024, "global_batch_size": 64}},
+        {"global_batch_size": 64},
+    )
+    found = checks.global_batch_sqrt_n(shared)
+    assert found.rerun == {"batch_size": 32}
+    assert found.evidence.startswith("global batch 64 (1 replica(s) x 64) for N = 1,024")
     at = built_run(tmp_path / "s", {"resolved": {"train_samples": 10_000}}, {"global_batch_size": 100})
     assert checks.global_batch_sqrt_n(at) is None
 

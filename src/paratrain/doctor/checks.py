@@ -358,11 +358,12 @@ def global_batch_sqrt_n(ev: RunEvidence) -> Finding | None:
     g = ev.global_batch_size
     if not n_train or not g or g <= math.sqrt(n_train):
         return None
-    per_worker = max(1, int(math.sqrt(n_train)) // (ev.workers * ev.grad_accum))
+    per_worker = max(1, int(math.sqrt(n_train)) // (ev.replicas * ev.grad_accum))
     return Finding(
         "global_batch_sqrt_n",
         f"global batch {g} exceeds the sqrt(N) = {math.sqrt(n_train):.0f} guidance",
-        f"global batch {g} ({ev.workers} workers x {ev.batch_size}) for N = {n_train:,} training "
+        f"global batch {g} ({ev.replicas} replica(s) x {ev.batch_size}"
+        f"{f' x {ev.grad_accum} micro-steps' if ev.grad_accum > 1 else ''}) for N = {n_train:,} training "
         f"samples; {math.ceil(n_train / g)} steps per epoch",
         "few, large steps per epoch: large batches generalise worse (Keskar et al. 2016) unless the LR is scaled and "
         "warmed up; HPC centres' rule of thumb keeps the global batch under sqrt(N)",

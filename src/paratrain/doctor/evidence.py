@@ -70,6 +70,15 @@ class RunEvidence:
         return (self.summary and self.summary.global_batch_size) or self.resolved.get("global_batch_size")
 
     @property
+    def replicas(self) -> int:
+        """Data-parallel replicas, each taking its share of the global batch: the workers, except where ranks
+        share a batch (a pipeline's stages, a tensor-parallel group)."""
+        g, batch = self.global_batch_size, self.batch_size
+        if g and batch:
+            return max(1, g // (batch * self.grad_accum))
+        return self.workers
+
+    @property
     def dataset(self) -> str | None:
         """The dataset's name, else the workload's (which names its dataset)."""
         return (self.summary and self.summary.dataset) or self.config.get("dataset") or self.config.get("workload")
