@@ -289,8 +289,34 @@ def test_a_plan_is_checked_against_the_models_layers():
     # gpt's plan: every block's six layers, by wildcard
     model = gpt.GPT(gpt.PRESETS["gpt-tiny"])
     assert set(model_plan(model, 2)) == {
-        f"blocks.*.{name}" for name in ("attn.q", "attn.k", "attn.v", "attn.proj", "mlp.fc", "mlp.proj")
+        f"blocks.*.{name}" for name in ("attn", "attn.q", "attn.k", "attn.v", "attn.proj", "mlp.fc", "mlp.proj")
     }
+
+
+def test_a_tensor_parallel_block_costs_megatrons_four_all_reduces_a_step():
+    """Forward: one after each rowwise projection; backward: one for the MLP's input gradient and one for the
+    attention's, which q, k and v share (three, one per colwise layer, without the replicated input). Counted
+    by DTensor's CommDebugMode on the meta device over torch's fake process group: 4 blocks, 16 all-reduces."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.debug import CommDebugMode
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from paratrain.engine.strategies.tensor import apply_tensor_parallel
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        with torch.device("meta"):
+            model = gpt.GPT(gpt.PRESETS["gpt-tiny"])
+        apply_tensor_parallel(model, init_device_mesh("cpu", (2,), mesh_dim_names=("tp",)), 2)
+        tokens = torch.zeros(2, 32, dtype=torch.long, device="meta")
+        comm = CommDebugMode()
+        with comm:
+            F.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten()).backward()
+        assert {op.__name__: n for op, n in comm.get_comm_counts().items()} == {"all_reduce": 16}
+    finally:
+        dist.destroy_process_group()
 
 
 def test_a_checkpoint_of_the_fused_attention_loads_into_q_k_and_v():

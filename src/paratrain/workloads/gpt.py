@@ -202,14 +202,17 @@ class GPT(nn.Module):
         """Megatron-LM's split of a block (Shoeybi et al. 2019), as torchtitan applies it: the
         attention's q, k, v and the MLP's first layer by output columns (each rank whole heads, a share
         of the hidden units), the two projections back by input rows, so a block costs one all-reduce
-        forward and one backward for each of its halves. Embeddings, norms and the head (256 bytes of
+        forward and one backward for each of its halves (the attention's input entering once for q, k
+        and v). Embeddings, norms and the head (256 bytes of
         vocabulary) stay whole on every rank."""
         if self.config.n_head % degree:
             raise UsageError(
                 f"--tp {degree} splits attention by heads and gpt has {self.config.n_head}; "
                 "choose a --tp that divides the head count"
             )
-        block = {"attn.q": "colwise", "attn.k": "colwise", "attn.v": "colwise", "attn.proj": "rowwise"}
+        # q, k and v share the attention's input: one all-reduce completes its gradient, not three.
+        block = {"attn": "replicated-input", "attn.q": "colwise", "attn.k": "colwise", "attn.v": "colwise"}
+        block["attn.proj"] = "rowwise"
         block |= {"mlp.fc": "colwise", "mlp.proj": "rowwise"}
         return {f"blocks.*.{name}": style for name, style in block.items()}
 

@@ -9,7 +9,8 @@ in backward, and each rank holds 1/T of their weights. The model declares which 
         return {"blocks.*.mlp.fc": "colwise", "blocks.*.mlp.proj": "rowwise", ...}
 
 (module paths as `parallelize_module` takes them, `*` matching one level; "colwise" and "rowwise"
-are the default styles; any `ParallelStyle` is used as given). gpt declares the attention's q, k,
+are the default styles, "replicated-input" a module whose input feeds several colwise layers; any
+`ParallelStyle` is used as given). gpt declares the attention's q, k,
 v and the MLP's first layer colwise, their projections rowwise (workloads/gpt.py).
 
 Every other parameter (embeddings, norms, gpt's byte-vocabulary head) stays whole on each rank, as
@@ -34,7 +35,13 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
-from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    PrepareModuleInput,
+    RowwiseParallel,
+    parallelize_module,
+)
 
 from paratrain.config import TrainConfig
 from paratrain.engine.distributed import RankContext
@@ -42,7 +49,16 @@ from paratrain.engine.strategies.base import StepResult, WholeModelStrategy
 from paratrain.engine.strategies.sharded_checkpoint import ShardedCheckpoints
 from paratrain.errors import UsageError
 
-STYLES: dict[str, Callable[[], ParallelStyle]] = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+STYLES: dict[str, Callable[[], ParallelStyle]] = {
+    "colwise": ColwiseParallel,
+    "rowwise": RowwiseParallel,
+    # A module whose input feeds several colwise layers (attention's q, k and v): its input enters as one
+    # replicated DTensor, so their input gradients are summed before the one all-reduce that completes them
+    # (Megatron's f operator), instead of one all-reduce each.
+    "replicated-input": lambda: PrepareModuleInput(
+        input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),), use_local_output=False
+    ),
+}
 # The weight dimension each default style splits, which must divide by the degree (nn.Linear's
 # weight is [out_features, in_features]).
 SPLIT_DIM = {"colwise": 0, "rowwise": 1}
@@ -68,11 +84,11 @@ def model_plan(model: nn.Module, degree: int) -> dict[str, ParallelStyle]:
             continue
         if style not in STYLES:
             raise UsageError(
-                f"--tp {degree}: the plan gives {path!r} the style {style!r}; use 'colwise', 'rowwise' or a "
-                "torch.distributed.tensor.parallel ParallelStyle"
+                f"--tp {degree}: the plan gives {path!r} the style {style!r}; use {', '.join(map(repr, STYLES))} "
+                "or a torch.distributed.tensor.parallel ParallelStyle"
             )
         for name in matched:
-            weight = getattr(names[name], "weight", None)
+            weight = getattr(names[name], "weight", None) if style in SPLIT_DIM else None
             if weight is not None and weight.shape[SPLIT_DIM[style]] % degree:
                 raise UsageError(
                     f"--tp {degree}: {name} ({style}) has {weight.shape[SPLIT_DIM[style]]} "
