@@ -121,3 +121,39 @@ def test_a_pipeline_of_plain_sgd_keeps_no_optimizer_state():
 
 def test_a_device_fits_below_90_percent_of_its_memory():
     assert USABLE_FRACTION == 0.9
+
+
+def split_profile():
+    """The toy model split 2 ways as measured: 2.5 MB a rank in 10 tensors, activations 50 kB fixed + 6 kB a
+    sample, 8 all-reduces a step of 1 kB a sample each, three quarters of the FLOPs in the split modules."""
+    from paratrain.plan.profile import TensorParallelProfile
+
+    toy = profile()
+    toy.tensor_parallel = TensorParallelProfile(2, 2_500_000, 10, 6e3, 5e4, 8, 8e3, 0.75)
+    return toy
+
+
+def test_a_tensor_parallel_rank_holds_what_the_split_model_measured():
+    m = memory_per_device(split_profile(), Layout("tp", 2, 1, 1, 1, 100, tp=2), "sgd", "fp32", RUNTIME)
+    # its 2.5 MB of parameters, as many gradients and momentum; 50 kB + 6 kB x the group's 100 samples
+    assert m == {
+        "parameters_bytes": 2.5e6,
+        "gradients_bytes": 2.5e6,
+        "optimizer_bytes": 2.5e6,
+        "activations_bytes": 5e4 + 6e3 * 100,
+        "gathered_bytes": 0.0,
+        "buffers_bytes": 1000.0,
+        "runtime_bytes": RUNTIME,
+        "total_bytes": 7.5e6 + 6.5e5 + 1000 + RUNTIME,
+    }
+
+
+def test_fsdp_over_tensor_parallel_groups_shards_the_ranks_share():
+    layout = Layout("fsdp+tp", 4, 2, 1, 1, 50, tp=2)
+    m = memory_per_device(split_profile(), layout, "adam", "bf16", RUNTIME)
+    # 2.5 MB over 2 data-parallel ranks; Adam's two moments + 4 B a tensor, halved: (5e6 + 40) / 2;
+    # bf16 halves the activations: (5e4 + 6e3 x 50) / 2; in flight: the largest unit (1 MB) x 2.5/4 split, twice
+    assert m["parameters_bytes"] == m["gradients_bytes"] == 1.25e6
+    assert m["optimizer_bytes"] == (5e6 + 40) / 2
+    assert m["activations_bytes"] == (5e4 + 6e3 * 50) / 2
+    assert m["gathered_bytes"] == 2 * 1e6 * 2.5e6 / 4e6

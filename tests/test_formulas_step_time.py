@@ -396,3 +396,36 @@ def test_a_pipeline_wider_than_a_node_hands_on_over_the_network():
 def test_hybrid_stage_all_reduce_is_exposed():
     t = step_time(profile(), Layout("hybrid", 4, 2, 2, 4, 8), device(False), "fp32", "sgd", FOUR_PER_NODE, EFF)
     assert t["exposed_comm_s"] == pytest.approx(10 * 0.0111 + 0.0312, rel=1e-12)
+
+
+def split_profile() -> ModelProfile:
+    """The toy split 2 ways: 2.5 MB a rank, 8 all-reduces a step of 1 kB a sample each, 3/4 of the FLOPs split."""
+    from paratrain.plan.profile import TensorParallelProfile
+
+    toy = profile()
+    toy.tensor_parallel = TensorParallelProfile(2, 2_500_000, 10, 0.0, 0.0, 8, 8e3, 0.75)
+    return toy
+
+
+def test_tensor_parallel_splits_the_split_flops_and_waits_for_every_all_reduce():
+    t = step_time(split_profile(), Layout("tp", 2, 1, 1, 1, 100, tp=2), device(False), "fp32", "sgd", TWO_PER_NODE, EFF)
+    # compute: 3 ms + 1e6 x 100 x (1/4 whole + 3/4 halved = 0.625) / (1e9 x 0.4) = 3 ms + 156.25 ms;
+    # 8 all-reduces of 1 kB x 100 = 100 kB on 2 ranks of a node: 1 ms + 2 x 0.1 ms + 1e5 / 1e8 = 2.2 ms each,
+    # all exposed; SGD over the rank's 2.5 MB: 12.5 ms; overhead 5 ms
+    assert t["compute_s"] == pytest.approx(0.15925, rel=1e-12)
+    assert t["comm_s"] == t["exposed_comm_s"] == pytest.approx(8 * 2.2e-3, rel=1e-12)
+    assert t["optimizer_s"] == pytest.approx(0.0125, rel=1e-12)
+    assert t["step_time_s"] == pytest.approx(0.15925 + 0.0176 + 0.0125 + 0.005, rel=1e-12)
+
+
+def test_fsdp_over_tensor_parallel_groups_adds_fsdps_collectives_on_the_ranks_share():
+    layout = Layout("fsdp+tp", 4, 2, 1, 1, 50, tp=2)
+    t = step_time(split_profile(), layout, device(False), "fp32", "sgd", FOUR_PER_NODE, EFF)
+    # compute: 3 ms + 1e6 x 50 x 0.625 / 4e8 = 81.125 ms; tensor parallel: 8 x (1 ms + 0.2 ms + 5e4 / 1e8)
+    # = 13.6 ms; fsdp over 2 ranks (2 of them a node): gathers of 2.5 MB, 1 ms + 0.1 ms + 0.5 x 2.5e6 / 1e8
+    # = 13.6 ms, forward, backward and the reduce-scatter: 40.8 ms, exposed on CPU ranks; SGD on half the
+    # rank's share: 6.25 ms; overhead 5 ms
+    assert t["compute_s"] == pytest.approx(0.081125, rel=1e-12)
+    assert t["comm_s"] == t["exposed_comm_s"] == pytest.approx(0.0136 + 0.0408, rel=1e-12)
+    assert t["optimizer_s"] == pytest.approx(0.00625, rel=1e-12)
+    assert t["step_time_s"] == pytest.approx(0.081125 + 0.0544 + 0.00625 + 0.005, rel=1e-12)

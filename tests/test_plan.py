@@ -426,6 +426,14 @@ def test_out_writes_the_plan_its_three_plots_and_a_report(tmp_path, capsys):
 
 
 BAD = {
+    "a tensor-parallel degree the heads cannot take": (
+        ["--workload", "gpt-tiny", "--device", "a100", "--gpus", "6", "--tp", "3"],
+        "--tp 3 splits attention by heads and gpt has 4",
+    ),
+    "tensor parallelism of a model without a plan": (
+        ["--workload", "cifar10-cnn", "--device", "a100", "--gpus", "2", "--tp", "2"],
+        "declares no tensor-parallel plan",
+    ),
     "unknown device": (["--workload", "gpt-tiny", "--device", "b200", "--gpus", "8"], "a100, h100"),
     "no nodes": (["--workload", "gpt-tiny", "--device", "a100", "--nodes", "0", "--gpus-per-node", "8"], "--nodes"),
     "no gpus per node": (
@@ -489,3 +497,25 @@ def test_a_model_whose_blocks_are_a_module_list_is_planned(capsys, factory, pipe
         assert result["model"]["pipeline_units"] == 5 and four == {"ddp", "pipeline"}, (result["model"], four)
     else:
         assert result["model"]["pipeline_units"] == 0 and four == {"ddp"}, (result["model"], four)
+
+
+def test_tensor_parallel_rows_are_the_split_model_as_measured(capsys):
+    """plan --tp 2 measures gpt-tiny split 2 ways (meta device, fake process group): each rank's 463,872 of
+    858,880 parameters (tests/test_layouts.py counts them by hand), Megatron's 4 all-reduces a block of one
+    window's activations (T x C float32), and the 'tp' row on 2 devices and 'fsdp+tp' on 4 are costed from
+    that measurement."""
+    argv = ["plan", "--workload", "gpt-tiny", "--seq-len", "64", "--device", "a100", "--gpus", "2,4"]
+    assert main([*argv, "--tp", "2", "--optimizer", "sgd", "--precision", "fp32", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    split = result["model"]["tensor_parallel"]
+    assert split["param_bytes"] == 4 * 463_872 and split["allreduces"] == 16
+    assert split["allreduce_bytes_per_sample"] == 16 * 64 * 128 * 4
+    assert 0.9 < split["split_flops_share"] < 1
+    whole = result["model"]["activation_bytes_per_sample"]
+    assert 0.5 * whole < split["activation_bytes_per_sample"] < whole  # the split layers' saved tensors halved
+    rows = {(r["devices"], r["strategy"]): r for r in result["rows"]}
+    tp, fsdp_tp = rows[(2, "tp")], rows[(4, "fsdp+tp")]
+    assert (tp["tp"], tp["data_parallel"], fsdp_tp["tp"], fsdp_tp["data_parallel"]) == (2, 1, 2, 2)
+    assert tp["memory"]["parameters_bytes"] == 4 * 463_872
+    assert fsdp_tp["memory"]["parameters_bytes"] == 2 * 463_872
+    assert tp["time"]["exposed_comm_s"] > 0 and (2, "ddp") in rows

@@ -1074,6 +1074,12 @@ class PlanConfig(BaseModel):
         default_factory=lambda: list(PLAN_STRATEGIES),
         description="strategies to plan, comma-separated (default: all of ddp,zero1,fsdp,pipeline,hybrid)",
     )
+    tp: int = Field(
+        1,
+        gt=0,
+        description="also plan tensor parallelism of this degree, measured with the model's own plan (gpt has one): "
+        "a 'tp' row on T devices, 'fsdp+tp' rows sharding over N/T groups",
+    )
     optimizer: Optimizer = Field(
         "adam", description="the optimizer whose state is counted: sgd (momentum), adam, adamw, lars, lamb"
     )

@@ -21,7 +21,7 @@ from paratrain.formatting import size
 from paratrain.plan.devices import NODE_DEVICES, Device, get_device
 from paratrain.plan.links import DEFAULT_INTER_NODE, Link, commbench_link, custom_link, get_link, shm_link
 from paratrain.plan.memory import USABLE_FRACTION, Layout, memory_per_device
-from paratrain.plan.profile import ModelProfile, profile_model
+from paratrain.plan.profile import ModelProfile, profile_model, profile_tensor_parallel
 from paratrain.plan.step_time import Efficiency, Topology, bubble_fraction, step_time
 
 GPUS_PER_NODE = 8  # a DGX/HGX node: the default when --gpus-per-node is not given
@@ -46,6 +46,8 @@ def run_plan(cfg: PlanConfig) -> dict[str, Any]:
                     f"use a multiple of {n} (e.g. {cfg.global_batch // n * n or n})"
                 )
     profile = profile_model(_train_config(cfg))
+    if cfg.tp > 1:
+        profile.tensor_parallel = profile_tensor_parallel(_train_config(cfg), cfg.tp)
     topo = _topology(cfg, device, per_node, float(profile.param_bytes))
     momentum = TrainConfig.model_fields["momentum"].default
     eff = _published_efficiency(device, cfg.precision)
@@ -92,6 +94,7 @@ def _model_json(profile: ModelProfile) -> dict[str, Any]:
         "largest_unit_bytes": profile.largest_unit_bytes,
         "pipeline_units": len(profile.units),
         "measured": "on the meta device, on this machine (profile.py)",
+        **({"tensor_parallel": vars(profile.tensor_parallel)} if profile.tensor_parallel else {}),
     }
 
 
@@ -285,6 +288,11 @@ class _Planner:
                 layout = self._hybrid(n, g, units)
                 if layout is not None:
                     out.append(layout)
+        t = self.cfg.tp
+        if t > 1 and n == t:
+            out.append(Layout("tp", n, 1, 1, 1, g, tp=t))
+        elif t > 1 and n % t == 0 and g % (n // t) == 0:
+            out.append(Layout("fsdp+tp", n, n // t, 1, 1, g // (n // t), tp=t))
         return out
 
     def _hybrid(self, n: int, g: int, units: int) -> Layout | None:
@@ -322,6 +330,7 @@ class _Planner:
             "nodes": -(-layout.devices // self.topo.per_node),
             "strategy": layout.strategy,
             "data_parallel": layout.data_parallel,
+            "tp": layout.tp,
             "stages": layout.stages,
             "microbatches": layout.microbatches,
             "global_batch": self.global_batch(layout.devices),

@@ -16,6 +16,9 @@ What a rank holds, as paratrain's strategies hold it (docs/strategies.md):
   sample); a 1F1B pipeline stage i keeps min(M, K − i) micro-batches in flight, GPipe all M. With
   16-bit precisions the saved activations are taken as half (autocast saves most in 16 bits; the
   fp32 ones it keeps, norms and softmax, make this an underestimate);
+- `tp` (tensor parallelism, `--tp T`): what one rank holds as measured with the model split T ways
+  by its own plan (profile.py): its pieces of the split layers and the rest whole, the activations
+  it saves for the group's batch; `fsdp+tp` splits that model state over the data-parallel ranks;
 - `runtime_bytes`: what the process holds before any model (a CPU rank's interpreter, ~300 MiB).
 A device fits when the total is at most USABLE_FRACTION of its memory.
 """
@@ -46,6 +49,7 @@ class Layout:
     replica_batch: int  # samples per replica per step
     schedule: str = "1f1b"
     reshard_after_forward: bool = True
+    tp: int = 1  # devices of a tensor-parallel group: devices = data_parallel x stages x tp
 
 
 def optimizer_bytes(param_bytes: float, tensors: float, optimizer: str, momentum: float = 0.9) -> float:
@@ -78,7 +82,10 @@ def memory_per_device(
     act_scale = 0.5 if precision in ("bf16", "fp16") else 1.0
     per_sample = profile.activation_bytes_per_sample * act_scale
     fixed = profile.activation_bytes_fixed * act_scale
-    if layout.stages == 1:
+    if layout.tp > 1:
+        figures = _tensor_parallel(profile, layout, optimizer, act_scale, momentum)
+        buffers = float(profile.buffer_bytes)
+    elif layout.stages == 1:
         params = float(profile.param_bytes)
         tensors = float(profile.param_tensors)
         local_batch = layout.replica_batch
@@ -102,6 +109,29 @@ def memory_per_device(
     figures["buffers_bytes"] = buffers
     figures["runtime_bytes"] = runtime_bytes
     figures["total_bytes"] = sum(figures.values())
+    return figures
+
+
+def _tensor_parallel(
+    profile: ModelProfile, layout: Layout, optimizer: str, act_scale: float, momentum: float
+) -> dict[str, float]:
+    """A rank of a tensor-parallel group as measured (profile.py profile_tensor_parallel): its pieces of the
+    split layers and the rest whole, the activations it saves for the group's batch; with fsdp over the
+    groups, its model state split over the data-parallel ranks too, plus the units in flight."""
+    split = profile.tensor_parallel
+    assert split is not None and split.degree == layout.tp, "the plan measures the degree it plans"
+    n = layout.data_parallel if layout.strategy == "fsdp+tp" else 1
+    params = split.param_bytes / n
+    figures = {
+        "parameters_bytes": params,
+        "gradients_bytes": params,
+        "optimizer_bytes": optimizer_bytes(split.param_bytes, split.param_tensors, optimizer, momentum) / n,
+        "activations_bytes": act_scale
+        * (split.activation_bytes_fixed + split.activation_bytes_per_sample * layout.replica_batch),
+        "gathered_bytes": 0.0,
+    }
+    if n > 1:  # the largest unit's split share, twice (running and prefetched), as fsdp's
+        figures["gathered_bytes"] = 2 * profile.largest_unit_bytes * split.param_bytes / profile.param_bytes
     return figures
 
 

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from paratrain.config import TrainConfig
 from paratrain.engine.flops import flop_counter
@@ -41,6 +42,89 @@ class ModelProfile:
     activation_bytes_fixed: float  # saved tensors that do not grow with the batch
     largest_unit_bytes: int  # the largest FSDP unit's parameters (the root counts as one)
     units: list[dict[str, Any]]  # pipeline units: name, param_bytes, flops_per_sample, output_bytes_per_sample
+    tensor_parallel: TensorParallelProfile | None = None  # plan --tp T: the model split T ways, measured
+
+
+@dataclass
+class TensorParallelProfile:
+    """One rank's share of the model split `degree` ways by its tensor-parallel plan, measured as
+    engine/strategies/tensor.py applies it, on the meta device over torch's fake process group."""
+
+    degree: int
+    param_bytes: int  # the rank's pieces of the split layers and every other parameter whole
+    param_tensors: int
+    activation_bytes_per_sample: float
+    activation_bytes_fixed: float
+    allreduces: int  # per forward and backward
+    allreduce_bytes_per_sample: float  # all of them together, per sample of the group's batch
+    split_flops_share: float  # of the FLOPs, those inside the modules the plan splits
+
+
+def profile_tensor_parallel(cfg: TrainConfig, degree: int) -> TensorParallelProfile:
+    """Measure the model split `degree` ways: the same build, the plan applied over a fake process group
+    of `degree` ranks (no communication: DTensor's collectives are recorded with their sizes)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from paratrain.engine.strategies.tensor import apply_tensor_parallel, model_plan
+    from paratrain.workloads import build_model
+    from paratrain.workloads.objective import build_objective
+
+    data = _shapes(cfg)
+    with torch.device("meta"):
+        whole = build_model(cfg, data)
+    plan = model_plan(whole, degree)  # refuses a model without a plan, or one the degree cannot split
+    objective = build_objective(cfg.loss, whole)
+    total, per_module = _count_flops(whole, objective, *_batch(cfg, data, 1))
+    split_paths = [name for name, _ in whole.named_modules() if name and any(_matches(name, p) for p in plan)]
+    outermost = [n for n in split_paths if not any(n.startswith(o + ".") for o in split_paths)]
+    split = sum(count for name, count in per_module.items() if any(_inside(name, m) for m in outermost))
+    if dist.is_initialized():
+        raise UsageError("plan --tp measures the split model over a process group of its own; run it outside one")
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=degree)
+    try:
+        with torch.device("meta"):
+            model = build_model(cfg, data)
+        apply_tensor_parallel(model, init_device_mesh("cpu", (degree,), mesh_dim_names=("tp",)), degree)
+        params = [p.to_local() for p in model.parameters()]
+        small, large = 2, 4
+        with _AllReduces() as sizes:
+            peak_small = _saved_peak(model, objective, *_batch(cfg, data, small))
+        peak_large = _saved_peak(model, objective, *_batch(cfg, data, large))
+    finally:
+        dist.destroy_process_group()
+    per_sample = max(peak_large - peak_small, 0) / (large - small)
+    return TensorParallelProfile(
+        degree=degree,
+        param_bytes=sum(p.numel() * p.element_size() for p in params),
+        param_tensors=len(params),
+        activation_bytes_per_sample=per_sample,
+        activation_bytes_fixed=max(peak_small - per_sample * small, 0.0),
+        allreduces=len(sizes),
+        allreduce_bytes_per_sample=sum(sizes) / small,
+        split_flops_share=split / total if total else 0.0,
+    )
+
+
+def _matches(name: str, pattern: str) -> bool:
+    import fnmatch
+
+    return fnmatch.fnmatchcase(name, pattern) and name.count(".") == pattern.count(".")
+
+
+class _AllReduces(TorchDispatchMode):
+    """The bytes of each all-reduce DTensor issues (its functional collective, on the meta device)."""
+
+    def __enter__(self) -> list[int]:
+        super().__enter__()
+        self.sizes: list[int] = []
+        return self.sizes
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if func is torch.ops._c10d_functional.all_reduce.default:
+            self.sizes.append(args[0].numel() * args[0].element_size())
+        return func(*args, **(kwargs or {}))
 
 
 def profile_model(cfg: TrainConfig) -> ModelProfile:
@@ -169,7 +253,9 @@ def _saved_peak(model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Tens
     def pack(tensor: torch.Tensor) -> Any:
         if isinstance(tensor, nn.Parameter) or isinstance(tensor._base, nn.Parameter):
             return tensor
-        storage = tensor.untyped_storage()
+        # Under tensor parallelism: the rank's own piece of a DTensor
+        local = tensor._local_tensor if type(tensor).__name__ == "DTensor" else tensor
+        storage = local.untyped_storage()
         key = storage._cdata
         ref = live.get(key)
         if ref is None:

@@ -17,6 +17,9 @@
   reduce-scatters behind forward and backward except one unit's; CPU ranks here average once the
   backward is done (engine/strategies/ddp.py), so nothing is hidden.
 - ZeRO-1 broadcasts the updated parameters after the step (an all-gather, exposed).
+- Tensor parallelism (`tp`, `fsdp+tp`): the FLOPs of the split modules over T devices, the rest on
+  each; the all-reduces of activations the split model issues (counted with their sizes on the meta
+  device, profile.py) exposed: a layer waits for its sum;
 - Pipelines: (M + K − 1) slots of one micro-batch on the slowest stage (the bubble (K−1)/(M+K−1)
   of GPipe and 1F1B), plus the activations and their gradients sent between stages (exposed on
   CPU, only in the fill and drain where the device overlaps); `hybrid` adds the all-reduce of a
@@ -124,7 +127,9 @@ def step_time(
     grads = float(profile.param_bytes)
     traffic = OPTIMIZER_TRAFFIC[optimizer]
     fixed = eff.fixed_compute_s(layout.devices)
-    if layout.stages == 1:
+    if layout.tp > 1:
+        compute, comm, exposed, optimizer_s = _tensor_parallel(profile, layout, device, topo, speed, traffic, fixed)
+    elif layout.stages == 1:
         compute = fixed + profile.flops_per_sample * layout.replica_batch / speed
         backward = BACKWARD_SHARE * compute
         shard = n if layout.strategy in ("zero1", "fsdp") else 1
@@ -194,6 +199,35 @@ def _pipeline(
         per_node = max(topo.per_node // k, 1)
         reduce = allreduce_s(float(max(stage_params)), layout.data_parallel, per_node, topo)
         comm, exposed = comm + reduce, exposed + reduce
+    return compute, comm, exposed, optimizer_s
+
+
+def _tensor_parallel(
+    profile: ModelProfile, layout: Layout, device: Device, topo: Topology, speed: float, traffic: int, fixed: float
+) -> tuple[float, float, float, float]:
+    """The split FLOPs divided over the group, the rest on every rank; the group's all-reduces of activations
+    (as measured: count and bytes) exposed, since nothing else runs while a layer waits for its sum; with
+    fsdp over the groups, fsdp's collectives over the data-parallel ranks on the rank's share."""
+    split = profile.tensor_parallel
+    assert split is not None
+    t, n = layout.tp, layout.data_parallel
+    share = split.split_flops_share
+    compute = fixed + profile.flops_per_sample * layout.replica_batch * (1 - share + share / t) / speed
+    # A group's ranks are consecutive: on one node while t <= per node.
+    per_node = min(topo.per_node, t)
+    each = split.allreduce_bytes_per_sample * layout.replica_batch / max(split.allreduces, 1)
+    comm = exposed = split.allreduces * allreduce_s(each, t, per_node, topo)
+    shard = n if layout.strategy == "fsdp+tp" else 1
+    optimizer_s = traffic * split.param_bytes / shard / device.memory_bandwidth
+    if layout.strategy == "fsdp+tp" and n > 1:
+        # fsdp's gathers and reduce-scatter of the rank's split share, over ranks t apart
+        size = float(split.param_bytes)
+        gathers = 2 if layout.reshard_after_forward else 1
+        dp_per_node = max(topo.per_node // t, 1)
+        fsdp = allgather_s(size, n, dp_per_node, topo) * (1 + gathers)
+        unit = allgather_s(profile.largest_unit_bytes * size / profile.param_bytes, n, dp_per_node, topo)
+        comm += fsdp
+        exposed += max(fsdp - compute, 2 * unit) if device.overlap else fsdp
     return compute, comm, exposed, optimizer_s
 
 

@@ -177,7 +177,7 @@ def plan_table(plan: dict[str, Any]) -> tuple[tuple[str, ...], list[tuple[str, .
             r["strategy"],
             f"{r['data_parallel']} x {r['stages']} stages, M={r['microbatches']}"
             if r["stages"] > 1
-            else f"{r['data_parallel']} replica(s)",
+            else f"{r['data_parallel']} replica(s){f' x tp {t}' if (t := r.get('tp', 1)) > 1 else ''}",
             str(r["global_batch"]),
             f"{r['step_time_s'] * 1e3:,.2f} ms",
             f"{r['samples_per_s']:,.0f}",
