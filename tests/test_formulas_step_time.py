@@ -429,3 +429,11 @@ def test_fsdp_over_tensor_parallel_groups_adds_fsdps_collectives_on_the_ranks_sh
     assert t["comm_s"] == t["exposed_comm_s"] == pytest.approx(0.0136 + 0.0408, rel=1e-12)
     assert t["optimizer_s"] == pytest.approx(0.00625, rel=1e-12)
     assert t["step_time_s"] == pytest.approx(0.081125 + 0.0544 + 0.00625 + 0.005, rel=1e-12)
+
+
+def test_checkpointed_activations_add_the_recompute_to_the_compute():
+    toy = profile()
+    toy.recompute_flops_per_sample = 500_000  # the blocks' forward, again in backward
+    t = step_time(toy, whole("single", 1), device(False), "fp32", "sgd", TWO_PER_NODE, EFF)
+    # 1 ms fixed + (1e6 + 5e5) x 100 / (1e9 x 0.5) = 301 ms
+    assert t["compute_s"] == pytest.approx(0.301, rel=1e-12)

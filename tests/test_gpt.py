@@ -163,7 +163,7 @@ def test_loss_function_from_the_command_line_is_the_loss_trained_on(tmp_path):
 
 
 def test_blocks_are_exposed_for_sharding_pipelining_and_checkpointing():
-    from paratrain.engine.loop import _checkpoint_activations
+    from paratrain.workloads.models import checkpoint_blocks
 
     torch.manual_seed(0)
     model = gpt.GPT(gpt.resolve("gpt-tiny", n_layer=3, n_embd=64))
@@ -178,7 +178,7 @@ def test_blocks_are_exposed_for_sharding_pipelining_and_checkpointing():
     torch.testing.assert_close(model.head(h), model(x))
 
     reference = _grads(model, x)
-    _checkpoint_activations(model)
+    checkpoint_blocks(model)
     assert sum(type(m).__name__ == "CheckpointWrapper" for m in model.modules()) == 3, "one wrapper per block"
     for a, b in zip(reference, _grads(model, x)):
         torch.testing.assert_close(a, b)

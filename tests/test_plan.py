@@ -519,3 +519,17 @@ def test_tensor_parallel_rows_are_the_split_model_as_measured(capsys):
     assert tp["memory"]["parameters_bytes"] == 4 * 463_872
     assert fsdp_tp["memory"]["parameters_bytes"] == 2 * 463_872
     assert tp["time"]["exposed_comm_s"] > 0 and (2, "ddp") in rows
+
+
+def test_checkpointed_activations_are_measured_on_the_checkpointed_model(capsys):
+    """plan --checkpoint-activations wraps gpt-tiny's blocks as train does and measures what it then saves:
+    far less than without; the recompute is each block's forward: 2 T (12 C^2) for the linear layers and
+    4 T^2 C for attention (the math path's count) a block, 4 blocks (T = 64, C = 128)."""
+    argv = ["plan", "--workload", "gpt-tiny", "--seq-len", "64", "--device", "a100", "--gpus", "2", "--json"]
+    assert main(argv) == 0
+    plain = json.loads(capsys.readouterr().out)["model"]
+    assert main([*argv, "--checkpoint-activations"]) == 0
+    checkpointed = json.loads(capsys.readouterr().out)["model"]
+    assert plain["recompute_flops_per_sample"] == 0
+    assert checkpointed["recompute_flops_per_sample"] == 4 * (2 * 64 * 12 * 128**2 + 4 * 64**2 * 128)
+    assert checkpointed["activation_bytes_per_sample"] < plain["activation_bytes_per_sample"] / 4

@@ -1074,6 +1074,11 @@ class PlanConfig(BaseModel):
         default_factory=lambda: list(PLAN_STRATEGIES),
         description="strategies to plan, comma-separated (default: all of ddp,zero1,fsdp,pipeline,hybrid)",
     )
+    checkpoint_activations: bool = Field(
+        False,
+        description="as train's: recompute each block's activations in backward; the plan measures what the "
+        "checkpointed model saves and adds the recompute to the FLOPs",
+    )
     tp: int = Field(
         1,
         gt=0,

@@ -49,6 +49,7 @@ from paratrain.errors import TrainingDiverged
 from paratrain.runs import MetricsWriter, RunDir, steady_epoch_time, steady_epochs
 from paratrain.workloads import build_model, load_data
 from paratrain.workloads.datasets import default_cache_dir
+from paratrain.workloads.models import checkpoint_blocks
 from paratrain.workloads.objective import build_objective
 from paratrain.workloads.text import TokenStream
 
@@ -278,8 +279,10 @@ class Trainer:
         # in it; built on meta and sharded (fsdp), only this rank's shards ever were.
         module = self.strategy.build(lambda: build_model(cfg, self.data))
         self.objective = build_objective(cfg.loss, module)
+        # torchtitan's order: the layers split (tensor parallelism), then checkpointed, then wrapped.
+        self.strategy.split(module)
         if cfg.checkpoint_activations:
-            _checkpoint_activations(module)
+            checkpoint_blocks(module)
         self.model = self.strategy.wrap(module)
         # Built after wrapping: FSDP's parameters are shards, a pipeline stage has only its layers.
         self.optimizer = self.strategy.build_optimizer(
@@ -819,13 +822,3 @@ def model_throughput(trainer: Trainer, samples_per_s: float, evals: dict[str, An
         else None
     )
     return fields
-
-
-def _checkpoint_activations(model: nn.Module) -> None:
-    """Recompute each residual block's activations during backward instead of storing them."""
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
-
-    from paratrain.workloads.models import residual_blocks
-
-    blocks = set(residual_blocks(model))
-    apply_activation_checkpointing(model, check_fn=lambda m: m in blocks)

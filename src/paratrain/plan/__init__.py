@@ -87,6 +87,7 @@ def _model_json(profile: ModelProfile) -> dict[str, Any]:
         "name": profile.name,
         "params": profile.params,
         "flops_per_sample": profile.flops_per_sample,
+        "recompute_flops_per_sample": profile.recompute_flops_per_sample,
         "activation_bytes_per_sample": profile.activation_bytes_per_sample,
         "activation_bytes_fixed": profile.activation_bytes_fixed,
         "param_bytes": profile.param_bytes,
@@ -201,6 +202,7 @@ def _train_config(cfg: PlanConfig) -> TrainConfig:
         for k in ("workload", "model", "dataset", "image_size", "seq_len", "num_classes", "cache_dir")
         if getattr(cfg, k) is not None
     }
+    values["checkpoint_activations"] = cfg.checkpoint_activations
     if cfg.workload is None:
         from paratrain.workloads.gpt import PRESETS
 

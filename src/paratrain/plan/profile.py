@@ -16,6 +16,7 @@ model is profiled in seconds on a laptop:
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +43,13 @@ class ModelProfile:
     activation_bytes_fixed: float  # saved tensors that do not grow with the batch
     largest_unit_bytes: int  # the largest FSDP unit's parameters (the root counts as one)
     units: list[dict[str, Any]]  # pipeline units: name, param_bytes, flops_per_sample, output_bytes_per_sample
+    recompute_flops_per_sample: int = 0  # --checkpoint-activations: the blocks' forward, run again in backward
     tensor_parallel: TensorParallelProfile | None = None  # plan --tp T: the model split T ways, measured
+
+    @property
+    def work_per_sample(self) -> int:
+        """FLOPs a device runs per sample: the model's, and the recompute with --checkpoint-activations."""
+        return self.flops_per_sample + self.recompute_flops_per_sample
 
 
 @dataclass
@@ -69,6 +76,7 @@ def profile_tensor_parallel(cfg: TrainConfig, degree: int) -> TensorParallelProf
 
     from paratrain.engine.strategies.tensor import apply_tensor_parallel, model_plan
     from paratrain.workloads import build_model
+    from paratrain.workloads.models import checkpoint_blocks
     from paratrain.workloads.objective import build_objective
 
     data = _shapes(cfg)
@@ -88,10 +96,13 @@ def profile_tensor_parallel(cfg: TrainConfig, degree: int) -> TensorParallelProf
             model = build_model(cfg, data)
         apply_tensor_parallel(model, init_device_mesh("cpu", (degree,), mesh_dim_names=("tp",)), degree)
         params = [p.to_local() for p in model.parameters()]
+        if cfg.checkpoint_activations:  # tensor parallelism, then checkpointing: torchtitan's order
+            checkpoint_blocks(model)
         small, large = 2, 4
+        fused = not cfg.checkpoint_activations
         with _AllReduces() as sizes:
-            peak_small = _saved_peak(model, objective, *_batch(cfg, data, small))
-        peak_large = _saved_peak(model, objective, *_batch(cfg, data, large))
+            peak_small = _saved_peak(model, objective, *_batch(cfg, data, small), fused=fused)
+        peak_large = _saved_peak(model, objective, *_batch(cfg, data, large), fused=fused)
     finally:
         dist.destroy_process_group()
     per_sample = max(peak_large - peak_small, 0) / (large - small)
@@ -132,6 +143,7 @@ def profile_model(cfg: TrainConfig) -> ModelProfile:
     from paratrain.engine.strategies.fsdp import shard_units
     from paratrain.engine.strategies.pipeline_split import model_units
     from paratrain.workloads import build_model, check_model, workload_of
+    from paratrain.workloads.models import checkpoint_blocks, residual_blocks
     from paratrain.workloads.objective import build_objective
 
     check_model(cfg)
@@ -151,14 +163,26 @@ def profile_model(cfg: TrainConfig) -> ModelProfile:
     param_bytes = sum(p.numel() * p.element_size() for p in params)
 
     flops, per_module = _count_flops(model, objective, *_batch(cfg, data, 1))
+    sharded = shard_units(model, cfg.shard_unit)
+    recompute = 0
+    measured = model
+    if cfg.checkpoint_activations:
+        # Each block's forward runs again in backward (a third of its forward and backward FLOPs), and only
+        # what the wrapped model saves is held: measured on a wrapped copy (the wrappers rename the paths
+        # the units below are found by).
+        blocks = {name for name, m in model.named_modules() if m in set(residual_blocks(model))}
+        recompute = sum(count for name, count in per_module.items() if any(_inside(name, b) for b in blocks)) // 3
+        with torch.device("meta"):
+            measured = build_model(cfg, data)
+        checkpoint_blocks(measured)
     # Two batch sizes tell the part that grows with the batch from the part that does not.
     small, large = 2, 4
-    peak_small = _saved_peak(model, objective, *_batch(cfg, data, small))
-    peak_large = _saved_peak(model, objective, *_batch(cfg, data, large))
+    fused = not cfg.checkpoint_activations
+    peak_small = _saved_peak(measured, objective, *_batch(cfg, data, small), fused=fused)
+    peak_large = _saved_peak(measured, objective, *_batch(cfg, data, large), fused=fused)
     per_sample = max(peak_large - peak_small, 0) / (large - small)
     fixed = max(peak_small - per_sample * small, 0.0)
 
-    sharded = shard_units(model, cfg.shard_unit)
     unit_bytes = [sum(p.numel() * p.element_size() for p in u.parameters()) for u in sharded]
     root_bytes = param_bytes - sum(unit_bytes)
     units = _pipeline_units(model, model_units(model), per_module, *_batch(cfg, data, 1))
@@ -169,6 +193,7 @@ def profile_model(cfg: TrainConfig) -> ModelProfile:
         param_tensors=len(params),
         buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers()),
         flops_per_sample=flops,
+        recompute_flops_per_sample=recompute,
         activation_bytes_per_sample=per_sample,
         activation_bytes_fixed=fixed,
         largest_unit_bytes=max([*unit_bytes, root_bytes]),
@@ -231,7 +256,7 @@ def _count_flops(model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Ten
     return int(counter.get_total_flops()), per_module
 
 
-def _saved_peak(model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Tensor) -> float:
+def _saved_peak(model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Tensor, fused: bool = True) -> float:
     """Peak bytes of the tensors autograd saves for backward over one forward + backward (meta tensors:
     the storage of each saved tensor once; parameters and views of them are not activations)."""
     live: dict[int, list[int]] = {}
@@ -268,7 +293,10 @@ def _saved_peak(model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Tens
     def unpack(packed: Any) -> torch.Tensor:
         return packed.tensor if isinstance(packed, Saved) else packed
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, unpack), _FusedAttention():
+    # A checkpointed block's forward runs again in backward, on the autograd engine's thread, where this
+    # thread's mode is not active: that model runs the plain attention both times (what it saves inside its
+    # blocks is not kept anyway).
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack), _FusedAttention() if fused else nullcontext():
         loss, _ = objective(model, x, y)
     loss.backward()
     del loss

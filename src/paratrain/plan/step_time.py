@@ -130,7 +130,7 @@ def step_time(
     if layout.tp > 1:
         compute, comm, exposed, optimizer_s = _tensor_parallel(profile, layout, device, topo, speed, traffic, fixed)
     elif layout.stages == 1:
-        compute = fixed + profile.flops_per_sample * layout.replica_batch / speed
+        compute = fixed + profile.work_per_sample * layout.replica_batch / speed
         backward = BACKWARD_SHARE * compute
         shard = n if layout.strategy in ("zero1", "fsdp") else 1
         optimizer_s = traffic * grads / shard / device.memory_bandwidth
@@ -184,7 +184,8 @@ def _pipeline(
     stage_flops = [sum(u["flops_per_sample"] for u in profile.units[a:b]) for a, b in bounds]
     stage_params = [sum(u["param_bytes"] for u in profile.units[a:b]) for a, b in bounds]
     # A slot runs one stage (about 1/k of the model's operators) on one micro-batch.
-    slot = fixed / k + max(stage_flops) * micro / speed
+    # With --checkpoint-activations the recompute is spread over the stages as their FLOPs are.
+    slot = fixed / k + max(stage_flops) * micro * profile.work_per_sample / max(profile.flops_per_sample, 1) / speed
     compute = (m + k - 1) * slot
     # Bytes handed between neighbouring stages per micro-batch: the output of the last unit of each stage.
     handed = max([profile.units[b - 1]["output_bytes_per_sample"] for a, b in bounds[:-1]] or [0]) * micro
@@ -212,7 +213,7 @@ def _tensor_parallel(
     assert split is not None
     t, n = layout.tp, layout.data_parallel
     share = split.split_flops_share
-    compute = fixed + profile.flops_per_sample * layout.replica_batch * (1 - share + share / t) / speed
+    compute = fixed + profile.work_per_sample * layout.replica_batch * (1 - share + share / t) / speed
     # A group's ranks are consecutive: on one node while t <= per node.
     per_node = min(topo.per_node, t)
     each = split.allreduce_bytes_per_sample * layout.replica_batch / max(split.allreduces, 1)

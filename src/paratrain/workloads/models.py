@@ -231,6 +231,15 @@ def build_model(name: str, num_classes: int = 10, in_channels: int = 3, image_si
     return MODELS[name](num_classes=num_classes, in_channels=in_channels, image_size=image_size)
 
 
+def checkpoint_blocks(model: nn.Module) -> None:
+    """--checkpoint-activations: recompute each block's activations (residual_blocks) in backward instead of
+    storing them; the training loop and the planner's measurement apply it alike."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
+
+    blocks = set(residual_blocks(model))
+    apply_activation_checkpointing(model, check_fn=lambda m: m in blocks)
+
+
 def residual_blocks(model: nn.Module) -> list[nn.Module]:
     """The modules worth checkpointing and sharding as units: residual or transformer blocks if any, else
     the top-level children with parameters, the items of a ModuleList or ModuleDict one by one (the

@@ -39,8 +39,12 @@ class Strategy(Protocol):
         """The model to wrap, from `make` (seeds and builds it): on the rank's device, or on meta
         for a strategy that materialises only its shards (fsdp)."""
 
+    def split(self, model: nn.Module) -> None:
+        """Split its layers across ranks in place (tensor parallelism), before activation checkpointing
+        wraps its blocks; nothing for strategies that do not."""
+
     def wrap(self, model: nn.Module) -> nn.Module:
-        """Return the model to train, wrapped (or split) for this kind of parallelism."""
+        """Return the model to train, wrapped (or split into stages) for this kind of parallelism."""
 
     def build_optimizer(self, model: nn.Module, make: OptimizerFactory) -> torch.optim.Optimizer:
         """The optimizer over what this rank updates (ZeRO shards its state; a stage has its layers)."""

@@ -42,6 +42,9 @@ class WholeModelStrategy:
         """The model this rank wraps, from `make` (which seeds and builds it on the host): on the rank's device."""
         return make().to(self.ctx.device)
 
+    def split(self, model: nn.Module) -> None:
+        return None
+
     def wrap(self, model: nn.Module) -> nn.Module:
         return model
 

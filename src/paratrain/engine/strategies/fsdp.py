@@ -205,6 +205,11 @@ class FullyShardedDataParallel(WholeModelStrategy):
         log.warning("building the whole model on every rank before sharding it: %s", missing)
         return super().build(make)
 
+    def split(self, model: nn.Module) -> None:
+        """With --tp, tensor parallelism first; FSDP then shards the splits (wrap)."""
+        if self.cfg.tp > 1:
+            apply_tensor_parallel(model, self.tp_mesh, self.cfg.tp)
+
     def wrap(self, model: nn.Module) -> nn.Module:
         cfg = self.cfg
         # Full-size meta copies of the modules that initialise themselves, taken before sharding.
@@ -214,8 +219,6 @@ class FullyShardedDataParallel(WholeModelStrategy):
             options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         if cfg.cpu_offload:
             options["offload_policy"] = CPUOffloadPolicy()
-        if cfg.tp > 1:  # tensor parallelism first, then FSDP over it (torchtitan's order)
-            apply_tensor_parallel(model, self.tp_mesh, cfg.tp)
         for unit in shard_units(model, cfg.shard_unit):
             fully_shard(unit, **options)
         fully_shard(model, **options)

@@ -155,8 +155,8 @@ class TensorParallel(WholeModelStrategy):
         """The ranks of a tensor-parallel group compute one batch together: each reads all of it."""
         return 0, 1
 
-    def wrap(self, model: nn.Module) -> nn.Module:
-        return apply_tensor_parallel(model, self.mesh, self.cfg.tp)
+    def split(self, model: nn.Module) -> None:
+        apply_tensor_parallel(model, self.mesh, self.cfg.tp)
 
     def forward_backward(
         self, model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Tensor, *rest: Any
