@@ -230,6 +230,33 @@ def _continues(full_run: Path, resumed_run: Path, rtol: float, atol: float) -> N
         torch.testing.assert_close(b[key], a[key], rtol=rtol, atol=atol)
 
 
+def test_a_sharded_checkpoint_of_another_model_is_refused_in_one_line(runs, tmp_path, capsys):
+    """The identity covers the configuration, not the model's code: a checkpoint whose parameters have other
+    names (here gpt's before q, k and v were split: one fused qkv) is refused before any rank starts."""
+    import torch.distributed.checkpoint as dcp
+
+    run = tmp_path / "fused"
+    shutil.copytree(runs / "tp-at-checkpoint", run)
+    named = torch.load(run / "checkpoint.pt", weights_only=True)["dcp"]
+    whole = _params(run, template=runs / "one")
+    fused = {k: v for k, v in whole.items() if ".attn.k." not in k and ".attn.v." not in k}
+    for key in [k for k in fused if ".attn.q." in k]:
+        prefix, kind = key.split(".attn.q.")
+        del fused[key]
+        fused[f"{prefix}.attn.qkv.{kind}"] = torch.cat([whole[f"{prefix}.attn.{n}.{kind}"] for n in "qkv"])
+    shutil.rmtree(run / named)
+    dcp.save({"model": fused}, checkpoint_id=run / named, no_dist=True)
+    before = {p: p.stat().st_mtime_ns for p in run.rglob("*")}
+    same = ["--samples-per-epoch", "64", "--eval-samples", "32", "--epochs", "2", "--optimizer", "sgd"]
+    same += ["--lr", "0.1", "--base-batch-size", "16", "--log-every", "1", "--checkpoint-every", "1"]
+    same += ["--batch-size", "16", "--threads-per-worker", "1", "--workers", "2", "--tp", "2"]
+    code = main(["train", *GPT, *same, "--quiet", "--resume", "--run-dir", str(run)])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "holds a different model: it has no blocks.0.attn.q.weight (it was written before paratrain split" in err
+    assert {p: p.stat().st_mtime_ns for p in run.rglob("*")} == before
+
+
 def test_a_resume_at_another_layout_keeps_the_global_batch_and_needs_a_sharded_checkpoint(runs, tmp_path, capsys):
     """Another split of another global batch, a strategy that cannot read the sharded checkpoint, or another
     layout of another run (its LR changed) is the usual refusal: one line, exit 2, nothing written."""

@@ -86,7 +86,7 @@ def train(config: TrainConfig | dict[str, Any] | None = None, **overrides: Any) 
     cfg.run_dir = run.path
     writes = writes_run_dir(cfg, tasks)
     if writes:
-        _prepare_run_dir(run, cfg, placement.device_type)
+        _prepare_run_dir(run, cfg, placement.device_type, data)
     existed = run.path.exists()
     # Held until the run ends, so a second run into this directory is refused (runs/lock.py). Node 0
     # writes the run directory; the other nodes of a run only take part.
@@ -200,7 +200,32 @@ def _default_run_dir(cfg: TrainConfig) -> Path:
     return Path("runs") / f"{stamp}-{cfg.workload}-w{cfg.workers}"
 
 
-def _prepare_run_dir(run: RunDir, cfg: TrainConfig, device_type: str) -> None:
+def _check_saved_model(cfg: TrainConfig, data: Any, sharded: Path) -> None:
+    """A sharded checkpoint holds the model this run builds: the same parameter names. (The configuration's
+    identity does not cover a model's code: a factory edited since, or gpt before q, k and v were split.)"""
+    import torch
+    from torch.distributed.checkpoint import FileSystemReader
+
+    from paratrain.workloads import build_model
+
+    keys = FileSystemReader(sharded).read_metadata().state_dict_metadata
+    saved = {k[len("model.") :] for k in keys if k.startswith("model.")}
+    with torch.device("meta"):
+        names = [name for name, _ in build_model(cfg, data).named_parameters()]
+    missing = [name for name in names if name not in saved]
+    if missing:
+        fused = (
+            " (it was written before paratrain split gpt's fused qkv projection)"
+            if any(".attn.qkv." in k for k in saved)
+            else ""
+        )
+        raise UsageError(
+            f"--resume: the checkpoint in {sharded.parent.parent} holds a different model: it has no {missing[0]}"
+            f"{fused}; resume it with the code that wrote it, or start a new --run-dir"
+        )
+
+
+def _prepare_run_dir(run: RunDir, cfg: TrainConfig, device_type: str, data: Any) -> None:
     path = run.path
     if cfg.resume:
         if not run.is_run():
@@ -230,6 +255,8 @@ def _prepare_run_dir(run: RunDir, cfg: TrainConfig, device_type: str) -> None:
                 f"--resume: the checkpoint in {path} was written by a different configuration ({what}); "
                 "rerun the original command with --resume"
             )
+        if "dcp" in ckpt:
+            _check_saved_model(cfg, data, path / ckpt["dcp"])
         # Random-number generator states and the fp16 grad scaler are device-specific: a checkpoint
         # resumes only on the kind of device that wrote it (older checkpoints did not say: CPU).
         written_on = ckpt.get("device", "cpu")
