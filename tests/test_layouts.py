@@ -186,6 +186,26 @@ def test_checkpointed_blocks_of_a_tensor_parallel_model_train_the_same_steps(run
     assert max(summary["memory"]["activations_peak_bytes"]) < max(plain) / 2
 
 
+def test_a_model_without_a_plan_of_its_own_is_split_by_the_one_tp_plan_names(tmp_path, capsys):
+    """--tp-plan pkg.module:fn for a model one cannot edit: 2 tensor-parallel ranks reach one process's
+    parameters, and each holds half of the split pairs; without it the model is refused in one line."""
+    common = dict(model="user_factories:widening_stack", dataset="user_factories:vector_pairs", num_classes=2, lr=0.05)
+    common |= dict(epochs=1, batch_size=16, log_every=1, checkpoint_every=1, threads_per_worker=1, quiet=True)
+    paratrain.train(dict(common, run_dir=tmp_path / "one", workers=1))
+    summary = paratrain.train(
+        dict(common, run_dir=tmp_path / "tp", workers=2, tp=2, tp_plan="user_factories:widening_plan")
+    )
+    one, split = _params(tmp_path / "one"), _params(tmp_path / "tp")
+    for key in one:
+        torch.testing.assert_close(split[key], one[key], rtol=1e-4, atol=1e-6)
+    # whole: 16 x 32 + 32, 32 x 2 + 2 and both downs' biases (32 each); halved: ups (32 x 64 + 64), downs' weights
+    whole, halved = 16 * 32 + 32 + 32 * 2 + 2 + 2 * 32, 2 * (32 * 64 + 64 + 64 * 32)
+    assert summary["memory"]["parameters_bytes"] == [4 * (whole + halved // 2)] * 2
+    argv = ["train", "--model", "user_factories:widening_stack", "--dataset", "user_factories:vector_pairs"]
+    assert main([*argv, "--workers", "2", "--tp", "2", "--run-dir", str(tmp_path / "none")]) == 2
+    assert "declares no tensor-parallel plan" in capsys.readouterr().err and not (tmp_path / "none").exists()
+
+
 def test_each_rank_holds_its_share_of_the_split_layers_and_all_of_the_rest(runs):
     """gpt-tiny (4 blocks, width C=128, vocabulary V=256, context T=256). Split in two: per block q, k, v
     (weights and biases) and the MLP's first layer by output, both projections' weights by input. Whole on
@@ -288,6 +308,8 @@ def test_a_resume_at_another_layout_keeps_the_global_batch_and_needs_a_sharded_c
         ([*GPT, "--tp", "2", "--workers", "2", "--precision", "fp16"], "--precision fp16 is not supported with --tp"),
         ([*GPT, "--strategy", "tp", "--workers", "2"], "--strategy tp is set by --tp N"),
         ([*GPT, "--dp-replicate", "2", "--workers", "2"], "--dp-replicate 2 replicates a sharded model; it applies to"),
+        ([*GPT, "--tp-plan", "user_factories:widening_plan"], "--tp-plan is the plan of tensor parallelism; give --tp"),
+        ([*GPT, "--tp", "2", "--workers", "2", "--tp-plan", "nowhere:plan"], "--tp-plan factory 'nowhere:plan'"),
         (
             [*GPT, "--dp-replicate", "2", "--tp", "2", "--workers", "6", "--strategy", "fsdp"],
             "--dp-replicate 2 x --tp 2 (4) does not divide --workers 6",

@@ -178,3 +178,23 @@ def one_vector_dataset():
 
 def mlp(in_features: int, num_classes: int = 2) -> nn.Module:
     return nn.Sequential(nn.Linear(in_features, 32), nn.ReLU(), nn.Linear(32, num_classes))
+
+
+class Widening(nn.Module):
+    """x + down(relu(up(x))): a pair of layers tensor parallelism splits (up by outputs, down by inputs)."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.up, self.down = nn.Linear(width, 2 * width), nn.Linear(2 * width, width)
+
+    def forward(self, x):
+        return x + self.down(torch.relu(self.up(x)))
+
+
+def widening_stack(in_features: int = 16, num_classes: int = 2) -> nn.Module:
+    """A model with no tensor_parallel_plan of its own: --tp-plan user_factories:widening_plan gives one."""
+    return nn.Sequential(nn.Linear(in_features, 32), *(Widening(32) for _ in range(2)), nn.Linear(32, num_classes))
+
+
+def widening_plan(model, degree):
+    return {"*.up": "colwise", "*.down": "rowwise"}

@@ -189,6 +189,11 @@ class TrainConfig(BaseModel):
         description="tensor parallelism: ranks that split each layer's matmuls (the model declares which layers; gpt "
         "does); --workers alone, or a divisor of it with --strategy fsdp",
     )
+    tp_plan: str | None = Field(
+        None,
+        description="--tp: the plan as pkg.module:fn, called fn(model, degree) -> {module path: 'colwise', "
+        "'rowwise' or 'replicated-input'} (default: the model's own tensor_parallel_plan method)",
+    )
     dp_replicate: int = Field(
         1,
         gt=0,
@@ -680,6 +685,8 @@ class TrainConfig(BaseModel):
         if self.tp == 1:
             if self.strategy == "tp":
                 raise ValueError("--strategy tp is set by --tp N (N ranks split each layer); give --tp instead")
+            if self.tp_plan is not None:
+                raise ValueError("--tp-plan is the plan of tensor parallelism; give --tp N too (N > 1)")
             return self
         if self.strategy not in (None, "tp", "fsdp"):
             raise ValueError(
@@ -1074,6 +1081,11 @@ class PlanConfig(BaseModel):
         default_factory=lambda: list(PLAN_STRATEGIES),
         description="strategies to plan, comma-separated (default: all of ddp,zero1,fsdp,pipeline,hybrid)",
     )
+    tp_plan: str | None = Field(
+        None,
+        description="--tp: the plan as pkg.module:fn, called fn(model, degree) (default: the model's own "
+        "tensor_parallel_plan method)",
+    )
     checkpoint_activations: bool = Field(
         False,
         description="as train's: recompute each block's activations in backward; the plan measures what the "
@@ -1130,6 +1142,8 @@ class PlanConfig(BaseModel):
             raise ValueError("how many devices? give --gpus N[,N...] or --nodes N --gpus-per-node G")
         if self.gpus and min(self.gpus) <= 0:
             raise ValueError(f"--gpus counts must be positive (got {min(self.gpus)})")
+        if self.tp_plan is not None and self.tp == 1:
+            raise ValueError("--tp-plan is the plan of tensor parallelism; give --tp N too (N > 1)")
         unknown = [s for s in self.strategy if s not in PLAN_STRATEGIES]
         if unknown or not self.strategy:
             raise ValueError(

@@ -47,7 +47,7 @@ def run_plan(cfg: PlanConfig) -> dict[str, Any]:
                 )
     profile = profile_model(_train_config(cfg))
     if cfg.tp > 1:
-        profile.tensor_parallel = profile_tensor_parallel(_train_config(cfg), cfg.tp)
+        profile.tensor_parallel = profile_tensor_parallel(_train_config(cfg), cfg.tp, cfg.tp_plan)
     topo = _topology(cfg, device, per_node, float(profile.param_bytes))
     momentum = TrainConfig.model_fields["momentum"].default
     eff = _published_efficiency(device, cfg.precision)

@@ -67,7 +67,7 @@ class TensorParallelProfile:
     split_flops_share: float  # of the FLOPs, those inside the modules the plan splits
 
 
-def profile_tensor_parallel(cfg: TrainConfig, degree: int) -> TensorParallelProfile:
+def profile_tensor_parallel(cfg: TrainConfig, degree: int, plan_fn: str | None = None) -> TensorParallelProfile:
     """Measure the model split `degree` ways: the same build, the plan applied over a fake process group
     of `degree` ranks (no communication: DTensor's collectives are recorded with their sizes)."""
     import torch.distributed as dist
@@ -82,7 +82,7 @@ def profile_tensor_parallel(cfg: TrainConfig, degree: int) -> TensorParallelProf
     data = _shapes(cfg)
     with torch.device("meta"):
         whole = build_model(cfg, data)
-    plan = model_plan(whole, degree)  # refuses a model without a plan, or one the degree cannot split
+    plan = model_plan(whole, degree, plan_fn)  # refuses a model without a plan, or one the degree cannot split
     objective = build_objective(cfg.loss, whole)
     total, per_module = _count_flops(whole, objective, *_batch(cfg, data, 1))
     split_paths = [name for name, _ in whole.named_modules() if name and any(_matches(name, p) for p in plan)]
@@ -94,7 +94,7 @@ def profile_tensor_parallel(cfg: TrainConfig, degree: int) -> TensorParallelProf
     try:
         with torch.device("meta"):
             model = build_model(cfg, data)
-        apply_tensor_parallel(model, init_device_mesh("cpu", (degree,), mesh_dim_names=("tp",)), degree)
+        apply_tensor_parallel(model, init_device_mesh("cpu", (degree,), mesh_dim_names=("tp",)), degree, plan_fn)
         params = [p.to_local() for p in model.parameters()]
         if cfg.checkpoint_activations:  # tensor parallelism, then checkpointing: torchtitan's order
             checkpoint_blocks(model)

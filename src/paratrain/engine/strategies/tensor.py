@@ -64,15 +64,25 @@ STYLES: dict[str, Callable[[], ParallelStyle]] = {
 SPLIT_DIM = {"colwise": 0, "rowwise": 1}
 
 
-def model_plan(model: nn.Module, degree: int) -> dict[str, ParallelStyle]:
-    """The model's own plan (its `tensor_parallel_plan(degree)`), checked against its layers."""
-    declare = getattr(model, "tensor_parallel_plan", None)
-    if not callable(declare):
-        raise UsageError(
-            f"--tp {degree}: the model ({type(model).__name__}) declares no tensor-parallel plan; give it a method "
-            "tensor_parallel_plan(degree) returning {module path: 'colwise' | 'rowwise'} (see docs/strategies.md)"
-        )
-    plan: dict[str, Any] = declare(degree)
+def model_plan(model: nn.Module, degree: int, plan_fn: str | None = None) -> dict[str, ParallelStyle]:
+    """The plan `--tp-plan` names (fn(model, degree)), else the model's own (its `tensor_parallel_plan(degree)`),
+    checked against its layers."""
+    if plan_fn is not None:
+        from paratrain.workloads import import_factory
+
+        given = import_factory(plan_fn, "--tp-plan")
+        plan: dict[str, Any] = given(model, degree)
+    else:
+        declare = getattr(model, "tensor_parallel_plan", None)
+        if not callable(declare):
+            raise UsageError(
+                f"--tp {degree}: the model ({type(model).__name__}) declares no tensor-parallel plan; give it a "
+                "method tensor_parallel_plan(degree) returning {module path: 'colwise' | 'rowwise'}, or name a "
+                "function with --tp-plan pkg.module:fn (see docs/strategies.md)"
+            )
+        plan = declare(degree)
+    if not isinstance(plan, dict) or not plan:
+        raise UsageError(f"--tp {degree}: the tensor-parallel plan is {plan!r}; it must be a non-empty dict")
     names = dict(model.named_modules())
     resolved: dict[str, ParallelStyle] = {}
     for path, style in plan.items():
@@ -99,9 +109,9 @@ def model_plan(model: nn.Module, degree: int) -> dict[str, ParallelStyle]:
     return resolved
 
 
-def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, degree: int) -> nn.Module:
+def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, degree: int, plan_fn: str | None = None) -> nn.Module:
     """Split the plan's layers over `mesh` and replicate every other parameter and buffer on it."""
-    parallelize_module(model, mesh, model_plan(model, degree))
+    parallelize_module(model, mesh, model_plan(model, degree, plan_fn))
     replicated: dict[int, nn.Parameter] = {}  # a tied parameter stays one parameter
     for module in model.modules():
         own = [(n, p) for n, p in module.named_parameters(recurse=False) if not isinstance(p, DTensor)]
@@ -156,7 +166,7 @@ class TensorParallel(WholeModelStrategy):
         return 0, 1
 
     def split(self, model: nn.Module) -> None:
-        apply_tensor_parallel(model, self.mesh, self.cfg.tp)
+        apply_tensor_parallel(model, self.mesh, self.cfg.tp, self.cfg.tp_plan)
 
     def forward_backward(
         self, model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Tensor, *rest: Any
@@ -177,4 +187,4 @@ def check_tensor_parallel(cfg: TrainConfig, make_model: Callable[[], nn.Module])
     """Refuse a plan that cannot split this model, in the launching process, before anything is written:
     the model built on the meta device (shapes only)."""
     with torch.device("meta"):
-        model_plan(make_model(), cfg.tp)
+        model_plan(make_model(), cfg.tp, cfg.tp_plan)
