@@ -1081,22 +1081,14 @@ class PlanConfig(BaseModel):
         default_factory=lambda: list(PLAN_STRATEGIES),
         description="strategies to plan, comma-separated (default: all of ddp,zero1,fsdp,pipeline,hybrid)",
     )
-    tp_plan: str | None = Field(
-        None,
-        description="--tp: the plan as pkg.module:fn, called fn(model, degree) (default: the model's own "
-        "tensor_parallel_plan method)",
-    )
-    checkpoint_activations: bool = Field(
-        False,
-        description="as train's: recompute each block's activations in backward; the plan measures what the "
-        "checkpointed model saves and adds the recompute to the FLOPs",
-    )
     tp: int = Field(
         1,
         gt=0,
         description="also plan tensor parallelism of this degree, measured with the model's own plan (gpt has one): "
         "a 'tp' row on T devices, 'fsdp+tp' rows sharding over N/T groups",
     )
+    tp_plan: str | None = TrainConfig.model_fields["tp_plan"]
+    checkpoint_activations: bool = TrainConfig.model_fields["checkpoint_activations"]
     optimizer: Optimizer = Field(
         "adam", description="the optimizer whose state is counted: sgd (momentum), adam, adamw, lars, lamb"
     )
