@@ -635,6 +635,23 @@ def test_no_sync_missing_at_its_line_and_on_one_rank(tmp_path):
     assert sc.all_reduce_every_micro_step(probed(tmp_path, "c", [{**two, "rounds_per_step": 4.0}])) is None
 
 
+def test_the_scripts_own_collectives_are_their_own_time_not_the_waits_in_them(tmp_path):
+    """Rank 0 evaluates alone 20 ms a step and rank 1 waits for it at a barrier: rank 1's 21 ms of
+    'collective' is the evaluation's wait (rank0_alone's business); the barrier's own time is rank 0's 1 ms,
+    under the 10 % line. (A flake loop saw host_sync_stalls outrank rank0_alone on the planted fault.)"""
+    from paratrain.doctor import script_checks as sc
+    from paratrain.doctor.evidence import read_run
+
+    ranks = [
+        {"phases_s": {"forward": 0.079, "eval": 0.02, "collective": 0.001}},
+        {"phases_s": {"forward": 0.079, "collective": 0.021}},
+    ]
+    assert sc.script_collectives(probed(tmp_path, "a", ranks)) is None  # the least of the ranks' means
+    # the probe's step-by-step figure, when the run directory has it, is the one read
+    ev = read_run(probed_run(tmp_path / "b", ranks, probe={"collective_own_s": 0.015}))
+    assert sc.script_collectives(ev).saving == pytest.approx(0.015 * 49 / 50 / 0.1)
+
+
 def test_the_scripts_own_collectives_and_their_line(tmp_path):
     from paratrain.doctor import script_checks as sc
 

@@ -14,10 +14,10 @@ import pytest
 from paratrain.launch.probe import DEVICE_PHASES, PHASES
 from paratrain.launch.probe_summary import (
     PROBE_DIR,
-    all_reduce_s,
     device_record,
     excess_s,
     off,
+    own_time_s,
     rank_record,
     steady,
     summarise,
@@ -209,9 +209,14 @@ def test_the_all_reduce_is_the_least_waiting_rank_in_each_step_over_the_steps_al
     rank1 = [step(i, comm=0.003 * i) for i in range(9)]
     steady_steps = [rank_record(0, rank0), rank_record(1, rank1)]
     assert [r["steady_steps"] for r in steady_steps] == [7, 7]
-    assert all_reduce_s([used_steps(rank0), used_steps(rank1)]) == pytest.approx(0.002 * 32 / 6)
-    assert all_reduce_s([used_steps(rank0)]) is None
-    assert all_reduce_s([used_steps(rank0), []]) is None
+    assert own_time_s([used_steps(rank0), used_steps(rank1)], "comm") == pytest.approx(0.002 * 32 / 6)
+    assert own_time_s([used_steps(rank0)], "comm") is None
+    assert own_time_s([used_steps(rank0), []], "comm") is None
+    # the script's own collectives alike: a barrier that rank 1 waits at while rank 0 evaluates
+    rank0 = [step(i, collective=0.001) for i in range(10)]
+    rank1 = [step(i, collective=0.021) for i in range(10)]
+    out = summarise(write_probe(tmp_path / "barrier", {0: rank0, 1: rank1}))
+    assert out["probe"]["collective_own_s"] == pytest.approx(0.001) and out["probe"]["all_reduce_s"] == 0.01
 
 
 def test_summarise_orders_ranks_by_number_and_says_why_it_has_nothing(tmp_path):

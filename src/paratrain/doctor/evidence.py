@@ -188,9 +188,14 @@ class RunEvidence:
 
     @property
     def all_reduce_s(self) -> float:
-        """The all-reduce's own time per step, without the waits for other ranks (launch/probe_summary.py
-        all_reduce_s); a run directory written before it kept only each rank's mean: the least of them."""
+        """DDP's all-reduce's own time per step, without the waits for other ranks (launch/probe_summary.py
+        own_time_s); a run directory written before it kept only each rank's mean: the least of them."""
         return self.probe.get("all_reduce_s", min(self.rank_phase("comm")))
+
+    @property
+    def collective_own_s(self) -> float:
+        """The script's own collectives' time per step, without the waits for other ranks, as all_reduce_s."""
+        return self.probe.get("collective_own_s", min(self.rank_phase("collective")))
 
     # -- monitor --------------------------------------------------------------------------
     @property

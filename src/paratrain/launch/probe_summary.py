@@ -76,13 +76,14 @@ def used_steps(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [s for s in steady([r for r in records if r.get("kind") == "step"]) if "loader_id" not in s]
 
 
-def all_reduce_s(ranks_steps: list[list[dict[str, Any]]]) -> float | None:
-    """The all-reduce's own time per step: in each step the least exposed communication of any rank (the
-    rank that reached the all-reduce last waited for no one), averaged over the steps every rank ran.
-    Each rank's mean alone includes the waits for the others, and on a busy machine, where any rank can
-    lose its core for a while in any step, every rank's mean has waits in it: a healthy run then looked as
-    if its all-reduce took a third of the step."""
-    by_step = [{s["step"]: s.get("comm", 0.0) for s in steps} for steps in ranks_steps]
+def own_time_s(ranks_steps: list[list[dict[str, Any]]], phase: str) -> float | None:
+    """A collective phase's own time per step (DDP's all-reduce: `comm`; the script's own: `collective`): in
+    each step the least time any rank spent in it (the rank that arrived last waited for no one), averaged
+    over the steps every rank ran. Each rank's mean alone includes the waits for the others: on a busy
+    machine, where any rank can lose its core for a while in any step, every rank's mean has waits in it (a
+    healthy run then looked as if its all-reduce took a third of the step), and a barrier after rank 0's
+    evaluation is all wait for the other ranks."""
+    by_step = [{s["step"]: s.get(phase, 0.0) for s in steps} for steps in ranks_steps]
     common = set.intersection(*(set(steps) for steps in by_step)) if len(by_step) > 1 else set()
     if not common:
         return None
@@ -169,9 +170,11 @@ def summarise(run_dir: Path) -> dict[str, Any]:
     phases = {p: statistics.mean(r["phases_s"][p] for r in timed) for p in PHASES}
     probe["phases_s"] = phases
     probe["step_s"] = statistics.mean(r["step_s"] for r in timed)
-    own = all_reduce_s([used_steps(r) for r in records])
-    if own is not None:
-        probe["all_reduce_s"] = own
+    steady_steps = [used_steps(r) for r in records]
+    for key, phase in (("all_reduce_s", "comm"), ("collective_own_s", "collective")):
+        own = own_time_s(steady_steps, phase)
+        if own is not None:
+            probe[key] = own
     breakdown = {
         "data_s": phases["data"],
         "compute_s": phases["forward"] + phases["backward"],
