@@ -10,8 +10,9 @@ in backward, and each rank holds 1/T of their weights. The model declares which 
 
 (module paths as `parallelize_module` takes them, `*` matching one level; "colwise" and "rowwise"
 are the default styles, "replicated-input" a module whose input feeds several colwise layers; any
-`ParallelStyle` is used as given). gpt declares the attention's q, k,
-v and the MLP's first layer colwise, their projections rowwise (workloads/gpt.py).
+`ParallelStyle` is used as given), or `--tp-plan pkg.module:fn` names a function that returns one.
+gpt declares the attention's q, k, v and the MLP's first layer colwise, their projections rowwise
+(workloads/gpt.py).
 
 Every other parameter (embeddings, norms, gpt's byte-vocabulary head) stays whole on each rank, as
 a replicated DTensor on the same mesh: the optimizer's foreach kernels take a list of DTensors or
@@ -19,8 +20,11 @@ of tensors, not a mix, so every parameter is a DTensor, and the modules that hol
 return plain tensors. Their gradients are equal on every rank (their inputs are, after the
 rowwise layers' all-reduce), so nothing averages them.
 
-All ranks of a tensor-parallel group read the same batch: with `--tp` equal to `--workers` the run
-has one data-parallel replica. Checkpoints go through torch.distributed.checkpoint
+All ranks of a tensor-parallel group read the same batch, and only the group's first rank reports
+its loss (the loop sums samples over the ranks): with `--tp` equal to `--workers` the run has one
+data-parallel replica; `fsdp` shards over several groups (engine/strategies/fsdp.py). The split is
+applied before activation checkpointing wraps the blocks (`split`, then the loop's checkpointing,
+then `wrap`). Checkpoints go through torch.distributed.checkpoint
 (engine/strategies/sharded_checkpoint.py).
 """
 
