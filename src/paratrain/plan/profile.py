@@ -72,7 +72,6 @@ def profile_tensor_parallel(cfg: TrainConfig, degree: int, plan_fn: str | None =
     of `degree` ranks (no communication: DTensor's collectives are recorded with their sizes)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from paratrain.engine.strategies.tensor import apply_tensor_parallel, model_plan
     from paratrain.workloads import build_model
@@ -90,7 +89,8 @@ def profile_tensor_parallel(cfg: TrainConfig, degree: int, plan_fn: str | None =
     split = sum(count for name, count in per_module.items() if any(_inside(name, m) for m in outermost))
     if dist.is_initialized():
         raise UsageError("plan --tp measures the split model over a process group of its own; run it outside one")
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=degree)
+    # torch's "fake" backend (registered by torch.distributed) needs only a store, not peers.
+    dist.init_process_group("fake", store=dist.HashStore(), rank=0, world_size=degree)
     try:
         with torch.device("meta"):
             model = build_model(cfg, data)
