@@ -12,6 +12,15 @@ construction; ResNeXt-101 32x4d and SE-ResNeXt-101 32x4d (dle_models.py) are the
 Multi-node: Goyal et al. 2017 (arXiv:1706.02677), ResNet-50 on 8 to 256 P100 in servers of 8 joined
 by 50 Gbit Ethernet, 32 images a GPU: "~90% scaling efficiency".
 
+Large language models: torchtitan's docs/performance.md, Llama 3.1 8B with FSDP on 8 and 128 H100
+(commit eaea6f6a2fa940f03a10906be1df3489cf30af85, tables 1 and 3, the rows without torch.compile or
+Float8: tokens/s per GPU and peak memory), and the same file's earlier version (commit
+041336434916bdc0f88c1f89fda176fd3c2092e4: Llama 3 8B / 70B and Llama 2 13B / 70B with FSDP on 64 A100
+80GB, tokens/s per GPU). The models are llama.py's. torchtitan's rows with torch.compile, Float8 or
+asynchronous TP (its 2D, 3D and 4D tables) are left out: the plan models none of them. The
+transformer efficiency the plan uses comes from another source (MosaicML's MPT benchmarks: devices.py),
+so none of these points is a calibration.
+
     .venv/bin/python benchmarks/planner_published.py
 """
 
@@ -47,6 +56,30 @@ SINGLE_NODE = [
     ("SE-ResNeXt-101 32x4d", "v100", "AMP", 112, 443, 2971),
 ]
 IMAGENET = ["--image-size", "224", "--num-classes", "1000", "--optimizer", "sgd", "--strategy", "ddp"]
+
+TITAN_H100 = "torchtitan performance.md @ eaea6f6"
+TITAN_A100 = "torchtitan performance.md @ 0413364"
+# torchtitan's "selective" checkpointing: by layer, every 2nd block (its default option "2"), or by
+# operator (about half the matrix products' outputs kept); the plan has the layer form only, and
+# takes it for both (the two published rows differ by 2-3 % in tokens/s).
+CHECKPOINTING = {
+    "none": [],
+    "full": ["--checkpoint-activations"],
+    "selective": ["--checkpoint-activations", "--checkpoint-activations-every", "2"],
+}
+# (source, model, device, GPUs, local batch, sequence, checkpointing as published, tokens/s/GPU, memory GiB)
+LLM_POINTS = [
+    (TITAN_H100, "llama3_8b", "h100", 8, 2, 8192, "selective (op)", 5762, 82.4),
+    (TITAN_H100, "llama3_8b", "h100", 128, 2, 8192, "selective (op)", 5605, 67.0),
+    (TITAN_A100, "llama3_8b", "a100", 64, 1, 8192, "selective (layer)", 2904, None),
+    (TITAN_A100, "llama3_8b", "a100", 64, 1, 8192, "selective (op)", 2973, None),
+    (TITAN_A100, "llama3_70b", "a100", 64, 1, 8192, "full", 331, None),
+    (TITAN_A100, "llama2_13b", "a100", 64, 2, 4096, "none", 2162, None),
+    (TITAN_A100, "llama2_13b", "a100", 64, 2, 4096, "selective (layer)", 1914, None),
+    (TITAN_A100, "llama2_13b", "a100", 64, 2, 4096, "selective (op)", 1904, None),
+    (TITAN_A100, "llama2_70b", "a100", 64, 1, 4096, "selective (op)", 355, None),
+    (TITAN_A100, "llama2_70b", "a100", 64, 2, 4096, "full", 353, None),
+]
 
 
 def plan(args: list[str]) -> tuple[dict[int, dict], str]:
@@ -116,9 +149,38 @@ def main() -> None:
         f"a step on 8, {rows[256]['time']['exposed_comm_s'] * 1e3:.2f} ms on 256, of "
         f"{rows[256]['step_time_s'] * 1e3:.0f} ms"
     )
+    commands += llm_points()
     print("\ncommands (PYTHONPATH=benchmarks):")
     for command in commands:
         print(f"    {command}")
+
+
+def llm_points() -> list[str]:
+    """torchtitan's FSDP runs: published and predicted tokens/s per GPU and peak memory, with the errors."""
+    commands = []
+    print(
+        "\n| source | model | GPUs | local batch x sequence | checkpointing | tokens/s/GPU: published / predicted "
+        "(error) | memory GiB: published / predicted (error) |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for source, model, device, gpus, batch, seq, checkpointing, tokens, memory in LLM_POINTS:
+        how = CHECKPOINTING[checkpointing.split(" ")[0]]
+        rows, command = plan(
+            ["--model", f"llama:{model}", "--dataset", "text", "--seq-len", str(seq), "--device", device]
+            + ["--precision", "bf16", "--optimizer", "adamw", "--strategy", "fsdp", "--gpus", str(gpus)]
+            + ["--batch-size", str(batch), *how]
+            + (["--interconnect", "ib-ndr"] if device == "h100" else [])  # 400 Gb/s a GPU, as published
+        )
+        commands.append(command)
+        row = rows[gpus]
+        predicted = row["samples_per_s"] * seq / gpus
+        held = row["memory"]["total_bytes"] / 2**30
+        memory_cell = f"{memory} / {held:.1f} ({(held - memory) / memory:+.1%})" if memory else f"- / {held:.1f}"
+        print(
+            f"| {source} | {model} | {gpus} {device.upper()} | {batch} x {seq:,} | {checkpointing} | "
+            f"{tokens:,} / {predicted:,.0f} ({(predicted - tokens) / tokens:+.1%}) | {memory_cell} |"
+        )
+    return commands
 
 
 if __name__ == "__main__":

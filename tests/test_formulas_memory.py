@@ -84,6 +84,10 @@ def test_fsdp_splits_state_and_gathers_two_units_or_the_whole_model():
     assert memory(whole("fsdp", 2, reshard=False))["gathered_bytes"] == 4e6  # kept after forward: all of it
     assert memory(whole("fsdp", 4))["parameters_bytes"] == 1e6
     assert memory(whole("fsdp", 1))["gathered_bytes"] == 0.0  # one rank gathers nothing
+    # bf16: its mixed-precision policy gathers bf16 copies (half); the shards stay float32
+    bf16 = memory(whole("fsdp", 2), precision="bf16")
+    assert bf16["gathered_bytes"] == 1e6 and bf16["parameters_bytes"] == 2e6
+    assert memory(whole("fsdp", 2), precision="fp16")["gathered_bytes"] == 2e6
 
 
 def test_stage_bounds_cut_by_flops():
@@ -152,8 +156,9 @@ def test_fsdp_over_tensor_parallel_groups_shards_the_ranks_share():
     layout = Layout("fsdp+tp", 4, 2, 1, 1, 50, tp=2)
     m = memory_per_device(split_profile(), layout, "adam", "bf16", RUNTIME)
     # 2.5 MB over 2 data-parallel ranks; Adam's two moments + 4 B a tensor, halved: (5e6 + 40) / 2;
-    # bf16 halves the activations: (5e4 + 6e3 x 50) / 2; in flight: the largest unit (1 MB) x 2.5/4 split, twice
+    # bf16 halves the activations: (5e4 + 6e3 x 50) / 2; in flight: the largest unit (1 MB) x 2.5/4 split, twice,
+    # gathered in bf16 (half)
     assert m["parameters_bytes"] == m["gradients_bytes"] == 1.25e6
     assert m["optimizer_bytes"] == (5e6 + 40) / 2
     assert m["activations_bytes"] == (5e4 + 6e3 * 50) / 2
-    assert m["gathered_bytes"] == 2 * 1e6 * 2.5e6 / 4e6
+    assert m["gathered_bytes"] == 2 * 1e6 * 2.5e6 / 4e6 / 2

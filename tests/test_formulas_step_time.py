@@ -163,6 +163,15 @@ def test_fsdp_gathers_twice_with_resharding_and_hides_all_but_two_units_on_gpus(
     assert overlapped["exposed_comm_s"] == pytest.approx(2 * 0.0061, rel=1e-12)
 
 
+def test_fsdp_in_bf16_gathers_half_the_bytes_and_reduce_scatters_float32():
+    bf16 = Device("test", {"fp32": 1e9, "bf16": 1e9}, 1e10, 1e9, "intra", {"fp32": 0.5, "bf16": 0.5}, overlap=True)
+    t = step_time(profile(), whole("fsdp", 2), bf16, "bf16", "sgd", TWO_PER_NODE, EFF)
+    # two all-gathers of 2 MB (bf16): 1 ms + 0.1 ms + 1/2 x 2e6 / 1e8 = 11.1 ms each; the reduce-scatter
+    # of the float32 gradients 21.1 ms; exposed on GPUs: two units of 0.5 MB, 1 + 0.1 + 2.5 = 3.6 ms each
+    assert t["comm_s"] == pytest.approx(2 * 0.0111 + 0.0211, rel=1e-12)
+    assert t["exposed_comm_s"] == pytest.approx(2 * 0.0036, rel=1e-12)
+
+
 def test_one_rank_of_a_data_parallel_strategy_communicates_nothing():
     t = step_time(profile(), whole("ddp", 1), device(False), "fp32", "sgd", TWO_PER_NODE, EFF)
     assert t["comm_s"] == t["exposed_comm_s"] == 0.0
@@ -429,6 +438,13 @@ def test_fsdp_over_tensor_parallel_groups_adds_fsdps_collectives_on_the_ranks_sh
     assert t["comm_s"] == t["exposed_comm_s"] == pytest.approx(0.0136 + 0.0408, rel=1e-12)
     assert t["optimizer_s"] == pytest.approx(0.00625, rel=1e-12)
     assert t["step_time_s"] == pytest.approx(0.081125 + 0.0544 + 0.00625 + 0.005, rel=1e-12)
+
+
+def test_tensor_parallel_sums_16_bit_activations_under_a_16_bit_precision():
+    bf16 = Device("test", {"bf16": 1e9}, 1e10, 1e9, "intra", {"bf16": 0.5}, overlap=False)
+    t = step_time(split_profile(), Layout("tp", 2, 1, 1, 1, 100, tp=2), bf16, "bf16", "sgd", TWO_PER_NODE, EFF)
+    # 8 all-reduces of 50 kB (half of fp32's 100 kB): 1 ms + 0.2 ms + 5e4 / 1e8 = 1.7 ms each
+    assert t["comm_s"] == pytest.approx(8 * 1.7e-3, rel=1e-12)
 
 
 def test_checkpointed_activations_add_the_recompute_to_the_compute():

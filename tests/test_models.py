@@ -53,3 +53,25 @@ def test_residual_blocks_are_the_checkpointing_units():
 def test_unknown_model():
     with pytest.raises(UsageError, match="cifar10-cnn"):
         build_model("vgg16")
+
+
+def test_checkpointing_every_second_block_wraps_the_second_and_fourth_and_keeps_the_gradients():
+    """--checkpoint-activations-every 2 recomputes blocks 2 and 4 of gpt-tiny's four (torchtitan's selective
+    layer checkpointing counts from one); what backward computes is unchanged."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+    from paratrain.workloads import gpt
+    from paratrain.workloads.models import checkpoint_blocks
+
+    torch.manual_seed(0)
+    plain = gpt.GPT(gpt.resolve("gpt-tiny"))
+    wrapped = gpt.GPT(gpt.resolve("gpt-tiny"))
+    wrapped.load_state_dict(plain.state_dict())
+    chosen = checkpoint_blocks(wrapped, every=2)
+    assert chosen == [wrapped.blocks[1]._checkpoint_wrapped_module, wrapped.blocks[3]._checkpoint_wrapped_module]
+    assert [isinstance(b, CheckpointWrapper) for b in wrapped.blocks] == [False, True, False, True]
+    tokens = torch.randint(0, 256, (2, 32))
+    for model in (plain, wrapped):
+        torch.nn.functional.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten()).backward()
+    for (name, a), (_, b) in zip(plain.named_parameters(), wrapped.named_parameters(), strict=True):
+        assert torch.allclose(a.grad, b.grad, atol=1e-6), name

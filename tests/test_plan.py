@@ -259,10 +259,33 @@ def test_eight_gpus_each_keep_the_published_share_of_one_gpus_speed(capsys):
     assert "8-GPU against 1-GPU" in plan["device"]["efficiency_source"]
 
 
+@pytest.mark.parametrize(
+    "workload,precision,kind,efficiency,per_node",
+    [
+        ("gpt-tiny", "bf16", "matrix products", 0.642, False),  # llm-foundry's MPT-7B on 8 A100
+        ("cifar10-cnn", "bf16", "convolutional", 0.192, True),  # DLE's ResNet-50 on 1, then 8
+        ("gpt-tiny", "tf32", "matrix products", 0.146, True),  # no transformer figure in TF32: the CNN's
+    ],
+)
+def test_a_transformer_and_a_cnn_take_their_own_kinds_efficiency(
+    capsys, workload, precision, kind, efficiency, per_node
+):
+    """A model whose FLOPs are mostly matrix products takes the published share of such models (measured
+    on whole nodes: no node share on top); a convolutional one DLE's ResNet-50 figure and its node share."""
+    argv = ["plan", "--workload", workload, "--device", "a100", "--precision", precision, "--gpus", "8", "--json"]
+    assert main(argv) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["model"]["kind"] == kind and plan["device"]["efficiency"] == efficiency
+    assert bool(plan["device"]["calibrated_by_devices"]) == per_node
+    if kind == "matrix products":
+        assert plan["model"]["convolution_flops_per_sample"] == 0
+        assert ("no published figure" in plan["device"]["efficiency_source"]) == (precision == "tf32")
+
+
 def test_every_device_and_link_figure_names_its_source():
     """Each peak, memory size, bandwidth, link and efficiency of the table carries the document it
     comes from; dtypes a device lacks have no figure to source."""
-    documents = ("data sheet", "DeepLearningExamples")
+    documents = ("data sheet", "DeepLearningExamples", "llm-foundry")
     for name, device in GPUS.items():
         figures = [f"peak_flops.{p}" for p, v in device.peak_flops.items() if v is not None]
         figures += [
@@ -271,6 +294,7 @@ def test_every_device_and_link_figure_names_its_source():
             "intra_node_link",
             *(f"efficiency.{p}" for p in device.efficiency),
             *(f"node_share.{p}" for p in device.node_share),
+            *(f"matrix_efficiency.{p}" for p in device.matrix_efficiency),
         ]
         for figure in figures:
             source = device.sources.get(figure, "")
@@ -434,6 +458,10 @@ BAD = {
         ["--workload", "cifar10-cnn", "--device", "a100", "--gpus", "2", "--tp", "2"],
         "declares no tensor-parallel plan",
     ),
+    "checkpointing every Nth block without checkpointing": (
+        ["--workload", "gpt-tiny", "--device", "a100", "--gpus", "2", "--checkpoint-activations-every", "2"],
+        "add --checkpoint-activations",
+    ),
     "unknown device": (["--workload", "gpt-tiny", "--device", "b200", "--gpus", "8"], "a100, h100"),
     "no nodes": (["--workload", "gpt-tiny", "--device", "a100", "--nodes", "0", "--gpus-per-node", "8"], "--nodes"),
     "no gpus per node": (
@@ -533,3 +561,10 @@ def test_checkpointed_activations_are_measured_on_the_checkpointed_model(capsys)
     assert plain["recompute_flops_per_sample"] == 0
     assert checkpointed["recompute_flops_per_sample"] == 4 * (2 * 64 * 12 * 128**2 + 4 * 64**2 * 128)
     assert checkpointed["activation_bytes_per_sample"] < plain["activation_bytes_per_sample"] / 4
+    # --checkpoint-activations-every 2: blocks 2 and 4 recompute, 1 and 3 keep what they save
+    assert main([*argv, "--checkpoint-activations", "--checkpoint-activations-every", "2"]) == 0
+    every_other = json.loads(capsys.readouterr().out)["model"]
+    assert every_other["recompute_flops_per_sample"] == checkpointed["recompute_flops_per_sample"] // 2
+    # half the blocks' own activations: between all checkpointed and none, near the midpoint
+    midpoint = (plain["activation_bytes_per_sample"] + checkpointed["activation_bytes_per_sample"]) / 2
+    assert every_other["activation_bytes_per_sample"] == pytest.approx(midpoint, rel=0.1)

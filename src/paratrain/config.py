@@ -396,6 +396,12 @@ class TrainConfig(BaseModel):
     checkpoint_activations: bool = Field(
         False, description="recompute each block's activations in backward to save memory"
     )
+    checkpoint_activations_every: int = Field(
+        1,
+        ge=1,
+        description="with --checkpoint-activations: recompute every Nth block only and keep the others' activations "
+        "(torchtitan's selective layer checkpointing: N = 2 recomputes half the blocks)",
+    )
     compile: bool = Field(False, description="torch.compile the model (slow start, maybe faster steps)")
     augment: list[str] = Field(
         default_factory=list, description="batched on-device augmentation: any of flip,crop,jitter"
@@ -551,6 +557,11 @@ class TrainConfig(BaseModel):
             )
         if self.warmup_epochs >= self.epochs and self.warmup_epochs > 0:
             raise ValueError(f"--warmup-epochs ({self.warmup_epochs}) must be shorter than --epochs ({self.epochs})")
+        if self.checkpoint_activations_every > 1 and not self.checkpoint_activations:
+            raise ValueError(
+                f"--checkpoint-activations-every {self.checkpoint_activations_every} chooses which blocks "
+                "--checkpoint-activations recomputes; add --checkpoint-activations"
+            )
         self._check_measurements()
         self._check_synchronisation()
         return self
@@ -1089,6 +1100,7 @@ class PlanConfig(BaseModel):
     )
     tp_plan: str | None = TrainConfig.model_fields["tp_plan"]
     checkpoint_activations: bool = TrainConfig.model_fields["checkpoint_activations"]
+    checkpoint_activations_every: int = TrainConfig.model_fields["checkpoint_activations_every"]
     optimizer: Optimizer = Field(
         "adam", description="the optimizer whose state is counted: sgd (momentum), adam, adamw, lars, lamb"
     )

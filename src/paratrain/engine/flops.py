@@ -138,9 +138,13 @@ def count_flops(
     except Exception as exc:  # a user model that needs real values: no FLOPs, no MFU
         log.warning("cannot count FLOPs on the meta device (%s: %s); no MFU for this run", type(exc).__name__, exc)
         return None
+    return FlopCount(int(counter.get_total_flops()), convolution_flops(counter))
+
+
+def convolution_flops(counter: FlopCounterMode) -> int:
+    """Of what `counter` counted, the convolutions' FLOPs (forward and backward)."""
     by_op = counter.get_flop_counts().get("Global", {})
-    convolution = sum(n for op, n in by_op.items() if "convolution" in str(op))
-    return FlopCount(int(counter.get_total_flops()), int(convolution))
+    return int(sum(n for op, n in by_op.items() if "convolution" in str(op)))
 
 
 def gpu_peak(device_name: str, precision: str, convolution_share: float = 0.0) -> tuple[float, str] | None:

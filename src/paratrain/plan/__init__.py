@@ -50,7 +50,7 @@ def run_plan(cfg: PlanConfig) -> dict[str, Any]:
         profile.tensor_parallel = profile_tensor_parallel(_train_config(cfg), cfg.tp, cfg.tp_plan)
     topo = _topology(cfg, device, per_node, float(profile.param_bytes))
     momentum = TrainConfig.model_fields["momentum"].default
-    eff = _published_efficiency(device, cfg.precision)
+    eff = _published_efficiency(device, cfg.precision, profile.kind)
     if runs:
         eff = calibrate.fit(runs, lambda s: _run_timing(profile, s, device, cfg, topo))
 
@@ -87,6 +87,8 @@ def _model_json(profile: ModelProfile) -> dict[str, Any]:
         "name": profile.name,
         "params": profile.params,
         "flops_per_sample": profile.flops_per_sample,
+        "convolution_flops_per_sample": profile.convolution_flops_per_sample,
+        "kind": profile.kind,
         "recompute_flops_per_sample": profile.recompute_flops_per_sample,
         "activation_bytes_per_sample": profile.activation_bytes_per_sample,
         "activation_bytes_fixed": profile.activation_bytes_fixed,
@@ -171,13 +173,22 @@ def pareto(curve: list[dict[str, Any]], samples: int = PARETO_SAMPLES) -> dict[s
     return {"samples": samples, "points": points, "frontier": [p["devices"] for p in frontier], "bend_devices": bend}
 
 
-def _published_efficiency(device: Device, precision: str) -> Efficiency:
-    """The device table's figures: the share of the peak one device reaches, and from NODE_DEVICES
-    devices on, that share times what each keeps when a whole node trains at once. Only 1 and
-    NODE_DEVICES were published: the counts between are interpolated linearly, a guess that keeps
-    the plan from predicting a sudden loss between 7 and 8 devices."""
+def _published_efficiency(device: Device, precision: str, kind: str) -> Efficiency:
+    """The device table's figures for the model's kind. A model of matrix products (a transformer) takes
+    the share of the peak such models reached on a whole node, where the table has one. Otherwise the
+    convolutional network's: the share one device reaches, and from NODE_DEVICES devices on, that share
+    times what each keeps when a whole node trains at once. Only 1 and NODE_DEVICES were published: the
+    counts between are interpolated linearly, a guess that keeps the plan from predicting a sudden loss
+    between 7 and 8 devices."""
+    if kind == "matrix products" and precision in device.matrix_efficiency:
+        return Efficiency(
+            device.matrix_efficiency[precision],
+            source=f"a model of matrix products: {device.sources.get(f'matrix_efficiency.{precision}', '')}",
+        )
     one = device.efficiency[precision]
     source = device.sources.get(f"efficiency.{precision}", "")
+    if kind == "matrix products" and device.name != "cpu":
+        source = f"no published figure for a model of matrix products on {device.name} {precision}, a CNN's: {source}"
     share = device.node_share.get(precision)
     if share is None:
         return Efficiency(one, source=source)
@@ -203,6 +214,7 @@ def _train_config(cfg: PlanConfig) -> TrainConfig:
         if getattr(cfg, k) is not None
     }
     values["checkpoint_activations"] = cfg.checkpoint_activations
+    values["checkpoint_activations_every"] = cfg.checkpoint_activations_every
     if cfg.workload is None:
         from paratrain.workloads.gpt import PRESETS
 

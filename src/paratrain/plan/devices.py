@@ -41,8 +41,8 @@ T4_DS = "NVIDIA T4 Tensor Core GPU data sheet"
 # 25.6 M and the same convolutions, placed differently):
 #   A100 80GB: TF32 938 img/s -> 22.8 of 156 TFLOP/s = 0.146; AMP 2,470 img/s -> 60.0 of 312 = 0.192
 #   V100 16GB: FP32 367 img/s -> 8.9 of 15.7 TFLOP/s = 0.568;  AMP 1,200 img/s -> 29.2 of 125 = 0.233
-# A convolutional network leaves tensor cores far from their peak; transformers reach more (PaLM
-# reports 46 % MFU), so for a transformer these defaults are pessimistic: calibrate.
+# A convolutional network leaves tensor cores far from their peak; a transformer's matrix products reach
+# more, so a model whose FLOPs are mostly matrix products takes the figures below instead.
 DLE_RESNET50 = "NVIDIA DeepLearningExamples ResNet-50 v1.5 PyTorch README, 1-GPU training throughput"
 FLOPS_PER_IMAGE_RESNET50 = 24.3e9
 
@@ -57,6 +57,26 @@ FLOPS_PER_IMAGE_RESNET50 = 24.3e9
 DLE_RESNET50_NODE = "NVIDIA DeepLearningExamples ResNet-50 v1.5 PyTorch README, 8-GPU against 1-GPU training throughput"
 NODE_DEVICES = 8
 
+# The achievable share of the peak for a model whose FLOPs are matrix products (a transformer), from
+# MosaicML's published MPT training benchmarks (mosaicml/llm-foundry, scripts/train/benchmarking/
+# README.md): MPT-7B, sequence 2,048, 8 GPUs, FSDP FULL_SHARD, amp_bf16, no activation checkpointing
+# (so its HFU is its MFU: no recompute to count), the table row for each GPU. The 8 GPUs of a node
+# trained together, so no node share applies on top. The 13B row beside it (same settings) reached
+# 0.596 (A100) and 0.398 (H100): the spread of such a figure. fp16 runs on the same tensor cores at
+# the same peak and takes the bf16 figure; there is no published fp32/tf32 figure (those precisions
+# keep the convolutional network's).
+LLM_FOUNDRY_MPT = "MosaicML llm-foundry MPT training benchmarks (scripts/train/benchmarking/README.md)"
+_A100_MATRIX = {"bf16": 0.642, "fp16": 0.642}
+_A100_MATRIX_SOURCE = (
+    f"{LLM_FOUNDRY_MPT}, A100 80GB table: MPT-7B, sequence 2,048, 8 GPUs, FSDP, bf16, no activation "
+    "checkpointing: 64.23 % MFU (= HFU); fp16 taken as bf16 (same tensor-core peak)"
+)
+_H100_MATRIX = {"bf16": 0.464, "fp16": 0.464}
+_H100_MATRIX_SOURCE = (
+    f"{LLM_FOUNDRY_MPT}, H100 80GB BF16 table: MPT-7B, sequence 2,048, 8 GPUs, FSDP, no activation "
+    "checkpointing: 46.44 % MFU (= HFU); fp16 taken as bf16 (same tensor-core peak)"
+)
+
 
 @dataclass(frozen=True)
 class Device:
@@ -65,12 +85,15 @@ class Device:
     memory_bytes: float
     memory_bandwidth: float  # bytes/s
     intra_node_link: str  # the links.py name of how devices of one node are joined
-    efficiency: dict[str, float]  # achievable share of the peak, by precision
+    efficiency: dict[str, float]  # achievable share of the peak, by precision (a convolutional network's)
     # by precision: the share of that speed each device keeps when NODE_DEVICES of a node train at once
     node_share: dict[str, float] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)  # figure -> where it comes from
     overlap: bool = True  # communication runs beside compute (own copy engines, NCCL streams)
     runtime_bytes: float = 0.0  # memory the process holds before any model
+    # by precision: the share of the peak a model of matrix products (a transformer) reaches, measured on
+    # a whole node (no node share on top); precisions without one take `efficiency`
+    matrix_efficiency: dict[str, float] = field(default_factory=dict)
 
     def peak(self, precision: str) -> float:
         value = self.peak_flops.get(precision)
@@ -94,6 +117,8 @@ def _gpu(
     efficiency_source: str,
     node_share: dict[str, float],
     node_share_source: str,
+    matrix_efficiency: dict[str, float] | None = None,
+    matrix_efficiency_source: str = "",
 ) -> Device:
     flops = {
         "fp32": fp32 * TFLOPS,
@@ -109,7 +134,19 @@ def _gpu(
         sources[f"efficiency.{precision}"] = efficiency_source
     for precision in node_share:
         sources[f"node_share.{precision}"] = node_share_source
-    return Device(name, flops, memory_gb * GB, bandwidth_gbs * GB, link, efficiency, node_share, sources)
+    for precision in matrix_efficiency or {}:
+        sources[f"matrix_efficiency.{precision}"] = matrix_efficiency_source
+    return Device(
+        name,
+        flops,
+        memory_gb * GB,
+        bandwidth_gbs * GB,
+        link,
+        efficiency,
+        node_share,
+        sources,
+        matrix_efficiency=dict(matrix_efficiency or {}),
+    )
 
 
 _A100_EFF = {"fp32": 0.568, "tf32": 0.146, "bf16": 0.192, "fp16": 0.192}
@@ -173,6 +210,8 @@ GPUS: dict[str, Device] = {
         _A100_EFF_SOURCE,
         _A100_NODE,
         _A100_NODE_SOURCE,
+        _A100_MATRIX,
+        _A100_MATRIX_SOURCE,
     ),
     "h100": _gpu(
         "h100",
@@ -188,6 +227,8 @@ GPUS: dict[str, Device] = {
         _ASSUMED.format("A100", DLE_RESNET50),
         dict(_A100_NODE),
         _ASSUMED.format("A100", DLE_RESNET50_NODE),
+        _H100_MATRIX,
+        _H100_MATRIX_SOURCE,
     ),
     "l4": _gpu(
         "l4",
@@ -203,6 +244,8 @@ GPUS: dict[str, Device] = {
         _ASSUMED.format("A100", DLE_RESNET50),
         dict(_A100_NODE),
         _ASSUMED.format("A100", DLE_RESNET50_NODE),
+        dict(_A100_MATRIX),
+        _ASSUMED.format("A100", LLM_FOUNDRY_MPT),
     ),
     "t4": _gpu(
         "t4",

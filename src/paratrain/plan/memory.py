@@ -8,7 +8,7 @@ What a rank holds, as paratrain's strategies hold it (docs/strategies.md):
 - `ddp`: everything whole on every rank; `zero1`: the optimizer state split N ways
   (ZeroRedundancyOptimizer); `fsdp`: parameters, gradients and optimizer state split N ways, plus
   the gathered parameters of the units in flight (two units when resharding after forward:
-  the one running and the one prefetched; the whole model when not);
+  the one running and the one prefetched; the whole model when not), in bf16 with --precision bf16;
 - `pipeline`/`hybrid`: a stage's layers and their state; the stages are cut where the pipeline's
   `--split auto` would cut them when the blocks' times follow their FLOPs (balanced_starts over
   the units' FLOPs), so the heaviest stage is the one reported;
@@ -52,6 +52,12 @@ class Layout:
     tp: int = 1  # devices of a tensor-parallel group: devices = data_parallel x stages x tp
 
 
+def gathered_scale(precision: str) -> float:
+    """FSDP's gathered parameters per float32 byte: with --precision bf16 it gathers them in bf16
+    (MixedPrecisionPolicy(param_dtype=bf16), as engine/strategies/fsdp.py and torchtitan apply it)."""
+    return 0.5 if precision == "bf16" else 1.0
+
+
 def optimizer_bytes(param_bytes: float, tensors: float, optimizer: str, momentum: float = 0.9) -> float:
     states = OPTIMIZER_STATES[optimizer]
     if optimizer == "sgd" and momentum == 0:
@@ -83,7 +89,7 @@ def memory_per_device(
     per_sample = profile.activation_bytes_per_sample * act_scale
     fixed = profile.activation_bytes_fixed * act_scale
     if layout.tp > 1:
-        figures = _tensor_parallel(profile, layout, optimizer, act_scale, momentum)
+        figures = _tensor_parallel(profile, layout, optimizer, act_scale, momentum, gathered_scale(precision))
         buffers = float(profile.buffer_bytes)
     elif layout.stages == 1:
         params = float(profile.param_bytes)
@@ -102,7 +108,8 @@ def memory_per_device(
             for key in ("parameters_bytes", "gradients_bytes", "optimizer_bytes"):
                 figures[key] /= n
             if n > 1:
-                figures["gathered_bytes"] = 2 * profile.largest_unit_bytes if layout.reshard_after_forward else params
+                gathered = 2 * profile.largest_unit_bytes if layout.reshard_after_forward else params
+                figures["gathered_bytes"] = gathered * gathered_scale(precision)
         buffers = float(profile.buffer_bytes)
     else:
         figures, buffers = _largest_stage(profile, layout, optimizer, per_sample, fixed, momentum)
@@ -113,7 +120,7 @@ def memory_per_device(
 
 
 def _tensor_parallel(
-    profile: ModelProfile, layout: Layout, optimizer: str, act_scale: float, momentum: float
+    profile: ModelProfile, layout: Layout, optimizer: str, act_scale: float, momentum: float, gather_scale: float
 ) -> dict[str, float]:
     """A rank of a tensor-parallel group as measured (profile.py profile_tensor_parallel): its pieces of the
     split layers and the rest whole, the activations it saves for the group's batch; with fsdp over the
@@ -131,7 +138,9 @@ def _tensor_parallel(
         "gathered_bytes": 0.0,
     }
     if n > 1:  # the largest unit's split share, twice (running and prefetched), as fsdp's
-        figures["gathered_bytes"] = 2 * profile.largest_unit_bytes * split.param_bytes / profile.param_bytes
+        figures["gathered_bytes"] = (
+            2 * profile.largest_unit_bytes * split.param_bytes / profile.param_bytes * gather_scale
+        )
     return figures
 
 

@@ -16,7 +16,6 @@ model is profiled in seconds on a laptop:
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +26,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from paratrain.config import TrainConfig
-from paratrain.engine.flops import flop_counter
+from paratrain.engine.flops import convolution_flops, flop_counter
 from paratrain.errors import UsageError
 
 
@@ -44,7 +43,14 @@ class ModelProfile:
     largest_unit_bytes: int  # the largest FSDP unit's parameters (the root counts as one)
     units: list[dict[str, Any]]  # pipeline units: name, param_bytes, flops_per_sample, output_bytes_per_sample
     recompute_flops_per_sample: int = 0  # --checkpoint-activations: the blocks' forward, run again in backward
+    convolution_flops_per_sample: int = 0  # of flops_per_sample, those of convolutions (the rest: matrix products)
     tensor_parallel: TensorParallelProfile | None = None  # plan --tp T: the model split T ways, measured
+
+    @property
+    def kind(self) -> str:
+        """What the FLOPs are mostly: 'convolutional' (a CNN) or 'matrix products' (a transformer, an MLP),
+        whose kernels reach different shares of a device's peak (devices.py holds an efficiency for each)."""
+        return "convolutional" if 2 * self.convolution_flops_per_sample >= self.flops_per_sample else "matrix products"
 
     @property
     def work_per_sample(self) -> int:
@@ -83,7 +89,7 @@ def profile_tensor_parallel(cfg: TrainConfig, degree: int, plan_fn: str | None =
         whole = build_model(cfg, data)
     plan = model_plan(whole, degree, plan_fn)  # refuses a model without a plan, or one the degree cannot split
     objective = build_objective(cfg.loss, whole)
-    total, per_module = _count_flops(whole, objective, *_batch(cfg, data, 1))
+    total, per_module, _ = _count_flops(whole, objective, *_batch(cfg, data, 1))
     split_paths = [name for name, _ in whole.named_modules() if name and any(_matches(name, p) for p in plan)]
     outermost = [n for n in split_paths if not any(n.startswith(o + ".") for o in split_paths)]
     split = sum(count for name, count in per_module.items() if any(_inside(name, m) for m in outermost))
@@ -97,12 +103,11 @@ def profile_tensor_parallel(cfg: TrainConfig, degree: int, plan_fn: str | None =
         apply_tensor_parallel(model, init_device_mesh("cpu", (degree,), mesh_dim_names=("tp",)), degree, plan_fn)
         params = [p.to_local() for p in model.parameters()]
         if cfg.checkpoint_activations:  # tensor parallelism, then checkpointing: torchtitan's order
-            checkpoint_blocks(model)
+            checkpoint_blocks(model, cfg.checkpoint_activations_every)
         small, large = 2, 4
-        fused = not cfg.checkpoint_activations
         with _AllReduces() as sizes:
-            peak_small = _saved_peak(model, objective, *_batch(cfg, data, small), fused=fused)
-        peak_large = _saved_peak(model, objective, *_batch(cfg, data, large), fused=fused)
+            peak_small = _saved_peak(model, objective, *_batch(cfg, data, small))
+        peak_large = _saved_peak(model, objective, *_batch(cfg, data, large))
     finally:
         dist.destroy_process_group()
     per_sample = max(peak_large - peak_small, 0) / (large - small)
@@ -143,7 +148,7 @@ def profile_model(cfg: TrainConfig) -> ModelProfile:
     from paratrain.engine.strategies.fsdp import shard_units
     from paratrain.engine.strategies.pipeline_split import model_units
     from paratrain.workloads import build_model, check_model, workload_of
-    from paratrain.workloads.models import checkpoint_blocks, residual_blocks
+    from paratrain.workloads.models import checkpoint_blocks, checkpointed_blocks
     from paratrain.workloads.objective import build_objective
 
     check_model(cfg)
@@ -162,7 +167,7 @@ def profile_model(cfg: TrainConfig) -> ModelProfile:
     params = list(model.parameters())
     param_bytes = sum(p.numel() * p.element_size() for p in params)
 
-    flops, per_module = _count_flops(model, objective, *_batch(cfg, data, 1))
+    flops, per_module, convolution = _count_flops(model, objective, *_batch(cfg, data, 1))
     sharded = shard_units(model, cfg.shard_unit)
     recompute = 0
     measured = model
@@ -170,16 +175,16 @@ def profile_model(cfg: TrainConfig) -> ModelProfile:
         # Each block's forward runs again in backward (a third of its forward and backward FLOPs), and only
         # what the wrapped model saves is held: measured on a wrapped copy (the wrappers rename the paths
         # the units below are found by).
-        blocks = {name for name, m in model.named_modules() if m in set(residual_blocks(model))}
+        chosen = set(checkpointed_blocks(model, cfg.checkpoint_activations_every))
+        blocks = {name for name, m in model.named_modules() if m in chosen}
         recompute = sum(count for name, count in per_module.items() if any(_inside(name, b) for b in blocks)) // 3
         with torch.device("meta"):
             measured = build_model(cfg, data)
-        checkpoint_blocks(measured)
+        checkpoint_blocks(measured, cfg.checkpoint_activations_every)
     # Two batch sizes tell the part that grows with the batch from the part that does not.
     small, large = 2, 4
-    fused = not cfg.checkpoint_activations
-    peak_small = _saved_peak(measured, objective, *_batch(cfg, data, small), fused=fused)
-    peak_large = _saved_peak(measured, objective, *_batch(cfg, data, large), fused=fused)
+    peak_small = _saved_peak(measured, objective, *_batch(cfg, data, small))
+    peak_large = _saved_peak(measured, objective, *_batch(cfg, data, large))
     per_sample = max(peak_large - peak_small, 0) / (large - small)
     fixed = max(peak_small - per_sample * small, 0.0)
 
@@ -193,6 +198,7 @@ def profile_model(cfg: TrainConfig) -> ModelProfile:
         param_tensors=len(params),
         buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers()),
         flops_per_sample=flops,
+        convolution_flops_per_sample=convolution,
         recompute_flops_per_sample=recompute,
         activation_bytes_per_sample=per_sample,
         activation_bytes_fixed=fixed,
@@ -239,7 +245,8 @@ def _batch(cfg: TrainConfig, data: Any, size: int) -> tuple[torch.Tensor, torch.
     )
 
 
-def _count_flops(model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Tensor) -> tuple[int, dict[str, int]]:
+def _count_flops(model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Tensor) -> tuple[int, dict[str, int], int]:
+    """FLOPs of forward, loss and backward of the batch: all, by module path, and those of convolutions."""
     counter = flop_counter()
     try:
         with counter:
@@ -253,10 +260,10 @@ def _count_flops(model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Ten
     finally:
         _drop_grads(model)
     per_module = {name: int(sum(ops.values())) for name, ops in counter.get_flop_counts().items()}
-    return int(counter.get_total_flops()), per_module
+    return int(counter.get_total_flops()), per_module, convolution_flops(counter)
 
 
-def _saved_peak(model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Tensor, fused: bool = True) -> float:
+def _saved_peak(model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Tensor) -> float:
     """Peak bytes of the tensors autograd saves for backward over one forward + backward (meta tensors:
     the storage of each saved tensor once; parameters and views of them are not activations)."""
     live: dict[int, list[int]] = {}
@@ -294,10 +301,12 @@ def _saved_peak(model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Tens
         return packed.tensor if isinstance(packed, Saved) else packed
 
     # A checkpointed block's forward runs again in backward, on the autograd engine's thread, where this
-    # thread's mode is not active: that model runs the plain attention both times (what it saves inside its
-    # blocks is not kept anyway).
-    with torch.autograd.graph.saved_tensors_hooks(pack, unpack), _FusedAttention() if fused else nullcontext():
+    # thread's mode is not active: checkpointed blocks run the plain attention both times (what they save
+    # inside is not kept anyway), the others the fused kernel.
+    attention = _FusedAttention(model)
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack), attention:
         loss, _ = objective(model, x, y)
+    attention.remove()
     loss.backward()
     del loss
     _drop_grads(model)
@@ -315,9 +324,30 @@ class _FusedAttention(TorchFunctionMode):
     model FLOPs for MFU).
     """
 
+    def __init__(self, model: nn.Module):
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+        super().__init__()
+        self.inside_checkpointed = 0
+        wrappers = [m for m in model.modules() if isinstance(m, CheckpointWrapper)]
+        self.hooks = [w.register_forward_pre_hook(lambda *_: self._enter(1)) for w in wrappers]
+        self.hooks += [w.register_forward_hook(lambda *_: self._enter(-1)) for w in wrappers]
+
+    def _enter(self, step: int) -> None:
+        self.inside_checkpointed += step
+
+    def remove(self) -> None:
+        for hook in self.hooks:
+            hook.remove()
+
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        if func is F.scaled_dot_product_attention and kwargs.get("attn_mask") is None and args[0].device.type == "meta":
+        if (
+            func is F.scaled_dot_product_attention
+            and not self.inside_checkpointed
+            and kwargs.get("attn_mask") is None
+            and args[0].device.type == "meta"
+        ):
             query, key, value = args[:3]
             return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
                 query,

@@ -15,11 +15,12 @@
 - Overlap: where the device communicates beside compute (GPUs: NCCL runs on its own stream), DDP's
   all-reduce hides behind backward except its last bucket (DDP's 25 MB), FSDP's all-gathers and
   reduce-scatters behind forward and backward except one unit's; CPU ranks here average once the
-  backward is done (engine/strategies/ddp.py), so nothing is hidden.
+  backward is done (engine/strategies/ddp.py), so nothing is hidden. With --precision bf16, FSDP
+  gathers the parameters in bf16 and reduce-scatters the gradients in float32 (its policy).
 - ZeRO-1 broadcasts the updated parameters after the step (an all-gather, exposed).
 - Tensor parallelism (`tp`, `fsdp+tp`): the FLOPs of the split modules over T devices, the rest on
   each; the all-reduces of activations the split model issues (counted with their sizes on the meta
-  device, profile.py) exposed: a layer waits for its sum;
+  device, profile.py; in 16 bits under a 16-bit --precision) exposed: a layer waits for its sum;
 - Pipelines: (M + K − 1) slots of one micro-batch on the slowest stage (the bubble (K−1)/(M+K−1)
   of GPipe and 1F1B), plus the activations and their gradients sent between stages (exposed on
   CPU, only in the fill and drain where the device overlaps); `hybrid` adds the all-reduce of a
@@ -33,7 +34,7 @@ from typing import Any
 
 from paratrain.plan.devices import Device
 from paratrain.plan.links import Link
-from paratrain.plan.memory import Layout, stage_bounds
+from paratrain.plan.memory import Layout, gathered_scale, stage_bounds
 from paratrain.plan.profile import ModelProfile
 
 BACKWARD_SHARE = 2 / 3
@@ -128,13 +129,15 @@ def step_time(
     traffic = OPTIMIZER_TRAFFIC[optimizer]
     fixed = eff.fixed_compute_s(layout.devices)
     if layout.tp > 1:
-        compute, comm, exposed, optimizer_s = _tensor_parallel(profile, layout, device, topo, speed, traffic, fixed)
+        compute, comm, exposed, optimizer_s = _tensor_parallel(
+            profile, layout, device, topo, speed, traffic, fixed, precision
+        )
     elif layout.stages == 1:
         compute = fixed + profile.work_per_sample * layout.replica_batch / speed
         backward = BACKWARD_SHARE * compute
         shard = n if layout.strategy in ("zero1", "fsdp") else 1
         optimizer_s = traffic * grads / shard / device.memory_bandwidth
-        comm, exposed = _data_parallel_comm(profile, layout, device, topo, compute, backward)
+        comm, exposed = _data_parallel_comm(profile, layout, device, topo, compute, backward, precision)
     else:
         compute, comm, exposed, optimizer_s = _pipeline(profile, layout, device, topo, speed, traffic, fixed)
     overhead = eff.overhead_for(layout.devices)
@@ -150,7 +153,13 @@ def step_time(
 
 
 def _data_parallel_comm(
-    profile: ModelProfile, layout: Layout, device: Device, topo: Topology, compute: float, backward: float
+    profile: ModelProfile,
+    layout: Layout,
+    device: Device,
+    topo: Topology,
+    compute: float,
+    backward: float,
+    precision: str,
 ) -> tuple[float, float]:
     n, per_node = layout.data_parallel, topo.per_node
     size = float(profile.param_bytes)
@@ -167,10 +176,12 @@ def _data_parallel_comm(
             broadcast = allgather_s(size, n, per_node, topo)
             comm, exposed = comm + broadcast, exposed + broadcast
         return comm, exposed
-    # fsdp: reduce-scatter of the gradients, all-gathers of the parameters (twice with resharding).
+    # fsdp: reduce-scatter of the float32 gradients, all-gathers of the parameters (twice with resharding;
+    # in bf16 under --precision bf16).
     gathers = 2 if layout.reshard_after_forward else 1
-    comm = allgather_s(size, n, per_node, topo) * (1 + gathers)
-    unit = allgather_s(float(profile.largest_unit_bytes), n, per_node, topo)
+    scale = gathered_scale(precision)
+    comm = allgather_s(size, n, per_node, topo) + gathers * allgather_s(size * scale, n, per_node, topo)
+    unit = allgather_s(profile.largest_unit_bytes * scale, n, per_node, topo)
     exposed = max(comm - compute, 2 * unit) if device.overlap else comm
     return comm, exposed
 
@@ -204,7 +215,14 @@ def _pipeline(
 
 
 def _tensor_parallel(
-    profile: ModelProfile, layout: Layout, device: Device, topo: Topology, speed: float, traffic: int, fixed: float
+    profile: ModelProfile,
+    layout: Layout,
+    device: Device,
+    topo: Topology,
+    speed: float,
+    traffic: int,
+    fixed: float,
+    precision: str,
 ) -> tuple[float, float, float, float]:
     """The split FLOPs divided over the group, the rest on every rank; the group's all-reduces of activations
     (as measured: count and bytes) exposed, since nothing else runs while a layer waits for its sum; with
@@ -216,7 +234,9 @@ def _tensor_parallel(
     compute = fixed + profile.work_per_sample * layout.replica_batch * (1 - share + share / t) / speed
     # A group's ranks are consecutive: on one node while t <= per node.
     per_node = min(topo.per_node, t)
-    each = split.allreduce_bytes_per_sample * layout.replica_batch / max(split.allreduces, 1)
+    # the activations summed are in 16 bits under autocast (measured on float32 meta tensors)
+    sixteen = 0.5 if precision in ("bf16", "fp16") else 1.0
+    each = sixteen * split.allreduce_bytes_per_sample * layout.replica_batch / max(split.allreduces, 1)
     comm = exposed = split.allreduces * allreduce_s(each, t, per_node, topo)
     shard = n if layout.strategy == "fsdp+tp" else 1
     optimizer_s = traffic * split.param_bytes / shard / device.memory_bandwidth
@@ -225,8 +245,9 @@ def _tensor_parallel(
         size = float(split.param_bytes)
         gathers = 2 if layout.reshard_after_forward else 1
         dp_per_node = max(topo.per_node // t, 1)
-        fsdp = allgather_s(size, n, dp_per_node, topo) * (1 + gathers)
-        unit = allgather_s(profile.largest_unit_bytes * size / profile.param_bytes, n, dp_per_node, topo)
+        scale = gathered_scale(precision)
+        fsdp = allgather_s(size, n, dp_per_node, topo) + gathers * allgather_s(size * scale, n, dp_per_node, topo)
+        unit = allgather_s(profile.largest_unit_bytes * size / profile.param_bytes * scale, n, dp_per_node, topo)
         comm += fsdp
         exposed += max(fsdp - compute, 2 * unit) if device.overlap else fsdp
     return compute, comm, exposed, optimizer_s

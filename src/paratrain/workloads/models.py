@@ -231,13 +231,22 @@ def build_model(name: str, num_classes: int = 10, in_channels: int = 3, image_si
     return MODELS[name](num_classes=num_classes, in_channels=in_channels, image_size=image_size)
 
 
-def checkpoint_blocks(model: nn.Module) -> None:
-    """--checkpoint-activations: recompute each block's activations (residual_blocks) in backward instead of
-    storing them; the training loop and the planner's measurement apply it alike."""
+def checkpoint_blocks(model: nn.Module, every: int = 1) -> list[nn.Module]:
+    """--checkpoint-activations: recompute the activations of the blocks (residual_blocks) in backward instead
+    of storing them; with --checkpoint-activations-every N, of every Nth block only (the Nth, 2Nth, ..., as torchtitan's
+    selective layer checkpointing counts them). The training loop and the planner's measurement apply it
+    alike. Returns the blocks it wrapped."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
 
-    blocks = set(residual_blocks(model))
-    apply_activation_checkpointing(model, check_fn=lambda m: m in blocks)
+    blocks = checkpointed_blocks(model, every)
+    chosen = set(blocks)
+    apply_activation_checkpointing(model, check_fn=lambda m: m in chosen)
+    return blocks
+
+
+def checkpointed_blocks(model: nn.Module, every: int = 1) -> list[nn.Module]:
+    """The blocks checkpoint_blocks wraps: of residual_blocks, the Nth, 2Nth, ... (N = every)."""
+    return [block for index, block in enumerate(residual_blocks(model), start=1) if index % every == 0]
 
 
 def residual_blocks(model: nn.Module) -> list[nn.Module]:
