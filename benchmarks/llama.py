@@ -16,6 +16,7 @@ Only the plan builds these (on the meta device); paratrain's registry keeps to m
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -123,6 +124,22 @@ class Llama(nn.Module):
         for layer in self.layers:
             x = layer(x, cos, sin)
         return self.output(self.norm(x))
+
+    def pipeline_units(self) -> list[tuple[str, tuple[str, ...], Callable[[nn.Module, torch.Tensor], torch.Tensor]]]:
+        """The chain a pipeline cuts: the embedding, each block (given the rotary table for the sequence
+        it is handed), the final norm and output (workloads/gpt.py's PipelineUnit)."""
+
+        def block(i: int):
+            def run(root: nn.Module, x: torch.Tensor) -> torch.Tensor:
+                return root.layers[i](x, root.cos[: x.shape[1]], root.sin[: x.shape[1]])
+
+            return f"layers.{i}", (f"layers.{i}",), run
+
+        return [
+            ("tok_embeddings", ("tok_embeddings",), lambda root, tokens: root.tok_embeddings(tokens)),
+            *(block(i) for i in range(len(self.layers))),
+            ("output", ("norm", "output"), lambda root, x: root.output(root.norm(x))),
+        ]
 
     def tensor_parallel_plan(self, degree: int) -> dict[str, str]:
         """torchtitan's plan for a block; the embedding, norms and output stay whole on every rank."""

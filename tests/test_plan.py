@@ -462,6 +462,13 @@ BAD = {
         ["--workload", "gpt-tiny", "--device", "a100", "--gpus", "2", "--checkpoint-activations-every", "2"],
         "add --checkpoint-activations",
     ),
+    "a tensor-parallel style the layer cannot take": (
+        [
+            *["--model", "user_factories:tabled_net", "--dataset", "text", "--seq-len", "32", "--device", "a100"],
+            *["--gpus", "2", "--tp", "2", "--tp-plan", "user_factories:conv_split_plan"],
+        ],
+        "the model fails when split by its tensor-parallel plan",
+    ),
     "unknown device": (["--workload", "gpt-tiny", "--device", "b200", "--gpus", "8"], "a100, h100"),
     "no nodes": (["--workload", "gpt-tiny", "--device", "a100", "--nodes", "0", "--gpus-per-node", "8"], "--nodes"),
     "no gpus per node": (
@@ -547,6 +554,19 @@ def test_tensor_parallel_rows_are_the_split_model_as_measured(capsys):
     assert tp["memory"]["parameters_bytes"] == 4 * 463_872
     assert fsdp_tp["memory"]["parameters_bytes"] == 2 * 463_872
     assert tp["time"]["exposed_comm_s"] > 0 and (2, "ddp") in rows
+
+
+def test_a_split_module_with_a_second_input_and_a_parameterless_parents_table_is_planned(capsys):
+    """tests/user_factories.py's TabledNet passes its root's buffer (a rotary table's place) beside the
+    activations into each block's MLP, whose input the plan replicates once for its two colwise layers: the
+    table passes as it is and stays a plain tensor. Width 64, 2 blocks, 256 words: the embedding (16,384),
+    the head (16,640) and the down projections' biases (64) whole, half of up, gate (16,640 each) and down's
+    weight (16,384); 2 all-reduces a block (down's forward, the MLP input's gradient) of 32 x 64 floats."""
+    argv = ["plan", "--model", "user_factories:tabled_net", "--dataset", "text", "--seq-len", "32"]
+    assert main([*argv, "--device", "a100", "--gpus", "2", "--tp", "2", "--json"]) == 0
+    split = json.loads(capsys.readouterr().out)["model"]["tensor_parallel"]
+    assert split["param_bytes"] == 4 * (16_384 + 16_640 + 2 * (64 + (2 * 16_640 + 16_384) // 2))
+    assert split["allreduces"] == 4 and split["allreduce_bytes_per_sample"] == 4 * 32 * 64 * 4
 
 
 def test_checkpointed_activations_are_measured_on_the_checkpointed_model(capsys):

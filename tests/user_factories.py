@@ -198,3 +198,55 @@ def widening_stack(in_features: int = 16, num_classes: int = 2) -> nn.Module:
 
 def widening_plan(model, degree):
     return {"*.up": "colwise", "*.down": "rowwise"}
+
+
+class GatedMLP(nn.Module):
+    """A gated MLP that takes a second input, a table its caller passes on (as a rotary table is passed)."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.up, self.gate = nn.Linear(width, 4 * width), nn.Linear(width, 4 * width)
+        self.down = nn.Linear(4 * width, width)
+
+    def forward(self, x, table):
+        return self.down(torch.nn.functional.silu(self.up(x)) * self.gate(x)) * table
+
+
+class TabledBlock(nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.mlp = GatedMLP(width)
+
+    def forward(self, x, table):
+        return x + self.mlp(x, table)
+
+
+class TabledNet(nn.Module):
+    """Blocks that take (x, table), the table a buffer of the parameter-less root: a Llama's rotary layout."""
+
+    def __init__(self, vocab_size: int, width: int = 64):
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, width)
+        self.blocks = nn.ModuleList([TabledBlock(width) for _ in range(2)])
+        self.head = nn.Linear(width, vocab_size)
+        self.register_buffer("table", torch.linspace(0.5, 1.5, width), persistent=False)
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x, self.table)
+        return self.head(x)
+
+    def tensor_parallel_plan(self, degree: int) -> dict:
+        block = {"mlp": "replicated-input", "mlp.up": "colwise", "mlp.gate": "colwise", "mlp.down": "rowwise"}
+        return {f"blocks.*.{name}": style for name, style in block.items()}
+
+
+def tabled_net(vocab_size: int = 256) -> nn.Module:
+    return TabledNet(vocab_size)
+
+
+def conv_split_plan(model: nn.Module, degree: int) -> dict:
+    """A --tp-plan that splits the embedding by output columns: its rank's share of the width then meets the
+    whole-width table in the blocks."""
+    return {"embed": "colwise"}

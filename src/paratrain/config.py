@@ -1101,6 +1101,12 @@ class PlanConfig(BaseModel):
     tp_plan: str | None = TrainConfig.model_fields["tp_plan"]
     checkpoint_activations: bool = TrainConfig.model_fields["checkpoint_activations"]
     checkpoint_activations_every: int = TrainConfig.model_fields["checkpoint_activations_every"]
+    search: bool = Field(
+        False,
+        description="also search, on the largest device count, every strategy with tensor parallelism of each degree "
+        "within a node and activation checkpointing none, every 2nd block or every block: the fastest layout that "
+        "fits, the runner-up and why",
+    )
     optimizer: Optimizer = Field(
         "adam", description="the optimizer whose state is counted: sgd (momentum), adam, adamw, lars, lamb"
     )
@@ -1146,8 +1152,8 @@ class PlanConfig(BaseModel):
             raise ValueError("how many devices? give --gpus N[,N...] or --nodes N --gpus-per-node G")
         if self.gpus and min(self.gpus) <= 0:
             raise ValueError(f"--gpus counts must be positive (got {min(self.gpus)})")
-        if self.tp_plan is not None and self.tp == 1:
-            raise ValueError("--tp-plan is the plan of tensor parallelism; give --tp N too (N > 1)")
+        if self.tp_plan is not None and self.tp == 1 and not self.search:
+            raise ValueError("--tp-plan is the plan of tensor parallelism; give --tp N (N > 1) or --search too")
         unknown = [s for s in self.strategy if s not in PLAN_STRATEGIES]
         if unknown or not self.strategy:
             raise ValueError(

@@ -4,7 +4,9 @@ The user's model is measured here on the meta device (profile.py), the device an
 from tables with sources (devices.py, links.py) or from this machine, and a model of memory
 (memory.py) and step time (step_time.py) predicts every strategy on 1 ... N devices; measured runs
 calibrate it (calibrate.py). The recommendation follows one rule: the model fits a device -> data
-parallel; it does not -> shard or pipeline, whichever is faster; neither fits -> hybrid.
+parallel; it does not -> shard, split the layers (--tp) or pipeline, whichever is fastest; none fits ->
+hybrid. `--search` (search.py) also tries every layout with tensor parallelism and activation
+checkpointing, and names the fastest that fits.
 docs/planner.md explains the model, where it is known to be wrong, and how it compares with
 measurements.
 """
@@ -68,6 +70,7 @@ def run_plan(cfg: PlanConfig) -> dict[str, Any]:
     curve_counts = sorted({*(2**i for i in range((max(top, CURVE_MAX_DEVICES)).bit_length())), *counts})
     curve = [planner.best(n) for n in curve_counts]
     recommendation = planner.recommend(top)
+    found = _search(cfg, profile, device, topo, eff, momentum, top, per_node) if cfg.search else None
     return {
         "model": _model_json(profile),
         "device": _device_json(device, cfg.precision, eff, per_node, topo),
@@ -78,7 +81,44 @@ def run_plan(cfg: PlanConfig) -> dict[str, Any]:
         "backend": backend_guidance(device),
         "curve": curve,
         "pareto": pareto(curve),
+        **({"search": found} if found is not None else {}),
     }
+
+
+def _search(
+    cfg: PlanConfig,
+    profile: ModelProfile,
+    device: Device,
+    topo: Topology,
+    eff: Efficiency,
+    momentum: float,
+    devices: int,
+    per_node: int,
+) -> dict[str, Any]:
+    """plan --search (search.py): each checkpointing choice and tensor-parallel degree measured as the table's
+    own, every layout priced by the same planner."""
+    from paratrain.plan.search import search
+
+    def variant(checkpoint: bool, every: int) -> PlanConfig:
+        return cfg.model_copy(update={"checkpoint_activations": checkpoint, "checkpoint_activations_every": every})
+
+    measured = {
+        (cfg.checkpoint_activations, cfg.checkpoint_activations_every if cfg.checkpoint_activations else 1): profile
+    }
+
+    def profiles(checkpoint: bool, every: int) -> ModelProfile:
+        if (checkpoint, every) not in measured:
+            measured[(checkpoint, every)] = profile_model(_train_config(variant(checkpoint, every)))
+        return measured[(checkpoint, every)]
+
+    def split(checkpoint: bool, every: int, degree: int) -> Any:
+        return profile_tensor_parallel(_train_config(variant(checkpoint, every)), degree, cfg.tp_plan)
+
+    def rows(measured_profile: ModelProfile, degree: int, n: int) -> list[dict[str, Any]]:
+        planner = _Planner(cfg.model_copy(update={"tp": degree}), measured_profile, device, topo, eff, momentum)
+        return planner.rows(n)
+
+    return search(devices, per_node, profiles, split, rows, device.memory_bytes * USABLE_FRACTION)
 
 
 def _model_json(profile: ModelProfile) -> dict[str, Any]:
@@ -394,7 +434,7 @@ class _Planner:
                 f"predicted {ddp['samples_per_s']:,.0f} samples/s, speedup {ddp['speedup']:.1f}, "
                 f"efficiency {ddp['efficiency']:.2f} on {n} devices",
             )
-        sharded = [rows[s] for s in ("zero1", "fsdp", "pipeline") if s in rows and rows[s]["fits"]]
+        sharded = [rows[s] for s in ("zero1", "fsdp", "pipeline", "tp", "fsdp+tp") if s in rows and rows[s]["fits"]]
         too_big = (
             f"ddp needs {size(need['ddp'])} per device, more than {room}"
             if "ddp" in need
@@ -405,7 +445,8 @@ class _Planner:
             others = ", ".join(f"{r['strategy']} {r['samples_per_s']:,.0f}" for r in sharded if r is not best)
             return self._pick(
                 best,
-                f"{too_big}: shard or pipeline; {best['strategy']} fits ({size(need[best['strategy']])}) "
+                f"{too_big}: shard, split the layers or pipeline; {best['strategy']} fits "
+                f"({size(need[best['strategy']])}) "
                 f"and is the fastest that does ({best['samples_per_s']:,.0f} samples/s"
                 + (f"; {others}" if others else "")
                 + ")",

@@ -89,7 +89,7 @@ def profile_tensor_parallel(cfg: TrainConfig, degree: int, plan_fn: str | None =
         whole = build_model(cfg, data)
     plan = model_plan(whole, degree, plan_fn)  # refuses a model without a plan, or one the degree cannot split
     objective = build_objective(cfg.loss, whole)
-    total, per_module, _ = _count_flops(whole, objective, *_batch(cfg, data, 1))
+    total, per_module, _ = _model_flops(cfg, whole, objective, _batch(cfg, data, 1))
     split_paths = [name for name, _ in whole.named_modules() if name and any(_matches(name, p) for p in plan)]
     outermost = [n for n in split_paths if not any(n.startswith(o + ".") for o in split_paths)]
     split = sum(count for name, count in per_module.items() if any(_inside(name, m) for m in outermost))
@@ -108,6 +108,13 @@ def profile_tensor_parallel(cfg: TrainConfig, degree: int, plan_fn: str | None =
         with _AllReduces() as sizes:
             peak_small = _saved_peak(model, objective, *_batch(cfg, data, small))
         peak_large = _saved_peak(model, objective, *_batch(cfg, data, large))
+    except UsageError:
+        raise
+    except Exception as exc:  # a plan whose styles do not fit the layers' inputs or outputs
+        raise UsageError(
+            f"--tp {degree}: the model fails when split by its tensor-parallel plan ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}); check the plan's styles against the layers"
+        ) from None
     finally:
         dist.destroy_process_group()
     per_sample = max(peak_large - peak_small, 0) / (large - small)
@@ -167,7 +174,7 @@ def profile_model(cfg: TrainConfig) -> ModelProfile:
     params = list(model.parameters())
     param_bytes = sum(p.numel() * p.element_size() for p in params)
 
-    flops, per_module, convolution = _count_flops(model, objective, *_batch(cfg, data, 1))
+    flops, per_module, convolution = _model_flops(cfg, model, objective, _batch(cfg, data, 1))
     sharded = shard_units(model, cfg.shard_unit)
     recompute = 0
     measured = model
@@ -243,6 +250,22 @@ def _batch(cfg: TrainConfig, data: Any, size: int) -> tuple[torch.Tensor, torch.
         torch.zeros(size, channels, side_h, side_w, device="meta"),
         torch.zeros(size, dtype=torch.long, device="meta"),
     )
+
+
+# FLOP counts by model: counting runs the model once more on the meta device (seconds for an 8 B-parameter
+# one), and `plan --search` profiles the same model under each checkpointing choice and split degree.
+_FLOPS: dict[str, tuple[int, dict[str, int], int]] = {}
+
+
+def _model_flops(
+    cfg: TrainConfig, model: nn.Module, objective: Any, batch: tuple[torch.Tensor, torch.Tensor]
+) -> tuple[int, dict[str, int], int]:
+    """_count_flops of the model `cfg` builds, counted once per process (activation checkpointing, applied
+    after this count, changes no FLOPs of the model itself)."""
+    key = cfg.model_dump_json(exclude={"checkpoint_activations", "checkpoint_activations_every"})
+    if key not in _FLOPS:
+        _FLOPS[key] = _count_flops(model, objective, *batch)
+    return _FLOPS[key]
 
 
 def _count_flops(model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Tensor) -> tuple[int, dict[str, int], int]:

@@ -200,13 +200,22 @@ def _plan_body(path: Path) -> str:
     return (
         f"<div id='verdict'><p class='headline'>{html.escape(str(rec['strategy']))} on {rec['devices']} device(s)</p>"
         f"<p>{html.escape(rec['reason'])}</p></div>"
-        f"<p class='note'>{html.escape(plan['model']['name'])}: {plan['model']['params']:,} parameters, "
+        + _searched(plan.get("search"))
+        + f"<p class='note'>{html.escape(plan['model']['name'])}: {plan['model']['params']:,} parameters, "
         f"{plan['model']['flops_per_sample']:.3g} FLOPs per sample; {html.escape(device['name'])} "
         f"{device['precision']}, "
         f"efficiency {device['efficiency']:.3f} ({html.escape(device['efficiency_source'])})</p>"
         + _table(*plan_table(plan))
         + f"<div class='plots'>{plots}</div>"
     )
+
+
+def _searched(found: dict[str, Any] | None) -> str:
+    """plan --search's pick on the page, as the terminal prints it."""
+    if found is None:
+        return ""
+    pick = found["best"]["layout"] if found["best"] else "nothing fits"
+    return f"<p><b>search on {found['devices']} devices: {html.escape(pick)}</b>. {html.escape(found['why'])}</p>"
 
 
 def _img(path: Path, alt: str) -> str:

@@ -170,6 +170,13 @@ def show_plan(result: dict[str, Any]) -> None:
         soft_wrap=True,
         markup=False,
     )
+    found = result.get("search")
+    if found is not None:
+        pick = found["best"]["layout"] if found["best"] else "nothing fits"
+        console.print(f"search on {found['devices']} devices: {pick}", soft_wrap=True, markup=False, style="bold")
+        console.print(f"  why: {found['why']}", soft_wrap=True, markup=False)
+        for degree, reason in found["skipped_tp"].items():
+            console.print(f"  tp {degree} not searched: {reason}", soft_wrap=True, markup=False)
     bend = result["pareto"]["bend_devices"]
     if bend:
         console.print(

@@ -17,8 +17,9 @@ gpt declares the attention's q, k, v and the MLP's first layer colwise, their pr
 Every other parameter (embeddings, norms, gpt's byte-vocabulary head) stays whole on each rank, as
 a replicated DTensor on the same mesh: the optimizer's foreach kernels take a list of DTensors or
 of tensors, not a mix, so every parameter is a DTensor, and the modules that hold them take and
-return plain tensors. Their gradients are equal on every rank (their inputs are, after the
-rowwise layers' all-reduce), so nothing averages them.
+return plain tensors (their buffers replicated too; a module without parameters keeps its
+buffers). Their gradients are equal on every rank (their inputs are, after the rowwise layers'
+all-reduce), so nothing averages them.
 
 All ranks of a tensor-parallel group read the same batch, and only the group's first rank reports
 its loss (the loop sums samples over the ranks): with `--tp` equal to `--workers` the run has one
@@ -31,6 +32,7 @@ then `wrap`). Checkpoints go through torch.distributed.checkpoint
 from __future__ import annotations
 
 import fnmatch
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -53,15 +55,26 @@ from paratrain.engine.strategies.base import StepResult, WholeModelStrategy
 from paratrain.engine.strategies.sharded_checkpoint import ShardedCheckpoints
 from paratrain.errors import UsageError
 
-STYLES: dict[str, Callable[[], ParallelStyle]] = {
-    "colwise": ColwiseParallel,
-    "rowwise": RowwiseParallel,
-    # A module whose input feeds several colwise layers (attention's q, k and v): its input enters as one
-    # replicated DTensor, so their input gradients are summed before the one all-reduce that completes them
-    # (Megatron's f operator), instead of one all-reduce each.
-    "replicated-input": lambda: PrepareModuleInput(
-        input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),), use_local_output=False
-    ),
+
+def _replicated_input(module: nn.Module) -> ParallelStyle:
+    """A module whose input feeds several colwise layers (attention's q, k and v): its first input enters as
+    one replicated DTensor, so their input gradients are summed before the one all-reduce that completes
+    them (Megatron's f operator), instead of one all-reduce each. Any further positional inputs (a rotary
+    table, a mask) pass as they are."""
+    positional = [
+        p
+        for p in inspect.signature(module.forward).parameters.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    layouts = (Replicate(), *([None] * (len(positional) - 1)))
+    return PrepareModuleInput(input_layouts=layouts, desired_input_layouts=layouts, use_local_output=False)
+
+
+# Each builds the style for one matched module.
+STYLES: dict[str, Callable[[nn.Module], ParallelStyle]] = {
+    "colwise": lambda _: ColwiseParallel(),
+    "rowwise": lambda _: RowwiseParallel(),
+    "replicated-input": _replicated_input,
 }
 # The weight dimension each default style splits, which must divide by the degree (nn.Linear's
 # weight is [out_features, in_features]).
@@ -109,7 +122,8 @@ def model_plan(model: nn.Module, degree: int, plan_fn: str | None = None) -> dic
                     f"{'outputs' if style == 'colwise' else 'inputs'}, which {degree} ranks cannot split evenly; "
                     "choose a --tp that divides it"
                 )
-        resolved[path] = STYLES[style]()
+        # the modules one pattern matches are the same kind of layer (a block's q in every block)
+        resolved[path] = STYLES[style](names[matched[0]])
     return resolved
 
 
@@ -119,9 +133,11 @@ def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, degree: int, plan_
     replicated: dict[int, nn.Parameter] = {}  # a tied parameter stays one parameter
     for module in model.modules():
         own = [(n, p) for n, p in module.named_parameters(recurse=False) if not isinstance(p, DTensor)]
-        buffers = [(n, b) for n, b in module.named_buffers(recurse=False) if not isinstance(b, DTensor)]
-        if not own and not buffers:
+        if not own:
+            # A module without parameters of its own keeps its buffers as plain tensors: a table it hands to
+            # other layers (a rotary embedding's) meets their local outputs, not DTensors.
             continue
+        buffers = [(n, b) for n, b in module.named_buffers(recurse=False) if not isinstance(b, DTensor)]
         for name, param in own:
             if id(param) not in replicated:
                 whole = distribute_tensor(param.detach(), mesh, [Replicate()])

@@ -1,0 +1,120 @@
+"""plan --search: the fastest layout that fits, the runner-up and why (src/paratrain/plan/search.py)."""
+
+import json
+
+import pytest
+
+from paratrain.cli import main
+from paratrain.errors import UsageError
+from paratrain.plan.search import CHECKPOINTING, search, tensor_parallel_degrees
+
+GIB = 2**30
+
+
+def row(strategy, samples, memory_gib, usable_gib, data_parallel=8, tp=1):
+    return {
+        "strategy": strategy,
+        "data_parallel": data_parallel,
+        "stages": 1,
+        "microbatches": 1,
+        "tp": tp,
+        "samples_per_s": samples,
+        "step_time_s": 1 / samples,
+        "memory_per_device_bytes": memory_gib * GIB,
+        "fits": memory_gib <= usable_gib,
+    }
+
+
+def toy_search(usable_gib=60, refuse=(), only_fsdp=False):
+    """Without checkpointing each layout runs fastest and holds the most; checkpointing every block costs a
+    third more compute and holds a tenth; every 2nd block in between. tp 2 splits the state."""
+    cost = {"none": (1.0, 1.0), "every 2nd block": (0.87, 0.55), "every block": (0.75, 0.1)}
+
+    def profiles(checkpoint, every):
+        return {(False, 1): "none", (True, 2): "every 2nd block", (True, 1): "every block"}[(checkpoint, every)]
+
+    def split(checkpoint, every, degree):
+        if degree in refuse:
+            raise UsageError(f"--tp {degree}: refused")
+        return degree
+
+    def rows(profile, degree, devices):
+        speed, memory = cost[profile if isinstance(profile, str) else profile.name]
+        if degree == 1 and only_fsdp:
+            return [row("fsdp", 95 * speed, 70 * memory, usable_gib)]
+        if degree == 1:
+            return [row("ddp", 100 * speed, 120 * memory, usable_gib), row("fsdp", 95 * speed, 70 * memory, usable_gib)]
+        return [
+            row("fsdp", 95 * speed, 70 * memory, usable_gib),
+            row("fsdp+tp", 80 * speed, 40 * memory, usable_gib, 4, tp=degree),
+        ]
+
+    from dataclasses import dataclass
+
+    @dataclass
+    class Profile:  # stands for ModelProfile: search only replaces its tensor_parallel
+        name: str
+        tensor_parallel: object = None
+
+    return search(8, 8, lambda c, e: Profile(profiles(c, e)), split, rows, usable_gib * GIB)
+
+
+def test_the_fastest_that_fits_wins_and_the_runner_up_is_another_layout():
+    found = toy_search()
+    # what fits 60 GiB, fastest first: fsdp every 2nd block (82.65 samples/s, 38.5 GiB), fsdp+tp without
+    # checkpointing (80, 40 GiB; tp 2 first of three equal), ddp every block (75, 12 GiB), ...
+    assert found["best"]["layout"] == "fsdp (8 replicas), checkpointing every 2nd block"
+    assert found["best"]["samples_per_s"] == pytest.approx(95 * 0.87)
+    assert found["runner_up"]["layout"] == "fsdp+tp (4 x tp 2), checkpointing nothing"
+    assert "3% faster than the runner-up" in found["why"]  # 82.65 / 80 = 1.033
+    # ddp without checkpointing is the fastest of all, at 120 GiB
+    assert "the fastest of all, ddp (8 replicas), checkpointing nothing, would need 120 GiB" in found["why"]
+    # every layout of every checkpointing choice and degree was priced: 2 whole-model rows and 3 degrees x 1
+    # tp row, for each of the 3 choices
+    assert len(found["candidates"]) == 3 * (2 + 3)
+    assert {c["checkpointing"] for c in found["candidates"]} == {label for label, _, _ in CHECKPOINTING}
+
+
+def test_a_degree_the_plan_refuses_is_skipped_with_its_reason():
+    found = toy_search(refuse=(8,))
+    assert found["skipped_tp"] == {8: "--tp 8: refused"}
+    assert {c["tp"] for c in found["candidates"]} == {1, 2, 4}
+
+
+def test_the_same_layout_checkpointed_otherwise_is_no_runner_up():
+    found = toy_search(refuse=(2, 4, 8), only_fsdp=True)
+    assert found["best"]["layout"] == "fsdp (8 replicas), checkpointing every 2nd block"
+    assert found["runner_up"] is None and "runner-up" not in found["why"]
+
+
+def test_nothing_fits_names_the_least_memory():
+    found = toy_search(usable_gib=3)  # the least, fsdp+tp checkpointing every block, holds 4 GiB
+    assert found["best"] is None and found["runner_up"] is None
+    assert found["why"].startswith(
+        "nothing fits 8 devices: the least memory, fsdp+tp (4 x tp 2), checkpointing every block, needs 4.0 GiB"
+    )
+
+
+def test_tensor_parallel_degrees_stay_within_a_node_and_divide_the_devices():
+    assert tensor_parallel_degrees(64, 8) == [2, 4, 8]
+    assert tensor_parallel_degrees(12, 8) == [2, 4]
+    assert tensor_parallel_degrees(8, 4) == [2, 4]
+    assert tensor_parallel_degrees(6, 8) == [2]
+
+
+def test_search_measures_each_choice_and_degree_of_a_real_model(capsys, tmp_path):
+    """gpt-tiny on 8 A100: three checkpointing choices, tp 2 and 4 (its 4 heads refuse 8, said why); the
+    pick is one of the rows, the fastest of those that fit, and the report page says it."""
+    argv = ["plan", "--workload", "gpt-tiny", "--device", "a100", "--gpus", "8", "--search", "--json"]
+    assert main([*argv, "--out", str(tmp_path / "plan")]) == 0
+    found = json.loads(capsys.readouterr().out)["search"]
+    page = (tmp_path / "plan" / "report.html").read_text()
+    assert f"search on 8 devices: {found['best']['layout']}" in page
+    assert {c["checkpointing"] for c in found["candidates"]} == {"none", "every 2nd block", "every block"}
+    assert {c["tp"] for c in found["candidates"]} == {1, 2, 4}
+    assert "heads" in found["skipped_tp"]["8"]
+    fitting = [c for c in found["candidates"] if c["fits"]]
+    assert found["best"] == max(fitting, key=lambda c: c["samples_per_s"])
+    # the runner-up is another layout, not the same one checkpointed differently
+    shape = ("strategy", "data_parallel", "stages", "tp")
+    assert [found["runner_up"][k] for k in shape] != [found["best"][k] for k in shape]
