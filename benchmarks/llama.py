@@ -141,15 +141,28 @@ class Llama(nn.Module):
             ("output", ("norm", "output"), lambda root, x: root.output(root.norm(x))),
         ]
 
-    def tensor_parallel_plan(self, degree: int) -> dict[str, str]:
-        """torchtitan's plan for a block; the embedding, norms and output stay whole on every rank."""
+    def tensor_parallel_plan(self, degree: int, sequence_parallel: bool = False) -> dict[str, str]:
+        """torchtitan's plan for a block; the embedding, norms and output stay whole on every rank. With
+        `sequence_parallel`, as torchtitan's too: the norms on the rank's share of the tokens, each half
+        gathering its input and reduce-scattering its output, the output layer gathering the sequence back
+        (the embedding is computed whole, then split by sequence; torchtitan splits its rows instead)."""
         if self.shape.n_kv_heads % degree:
             raise ValueError(f"--tp {degree} must divide the {self.shape.n_kv_heads} key-value heads")
-        block = {"attention": "replicated-input", "attention.wq": "colwise", "attention.wk": "colwise"}
-        block |= {"attention.wv": "colwise", "attention.wo": "rowwise"}
-        block |= {"feed_forward": "replicated-input", "feed_forward.w1": "colwise", "feed_forward.w3": "colwise"}
-        block["feed_forward.w2"] = "rowwise"
-        return {f"layers.*.{name}": style for name, style in block.items()}
+        entry = "sequence-input" if sequence_parallel else "replicated-input"
+        out = "rowwise-to-sequence" if sequence_parallel else "rowwise"
+        block = {"attention": entry, "attention.wq": "colwise", "attention.wk": "colwise"}
+        block |= {"attention.wv": "colwise", "attention.wo": out}
+        block |= {"feed_forward": entry, "feed_forward.w1": "colwise", "feed_forward.w3": "colwise"}
+        block["feed_forward.w2"] = out
+        if not sequence_parallel:
+            return {f"layers.*.{name}": style for name, style in block.items()}
+        block |= {"attention_norm": "sequence-norm", "ffn_norm": "sequence-norm"}
+        return {
+            "tok_embeddings": "sequence-output",
+            **{f"layers.*.{name}": style for name, style in block.items()},
+            "norm": "sequence-norm",
+            "output": "sequence-input",
+        }
 
 
 def _factory(name: str):

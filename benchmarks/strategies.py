@@ -3,9 +3,10 @@ budget (docs/strategies.md).
 
 Each strategy trains the same workload for the same number of epochs with the same global batch
 (the per-worker batch is doubled for strategies whose ranks share one batch: pipeline,
-model-parallel and tp; hybrid needs 4 ranks and runs oversubscribed on this 2-core machine, so its speed is
-shown but not comparable). Runs alternate across repeats (single, ddp, zero1, ..., single, ddp, ...)
-because the machine's speed drifts; the table gives medians, memory the largest rank's.
+model-parallel and tp; hybrid, fsdp-tp and hsdp need 4 ranks and run oversubscribed on this 2-core
+machine, so their speed is shown but not comparable). Runs alternate across repeats (single, ddp,
+zero1, ..., single, ddp, ...) because the machine's speed drifts; the table gives medians, memory the
+largest rank's.
 
     .venv/bin/python benchmarks/strategies.py --workload gpt-small --repeats 3
     .venv/bin/python benchmarks/strategies.py --workload cifar10-resnet50v2 --repeats 1 \\
@@ -28,7 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
-# name -> (flags, per-worker batch multiplier: ranks of one pipeline share a batch)
+# name -> (flags, per-worker batch multiplier: ranks of one pipeline or tensor-parallel group share a batch,
+# 4-rank layouts split the same global batch over more replicas)
 STRATEGIES = {
     "single": (["--workers", "1", "--strategy", "single"], 2),
     "ddp": (["--workers", "2", "--strategy", "ddp"], 1),
@@ -37,6 +39,10 @@ STRATEGIES = {
     "pipeline": (["--workers", "2", "--strategy", "pipeline", "--microbatches", "4"], 2),
     "model-parallel": (["--workers", "2", "--strategy", "model-parallel"], 2),
     "tp": (["--workers", "2", "--tp", "2"], 2),  # both ranks compute each batch together
+    "tp-sp": (["--workers", "2", "--tp", "2", "--sequence-parallel"], 2),
+    # 4 ranks, oversubscribed here: FSDP over 2 tensor-parallel groups; 2 replicas of a 2-way FSDP shard
+    "fsdp-tp": (["--workers", "4", "--strategy", "fsdp", "--tp", "2", "--allow-oversubscribe"], 1),
+    "hsdp": (["--workers", "4", "--strategy", "fsdp", "--dp-replicate", "2", "--allow-oversubscribe"], 0.5),
     "hybrid": (
         [
             "--workers",
@@ -68,7 +74,7 @@ def run(strategy: str, workload: str, batch: int, epochs: int, out: Path, extra:
         "--threads-per-worker",
         "1",
         "--batch-size",
-        str(batch * multiplier),
+        str(int(batch * multiplier)),
         "--epochs",
         str(epochs),
         "--run-dir",

@@ -447,6 +447,17 @@ def test_tensor_parallel_sums_16_bit_activations_under_a_16_bit_precision():
     assert t["comm_s"] == pytest.approx(8 * 1.7e-3, rel=1e-12)
 
 
+def test_sequence_parallelism_pays_a_ring_pass_per_gather_and_scatter():
+    from paratrain.plan.profile import TensorParallelProfile
+
+    toy = profile()
+    # 12 all-gathers and reduce-scatters a step of 2 kB a sample whole, no all-reduce
+    toy.tensor_parallel = TensorParallelProfile(2, 2_500_000, 10, 0.0, 0.0, 0, 0.0, 0.75, 12, 12 * 2e3)
+    t = step_time(toy, Layout("tp", 2, 1, 1, 1, 100, tp=2), device(False), "fp32", "sgd", TWO_PER_NODE, EFF)
+    # each: 2 kB x 100 = 200 kB whole on 2 ranks: 1 ms + 0.1 ms + 1/2 x 2e5 / 1e8 = 2.1 ms, all exposed
+    assert t["comm_s"] == t["exposed_comm_s"] == pytest.approx(12 * 2.1e-3, rel=1e-12)
+
+
 def test_checkpointed_activations_add_the_recompute_to_the_compute():
     toy = profile()
     toy.recompute_flops_per_sample = 500_000  # the blocks' forward, again in backward

@@ -105,6 +105,25 @@ def test_two_tensor_parallel_ranks_train_gpt_as_one_process_does(runs):
         torch.testing.assert_close(b[key], a[key], rtol=1e-4, atol=1e-6)
 
 
+def test_sequence_parallel_ranks_train_gpt_as_one_process_does(runs, tmp_path):
+    """--sequence-parallel: between the split layer pairs each rank holds half of the tokens (its norms run on
+    them, the pairs gather their input and reduce-scatter their output); the same losses and parameters as one
+    process, step for step, to summation order. The norms' weights are replicated and their gradients, each
+    rank's half of the tokens' sum, are added before the optimizer steps (DTensor's Partial placement)."""
+    summary = paratrain.train(dict(COMMON, run_dir=tmp_path / "sp", workers=2, tp=2, sequence_parallel=True, epochs=2))
+    assert summary["status"] == "completed" and summary["strategy"] == "tp" and summary["steps"] == 8
+    single, split = _losses(runs / "one"), _losses(tmp_path / "sp")
+    assert sorted(split) == sorted(single)
+    for step in single:
+        assert split[step] == pytest.approx(single[step], rel=1e-5), f"loss differs at step {step}"
+    a, b = _params(runs / "one"), _params(tmp_path / "sp", template=runs / "one")
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], rtol=1e-4, atol=1e-6)
+    # each rank saves half the norms' and residuals' activations: less than tensor parallelism alone
+    plain = RunDir(runs / "tp").read_summary()["memory"]["activations_peak_bytes"]
+    assert max(summary["memory"]["activations_peak_bytes"]) < min(plain)
+
+
 def test_fsdp_over_two_tensor_parallel_groups_trains_gpt_as_one_process_does(runs, tmp_path):
     """FSDP x TP on a (2, 2) mesh, 4 ranks on 2 cores (correctness only): 2 groups x batch 8 == 1 process x
     batch 16, step for step; each rank holds half of a tensor-parallel rank's parameters."""
@@ -308,7 +327,7 @@ def test_a_resume_at_another_layout_keeps_the_global_batch_and_needs_a_sharded_c
         ([*GPT, "--tp", "2", "--workers", "2", "--precision", "fp16"], "--precision fp16 is not supported with --tp"),
         ([*GPT, "--strategy", "tp", "--workers", "2"], "--strategy tp is set by --tp N"),
         ([*GPT, "--dp-replicate", "2", "--workers", "2"], "--dp-replicate 2 replicates a sharded model; it applies to"),
-        ([*GPT, "--tp-plan", "user_factories:widening_plan"], "--tp-plan is the plan of tensor parallelism; give --tp"),
+        ([*GPT, "--tp-plan", "user_factories:widening_plan"], "--tp-plan goes with tensor parallelism; give --tp"),
         ([*GPT, "--tp", "2", "--workers", "2", "--tp-plan", "nowhere:plan"], "--tp-plan factory 'nowhere:plan'"),
         (
             [*GPT, "--dp-replicate", "2", "--tp", "2", "--workers", "6", "--strategy", "fsdp"],
@@ -380,6 +399,17 @@ def test_a_tensor_parallel_block_costs_megatrons_four_all_reduces_a_step():
         with comm:
             F.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten()).backward()
         assert {op.__name__: n for op, n in comm.get_comm_counts().items()} == {"all_reduce": 16}
+        # Sequence parallelism: each half gathers its input and reduce-scatters its output, and backward does
+        # the reverse (4 + 4 a block); the head gathers the sequence, and the embeddings' output gradient is
+        # gathered back. No all-reduce: the norms' weight gradients are summed when the optimizer reads them.
+        with torch.device("meta"):
+            model = gpt.GPT(gpt.PRESETS["gpt-tiny"])
+        apply_tensor_parallel(model, init_device_mesh("cpu", (2,), mesh_dim_names=("tp",)), 2, None, True)
+        comm = CommDebugMode()
+        with comm:
+            F.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten()).backward()
+        counts = {op.__name__: n for op, n in comm.get_comm_counts().items()}
+        assert counts == {"all_gather_into_tensor": 4 * 4 + 2, "reduce_scatter_tensor": 4 * 4}
     finally:
         dist.destroy_process_group()
 

@@ -469,6 +469,17 @@ BAD = {
         ],
         "the model fails when split by its tensor-parallel plan",
     ),
+    "sequence parallelism without tensor parallelism": (
+        ["--workload", "gpt-tiny", "--device", "a100", "--gpus", "2", "--sequence-parallel"],
+        "--sequence-parallel goes with tensor parallelism",
+    ),
+    "sequence parallelism of a plan without that form": (
+        [
+            *["--model", "user_factories:tabled_net", "--dataset", "text", "--device", "a100", "--gpus", "2"],
+            *["--tp", "2", "--sequence-parallel"],
+        ],
+        "has no sequence-parallel form",
+    ),
     "unknown device": (["--workload", "gpt-tiny", "--device", "b200", "--gpus", "8"], "a100, h100"),
     "no nodes": (["--workload", "gpt-tiny", "--device", "a100", "--nodes", "0", "--gpus-per-node", "8"], "--nodes"),
     "no gpus per node": (
@@ -567,6 +578,21 @@ def test_a_split_module_with_a_second_input_and_a_parameterless_parents_table_is
     split = json.loads(capsys.readouterr().out)["model"]["tensor_parallel"]
     assert split["param_bytes"] == 4 * (16_384 + 16_640 + 2 * (64 + (2 * 16_640 + 16_384) // 2))
     assert split["allreduces"] == 4 and split["allreduce_bytes_per_sample"] == 4 * 32 * 64 * 4
+
+
+def test_sequence_parallel_rows_count_the_gathers_and_scatters_as_measured(capsys):
+    """plan --tp 2 --sequence-parallel: gpt-tiny's 18 all-gathers and 16 reduce-scatters of a step (the count
+    test_layouts.py takes with CommDebugMode), each of one window's activations whole (T x C float32), no
+    all-reduce; the activations each rank saves shrink (norms and residuals on half the tokens)."""
+    argv = ["plan", "--workload", "gpt-tiny", "--seq-len", "64", "--device", "a100", "--gpus", "2", "--tp", "2"]
+    assert main([*argv, "--optimizer", "sgd", "--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)["model"]["tensor_parallel"]
+    assert main([*argv, "--optimizer", "sgd", "--json", "--sequence-parallel"]) == 0
+    split = json.loads(capsys.readouterr().out)["model"]["tensor_parallel"]
+    assert (split["allreduces"], split["gather_scatters"]) == (0, 34)
+    assert split["gather_scatter_bytes_per_sample"] == 34 * 64 * 128 * 4
+    assert split["activation_bytes_per_sample"] < plain["activation_bytes_per_sample"]
+    assert split["param_bytes"] == plain["param_bytes"]
 
 
 def test_checkpointed_activations_are_measured_on_the_checkpointed_model(capsys):

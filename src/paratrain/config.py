@@ -194,6 +194,12 @@ class TrainConfig(BaseModel):
         description="--tp: the plan as pkg.module:fn, called fn(model, degree) -> {module path: 'colwise', "
         "'rowwise' or 'replicated-input'} (default: the model's own tensor_parallel_plan method)",
     )
+    sequence_parallel: bool = Field(
+        False,
+        description="--tp: also split the activations between the split layers by sequence (Korthikanti et al. "
+        "2022): norms and residuals hold 1/T of the tokens, each all-reduce becomes an all-gather and a "
+        "reduce-scatter (the model's plan has a sequence-parallel form; gpt's does)",
+    )
     dp_replicate: int = Field(
         1,
         gt=0,
@@ -696,8 +702,9 @@ class TrainConfig(BaseModel):
         if self.tp == 1:
             if self.strategy == "tp":
                 raise ValueError("--strategy tp is set by --tp N (N ranks split each layer); give --tp instead")
-            if self.tp_plan is not None:
-                raise ValueError("--tp-plan is the plan of tensor parallelism; give --tp N too (N > 1)")
+            for given in ("tp_plan", "sequence_parallel"):
+                if getattr(self, given):
+                    raise ValueError(f"{flag(given)} goes with tensor parallelism; give --tp N too (N > 1)")
             return self
         if self.strategy not in (None, "tp", "fsdp"):
             raise ValueError(
@@ -1099,6 +1106,7 @@ class PlanConfig(BaseModel):
         "a 'tp' row on T devices, 'fsdp+tp' rows sharding over N/T groups",
     )
     tp_plan: str | None = TrainConfig.model_fields["tp_plan"]
+    sequence_parallel: bool = TrainConfig.model_fields["sequence_parallel"]
     checkpoint_activations: bool = TrainConfig.model_fields["checkpoint_activations"]
     checkpoint_activations_every: int = TrainConfig.model_fields["checkpoint_activations_every"]
     search: bool = Field(
@@ -1152,8 +1160,9 @@ class PlanConfig(BaseModel):
             raise ValueError("how many devices? give --gpus N[,N...] or --nodes N --gpus-per-node G")
         if self.gpus and min(self.gpus) <= 0:
             raise ValueError(f"--gpus counts must be positive (got {min(self.gpus)})")
-        if self.tp_plan is not None and self.tp == 1 and not self.search:
-            raise ValueError("--tp-plan is the plan of tensor parallelism; give --tp N (N > 1) or --search too")
+        for given in ("tp_plan", "sequence_parallel"):
+            if getattr(self, given) and self.tp == 1 and not self.search:
+                raise ValueError(f"{flag(given)} goes with tensor parallelism; give --tp N (N > 1) or --search too")
         unknown = [s for s in self.strategy if s not in PLAN_STRATEGIES]
         if unknown or not self.strategy:
             raise ValueError(

@@ -49,7 +49,9 @@ def run_plan(cfg: PlanConfig) -> dict[str, Any]:
                 )
     profile = profile_model(_train_config(cfg))
     if cfg.tp > 1:
-        profile.tensor_parallel = profile_tensor_parallel(_train_config(cfg), cfg.tp, cfg.tp_plan)
+        profile.tensor_parallel = profile_tensor_parallel(
+            _train_config(cfg), cfg.tp, cfg.tp_plan, cfg.sequence_parallel
+        )
     topo = _topology(cfg, device, per_node, float(profile.param_bytes))
     momentum = TrainConfig.model_fields["momentum"].default
     eff = _published_efficiency(device, cfg.precision, profile.kind)
@@ -112,7 +114,9 @@ def _search(
         return measured[(checkpoint, every)]
 
     def split(checkpoint: bool, every: int, degree: int) -> Any:
-        return profile_tensor_parallel(_train_config(variant(checkpoint, every)), degree, cfg.tp_plan)
+        return profile_tensor_parallel(
+            _train_config(variant(checkpoint, every)), degree, cfg.tp_plan, cfg.sequence_parallel
+        )
 
     def rows(measured_profile: ModelProfile, degree: int, n: int) -> list[dict[str, Any]]:
         planner = _Planner(cfg.model_copy(update={"tp": degree}), measured_profile, device, topo, eff, momentum)

@@ -71,9 +71,14 @@ class TensorParallelProfile:
     allreduces: int  # per forward and backward
     allreduce_bytes_per_sample: float  # all of them together, per sample of the group's batch
     split_flops_share: float  # of the FLOPs, those inside the modules the plan splits
+    # sequence parallelism's all-gathers and reduce-scatters, by the bytes of the whole tensor
+    gather_scatters: int = 0
+    gather_scatter_bytes_per_sample: float = 0.0
 
 
-def profile_tensor_parallel(cfg: TrainConfig, degree: int, plan_fn: str | None = None) -> TensorParallelProfile:
+def profile_tensor_parallel(
+    cfg: TrainConfig, degree: int, plan_fn: str | None = None, sequence_parallel: bool = False
+) -> TensorParallelProfile:
     """Measure the model split `degree` ways: the same build, the plan applied over a fake process group
     of `degree` ranks (no communication: DTensor's collectives are recorded with their sizes)."""
     import torch.distributed as dist
@@ -87,10 +92,11 @@ def profile_tensor_parallel(cfg: TrainConfig, degree: int, plan_fn: str | None =
     data = _shapes(cfg)
     with torch.device("meta"):
         whole = build_model(cfg, data)
-    plan = model_plan(whole, degree, plan_fn)  # refuses a model without a plan, or one the degree cannot split
+    # refuses a model without a plan, or one the degree cannot split
+    plan = model_plan(whole, degree, plan_fn, sequence_parallel)
     objective = build_objective(cfg.loss, whole)
     total, per_module, _ = _model_flops(cfg, whole, objective, _batch(cfg, data, 1))
-    split_paths = [name for name, _ in whole.named_modules() if name and any(_matches(name, p) for p in plan)]
+    split_paths = _split_modules(whole, plan)
     outermost = [n for n in split_paths if not any(n.startswith(o + ".") for o in split_paths)]
     split = sum(count for name, count in per_module.items() if any(_inside(name, m) for m in outermost))
     if dist.is_initialized():
@@ -100,12 +106,13 @@ def profile_tensor_parallel(cfg: TrainConfig, degree: int, plan_fn: str | None =
     try:
         with torch.device("meta"):
             model = build_model(cfg, data)
-        apply_tensor_parallel(model, init_device_mesh("cpu", (degree,), mesh_dim_names=("tp",)), degree, plan_fn)
+        mesh = init_device_mesh("cpu", (degree,), mesh_dim_names=("tp",))
+        apply_tensor_parallel(model, mesh, degree, plan_fn, sequence_parallel)
         params = [p.to_local() for p in model.parameters()]
         if cfg.checkpoint_activations:  # tensor parallelism, then checkpointing: torchtitan's order
             checkpoint_blocks(model, cfg.checkpoint_activations_every)
         small, large = 2, 4
-        with _AllReduces() as sizes:
+        with _Collectives() as sizes:
             peak_small = _saved_peak(model, objective, *_batch(cfg, data, small))
         peak_large = _saved_peak(model, objective, *_batch(cfg, data, large))
     except UsageError:
@@ -124,10 +131,26 @@ def profile_tensor_parallel(cfg: TrainConfig, degree: int, plan_fn: str | None =
         param_tensors=len(params),
         activation_bytes_per_sample=per_sample,
         activation_bytes_fixed=max(peak_small - per_sample * small, 0.0),
-        allreduces=len(sizes),
-        allreduce_bytes_per_sample=sum(sizes) / small,
+        allreduces=len(sizes["all_reduce"]),
+        allreduce_bytes_per_sample=sum(sizes["all_reduce"]) / small,
+        gather_scatters=len(sizes["gather_scatter"]),
+        gather_scatter_bytes_per_sample=sum(sizes["gather_scatter"]) / small,
         split_flops_share=split / total if total else 0.0,
     )
+
+
+def _split_modules(model: nn.Module, plan: dict[str, Any]) -> list[str]:
+    """The modules whose work the plan divides over the ranks: the layers it splits (by columns, rows or
+    sequence), and the modules around them that only lay out their inputs (a block's attention, whose
+    heads are split); not a module that lays out its input or output and is computed whole (an embedding
+    whose output is sequence-split, a head that gathers the sequence back)."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
+
+    names = [name for name, _ in model.named_modules() if name]
+    dividing = (ColwiseParallel, RowwiseParallel, SequenceParallel)
+    split = {n for p, style in plan.items() if isinstance(style, dividing) for n in names if _matches(n, p)}
+    around = {n for p, style in plan.items() if not isinstance(style, dividing) for n in names if _matches(n, p)}
+    return sorted(split | {n for n in around if any(s.startswith(n + ".") for s in split)})
 
 
 def _matches(name: str, pattern: str) -> bool:
@@ -136,17 +159,26 @@ def _matches(name: str, pattern: str) -> bool:
     return fnmatch.fnmatchcase(name, pattern) and name.count(".") == pattern.count(".")
 
 
-class _AllReduces(TorchDispatchMode):
-    """The bytes of each all-reduce DTensor issues (its functional collective, on the meta device)."""
+class _Collectives(TorchDispatchMode):
+    """The bytes of each collective DTensor issues (its functional collective, on the meta device): all-reduces,
+    and the all-gathers and reduce-scatters of sequence parallelism, each by the size of its whole tensor (the
+    gathered output; the input reduce-scattered)."""
 
-    def __enter__(self) -> list[int]:
+    def __enter__(self) -> dict[str, list[int]]:
         super().__enter__()
-        self.sizes: list[int] = []
+        self.sizes: dict[str, list[int]] = {"all_reduce": [], "gather_scatter": []}
         return self.sizes
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        if func is torch.ops._c10d_functional.all_reduce.default:
-            self.sizes.append(args[0].numel() * args[0].element_size())
+        ops = torch.ops._c10d_functional
+        first = args[0] if args else None
+        nbytes = first.numel() * first.element_size() if isinstance(first, torch.Tensor) else 0
+        if func is ops.all_reduce.default:
+            self.sizes["all_reduce"].append(nbytes)
+        elif func is ops.all_gather_into_tensor.default:
+            self.sizes["gather_scatter"].append(nbytes * args[1])  # args: input, group size, group name
+        elif func is ops.reduce_scatter_tensor.default:
+            self.sizes["gather_scatter"].append(nbytes)
         return func(*args, **(kwargs or {}))
 
 

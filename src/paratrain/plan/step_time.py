@@ -21,6 +21,7 @@
 - Tensor parallelism (`tp`, `fsdp+tp`): the FLOPs of the split modules over T devices, the rest on
   each; the all-reduces of activations the split model issues (counted with their sizes on the meta
   device, profile.py; in 16 bits under a 16-bit --precision) exposed: a layer waits for its sum;
+  with sequence parallelism, all-gathers and reduce-scatters in their place;
 - Pipelines: (M + K − 1) slots of one micro-batch on the slowest stage (the bubble (K−1)/(M+K−1)
   of GPipe and 1F1B), plus the activations and their gradients sent between stages (exposed on
   CPU, only in the fill and drain where the device overlaps); `hybrid` adds the all-reduce of a
@@ -237,7 +238,11 @@ def _tensor_parallel(
     # the activations summed are in 16 bits under autocast (measured on float32 meta tensors)
     sixteen = 0.5 if precision in ("bf16", "fp16") else 1.0
     each = sixteen * split.allreduce_bytes_per_sample * layout.replica_batch / max(split.allreduces, 1)
-    comm = exposed = split.allreduces * allreduce_s(each, t, per_node, topo)
+    comm = split.allreduces * allreduce_s(each, t, per_node, topo)
+    # sequence parallelism: an all-gather or reduce-scatter each, (n-1)/n of the whole tensor a ring pass
+    whole = sixteen * split.gather_scatter_bytes_per_sample * layout.replica_batch / max(split.gather_scatters, 1)
+    comm += split.gather_scatters * allgather_s(whole, t, per_node, topo)
+    exposed = comm
     shard = n if layout.strategy == "fsdp+tp" else 1
     optimizer_s = traffic * split.param_bytes / shard / device.memory_bandwidth
     if layout.strategy == "fsdp+tp" and n > 1:

@@ -208,7 +208,7 @@ class FullyShardedDataParallel(WholeModelStrategy):
     def split(self, model: nn.Module) -> None:
         """With --tp, tensor parallelism first; FSDP then shards the splits (wrap)."""
         if self.cfg.tp > 1:
-            apply_tensor_parallel(model, self.tp_mesh, self.cfg.tp, self.cfg.tp_plan)
+            apply_tensor_parallel(model, self.tp_mesh, self.cfg.tp, self.cfg.tp_plan, self.cfg.sequence_parallel)
 
     def wrap(self, model: nn.Module) -> nn.Module:
         cfg = self.cfg

@@ -32,6 +32,7 @@ then `wrap`). Checkpoints go through torch.distributed.checkpoint
 from __future__ import annotations
 
 import fnmatch
+import functools
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -40,12 +41,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
+from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
     PrepareModuleInput,
+    PrepareModuleOutput,
     RowwiseParallel,
+    SequenceParallel,
     parallelize_module,
 )
 
@@ -56,47 +59,69 @@ from paratrain.engine.strategies.sharded_checkpoint import ShardedCheckpoints
 from paratrain.errors import UsageError
 
 
-def _replicated_input(module: nn.Module) -> ParallelStyle:
-    """A module whose input feeds several colwise layers (attention's q, k and v): its first input enters as
-    one replicated DTensor, so their input gradients are summed before the one all-reduce that completes
-    them (Megatron's f operator), instead of one all-reduce each. Any further positional inputs (a rotary
-    table, a mask) pass as they are."""
+def _first_input(module: nn.Module, given: Placement, desired: Placement) -> ParallelStyle:
+    """The module's first input laid out as `given`, turned into `desired`; any further positional inputs
+    (a rotary table, a mask) pass as they are."""
     positional = [
         p
         for p in inspect.signature(module.forward).parameters.values()
         if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
     ]
-    layouts = (Replicate(), *([None] * (len(positional) - 1)))
-    return PrepareModuleInput(input_layouts=layouts, desired_input_layouts=layouts, use_local_output=False)
+    rest = [None] * (len(positional) - 1)
+    return PrepareModuleInput(input_layouts=(given, *rest), desired_input_layouts=(desired, *rest))
 
 
 # Each builds the style for one matched module.
 STYLES: dict[str, Callable[[nn.Module], ParallelStyle]] = {
     "colwise": lambda _: ColwiseParallel(),
     "rowwise": lambda _: RowwiseParallel(),
-    "replicated-input": _replicated_input,
+    # A module whose input feeds several colwise layers (attention's q, k and v): its input enters as one
+    # replicated DTensor, so their input gradients are summed before the one all-reduce that completes them
+    # (Megatron's f operator), instead of one all-reduce each.
+    "replicated-input": lambda module: _first_input(module, Replicate(), Replicate()),
+    # Sequence parallelism (Korthikanti et al. 2022), between the split layer pairs: a norm runs on the
+    # rank's share of the tokens; the pair's input is gathered (all-gather) and its output summed straight
+    # into the rank's share of the tokens (reduce-scatter) instead of an all-reduce.
+    "sequence-norm": lambda _: SequenceParallel(),
+    "sequence-input": lambda module: _first_input(module, Shard(1), Replicate()),
+    "rowwise-to-sequence": lambda _: RowwiseParallel(output_layouts=Shard(1)),
+    # a module computed whole on every rank (an embedding) whose output the rank keeps its share of tokens of
+    "sequence-output": lambda _: PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(1)),
 }
-# The weight dimension each default style splits, which must divide by the degree (nn.Linear's
+# The weight dimension each splitting style splits, which must divide by the degree (nn.Linear's
 # weight is [out_features, in_features]).
-SPLIT_DIM = {"colwise": 0, "rowwise": 1}
+SPLIT_DIM = {"colwise": 0, "rowwise": 1, "rowwise-to-sequence": 1}
 
 
-def model_plan(model: nn.Module, degree: int, plan_fn: str | None = None) -> dict[str, ParallelStyle]:
+def model_plan(
+    model: nn.Module, degree: int, plan_fn: str | None = None, sequence_parallel: bool = False
+) -> dict[str, ParallelStyle]:
     """The plan `--tp-plan` names (fn(model, degree)), else the model's own (its `tensor_parallel_plan(degree)`),
-    checked against its layers."""
+    checked against its layers. With --sequence-parallel the plan is asked for its sequence-parallel form
+    (the keyword `sequence_parallel=True`), which a plan without that keyword does not have."""
     if plan_fn is not None:
         from paratrain.workloads import import_factory
 
-        given = import_factory(plan_fn, "--tp-plan")
-        plan: dict[str, Any] = given(model, degree)
+        declare = functools.partial(import_factory(plan_fn, "--tp-plan"), model)
+        whose = f"--tp-plan {plan_fn}"
     else:
         declare = getattr(model, "tensor_parallel_plan", None)
+        whose = f"{type(model).__name__}.tensor_parallel_plan"
         if not callable(declare):
             raise UsageError(
                 f"--tp {degree}: the model ({type(model).__name__}) declares no tensor-parallel plan; give it a "
                 "method tensor_parallel_plan(degree) returning {module path: 'colwise' | 'rowwise'}, or name a "
                 "function with --tp-plan pkg.module:fn (see docs/strategies.md)"
             )
+    if sequence_parallel:
+        if "sequence_parallel" not in inspect.signature(declare).parameters:
+            raise UsageError(
+                f"--sequence-parallel: {whose} has no sequence-parallel form; give it a keyword "
+                "sequence_parallel=False that returns the plan with 'sequence-norm', 'sequence-input' and "
+                "'rowwise-to-sequence' styles when true (docs/strategies.md), or drop --sequence-parallel"
+            )
+        plan: dict[str, Any] = declare(degree, sequence_parallel=True)
+    else:
         plan = declare(degree)
     if not isinstance(plan, dict) or not plan:
         raise UsageError(f"--tp {degree}: the tensor-parallel plan is {plan!r}; it must be a non-empty dict")
@@ -127,9 +152,11 @@ def model_plan(model: nn.Module, degree: int, plan_fn: str | None = None) -> dic
     return resolved
 
 
-def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, degree: int, plan_fn: str | None = None) -> nn.Module:
+def apply_tensor_parallel(
+    model: nn.Module, mesh: DeviceMesh, degree: int, plan_fn: str | None = None, sequence_parallel: bool = False
+) -> nn.Module:
     """Split the plan's layers over `mesh` and replicate every other parameter and buffer on it."""
-    parallelize_module(model, mesh, model_plan(model, degree, plan_fn))
+    parallelize_module(model, mesh, model_plan(model, degree, plan_fn, sequence_parallel))
     replicated: dict[int, nn.Parameter] = {}  # a tied parameter stays one parameter
     for module in model.modules():
         own = [(n, p) for n, p in module.named_parameters(recurse=False) if not isinstance(p, DTensor)]
@@ -186,7 +213,7 @@ class TensorParallel(WholeModelStrategy):
         return 0, 1
 
     def split(self, model: nn.Module) -> None:
-        apply_tensor_parallel(model, self.mesh, self.cfg.tp, self.cfg.tp_plan)
+        apply_tensor_parallel(model, self.mesh, self.cfg.tp, self.cfg.tp_plan, self.cfg.sequence_parallel)
 
     def forward_backward(
         self, model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Tensor, *rest: Any
@@ -207,4 +234,4 @@ def check_tensor_parallel(cfg: TrainConfig, make_model: Callable[[], nn.Module])
     """Refuse a plan that cannot split this model, in the launching process, before anything is written:
     the model built on the meta device (shapes only)."""
     with torch.device("meta"):
-        model_plan(make_model(), cfg.tp, cfg.tp_plan)
+        model_plan(make_model(), cfg.tp, cfg.tp_plan, cfg.sequence_parallel)
