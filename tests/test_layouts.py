@@ -88,6 +88,7 @@ def test_two_tensor_parallel_ranks_train_gpt_as_one_process_does(runs):
     Tolerance as data parallelism's: float32 summation order only (a row-split matmul sums two halves)."""
     one, tp = RunDir(runs / "one").read_summary(), RunDir(runs / "tp").read_summary()
     assert tp["status"] == "completed" and tp["strategy"] == "tp" and tp["workers"] == 2
+    assert tp["layout"] == {"dp_replicate": 1, "dp_shard": 1, "tp": 2, "pp": 1}
     assert tp["global_batch_size"] == one["global_batch_size"] == 16, "one replica: the ranks share each batch"
     assert tp["steps"] == one["steps"] == 8
     # the ranks of a group share each batch: its samples are counted once (throughput, MFU and eval rely on it)
@@ -159,6 +160,7 @@ def test_hsdp_replicas_of_a_two_way_shard_train_as_the_shard_alone(runs, tmp_pat
     fsdp, hsdp = RunDir(tmp_path / "fsdp").read_summary(), RunDir(tmp_path / "hsdp").read_summary()
     assert hsdp["status"] == "completed" and hsdp["global_batch_size"] == fsdp["global_batch_size"] == 16
     assert hsdp["allreduce"] == "reduce-scatter + all-reduce over 2 replicas (gloo)"
+    assert hsdp["layout"] == {"dp_replicate": 2, "dp_shard": 2, "tp": 1, "pp": 1}
     two, four = _losses(tmp_path / "fsdp"), _losses(tmp_path / "hsdp")
     assert sorted(two) == sorted(four) == [1, 2, 3, 4]
     for step in two:
@@ -337,6 +339,13 @@ def test_a_resume_at_another_layout_keeps_the_global_batch_and_needs_a_sharded_c
             ["--workload", "synthetic-cnn", "--tp", "2", "--workers", "2"],
             "--tp 2: the model (TutorialCNN) declares no tensor-parallel plan; give it a method",
         ),
+        (
+            [*GPT, "--workers", "4", "--dp-shard", "2", "--tp", "1"],
+            "the layout --dp-replicate 1 x --dp-shard 2 x --tp 1 x --pp 1 is 2 ranks and --workers is 4",
+        ),
+        ([*GPT, "--workers", "4", "--pp", "2", "--tp", "2"], "--pp with --tp is not supported yet"),
+        ([*GPT, "--workers", "4", "--dp-shard", "4", "--strategy", "ddp"], "lay the ranks out themselves; drop"),
+        ([*GPT, "--workers", "4", "--dp-replicate", "2", "--tp", "2", "--pp", "1"], "needs --dp-shard S (S >= 2)"),
     ],
 )
 def test_a_layout_that_cannot_split_the_model_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, args, message):
@@ -375,6 +384,32 @@ def test_a_plan_is_checked_against_the_models_layers():
     assert set(model_plan(model, 2)) == {
         f"blocks.*.{name}" for name in ("attn", "attn.q", "attn.k", "attn.v", "attn.proj", "mlp.fc", "mlp.proj")
     }
+
+
+@pytest.mark.parametrize(
+    "mesh, preset",
+    [
+        (dict(workers=4, dp_shard=4), dict(workers=4, strategy="fsdp")),
+        (dict(workers=4, dp_replicate=2, dp_shard=2), dict(workers=4, strategy="fsdp", dp_replicate=2)),
+        (dict(workers=4, dp_shard=2, tp=2), dict(workers=4, strategy="fsdp", tp=2)),
+        (dict(workers=2, tp=2, dp_shard=1), dict(workers=2, tp=2)),
+        (dict(workers=4, pp=4), dict(workers=4, strategy="pipeline", stages=4)),
+        (dict(workers=4, dp_replicate=2, pp=2), dict(workers=4, strategy="hybrid", dp=2, stages=2)),
+        (dict(workers=2, dp_replicate=2, pp=1), dict(workers=2)),
+        (dict(workers=1, dp_shard=1), dict(workers=1)),
+    ],
+)
+def test_the_layout_flags_are_the_strategies_spelled_as_a_mesh(mesh, preset):
+    """--dp-replicate R --dp-shard S --tp T --pp P (torchtitan's mesh) is another spelling of a strategy: the
+    same run (same identity: a checkpoint of one resumes under the other), the same layout in summary.json."""
+    from paratrain.config import TrainConfig
+
+    as_mesh, as_preset = TrainConfig(workload="gpt-tiny", **mesh), TrainConfig(workload="gpt-tiny", **preset)
+    assert as_mesh.identity() == as_preset.identity()
+    assert as_mesh.strategy_name == as_preset.strategy_name
+    assert as_mesh.mesh_layout == as_preset.mesh_layout
+    r, s, t, p = (mesh.get(k, 1) for k in ("dp_replicate", "dp_shard", "tp", "pp"))
+    assert as_mesh.mesh_layout == {"dp_replicate": r, "dp_shard": s, "tp": t, "pp": p}
 
 
 def test_a_tensor_parallel_block_costs_megatrons_four_all_reduces_a_step():

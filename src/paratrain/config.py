@@ -204,7 +204,21 @@ class TrainConfig(BaseModel):
         1,
         gt=0,
         description="fsdp: replicas of the sharded model (HSDP): FSDP shards over --workers / (R x --tp) ranks, and "
-        "the R replicas all-reduce their gradients",
+        "the R replicas all-reduce their gradients; in a layout (--dp-shard, --pp): the replicas of whatever the "
+        "other dimensions lay out",
+    )
+    dp_shard: int | None = Field(
+        None,
+        gt=0,
+        description="the ranks as a mesh, torchtitan's way (--dp-replicate R x --dp-shard S x --tp T x --pp P = "
+        "--workers; the strategies are presets of it): S ranks FSDP shards each replica over (--dp-shard N is "
+        "--strategy fsdp)",
+    )
+    pp: int | None = Field(
+        None,
+        gt=0,
+        description="the mesh's pipeline stages (--pp P is --strategy pipeline --stages P; with --dp-replicate R, "
+        "--strategy hybrid --dp R)",
     )
     stages: int | None = Field(
         None,
@@ -522,6 +536,68 @@ class TrainConfig(BaseModel):
             if name not in known:
                 raise ValueError(f"unknown augmentation {name!r}; choose from {','.join(known)}")
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _layout_flags(cls, values: Any) -> Any:
+        """--dp-shard and --pp (with --dp-replicate and --tp): the layout as a mesh, another spelling of the
+        strategies, turned into theirs before the fields are validated, so that a run has one configuration
+        whichever spelling it was given."""
+        if not isinstance(values, dict) or (values.get("dp_shard") is None and values.get("pp") is None):
+            return values
+        values = dict(values)
+        given = {k: values.get(k) for k in ("strategy", "stages", "dp") if values.get(k) is not None}
+        if given:
+            name, value = next(iter(given.items()))
+            raise ValueError(f"--dp-shard and --pp lay the ranks out themselves; drop {flag(name)} {value}")
+        try:
+            r, s, t, p, workers = (
+                int(default if value is None else value)
+                for value, default in (
+                    (values.pop(k, None), 1) for k in ("dp_replicate", "dp_shard", "tp", "pp", "workers")
+                )
+            )
+        except (TypeError, ValueError):
+            raise ValueError("--dp-replicate, --dp-shard, --tp, --pp and --workers take whole numbers") from None
+        if min(r, s, t, p) < 1:
+            raise ValueError("each dimension of the layout (--dp-replicate, --dp-shard, --tp, --pp) is at least 1")
+        if r * s * t * p != workers:
+            raise ValueError(
+                f"the layout --dp-replicate {r} x --dp-shard {s} x --tp {t} x --pp {p} is {r * s * t * p} ranks and "
+                f"--workers is {workers}; make the product of the layout --workers"
+            )
+        if p > 1 and (s > 1 or t > 1):
+            raise ValueError(
+                f"--pp with {'--dp-shard' if s > 1 else '--tp'} is not supported yet: a pipeline's stages are "
+                "replicated whole (--pp with --dp-replicate), or the layers split and sharded without stages"
+            )
+        if t > 1 and s == 1 and r > 1:
+            raise ValueError(
+                "--dp-replicate with --tp needs --dp-shard S (S >= 2): data parallelism over tensor-parallel groups "
+                "is FSDP's (DDP does not take split layers)"
+            )
+        values |= {"workers": workers, "tp": t}
+        if p > 1:
+            values |= {"strategy": "pipeline" if r == 1 else "hybrid", "stages": p}
+            if r > 1:
+                values["dp"] = r
+        elif s > 1:
+            values |= {"strategy": "fsdp", "dp_replicate": r}
+        # otherwise replicas alone, or one tensor-parallel group: what --workers (and --tp) pick by default
+        return values
+
+    @property
+    def mesh_layout(self) -> dict[str, int] | None:
+        """The run's ranks as torchtitan's mesh: replicas x shards x tensor-parallel x pipeline stages, whichever
+        spelling the run was given (None for async-ps, whose ranks are servers and workers)."""
+        name, stages = self.strategy_name, self.pipeline_stages
+        if name == "async-ps":
+            return None
+        if name == "fsdp":
+            shard = self.workers // (self.dp_replicate * self.tp)
+            return {"dp_replicate": self.dp_replicate, "dp_shard": shard, "tp": self.tp, "pp": 1}
+        replicas = self.workers // (stages * self.tp)
+        return {"dp_replicate": replicas, "dp_shard": 1, "tp": self.tp, "pp": stages}
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:

@@ -732,6 +732,7 @@ class Trainer:
             "status": "completed",
             "workers": self.ctx.world_size,
             "strategy": cfg.strategy_name,
+            "layout": cfg.mesh_layout,
             "allreduce": self.strategy.allreduce,
             "comm_bytes_per_step": None if None in sent else [b / steps_here for b in sent],
             "batch_size": cfg.batch_size,

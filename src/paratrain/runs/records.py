@@ -81,6 +81,8 @@ class Summary(Record):
     dataset: str | None = None
     workers: int | None = None
     strategy: str | None = None
+    # the ranks as a mesh: dp_replicate x dp_shard x tp x pp = workers (None for async-ps and older runs)
+    layout: dict[str, int] | None = None
     allreduce: str | None = None
     comm_bytes_per_step: list[float] | None = None
     # A strategy's own block: ddp's `sync`, async-ps's `ps`, a pipeline's layout.
