@@ -31,6 +31,7 @@ TESTS = {
     "plan/step_time.py": ["tests/test_formulas_step_time.py"],
     "plan/calibrate.py": ["tests/test_formulas_step_time.py"],
     "plan/memory.py": ["tests/test_formulas_memory.py"],
+    "plan/search.py": ["tests/test_plan_search.py"],
     "commbench.py": ["tests/test_formulas_links.py"],
     "batch/lr_find.py": ["tests/test_formulas_batch.py"],
     "batch/find_batch.py": ["tests/test_formulas_batch.py"],

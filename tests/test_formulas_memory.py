@@ -150,6 +150,9 @@ def test_a_tensor_parallel_rank_holds_what_the_split_model_measured():
         "runtime_bytes": RUNTIME,
         "total_bytes": 7.5e6 + 6.5e5 + 1000 + RUNTIME,
     }
+    # SGD without momentum keeps no state, split or not
+    plain_sgd = memory_per_device(split_profile(), Layout("tp", 2, 1, 1, 1, 100, tp=2), "sgd", "fp32", 0, momentum=0)
+    assert plain_sgd["optimizer_bytes"] == 0
 
 
 def test_fsdp_over_tensor_parallel_groups_shards_the_ranks_share():

@@ -447,6 +447,47 @@ def test_tensor_parallel_sums_16_bit_activations_under_a_16_bit_precision():
     assert t["comm_s"] == pytest.approx(8 * 1.7e-3, rel=1e-12)
 
 
+def sixteen_bit(overlap: bool) -> Device:
+    return Device("test", {"fp32": 1e9, "bf16": 1e9, "fp16": 1e9}, 1e10, 1e9, "intra", {}, overlap=overlap)
+
+
+def test_fsdp_over_tensor_parallel_groups_on_gpus_in_bf16():
+    layout = Layout("fsdp+tp", 4, 2, 1, 1, 50, tp=2)
+    t = step_time(split_profile(), layout, sixteen_bit(True), "bf16", "sgd", FOUR_PER_NODE, EFF)
+    # compute as in fp32: 81.125 ms. Tensor parallel: 8 all-reduces of bf16 activations, 1 kB x 50 / 2 = 25 kB:
+    # 1 ms + 0.2 ms + 25e3 / 1e8 = 1.45 ms each, 11.6 ms. FSDP over 2 ranks of the rank's 2.5 MB: the float32
+    # reduce-scatter 13.6 ms, two bf16 gathers of 1.25 MB, 1.1 ms + 6.25 ms each: 28.3 ms in all; hidden but
+    # for two units of 1 MB x 2.5/4 in bf16 = 312.5 kB: 1.1 + 1.5625 ms each
+    assert t["compute_s"] == pytest.approx(0.081125, rel=1e-12)
+    assert t["comm_s"] == pytest.approx(0.0116 + 0.0283, rel=1e-12)
+    assert t["exposed_comm_s"] == pytest.approx(0.0116 + 2 * 0.0026625, rel=1e-12)
+
+
+def test_fsdp_over_tensor_parallel_groups_without_resharding_gathers_once():
+    layout = Layout("fsdp+tp", 4, 2, 1, 1, 50, tp=2, reshard_after_forward=False)
+    t = step_time(split_profile(), layout, device(False), "fp32", "sgd", FOUR_PER_NODE, EFF)
+    # tensor parallel 13.6 ms (as above in fp32); one gather and the reduce-scatter, 13.6 ms each
+    assert t["comm_s"] == t["exposed_comm_s"] == pytest.approx(0.0136 + 2 * 0.0136, rel=1e-12)
+
+
+def test_fsdp_over_tensor_parallel_groups_of_a_whole_node_crosses_nodes():
+    layout = Layout("fsdp+tp", 4, 2, 1, 1, 50, tp=2)
+    t = step_time(split_profile(), layout, device(False), "fp32", "sgd", TWO_PER_NODE, EFF)
+    # a group fills a node of 2, so the 2 ranks holding the same split are on 2 nodes: each gather of 2.5 MB
+    # crosses the network, 10 ms + 1 ms + 0.5 x 2.5e6 / 1e7 = 136 ms, three of them; tensor parallel 13.6 ms
+    assert t["comm_s"] == pytest.approx(0.0136 + 3 * 0.136, rel=1e-12)
+
+
+def test_tensor_parallel_in_fp16_with_one_collective_of_each_kind():
+    from paratrain.plan.profile import TensorParallelProfile
+
+    toy = profile()
+    toy.tensor_parallel = TensorParallelProfile(2, 2_500_000, 10, 0.0, 0.0, 1, 1e3, 0.75, 1, 2e3)
+    t = step_time(toy, Layout("tp", 2, 1, 1, 1, 100, tp=2), sixteen_bit(False), "fp16", "sgd", TWO_PER_NODE, EFF)
+    # one all-reduce of 1 kB x 100 in 16 bits, 50 kB: 1 + 0.2 + 0.5 ms; one gather of 2 kB x 100 / 2: 1.1 + 0.5 ms
+    assert t["comm_s"] == pytest.approx(0.0017 + 0.0016, rel=1e-12)
+
+
 def test_sequence_parallelism_pays_a_ring_pass_per_gather_and_scatter():
     from paratrain.plan.profile import TensorParallelProfile
 

@@ -6,7 +6,7 @@ import pytest
 
 from paratrain.cli import main
 from paratrain.errors import UsageError
-from paratrain.plan.search import CHECKPOINTING, search, tensor_parallel_degrees
+from paratrain.plan.search import CHECKPOINTING, _why, describe, search, tensor_parallel_degrees
 
 GIB = 2**30
 
@@ -66,7 +66,7 @@ def test_the_fastest_that_fits_wins_and_the_runner_up_is_another_layout():
     assert found["best"]["layout"] == "fsdp (8 replicas), checkpointing every 2nd block"
     assert found["best"]["samples_per_s"] == pytest.approx(95 * 0.87)
     assert found["runner_up"]["layout"] == "fsdp+tp (4 x tp 2), checkpointing nothing"
-    assert "3% faster than the runner-up" in found["why"]  # 82.65 / 80 = 1.033
+    assert "; 3% faster than the runner-up" in found["why"]  # 82.65 / 80 = 1.033
     # ddp without checkpointing is the fastest of all, at 120 GiB
     assert "the fastest of all, ddp (8 replicas), checkpointing nothing, would need 120 GiB" in found["why"]
     # every layout of every checkpointing choice and degree was priced: 2 whole-model rows and 3 degrees x 1
@@ -79,6 +79,36 @@ def test_a_degree_the_plan_refuses_is_skipped_with_its_reason():
     found = toy_search(refuse=(8,))
     assert found["skipped_tp"] == {8: "--tp 8: refused"}
     assert {c["tp"] for c in found["candidates"]} == {1, 2, 4}
+
+
+def test_a_refused_degree_between_others_leaves_the_others_searched():
+    found = toy_search(refuse=(4,))
+    assert found["skipped_tp"] == {4: "--tp 4: refused"}
+    # 2 whole-model rows and the tp rows of degrees 2 and 8, for each of the 3 checkpointing choices
+    assert len(found["candidates"]) == 3 * (2 + 2)
+    assert sorted((c["checkpointing"], c["tp"]) for c in found["candidates"] if c["tp"] > 1) == sorted(
+        (label, t) for label, _, _ in CHECKPOINTING for t in (2, 8)
+    )
+
+
+def test_layouts_are_named_as_a_person_names_them():
+    pipeline = {**row("hybrid", 1, 1, 2, data_parallel=2), "stages": 2, "microbatches": 4}
+    assert describe({**pipeline, "checkpointing": "none"}) == "hybrid (2 x 2 stages, M = 4), checkpointing nothing"
+    split = {**row("fsdp+tp", 1, 1, 2, data_parallel=4, tp=2), "checkpointing": "every block"}
+    assert describe(split) == "fsdp+tp (4 x tp 2), checkpointing every block"
+
+
+def test_why_names_only_faster_layouts_that_do_not_fit():
+    rows = [
+        {**row("ddp", 100, 10, 60), "checkpointing": "none"},
+        {**row("zero1", 100, 90, 60), "checkpointing": "none"},  # as fast, does not fit: not faster
+        {**row("fsdp", 90, 10, 60), "checkpointing": "none"},
+        {**row("fsdp", 50, 90, 60), "checkpointing": "every block"},  # slower and does not fit
+    ]
+    assert _why(rows[0], rows[2], rows, 60 * GIB) == (
+        "ddp (8 replicas), checkpointing nothing: 100 samples/s in 10 GiB of 60 GiB usable; 11% faster than the "
+        "runner-up, fsdp (8 replicas), checkpointing nothing (90 samples/s, 10 GiB)"
+    )
 
 
 def test_the_same_layout_checkpointed_otherwise_is_no_runner_up():
