@@ -135,7 +135,8 @@ def test_tensor_parallel_degrees_stay_within_a_node_and_divide_the_devices():
 def test_search_measures_each_choice_and_degree_of_a_real_model(capsys, tmp_path):
     """gpt-tiny on 8 A100: three checkpointing choices, tp 2 and 4 (its 4 heads refuse 8, said why); the
     pick is one of the rows, the fastest of those that fit, and the report page says it."""
-    argv = ["plan", "--workload", "gpt-tiny", "--device", "a100", "--gpus", "8", "--search", "--json"]
+    argv = ["plan", "--workload", "gpt-tiny", "--seq-len", "32", "--device", "a100", "--gpus", "8"]
+    argv += ["--search", "--json"]
     assert main([*argv, "--out", str(tmp_path / "plan")]) == 0
     found = json.loads(capsys.readouterr().out)["search"]
     page = (tmp_path / "plan" / "report.html").read_text()
