@@ -63,6 +63,15 @@ def test_16_bit_precisions_halve_the_activations_only(precision, activations):
     assert m["parameters_bytes"] == m["gradients_bytes"] == 4e6  # autocast keeps weights and grads in fp32
 
 
+def test_16_bit_precisions_keep_the_losss_float32_activations():
+    toy = profile()
+    toy.loss_activation_bytes_per_sample = 4e3  # of the 1e4 a sample: autocast's float32 log-softmax
+    m = memory_per_device(toy, whole("single", 1), "sgd", "bf16", RUNTIME)
+    # 5e4 fixed, halved; 100 samples of 6e3 halved and 4e3 whole
+    assert m["activations_bytes"] == 5e4 / 2 + (6e3 / 2 + 4e3) * 100
+    assert memory_per_device(toy, whole("single", 1), "sgd", "fp32", RUNTIME)["activations_bytes"] == 5e4 + 1e6
+
+
 def test_ddp_replicates_and_takes_the_replica_batch():
     m = memory(whole("ddp", 2, batch=50), optimizer="adam")
     assert (m["parameters_bytes"], m["gradients_bytes"], m["optimizer_bytes"]) == (4e6, 4e6, 8e6 + 40)

@@ -595,6 +595,16 @@ def test_sequence_parallel_rows_count_the_gathers_and_scatters_as_measured(capsy
     assert split["param_bytes"] == plain["param_bytes"]
 
 
+def test_what_the_loss_saves_is_measured_apart(capsys):
+    """gpt-tiny at 64 tokens: its cross-entropy (paratrain's objective computes it in float32) saves the
+    log-softmax over 256 bytes of vocabulary, 64 x 256 x 4 bytes a sample, and the targets, 64 x 8: the part
+    of the activations a 16-bit precision does not halve."""
+    argv = ["plan", "--workload", "gpt-tiny", "--seq-len", "64", "--device", "a100", "--gpus", "2", "--json"]
+    assert main(argv) == 0
+    model = json.loads(capsys.readouterr().out)["model"]
+    assert model["loss_activation_bytes_per_sample"] == 64 * 256 * 4 + 64 * 8
+
+
 def test_checkpointed_activations_are_measured_on_the_checkpointed_model(capsys):
     """plan --checkpoint-activations wraps gpt-tiny's blocks as train does and measures what it then saves:
     far less than without; the recompute is each block's forward: 2 T (12 C^2) for the linear layers and

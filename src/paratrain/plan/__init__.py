@@ -136,6 +136,7 @@ def _model_json(profile: ModelProfile) -> dict[str, Any]:
         "recompute_flops_per_sample": profile.recompute_flops_per_sample,
         "activation_bytes_per_sample": profile.activation_bytes_per_sample,
         "activation_bytes_fixed": profile.activation_bytes_fixed,
+        "loss_activation_bytes_per_sample": profile.loss_activation_bytes_per_sample,
         "param_bytes": profile.param_bytes,
         "buffer_bytes": profile.buffer_bytes,
         "largest_unit_bytes": profile.largest_unit_bytes,

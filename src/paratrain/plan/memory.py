@@ -14,8 +14,9 @@ What a rank holds, as paratrain's strategies hold it (docs/strategies.md):
   the units' FLOPs), so the heaviest stage is the one reported;
 - activations: the saved tensors of the rank's share of the batch (profile.py measures bytes per
   sample); a 1F1B pipeline stage i keeps min(M, K − i) micro-batches in flight, GPipe all M. With
-  16-bit precisions the saved activations are taken as half (autocast saves most in 16 bits; the
-  fp32 ones it keeps, norms and softmax, make this an underestimate);
+  16-bit precisions the model's saved activations are taken as half (autocast saves most in 16 bits;
+  the fp32 ones it keeps inside the model, norms and softmax, make this an underestimate), the
+  loss's as measured (autocast computes it in float32);
 - `tp` (tensor parallelism, `--tp T`): what one rank holds as measured with the model split T ways
   by its own plan (profile.py): its pieces of the split layers and the rest whole, the activations
   it saves for the group's batch; `fsdp+tp` splits that model state over the data-parallel ranks;
@@ -52,6 +53,13 @@ class Layout:
     tp: int = 1  # devices of a tensor-parallel group: devices = data_parallel x stages x tp
 
 
+def sixteen_bit_activations(per_sample: float, loss: float, scale: float) -> float:
+    """Activation bytes a sample under the precision: the model's saved tensors scaled (halved in 16 bits),
+    the loss's kept (autocast computes the loss in float32: a language model's log-softmax over its whole
+    vocabulary is the largest of them)."""
+    return (per_sample - loss) * scale + loss
+
+
 def gathered_scale(precision: str) -> float:
     """FSDP's gathered parameters per float32 byte: with --precision bf16 it gathers them in bf16
     (MixedPrecisionPolicy(param_dtype=bf16), as engine/strategies/fsdp.py and torchtitan apply it)."""
@@ -86,7 +94,9 @@ def memory_per_device(
     (FSDP's parameters in flight), buffers, runtime and their total."""
     n = layout.data_parallel
     act_scale = 0.5 if precision in ("bf16", "fp16") else 1.0
-    per_sample = profile.activation_bytes_per_sample * act_scale
+    per_sample = sixteen_bit_activations(
+        profile.activation_bytes_per_sample, profile.loss_activation_bytes_per_sample, act_scale
+    )
     fixed = profile.activation_bytes_fixed * act_scale
     if layout.tp > 1:
         figures = _tensor_parallel(profile, layout, optimizer, act_scale, momentum, gathered_scale(precision))
@@ -133,8 +143,9 @@ def _tensor_parallel(
         "parameters_bytes": params,
         "gradients_bytes": params,
         "optimizer_bytes": optimizer_bytes(split.param_bytes, split.param_tensors, optimizer, momentum) / n,
-        "activations_bytes": act_scale
-        * (split.activation_bytes_fixed + split.activation_bytes_per_sample * layout.replica_batch),
+        "activations_bytes": act_scale * split.activation_bytes_fixed
+        + sixteen_bit_activations(split.activation_bytes_per_sample, split.loss_activation_bytes_per_sample, act_scale)
+        * layout.replica_batch,
         "gathered_bytes": 0.0,
     }
     if n > 1:  # the largest unit's split share, twice (running and prefetched), as fsdp's

@@ -45,6 +45,8 @@ class ModelProfile:
     recompute_flops_per_sample: int = 0  # --checkpoint-activations: the blocks' forward, run again in backward
     convolution_flops_per_sample: int = 0  # of flops_per_sample, those of convolutions (the rest: matrix products)
     tensor_parallel: TensorParallelProfile | None = None  # plan --tp T: the model split T ways, measured
+    # of activation_bytes_per_sample, what the loss saves (float32 under autocast: not halved in 16 bits)
+    loss_activation_bytes_per_sample: float = 0.0
 
     @property
     def kind(self) -> str:
@@ -74,6 +76,7 @@ class TensorParallelProfile:
     # sequence parallelism's all-gathers and reduce-scatters, by the bytes of the whole tensor
     gather_scatters: int = 0
     gather_scatter_bytes_per_sample: float = 0.0
+    loss_activation_bytes_per_sample: float = 0.0  # as ModelProfile's
 
 
 def profile_tensor_parallel(
@@ -113,8 +116,8 @@ def profile_tensor_parallel(
             checkpoint_blocks(model, cfg.checkpoint_activations_every)
         small, large = 2, 4
         with _Collectives() as sizes:
-            peak_small = _saved_peak(model, objective, *_batch(cfg, data, small))
-        peak_large = _saved_peak(model, objective, *_batch(cfg, data, large))
+            peak_small, loss_small = _saved_peak(model, objective, *_batch(cfg, data, small))
+        peak_large, loss_large = _saved_peak(model, objective, *_batch(cfg, data, large))
     except UsageError:
         raise
     except Exception as exc:  # a plan whose styles do not fit the layers' inputs or outputs
@@ -135,6 +138,7 @@ def profile_tensor_parallel(
         allreduce_bytes_per_sample=sum(sizes["all_reduce"]) / small,
         gather_scatters=len(sizes["gather_scatter"]),
         gather_scatter_bytes_per_sample=sum(sizes["gather_scatter"]) / small,
+        loss_activation_bytes_per_sample=max(loss_large - loss_small, 0) / (large - small),
         split_flops_share=split / total if total else 0.0,
     )
 
@@ -222,8 +226,8 @@ def profile_model(cfg: TrainConfig) -> ModelProfile:
         checkpoint_blocks(measured, cfg.checkpoint_activations_every)
     # Two batch sizes tell the part that grows with the batch from the part that does not.
     small, large = 2, 4
-    peak_small = _saved_peak(measured, objective, *_batch(cfg, data, small))
-    peak_large = _saved_peak(measured, objective, *_batch(cfg, data, large))
+    peak_small, loss_small = _saved_peak(measured, objective, *_batch(cfg, data, small))
+    peak_large, loss_large = _saved_peak(measured, objective, *_batch(cfg, data, large))
     per_sample = max(peak_large - peak_small, 0) / (large - small)
     fixed = max(peak_small - per_sample * small, 0.0)
 
@@ -241,6 +245,7 @@ def profile_model(cfg: TrainConfig) -> ModelProfile:
         recompute_flops_per_sample=recompute,
         activation_bytes_per_sample=per_sample,
         activation_bytes_fixed=fixed,
+        loss_activation_bytes_per_sample=max(loss_large - loss_small, 0) / (large - small),
         largest_unit_bytes=max([*unit_bytes, root_bytes]),
         units=units,
     )
@@ -318,11 +323,13 @@ def _count_flops(model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Ten
     return int(counter.get_total_flops()), per_module, convolution_flops(counter)
 
 
-def _saved_peak(model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Tensor) -> float:
+def _saved_peak(model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
     """Peak bytes of the tensors autograd saves for backward over one forward + backward (meta tensors:
-    the storage of each saved tensor once; parameters and views of them are not activations)."""
+    the storage of each saved tensor once; parameters and views of them are not activations), and of those
+    at the peak, the bytes the loss saved (after the model's forward returned): autocast computes the loss in
+    float32, so a 16-bit run does not halve them."""
     live: dict[int, list[int]] = {}
-    state = {"live": 0, "peak": 0}
+    state = {"live": 0, "peak": 0, "loss_live": 0, "loss_at_peak": 0, "in_loss": 0}
 
     class Saved:
         __slots__ = ("key", "tensor")
@@ -335,6 +342,7 @@ def _saved_peak(model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Tens
             ref[0] -= 1
             if ref[0] == 0:
                 state["live"] -= ref[1]
+                state["loss_live"] -= ref[1] * ref[2]
                 del live[self.key]
 
     def pack(tensor: torch.Tensor) -> Any:
@@ -346,26 +354,39 @@ def _saved_peak(model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Tens
         key = storage._cdata
         ref = live.get(key)
         if ref is None:
-            ref = live[key] = [0, storage.nbytes()]
+            ref = live[key] = [0, storage.nbytes(), state["in_loss"]]
             state["live"] += ref[1]
-            state["peak"] = max(state["peak"], state["live"])
+            state["loss_live"] += ref[1] * ref[2]
+            if state["live"] > state["peak"]:
+                state["peak"], state["loss_at_peak"] = state["live"], state["loss_live"]
         ref[0] += 1
         return Saved(tensor, key)
 
     def unpack(packed: Any) -> torch.Tensor:
         return packed.tensor if isinstance(packed, Saved) else packed
 
+    def phase(in_loss: int) -> Callable[..., None]:
+        def hook(*_: Any) -> None:
+            state["in_loss"] = in_loss
+
+        return hook
+
+    hooks = [model.register_forward_pre_hook(phase(0)), model.register_forward_hook(phase(1))]
     # A checkpointed block's forward runs again in backward, on the autograd engine's thread, where this
     # thread's mode is not active: checkpointed blocks run the plain attention both times (what they save
     # inside is not kept anyway), the others the fused kernel.
     attention = _FusedAttention(model)
-    with torch.autograd.graph.saved_tensors_hooks(pack, unpack), attention:
-        loss, _ = objective(model, x, y)
-    attention.remove()
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack), attention:
+            loss, _ = objective(model, x, y)
+    finally:
+        attention.remove()
+        for hook in hooks:
+            hook.remove()
     loss.backward()
     del loss
     _drop_grads(model)
-    return float(state["peak"])
+    return float(state["peak"]), float(state["loss_at_peak"])
 
 
 class _FusedAttention(TorchFunctionMode):
