@@ -1,5 +1,5 @@
 """`paratrain plan` against published multi-GPU measurements (docs/planner.md): prints each point's
-published and predicted figures, the error, and the commands. Takes about a minute here; no GPU
+published and predicted figures, the error, and the commands. Takes about two minutes here; no GPU
 needed: the plan measures each model on the meta device.
 
 Single-node: NVIDIA DeepLearningExamples, PyTorch/Classification/ConvNets, each model's README,

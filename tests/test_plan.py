@@ -480,6 +480,13 @@ BAD = {
         ],
         "has no sequence-parallel form",
     ),
+    "a user's plan that refuses the degree its own way": (
+        [
+            *["--model", "user_factories:tabled_net", "--dataset", "text", "--seq-len", "32", "--device", "a100"],
+            *["--gpus", "2", "--tp", "2", "--tp-plan", "user_factories:eight_way_only_plan"],
+        ],
+        "failed (ValueError: this model splits 8 ways, not 2)",
+    ),
     "unknown device": (["--workload", "gpt-tiny", "--device", "b200", "--gpus", "8"], "a100, h100"),
     "no nodes": (["--workload", "gpt-tiny", "--device", "a100", "--nodes", "0", "--gpus-per-node", "8"], "--nodes"),
     "no gpus per node": (

@@ -250,3 +250,11 @@ def conv_split_plan(model: nn.Module, degree: int) -> dict:
     """A --tp-plan that splits the embedding by output columns: its rank's share of the width then meets the
     whole-width table in the blocks."""
     return {"embed": "colwise"}
+
+
+def eight_way_only_plan(model: nn.Module, degree: int) -> dict:
+    """A --tp-plan that refuses, its own way, every degree but 8 (as a Llama plan refuses a degree its
+    key-value heads cannot take)."""
+    if degree != 8:
+        raise ValueError(f"this model splits 8 ways, not {degree}")
+    return TabledNet.tensor_parallel_plan(model, degree)

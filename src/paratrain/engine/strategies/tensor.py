@@ -120,9 +120,15 @@ def model_plan(
                 "sequence_parallel=False that returns the plan with 'sequence-norm', 'sequence-input' and "
                 "'rowwise-to-sequence' styles when true (docs/strategies.md), or drop --sequence-parallel"
             )
-        plan: dict[str, Any] = declare(degree, sequence_parallel=True)
-    else:
-        plan = declare(degree)
+    try:
+        plan: dict[str, Any] = declare(degree, sequence_parallel=True) if sequence_parallel else declare(degree)
+    except UsageError:
+        raise
+    except Exception as exc:  # the user's plan refusing the degree its own way (a ValueError, an assert)
+        raise UsageError(
+            f"--tp {degree}: {whose} failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+            "choose a --tp the model can be split by"
+        ) from None
     if not isinstance(plan, dict) or not plan:
         raise UsageError(f"--tp {degree}: the tensor-parallel plan is {plan!r}; it must be a non-empty dict")
     names = dict(model.named_modules())
