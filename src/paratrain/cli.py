@@ -1,6 +1,6 @@
 """The `paratrain` command: parse flags into a command's config, call its function, print the result.
 
-Every command's flags are generated from its config model (config.py) by `add_config_flags`: a
+Every command's flags are generated from its config model (config/) by `add_config_flags`: a
 flag, its config-file key and its Python keyword are the same thing, and a field added to a model
 is a flag with its help without an edit here. A model with a `train` field takes every train flag
 too. The work is in commands.py (what `import paratrain` callers call); the printing in

@@ -1,6 +1,6 @@
 """One function per command: it runs the job, then writes its artefacts in order (plots, report).
 
-The CLI parses flags into a command's config (config.py), calls its function here and prints what
+The CLI parses flags into a command's config (config/), calls its function here and prints what
 it returns; a Python caller calls the same function with the same config and gets the same result
 and the same files:
 

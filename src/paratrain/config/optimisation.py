@@ -1,0 +1,112 @@
+"""The batch, the learning rate and its schedule, the optimizer, and the measurement runs that choose them
+(find-batch, noise-scale, lr-find)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, Field
+
+if TYPE_CHECKING:
+    from paratrain.config.train import TrainConfig
+
+LRScaling = Literal["none", "linear", "sqrt"]
+Schedule = Literal["constant", "step", "exp", "inverse-time", "poly", "cosine", "range-test"]
+Optimizer = Literal["sgd", "adam", "adamw", "lars", "lamb"]
+
+
+class OptimisationOptions(BaseModel):
+    # Batch, learning rate, optimizer.
+    batch_size: int = Field(32, gt=0, description="samples per worker per micro-step")
+    grad_accum: int = Field(
+        1, gt=0, description="micro-steps per optimizer step (gradients are all-reduced on the last only)"
+    )
+    lr: float = Field(0.001, gt=0, description="base learning rate, for --base-batch-size samples")
+    lr_scaling: LRScaling = Field(
+        "linear", description="scale the LR with the global batch: linear (Goyal et al. 2017), sqrt, or none"
+    )
+    base_batch_size: int | None = Field(
+        None, gt=0, description="the global batch --lr is meant for (default: --batch-size, i.e. one worker)"
+    )
+    warmup_epochs: float = Field(
+        0.0, ge=0, description="ramp the LR linearly from --lr to the scaled LR over these epochs"
+    )
+    schedule: Schedule = Field("constant", description="LR schedule after warmup")
+    lr_step_size: float = Field(30.0, gt=0, description="epochs between decays for --schedule step")
+    lr_gamma: float = Field(0.1, gt=0, description="decay factor for --schedule step (per step) and exp (per epoch)")
+    lr_decay_rate: float = Field(0.5, gt=0, description="--schedule inverse-time: lr / (1 + rate * epoch)")
+    lr_power: float = Field(2.0, gt=0, description="--schedule poly: lr * (1 - t/T)^power")
+    min_lr: float = Field(0.0, ge=0, description="floor of --schedule cosine and poly")
+    optimizer: Optimizer = Field("sgd", description="sgd (momentum), adam, adamw, lars or lamb")
+    momentum: float = Field(0.9, ge=0, lt=1, description="momentum of sgd and lars")
+    weight_decay: float = Field(0.0, ge=0, description="weight decay (not applied to biases and norm layers)")
+    epochs: int = Field(3, gt=0, description="passes over the training set")
+    early_stop: int = Field(
+        0,
+        ge=0,
+        description="stop when the validation loss has not improved for this many epochs (0: never); needs a "
+        "validation split",
+    )
+
+    # Measurements for choosing the batch and the LR (paratrain find-batch, noise-scale, lr-find; docs/batch-size.md).
+    max_steps: int | None = Field(
+        None,
+        gt=0,
+        description="stop after this many optimizer steps (the last epoch may be partial); schedules end there",
+    )
+    lr_end: float | None = Field(
+        None,
+        gt=0,
+        description="--schedule range-test: the LR of the last step; the LR grows exponentially from --lr to it (an LR "
+        "range test)",
+    )
+    grad_noise: bool = Field(
+        False,
+        description="record each step's squared gradient norms of a small and a big batch (ddp: this rank's gradient "
+        "and the average; one worker: the first micro-batch and the whole --grad-accum step) into "
+        "RUN_DIR/grad_noise/rank<R>.jsonl, for the gradient noise scale",
+    )
+
+
+def check(config: TrainConfig) -> None:
+    """The warm-up ends before the run does."""
+    if config.warmup_epochs >= config.epochs and config.warmup_epochs > 0:
+        raise ValueError(f"--warmup-epochs ({config.warmup_epochs}) must be shorter than --epochs ({config.epochs})")
+
+
+def check_measurements(config: TrainConfig) -> None:
+    """The range-test schedule and the gradient-noise recording need the runs they can measure."""
+    if (config.schedule == "range-test") != (config.lr_end is not None):
+        raise ValueError(
+            "--schedule range-test and --lr-end go together: the range test sweeps the LR from --lr to --lr-end"
+        )
+    if config.lr_end is not None and config.lr_end <= config.lr:
+        raise ValueError(
+            f"--lr-end {config.lr_end:g} must be above --lr {config.lr:g}: the range test raises the LR from one to "
+            "the other"
+        )
+    if config.lr_end is not None and config.warmup_epochs > 0:
+        raise ValueError("--schedule range-test sets every step's LR itself; drop --warmup-epochs")
+    if not config.grad_noise:
+        return
+    if config.strategy_name not in ("single", "ddp", "zero1"):
+        raise ValueError(
+            f"--grad-noise measures through DDP's gradient averaging or gradient accumulation; use --strategy "
+            f"ddp, zero1 or single, not {config.strategy_name}"
+        )
+    if config.sync_every > 1 or config.grad_compression == "powersgd":
+        given = "--sync-every" if config.sync_every > 1 else "--grad-compression powersgd"
+        raise ValueError(
+            f"--grad-noise compares each rank's gradient with the exact average, which {given} replaces "
+            "(local steps, or a low-rank approximation); drop one of them"
+        )
+    if config.workers == 1 and config.grad_accum < 2:
+        raise ValueError(
+            "--grad-noise on one worker compares a micro-batch with the whole step: add --grad-accum 2 or more "
+            "(or use --workers 2)"
+        )
+    if config.precision == "fp16":
+        raise ValueError(
+            "--grad-noise reads gradients that fp16's loss scaling multiplies by a changing factor; use "
+            "--precision bf16 or 32"
+        )
