@@ -266,8 +266,10 @@ def test_weak_scaling_without_lr_scaling_is_a_study_finding(tmp_path):
         run = _fake_run(tmp_path / f"w{n}", {"workers": n, "lr_scaling": "none", "resolved": {}}, {"workers": n})
         rows.append(
             {
+                "workload": "cifar10-cnn",
                 "workers": n,
                 "point": "scaling",
+                "samples_per_s": 100.0 * n,
                 "global_batch_size": 32 * n,
                 "lr": 0.01,
                 "val_accuracy": 0.6 - 0.05 * n,
@@ -347,7 +349,7 @@ def test_headlines_say_against_what_and_whether_it_pays_off():
             "val_accuracy": 0.5,
         },
     ]
-    assert study_verdict({"rows": rows}) == [
+    assert study_verdict(_study(rows)) == [
         "w: 2 workers are 1.30x faster than one process on all 2 cores, 92% efficiency against 1 worker(s) x 1 "
         "core(s), accuracy -1.3 points: faster, but it costs accuracy"
     ]
@@ -375,8 +377,8 @@ def test_a_contended_reference_or_disagreeing_comparisons_headline_no_gain():
     from paratrain.reporting.verdict import study_verdict
 
     def rows(reference_flags=(), top_flags=(), vs_base=0.84, vs_all=4.99):
-        return {
-            "rows": [
+        return _study(
+            [
                 {
                     "workload": "w",
                     "workers": 1,
@@ -409,7 +411,7 @@ def test_a_contended_reference_or_disagreeing_comparisons_headline_no_gain():
                     "flags": list(reference_flags),
                 },
             ]
-        }
+        )
 
     rerun = "rerun paratrain scale with the same flags on an idle machine, with --repeats 3"
     (line,) = study_verdict(rows(reference_flags=["contended"]))
@@ -461,3 +463,10 @@ def test_one_rank_leading_in_one_sample_of_a_short_run_is_no_straggler():
     assert straggler(evidence(1, 6)) is None
     found = straggler(evidence(4, 12))
     assert found is not None and found.finding.startswith("rank 0 is a straggler")
+
+
+def _study(rows):
+    """A scaling.json as its record, the fields the verdict does not read filled in."""
+    from paratrain.runs.records import Study
+
+    return Study.model_validate({"mode": "weak", "rows": [{"samples_per_s": 100.0, **r} for r in rows]})

@@ -294,18 +294,26 @@ def test_batch_knee_is_the_smallest_batch_within_five_percent_of_the_best(tmp_pa
     assert checks.batch_knee(trials[:2], {"params": {"batch_size": 8}}) is None  # two batches: no knee
 
 
+def _study(rows, mode):
+    """A scaling.json as its record, the fields these checks do not read filled in."""
+    from paratrain.runs.records import Study
+
+    filled = [{"workload": "w", "samples_per_s": 100.0, "speedup": 1.0, "efficiency": 1.0, **r} for r in rows]
+    return Study.model_validate({"mode": mode, "rows": filled})
+
+
 def test_lr_not_scaled_in_a_weak_study_that_grew_the_batch(tmp_path):
     rows = [
         {"workers": 1, "global_batch_size": 64, "lr": 0.1, "val_accuracy": 0.5, "run_dir": "a"},
         {"workers": 2, "global_batch_size": 128, "lr": 0.1, "val_accuracy": 0.45, "run_dir": "b"},
     ]
     configs = {"a": {"lr_scaling": "none"}, "b": {"lr_scaling": "none"}}
-    found = checks.lr_not_scaled({"mode": "weak", "rows": rows}, configs)
+    found = checks.lr_not_scaled(_study(rows, "weak"), configs)
     assert found.finding == "weak scaling grew the global batch 2x but not the LR"
     assert found.remedy.startswith("paratrain scale --workers 1,2 --lr-scaling linear")
-    assert checks.lr_not_scaled({"mode": "strong", "rows": rows}, configs) is None
+    assert checks.lr_not_scaled(_study(rows, "strong"), configs) is None
     scaled = {"a": {"lr_scaling": "linear"}, "b": {"lr_scaling": "linear"}}
-    assert checks.lr_not_scaled({"mode": "weak", "rows": rows}, scaled) is None
+    assert checks.lr_not_scaled(_study(rows, "weak"), scaled) is None
 
 
 # -- edges and branches (each case kills a plausible mistake: scripts/mutate.py doctor/checks.py) -----
@@ -550,10 +558,10 @@ def test_lr_not_scaled_reads_the_scaling_rows_from_first_to_last(tmp_path):
     ]
     reference = {**rows[0], "point": "all_cores_reference", "run_dir": "ref"}
     configs = {r["run_dir"]: {"lr_scaling": "none"} for r in [*rows, reference]}
-    found = checks.lr_not_scaled({"mode": "weak", "rows": [*rows, reference]}, configs)
+    found = checks.lr_not_scaled(_study([*rows, reference], "weak"), configs)
     assert found.finding == "weak scaling grew the global batch 4x but not the LR"
-    assert checks.lr_not_scaled({"mode": "weak", "rows": rows}, {"1": {"lr_scaling": "none"}}) is None
+    assert checks.lr_not_scaled(_study(rows, "weak"), {"1": {"lr_scaling": "none"}}) is None
     moved = [*rows[:2], {**rows[2], "lr": 0.4}]
-    assert checks.lr_not_scaled({"mode": "weak", "rows": moved}, configs) is None
+    assert checks.lr_not_scaled(_study(moved, "weak"), configs) is None
     flat = [{**r, "global_batch_size": 64} for r in rows]
-    assert checks.lr_not_scaled({"mode": "weak", "rows": flat}, configs) is None
+    assert checks.lr_not_scaled(_study(flat, "weak"), configs) is None

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from paratrain.errors import UsageError
 from paratrain.runs import RunDir, write_json
-from paratrain.runs.records import Summary, checked_summary, fitting_fields, read_summary_record
+from paratrain.runs.records import Study, Summary, checked, fitting_fields, read_summary_record
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "run-directory.md"
 
@@ -78,9 +78,9 @@ def test_any_subset_of_an_old_summary_with_unknown_keys_reads_and_keeps_them(dro
 
 def test_a_wrongly_typed_summary_is_refused_where_it_is_written_and_named_where_it_is_read():
     with pytest.raises(ValueError):
-        checked_summary({**OLD_SUMMARY, "epoch_times_s": "fast"})
+        checked(Summary, {**OLD_SUMMARY, "epoch_times_s": "fast"})
     with pytest.raises(ValueError):
-        checked_summary({**OLD_SUMMARY, "status": "done"})
+        checked(Summary, {**OLD_SUMMARY, "status": "done"})
     with pytest.raises(UsageError, match=r"^runs/x/summary.json is not a paratrain summary: machine_load.contended"):
         read_summary_record({**OLD_SUMMARY, "machine_load": {"contended": "perhaps"}}, "runs/x/summary.json")
 
@@ -138,15 +138,54 @@ def test_every_scaling_row_field_is_documented_and_every_documented_key_is_a_fie
     assert keys == set(ScalingRow.model_fields)
 
 
-def test_a_scaling_row_of_the_wrong_shape_is_refused_where_it_is_written():
-    from paratrain.runs.records import checked_rows
+def test_every_study_field_is_named_in_the_docs():
+    text = (DOCS.parent / "scaling.md").read_text()
+    said = text[text.index("`DIR/scaling.json`") : text.index("| key | meaning |")]
+    assert set(Study.model_fields) <= set(re.findall(r"`([a-z_]+)`", said))
+
+
+def test_a_study_of_the_wrong_shape_is_refused_where_it_is_written_and_named_where_it_is_read(tmp_path):
+    from paratrain.runs.records import load_record
 
     row = {"workload": "m", "workers": 2, "samples_per_s": 10.0, "speedup": 1.8, "efficiency": 0.9}
-    assert checked_rows([row]) == [row]
+    study = {"mode": "weak", "rows": [row]}
+    assert checked(Study, study) == study
     with pytest.raises(ValueError):
-        checked_rows([{**row, "point": "reference"}])  # the reference row's kind is all_cores_reference
+        checked(Study, {**study, "rows": [{**row, "point": "reference"}]})  # the reference's kind: all_cores_reference
     with pytest.raises(ValueError):
-        checked_rows([{k: v for k, v in row.items() if k != "speedup"}])
+        checked(Study, {**study, "rows": [{k: v for k, v in row.items() if k != "speedup"}]})
+    with pytest.raises(ValueError):
+        checked(Study, {**study, "mode": "sideways"})
+    write_json(tmp_path / "scaling.json", {**study, "rows": [{**row, "workers": "two"}]})
+    with pytest.raises(UsageError, match=r"scaling.json is not a paratrain scaling study: rows.0.workers"):
+        load_record(Study, tmp_path / "scaling.json", "scaling study")
+
+
+# scaling.json as the first releases wrote it: no reference rows (`point`), no spreads, flags or rules.
+OLD_STUDY = {
+    "mode": "weak",
+    "workload": ["cifar10-cnn"],
+    "repeats": 1,
+    "rows": [
+        {"workload": "cifar10-cnn", "workers": 1, "threads_per_worker": 1, "global_batch_size": 64,
+         "epoch_time_s": 4.0, "samples_per_s": 1000.0, "speedup": 1.0, "efficiency": 1.0, "val_accuracy": 0.41,
+         "repeats": 1},
+        {"workload": "cifar10-cnn", "workers": 2, "threads_per_worker": 1, "global_batch_size": 128,
+         "epoch_time_s": 2.5, "samples_per_s": 1600.0, "speedup": 1.6, "efficiency": 0.8, "val_accuracy": 0.40,
+         "repeats": 1},
+    ],
+}  # fmt: skip
+
+
+def test_an_older_releases_study_reads_and_gives_a_page(tmp_path):
+    from paratrain.cli import main
+
+    study = Study.model_validate(OLD_STUDY)
+    assert [r.point for r in study.rows] == ["scaling", "scaling"] and study.reference("cifar10-cnn") is None
+    write_json(tmp_path / "scaling.json", OLD_STUDY)
+    assert main(["report", str(tmp_path)]) == 0
+    page = (tmp_path / "report.html").read_text()
+    assert "cifar10-cnn: 2 workers are 1.60x faster than 1 worker(s) x 1 core(s), 80% efficiency" in page
 
 
 def test_the_doctor_report_and_compare_read_an_older_releases_summary(trained, tmp_path, capsys):

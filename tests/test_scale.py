@@ -20,6 +20,7 @@ from paratrain.engine.lr import scaled_lr
 from paratrain.reporting import study_headline, study_table
 from paratrain.reporting.plots import study_plots
 from paratrain.runs import RunDir, write_json
+from paratrain.runs.records import Study
 from paratrain.scale import point_config, scaling_rows
 
 CORES = len(os.sched_getaffinity(0))
@@ -110,7 +111,12 @@ def test_speedup_is_relative_to_the_smallest_count_of_each_workload(tmp_path):
     assert rows[("small", 2)]["speedup"] == pytest.approx(2.0)
 
 
-def _cell(result: dict, row: int, column: str) -> str:
+def _record(rows: list[dict]) -> Study:
+    """scaling.json's record of these rows, as `report` reads it."""
+    return Study.model_validate({"mode": "weak", "rows": rows})
+
+
+def _cell(result: Study, row: int, column: str) -> str:
     columns, cells = study_table(result)
     return cells[row][columns.index(column)]
 
@@ -132,7 +138,7 @@ def test_rows_show_threads_and_the_speedup_against_one_process_on_all_cores(tmp_
     assert two["speedup_vs_all_cores"] == pytest.approx(8 / 6) and one["speedup_vs_all_cores"] == pytest.approx(0.8)
     assert ref["speedup_vs_all_cores"] == 1.0 and ref["speedup"] == pytest.approx(10 / 8)
     assert ref["efficiency"] == pytest.approx(10 / 8 / 2)  # its 2 cores are two 1-core workers' worth
-    result = {"rows": rows}
+    result = _record(rows)
     assert [_cell(result, i, "threads") for i in range(3)] == ["1", "1", "2"]
     assert _cell(result, 2, "workers") == "1 (all cores)" and _cell(result, 1, "vs all cores") == "1.33"
     (headline,) = study_headline(result)
@@ -154,18 +160,17 @@ def test_repeats_show_their_spread_and_disagreeing_repeats_are_flagged(tmp_path)
     assert one["repeat_spread"] == pytest.approx(1.05) and two["repeat_spread"] == pytest.approx(1.2)
     assert (one["flags"], two["flags"], four["flags"]) == ([], ["repeats_disagree"], [])
     assert two["speedup_range"] == pytest.approx([10.25 / 6, 10.25 / 5])
-    result = {"mode": "weak", "rows": rows}
+    result = _record(rows)
     assert _cell(result, 0, "epoch time (s)") == "10.25\n(10.00–10.50)"
     assert _cell(result, 1, "samples/s") == "183\n(167–200)" and _cell(result, 1, "flags") == "spread x1.20"
     assert _cell(result, 2, "epoch time (s)") == "3.00"  # one run: no spread to show
     # the plots draw the spread: the same rows without it give different pictures
-    still = {
-        "mode": "weak",
-        "rows": [
+    still = _record(
+        [
             {**r, **{k: [r[k.removesuffix("_range")]] * 2 for k in r if k.endswith("_range") and r[k] is not None}}
             for r in rows
-        ],
-    }
+        ]
+    )
     (tmp_path / "spread").mkdir(), (tmp_path / "still").mkdir()
     drawn, flat = study_plots(result, tmp_path / "spread"), study_plots(still, tmp_path / "still")
     for name in ("epoch_time", "throughput", "speedup", "efficiency"):
@@ -181,8 +186,8 @@ def test_rows_measured_under_contention_are_flagged(tmp_path):
     ]
     one, two, ref = rows = scaling_rows(runs)
     assert (one["flags"], one["contended_runs"], two["flags"], ref["flags"]) == (["contended"], 1, ["contended"], [])
-    assert _cell({"rows": rows}, 0, "flags") == "contended 1/2"
-    (headline,) = study_headline({"rows": rows})
+    assert _cell(_record(rows), 0, "flags") == "contended 1/2"
+    (headline,) = study_headline(_record(rows))
     assert "can't tell: the 2-worker run was slowed by other work" in headline
     assert headline.endswith("Flagged (2: contended 1/1).") and "speedup" not in headline
 
@@ -198,7 +203,7 @@ def test_a_headline_claims_no_gain_on_a_contended_reference(tmp_path):
             _fake_run(where / "b", "m", 2, [9.0, 5.95]),
             _fake_run(where / "c", "m", 1, [9.0, 29.7], threads=2, all_cores=True, contended=reference_contended),
         ]
-        (headline,) = study_headline({"rows": scaling_rows(runs)})
+        (headline,) = study_headline(_record(scaling_rows(runs)))
         return headline
 
     slowed = study(reference_contended=True)
@@ -218,7 +223,7 @@ def test_a_clean_study_headlines_its_speedup(tmp_path):
         _fake_run(tmp_path / "b", "m", 2, [9.0, 6.0]),
         _fake_run(tmp_path / "c", "m", 1, [9.0, 8.0], threads=2, all_cores=True),
     ]
-    (headline,) = study_headline({"rows": scaling_rows(runs)})
+    (headline,) = study_headline(_record(scaling_rows(runs)))
     assert headline == (
         "m: 2 worker(s) x 1 core(s) against one process on all 2 cores (what 'paratrain train --workers 1' "
         "runs): speedup 1.33 (epoch 6.00 s against 8.00 s); speedup 1.67 and efficiency 0.83 against "
@@ -252,7 +257,7 @@ def test_single_epoch_runs_are_marked_as_including_start_up(tmp_path, capsys):
     assert table.count("incl. start-up") >= 3  # both rows and the note that explains it
     assert "a run had a single epoch, so its time and samples/s include start-up" in table
     assert "incl. start-up" not in _cell(
-        {"rows": scaling_rows([_fake_run(tmp_path / "two", "m", 1, [9.0, 8.0])])}, 0, "flags"
+        _record(scaling_rows([_fake_run(tmp_path / "two", "m", 1, [9.0, 8.0])])), 0, "flags"
     )
 
 
@@ -624,9 +629,9 @@ def test_the_accuracy_plot_names_the_split_the_table_names(tmp_path, monkeypatch
 
     monkeypatch.setattr(plots, "_save", keep_label)
     rows = scaling_rows([_fake_run(tmp_path / "a", "m", 1, [9.0, 8.0]), _fake_run(tmp_path / "b", "m", 2, [9.0, 5.0])])
-    study_plots({"mode": "weak", "rows": rows}, tmp_path)
-    assert labels["accuracy.png"] == "test accuracy" and "test acc" in study_table({"rows": rows})[0]
-    study_plots({"mode": "weak", "rows": [{**r, "val_split": "val"} for r in rows]}, tmp_path)
+    study_plots(_record(rows), tmp_path)
+    assert labels["accuracy.png"] == "test accuracy" and "test acc" in study_table(_record(rows))[0]
+    study_plots(_record([{**r, "val_split": "val"} for r in rows]), tmp_path)
     assert labels["accuracy.png"] == "val accuracy"
 
 

@@ -77,8 +77,9 @@ def scale(
         result = run_study(cfg, on_start=on_start, on_point=on_point)
     from paratrain.reporting import write_report
     from paratrain.reporting.plots import study_plots
+    from paratrain.runs.records import Study
 
-    study_plots(result, cfg.out)
+    study_plots(Study.model_validate(result), cfg.out)
     return {**result, "report": str(write_report([cfg.out]))}
 
 

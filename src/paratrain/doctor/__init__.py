@@ -31,7 +31,7 @@ from paratrain.errors import UsageError
 from paratrain.launch import probe_summary
 from paratrain.launch.probe_summary import PROBE_DIR
 from paratrain.runs import SCALING_FILE, SWEEP_FILE, RunDir
-from paratrain.runs.records import Summary
+from paratrain.runs.records import Study, Summary, load_record
 
 __all__ = ["Finding", "diagnose", "diagnose_run", "format_text", "idle_fractions"]
 
@@ -154,17 +154,17 @@ def verdict(findings: Sequence[Finding]) -> str:
 
 def _study_findings(path: Path) -> list[Finding]:
     """The study's own checks, then the run checks of its largest point, each said of that point."""
-    study = json_file(path / SCALING_FILE)
-    rows = [r for r in study.get("rows", []) if r.get("point", "scaling") == "scaling"]
+    study = load_record(Study, path / SCALING_FILE, "scaling study")
+    rows = study.points()
     if not rows:
         raise UsageError(f"{path}: the scaling study has no finished point to diagnose; finish it with --resume")
-    configs = {r["run_dir"]: _config(Path(r["run_dir"])) for r in rows}
+    configs = {r.run_dir: _config(Path(r.run_dir)) for r in rows if r.run_dir}
     findings = [f for f in (lr_not_scaled(study, configs),) if f]
     top = rows[-1]
-    ev = read_run(Path(top["run_dir"])) if RunDir(Path(top["run_dir"])).is_run() else None
+    ev = read_run(Path(top.run_dir)) if top.run_dir and RunDir(Path(top.run_dir)).is_run() else None
     if ev is not None and ev.has_steps:
         for f in diagnose_run(ev):
-            f.finding = f"at {top['workers']} workers: {f.finding}"
+            f.finding = f"at {top.workers} workers: {f.finding}"
             findings.append(f)
     return findings
 

@@ -16,6 +16,7 @@ from paratrain.doctor.evidence import IDLE_CPU_PERCENT, RunEvidence, idle_fracti
 from paratrain.doctor.finding import Finding, accumulation
 from paratrain.formatting import ms, pct, speedup
 from paratrain.runs import steady_epoch_time
+from paratrain.runs.records import Study
 
 # Thresholds: a share of the optimizer step (breakdown) above which a phase is worth fixing.
 COMM_SHARE = 0.20  # exposed all-reduce time that backward did not hide
@@ -466,30 +467,40 @@ RUN_CHECKS: tuple[Callable[[RunEvidence], Finding | None], ...] = (
 # -- study and sweep checks ----------------------------------------------------------------------
 
 
-def lr_not_scaled(study: dict[str, Any], configs: dict[str, dict[str, Any]]) -> Finding | None:
+def lr_not_scaled(study: Study, configs: dict[str, dict[str, Any]]) -> Finding | None:
     """Weak scaling grew the global batch while the LR stayed put."""
-    rows = [r for r in study["rows"] if r.get("point", "scaling") == "scaling"]
-    if study.get("mode") != "weak" or len(rows) < 2:
+    rows = study.points()
+    if study.mode != "weak" or len(rows) < 2:
         return None
     first, last = rows[0], rows[-1]
-    rules = {configs.get(r["run_dir"], {}).get("lr_scaling") for r in rows}
+    rules = {configs.get(r.run_dir or "", {}).get("lr_scaling") for r in rows}
     # rules first: a study of a user's script (`scale --script`) has no LR rule and may report no global batch
-    if rules != {"none"} or last["global_batch_size"] <= first["global_batch_size"] or last["lr"] != first["lr"]:
+    if (
+        rules != {"none"}
+        or first.global_batch_size is None
+        or last.global_batch_size is None
+        or last.global_batch_size <= first.global_batch_size
+        or last.lr != first.lr
+    ):
         return None
-    grow = last["global_batch_size"] / first["global_batch_size"]
+    grow = last.global_batch_size / first.global_batch_size
     return Finding(
         "lr_not_scaled",
         f"weak scaling grew the global batch {grow:.0f}x but not the LR",
-        f"global batch {first['global_batch_size']} -> {last['global_batch_size']}, LR {first['lr']:g} at every point "
-        f"(--lr-scaling none); accuracy {first['val_accuracy']:.1%} -> {last['val_accuracy']:.1%}",
+        f"global batch {first.global_batch_size} -> {last.global_batch_size}, LR {first.lr:g} at every point "
+        f"(--lr-scaling none){_accuracy_change(first.val_accuracy, last.val_accuracy)}",
         "with k times the batch, SGD takes k times fewer steps of the same size: it covers less distance per epoch "
         "(Goyal et al. 2017 scale the LR linearly, with warmup)",
-        f"paratrain scale --workers {','.join(str(r['workers']) for r in rows)} --lr-scaling linear --warmup-epochs 1 "
+        f"paratrain scale --workers {','.join(str(r.workers) for r in rows)} --lr-scaling linear --warmup-epochs 1 "
         "(plus the study's other flags)",
         "accuracy per epoch, not time (the linear scaling rule; no number predicted)",
         None,
         "advice",
     )
+
+
+def _accuracy_change(first: float | None, last: float | None) -> str:
+    return "" if first is None or last is None else f"; accuracy {first:.1%} -> {last:.1%}"
 
 
 def batch_knee(trials: list[dict[str, Any]], best: dict[str, Any]) -> Finding | None:

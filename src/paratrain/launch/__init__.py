@@ -30,7 +30,7 @@ from paratrain.measure.monitor import monitor_run, ranks_by_log
 from paratrain.runs import RunDir, write_json
 from paratrain.runs.exports import check_exports, export_run
 from paratrain.runs.lock import run_dir_entries, run_dir_lock
-from paratrain.runs.records import checked_summary
+from paratrain.runs.records import Summary, checked
 from paratrain.runs.tensorboard import check_tensorboard
 
 
@@ -148,7 +148,7 @@ def _launch(
             "prepare_s": prepare_s,
             "wall_time_s": time.perf_counter() - command_started,
         }
-        write_json(run.summary, checked_summary(failed))
+        write_json(run.summary, checked(Summary, failed))
         raise
     assert summary is not None, "rank 0 returned no summary"
     # wall_time_s is the whole command, data preparation (prepare_s: decoding, caching) included.
@@ -163,13 +163,13 @@ def _launch(
         "run_dir": str(run.path),
         "machine_load": load.finish(),
     }
-    write_json(run.summary, checked_summary(summary))
+    write_json(run.summary, checked(Summary, summary))
     if summary["status"] == "diverged":
         raise TrainingDiverged(summary["error"])
     exported = export_run(cfg, run.path)
     if exported:
         summary.update(exported)
-        write_json(run.summary, checked_summary(summary))
+        write_json(run.summary, checked(Summary, summary))
     return summary
 
 

@@ -42,7 +42,7 @@ from paratrain.launch.placement import available_cores, core_sets, resolve_devic
 from paratrain.measure.monitor import monitor_run, ranks_by_environment
 from paratrain.runs import RunDir, json_records, steady_epoch_time, write_json
 from paratrain.runs.lock import run_dir_entries, run_dir_lock
-from paratrain.runs.records import checked_summary, fitting_fields
+from paratrain.runs.records import Summary, checked, fitting_fields
 from paratrain.script_client import REPORT_FILE_ENV
 
 # The keys of summary.json that launch itself writes; a reported metric of the same name is kept
@@ -183,7 +183,7 @@ def _launch(
     if summary.get("samples_per_s") is None and summary["probe"].get("samples_per_s"):
         # The script reported no throughput: the probe's count of the samples its ranks trained on.
         summary["samples_per_s"] = summary["probe"]["samples_per_s"]
-    write_json(run.summary, checked_summary(summary))
+    write_json(run.summary, checked(Summary, summary))
     return summary
 
 

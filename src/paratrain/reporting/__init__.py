@@ -20,6 +20,7 @@ from paratrain.formatting import human
 from paratrain.reporting.verdict import (
     cannot_tell,
     comparison_verdict,
+    cores_text,
     doctor_html,
     run_verdict,
     study_points,
@@ -29,7 +30,7 @@ from paratrain.reporting.verdict import (
     workers_what,
 )
 from paratrain.runs import SCALING_FILE, SWEEP_FILE, RunDir
-from paratrain.runs.records import Memory, Summary
+from paratrain.runs.records import Memory, ScalingRow, Study, Summary, load_record
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1220px; color: #222; }
@@ -278,58 +279,59 @@ _FLAG_WORDS = {
 }
 
 
-def _flag_text(row: dict[str, Any]) -> str:
-    return ",\n".join(_FLAG_WORDS[f][0].format(**row) if f in _FLAG_WORDS else f for f in row.get("flags", []))
+def _flag_text(row: ScalingRow) -> str:
+    return ",\n".join(_FLAG_WORDS[f][0].format(**row.model_dump()) if f in _FLAG_WORDS else f for f in row.flags)
 
 
-def study_table(result: dict[str, Any]) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
+def _spread_of(row: ScalingRow, value: float, span: list[float] | None, fmt: str) -> str:
+    return _spread(value, span or [value, value], fmt, row.repeats or 1)
+
+
+def study_table(result: Study) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
     """The columns and the formatted cells of a study's table (scaling.json rows)."""
     cells = []
-    for r in result["rows"]:
-        reference = r.get("point") == ALL_CORES_POINT
-        vs_all = r.get("speedup_vs_all_cores")
+    for r in result.rows:
+        reference = r.point == ALL_CORES_POINT
+        vs_all = r.speedup_vs_all_cores
         # A studied script reports what it measures: epoch time, global batch or accuracy may be missing.
         cells.append(
             (
-                r["workload"],
-                f"{r['workers']}{' (all cores)' if reference else ''}",
-                str(r.get("threads_per_worker", "?")),
-                str(r.get("global_batch_size") or "-"),
-                "-"
-                if r.get("epoch_time_s") is None
-                else _spread(r["epoch_time_s"], r["epoch_time_s_range"], ".2f", r["repeats"]),
-                _spread(r["samples_per_s"], r["samples_per_s_range"], ",.0f", r["repeats"])
-                + (f"\n{r['tokens_per_s']:,.0f} tokens/s" if r.get("tokens_per_s") else ""),
-                f"{r['speedup']:.2f}",
+                r.workload,
+                f"{r.workers}{' (all cores)' if reference else ''}",
+                cores_text(r),
+                str(r.global_batch_size or "-"),
+                "-" if r.epoch_time_s is None else _spread_of(r, r.epoch_time_s, r.epoch_time_s_range, ".2f"),
+                _spread_of(r, r.samples_per_s, r.samples_per_s_range, ",.0f")
+                + (f"\n{r.tokens_per_s:,.0f} tokens/s" if r.tokens_per_s else ""),
+                f"{r.speedup:.2f}",
                 "-" if vs_all is None else f"{vs_all:.2f}",
-                f"{r['efficiency']:.2f}",
-                "-" if r.get("val_accuracy") is None else f"{r['val_accuracy']:.2%}",
-                str(r["repeats"]),
+                f"{r.efficiency:.2f}",
+                "-" if r.val_accuracy is None else f"{r.val_accuracy:.2%}",
+                str(r.repeats),
                 _flag_text(r),
             )
         )
-    splits = {r.get("val_split", "test") for r in result["rows"]}
+    splits = {r.val_split or "test" for r in result.rows}
     split = splits.pop() if len(splits) == 1 else "val/test"
     return tuple(c.format(split=split) for c in STUDY_COLUMNS), cells
 
 
-def study_headline(result: dict[str, Any]) -> list[str]:
+def study_headline(result: Study) -> list[str]:
     """Per workload, the comparison a user faces: the most workers against one process on all cores.
     When the verdict cannot tell (a contended row, comparisons that disagree), neither can the
     headline: it gives the verdict's reason, the clean comparison and the rerun, not a speedup."""
     lines = []
     for workload, base, top, reference in study_points(result):
-        who = f"{top['workers']} worker(s) x {top.get('threads_per_worker', '?')} core(s)"
+        who = workers_what(top)
         against_all = (
-            f" against one process on all {reference['threads_per_worker']} cores (what "
-            f"'paratrain train --workers 1' runs)"
+            f" against one process on all {cores_text(reference)} cores (what 'paratrain train --workers 1' runs)"
             if reference
             else ""
         )
         flagged = [
-            f"{r['workers']}{' all cores' if r is reference else ''}: {_flag_text(r).replace(chr(10), ' ')}"
+            f"{r.workers}{' all cores' if r is reference else ''}: {_flag_text(r).replace(chr(10), ' ')}"
             for r in (top, reference)
-            if r and r.get("flags")
+            if r and r.flags
         ]
         undecided = cannot_tell(base, top, reference) if top is not base or reference else None
         if undecided:
@@ -338,47 +340,42 @@ def study_headline(result: dict[str, Any]) -> list[str]:
                 + (f". Flagged ({'; '.join(flagged)})." if flagged else ".")
             )
             continue
-        per_core = f"speedup {top['speedup']:.2f} and efficiency {top['efficiency']:.2f} against {workers_what(base)}"
+        per_core = f"speedup {top.speedup:.2f} and efficiency {top.efficiency:.2f} against {workers_what(base)}"
         if reference:
             measured = (
-                f"epoch {top['epoch_time_s']:.2f} s against {reference['epoch_time_s']:.2f} s"
-                if top.get("speedup_basis", "epoch_time_s") == "epoch_time_s"
-                else f"{top['samples_per_s']:,.0f} against {reference['samples_per_s']:,.0f} samples/s"
+                f"epoch {top.epoch_time_s:.2f} s against {reference.epoch_time_s:.2f} s"
+                if (top.speedup_basis or "epoch_time_s") == "epoch_time_s"
+                else f"{top.samples_per_s:,.0f} against {reference.samples_per_s:,.0f} samples/s"
             )
-            line = f"{workload}: {who}{against_all}: speedup {top['speedup_vs_all_cores']:.2f} ({measured}); {per_core}"
+            line = f"{workload}: {who}{against_all}: speedup {top.speedup_vs_all_cores:.2f} ({measured}); {per_core}"
         else:
             line = f"{workload}: {who}: {per_core}"
         lines.append(line + (f". Flagged ({'; '.join(flagged)}): read with care." if flagged else "."))
     return lines
 
 
-def study_notes(result: dict[str, Any]) -> list[str]:
+def study_notes(result: Study) -> list[str]:
     """What the brackets and the flags mean, with the thresholds used."""
     notes = [
         "epoch time and samples/s: median over repeats, (min–max) when there is more than one run; "
         "threads: cores per worker; vs all cores: speedup against one process on all cores (workers '1 (all cores)')"
     ]
-    if any(r["repeats"] < 2 for r in result["rows"]):
+    if any((r.repeats or 1) < 2 for r in result.rows):
         notes.append("rows with one run show no spread: --repeats 3 measures the noise")
-    notes += [
-        f"{_FLAG_WORDS.get(name, (name, name))[1]}: {rule}" for name, rule in result.get("flag_rules", {}).items()
-    ]
+    notes += [f"{_FLAG_WORDS.get(name, (name, name))[1]}: {rule}" for name, rule in result.flag_rules.items()]
     return notes
 
 
 def _study_body(path: Path) -> str:
     from paratrain.reporting.plots import breakdown_plot, study_plots
 
-    result = json.loads((path / SCALING_FILE).read_text())
-    rows = result["rows"]
+    result = load_record(Study, path / SCALING_FILE, "scaling study")
 
     def render(tmp: Path) -> str:
         plots = study_plots(result, tmp)
-        timed = [r for r in rows if r.get("breakdown")]  # a studied script has no step breakdown
-        labels = [
-            f"{r['workload']} w{r['workers']}{' all cores' if r.get('point') == ALL_CORES_POINT else ''}" for r in timed
-        ]
-        bd = breakdown_plot([r["breakdown"] for r in timed], labels, tmp / "breakdown.png") if timed else None
+        timed = [r for r in result.rows if r.breakdown]  # a studied script has no step breakdown
+        labels = [f"{r.workload} w{r.workers}{' all cores' if r.point == ALL_CORES_POINT else ''}" for r in timed]
+        bd = breakdown_plot([r.breakdown for r in timed], labels, tmp / "breakdown.png") if timed else None
         table = _table(*study_table(result), "scaling")
         headline = (
             "<div id='headline'>"
@@ -390,9 +387,9 @@ def _study_body(path: Path) -> str:
         spec = json.loads((path / "study.json").read_text()) if (path / "study.json").exists() else {}
         return (
             verdict_html(study_verdict(result), doctor_html(path))
-            + f"{headline}<p class='note'>{html.escape(result['mode'])} scaling. "
-            f"{html.escape(result.get('timing', ''))}. "
-            f"{html.escape(result.get('cpu_worker', ''))}.</p>{table}{notes}<h2>Plots</h2><div "
+            + f"{headline}<p class='note'>{html.escape(result.mode)} scaling. "
+            f"{html.escape(result.timing or '')}. "
+            f"{html.escape(result.cpu_worker or '')}.</p>{table}{notes}<h2>Plots</h2><div "
             f"class='plots'>{images}</div>"
             + (f"<h2>Step-time breakdown</h2>{_img(bd, 'breakdown')}" if bd else "")
             + f"<h2>Study</h2>{_table(('option', 'value'), [(k, human(k, v)) for k, v in spec.items()])}"

@@ -11,8 +11,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from paratrain.reporting import ALL_CORES_POINT
+from paratrain.reporting.verdict import cores_text, workers_what
 from paratrain.runs import RunDir
+from paratrain.runs.records import ScalingRow, Study
 
 
 def _save(fig: Any, path: Path) -> Path:
@@ -22,17 +23,16 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
-def study_plots(result: dict[str, Any], out: Path) -> dict[str, Path]:
+def study_plots(result: Study, out: Path) -> dict[str, Path]:
     """Epoch time, samples/s, speedup (with the ideal line), efficiency, accuracy vs global batch.
 
     Error bars are the min-max over repeats. The one-process-on-all-cores reference of a CPU study
     is a dotted line in the time and throughput plots, and the speedup against it a second series.
     """
-    reference = {r["workload"]: r for r in result["rows"] if r.get("point") == ALL_CORES_POINT}
-    rows = [r for r in result["rows"] if r.get("point", "scaling") == "scaling"]
-    workloads = list(dict.fromkeys(r["workload"] for r in rows))
-    counts = sorted({r["workers"] for r in rows})
-    mode = result["mode"]
+    rows = result.points()
+    workloads = list(dict.fromkeys(r.workload for r in rows))
+    counts = sorted({r.workers for r in rows})
+    mode = result.mode
     specs = {
         "epoch_time": ("epoch time (s)", "epoch_time_s", "epoch_time_s_range"),
         "throughput": ("samples/s", "samples_per_s", "samples_per_s_range"),
@@ -43,9 +43,7 @@ def study_plots(result: dict[str, Any], out: Path) -> dict[str, Path]:
     for name, (label, key, spread) in specs.items():
         fig, ax = plt.subplots(figsize=(5.5, 3.8))
         for i, workload in enumerate(workloads):
-            _study_series(
-                ax, name, key, spread, f"C{i}", [r for r in rows if r["workload"] == workload], reference.get(workload)
-            )
+            _study_series(ax, name, key, spread, f"C{i}", result.points(workload), result.reference(workload))
         if name == "speedup":
             ax.plot(counts, counts, "k--", linewidth=1, label="ideal")
         if name == "efficiency":
@@ -66,56 +64,59 @@ def study_plots(result: dict[str, Any], out: Path) -> dict[str, Path]:
     return {**paths, **({"accuracy": accuracy} if accuracy else {})}
 
 
-def _study_series(ax: Any, name: str, key: str, spread: str, color: str, mine: list[dict], ref: dict | None) -> None:
+def _study_series(
+    ax: Any, name: str, key: str, spread: str, color: str, mine: list[ScalingRow], ref: ScalingRow | None
+) -> None:
     """One workload's line (with min-max bars over repeats) in one study plot; the speedup plot adds
     the speedup against one process on all cores, and the time plots that process as a dotted line.
     A studied script that reports samples/s only has no epoch time: no line."""
-    workload = mine[0]["workload"]
-    mine = [r for r in mine if r.get(key) is not None]
+    workload = mine[0].workload
+    mine = [r for r in mine if getattr(r, key) is not None]
     if not mine:
         return
-    base = f" (vs {mine[0]['workers']} worker(s) x {mine[0].get('threads_per_worker', '?')} core(s))"
+    base = f" (vs {workers_what(mine[0])})"
     series = [(key, spread, workload + (base if name == "speedup" else ""), "-")]
     if name == "speedup" and ref:
         series.append(
             (
                 "speedup_vs_all_cores",
                 "speedup_vs_all_cores_range",
-                f"{workload} (vs one process, all {ref['threads_per_worker']} cores)",
+                f"{workload} (vs one process, all {cores_text(ref)} cores)",
                 "--",
             )
         )
     for value, span, legend, style in series:
-        xs = [r["workers"] for r in mine]
-        ys = [r[value] for r in mine]
+        xs = [r.workers for r in mine]
+        ys = [getattr(r, value) for r in mine]
         # Efficiency is proportional to speedup, so its bars are the speedup's, rescaled.
-        scale = [r["efficiency"] / r["speedup"] if name == "efficiency" else 1.0 for r in mine]
-        lo = [y - r[span][0] * k if r.get(span) else 0.0 for y, r, k in zip(ys, mine, scale)]
-        hi = [r[span][1] * k - y if r.get(span) else 0.0 for y, r, k in zip(ys, mine, scale)]
+        scale = [r.efficiency / r.speedup if name == "efficiency" else 1.0 for r in mine]
+        spans = [getattr(r, span) for r in mine]
+        lo = [y - s[0] * k if s else 0.0 for y, s, k in zip(ys, spans, scale)]
+        hi = [s[1] * k - y if s else 0.0 for y, s, k in zip(ys, spans, scale)]
         ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, color=color, linestyle=style, label=legend)
-    if ref and name in ("epoch_time", "throughput") and ref.get(key) is not None:
+    if ref and name in ("epoch_time", "throughput") and getattr(ref, key) is not None:
         ax.axhline(
-            ref[key],
+            getattr(ref, key),
             color=color,
             linestyle=":",
             linewidth=1.2,
-            label=f"{workload}: one process, all {ref['threads_per_worker']} cores",
+            label=f"{workload}: one process, all {cores_text(ref)} cores",
         )
 
 
-def _accuracy_plot(rows: list[dict], workloads: list[str], out: Path) -> Path | None:
+def _accuracy_plot(rows: list[ScalingRow], workloads: list[str], out: Path) -> Path | None:
     """Accuracy against the global batch, one line per workload."""
-    measured = [r for r in rows if r.get("val_accuracy") is not None and r.get("global_batch_size") is not None]
+    measured = [r for r in rows if r.val_accuracy is not None and r.global_batch_size is not None]
     if not measured:  # a studied script that reports no accuracy or global batch
         return None
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     for workload in workloads:
-        mine = [r for r in measured if r["workload"] == workload]
-        ax.plot([r["global_batch_size"] for r in mine], [r["val_accuracy"] for r in mine], marker="o", label=workload)
+        mine = [r for r in measured if r.workload == workload]
+        ax.plot([r.global_batch_size for r in mine], [r.val_accuracy for r in mine], marker="o", label=workload)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("global batch size")
     # The split the table's accuracy column names: a study's runs measure on the test split unless given --val-split.
-    splits = {r.get("val_split", "test") for r in measured}
+    splits = {r.val_split or "test" for r in measured}
     ax.set_ylabel(f"{splits.pop() if len(splits) == 1 else 'val/test'} accuracy")
     ax.set_title("accuracy against global batch")
     ax.grid(alpha=0.3)

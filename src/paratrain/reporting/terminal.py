@@ -15,7 +15,7 @@ from rich.table import Table
 
 from paratrain.formatting import ms
 from paratrain.reporting import comparison_table, plan_table, study_headline, study_notes, study_table, sweep_notes
-from paratrain.runs.records import Breakdown, Summary
+from paratrain.runs.records import Breakdown, Study, Summary
 
 
 def wide_console() -> Console:
@@ -103,9 +103,11 @@ def show_train(summary: dict[str, Any]) -> None:
     wide_console().print(table)
 
 
-def show_study(result: dict[str, Any]) -> None:
+def show_study(study: dict[str, Any]) -> None:
+    """`paratrain scale`'s result (scaling.json's contents) as the terminal table, notes and headline."""
+    result = Study.model_validate(study)
     columns, rows = study_table(result)
-    table = Table(title=f"{result['mode']} scaling (epoch time: median, first epoch excluded)")
+    table = Table(title=f"{result.mode} scaling (epoch time: median, first epoch excluded)")
     for col in columns:
         table.add_column(col, justify="left" if col in ("workload", "flags") else "right")
     for row in rows:

@@ -19,7 +19,7 @@ from typing import Any
 
 from paratrain.errors import UsageError
 from paratrain.formatting import human, seconds
-from paratrain.runs.records import Summary
+from paratrain.runs.records import ScalingRow, Study, Summary
 
 # "Pays off": at least this much faster than the alternative, losing at most this many points of
 # held-out accuracy (differences below a point are within seed noise for the built-in workloads).
@@ -83,20 +83,16 @@ def run_verdict(summary: Summary | None, config: dict[str, Any]) -> list[str]:
     return lines
 
 
-def study_points(result: dict[str, Any]) -> Iterator[tuple[str, dict, dict, dict | None]]:
+def study_points(result: Study) -> Iterator[tuple[str, ScalingRow, ScalingRow, ScalingRow | None]]:
     """Per workload of a study: (workload, base, top, reference): its fewest and most workers, and the
     one process on all cores when the study measured it. The verdict and the CLI's headline both read these."""
-    from paratrain.reporting import ALL_CORES_POINT
-
-    rows = result["rows"]
-    for workload in dict.fromkeys(r["workload"] for r in rows):
-        scaling = [r for r in rows if r["workload"] == workload and r.get("point", "scaling") == "scaling"]
-        reference = next((r for r in rows if r["workload"] == workload and r.get("point") == ALL_CORES_POINT), None)
+    for workload in result.workloads:
+        scaling = result.points(workload)
         if scaling:
-            yield workload, scaling[0], scaling[-1], reference
+            yield workload, scaling[0], scaling[-1], result.reference(workload)
 
 
-def study_verdict(result: dict[str, Any]) -> list[str]:
+def study_verdict(result: Study) -> list[str]:
     """Per workload: the most workers against the alternative the user has, with efficiency and accuracy."""
     lines = []
     for workload, base, top, reference in study_points(result):
@@ -107,37 +103,41 @@ def study_verdict(result: dict[str, Any]) -> list[str]:
         if undecided:
             lines.append(f"{workload}: {undecided}")
             continue
-        if reference and top.get("speedup_vs_all_cores"):
-            ratio, against = top["speedup_vs_all_cores"], reference
-            what = f"one process on all {reference.get('threads_per_worker', '?')} cores"
+        if reference and top.speedup_vs_all_cores:
+            ratio, against = top.speedup_vs_all_cores, reference
+            what = f"one process on all {cores_text(reference)} cores"
         else:
-            ratio, against, what = top["speedup"] / base["workers"], base, base_what
-        points = _points(top.get("val_accuracy"), against.get("val_accuracy"))
+            ratio, against, what = top.speedup / base.workers, base, base_what
+        points = _points(top.val_accuracy, against.val_accuracy)
         lines.append(
-            f"{workload}: {top['workers']} workers are {_faster(ratio, what)}, {top['efficiency']:.0%} "
+            f"{workload}: {top.workers} workers are {_faster(ratio, what)}, {top.efficiency:.0%} "
             f"efficiency against {base_what}, {_accuracy_text(points)}: {judge(ratio, points)}"
         )
     return lines
 
 
-def _contended(row: dict | None) -> bool:
-    return bool(row) and "contended" in row.get("flags", [])
+def _contended(row: ScalingRow | None) -> bool:
+    return row is not None and "contended" in row.flags
 
 
-def workers_what(row: dict) -> str:
-    return f"{row['workers']} worker(s) x {row.get('threads_per_worker', '?')} core(s)"
+def cores_text(row: ScalingRow) -> str:
+    return "?" if row.threads_per_worker is None else str(row.threads_per_worker)
 
 
-def cannot_tell(base: dict, top: dict, reference: dict | None) -> str | None:
+def workers_what(row: ScalingRow) -> str:
+    return f"{row.workers} worker(s) x {cores_text(row)} core(s)"
+
+
+def cannot_tell(base: ScalingRow, top: ScalingRow, reference: ScalingRow | None) -> str | None:
     """Why the table cannot back a verdict, for the verdict and the study's headline alike: a
     comparison whose rows other work slowed (a 2-thread process collapses when its cores are taken,
     so a contended all-cores reference reads as a large speedup), or the two comparisons pointing
     different ways. It says what the clean comparison shows and the rerun that would decide; None
     when the rows support a verdict."""
     base_what = workers_what(base)
-    vs_base = top["speedup"] / base["workers"] if top is not base else None
-    vs_ref = top.get("speedup_vs_all_cores") if reference else None
-    ref_what = f"one process on all {reference.get('threads_per_worker', '?')} cores" if reference else ""
+    vs_base = top.speedup / base.workers if top is not base else None
+    vs_ref = top.speedup_vs_all_cores if reference else None
+    ref_what = f"one process on all {cores_text(reference)} cores" if reference else ""
     rerun = (
         "rerun paratrain scale with the same flags on an idle machine, with --repeats 3 "
         "(paratrain doctor on a run shows what else took its cores)"
@@ -153,7 +153,7 @@ def cannot_tell(base: dict, top: dict, reference: dict | None) -> str | None:
             for what, ratio in ((base_what, vs_base), (ref_what, vs_ref))
             if ratio is not None
         )
-        return f"can't tell: the {top['workers']}-worker run was slowed by other work; measured {measured}; {rerun}"
+        return f"can't tell: the {top.workers}-worker run was slowed by other work; measured {measured}; {rerun}"
     slowed = [what for what, row in ((base_what, base), (ref_what, reference)) if row is not top and _contended(row)]
     if slowed and (vs_ref is not None or vs_base is not None):
         return (

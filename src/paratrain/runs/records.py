@@ -16,7 +16,8 @@ pydantic (pyproject.toml's import-linter contract).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from pathlib import Path
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -28,6 +29,9 @@ class Record(BaseModel):
     wrote fewer of them still reads."""
 
     model_config = ConfigDict(extra="allow")
+
+
+R = TypeVar("R", bound=Record)
 
 
 class Breakdown(Record):
@@ -145,12 +149,6 @@ class Summary(Record):
         return bool(self.machine_load and self.machine_load.contended)
 
 
-def checked_summary(summary: dict[str, Any]) -> dict[str, Any]:
-    """`summary` as it is, once it reads as a Summary: what the launcher writes passes through here."""
-    Summary.model_validate(summary)
-    return summary
-
-
 def fitting_fields(values: dict[str, Any]) -> dict[str, Any]:
     """The values that fit the Summary field of their name (all others, which are not fields, too): a
     launched script's reported metrics go to the top level of its summary only where they read as
@@ -171,14 +169,30 @@ def fitting_fields(values: dict[str, Any]) -> dict[str, Any]:
 
 def read_summary_record(data: dict[str, Any], where: str) -> Summary:
     """A summary.json's contents as a record; one line naming the file when it is not a summary."""
+    return read_record(Summary, data, where, "summary")
+
+
+def read_record(model: type[R], data: Any, where: str, what: str) -> R:
+    """A run file's contents as its record; one line naming the file and the field when it does not read."""
     from pydantic import ValidationError
 
     try:
-        return Summary.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
         error = exc.errors()[0]
         field = ".".join(str(part) for part in error["loc"])
-        raise UsageError(f"{where} is not a paratrain summary: {field}: {error['msg']}") from None
+        raise UsageError(f"{where} is not a paratrain {what}: {field}: {error['msg']}") from None
+
+
+def load_record(model: type[R], file: Path, what: str) -> R:
+    """A JSON run file as its record: one line when it is not JSON, or not the record it should be."""
+    import json
+
+    try:
+        data = json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{file} is not valid JSON ({exc}); it was damaged or is not paratrain's") from None
+    return read_record(model, data, str(file), what)
 
 
 class ScalingRow(Record):
@@ -216,8 +230,34 @@ class ScalingRow(Record):
     breakdown: dict[str, float] | None = None
 
 
-def checked_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """scaling.json's rows as they are, once each reads as a ScalingRow: what scale writes passes here."""
-    for row in rows:
-        ScalingRow.model_validate(row)
-    return rows
+class Study(Record):
+    """scaling.json: a scaling study's table (`paratrain scale`, or `paratrain report` collecting a study
+    that ran as SLURM jobs), its rules and its rows."""
+
+    mode: Literal["weak", "strong"]
+    workload: list[str] | str | None = None
+    repeats: int | None = None
+    timing: str | None = None
+    cpu_worker: str | None = None
+    flag_rules: dict[str, str] = {}
+    strategy: list[str] | None = None
+    rows: list[ScalingRow]
+
+    def points(self, workload: str | None = None) -> list[ScalingRow]:
+        """The scaling points (not the all-cores reference), of one workload or of all, in worker order."""
+        return [r for r in self.rows if r.point == "scaling" and workload in (None, r.workload)]
+
+    def reference(self, workload: str) -> ScalingRow | None:
+        """The one process on all cores that a CPU study of `workload` measured, if it did."""
+        return next((r for r in self.rows if r.workload == workload and r.point == "all_cores_reference"), None)
+
+    @property
+    def workloads(self) -> list[str]:
+        return list(dict.fromkeys(r.workload for r in self.rows))
+
+
+def checked(model: type[Record], data: dict[str, Any]) -> dict[str, Any]:
+    """`data` as it is, once it reads as `model`: what paratrain writes passes here, so a field of the
+    wrong type is a bug caught where it is written."""
+    model.model_validate(data)
+    return data

@@ -42,7 +42,7 @@ from paratrain.launch.load import CONTENDED_ABOVE
 from paratrain.launch.placement import available_cores, resolve_device
 from paratrain.runs import SCALING_FILE, RunDir, steady_epoch_time, write_json
 from paratrain.runs.lock import run_dir_entries, run_dir_lock
-from paratrain.runs.records import Summary, checked_rows
+from paratrain.runs.records import Study, Summary, checked
 
 # Repeats whose samples/s differ by more than this ratio (fastest / slowest) are flagged: on a quiet
 # machine repeats of these workloads agree within a few per cent.
@@ -239,28 +239,32 @@ def run_study(
 
 def study_result(study: ScaleConfig, runs: list[RunDir]) -> dict[str, Any]:
     """What scaling.json holds: the study's table computed from its run directories."""
-    return {
-        "mode": study.mode,
-        "workload": study.workload,
-        "repeats": study.repeats,
-        "timing": (
-            "samples/s is what the script reported; speedup = samples/s(N) / samples/s(base) x base, "
-            "efficiency = speedup / N; speedup_vs_all_cores = samples/s(N) / samples/s(one process on all cores)"
-            if study.script
-            else "epoch time is the median over the epochs after the first of each run; "
-            "speedup = T(base) / T(N) x base, efficiency = speedup / N; "
-            "speedup_vs_all_cores = T(one process on all cores) / T(N)"
-        ),
-        "cpu_worker": "one worker = one rank with its own core(s), playing the role of a GPU",
-        "flag_rules": {
-            "contended": f"in n of the m runs, other work took over {CONTENDED_ABOVE:.0%} of the run's cores "
-            "(summary.json machine_load.other_fraction)",
-            "repeats_disagree": f"the repeats' samples/s differ by more than x{SPREAD_LIMIT} (fastest / slowest = R)",
-            "includes_startup": "a run had a single epoch, so its time and samples/s include start-up",
+    return checked(
+        Study,
+        {
+            "mode": study.mode,
+            "workload": study.workload,
+            "repeats": study.repeats,
+            "timing": (
+                "samples/s is what the script reported; speedup = samples/s(N) / samples/s(base) x base, "
+                "efficiency = speedup / N; speedup_vs_all_cores = samples/s(N) / samples/s(one process on all cores)"
+                if study.script
+                else "epoch time is the median over the epochs after the first of each run; "
+                "speedup = T(base) / T(N) x base, efficiency = speedup / N; "
+                "speedup_vs_all_cores = T(one process on all cores) / T(N)"
+            ),
+            "cpu_worker": "one worker = one rank with its own core(s), playing the role of a GPU",
+            "flag_rules": {
+                "contended": f"in n of the m runs, other work took over {CONTENDED_ABOVE:.0%} of the run's cores "
+                "(summary.json machine_load.other_fraction)",
+                "repeats_disagree": f"the repeats' samples/s differ by more than x{SPREAD_LIMIT} "
+                "(fastest / slowest = R)",
+                "includes_startup": "a run had a single epoch, so its time and samples/s include start-up",
+            },
+            **({"strategy": study.strategy} if study.strategy else {}),
+            "rows": scaling_rows(runs, study.strategy),
         },
-        **({"strategy": study.strategy} if study.strategy else {}),
-        "rows": checked_rows(scaling_rows(runs, study.strategy)),
-    }
+    )
 
 
 def collect_study(out: Path) -> dict[str, Any]:
