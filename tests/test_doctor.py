@@ -304,7 +304,9 @@ def test_a_sweep_whose_best_batch_is_below_the_throughput_knee(tmp_path):
     trials = [trial(0, 8, 900, 0.70), trial(1, 32, 2800, 0.66), trial(2, 64, 2900, 0.64), trial(3, 128, 3000, 0.60)]
     sweep = tmp_path / "sweep"
     sweep.mkdir()
-    (sweep / "sweep.json").write_text(json.dumps({"trials": trials, "best": trials[0], "metric": ["val_accuracy"]}))
+    (sweep / "sweep.json").write_text(
+        json.dumps({"name": "batch", "trials": trials, "best": trials[0], "metric": ["val_accuracy"]})
+    )
     found = diagnose(sweep)["findings"]
     assert [f["check"] for f in found] == ["batch_below_knee"]
     assert "below the throughput knee (64)" in found[0]["finding"] and "3.22x faster" in found[0]["predicted_gain"]
@@ -312,6 +314,7 @@ def test_a_sweep_whose_best_batch_is_below_the_throughput_knee(tmp_path):
 
 def test_headlines_say_against_what_and_whether_it_pays_off():
     from paratrain.reporting.verdict import judge, study_verdict, sweep_verdict
+    from paratrain.runs.records import SweepResult
 
     assert [judge(1.05, 0.0), judge(0.9, 0.0), judge(1.5, -2.0), judge(1.5, -0.5)] == [
         "does not pay off (less than 10% faster)",
@@ -358,12 +361,15 @@ def test_headlines_say_against_what_and_whether_it_pays_off():
         for i, (b, a, t) in enumerate([(16, 0.62, 40.0), (16, 0.60, 44.0), (64, 0.55, 12.0)])
     ]
     lines = sweep_verdict(
-        {
-            "trials": trials,
-            "best": {**trials[0], "value": 0.62},
-            "metric": ["val_accuracy"],
-            "space": {"parameters": {"batch_size": {}}},
-        }
+        SweepResult(
+            name="batch",
+            **{
+                "trials": trials,
+                "best": {**trials[0], "value": 0.62},
+                "metric": ["val_accuracy"],
+                "space": {"parameters": {"batch_size": {}}},
+            },
+        )
     )
     assert lines == [
         "best: trial 0 (batch_size=16): val_accuracy 62.0% in 40.0 s",

@@ -12,6 +12,7 @@ import pytest
 
 from paratrain.doctor import checks
 from paratrain.doctor.evidence import RunEvidence, read_run
+from paratrain.runs.records import Trial
 
 BREAKDOWN = {"data_s": 0.01, "compute_s": 0.04, "comm_s": 0.04, "optimizer_s": 0.008, "other_s": 0.002}
 
@@ -280,18 +281,23 @@ def test_contended_names_the_other_work_and_is_advice(tmp_path):
 # -- sweeps and studies ------------------------------------------------------------------------------
 
 
-def _trial(batch: int, rate: float) -> dict[str, Any]:
-    return {"state": "COMPLETE", "params": {"batch_size": batch}, "metrics": {"samples_per_s": rate}}
+def _trial(batch: int, rate: float, state: str = "COMPLETE", **metrics: float) -> Trial:
+    measured = {"samples_per_s": rate} if rate else {}
+    return Trial(number=0, state=state, params={"batch_size": batch}, metrics={**measured, **metrics})
+
+
+def _best(**params: Any) -> Trial:
+    return Trial(number=3, state="COMPLETE", params=params)
 
 
 def test_batch_knee_is_the_smallest_batch_within_five_percent_of_the_best(tmp_path):
     # 200 samples/s at best: the knee is 32 (196 >= 190), not 16 (180). From 16: 1 - 180/196 saved.
     trials = [_trial(8, 100), _trial(16, 180), _trial(16, 180), _trial(32, 196), _trial(64, 200)]
-    found = checks.batch_knee(trials, {"params": {"batch_size": 16}})
+    found = checks.batch_knee(trials, _best(batch_size=16))
     assert found.finding == "the best trial's batch 16 is below the throughput knee (32)"
     assert found.saving == pytest.approx(1 - 180 / 196)
-    assert checks.batch_knee(trials, {"params": {"batch_size": 32}}) is None
-    assert checks.batch_knee(trials[:2], {"params": {"batch_size": 8}}) is None  # two batches: no knee
+    assert checks.batch_knee(trials, _best(batch_size=32)) is None
+    assert checks.batch_knee(trials[:2], _best(batch_size=8)) is None  # two batches: no knee
 
 
 def _study(rows, mode):
@@ -542,13 +548,14 @@ def test_idle_devices_names_the_gpus_idle_a_fifth_of_the_run(tmp_path):
 
 def test_the_knee_among_complete_trials_with_a_rate_and_a_best_trial_with_a_batch(tmp_path):
     trials = [_trial(8, 100), _trial(16, 180), _trial(32, 190), _trial(64, 200)]  # 190 is exactly 95 %
-    assert "knee (32)" in checks.batch_knee(trials, {"params": {"batch_size": 16}}).finding
-    failed = {"state": "FAIL", "params": {"batch_size": 128}, "metrics": {"samples_per_s": 1000}}
-    unmeasured = {"state": "COMPLETE", "params": {"batch_size": 256}, "metrics": {}}
-    assert "knee (32)" in checks.batch_knee([*trials, failed, unmeasured], {"params": {"batch_size": 16}}).finding
-    assert "knee (32)" in checks.batch_knee(trials[1:], {"params": {"batch_size": 16}}).finding  # 3 batches suffice
-    assert checks.batch_knee(trials, {"params": {"lr": 0.1}}) is None
-    assert checks.batch_knee(trials, {"number": 3}) is None
+    assert "knee (32)" in checks.batch_knee(trials, _best(batch_size=16)).finding
+    failed = _trial(128, 1000, state="FAIL")
+    unmeasured = _trial(256, 0)
+    assert "knee (32)" in checks.batch_knee([*trials, failed, unmeasured], _best(batch_size=16)).finding
+    assert "knee (32)" in checks.batch_knee(trials[1:], _best(batch_size=16)).finding  # 3 batches suffice
+    assert checks.batch_knee(trials, _best(lr=0.1)) is None
+    assert checks.batch_knee(trials, _best()) is None
+    assert checks.batch_knee(trials, None) is None
 
 
 def test_lr_not_scaled_reads_the_scaling_rows_from_first_to_last(tmp_path):

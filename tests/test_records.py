@@ -177,6 +177,53 @@ OLD_STUDY = {
 }  # fmt: skip
 
 
+def test_every_sweep_and_trial_field_is_named_in_the_docs():
+    from paratrain.runs.records import SweepResult, Trial
+
+    text = (DOCS.parent / "sweeps.md").read_text()
+    said = text[text.index("`DIR/sweep.json`") : text.index("Also\nwritten:")]
+    named = set(re.findall(r"`([a-z_]+)`|\"([a-z_]+)\"", said))
+    named = {a or b for a, b in named}
+    assert set(SweepResult.model_fields) | set(Trial.model_fields) <= named, (
+        set(SweepResult.model_fields) | set(Trial.model_fields)
+    ) - named
+
+
+# sweep.json as the first releases wrote it: no sampler, recorded metrics, parallelism or attempts.
+OLD_SWEEP = {
+    "name": "lr",
+    "algorithm": "grid",
+    "metric": ["val_accuracy"],
+    "objective": ["maximize"],
+    "space": {"parameters": {"lr": {"type": "discrete", "values": [0.01, 0.1]}}},
+    "items": 2,
+    "counts": {"COMPLETE": 2, "PRUNED": 0, "FAIL": 0, "RUNNING": 0},
+    "trials": [
+        {"number": 0, "params": {"lr": 0.01}, "value": 0.41, "state": "COMPLETE", "duration_s": 30.0,
+         "run_dir": None, "reason": None, "metrics": {"val_accuracy": 0.41, "time_s": 30.0}},
+        {"number": 1, "params": {"lr": 0.1}, "value": 0.52, "state": "COMPLETE", "duration_s": 31.0,
+         "run_dir": None, "reason": None, "metrics": {"val_accuracy": 0.52, "time_s": 31.0}},
+    ],
+    "best": {"number": 1, "params": {"lr": 0.1}, "value": 0.52, "state": "COMPLETE", "metrics": {"val_accuracy": 0.52}},
+}  # fmt: skip
+
+
+def test_an_older_releases_sweep_reads_gives_a_page_and_a_diagnosis(tmp_path, capsys):
+    from paratrain.cli import main
+    from paratrain.runs.records import SweepResult, Trial, load_record
+
+    sweep = SweepResult.model_validate(OLD_SWEEP)
+    assert isinstance(sweep.best, Trial) and sweep.best.number == 1 and len(sweep.completed()) == 2
+    write_json(tmp_path / "sweep.json", OLD_SWEEP)
+    assert main(["report", str(tmp_path)]) == 0
+    page = (tmp_path / "report.html").read_text()
+    assert "best: trial 1 (lr=0.1): val_accuracy 52.0%" in page
+    assert main(["doctor", str(tmp_path)]) == 0
+    write_json(tmp_path / "sweep.json", {**OLD_SWEEP, "trials": [{**OLD_SWEEP["trials"][0], "state": "SPLENDID"}]})
+    with pytest.raises(UsageError, match=r"sweep.json is not a paratrain sweep: trials.0.state"):
+        load_record(SweepResult, tmp_path / "sweep.json", "sweep")
+
+
 def test_an_older_releases_study_reads_and_gives_a_page(tmp_path):
     from paratrain.cli import main
 

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from conftest import write_trial_script
 
+from paratrain.runs.records import SweepResult
+
 PARATRAIN = [sys.executable, "-m", "paratrain", "sweep"]
 
 # score = 10 x + y, a second metric `loss2` = x - y, after TRIAL_SLEEP seconds; each finished trial
@@ -102,7 +104,11 @@ def test_a_two_parameter_grid_shows_every_metric_its_sampler_its_payoff_and_a_he
     # The heatmap: x down, y across, the score in each cell; embedded in the report.
     from paratrain.reporting.plots import heatmap_cells
 
-    assert heatmap_cells(result, "score") == ([1, 2], [1, 2, 3], [[11.0, 12.0, 13.0], [21.0, 22.0, 23.0]])
+    assert heatmap_cells(SweepResult.model_validate(result), "score") == (
+        [1, 2],
+        [1, 2, 3],
+        [[11.0, 12.0, 13.0], [21.0, 22.0, 23.0]],
+    )
     assert (out / "sweep-heatmap.png").exists() and "alt='heatmap'" in page
 
 
@@ -227,18 +233,19 @@ def test_bad_sweep_input_is_one_line_exit_2_and_writes_nothing(tmp_path, script,
     assert not out.exists(), "nothing written on bad input"
 
 
-def _result(params: dict[str, list], metric: list[str], metrics_of) -> dict:
-    """A sweep.json of completed trials over every combination of `params`."""
+def _result(params: dict[str, list], metric: list[str], metrics_of) -> SweepResult:
+    """A sweep.json of completed trials over every combination of `params`, as `report` reads it."""
     import itertools
 
     combos = [dict(zip(params, values)) for values in itertools.product(*params.values())]
-    return {
-        "metric": metric,
-        "space": {"parameters": {p: {"type": "discrete", "values": v} for p, v in params.items()}},
-        "trials": [
+    return SweepResult(
+        name="trust",
+        metric=metric,
+        space={"parameters": {p: {"type": "discrete", "values": v} for p, v in params.items()}},
+        trials=[
             {"number": i, "state": "COMPLETE", "params": c, "metrics": metrics_of(c)} for i, c in enumerate(combos)
         ],
-    }
+    )
 
 
 def test_sweep_plots_colour_by_the_second_parameter_and_show_test_beside_validation():

@@ -92,11 +92,12 @@ def sweep(
     returns sweep.json's contents with `report`, the page's path."""
     from paratrain.reporting import write_report
     from paratrain.reporting.plots import sweep_plots
+    from paratrain.runs.records import SweepResult
     from paratrain.sweep.driver import run_sweep
 
     result = run_sweep(cfg, listen or (lambda kind, info: None), ready or (lambda *args: None))
     out = Path(result["out"])
-    sweep_plots(result, out)
+    sweep_plots(SweepResult.model_validate(result), out)
     return {**result, "report": str(write_report([out]))}
 
 

@@ -24,14 +24,14 @@ from paratrain.doctor.checks import (
     lr_not_scaled,
     rank0_alone,
 )
-from paratrain.doctor.evidence import RunEvidence, idle_fractions, json_file, read_run, system_samples
+from paratrain.doctor.evidence import RunEvidence, idle_fractions, read_run, system_samples
 from paratrain.doctor.finding import Finding
 from paratrain.doctor.script_checks import SCRIPT_CHECKS, probe_status
 from paratrain.errors import UsageError
 from paratrain.launch import probe_summary
 from paratrain.launch.probe_summary import PROBE_DIR
 from paratrain.runs import SCALING_FILE, SWEEP_FILE, RunDir
-from paratrain.runs.records import Study, Summary, load_record
+from paratrain.runs.records import Study, Summary, SweepResult, Trial, load_record
 
 __all__ = ["Finding", "diagnose", "diagnose_run", "format_text", "idle_fractions"]
 
@@ -172,26 +172,26 @@ def _study_findings(path: Path) -> list[Finding]:
 def _sweep_findings(path: Path) -> list[Finding]:
     """The batch knee across trials, then the run checks of the best trial (built-in trials are runs; a
     probed script trial is read as a one-rank launched run)."""
-    sweep = json_file(path / SWEEP_FILE)
-    best = sweep.get("best") or {}
-    findings = [f for f in (batch_knee(sweep.get("trials", []), best),) if f]
-    ev = _best_trial(sweep, best)
+    sweep = load_record(SweepResult, path / SWEEP_FILE, "sweep")
+    best = sweep.best if isinstance(sweep.best, Trial) else None
+    findings = [f for f in (batch_knee(sweep.trials, best),) if f]
+    ev = _best_trial(sweep, best) if best is not None else None
     if ev is not None and ev.has_steps:
         for f in diagnose_run(ev):
-            f.finding = f"best trial {best['number']}: {f.finding}"
+            f.finding = f"best trial {best.number}: {f.finding}"
             findings.append(f)
     return findings
 
 
-def _best_trial(sweep: dict[str, Any], best: dict[str, Any]) -> RunEvidence | None:
-    if not best.get("run_dir"):
+def _best_trial(sweep: SweepResult, best: Trial) -> RunEvidence | None:
+    if not best.run_dir:
         return None
-    trial = Path(best["run_dir"])
+    trial = Path(best.run_dir)
     if RunDir(trial / "run").is_run():  # a built-in trial's run directory
         return read_run(trial / "run")
     if (trial / PROBE_DIR).is_dir():  # a script trial's probe records, summarised as launch does
         summary = Summary.model_validate({"status": "completed", "workers": 1, **probe_summary.summarise(trial)})
-        config = {"script": sweep.get("script", "the script"), "workers": 1, "resolved": {}}
+        config = {"script": sweep.script or "the script", "workers": 1, "resolved": {}}
         return RunEvidence(path=trial, config=config, summary=summary, events=[], system=system_samples(trial))
     return None
 

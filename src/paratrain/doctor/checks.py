@@ -16,7 +16,7 @@ from paratrain.doctor.evidence import IDLE_CPU_PERCENT, RunEvidence, idle_fracti
 from paratrain.doctor.finding import Finding, accumulation
 from paratrain.formatting import ms, pct, speedup
 from paratrain.runs import steady_epoch_time
-from paratrain.runs.records import Study
+from paratrain.runs.records import Study, Trial
 
 # Thresholds: a share of the optimizer step (breakdown) above which a phase is worth fixing.
 COMM_SHARE = 0.20  # exposed all-reduce time that backward did not hide
@@ -503,22 +503,18 @@ def _accuracy_change(first: float | None, last: float | None) -> str:
     return "" if first is None or last is None else f"; accuracy {first:.1%} -> {last:.1%}"
 
 
-def batch_knee(trials: list[dict[str, Any]], best: dict[str, Any]) -> Finding | None:
+def batch_knee(trials: list[Trial], best: Trial | None) -> Finding | None:
     """A sweep over batch_size measured throughput per batch: is the chosen batch below the knee
     (the smallest batch within 5 % of the best samples/s)?"""
-    done = [
-        t
-        for t in trials
-        if t["state"] == "COMPLETE" and "batch_size" in t["params"] and t["metrics"].get("samples_per_s")
-    ]
-    if not best or "batch_size" not in best.get("params", {}) or len({t["params"]["batch_size"] for t in done}) < 3:
+    done = [t for t in trials if t.state == "COMPLETE" and "batch_size" in t.params and t.metrics.get("samples_per_s")]
+    if best is None or "batch_size" not in best.params or len({t.params["batch_size"] for t in done}) < 3:
         return None
     rates: dict[int, float] = {}
-    for b in {t["params"]["batch_size"] for t in done}:
-        rates[b] = statistics.median(t["metrics"]["samples_per_s"] for t in done if t["params"]["batch_size"] == b)
+    for b in {t.params["batch_size"] for t in done}:
+        rates[b] = statistics.median(t.metrics["samples_per_s"] for t in done if t.params["batch_size"] == b)
     top = max(rates.values())
     knee = min(b for b, r in rates.items() if r >= 0.95 * top)
-    chosen = best["params"]["batch_size"]
+    chosen = best.params["batch_size"]
     if chosen >= knee:
         return None
     saving = 1 - rates[chosen] / rates[knee]

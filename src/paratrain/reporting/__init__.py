@@ -30,7 +30,16 @@ from paratrain.reporting.verdict import (
     workers_what,
 )
 from paratrain.runs import SCALING_FILE, SWEEP_FILE, RunDir
-from paratrain.runs.records import Memory, ScalingRow, Study, Summary, load_record
+from paratrain.runs.records import (
+    Memory,
+    ParetoFront,
+    ScalingRow,
+    Study,
+    Summary,
+    SweepResult,
+    Trial,
+    load_record,
+)
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1220px; color: #222; }
@@ -409,13 +418,13 @@ _SAMPLERS = {
 }
 
 
-def sweep_notes(result: dict[str, Any]) -> list[str]:
+def sweep_notes(result: SweepResult) -> list[str]:
     """The sampler, the split each metric is measured on, whether -j paid off, and why a sweep
     stopped before its budget."""
-    sampler = result.get("sampler") or result["space"].get("sampler", "?")
-    notes = [f"{result['algorithm']} search, sampler: {_SAMPLERS.get(sampler, sampler)}"]
-    if result.get("mode") == "builtin":
-        split = result.get("val_split")
+    sampler = result.sampler or result.space.get("sampler", "?")
+    notes = [f"{result.algorithm} search, sampler: {_SAMPLERS.get(sampler, sampler)}"]
+    if result.mode == "builtin":
+        split = result.val_split
         if split:
             notes.append(
                 f"val_* metrics: on a validation split of {split:.0%} of the training set (stratified), which the "
@@ -426,16 +435,16 @@ def sweep_notes(result: dict[str, Any]) -> list[str]:
                 "no validation split (--val-split 0): the val_* metrics would be the test split's and are not "
                 "recorded; test_accuracy is on the test split"
             )
-    par = result.get("parallelism") or {}
-    if par.get("speedup"):
+    par = result.parallelism
+    if par and par.speedup:
         notes.append(
-            f"parallel speedup: {par['speedup']:.2f}x (sum of trial times {par['trial_time_s']:.1f} s in "
-            f"{par['wall_time_s']:.1f} s of wall time)"
+            f"parallel speedup: {par.speedup:.2f}x (sum of trial times {par.trial_time_s:.1f} s in "
+            f"{par.wall_time_s:.1f} s of wall time)"
         )
-    for limit, value in (result.get("stopped_by") or {}).items():
-        done = result["counts"]["COMPLETE"] + result["counts"]["PRUNED"]
+    for limit, value in (result.stopped_by or {}).items():
+        done = result.counts.get("COMPLETE", 0) + result.counts.get("PRUNED", 0)
         notes.append(
-            f"stopped starting trials: --{limit.replace('_', '-')} {value:g} reached; {done} of {result['items']} "
+            f"stopped starting trials: --{limit.replace('_', '-')} {value:g} reached; {done} of {result.items} "
             "planned trial(s) finished; rerun the command to continue"
         )
     return notes
@@ -444,64 +453,41 @@ def sweep_notes(result: dict[str, Any]) -> list[str]:
 def _sweep_body(path: Path) -> str:
     from paratrain.reporting.plots import sweep_plots
 
-    result = json.loads((path / SWEEP_FILE).read_text())
-    metrics = result["metric"]
-    shown = result.get("recorded_metrics") or [*metrics, "time_s"]
+    result = load_record(SweepResult, path / SWEEP_FILE, "sweep")
+    metrics = result.metric
+    shown = result.recorded_metrics or [*metrics, "time_s"]
 
     def fmt_params(params: dict[str, Any]) -> str:
         return ", ".join(f"{k}={_fmt(v)}" for k, v in params.items())
 
+    def cells(t: Trial) -> tuple[Any, ...]:
+        return (t.number, fmt_params(t.params), *[human(m, t.metrics.get(m)) for m in shown])
+
     def render(tmp: Path) -> str:
         plots = sweep_plots(result, tmp)
-        rows = [
-            (
-                t["number"],
-                fmt_params(t["params"]),
-                *[human(m, t["metrics"].get(m)) for m in shown],
-                t["state"].lower(),
-                t["reason"] or "",
-            )
-            for t in result["trials"]
-        ]
+        rows = [(*cells(t), t.state.lower(), t.reason or "") for t in result.trials]
         table = _table(("trial", "params", *shown, "state", "reason"), rows, "trials")
-        best = result["best"]
-        if "pareto_front" in best:
-            best_html = _table(
-                ("trial", "params", *shown),
-                [
-                    (t["number"], fmt_params(t["params"]), *[human(m, t["metrics"].get(m)) for m in shown])
-                    for t in best["pareto_front"]
-                ],
-                "best",
-            )
-            best_title = "Pareto front"
-        else:
-            best_html = _table(
-                ("trial", "params", *shown),
-                [(best["number"], fmt_params(best["params"]), *[human(m, best["metrics"].get(m)) for m in shown])]
-                if best
-                else [],
-                "best",
-            )
-            best_title = "Best trial"
-        counts = ", ".join(f"{n} {s.lower()}" for s, n in result["counts"].items() if n)
+        best = result.best
+        front = best.pareto_front if isinstance(best, ParetoFront) else [best] if best else []
+        best_html = _table(("trial", "params", *shown), [cells(t) for t in front], "best")
+        best_title = "Pareto front" if isinstance(best, ParetoFront) else "Best trial"
+        counts = ", ".join(f"{n} {s.lower()}" for s, n in result.counts.items() if n)
         # Multi-panel figures (one per searched parameter; a heatmap per objective) get the page's
         # width; single plots share rows, two a row.
         panels = {name for name in plots if name.startswith("by-") or (name == "heatmap" and len(metrics) > 1)}
         wide = "".join(_img(p, name) for name, p in plots.items() if name in panels)
         images = "".join(_img(p, name) for name, p in plots.items() if name not in panels)
-        space = result["space"]
         return (
             verdict_html(sweep_verdict(result), doctor_html(path))
-            + f"<p class='note'>{html.escape(result['algorithm'])} search, {result['items']} trial(s) planned: "
+            + f"<p class='note'>{html.escape(str(result.algorithm))} search, {result.items} trial(s) planned: "
             f"{html.escape(counts)}. Objective: "
-            f"{html.escape(', '.join(f'{m} ({o})' for m, o in zip(metrics, result['objective'])))}.</p>"
+            f"{html.escape(', '.join(f'{m} ({o})' for m, o in zip(metrics, result.objective)))}.</p>"
             "<ul class='note' id='notes'>"
             + "".join(f"<li>{html.escape(n)}</li>" for n in sweep_notes(result))
             + "</ul>"
             f"<h2>{best_title}</h2>{best_html}<h2>Trials</h2>{table}<h2>Plots</h2><div class='wide'>{wide}</div>"
             f"<div class='plots'>{images}</div>"
-            f"<h2>Search space</h2>{_table(('setting', 'value'), [(k, human(k, v)) for k, v in space.items()])}"
+            f"<h2>Search space</h2>{_table(('setting', 'value'), [(k, human(k, v)) for k, v in result.space.items()])}"
         )
 
     return _with_plots(render)

@@ -13,7 +13,7 @@ import numpy as np
 
 from paratrain.reporting.verdict import cores_text, workers_what
 from paratrain.runs import RunDir
-from paratrain.runs.records import ScalingRow, Study
+from paratrain.runs.records import ParetoFront, ScalingRow, Study, SweepResult
 
 
 def _save(fig: Any, path: Path) -> Path:
@@ -178,12 +178,12 @@ def breakdown_plot(breakdowns: list[dict[str, float | None]], labels: list[str],
     return _save(fig, path)
 
 
-def sweep_plots(result: dict[str, Any], out: Path) -> dict[str, Path]:
+def sweep_plots(result: SweepResult, out: Path) -> dict[str, Path]:
     """Per swept parameter: each metric and the trial time against its values; the optimisation
     history; with several metrics, the Pareto front of the first two."""
-    trials = [t for t in result["trials"] if t["state"] == "COMPLETE"]
-    metrics = result["metric"]
-    params = list(result["space"]["parameters"])
+    trials = result.completed()
+    metrics = result.metric
+    params = list(result.space["parameters"])
     paths: dict[str, Path] = {}
     if not trials:
         return paths
@@ -191,10 +191,10 @@ def sweep_plots(result: dict[str, Any], out: Path) -> dict[str, Path]:
         paths[f"by-{param}"] = _save(sweep_param_figure(result, param), out / f"sweep-by-{param}.png")
 
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
-    numbers = [t["number"] for t in trials]
-    first = [t["metrics"][metrics[0]] for t in trials]
+    numbers = [t.number for t in trials]
+    first = [t.metrics[metrics[0]] for t in trials]
     ax.scatter(numbers, first, label="trial")
-    better = min if result["objective"][0] == "minimize" else max
+    better = min if result.objective[0] == "minimize" else max
     best = [better(first[: i + 1]) for i in range(len(first))]
     ax.step(numbers, best, where="post", color="C1", label="best so far")
     ax.set_xlabel("trial")
@@ -205,40 +205,38 @@ def sweep_plots(result: dict[str, Any], out: Path) -> dict[str, Path]:
     paths["history"] = _save(fig, out / "sweep-history.png")
 
     if len(metrics) > 1:
-        front = {t["number"] for t in result["best"].get("pareto_front", [])}
+        front = {t.number for t in result.best.pareto_front} if isinstance(result.best, ParetoFront) else set()
         fig, ax = plt.subplots(figsize=(5.5, 3.8))
-        xs, ys = [t["metrics"][metrics[1]] for t in trials], [t["metrics"][metrics[0]] for t in trials]
+        xs, ys = [t.metrics[metrics[1]] for t in trials], [t.metrics[metrics[0]] for t in trials]
         ax.scatter(xs, ys, color="0.6", label="trial")
-        on = sorted((x, y) for t, x, y in zip(trials, xs, ys) if t["number"] in front)
+        on = sorted((x, y) for t, x, y in zip(trials, xs, ys) if t.number in front)
         ax.plot([p[0] for p in on], [p[1] for p in on], "o-", color="C3", label="Pareto front")
-        ax.set_xlabel(f"{metrics[1]} ({result['objective'][1]})")
-        ax.set_ylabel(f"{metrics[0]} ({result['objective'][0]})")
+        ax.set_xlabel(f"{metrics[1]} ({result.objective[1]})")
+        ax.set_ylabel(f"{metrics[0]} ({result.objective[0]})")
         ax.set_title("Pareto front")
         ax.grid(alpha=0.3)
         ax.legend()
         paths["pareto"] = _save(fig, out / "sweep-pareto.png")
 
-    if result["algorithm"] == "grid" and len(params) == 2:
+    if result.algorithm == "grid" and len(params) == 2:
         paths["heatmap"] = _heatmap(result, params, out / "sweep-heatmap.png")
     return paths
 
 
-def sweep_param_figure(result: dict[str, Any], param: str) -> Any:
+def sweep_param_figure(result: SweepResult, param: str) -> Any:
     """The figure of sweep-by-PARAM.png: one panel per metric and the trial time against `param`'s
     values; a validation metric's test counterpart, where the trials report one, in the panel beside
     it. With a second parameter the points take its values' colours (a legend naming the parameter
     and each value; a colorbar where it has more values than colours)."""
-    trials = [t for t in result["trials"] if t["state"] == "COMPLETE"]
+    trials = result.completed()
     shown = []
-    for metric in [m for m in result["metric"] if m != "time_s"]:
+    for metric in [m for m in result.metric if m != "time_s"]:
         test = "test_" + metric.removeprefix("val_")
         shown += [
             metric,
             *(
                 [test]
-                if metric.startswith("val_")
-                and test not in result["metric"]
-                and any(test in t["metrics"] for t in trials)
+                if metric.startswith("val_") and test not in result.metric and any(test in t.metrics for t in trials)
                 else []
             ),
         ]
@@ -250,14 +248,14 @@ def sweep_param_figure(result: dict[str, Any], param: str) -> Any:
     )
     for ax in axes.flat[len(shown) :]:
         ax.set_visible(False)
-    values = [t["params"].get(param) for t in trials]
+    values = [t.params.get(param) for t in trials]
     categorical = any(isinstance(v, str) for v in values)
     order = sorted(set(values), key=str) if categorical else None
-    others = [p for p in result["space"]["parameters"] if p != param]
-    colours, key = _colours_by(others[0], [t["params"].get(others[0]) for t in trials]) if others else (None, None)
+    others = [p for p in result.space["parameters"] if p != param]
+    colours, key = _colours_by(others[0], [t.params.get(others[0]) for t in trials]) if others else (None, None)
     for ax, metric in zip(axes.flat, shown):
         xs = [order.index(v) for v in values] if categorical else values
-        ys = [t["metrics"].get(metric, float("nan")) for t in trials]
+        ys = [t.metrics.get(metric, float("nan")) for t in trials]
         ax.scatter(xs, ys, c=colours, alpha=0.8)
         if categorical:
             ax.set_xticks(range(len(order)), order)
@@ -297,17 +295,17 @@ def _colours_by(param: str, values: list[Any]) -> tuple[list[Any], Any]:
     )
 
 
-def heatmap_cells(result: dict[str, Any], metric: str) -> tuple[list[Any], list[Any], list[list[float]]]:
+def heatmap_cells(result: SweepResult, metric: str) -> tuple[list[Any], list[Any], list[list[float]]]:
     """A two-parameter grid as a table: the first parameter's values (rows), the second's
     (columns), and the metric's mean over each cell's completed trials (NaN where none completed)."""
-    first, second = list(result["space"]["parameters"])
-    done = [t for t in result["trials"] if t["state"] == "COMPLETE" and metric in t["metrics"]]
-    rows = sorted({t["params"][first] for t in result["trials"]}, key=_order)
-    cols = sorted({t["params"][second] for t in result["trials"]}, key=_order)
+    first, second = list(result.space["parameters"])
+    done = [t for t in result.completed() if metric in t.metrics]
+    rows = sorted({t.params[first] for t in result.trials}, key=_order)
+    cols = sorted({t.params[second] for t in result.trials}, key=_order)
     cells = [
         [
             float(np.mean(values))
-            if (values := [t["metrics"][metric] for t in done if t["params"][first] == r and t["params"][second] == c])
+            if (values := [t.metrics[metric] for t in done if t.params[first] == r and t.params[second] == c])
             else float("nan")
             for c in cols
         ]
@@ -320,12 +318,12 @@ def _order(value: Any) -> tuple[int, Any]:
     return (0, value) if isinstance(value, (int, float)) else (1, str(value))
 
 
-def _heatmap(result: dict[str, Any], params: list[str], path: Path) -> Path:
+def _heatmap(result: SweepResult, params: list[str], path: Path) -> Path:
     """One panel per objective: the grid's cells coloured by the metric, each cell annotated."""
-    metrics = result["metric"]
-    repeats = result["space"].get("repeats", 1)
+    metrics = result.metric
+    repeats = result.space.get("repeats", 1)
     fig, axes = plt.subplots(1, len(metrics), figsize=(5.2 * len(metrics), 4.2), squeeze=False)
-    for ax, metric, objective in zip(axes[0], metrics, result["objective"]):
+    for ax, metric, objective in zip(axes[0], metrics, result.objective):
         rows, cols, cells = heatmap_cells(result, metric)
         grid = np.array(cells)
         # Better is bright (yellow) whether the metric is minimised or maximised.

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from paratrain.formatting import ms
 from paratrain.reporting import comparison_table, plan_table, study_headline, study_notes, study_table, sweep_notes
-from paratrain.runs.records import Breakdown, Study, Summary
+from paratrain.runs.records import Breakdown, ParetoFront, Study, Summary, SweepResult
 
 
 def wide_console() -> Console:
@@ -120,29 +120,27 @@ def show_study(study: dict[str, Any]) -> None:
         console.print(line, soft_wrap=True, markup=False, style="bold")
 
 
-def show_sweep(result: dict[str, Any]) -> None:
+def show_sweep(sweep: dict[str, Any]) -> None:
+    """`paratrain sweep`'s result (sweep.json's contents): the trials, the best one and the notes."""
     from paratrain.sweep.progress import show_params
 
-    metrics = result["metric"]
-    table = Table(
-        title=f"sweep {result['name']!r}: {', '.join(f'{m} ({o})' for m, o in zip(metrics, result['objective']))}"
-    )
-    shown_metrics = result["recorded_metrics"]
+    result = SweepResult.model_validate(sweep)
+    metrics = result.metric
+    table = Table(title=f"sweep {result.name!r}: {', '.join(f'{m} ({o})' for m, o in zip(metrics, result.objective))}")
+    shown_metrics = result.recorded_metrics
     for col in ("trial", "params", *shown_metrics, "state"):
         table.add_column(col, justify="left" if col in ("params", "state") else "right")
-    for r in result["trials"]:
-        shown = [f"{r['metrics'][m]:.4g}" if m in r["metrics"] else "-" for m in shown_metrics]
-        state = r["state"].lower() + (f": {r['reason']}" if r["reason"] and r["state"] != "COMPLETE" else "")
-        table.add_row(str(r["number"]), show_params(r["params"]), *shown, state[:80])
+    for r in result.trials:
+        shown = [f"{r.metrics[m]:.4g}" if m in r.metrics else "-" for m in shown_metrics]
+        state = r.state.lower() + (f": {r.reason}" if r.reason and r.state != "COMPLETE" else "")
+        table.add_row(str(r.number), show_params(r.params), *shown, state[:80])
     console = wide_console()
     console.print(table)
-    best = result["best"]
-    if "pareto_front" in best:
-        console.print(f"Pareto front: trials {', '.join(str(r['number']) for r in best['pareto_front'])}")
-    elif best:
-        console.print(
-            f"best: trial {best['number']} ({show_params(best['params'])}) {metrics[0]} = {best['value']:.4g}"
-        )
+    best = result.best
+    if isinstance(best, ParetoFront):
+        console.print(f"Pareto front: trials {', '.join(str(r.number) for r in best.pareto_front)}")
+    elif best is not None:
+        console.print(f"best: trial {best.number} ({show_params(best.params)}) {metrics[0]} = {best.value:.4g}")
     for line in sweep_notes(result):
         console.print(line, soft_wrap=True, markup=False)
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from paratrain.errors import UsageError
 from paratrain.formatting import human, seconds
-from paratrain.runs.records import ScalingRow, Study, Summary
+from paratrain.runs.records import ParetoFront, ScalingRow, Study, Summary, SweepResult
 
 # "Pays off": at least this much faster than the alternative, losing at most this many points of
 # held-out accuracy (differences below a point are within seed noise for the built-in workloads).
@@ -172,38 +172,35 @@ def _metric_text(metric: str, values: Sequence[float]) -> str:
     return human(metric, statistics.mean(values))
 
 
-def sweep_verdict(result: dict[str, Any]) -> list[str]:
-    done = [t for t in result["trials"] if t["state"] == "COMPLETE"]
-    if not done:
+def sweep_verdict(result: SweepResult) -> list[str]:
+    done = result.completed()
+    if not done or result.best is None:
         return ["no trial completed: nothing to choose from yet"]
-    metrics = result["metric"]
-    shown = lambda t: ", ".join(f"{k}={human(k, v)}" for k, v in t["params"].items())  # noqa: E731
-    best = result.get("best") or {}
-    if "pareto_front" in best:
-        front = best["pareto_front"]
+    metrics = result.metric
+    shown = lambda t: ", ".join(f"{k}={human(k, v)}" for k, v in t.params.items())  # noqa: E731
+    best = result.best
+    if isinstance(best, ParetoFront):
+        front = best.pareto_front
         lines = [
             f"{len(front)} trial(s) on the Pareto front of {metrics[0]} and {metrics[1]}: "
             + "; ".join(
-                f"trial {t['number']} ({shown(t)}): "
-                + ", ".join(f"{m} {human(m, t['metrics'].get(m))}" for m in metrics[:2])
+                f"trial {t.number} ({shown(t)}): " + ", ".join(f"{m} {human(m, t.metrics.get(m))}" for m in metrics[:2])
                 for t in front[:3]
             )
             + (" ..." if len(front) > 3 else "")
         ]
     else:
-        time_text = f" in {seconds(best['metrics']['time_s'])}" if best.get("metrics", {}).get("time_s") else ""
-        lines = [
-            f"best: trial {best['number']} ({shown(best)}): {metrics[0]} {human(metrics[0], best['value'])}{time_text}"
-        ]
-    for param in result["space"].get("parameters", {}):
-        values = [t["params"].get(param) for t in done if param in t["params"]]
+        time_text = f" in {seconds(best.metrics['time_s'])}" if best.metrics.get("time_s") else ""
+        lines = [f"best: trial {best.number} ({shown(best)}): {metrics[0]} {human(metrics[0], best.value)}{time_text}"]
+    for param in result.space.get("parameters", {}):
+        values = [t.params.get(param) for t in done if param in t.params]
         distinct = sorted(set(values), key=lambda v: (isinstance(v, str), v))
         if len(distinct) < 2:
             continue
         effects = []
         for metric in [metrics[0], *(["time_s"] if metrics[0] != "time_s" else [])]:
             by_value = {
-                v: [t["metrics"][metric] for t in done if t["params"].get(param) == v and metric in t["metrics"]]
+                v: [t.metrics[metric] for t in done if t.params.get(param) == v and metric in t.metrics]
                 for v in distinct
             }
             by_value = {v: m for v, m in by_value.items() if m}

@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
 from paratrain.errors import UsageError
 
@@ -261,3 +261,72 @@ def checked(model: type[Record], data: dict[str, Any]) -> dict[str, Any]:
     wrong type is a bug caught where it is written."""
     model.model_validate(data)
     return data
+
+
+class Trial(Record):
+    """A trial of sweep.json: its parameters, its state and what it measured."""
+
+    number: int
+    state: Literal["COMPLETE", "PRUNED", "FAIL", "RUNNING", "WAITING"]
+    params: dict[str, Any] = {}
+    # the objective's value (a list with several objectives); None unless the trial completed
+    value: float | list[float] | None = None
+    duration_s: float | None = None
+    run_dir: str | None = None
+    reason: str | None = None
+    metrics: dict[str, float] = {}
+    item: int | None = None
+    repeat: int = 0
+    attempt: int = 0
+    launch_overhead_s: float | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    intermediate: dict[str, float] = {}
+
+
+class ParetoFront(Record):
+    """sweep.json's `best` with several objectives: the trials no other trial beats on all of them."""
+
+    pareto_front: list[Trial]
+
+
+class SweepParallelism(Record):
+    """Whether running trials side by side paid off: their summed time against the wall time."""
+
+    trials: int = 0
+    trial_time_s: float = 0.0
+    wall_time_s: float = 0.0
+    speedup: float | None = None
+
+
+class SweepResult(Record):
+    """sweep.json: every trial of a sweep, the best one (or the Pareto front), and its space. A sweep
+    that failed writes what it had (`failure` says what), so every field but `name` may be missing."""
+
+    name: str
+    out: str | None = None
+    algorithm: str | None = None
+    sampler: str | None = None
+    metric: list[str] = []
+    objective: list[Literal["minimize", "maximize"]] = []
+    storage: str | None = None
+    mode: Literal["builtin", "script"] | None = None
+    val_split: float | None = None
+    script: str | None = None
+    recorded_metrics: list[str] = []
+    space: dict[str, Any] = {}
+    items: int | None = None
+    counts: dict[str, int] = {}
+    parallelism: SweepParallelism | None = None
+    trials: list[Trial] = []
+    best: Trial | ParetoFront | None = None
+    stopped_by: dict[str, float] | None = None
+    failure: Any = None
+
+    @field_validator("best", mode="before")
+    @classmethod
+    def _no_best_yet(cls, value: Any) -> Any:
+        return value or None  # `{}`: no trial completed
+
+    def completed(self) -> list[Trial]:
+        return [t for t in self.trials if t.state == "COMPLETE"]

@@ -30,6 +30,7 @@ import psutil
 from paratrain.config import SweepConfig, TrainConfig, flag
 from paratrain.errors import RunFailed, UsageError
 from paratrain.runs import SWEEP_FILE, write_json
+from paratrain.runs.records import SweepResult, checked
 from paratrain.sweep.space import SearchSpace, load_space, parse_parameter, parse_space
 from paratrain.sweep.trial import (
     VAL_METRICS,
@@ -786,12 +787,12 @@ def run_sweep(
             partial = collect(sweep, study, where)
         except Exception:  # the storage may be what failed
             partial = {"name": sweep.space.name, "out": str(sweep.out)}
-        write_json(sweep.out / SWEEP_FILE, {**partial, "failure": driver.failure})
+        write_json(sweep.out / SWEEP_FILE, checked(SweepResult, {**partial, "failure": driver.failure}))
         raise
     result = collect(sweep, study, where)
     if driver.claimer.stopped_by is not None:
         result["stopped_by"] = {driver.claimer.stopped_by: getattr(cfg, driver.claimer.stopped_by)}
-    write_json(sweep.out / SWEEP_FILE, result)
+    write_json(sweep.out / SWEEP_FILE, checked(SweepResult, result))
     return result
 
 
