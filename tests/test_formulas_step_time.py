@@ -11,7 +11,8 @@ from the code's output.
 import pytest
 
 from paratrain.errors import UsageError
-from paratrain.plan.calibrate import _compute_line, fit
+from paratrain.plan import calibrate
+from paratrain.plan.calibrate import _compute_line
 from paratrain.plan.devices import Device
 from paratrain.plan.links import Link
 from paratrain.plan.memory import Layout
@@ -26,6 +27,7 @@ from paratrain.plan.step_time import (
     ring_allreduce_s,
     step_time,
 )
+from paratrain.runs.records import Summary
 
 # 1e8 B/s, 0.1 ms a ring step, 1 ms a collective; across nodes 1e7 B/s, 1 ms a step, 10 ms a collective.
 INTRA = Link("intra", 1e8, 1e-4, "test", base_latency=1e-3)
@@ -231,12 +233,13 @@ def run(
 ) -> dict:
     """A summary.json of a run of a model of 1 MFLOP a sample on a 1 GFLOP/s device."""
     return {
+        "status": "completed",
         "workers": workers,
         "batch_size": batch,
         "grad_accum": grad_accum,
         "flops_per_sample": 1e6,
         "mfu_peak": {"per_device": 1e9},
-        "_path": f"/runs/{name}",
+        "run_dir": f"/runs/{name}",
         "breakdown": {"data_s": data, "compute_s": compute, "comm_s": comm, "optimizer_s": optimizer, "other_s": other},
     }
 
@@ -245,9 +248,14 @@ def flat(pairs) -> list:
     return [x for pair in pairs for x in pair]
 
 
-def plan_says(summary: dict) -> dict:
+def plan_says(summary: Summary) -> dict:
     # the uncalibrated plan: 5 ms of exposed communication on 2 ranks, 4 ms of optimizer traffic
-    return {"exposed_comm_s": 5e-3 if summary["workers"] > 1 else 0.0, "optimizer_s": 4e-3}
+    return {"exposed_comm_s": 5e-3 if summary.workers > 1 else 0.0, "optimizer_s": 4e-3}
+
+
+def fit(summaries: list[dict], predicted) -> Efficiency:
+    """calibrate.fit on these summary.json contents, read as the records `read_runs` gives it."""
+    return calibrate.fit([Summary.model_validate(s) for s in summaries], predicted)
 
 
 def test_calibration_fits_efficiency_fixed_cost_and_overhead_per_rank_count():
@@ -342,8 +350,8 @@ def test_runs_that_cannot_calibrate_say_why(change, why):
     from paratrain.plan.calibrate import _unusable
 
     summary = {**run(1, 100, 0.25), "status": "completed", "strategy": "ddp", **change}
-    assert _unusable(summary).startswith(why)
-    assert _unusable({**run(1, 100, 0.25), "status": "completed", "strategy": "zero1"}) == ""
+    assert _unusable(Summary.model_validate(summary)).startswith(why)
+    assert _unusable(Summary.model_validate({**run(1, 100, 0.25), "strategy": "zero1"})) == ""
 
 
 def test_read_runs_keeps_usable_runs_in_order_and_refuses_the_rest(tmp_path):
@@ -360,12 +368,13 @@ def test_read_runs_keeps_usable_runs_in_order_and_refuses_the_rest(tmp_path):
             (path / "summary.json").write_text(json.dumps(summary))
         return path
 
-    good = {**run(1, 100, 0.25), "status": "completed", "strategy": "ddp"}
-    del good["_path"]
+    good = {**run(1, 100, 0.25), "strategy": "ddp"}
+    del good["run_dir"]
     first, second = write("first", summary=good), write("second", summary={**good, "workers": 2})
     runs = read_runs([first, second])
     # each summary as written, with the path it came from (the source's run names are its last part)
-    assert runs == [{**good, "_path": str(first)}, {**good, "workers": 2, "_path": str(second)}]
+    read = [r.model_dump(exclude_unset=True, exclude_none=True) for r in runs]
+    assert read == [{**good, "run_dir": str(first)}, {**good, "workers": 2, "run_dir": str(second)}]
     # a run directory needs both files: no summary (not finished), or no config (not a run)
     for bad in (write("no-summary"), write("no-config", config=False, summary=good)):
         with pytest.raises(UsageError, match=f"--calibrate {bad}: not a paratrain run directory"):

@@ -27,6 +27,7 @@ from paratrain.plan.links import LINKS, Link
 from paratrain.plan.memory import Layout, memory_per_device
 from paratrain.plan.profile import profile_model
 from paratrain.plan.step_time import Topology, allgather_s, allreduce_s, ring_allgather_s, ring_allreduce_s
+from paratrain.runs.records import Summary
 
 # gpt-tiny (0.86 M parameters) on 64-byte windows, Adam; 4 optimizer steps (the memory meter measures the second).
 GPT = dict(
@@ -163,20 +164,23 @@ def test_runs_at_two_batch_sizes_split_the_compute_into_a_fixed_cost_and_an_effi
 
     def summary(workers: int, batch: int) -> dict:
         compute = 2e-3 + flops * batch / (0.25 * peak) * (1.2 if workers == 2 else 1.0)
-        return {
-            "workers": workers,
-            "batch_size": batch,
-            "flops_per_sample": flops,
-            "mfu_peak": {"per_device": peak},
-            "breakdown": {
-                "compute_s": compute,
-                "data_s": 1e-4,
-                "other_s": 0.0,
-                "optimizer_s": 3e-4 if workers == 1 else 5e-4,
-                "comm_s": 5e-4 if workers == 2 else 0.0,
-            },
-            "_path": f"w{workers}b{batch}",
-        }
+        return Summary.model_validate(
+            {
+                "status": "completed",
+                "workers": workers,
+                "batch_size": batch,
+                "flops_per_sample": flops,
+                "mfu_peak": {"per_device": peak},
+                "breakdown": {
+                    "compute_s": compute,
+                    "data_s": 1e-4,
+                    "other_s": 0.0,
+                    "optimizer_s": 3e-4 if workers == 1 else 5e-4,
+                    "comm_s": 5e-4 if workers == 2 else 0.0,
+                },
+                "run_dir": f"w{workers}b{batch}",
+            }
+        )
 
     planned = {"exposed_comm_s": 1e-4, "optimizer_s": 1e-4}
     eff = calibrate.fit([summary(w, b) for w in (1, 2) for b in (16, 64)], lambda _: planned)
@@ -186,7 +190,7 @@ def test_runs_at_two_batch_sizes_split_the_compute_into_a_fixed_cost_and_an_effi
     assert eff.overhead_for(8) == pytest.approx(5e-4)  # the largest count measured
     one = calibrate.fit([summary(1, 16)], lambda _: planned)
     assert one.fixed_compute_s(1) == 0.0
-    assert one.compute_for(1) == pytest.approx(flops * 16 / peak / summary(1, 16)["breakdown"]["compute_s"])
+    assert one.compute_for(1) == pytest.approx(flops * 16 / peak / summary(1, 16).breakdown.compute_s)
 
 
 GB = 1e9

@@ -224,6 +224,30 @@ def test_an_older_releases_sweep_reads_gives_a_page_and_a_diagnosis(tmp_path, ca
         load_record(SweepResult, tmp_path / "sweep.json", "sweep")
 
 
+def test_every_plan_field_is_named_in_the_docs():
+    from paratrain.runs.records import Plan
+
+    text = (DOCS.parent / "planner.md").read_text()
+    said = text[text.index("`--json` prints") : text.index("The plots:")]
+    named = {a or b for a, b in re.findall(r"`([a-z_]+)`|\"([a-z_]+)\"", said)}
+    assert set(Plan.model_fields) <= named, set(Plan.model_fields) - named
+
+
+def test_a_plan_reads_back_from_its_file_and_a_damaged_one_is_one_line(tmp_path, capsys):
+    from paratrain.cli import main
+    from paratrain.runs.records import Plan, load_record
+
+    flags = ["plan", "--workload", "cifar10-cnn", "--device", "a100", "--gpus", "1,8", "--json"]
+    assert main(flags) == 0
+    written = json.loads(capsys.readouterr().out)
+    plan = Plan.model_validate(written)
+    assert plan.recommendation.devices == 8 and {r.devices for r in plan.rows} >= {1, 8}
+    assert plan.model_dump(exclude_unset=True) == written  # every key read back, none lost
+    write_json(tmp_path / "plan.json", {**written, "rows": [{**written["rows"][0], "fits": "perhaps"}]})
+    with pytest.raises(UsageError, match=r"plan.json is not a paratrain plan: rows.0.fits"):
+        load_record(Plan, tmp_path / "plan.json", "plan")
+
+
 def test_an_older_releases_study_reads_and_gives_a_page(tmp_path):
     from paratrain.cli import main
 

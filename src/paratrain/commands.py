@@ -120,10 +120,11 @@ def plan(cfg: PlanConfig) -> dict[str, Any]:
     from paratrain.reporting import write_report
     from paratrain.reporting.plots import plan_plots
     from paratrain.runs import write_json
+    from paratrain.runs.records import Plan
 
     cfg.out.mkdir(parents=True, exist_ok=True)
     write_json(cfg.out / PLAN_FILE, result)
-    plan_plots(result, cfg.out)
+    plan_plots(Plan.model_validate(result), cfg.out)
     return {**result, "report": str(write_report([cfg.out]))}
 
 

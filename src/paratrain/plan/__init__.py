@@ -25,6 +25,7 @@ from paratrain.plan.links import DEFAULT_INTER_NODE, Link, commbench_link, custo
 from paratrain.plan.memory import USABLE_FRACTION, Layout, memory_per_device
 from paratrain.plan.profile import ModelProfile, profile_model, profile_tensor_parallel
 from paratrain.plan.step_time import Efficiency, Topology, bubble_fraction, step_time
+from paratrain.runs.records import Plan, Summary, checked
 
 GPUS_PER_NODE = 8  # a DGX/HGX node: the default when --gpus-per-node is not given
 CURVE_MAX_DEVICES = 4096  # the scaling plot's reach
@@ -73,18 +74,21 @@ def run_plan(cfg: PlanConfig) -> dict[str, Any]:
     curve = [planner.best(n) for n in curve_counts]
     recommendation = planner.recommend(top)
     found = _search(cfg, profile, device, topo, eff, momentum, top, per_node) if cfg.search else None
-    return {
-        "model": _model_json(profile),
-        "device": _device_json(device, cfg.precision, eff, per_node, topo),
-        "optimizer": cfg.optimizer,
-        "batch": {"per_device": cfg.batch_size, "global": cfg.global_batch},
-        "rows": rows,
-        "recommendation": recommendation,
-        "backend": backend_guidance(device),
-        "curve": curve,
-        "pareto": pareto(curve),
-        **({"search": found} if found is not None else {}),
-    }
+    return checked(
+        Plan,
+        {
+            "model": _model_json(profile),
+            "device": _device_json(device, cfg.precision, eff, per_node, topo),
+            "optimizer": cfg.optimizer,
+            "batch": {"per_device": cfg.batch_size, "global": cfg.global_batch},
+            "rows": rows,
+            "recommendation": recommendation,
+            "backend": backend_guidance(device),
+            "curve": curve,
+            "pareto": pareto(curve),
+            **({"search": found} if found is not None else {}),
+        },
+    )
 
 
 def _search(
@@ -304,12 +308,12 @@ def _link_json(link: Link) -> dict[str, Any]:
 
 
 def _run_timing(
-    profile: ModelProfile, summary: dict[str, Any], device: Device, cfg: PlanConfig, topo: Topology
+    profile: ModelProfile, summary: Summary, device: Device, cfg: PlanConfig, topo: Topology
 ) -> dict[str, float]:
     """The plan's step for a measured run's layout, uncalibrated: the communication and optimizer
     time that calibration compares the run's with."""
-    n = summary["workers"]
-    layout = Layout(summary["strategy"], n, n, 1, 1, summary["batch_size"])
+    n = summary.workers
+    layout = Layout(summary.strategy, n, n, 1, 1, summary.batch_size)
     return step_time(profile, layout, device, cfg.precision, cfg.optimizer, topo, Efficiency(1.0))
 
 

@@ -23,17 +23,18 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from paratrain.errors import UsageError
 from paratrain.plan.step_time import Efficiency
 from paratrain.runs import RunDir
+from paratrain.runs.records import Summary
 
 WHOLE_MODEL = ("single", "ddp", "zero1", "fsdp")
 
 
-def read_runs(paths: Sequence[Path]) -> list[dict[str, Any]]:
-    """The usable runs' summaries; a path that is no run, or a run that cannot calibrate, is refused."""
+def read_runs(paths: Sequence[Path]) -> list[Summary]:
+    """The usable runs' summaries (each with the `run_dir` it was read from); a path that is no run, or a
+    run that cannot calibrate, is refused."""
     runs = []
     for path in paths:
         run = RunDir(Path(path))
@@ -42,25 +43,23 @@ def read_runs(paths: Sequence[Path]) -> list[dict[str, Any]]:
                 f"--calibrate {path}: not a paratrain run directory (no config.json and summary.json); "
                 "pass the --run-dir of finished paratrain train runs"
             )
-        summary = run.read_summary()
+        summary = run.summary_record()
         why = _unusable(summary)
         if why:
             raise UsageError(f"--calibrate {path}: {why}")
-        summary["_path"] = str(path)
-        runs.append(summary)
+        runs.append(summary.model_copy(update={"run_dir": str(path)}))
     return runs
 
 
-def _unusable(summary: dict[str, Any]) -> str:
-    if summary.get("status") != "completed":
-        return f"the run did not complete (status {summary.get('status')!r}); calibrate from completed runs"
-    if summary.get("strategy") not in WHOLE_MODEL:
+def _unusable(summary: Summary) -> str:
+    if summary.status != "completed":
+        return f"the run did not complete (status {summary.status!r}); calibrate from completed runs"
+    if summary.strategy not in WHOLE_MODEL:
         return (
-            f"strategy {summary.get('strategy')!r} splits the model, so its compute time is not the model's; "
+            f"strategy {summary.strategy!r} splits the model, so its compute time is not the model's; "
             f"calibrate from runs of {', '.join(WHOLE_MODEL)}"
         )
-    peak = summary.get("mfu_peak") or {}
-    if not summary.get("flops_per_sample") or not peak.get("per_device"):
+    if not summary.flops_per_sample or not (summary.mfu_peak and summary.mfu_peak.per_device):
         return (
             "the run has no FLOPs per sample or device peak (its model could not be counted); "
             "calibrate from another run"
@@ -68,7 +67,7 @@ def _unusable(summary: dict[str, Any]) -> str:
     return ""
 
 
-def fit(runs: list[dict[str, Any]], predicted: Callable[[dict[str, Any]], dict[str, float]]) -> Efficiency:
+def fit(runs: list[Summary], predicted: Callable[[Summary], dict[str, float]]) -> Efficiency:
     """The efficiency, fixed compute and overhead fitted to `runs`.
 
     `predicted(summary)` is the plan's uncalibrated step for that run's layout (`exposed_comm_s`,
@@ -78,14 +77,14 @@ def fit(runs: list[dict[str, Any]], predicted: Callable[[dict[str, Any]], dict[s
     # per rank count: (seconds the step's FLOPs would take at the peak, measured busy seconds)
     by_workers: dict[int, list[tuple[float, float]]] = {}
     for summary in runs:
-        b, plan = summary["breakdown"], predicted(summary)
-        per_rank = summary["batch_size"] * summary.get("grad_accum", 1)
-        waiting = max(b["comm_s"] - plan["exposed_comm_s"], 0.0) if summary["workers"] > 1 else 0.0
-        if b["compute_s"] > 0:
-            ideal = summary["flops_per_sample"] * per_rank / summary["mfu_peak"]["per_device"]
-            by_workers.setdefault(summary["workers"], []).append((ideal, b["compute_s"] + waiting))
-        overheads.setdefault(summary["workers"], []).append(
-            b["data_s"] + b["other_s"] + max(b["optimizer_s"] - plan["optimizer_s"], 0.0)
+        b, plan = summary.breakdown, predicted(summary)
+        per_rank = summary.batch_size * (summary.grad_accum or 1)
+        waiting = max(b.comm_s - plan["exposed_comm_s"], 0.0) if summary.workers > 1 else 0.0
+        if b.compute_s > 0:
+            ideal = summary.flops_per_sample * per_rank / summary.mfu_peak.per_device
+            by_workers.setdefault(summary.workers, []).append((ideal, b.compute_s + waiting))
+        overheads.setdefault(summary.workers, []).append(
+            b.data_s + b.other_s + max(b.optimizer_s - plan["optimizer_s"], 0.0)
         )
     if not by_workers:
         raise UsageError("--calibrate: no run has a measured compute time; calibrate from runs of at least one epoch")
@@ -97,7 +96,7 @@ def fit(runs: list[dict[str, Any]], predicted: Callable[[dict[str, Any]], dict[s
         else ()
     )
     overhead = tuple((workers, statistics.median(values)) for workers, values in sorted(overheads.items()))
-    names = ", ".join(Path(s["_path"]).name for s in runs)
+    names = ", ".join(Path(s.run_dir or "?").name for s in runs)
     shown = ", ".join(
         f"{share:.3f} on {workers} rank(s)" + (f" + {fixed_s * 1e3:.2f} ms a step" if fixed else "")
         for workers, (share, fixed_s) in fitted.items()

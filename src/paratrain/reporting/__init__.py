@@ -33,6 +33,8 @@ from paratrain.runs import SCALING_FILE, SWEEP_FILE, RunDir
 from paratrain.runs.records import (
     Memory,
     ParetoFront,
+    Plan,
+    PlanSearch,
     ScalingRow,
     Study,
     Summary,
@@ -167,7 +169,7 @@ PLAN_FILE = "plan.json"  # paratrain plan --out DIR (plan.PLAN_FILE)
 PLAN_PLOTS = ("plan_scaling.png", "plan_memory.png", "plan_pareto.png")
 
 
-def plan_table(plan: dict[str, Any]) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
+def plan_table(plan: Plan) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
     """The plan's columns and cells, as the page and the terminal both show them."""
     columns = (
         "devices",
@@ -183,49 +185,47 @@ def plan_table(plan: dict[str, Any]) -> tuple[tuple[str, ...], list[tuple[str, .
     )
     cells = [
         (
-            str(r["devices"]),
-            r["strategy"],
-            f"{r['data_parallel']} x {r['stages']} stages, M={r['microbatches']}"
-            if r["stages"] > 1
-            else f"{r['data_parallel']} replica(s){f' x tp {t}' if (t := r.get('tp', 1)) > 1 else ''}",
-            str(r["global_batch"]),
-            f"{r['step_time_s'] * 1e3:,.2f} ms",
-            f"{r['samples_per_s']:,.0f}",
-            f"{r['speedup']:.2f}",
-            f"{r['efficiency']:.2f}",
-            human("rss_peak_bytes", r["memory_per_device_bytes"]),
-            "yes" if r["fits"] else "no",
+            str(r.devices),
+            r.strategy,
+            f"{r.data_parallel} x {r.stages} stages, M={r.microbatches}"
+            if r.stages > 1
+            else f"{r.data_parallel} replica(s){f' x tp {r.tp}' if r.tp > 1 else ''}",
+            str(r.global_batch),
+            f"{r.step_time_s * 1e3:,.2f} ms",
+            f"{r.samples_per_s:,.0f}",
+            f"{r.speedup:.2f}",
+            f"{r.efficiency:.2f}",
+            human("rss_peak_bytes", r.memory_per_device_bytes),
+            "yes" if r.fits else "no",
         )
-        for r in plan["rows"]
+        for r in plan.rows
     ]
     return columns, cells
 
 
 def _plan_body(path: Path) -> str:
     """The plan's recommendation, its table and its three plots (written beside plan.json by plan_plots)."""
-    plan = json.loads((path / PLAN_FILE).read_text())
-    rec = plan["recommendation"]
+    plan = load_record(Plan, path / PLAN_FILE, "plan")
+    rec, model, device = plan.recommendation, plan.model, plan.device
     plots = "".join(_img(path / name, name) for name in PLAN_PLOTS if (path / name).is_file())
-    device = plan["device"]
     return (
-        f"<div id='verdict'><p class='headline'>{html.escape(str(rec['strategy']))} on {rec['devices']} device(s)</p>"
-        f"<p>{html.escape(rec['reason'])}</p></div>"
-        + _searched(plan.get("search"))
-        + f"<p class='note'>{html.escape(plan['model']['name'])}: {plan['model']['params']:,} parameters, "
-        f"{plan['model']['flops_per_sample']:.3g} FLOPs per sample; {html.escape(device['name'])} "
-        f"{device['precision']}, "
-        f"efficiency {device['efficiency']:.3f} ({html.escape(device['efficiency_source'])})</p>"
+        f"<div id='verdict'><p class='headline'>{html.escape(str(rec.strategy))} on {rec.devices} device(s)</p>"
+        f"<p>{html.escape(rec.reason or '')}</p></div>"
+        + _searched(plan.search)
+        + f"<p class='note'>{html.escape(model.name)}: {model.params:,} parameters, "
+        f"{model.flops_per_sample:.3g} FLOPs per sample; {html.escape(device.name)} {device.precision}, "
+        f"efficiency {device.efficiency:.3f} ({html.escape(device.efficiency_source)})</p>"
         + _table(*plan_table(plan))
         + f"<div class='plots'>{plots}</div>"
     )
 
 
-def _searched(found: dict[str, Any] | None) -> str:
+def _searched(found: PlanSearch | None) -> str:
     """plan --search's pick on the page, as the terminal prints it."""
     if found is None:
         return ""
-    pick = found["best"]["layout"] if found["best"] else "nothing fits"
-    return f"<p><b>search on {found['devices']} devices: {html.escape(pick)}</b>. {html.escape(found['why'])}</p>"
+    pick = found.best["layout"] if found.best else "nothing fits"
+    return f"<p><b>search on {found.devices} devices: {html.escape(pick)}</b>. {html.escape(found.why)}</p>"
 
 
 def _img(path: Path, alt: str) -> str:

@@ -13,7 +13,7 @@ import numpy as np
 
 from paratrain.reporting.verdict import cores_text, workers_what
 from paratrain.runs import RunDir
-from paratrain.runs.records import ParetoFront, ScalingRow, Study, SweepResult
+from paratrain.runs.records import ParetoFront, Plan, PlanCost, ScalingRow, Study, SweepResult
 
 
 def _save(fig: Any, path: Path) -> Path:
@@ -413,37 +413,37 @@ def monitor_plot(ev: Any, path: Path) -> Path | None:
     return _save(fig, path)
 
 
-def plan_plots(plan: dict[str, Any], out: Path) -> dict[str, Path]:
+def plan_plots(plan: Plan, out: Path) -> dict[str, Path]:
     """A plan's three plots: predicted scaling with the ideal line, memory per device by strategy at
     the largest device count planned, and device-hours against wall time with the bend marked."""
     return {
         "scaling": _plan_scaling_plot(plan, out),
         "memory": _plan_memory_plot(plan, out),
-        "pareto": _plan_pareto_plot(plan, out),
+        **({"pareto": _plan_pareto_plot(plan.pareto, out)} if plan.pareto else {}),
     }
 
 
-def _plan_scaling_plot(plan: dict[str, Any], out: Path) -> Path:
-    curve = [c for c in plan["curve"] if c.get("strategy")]
+def _plan_scaling_plot(plan: Plan, out: Path) -> Path:
+    curve = [c for c in plan.curve if c.strategy]
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
-    xs = [c["devices"] for c in curve]
+    xs = [c.devices for c in curve]
     ax.plot(xs, xs, ":", color="grey", label="ideal (speedup = devices)")
-    for strategy in dict.fromkeys(c["strategy"] for c in curve):
-        mine = [c for c in curve if c["strategy"] == strategy]
-        ax.plot([c["devices"] for c in mine], [c["speedup"] for c in mine], "o", label=f"best: {strategy}")
-    ax.plot(xs, [c["speedup"] for c in curve], "-", color="C0", alpha=0.5)
+    for strategy in dict.fromkeys(c.strategy for c in curve):
+        mine = [c for c in curve if c.strategy == strategy]
+        ax.plot([c.devices for c in mine], [c.speedup for c in mine], "o", label=f"best: {strategy}")
+    ax.plot(xs, [c.speedup for c in curve], "-", color="C0", alpha=0.5)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log", base=2)
     ax.set_xlabel("devices")
     ax.set_ylabel("predicted speedup")
-    ax.set_title(f"{plan['model']['name']} on {plan['device']['name']} ({plan['device']['precision']})", fontsize=9)
+    ax.set_title(f"{plan.model.name} on {plan.device.name} ({plan.device.precision})", fontsize=9)
     ax.legend(fontsize=7)
     return _save(fig, out / "plan_scaling.png")
 
 
-def _plan_memory_plot(plan: dict[str, Any], out: Path) -> Path:
-    top = max(r["devices"] for r in plan["rows"])
-    rows = [r for r in plan["rows"] if r["devices"] == top]
+def _plan_memory_plot(plan: Plan, out: Path) -> Path:
+    top = max(r.devices for r in plan.rows)
+    rows = [r for r in plan.rows if r.devices == top]
     parts = (
         "parameters_bytes",
         "gradients_bytes",
@@ -456,11 +456,11 @@ def _plan_memory_plot(plan: dict[str, Any], out: Path) -> Path:
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     bottom = np.zeros(len(rows))
     for part in parts:
-        values = np.array([r["memory"][part] / 2**30 for r in rows])
+        values = np.array([r.memory[part] / 2**30 for r in rows])
         if values.any():
-            ax.bar([r["strategy"] for r in rows], values, bottom=bottom, label=part.replace("_bytes", ""))
+            ax.bar([r.strategy for r in rows], values, bottom=bottom, label=part.replace("_bytes", ""))
             bottom += values
-    usable = plan["device"]["memory_bytes"] * plan["device"]["usable_fraction"] / 2**30
+    usable = plan.device.memory_bytes * plan.device.usable_fraction / 2**30
     ax.axhline(usable, color="red", linestyle="--", label=f"usable {usable:.1f} GiB")
     ax.set_ylabel("GiB per device")
     ax.set_title(f"memory per device, {top} device(s)", fontsize=9)
@@ -468,39 +468,34 @@ def _plan_memory_plot(plan: dict[str, Any], out: Path) -> Path:
     return _save(fig, out / "plan_memory.png")
 
 
-def _plan_pareto_plot(plan: dict[str, Any], out: Path) -> Path:
-    pareto = plan["pareto"]
+def _plan_pareto_plot(pareto: PlanCost, out: Path) -> Path:
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
-    points = pareto["points"]
-    frontier = [p for p in points if p["devices"] in pareto["frontier"]]
+    points = pareto.points
+    frontier = [p for p in points if p.devices in pareto.frontier]
     ax.plot(
-        [p["wall_hours"] for p in points],
-        [p["device_hours"] for p in points],
+        [p.wall_hours for p in points],
+        [p.device_hours for p in points],
         "o",
         color="grey",
         markersize=3,
         label="dominated: slower and no cheaper",
     )
-    ax.plot(
-        [p["wall_hours"] for p in frontier], [p["device_hours"] for p in frontier], "o-", markersize=4, label="frontier"
-    )
+    ax.plot([p.wall_hours for p in frontier], [p.device_hours for p in frontier], "o-", markersize=4, label="frontier")
     for p in frontier:
         ax.annotate(
-            str(p["devices"]),
-            (p["wall_hours"], p["device_hours"]),
+            str(p.devices),
+            (p.wall_hours, p.device_hours),
             fontsize=6,
             xytext=(2, 2),
             textcoords="offset points",
         )
-    bend = next((p for p in points if p["devices"] == pareto["bend_devices"]), None)
+    bend = next((p for p in points if p.devices == pareto.bend_devices), None)
     if bend:
-        ax.plot(
-            [bend["wall_hours"]], [bend["device_hours"]], "r*", markersize=12, label=f"bend: {bend['devices']} devices"
-        )
+        ax.plot([bend.wall_hours], [bend.device_hours], "r*", markersize=12, label=f"bend: {bend.devices} devices")
     ax.legend(fontsize=7)
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel(f"wall time (hours) for {pareto['samples']:,} samples")
+    ax.set_xlabel(f"wall time (hours) for {pareto.samples:,} samples")
     ax.set_ylabel("device-hours")
     ax.set_title("cost against time: the Pareto frontier", fontsize=9)
     return _save(fig, out / "plan_pareto.png")

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from paratrain.formatting import ms
 from paratrain.reporting import comparison_table, plan_table, study_headline, study_notes, study_table, sweep_notes
-from paratrain.runs.records import Breakdown, ParetoFront, Study, Summary, SweepResult
+from paratrain.runs.records import Breakdown, ParetoFront, Plan, Study, Summary, SweepResult
 
 
 def wide_console() -> Console:
@@ -145,11 +145,13 @@ def show_sweep(sweep: dict[str, Any]) -> None:
         console.print(line, soft_wrap=True, markup=False)
 
 
-def show_plan(result: dict[str, Any]) -> None:
-    model, device = result["model"], result["device"]
+def show_plan(plan: dict[str, Any]) -> None:
+    """`paratrain plan`'s result (plan.json's contents): the table, the recommendation, the search."""
+    result = Plan.model_validate(plan)
+    model, device = result.model, result.device
     table = Table(
-        title=f"plan: {model['name']} ({model['params']:,} parameters, {model['flops_per_sample']:.3g} FLOPs/sample) "
-        f"on {device['name']} {device['precision']}, {result['optimizer']}"
+        title=f"plan: {model.name} ({model.params:,} parameters, {model.flops_per_sample:.3g} FLOPs/sample) "
+        f"on {device.name} {device.precision}, {result.optimizer}"
     )
     columns, cells = plan_table(result)
     for col in columns:
@@ -158,26 +160,26 @@ def show_plan(result: dict[str, Any]) -> None:
         table.add_row(*row)
     console = wide_console()
     console.print(table)
-    rec = result["recommendation"]
+    rec = result.recommendation
     console.print(
-        f"recommendation: {rec['strategy'] or 'none'} on {rec['devices']} device(s): {rec['reason']}",
+        f"recommendation: {rec.strategy or 'none'} on {rec.devices} device(s): {rec.reason}",
         soft_wrap=True,
         markup=False,
         style="bold",
     )
     console.print(
-        f"efficiency {device['efficiency']:.3f} of the peak: {device['efficiency_source']}",
+        f"efficiency {device.efficiency:.3f} of the peak: {device.efficiency_source}",
         soft_wrap=True,
         markup=False,
     )
-    found = result.get("search")
+    found = result.search
     if found is not None:
-        pick = found["best"]["layout"] if found["best"] else "nothing fits"
-        console.print(f"search on {found['devices']} devices: {pick}", soft_wrap=True, markup=False, style="bold")
-        console.print(f"  why: {found['why']}", soft_wrap=True, markup=False)
-        for degree, reason in found["skipped_tp"].items():
+        pick = found.best["layout"] if found.best else "nothing fits"
+        console.print(f"search on {found.devices} devices: {pick}", soft_wrap=True, markup=False, style="bold")
+        console.print(f"  why: {found.why}", soft_wrap=True, markup=False)
+        for degree, reason in found.skipped_tp.items():
             console.print(f"  tp {degree} not searched: {reason}", soft_wrap=True, markup=False)
-    bend = result["pareto"]["bend_devices"]
+    bend = result.pareto.bend_devices if result.pareto else None
     if bend:
         console.print(
             f"cost against time bends at {bend} devices: beyond it each halving of the wall time costs more "
@@ -185,7 +187,7 @@ def show_plan(result: dict[str, Any]) -> None:
             soft_wrap=True,
             markup=False,
         )
-    console.print(f"backend: {result['backend']['use']} ({result['backend']['why']})", soft_wrap=True, markup=False)
+    console.print(f"backend: {result.backend['use']} ({result.backend['why']})", soft_wrap=True, markup=False)
 
 
 def study_progress(console: Console, study: Any) -> tuple[Any, Any]:

@@ -330,3 +330,99 @@ class SweepResult(Record):
 
     def completed(self) -> list[Trial]:
         return [t for t in self.trials if t.state == "COMPLETE"]
+
+
+class PlanModel(Record):
+    """What the plan measured of the model (on the meta device)."""
+
+    name: str
+    params: int
+    flops_per_sample: float
+    kind: str | None = None
+
+
+class PlanDevice(Record):
+    """The device planned for, its efficiency (published or calibrated from runs) and its links."""
+
+    name: str
+    precision: str
+    memory_bytes: float
+    usable_fraction: float
+    efficiency: float
+    efficiency_source: str
+    peak_flops_per_s: float | None = None
+
+
+class PlanRow(Record):
+    """One layout of plan.json's table: N devices under one strategy, its predicted time and memory."""
+
+    devices: int
+    nodes: int | None = None
+    strategy: str
+    data_parallel: int
+    tp: int = 1
+    stages: int = 1
+    microbatches: int | None = None
+    global_batch: int
+    step_time_s: float
+    samples_per_s: float
+    speedup: float
+    efficiency: float
+    memory_per_device_bytes: float
+    fits: bool
+    # the memory terms (parameters_bytes, gradients_bytes, ...) and the step's time terms
+    memory: dict[str, Any] = {}
+    time: dict[str, Any] = {}
+    bubble_fraction: float | None = None
+
+
+class PlanPick(Record):
+    """The plan's recommendation, or the best layout at one device count (the curve)."""
+
+    devices: int
+    strategy: str | None = None
+    reason: str | None = None
+    samples_per_s: float | None = None
+    speedup: float | None = None
+
+
+class PlanCostPoint(Record):
+    devices: int
+    strategy: str | None = None
+    wall_hours: float
+    device_hours: float
+
+
+class PlanCost(Record):
+    """Device-hours against wall time for a fixed number of samples: the frontier and its bend."""
+
+    samples: int
+    points: list[PlanCostPoint] = []
+    frontier: list[int] = []
+    bend_devices: int | None = None
+
+
+class PlanSearch(Record):
+    """plan --search: the fastest layout that fits (None: nothing fits), and why."""
+
+    devices: int
+    best: dict[str, Any] | None = None
+    why: str = ""
+    skipped_tp: dict[int, str] = {}
+
+
+class Plan(Record):
+    """plan.json (`paratrain plan --out DIR`): the model, the device, every layout planned, the
+    recommendation, the best layout per device count and its cost frontier."""
+
+    model: PlanModel
+    device: PlanDevice
+    optimizer: str | None = None
+    batch: dict[str, int | None] = {}
+    rows: list[PlanRow]
+    recommendation: PlanPick
+    backend: dict[str, Any] = {}
+    curve: list[PlanPick] = []
+    # None in a plan written before the cost frontier was
+    pareto: PlanCost | None = None
+    search: PlanSearch | None = None
