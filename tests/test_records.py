@@ -233,7 +233,7 @@ def test_every_plan_field_is_named_in_the_docs():
     assert set(Plan.model_fields) <= named, set(Plan.model_fields) - named
 
 
-def test_a_plan_reads_back_from_its_file_and_a_damaged_one_is_one_line(tmp_path, capsys):
+def test_a_plan_reads_back_an_older_releases_plan_gives_a_page_and_a_damaged_one_is_one_line(tmp_path, capsys):
     from paratrain.cli import main
     from paratrain.runs.records import Plan, load_record
 
@@ -243,6 +243,13 @@ def test_a_plan_reads_back_from_its_file_and_a_damaged_one_is_one_line(tmp_path,
     plan = Plan.model_validate(written)
     assert plan.recommendation.devices == 8 and {r.devices for r in plan.rows} >= {1, 8}
     assert plan.model_dump(exclude_unset=True) == written  # every key read back, none lost
+    # as a release before the cost frontier, the search, tensor parallelism and the model's kind wrote it
+    old = {k: v for k, v in written.items() if k not in ("pareto", "search")}
+    old["model"] = {k: v for k, v in old["model"].items() if k != "kind"}
+    old["rows"] = [{k: v for k, v in r.items() if k != "tp"} for r in old["rows"]]
+    write_json(tmp_path / "plan.json", old)
+    assert main(["report", str(tmp_path)]) == 0
+    assert "on 8 device(s)" in (tmp_path / "report.html").read_text()
     write_json(tmp_path / "plan.json", {**written, "rows": [{**written["rows"][0], "fits": "perhaps"}]})
     with pytest.raises(UsageError, match=r"plan.json is not a paratrain plan: rows.0.fits"):
         load_record(Plan, tmp_path / "plan.json", "plan")

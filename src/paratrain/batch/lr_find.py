@@ -118,7 +118,7 @@ def find_lr(
         run_training(cfg)
         diverged = False
     except RunFailed:
-        if run.read_summary().get("status") != "diverged":
+        if run.summary_record().status != "diverged":
             raise
         diverged = True
     steps_logged = [e for e in run.read_metrics() if e["event"] == "step"]

@@ -358,13 +358,13 @@ class TrialProcess:
         if isinstance(self.command, BuiltinCommand):
             metrics: dict[str, float] = {}
             if self.run.summary.exists():
-                summary = self.run.read_summary()
+                summary = self.run.summary_record()
                 metrics = {
-                    k: float(v) for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+                    k: float(v)
+                    for k, v in summary.model_dump().items()
+                    if isinstance(v, (int, float)) and not isinstance(v, bool)
                 }
-                if (
-                    summary.get("val_split") == "test"
-                ):  # without a validation split the engine's val_* are the test split's
+                if summary.val_split == "test":  # without a validation split the engine's val_* are the test split's
                     metrics = {k: v for k, v in metrics.items() if k not in VAL_METRICS}
             start = next((e["unix_time"] for e in self.run.read_metrics() if e.get("event") == "start"), None)
             return metrics, (start - self.started_unix if start is not None else None)
