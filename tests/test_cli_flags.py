@@ -13,8 +13,9 @@ from pydantic import Field
 
 import paratrain.config
 from paratrain import commands
-from paratrain.cli import COMMANDS, build_parser, config_values, main
+from paratrain.cli import COMMANDS, build_parser, main
 from paratrain.config import PlanConfig, ScaleConfig, TrainConfig, cli_options, validate
+from paratrain.config.command_line import config_values
 
 
 def _actions(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:

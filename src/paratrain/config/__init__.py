@@ -2,15 +2,16 @@
 
 One pydantic model per command. Each field is a flag of its command: its name, type, default and
 description are the flag's, so the model is the single place a flag is declared. The CLI is
-generated from the models (cli.py, `add_config_flags`), config files (YAML, TOML, JSON) use the same
+generated from the models (`add_config_flags`, command_line.py), config files (YAML, TOML, JSON) use the same
 keys, and a model with a `train` field takes every train flag too, less those it sets itself
 (`train_flags_left_out`). A field that is not a plain `--name VALUE` says how it appears with
 `json_schema_extra=cli(...)`. Validation failures become one-line UsageErrors naming the flag.
 
 The train config is composed of sections, each a model in its own module: workload.py (what to
 train), parallelism/ (one module per parallelism, each with its options and checks), optimisation.py,
-compute.py and run.py; train.py composes them. commands.py holds every other command's model, and
-flags.py what turns a field into a flag and reads config files.
+compute.py and run.py; train.py composes them. commands.py holds every other command's model,
+command_line.py the generator of every command's argparse flags, and flags.py how a field declares
+its flag, the config-file reader and the one-line validation errors.
 """
 
 from paratrain.config.commands import (
