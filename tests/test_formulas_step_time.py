@@ -300,6 +300,12 @@ def test_calibration_from_one_batch_size_has_no_fixed_cost():
     )
 
 
+def test_a_run_read_from_no_directory_is_named_by_a_question_mark():
+    unnamed = run(1, 100, 0.25)
+    del unnamed["run_dir"]
+    assert "measured here (?, r)" in fit([unnamed, run(1, 100, 0.25)], plan_says).source
+
+
 def test_calibration_needs_a_measured_compute_time():
     with pytest.raises(UsageError, match="no run has a measured compute time"):
         fit([run(1, 100, 0.0)], plan_says)
