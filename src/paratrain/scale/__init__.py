@@ -50,6 +50,8 @@ SPREAD_LIMIT = 1.15
 ALL_CORES = "all_cores_reference"
 SCALE_MODE_ENV = "PARATRAIN_SCALE_MODE"  # tells a studied script weak or strong
 LAYOUT_FIELDS = ("dp", "stages", "microbatches", "pipeline_schedule")
+# Tensor parallelism's flags, and FSDP's replicas (HSDP): on a strategy axis they go to tp and fsdp only.
+MESH_FIELDS = ("tp", "tp_plan", "sequence_parallel", "dp_replicate")
 
 
 def point_config(
@@ -68,13 +70,21 @@ def point_config(
     if study.strategy:
         # The layout flags of a strategy axis belong to the strategies that use them: --dp and
         # --stages to hybrid (which defaults to 2 replicas), --microbatches and the schedule to the
-        # pipelines; the 1-worker point is plain single-process training.
-        keep = {"hybrid": LAYOUT_FIELDS, "pipeline": LAYOUT_FIELDS[2:]}.get(strategy or "", ())
-        train = {k: v for k, v in train.items() if k not in LAYOUT_FIELDS or k in keep}
+        # pipelines, --tp (with its plan and sequence parallelism) and --dp-replicate to fsdp (FSDP
+        # over tensor-parallel groups, HSDP); the 1-worker point is plain single-process training.
+        keep = {
+            "hybrid": LAYOUT_FIELDS,
+            "pipeline": LAYOUT_FIELDS[2:],
+            "fsdp": MESH_FIELDS,
+            "tp": MESH_FIELDS[1:3],
+        }.get(strategy or "", ())
+        train = {k: v for k, v in train.items() if k not in (*LAYOUT_FIELDS, *MESH_FIELDS) or k in keep}
         if strategy:
             train["strategy"] = strategy
         if strategy == "hybrid" and "dp" not in train and "stages" not in train:
             train["dp"] = 2
+        if strategy == "tp":
+            train["tp"] = workers  # every rank of the point splits each layer: one replica
     if train.get("tensorboard"):
         train["tensorboard"] = str(Path(train["tensorboard"]) / name)  # one TensorBoard run per point
     # On CPU a worker plays the role of a GPU: one core each unless told otherwise, so every
