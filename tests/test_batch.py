@@ -207,15 +207,15 @@ def test_recommend_never_chooses_a_batch_larger_than_a_ranks_training_samples(tm
     }
     for name, (flags, result) in written.items():
         (tmp_path / name).write_text(json.dumps({"train": flags, **result}))
-    cap = math.isqrt(train_samples(run_config(train)))
     from paratrain.batch.lr_find import RULE
 
+    # lr-find made at the batch recommend settles on (a rank's samples), so that it is reused, not rerun
     (tmp_path / "lr_find.json").write_text(
         json.dumps(
             {
-                "train": {**train, "workers": 1, "batch_size": cap // 2},
+                "train": {**train, "workers": 1, "batch_size": per_rank},
                 "suggested_lr": 0.05,
-                "global_batch_size": cap // 2,
+                "global_batch_size": per_rank,
                 "rule": RULE,
                 "options": {"steps": 100, "rule": RULE},
             }
