@@ -38,6 +38,7 @@ from paratrain.batch import (
     write_result,
 )
 from paratrain.config import TrainConfig
+from paratrain.engine.batch_schedule import two_batch_estimates
 from paratrain.errors import RunFailed, UsageError
 from paratrain.runs import RunDir
 
@@ -46,13 +47,6 @@ RUN_NAME = "noise-scale-run"
 # Fewer steps give an estimate dominated by the noise of single steps (their relative spread is
 # of the order of 1 on the workloads here) and too short a trend to read.
 MIN_STEPS = 20
-
-
-def two_batch_estimates(small_sq: float, big_sq: float, small_batch: int, big_batch: int) -> tuple[float, float]:
-    """Unbiased estimates (|G|², tr(Σ)) from one step's squared norms at batch sizes b < B."""
-    g2 = (big_batch * big_sq - small_batch * small_sq) / (big_batch - small_batch)
-    trace = (small_sq - big_sq) / (1 / small_batch - 1 / big_batch)
-    return g2, trace
 
 
 def read_norms(run_dir: Path) -> list[dict[str, Any]]:

@@ -13,6 +13,10 @@ if TYPE_CHECKING:
 LRScaling = Literal["none", "linear", "sqrt"]
 Schedule = Literal["constant", "step", "exp", "inverse-time", "poly", "cosine", "range-test"]
 Optimizer = Literal["sgd", "adam", "adamw", "lars", "lamb"]
+BatchSchedule = Literal["fixed", "warmup", "adaptive"]
+# Strategies whose global batch can grow by accumulating more micro-steps per optimizer step (a pipeline
+# accumulates over its micro-batches within a step; async-ps applies each worker's batch on its own).
+GROWABLE = ("single", "ddp", "zero1", "fsdp")
 
 
 class OptimisationOptions(BaseModel):
@@ -40,6 +44,21 @@ class OptimisationOptions(BaseModel):
     optimizer: Optimizer = Field("sgd", description="sgd (momentum), adam, adamw, lars or lamb")
     momentum: float = Field(0.9, ge=0, lt=1, description="momentum of sgd and lars")
     weight_decay: float = Field(0.0, ge=0, description="weight decay (not applied to biases and norm layers)")
+    batch_schedule: BatchSchedule = Field(
+        "fixed",
+        description="the global batch over the run: fixed; warmup (doubled at even intervals over "
+        "--batch-ramp-epochs up to --max-global-batch); adaptive (doubled when the gradient noise scale measured "
+        "in the run reaches the next batch, McCandlish et al. 2018); it grows by gradient accumulation, and the "
+        "LR follows the global batch by --lr-scaling",
+    )
+    max_global_batch: int | None = Field(
+        None,
+        gt=0,
+        description="--batch-schedule warmup or adaptive: the largest global batch (default: 8 x the starting one)",
+    )
+    batch_ramp_epochs: float = Field(
+        1.0, gt=0, description="--batch-schedule warmup: epochs over which the global batch grows to its largest"
+    )
     epochs: int = Field(3, gt=0, description="passes over the training set")
     early_stop: int = Field(
         0,
@@ -66,6 +85,53 @@ class OptimisationOptions(BaseModel):
         "and the average; one worker: the first micro-batch and the whole --grad-accum step) into "
         "RUN_DIR/grad_noise/rank<R>.jsonl, for the gradient noise scale",
     )
+
+
+def check_batch_schedule(config: TrainConfig) -> None:
+    """A growing batch needs a strategy that accumulates, room to grow, and (adaptive) the noise it reads."""
+    if config.batch_schedule == "fixed":
+        # Compared with the defaults, not with the fields given: the ranks get every field.
+        for given in ("max_global_batch", "batch_ramp_epochs"):
+            if getattr(config, given) != type(config).model_fields[given].default:
+                raise ValueError(f"--{given.replace('_', '-')} applies to --batch-schedule warmup or adaptive")
+        return
+    chosen = f"--batch-schedule {config.batch_schedule}"
+    if config.strategy_name not in GROWABLE:
+        why = (
+            "its updates apply one worker's batch each"
+            if config.strategy_name == "async-ps"
+            else "a pipeline accumulates over its micro-batches"
+        )
+        raise ValueError(
+            f"{chosen} grows the batch by accumulating micro-steps, which --strategy {config.strategy_name} does "
+            f"not do ({why}); use ddp, zero1, fsdp or one worker"
+        )
+    if config.max_global_batch is not None and config.max_global_batch < 2 * config.global_batch_size:
+        raise ValueError(
+            f"--max-global-batch {config.max_global_batch} leaves no room to grow from the starting global batch "
+            f"{config.global_batch_size} (the batch doubles): give at least {2 * config.global_batch_size}"
+        )
+    if config.schedule == "range-test":
+        raise ValueError(f"{chosen} changes the batch the range test's LR is meant for; use --batch-schedule fixed")
+    if config.batch_schedule != "adaptive":
+        return
+    if config.strategy_name == "fsdp":
+        raise ValueError(
+            "--batch-schedule adaptive reads the gradient noise through DDP's averaging or accumulation, which "
+            "fsdp's sharded gradients do not go through; use ddp or zero1 (or --batch-schedule warmup)"
+        )
+    if config.sync_every > 1 or config.grad_compression == "powersgd":
+        raise ValueError(
+            "--batch-schedule adaptive compares each rank's gradient with the exact average; drop --sync-every "
+            "and --grad-compression powersgd"
+        )
+    if config.workers == 1 and config.grad_accum < 2:
+        raise ValueError(
+            "--batch-schedule adaptive on one worker measures the noise between a micro-batch and the whole step: "
+            "start from --grad-accum 2 or more (or use --workers 2)"
+        )
+    if config.precision == "fp16":
+        raise ValueError("--batch-schedule adaptive reads gradients that fp16's loss scaling changes; use bf16 or 32")
 
 
 def check(config: TrainConfig) -> None:

@@ -86,6 +86,7 @@ class TrainConfig(RunOptions, ComputeOptions, OptimisationOptions, ParallelismOp
             optimisation.check,
             compute.check,
             optimisation.check_measurements,
+            optimisation.check_batch_schedule,
             synchronisation.check,
             sharded.check,
             tensor.check,
@@ -97,6 +98,16 @@ class TrainConfig(RunOptions, ComputeOptions, OptimisationOptions, ParallelismOp
     @property
     def global_batch_size(self) -> int:
         return self.data_parallel_size * self.batch_size * self.grad_accum
+
+    @property
+    def measures_grad_noise(self) -> bool:
+        """Whether the ranks measure the gradient noise: --grad-noise, or the adaptive batch that reads it."""
+        return self.grad_noise or self.batch_schedule == "adaptive"
+
+    @property
+    def largest_global_batch(self) -> int:
+        """Where --batch-schedule warmup or adaptive stops growing the global batch."""
+        return self.max_global_batch or 8 * self.global_batch_size
 
     @property
     def reference_batch_size(self) -> int:

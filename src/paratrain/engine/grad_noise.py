@@ -81,55 +81,64 @@ class GradNoiseRecorder:
         bucket_norms: BucketNorms | None,
         allreduce: str | None,
     ):
-        self.accum = cfg.grad_accum
         self.batch_size = cfg.batch_size
+        self.data_parallel = data_parallel_ranks
         self.bucket_norms = bucket_norms
         if bucket_norms is not None:
-            self.small_batch, self.big_batch = cfg.batch_size * cfg.grad_accum, cfg.global_batch_size
             self.source = f"ddp comm hook around the {allreduce} average"
         else:
-            self.small_batch, self.big_batch = cfg.batch_size, cfg.batch_size * cfg.grad_accum
             self.source = "gradient accumulation (first micro-batch and whole step)"
+        self.small_batch, self.big_batch = self.batches(cfg.grad_accum)
         self.ranks = data_parallel_ranks if bucket_norms is not None else 1
         self.path = grad_noise_file(run_path, rank)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.pending: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+        self.pending: list[tuple[int, torch.Tensor, torch.Tensor, int]] = []
         self.first: torch.Tensor | None = None
         self.full = True
 
-    def micro_step(self, model: nn.Module, index: int, sync: bool, batch_len: int, step: int) -> None:
-        """After micro-step `index` (0-based within optimizer step `step`, 1-based) has run backward."""
+    def batches(self, accum: int) -> tuple[int, int]:
+        """The (small, big) batch sizes of a step of `accum` micro-steps (--batch-schedule changes it)."""
+        if self.bucket_norms is not None:  # this rank's step, and the average over the ranks
+            return self.batch_size * accum, self.batch_size * accum * self.data_parallel
+        return self.batch_size, self.batch_size * accum  # the first micro-batch, and the whole step
+
+    def micro_step(self, model: nn.Module, index: int, sync: bool, batch_len: int, step: int, accum: int) -> None:
+        """After micro-step `index` (0-based within optimizer step `step`, 1-based, of `accum`) has run backward."""
         self.full = (self.full or index == 0) and batch_len == self.batch_size
         if self.bucket_norms is None and index == 0:
-            self.first = _gradient_squared_norm(model) * self.accum**2
+            self.first = _gradient_squared_norm(model) * accum**2
         if not sync:
             return
         if self.bucket_norms is not None:
             small, big = self.bucket_norms.take()
         else:
             small, big = self.first, _gradient_squared_norm(model)
-        if self.full and index == self.accum - 1:
-            self.pending.append((step, small, big))
+        if self.full and index == accum - 1:
+            self.pending.append((step, small, big, accum))
 
-    def flush(self) -> None:
+    def flush(self) -> list[tuple[float, float, int, int]]:
+        """Append the steps measured since the last flush to this rank's file; returns them as
+        (|small|², |big|², small batch, big batch), for --batch-schedule adaptive."""
         if not self.pending:
-            return
-        values = torch.stack([torch.stack([small, big]) for _, small, big in self.pending]).tolist()
+            return []
+        values = torch.stack([torch.stack([small, big]) for _, small, big, _ in self.pending]).tolist()
+        measured = [(small, big, *self.batches(accum)) for (_, _, _, accum), (small, big) in zip(self.pending, values)]
         with open(self.path, "a") as f:
-            for (step, _, _), (small, big) in zip(self.pending, values):
+            for (step, *_), (small, big, small_batch, big_batch) in zip(self.pending, measured):
                 f.write(
                     json.dumps(
                         {
                             "step": step,
                             "small_sq": small,
                             "big_sq": big,
-                            "small_batch": self.small_batch,
-                            "big_batch": self.big_batch,
+                            "small_batch": small_batch,
+                            "big_batch": big_batch,
                         }
                     )
                     + "\n"
                 )
         self.pending.clear()
+        return measured
 
     def summary(self) -> dict[str, Any]:
         return {

@@ -26,6 +26,7 @@ from torch import nn
 
 from paratrain.config import TrainConfig
 from paratrain.engine.augment import BatchAugment
+from paratrain.engine.batch_schedule import BatchSchedule
 from paratrain.engine.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from paratrain.engine.data import BatchPreparer, eval_batches, training_batches
 from paratrain.engine.distributed import Placement, RankContext, bound_collectives, init_rank, shutdown
@@ -303,11 +304,12 @@ class Trainer:
         self.micro_steps = len(self.batches)
         self.steps_per_epoch = -(-self.micro_steps // cfg.grad_accum)
         self.schedule = lr_schedule(cfg, self.steps_per_epoch)
+        self.batch_schedule = BatchSchedule(cfg, self.micro_steps * cfg.global_batch_size // cfg.grad_accum)
         self.grad_noise = (
             GradNoiseRecorder(
                 cfg, ctx.rank, cfg.data_parallel_size, run.path, self.strategy.bucket_norms, self.strategy.allreduce
             )
-            if cfg.grad_noise
+            if cfg.measures_grad_noise
             else None
         )
 
@@ -402,17 +404,20 @@ class Trainer:
         self.activity.phase, self.activity.epoch, self.activity.step = "training", epoch, self.state.step + 1
 
         step_start = data_start = clock.stamp()
+        # Micro-steps of the optimizer step under way, of `accum` (--batch-schedule may raise it between steps).
+        in_step, accum = 0, self.batch_schedule.accum
         for micro, (x, y) in enumerate(self.batches.epoch(epoch, first_micro), start=first_micro):
             data_ready = clock.stamp()
-            sync = (micro + 1) % cfg.grad_accum == 0 or micro == self.micro_steps - 1
+            sync = in_step + 1 == accum or micro == self.micro_steps - 1
             # All micro-steps but the last accumulate locally: DDP skips the all-reduce in no_sync.
             with nullcontext() if sync else self.strategy.no_sync(model), self.memory.watch(self.state.step):
                 loss, out = self.strategy.forward_backward(
-                    model, self.objective, x, y, cfg.grad_accum, self.scaler, self.autocast
+                    model, self.objective, x, y, accum, self.scaler, self.autocast
                 )
             backward_end = clock.stamp()
             if self.grad_noise is not None:
-                self.grad_noise.micro_step(model, micro % cfg.grad_accum, sync, len(y), self.state.step + 1)
+                self.grad_noise.micro_step(model, in_step, sync, len(y), self.state.step + 1, accum)
+            in_step += 1
             breakdown.span("data_s", data_start, data_ready)
             breakdown.span("forward_backward", data_ready, backward_end)
             comm_start = self.strategy.comm_started()
@@ -423,8 +428,10 @@ class Trainer:
             if sync:
                 step_end = self._optimizer_step(step_start)
                 progress.advance()
+                self._batch_changed(self.batch_schedule.step_done(in_step))
                 if self.state.step % cfg.log_every == 0:
                     self._log_point(epoch, tally, progress)
+                in_step, accum = 0, self.batch_schedule.accum
                 step_start = step_end
                 self.activity.step = self.state.step + 1
                 if cfg.checkpoint_every_steps and self.state.step % cfg.checkpoint_every_steps == 0:
@@ -453,8 +460,13 @@ class Trainer:
 
     def _optimizer_step(self, step_start: float) -> float:
         """The optimizer step at the LR of the schedule, timed; returns when it ended."""
-        clock, breakdown = self.clock, self.breakdown
-        lr = self.schedule.lr_at(self.state.step)
+        clock, breakdown, batches = self.clock, self.breakdown, self.batch_schedule
+        # At a fixed batch the schedule runs on steps; a growing batch runs it on samples, scaled to the batch.
+        lr = (
+            self.schedule.lr_at(self.state.step)
+            if batches.kind == "fixed"
+            else self.schedule.lr_at(batches.lr_step()) * batches.lr_factor()
+        )
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         opt_start = clock.stamp()
@@ -488,13 +500,48 @@ class Trainer:
             samples=self.state.samples,
             loss=loss_sum / n,
             accuracy=correct / n,
-            lr=self.schedule.lr_at(self.state.step - 1),  # the step just taken's
+            lr=self.optimizer.param_groups[0]["lr"],  # the step just taken's
             samples_per_s=rate,
             time=self.state.elapsed_s + now - self.started,
         )
         tally.next_interval(now)
         if self.grad_noise is not None:
-            self.grad_noise.flush()
+            self._noise_read(self.grad_noise.flush())
+
+    def _noise_read(self, measured: list[tuple[float, float, int, int]]) -> None:
+        """--batch-schedule adaptive at a log point: the interval's squared norms, the small batch's averaged
+        over the ranks (each rank measured its own), so that every rank takes the same decision."""
+        if self.batch_schedule.kind != "adaptive":
+            return
+        sums = torch.tensor(
+            [sum(m[0] for m in measured), sum(m[1] for m in measured), len(measured)],
+            dtype=torch.float64,
+            device=self.ctx.device,
+        )
+        small, big, counted = self.ctx.sum(sums).tolist()
+        if not counted:
+            return
+        # Every rank's steps had the same batches: the accumulation changes only here, after them.
+        batches = self.grad_noise.batches(self.batch_schedule.accum)
+        steps = round(counted / self.grad_noise.ranks)
+        self._batch_changed(self.batch_schedule.noise_read(small / counted, big / counted, *batches, steps))
+
+    def _batch_changed(self, accum: int | None) -> None:
+        """A `batch` event in metrics.jsonl when the schedule moved the accumulation."""
+        if accum is None:
+            return
+        batches = self.batch_schedule
+        noise = batches.noise_scale()
+        self._event(
+            "batch",
+            step=self.state.step,
+            samples=batches.state.samples,
+            global_batch=batches.global_batch,
+            grad_accum=accum,
+            lr_factor=batches.lr_factor(),
+            **({"noise_scale": noise} if noise is not None else {}),
+        )
+        log.info("step %d: global batch %d (%d micro-steps a step)", self.state.step, batches.global_batch, accum)
 
     def _end_epoch(self, epoch: int, tally: EpochTally) -> dict[str, Any]:
         """The epoch's record: its sums over the ranks, its time and its step-time breakdown."""
@@ -508,7 +555,7 @@ class Trainer:
         self.state.samples += n - tally.samples  # the samples since the last log point
         self._check_finite(loss_sum)
         if self.grad_noise is not None:
-            self.grad_noise.flush()
+            self._noise_read(self.grad_noise.flush())
         phases = self.breakdown.means()
         # Every tensor handed to a collective lives on the rank's device: NCCL has no CPU tensors.
         # The mean is over the ranks that train: a parameter server's loop only keeps step with them.
@@ -617,6 +664,7 @@ class Trainer:
                 "epochs_done": s.epochs_done,
                 **states,
                 "scaler": self.scaler.state_dict(),
+                "batch_schedule": self.batch_schedule.state_dict(),
                 "rng": rngs,
                 "position": position,
             },
@@ -670,6 +718,8 @@ class Trainer:
             epochs_done=list(ckpt["epochs_done"]),
             position=ckpt.get("position"),
         )
+        if ckpt.get("batch_schedule"):
+            self.batch_schedule.load_state_dict(ckpt["batch_schedule"])
         self.resumed_from_step = self.state.step
         log.info(
             "resumed after epoch %d (step %d)%s",
@@ -766,6 +816,7 @@ class Trainer:
             **({"best_epoch": self._best_epoch() + 1} if cfg.early_stop else {}),
             **model_throughput(self, sum(e["epoch_samples"] for e in steady) / steady_time, last["evals"]),
             **({"grad_noise": self.grad_noise.summary()} if self.grad_noise is not None else {}),
+            **({"batch_schedule": self.batch_schedule.summary()} if cfg.batch_schedule != "fixed" else {}),
             **strategy_fields,
         }
 

@@ -137,6 +137,8 @@ class Summary(Record):
     mfu_peak: MfuPeak | None = None
     machine_load: MachineLoad | None = None
     grad_noise: dict[str, Any] | None = None
+    # --batch-schedule warmup or adaptive: kind, start/final/largest global batch, the last noise scale
+    batch_schedule: dict[str, Any] | None = None
     # A launched script's: its exit status, the rank that failed first, what it reported, the probe's figures.
     exit_code: int | None = None
     failed_rank: int | None = None

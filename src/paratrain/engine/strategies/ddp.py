@@ -70,7 +70,7 @@ class DataParallel(WholeModelStrategy):
             gradient_as_bucket_view=True,
         )
         hook = self._gradient_hook()
-        if self.cfg.grad_noise and self.ctx.world_size > 1:
+        if self.cfg.measures_grad_noise and self.ctx.world_size > 1:
             # --grad-noise: norms of each bucket before and after whichever hook averages it.
             self.bucket_norms = BucketNorms()
             hook = self.bucket_norms.wrap(hook)

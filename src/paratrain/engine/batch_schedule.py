@@ -1,0 +1,150 @@
+"""The global batch over a run (`--batch-schedule`): fixed, a warm-up ramp, or adapted to the noise.
+
+The batch grows by gradient accumulation: an optimizer step runs `accum` micro-steps of --batch-size on
+every data-parallel rank, so the global batch is accum x the ranks' micro-batches, and growing it costs
+no memory (the micro-batch stays what find-batch measured). Each change doubles the accumulation, up to
+`--max-global-batch`.
+
+- warmup: the accumulation doubles at evenly spaced points of the first --batch-ramp-epochs (by samples
+  trained on), from --grad-accum to the largest: the fixed ramp of batch-size warm-up (Smith et al. 2017,
+  "Don't decay the learning rate, increase the batch size"; Merrill et al. 2025).
+- adaptive: the gradient noise scale B_simple = tr(Σ) / |G|² is measured in the run from the squared norms
+  of a small and a big batch at every step (engine/grad_noise.py), smoothed by an exponential moving
+  average of its numerator and denominator as `paratrain noise-scale` does, and the accumulation doubles
+  when B_simple reaches the next global batch: McCandlish et al. (2018) show the critical batch is about
+  B_simple, and that it grows as the loss falls. It is read where the loop reads the loss anyway (its log
+  points), so no step waits for the device; every rank decides on the same numbers (the small batch's
+  norm is averaged over the ranks there).
+
+The LR follows the global batch by --lr-scaling (as a run started at that batch would have it), and the LR
+schedule runs on samples, not steps: its step is the samples trained on over the starting global batch, so
+warm-up and decay end where they would at a fixed batch. The state (accumulation, samples, averages) goes
+into the checkpoint: a resumed run continues at the same batch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from paratrain.config import TrainConfig
+from paratrain.engine.lr import scaled_lr
+
+# The moving average of the noise scale's two estimates: about this many steps' worth (noise-scale's default).
+EMA_STEPS = 20
+# A single step's estimate scatters by about its own size (docs/batch-size.md): the batch grows only once the
+# average holds about EMA_STEPS steps (its weights sum to 1 - 1/e) and reads above the next batch at two log
+# points in a row.
+MIN_WEIGHT = 1 - math.exp(-1)
+CONFIRMATIONS = 2
+
+
+def two_batch_estimates(small_sq: float, big_sq: float, small_batch: int, big_batch: int) -> tuple[float, float]:
+    """Unbiased |G|² and tr(Σ) from squared gradient norms of a small and a big batch (McCandlish et al.
+    2018, Appendix A.1)."""
+    g2 = (big_batch * big_sq - small_batch * small_sq) / (big_batch - small_batch)
+    trace = (small_sq - big_sq) / (1 / small_batch - 1 / big_batch)
+    return g2, trace
+
+
+@dataclass
+class BatchState:
+    """What the schedule has done so far; all of it goes into the checkpoint."""
+
+    accum: int  # micro-steps per optimizer step now
+    samples: int = 0  # samples trained on since the start, all ranks: the schedule's clock
+    ema_g2: float = 0.0
+    ema_trace: float = 0.0
+    ema_weight: float = 0.0  # the averages' bias correction (their weights sum to this)
+    above: int = 0  # log points in a row at which the noise scale read above the next batch
+
+
+class BatchSchedule:
+    """The accumulation of each optimizer step, and the LR's factor and clock that go with it."""
+
+    def __init__(self, cfg: TrainConfig, samples_per_epoch: int):
+        self.kind = cfg.batch_schedule
+        self.start = cfg.grad_accum
+        self.per_micro = cfg.global_batch_size // cfg.grad_accum  # samples of one micro-step, all ranks
+        self.top = max(self.start, cfg.largest_global_batch // self.per_micro) if self.kind != "fixed" else self.start
+        self.ramp_samples = cfg.batch_ramp_epochs * samples_per_epoch
+        self.lr_scaling = cfg.lr_scaling
+        self.state = BatchState(accum=self.start)
+
+    @property
+    def accum(self) -> int:
+        return self.state.accum
+
+    @property
+    def global_batch(self) -> int:
+        return self.state.accum * self.per_micro
+
+    def lr_factor(self) -> float:
+        """The LR at this batch over the LR at the starting one, by --lr-scaling."""
+        return scaled_lr(1.0, self.global_batch, self.start * self.per_micro, self.lr_scaling)
+
+    def lr_step(self) -> int:
+        """The step of the LR schedule: samples trained on over the starting global batch."""
+        return self.state.samples // (self.start * self.per_micro)
+
+    def step_done(self, micro_steps: int) -> int | None:
+        """After an optimizer step of `micro_steps` micro-steps: the new accumulation when warmup moves it."""
+        self.state.samples += micro_steps * self.per_micro
+        if self.kind != "warmup":
+            return None
+        return self._move_to(self._ramp_accum())
+
+    def noise_read(self, small_sq: float, big_sq: float, small_batch: int, big_batch: int, steps: int) -> int | None:
+        """adaptive, at a log point: the mean squared norms of the small and the big batch over the `steps`
+        steps measured since the last one, folded into the averages; the new accumulation when the noise
+        scale reached the next global batch."""
+        if self.kind != "adaptive":
+            return None
+        g2, trace = two_batch_estimates(small_sq, big_sq, small_batch, big_batch)
+        keep = (1 - 1 / EMA_STEPS) ** steps  # as if each of the steps had been averaged in on its own
+        s = self.state
+        s.ema_g2 = keep * s.ema_g2 + (1 - keep) * g2
+        s.ema_trace = keep * s.ema_trace + (1 - keep) * trace
+        s.ema_weight = keep * s.ema_weight + (1 - keep)
+        noise = self.noise_scale()
+        s.above = s.above + 1 if noise is not None and noise >= 2 * self.global_batch else 0
+        if s.ema_weight < MIN_WEIGHT or s.above < CONFIRMATIONS:
+            return None
+        s.above = 0
+        return self._move_to(self.state.accum * 2)
+
+    def noise_scale(self) -> float | None:
+        """The smoothed B_simple so far (None before it is measured, or while |G|² reads as 0 or less)."""
+        s = self.state
+        if s.ema_weight == 0 or s.ema_g2 <= 0:
+            return None
+        return s.ema_trace / s.ema_g2
+
+    def state_dict(self) -> dict[str, Any]:
+        return asdict(self.state)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.state = BatchState(**state)
+
+    def summary(self) -> dict[str, Any]:
+        """summary.json's `batch_schedule`: the kind, where the global batch started, ended and could go."""
+        return {
+            "kind": self.kind,
+            "start_global_batch": self.start * self.per_micro,
+            "final_global_batch": self.global_batch,
+            "largest_global_batch": self.top * self.per_micro,
+            "noise_scale": self.noise_scale(),
+        }
+
+    def _ramp_accum(self) -> int:
+        doublings = math.ceil(math.log2(self.top / self.start))
+        stage = min(doublings, int(self.state.samples / self.ramp_samples * (doublings + 1)))
+        return min(self.top, self.start * 2**stage)
+
+    def _move_to(self, accum: int) -> int | None:
+        accum = min(accum, self.top)
+        if accum == self.state.accum:
+            return None
+        self.state.accum = accum
+        return accum

@@ -1,0 +1,95 @@
+"""--batch-schedule in real runs (#30): the adaptive batch grows with the noise scale the run measures, the
+LR follows it, every change is a `batch` event; a warmup ramp interrupted by a kill resumes at the batch
+it had reached and goes on as the uninterrupted run does."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+SMALL = [
+    "--workload",
+    "synthetic-cnn",
+    "--synthetic-samples",
+    "2048",
+    "--synthetic-shape",
+    "3,16,16",
+    "--batch-size",
+    "16",
+    "--lr",
+    "0.05",
+    "--threads-per-worker",
+    "1",
+    "--quiet",
+]
+CLI = [sys.executable, "-m", "paratrain", "train"]
+
+
+def events(run, kind: str) -> list[dict]:
+    return [e for e in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if e["event"] == kind]
+
+
+def test_the_adaptive_batch_grows_with_the_measured_noise_scale_and_the_lr_follows(tmp_path):
+    run = tmp_path / "adaptive"
+    flags = ["--epochs", "3", "--grad-accum", "2", "--log-every", "5", "--batch-schedule", "adaptive"]
+    subprocess.run([*CLI, *SMALL, *flags, "--max-global-batch", "256", "--run-dir", str(run)], check=True)
+    summary = json.loads((run / "summary.json").read_text())
+    changes = events(run, "batch")
+    assert changes, "the noise scale of this small model grows past 64 within 3 epochs"
+    batches = [32] + [c["global_batch"] for c in changes]
+    assert all(b == 2 * a for a, b in itertools.pairwise(batches)) and batches[-1] <= 256  # doublings, capped
+    # decided where the loss is read anyway: a log point (every 5 steps) or an epoch's end
+    read_at = {e["step"] for e in events(run, "step")} | {e["step"] for e in events(run, "epoch")}
+    for change in changes:  # each moved by a noise scale at least the batch it moved to
+        assert change["noise_scale"] >= change["global_batch"] and change["lr_factor"] == change["global_batch"] / 32
+        assert change["step"] in read_at
+    block = summary["batch_schedule"]
+    assert block["kind"] == "adaptive" and block["start_global_batch"] == 32
+    assert block["final_global_batch"] == batches[-1] and block["largest_global_batch"] == 256
+    # fewer optimizer steps than a fixed batch of 32 takes (3 epochs of 64), the same samples
+    assert summary["steps"] < 3 * 64 and sum(e["epoch_samples"] for e in events(run, "epoch")) == 3 * 2048
+    # the LR of the steps after the first change is the constant schedule's, times the batch's factor
+    first = changes[0]
+    after = [s for s in events(run, "step") if s["step"] > first["step"]]
+    before = [s for s in events(run, "step") if s["step"] <= first["step"]]
+    assert after[0]["lr"] == pytest.approx(before[-1]["lr"] * first["lr_factor"], rel=1e-9)
+
+
+def test_a_warmup_ramp_killed_midway_resumes_at_the_batch_it_had_reached(tmp_path):
+    # from 16 to 64 over 2.5 epochs: 32 from 5/6 of an epoch, 64 from 5/3
+    flags = [*SMALL, "--epochs", "3", "--batch-schedule", "warmup", "--batch-ramp-epochs", "2.5"]
+    flags += ["--max-global-batch", "64", "--log-every", "8", "--checkpoint-every", "1"]
+    subprocess.run([*CLI, *flags, "--run-dir", str(tmp_path / "full")], check=True)
+
+    interrupted = tmp_path / "interrupted"
+    proc = subprocess.Popen(
+        [*CLI, *flags, "--run-dir", str(interrupted)],
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.time() + 120
+    while not (interrupted / "checkpoint.pt").exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (interrupted / "summary.json").exists(), "the run finished before it could be interrupted"
+    saved = torch.load(interrupted / "checkpoint.pt", weights_only=True)
+    assert saved["epoch"] == 1 and saved["batch_schedule"]["accum"] == 2  # midway up the ramp: 32 a step
+    subprocess.run([*CLI, *flags, "--run-dir", str(interrupted), "--resume"], check=True)
+
+    full, resumed = (tmp_path / "full", interrupted)
+    assert [(c["step"], c["global_batch"]) for c in events(resumed, "batch")] == [
+        (c["step"], c["global_batch"]) for c in events(full, "batch")
+    ]
+    full_steps, resumed_steps = events(full, "step"), events(resumed, "step")
+    assert [(s["step"], s["lr"]) for s in resumed_steps] == [(s["step"], s["lr"]) for s in full_steps]
+    assert [s["loss"] for s in resumed_steps] == pytest.approx([s["loss"] for s in full_steps], rel=1e-6)

@@ -1,0 +1,151 @@
+"""--batch-schedule (#30): the accumulation of every step under warmup and adaptive, pinned by hand cases;
+the LR that follows the batch; the refusals. The noise is fed as the expected squared norms of a model
+with a known noise scale: |G_b|² = |G|² + tr(Σ)/b, so B_simple = tr(Σ)/|G|² exactly."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from pydantic import ValidationError
+
+from paratrain.config import TrainConfig
+from paratrain.engine.batch_schedule import EMA_STEPS, BatchSchedule, two_batch_estimates
+
+
+def schedule(kind: str, **fields) -> BatchSchedule:
+    # 2 ranks of 16 samples: 32 samples a micro-step; 1,000 samples an epoch
+    cfg = TrainConfig(workers=2, batch_size=16, batch_schedule=kind, **fields)
+    return BatchSchedule(cfg, samples_per_epoch=1000)
+
+
+def norms(noise_scale: float, small: int, big: int, g2: float = 1.0) -> tuple[float, float, int, int]:
+    """The expected squared norms at batches `small` and `big` of a model whose B_simple is `noise_scale`."""
+    trace = noise_scale * g2
+    return g2 + trace / small, g2 + trace / big, small, big
+
+
+def test_the_two_batch_estimates_recover_the_gradient_and_the_noise():
+    g2, trace = two_batch_estimates(*norms(500.0, 32, 64, g2=0.25))
+    assert g2 == pytest.approx(0.25, rel=1e-12) and trace == pytest.approx(125.0, rel=1e-12)
+
+
+def test_warmup_doubles_at_even_intervals_of_the_ramp_up_to_the_largest_batch():
+    # from 32 to 256: three doublings, at 1/4, 2/4 and 3/4 of the ramp (1,000 samples)
+    ramp = schedule("warmup", max_global_batch=256)
+    assert (ramp.start, ramp.top, ramp.global_batch) == (1, 8, 32)
+    seen = []
+    for _ in range(40):  # steps of whatever accumulation the schedule says
+        changed = ramp.step_done(ramp.accum)
+        seen.append((ramp.state.samples, ramp.accum, changed))
+    assert [(s, a) for s, a, c in seen if c] == [(256, 2), (512, 4), (768, 8)]
+    assert ramp.accum == 8 and ramp.global_batch == 256  # and no further
+    assert ramp.summary() == {
+        "kind": "warmup",
+        "start_global_batch": 32,
+        "final_global_batch": 256,
+        "largest_global_batch": 256,
+        "noise_scale": None,
+    }
+
+
+def test_warmup_to_a_largest_batch_off_the_doublings_ends_at_it():
+    # 32 to 96 (3 micro-steps): two stages of the ramp, then the largest
+    ramp = schedule("warmup", max_global_batch=96, batch_ramp_epochs=0.5)
+    accums = []
+    while ramp.state.samples < 1000:
+        ramp.step_done(ramp.accum)
+        accums.append(ramp.accum)
+    assert sorted(set(accums)) == [1, 2, 3] and accums[-1] == 3
+
+
+def test_the_default_largest_batch_is_eight_times_the_first_and_fixed_never_moves():
+    assert schedule("adaptive").top * 32 == 256
+    fixed = schedule("fixed", grad_accum=2)
+    assert fixed.top == 2 and fixed.step_done(2) is None and fixed.noise_read(*norms(1e6, 32, 64), 100) is None
+    assert fixed.accum == 2 and fixed.lr_factor() == 1.0
+
+
+def test_adaptive_waits_for_a_settled_average_and_two_readings_above_the_next_batch():
+    adapt = schedule("adaptive", max_global_batch=1024)
+    # B_simple 1,000 at a global batch of 32: above the next (64), but 10 steps are not EMA_STEPS' worth
+    assert adapt.noise_read(*norms(1000.0, 32, 64), steps=10) is None
+    assert adapt.noise_scale() == pytest.approx(1000.0, rel=1e-9)  # the ratio of the averages is exact
+    assert adapt.noise_read(*norms(1000.0, 32, 64), steps=EMA_STEPS) == 2  # settled, second reading above
+    # from there each change needs two readings again
+    assert adapt.noise_read(*norms(1000.0, 64, 128), steps=EMA_STEPS) is None
+    assert adapt.noise_read(*norms(1000.0, 64, 128), steps=EMA_STEPS) == 4
+    assert adapt.global_batch == 128
+
+
+def test_adaptive_grows_only_while_the_noise_scale_reaches_the_next_batch_and_never_past_the_largest():
+    adapt = schedule("adaptive", max_global_batch=256)
+    for _ in range(10):  # a noise scale of 100: 64 is within reach, 128 is not (100 < 2 x 64)
+        adapt.noise_read(*norms(100.0, adapt.global_batch, 2 * adapt.global_batch), steps=EMA_STEPS)
+    assert adapt.global_batch == 64
+    # the noise scale grows as the loss falls: the batch follows it, up to --max-global-batch
+    for noise in (300.0, 300.0, 1e5, 1e5, 1e5, 1e5, 1e5, 1e5):
+        adapt.noise_read(*norms(noise, adapt.global_batch, 2 * adapt.global_batch), steps=EMA_STEPS)
+    assert adapt.global_batch == 256 and adapt.accum == adapt.top == 8
+
+
+def test_a_reading_below_resets_the_run_of_readings_above():
+    adapt = schedule("adaptive")
+    assert adapt.noise_read(*norms(1000.0, 32, 64), steps=EMA_STEPS) is None and adapt.state.above == 1
+    # the noise scale falls to 10, below the next batch: the run of readings above starts over
+    assert adapt.noise_read(*norms(10.0, 32, 64), steps=5 * EMA_STEPS) is None and adapt.state.above == 0
+    # back above: one reading is not two (the average, 10 x 0.36 + 1,000 x 0.64, is above 64 again)
+    assert adapt.noise_read(*norms(1000.0, 32, 64), steps=EMA_STEPS) is None and adapt.state.above == 1
+    assert adapt.noise_read(*norms(1000.0, 32, 64), steps=EMA_STEPS) == 2
+
+
+def test_the_lr_follows_the_batch_and_its_schedule_runs_on_samples():
+    # 32 to 128 over 1,000 samples: 64 from 1/3 of the ramp (11 steps of 32: 352 samples), 128 from 2/3
+    linear = schedule("warmup", max_global_batch=128)
+    steps = [linear.step_done(linear.accum) for _ in range(20)]
+    assert [i + 1 for i, changed in enumerate(steps) if changed] == [11, 16]  # 352 + 5 x 64 = 672 >= 667
+    assert linear.accum == 4 and linear.lr_factor() == 4.0
+    assert linear.state.samples == 11 * 32 + 5 * 64 + 4 * 128
+    assert linear.lr_step() == linear.state.samples // 32  # the schedule's step: samples over the first batch
+    root = schedule("warmup", max_global_batch=128, lr_scaling="sqrt")
+    root.load_state_dict(linear.state_dict())
+    assert root.lr_factor() == pytest.approx(2.0) and root.accum == 4
+
+
+def test_the_state_goes_into_the_checkpoint_whole():
+    adapt = schedule("adaptive")
+    adapt.noise_read(*norms(1000.0, 32, 64), steps=EMA_STEPS)
+    adapt.step_done(1)
+    saved = adapt.state_dict()
+    restored = schedule("adaptive")
+    restored.load_state_dict(saved)
+    assert restored.state == adapt.state and restored.noise_scale() == pytest.approx(1000.0)
+    assert (
+        restored.noise_read(*norms(1000.0, 32, 64), steps=EMA_STEPS) == 2
+    )  # the second reading, as it would have been
+
+
+@pytest.mark.parametrize(
+    ("fields", "told"),
+    [
+        ({"batch_schedule": "adaptive", "max_global_batch": 48}, "--max-global-batch 48 leaves no room"),
+        ({"batch_schedule": "adaptive", "workers": 3, "strategy": "async-ps"}, "async-ps does not do"),
+        ({"batch_schedule": "warmup", "workers": 2, "strategy": "pipeline"}, "a pipeline accumulates"),
+        ({"batch_schedule": "adaptive", "workers": 2, "strategy": "fsdp"}, "fsdp's sharded gradients"),
+        ({"batch_schedule": "adaptive", "workers": 1}, "start from --grad-accum 2"),
+        ({"batch_schedule": "adaptive", "workers": 2, "sync_every": 4}, "drop --sync-every"),
+        ({"batch_schedule": "warmup", "schedule": "range-test", "lr_end": 1.0}, "use --batch-schedule fixed"),
+        ({"max_global_batch": 256}, "--max-global-batch applies to --batch-schedule warmup or adaptive"),
+        ({"batch_ramp_epochs": 2.0}, "--batch-ramp-epochs applies"),
+    ],
+)
+def test_a_schedule_that_cannot_grow_is_refused(fields, told):
+    with pytest.raises(ValidationError, match=told):
+        TrainConfig(batch_size=32, **fields)
+
+
+def test_warmup_on_fsdp_and_adaptive_on_ddp_are_taken():
+    assert TrainConfig(workers=2, strategy="fsdp", batch_schedule="warmup").largest_global_batch == 8 * 64
+    assert TrainConfig(workers=2, batch_schedule="adaptive").measures_grad_noise
+    assert not TrainConfig(workers=2).measures_grad_noise
+    assert math.isclose(TrainConfig(workers=2, batch_schedule="warmup", batch_ramp_epochs=0.5).batch_ramp_epochs, 0.5)
