@@ -61,6 +61,9 @@ def test_the_adaptive_batch_grows_with_the_measured_noise_scale_and_the_lr_follo
     after = [s for s in events(run, "step") if s["step"] > first["step"]]
     before = [s for s in events(run, "step") if s["step"] <= first["step"]]
     assert after[0]["lr"] == pytest.approx(before[-1]["lr"] * first["lr_factor"], rel=1e-9)
+    # the run's page draws the batch over the run
+    subprocess.run([sys.executable, "-m", "paratrain", "report", str(run)], check=True, capture_output=True)
+    assert "alt='batch schedule'" in (run / "report.html").read_text()
 
 
 def test_a_warmup_ramp_killed_midway_resumes_at_the_batch_it_had_reached(tmp_path):

@@ -523,7 +523,7 @@ def _summary_rows(summary: Summary | None) -> list[tuple[str, Any]]:
 def _run_body(run: RunDir) -> str:
     from paratrain.doctor import idle_fractions
     from paratrain.doctor.evidence import read_run
-    from paratrain.reporting.plots import breakdown_plot, curves_plots, monitor_plot
+    from paratrain.reporting.plots import batch_plot, breakdown_plot, curves_plots, monitor_plot
 
     evidence = read_run(run.path)
     summary = evidence.summary
@@ -546,6 +546,10 @@ def _run_body(run: RunDir) -> str:
             parts.append(
                 "<h2>Curves</h2><div class='wide'>" + "".join(_img(p, n) for n, p in curves.items()) + "</div>"
             )
+        if summary and summary.batch_schedule:
+            start = summary.batch_schedule["start_global_batch"]
+            plot = batch_plot(evidence.events, start, tmp / "batch.png")
+            parts.append(f"<h2>Global batch</h2>{_img(plot, 'batch schedule')}")
         if summary and summary.memory:
             parts.append(_memory_table(summary.memory))
         if summary and summary.breakdown:

@@ -163,6 +163,27 @@ def curves_plots(runs: list[RunDir], labels: list[str], out: Path, prefix: str) 
     return paths
 
 
+def batch_plot(events: list[dict[str, Any]], start: int, path: Path) -> Path:
+    """--batch-schedule: the global batch against the optimizer step (a step at each `batch` event), and
+    the noise scale that moved it (adaptive)."""
+    changes = [e for e in events if e["event"] == "batch"]
+    last = max((e["step"] for e in events if "step" in e), default=0)
+    steps = [0, *(c["step"] for c in changes), last]
+    batches = [start, *(c["global_batch"] for c in changes)]
+    fig, ax = plt.subplots(figsize=(6.5, 3.4))
+    ax.step(steps, [*batches, batches[-1]], where="post", label="global batch")
+    noisy = [c for c in changes if c.get("noise_scale") is not None]
+    if noisy:
+        ax.plot([c["step"] for c in noisy], [c["noise_scale"] for c in noisy], "x", label="noise scale that moved it")
+    ax.set_yscale("log", base=2)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("samples")
+    ax.set_title("the global batch over the run (--batch-schedule)", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
 def breakdown_plot(breakdowns: list[dict[str, float | None]], labels: list[str], path: Path) -> Path:
     """Stacked bars: where each run's step time goes (seconds per step by phase: summary.json's
     `breakdown`, a scaling row's)."""
