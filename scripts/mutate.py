@@ -42,6 +42,7 @@ TESTS = {
     "doctor/checks.py": ["tests/test_formulas_doctor_runs.py", "tests/test_formulas_epochs.py"],
     "engine/timing.py": ["tests/test_formulas_timing.py"],
     "engine/memory.py": ["tests/test_formulas_engine_memory.py"],
+    "engine/batch_schedule.py": ["tests/test_formulas_batch_schedule.py"],
     "scale/__init__.py": ["tests/test_formulas_scale.py", "tests/test_formulas_epochs.py"],
     "launch/probe_summary.py": ["tests/test_formulas_probe_summary.py", "tests/test_formulas_doctor.py"],
 }

@@ -149,3 +149,64 @@ def test_warmup_on_fsdp_and_adaptive_on_ddp_are_taken():
     assert TrainConfig(workers=2, batch_schedule="adaptive").measures_grad_noise
     assert not TrainConfig(workers=2).measures_grad_noise
     assert math.isclose(TrainConfig(workers=2, batch_schedule="warmup", batch_ramp_epochs=0.5).batch_ramp_epochs, 0.5)
+
+
+def test_the_edges_of_the_adaptive_rule():
+    # exactly at the next batch counts (B_simple 64 at 32, computed exactly: norms 3 and 2 at 32 and 64)
+    exact = schedule("adaptive")
+    exact.noise_read(3.0, 2.0, 32, 64, steps=EMA_STEPS)
+    assert exact.noise_scale() == 64.0 and exact.noise_read(3.0, 2.0, 32, 64, steps=EMA_STEPS) == 2
+    # 80 reaches 64 (2 x 32) but not 128: one doubling, not two
+    between = schedule("adaptive", max_global_batch=1024)
+    for _ in range(6):
+        between.noise_read(*norms(80.0, between.global_batch, 2 * between.global_batch), steps=EMA_STEPS)
+    assert between.global_batch == 64
+    # 19 steps in two readings: twice above, but the average holds less than 1 - 1/e of its weight
+    early = schedule("adaptive")
+    assert early.noise_read(*norms(1000.0, 32, 64), steps=10) is None
+    assert early.noise_read(*norms(1000.0, 32, 64), steps=9) is None and early.state.above == 2
+    assert early.state.ema_weight == pytest.approx(1 - 0.95**19, rel=1e-12)
+    # the averages weigh |G|² and tr(Σ) alike, whatever |G|² is
+    scaled = schedule("adaptive")
+    scaled.noise_read(*norms(500.0, 32, 64, g2=0.001), steps=3)  # tr(Σ) 0.5: small, and still a noise
+    assert scaled.state.ema_g2 == pytest.approx(0.001 * (1 - 0.95**3)) and scaled.noise_scale() == pytest.approx(500.0)
+
+
+def test_no_noise_scale_while_the_gradient_reads_as_zero_or_less():
+    zero = schedule("adaptive")
+    assert zero.noise_scale() is None  # nothing measured yet
+    zero.noise_read(2.0, 1.0, 32, 64, steps=5)  # 64 x 1 - 32 x 2 = 0: |G|² estimated as exactly 0
+    assert zero.state.ema_g2 == 0.0 and zero.noise_scale() is None
+    negative = schedule("adaptive")
+    negative.noise_read(3.0, 1.0, 32, 64, steps=5)  # 64 x 1 - 32 x 3 < 0: |G|² estimated below zero
+    assert negative.state.ema_g2 < 0 and negative.noise_scale() is None
+    flat = schedule("adaptive")
+    flat.noise_read(2.0, 2.0, 32, 64, steps=5)  # the same norm at both batches: tr(Σ) estimated as exactly 0
+    assert flat.state.ema_trace == 0.0 and flat.noise_scale() is None
+    no_noise = schedule("adaptive")
+    no_noise.noise_read(1.0, 2.0, 32, 64, steps=5)  # the big batch's norm above the small one's: tr(Σ) < 0
+    assert no_noise.state.ema_trace < 0 and no_noise.noise_scale() is None
+
+
+def test_the_largest_batch_and_the_lr_clock_are_whole_numbers_of_micro_steps_and_steps():
+    odd = schedule("adaptive", max_global_batch=100)  # 100 is 3 micro-steps of 32, and 4 samples over
+    assert odd.top == 3 and isinstance(odd.top, int)
+    for _ in range(20):
+        odd.noise_read(*norms(1e6, odd.global_batch, 2 * odd.global_batch), steps=EMA_STEPS)
+    assert odd.accum == 3 and odd.global_batch == 96
+    # an epoch's last, short step (one micro-step of two) counts half a starting step: the clock stays on 0
+    short = schedule("warmup", grad_accum=2)
+    short.step_done(1)
+    assert short.lr_step() == 0 and isinstance(short.lr_step(), int)
+
+
+def test_warmup_from_an_accumulation_above_one_spaces_its_doublings_by_its_own_range():
+    # 2 to 8 micro-steps (64 to 256): two doublings, at 1/3 and 2/3 of the ramp (1,000 samples)
+    ramp = schedule("warmup", grad_accum=2, max_global_batch=256)
+    changes = []
+    while ramp.state.samples < 1000:
+        before = ramp.state.samples
+        if ramp.step_done(ramp.accum):
+            changes.append((before, ramp.accum))
+    assert [a for _, a in changes] == [4, 8]
+    assert 333 - 128 < changes[0][0] <= 333 and 667 - 256 < changes[1][0] <= 667

@@ -117,7 +117,8 @@ class BatchSchedule:
     def noise_scale(self) -> float | None:
         """The smoothed B_simple so far (None before it is measured, or while |G|² reads as 0 or less)."""
         s = self.state
-        if s.ema_weight == 0 or s.ema_g2 <= 0:
+        # Nothing measured yet (0), or a gradient or a noise too small to tell apart from the estimates' own noise.
+        if s.ema_g2 <= 0 or s.ema_trace <= 0:
             return None
         return s.ema_trace / s.ema_g2
 
