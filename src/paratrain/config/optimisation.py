@@ -113,25 +113,8 @@ def check_batch_schedule(config: TrainConfig) -> None:
         )
     if config.schedule == "range-test":
         raise ValueError(f"{chosen} changes the batch the range test's LR is meant for; use --batch-schedule fixed")
-    if config.batch_schedule != "adaptive":
-        return
-    if config.strategy_name == "fsdp":
-        raise ValueError(
-            "--batch-schedule adaptive reads the gradient noise through DDP's averaging or accumulation, which "
-            "fsdp's sharded gradients do not go through; use ddp or zero1 (or --batch-schedule warmup)"
-        )
-    if config.sync_every > 1 or config.grad_compression == "powersgd":
-        raise ValueError(
-            "--batch-schedule adaptive compares each rank's gradient with the exact average; drop --sync-every "
-            "and --grad-compression powersgd"
-        )
-    if config.workers == 1 and config.grad_accum < 2:
-        raise ValueError(
-            "--batch-schedule adaptive on one worker measures the noise between a micro-batch and the whole step: "
-            "start from --grad-accum 2 or more (or use --workers 2)"
-        )
-    if config.precision == "fp16":
-        raise ValueError("--batch-schedule adaptive reads gradients that fp16's loss scaling changes; use bf16 or 32")
+    if config.batch_schedule == "adaptive":
+        _check_noise_measurement(config, chosen)
 
 
 def check(config: TrainConfig) -> None:
@@ -153,26 +136,30 @@ def check_measurements(config: TrainConfig) -> None:
         )
     if config.lr_end is not None and config.warmup_epochs > 0:
         raise ValueError("--schedule range-test sets every step's LR itself; drop --warmup-epochs")
-    if not config.grad_noise:
-        return
+    if config.grad_noise:
+        _check_noise_measurement(config, "--grad-noise")
+
+
+def _check_noise_measurement(config: TrainConfig, asked: str) -> None:
+    """What the in-run gradient noise measurement needs, for --grad-noise and the adaptive batch that reads it."""
     if config.strategy_name not in ("single", "ddp", "zero1"):
         raise ValueError(
-            f"--grad-noise measures through DDP's gradient averaging or gradient accumulation; use --strategy "
-            f"ddp, zero1 or single, not {config.strategy_name}"
+            f"{asked} measures the gradient noise through DDP's gradient averaging or gradient accumulation; use "
+            f"--strategy ddp, zero1 or single, not {config.strategy_name}"
         )
     if config.sync_every > 1 or config.grad_compression == "powersgd":
         given = "--sync-every" if config.sync_every > 1 else "--grad-compression powersgd"
         raise ValueError(
-            f"--grad-noise compares each rank's gradient with the exact average, which {given} replaces "
+            f"{asked} compares each rank's gradient with the exact average, which {given} replaces "
             "(local steps, or a low-rank approximation); drop one of them"
         )
     if config.workers == 1 and config.grad_accum < 2:
         raise ValueError(
-            "--grad-noise on one worker compares a micro-batch with the whole step: add --grad-accum 2 or more "
+            f"{asked} on one worker compares a micro-batch with the whole step: add --grad-accum 2 or more "
             "(or use --workers 2)"
         )
     if config.precision == "fp16":
         raise ValueError(
-            "--grad-noise reads gradients that fp16's loss scaling multiplies by a changing factor; use "
+            f"{asked} reads gradients that fp16's loss scaling multiplies by a changing factor; use "
             "--precision bf16 or 32"
         )
