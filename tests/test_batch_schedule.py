@@ -96,3 +96,26 @@ def test_a_warmup_ramp_killed_midway_resumes_at_the_batch_it_had_reached(tmp_pat
     full_steps, resumed_steps = events(full, "step"), events(resumed, "step")
     assert [(s["step"], s["lr"]) for s in resumed_steps] == [(s["step"], s["lr"]) for s in full_steps]
     assert [s["loss"] for s in resumed_steps] == pytest.approx([s["loss"] for s in full_steps], rel=1e-6)
+
+
+def test_growing_the_per_rank_batch_trains_on_the_batches_accumulation_would(tmp_path):
+    # 2 ranks of 16, a warmup ramp from 32 to 128 over the first epoch: one run joins the loader's batches
+    # into forwards of up to 64 a rank (--max-batch-size), the other accumulates forwards of 16
+    flags = [*SMALL, "--workers", "2", "--epochs", "2", "--batch-schedule", "warmup", "--log-every", "4"]
+    flags += ["--max-global-batch", "128"]
+    joined, accumulated = tmp_path / "joined", tmp_path / "accumulated"
+    subprocess.run([*CLI, *flags, "--max-batch-size", "64", "--run-dir", str(joined)], check=True)
+    subprocess.run([*CLI, *flags, "--run-dir", str(accumulated)], check=True)
+
+    def changes(run):
+        return [(c["step"], c["global_batch"], c["per_rank_batch"], c["grad_accum"]) for c in events(run, "batch")]
+
+    grown = changes(joined)
+    assert grown == [(grown[0][0], 64, 32, 1), (grown[1][0], 128, 64, 1)]  # never past 64 a rank
+    assert changes(accumulated) == [(step, batch, 16, batch // 32) for step, batch, _, _ in grown]
+    # the same samples in the same steps: the same losses, up to the order of the sums
+    steps = events(joined, "step")
+    assert [s["step"] for s in steps] == [s["step"] for s in events(accumulated, "step")]
+    assert [s["loss"] for s in steps] == pytest.approx([s["loss"] for s in events(accumulated, "step")], rel=1e-4)
+    summary = json.loads((joined / "summary.json").read_text())["batch_schedule"]
+    assert (summary["final_per_rank_batch"], summary["largest_per_rank_batch"]) == (64, 64)

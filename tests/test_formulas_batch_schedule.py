@@ -45,6 +45,8 @@ def test_warmup_doubles_at_even_intervals_of_the_ramp_up_to_the_largest_batch():
         "start_global_batch": 32,
         "final_global_batch": 256,
         "largest_global_batch": 256,
+        "final_per_rank_batch": 16,
+        "largest_per_rank_batch": 16,
         "noise_scale": None,
     }
 
@@ -71,10 +73,10 @@ def test_adaptive_waits_for_a_settled_average_and_two_readings_above_the_next_ba
     # B_simple 1,000 at a global batch of 32: above the next (64), but 10 steps are not EMA_STEPS' worth
     assert adapt.noise_read(*norms(1000.0, 32, 64), steps=10) is None
     assert adapt.noise_scale() == pytest.approx(1000.0, rel=1e-9)  # the ratio of the averages is exact
-    assert adapt.noise_read(*norms(1000.0, 32, 64), steps=EMA_STEPS) == 2  # settled, second reading above
+    assert adapt.noise_read(*norms(1000.0, 32, 64), steps=EMA_STEPS) == 64  # settled, second reading above
     # from there each change needs two readings again
     assert adapt.noise_read(*norms(1000.0, 64, 128), steps=EMA_STEPS) is None
-    assert adapt.noise_read(*norms(1000.0, 64, 128), steps=EMA_STEPS) == 4
+    assert adapt.noise_read(*norms(1000.0, 64, 128), steps=EMA_STEPS) == 128
     assert adapt.global_batch == 128
 
 
@@ -96,7 +98,7 @@ def test_a_reading_below_resets_the_run_of_readings_above():
     assert adapt.noise_read(*norms(10.0, 32, 64), steps=5 * EMA_STEPS) is None and adapt.state.above == 0
     # back above: one reading is not two (the average, 10 x 0.36 + 1,000 x 0.64, is above 64 again)
     assert adapt.noise_read(*norms(1000.0, 32, 64), steps=EMA_STEPS) is None and adapt.state.above == 1
-    assert adapt.noise_read(*norms(1000.0, 32, 64), steps=EMA_STEPS) == 2
+    assert adapt.noise_read(*norms(1000.0, 32, 64), steps=EMA_STEPS) == 64
 
 
 def test_the_lr_follows_the_batch_and_its_schedule_runs_on_samples():
@@ -121,7 +123,7 @@ def test_the_state_goes_into_the_checkpoint_whole():
     restored.load_state_dict(saved)
     assert restored.state == adapt.state and restored.noise_scale() == pytest.approx(1000.0)
     assert (
-        restored.noise_read(*norms(1000.0, 32, 64), steps=EMA_STEPS) == 2
+        restored.noise_read(*norms(1000.0, 32, 64), steps=EMA_STEPS) == 64
     )  # the second reading, as it would have been
 
 
@@ -158,7 +160,7 @@ def test_the_edges_of_the_adaptive_rule():
     # exactly at the next batch counts (B_simple 64 at 32, computed exactly: norms 3 and 2 at 32 and 64)
     exact = schedule("adaptive")
     exact.noise_read(3.0, 2.0, 32, 64, steps=EMA_STEPS)
-    assert exact.noise_scale() == 64.0 and exact.noise_read(3.0, 2.0, 32, 64, steps=EMA_STEPS) == 2
+    assert exact.noise_scale() == 64.0 and exact.noise_read(3.0, 2.0, 32, 64, steps=EMA_STEPS) == 64
     # 80 reaches 64 (2 x 32) but not 128: one doubling, not two
     between = schedule("adaptive", max_global_batch=1024)
     for _ in range(6):
@@ -213,3 +215,49 @@ def test_warmup_from_an_accumulation_above_one_spaces_its_doublings_by_its_own_r
             changes.append((before, ramp.accum))
     assert [a for _, a in changes] == [4, 8]
     assert 333 - 128 < changes[0][0] <= 333 and 667 - 256 < changes[1][0] <= 667
+
+
+def test_the_per_rank_batch_doubles_up_to_its_limit_before_the_accumulation_does():
+    # 2 ranks of 16, per-rank batch up to 64 (4 loader batches), global up to 512: 32 -> 64 -> 128 by the
+    # per-rank batch (32, then 64 a rank), then 256 and 512 by accumulation (2, then 4 forwards of 64)
+    grow = schedule("warmup", max_global_batch=512, max_batch_size=64)
+    assert (grow.max_merge, grow.top) == (4, 16)
+    seen = []
+    while grow.state.samples < 1000:
+        if grow.step_done(grow.accum):
+            seen.append((grow.global_batch, grow.per_rank_batch, grow.accum))
+    assert seen == [(64, 32, 1), (128, 64, 1), (256, 64, 2), (512, 64, 4)]
+    assert grow.lr_factor() == 16.0
+    assert grow.summary()["final_per_rank_batch"] == 64 and grow.summary()["largest_per_rank_batch"] == 64
+    # a step of 4 forwards of 4 loader batches each: 16 loader batches of every rank, 512 samples on the clock
+    before = grow.state.samples
+    grow.step_done(4)
+    assert grow.state.samples - before == 512
+
+
+def test_a_per_rank_limit_off_the_doublings_and_a_largest_batch_off_them_are_kept():
+    # --max-batch-size 100 allows 64 a rank (16 x 4), not 128; --max-global-batch 384 is 12 loader batches
+    # a step: 64 a rank by merging 4, then 3 forwards of them (one and a half doublings of the accumulation)
+    odd = schedule("adaptive", max_global_batch=384, max_batch_size=100)
+    assert odd.max_merge == 4 and odd.top == 12
+    for _ in range(20):
+        odd.noise_read(*norms(1e6, odd.global_batch, 2 * odd.global_batch), steps=EMA_STEPS)
+    assert (odd.per_rank_batch, odd.accum, odd.global_batch) == (64, 3, 384)
+
+
+def test_a_checkpoint_from_before_per_rank_growth_resumes_with_its_batch():
+    old = schedule("warmup", max_batch_size=64)
+    old.load_state_dict({"accum": 2, "samples": 500, "ema_g2": 0.0, "ema_trace": 0.0, "ema_weight": 0.0, "above": 0})
+    assert (old.merge, old.accum, old.global_batch) == (1, 2, 64)
+
+
+@pytest.mark.parametrize(
+    ("fields", "told"),
+    [
+        ({"batch_schedule": "warmup", "max_batch_size": 63}, "--max-batch-size 63 leaves the per-rank batch no room"),
+        ({"max_batch_size": 64}, "--max-batch-size applies to --batch-schedule warmup or adaptive"),
+    ],
+)
+def test_a_per_rank_limit_that_cannot_be_used_is_refused(fields, told):
+    with pytest.raises(ValidationError, match=told):
+        TrainConfig(batch_size=32, **fields)

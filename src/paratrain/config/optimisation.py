@@ -48,13 +48,20 @@ class OptimisationOptions(BaseModel):
         "fixed",
         description="the global batch over the run: fixed; warmup (doubled at even intervals over "
         "--batch-ramp-epochs up to --max-global-batch); adaptive (doubled when the gradient noise scale measured "
-        "in the run reaches the next batch, McCandlish et al. 2018); it grows by gradient accumulation, and the "
-        "LR follows the global batch by --lr-scaling",
+        "in the run reaches the next batch, McCandlish et al. 2018); it grows by the per-rank batch up to "
+        "--max-batch-size, then by gradient accumulation, and the LR follows the global batch by --lr-scaling",
     )
     max_global_batch: int | None = Field(
         None,
         gt=0,
         description="--batch-schedule warmup or adaptive: the largest global batch (default: 8 x the starting one)",
+    )
+    max_batch_size: int | None = Field(
+        None,
+        gt=0,
+        description="--batch-schedule warmup or adaptive: the largest per-rank batch the schedule may grow to before "
+        "it accumulates (the batch that fits: find-batch's largest, or its knee for speed; default: --batch-size, "
+        "growth by accumulation only)",
     )
     batch_ramp_epochs: float = Field(
         1.0, gt=0, description="--batch-schedule warmup: epochs over which the global batch grows to its largest"
@@ -91,7 +98,7 @@ def check_batch_schedule(config: TrainConfig) -> None:
     """A growing batch needs a strategy that accumulates, room to grow, and (adaptive) the noise it reads."""
     if config.batch_schedule == "fixed":
         # Compared with the defaults, not with the fields given: the ranks get every field.
-        for given in ("max_global_batch", "batch_ramp_epochs"):
+        for given in ("max_global_batch", "max_batch_size", "batch_ramp_epochs"):
             if getattr(config, given) != type(config).model_fields[given].default:
                 raise ValueError(f"--{given.replace('_', '-')} applies to --batch-schedule warmup or adaptive")
         return
@@ -110,6 +117,12 @@ def check_batch_schedule(config: TrainConfig) -> None:
         raise ValueError(
             f"--max-global-batch {config.max_global_batch} leaves no room to grow from the starting global batch "
             f"{config.global_batch_size} (the batch doubles): give at least {2 * config.global_batch_size}"
+        )
+    if config.max_batch_size is not None and config.max_batch_size < 2 * config.batch_size:
+        raise ValueError(
+            f"--max-batch-size {config.max_batch_size} leaves the per-rank batch no room to grow from --batch-size "
+            f"{config.batch_size} (it doubles): give at least {2 * config.batch_size}, or leave it out to grow by "
+            "accumulation only"
         )
     if config.schedule == "range-test":
         raise ValueError(f"{chosen} changes the batch the range test's LR is meant for; use --batch-schedule fixed")

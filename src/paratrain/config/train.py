@@ -110,6 +110,11 @@ class TrainConfig(RunOptions, ComputeOptions, OptimisationOptions, ParallelismOp
         return self.max_global_batch or 8 * self.global_batch_size
 
     @property
+    def largest_batch_size(self) -> int:
+        """The largest per-rank batch --batch-schedule warmup or adaptive may grow to before accumulating."""
+        return self.max_batch_size or self.batch_size
+
+    @property
     def reference_batch_size(self) -> int:
         return self.base_batch_size or self.batch_size * self.grad_accum
 

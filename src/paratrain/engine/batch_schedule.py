@@ -1,25 +1,28 @@
 """The global batch over a run (`--batch-schedule`): fixed, a warm-up ramp, or adapted to the noise.
 
-The batch grows by gradient accumulation: an optimizer step runs `accum` micro-steps of --batch-size on
-every data-parallel rank, so the global batch is accum x the ranks' micro-batches, and growing it costs
-no memory (the micro-batch stays what find-batch measured). Each change doubles the accumulation, up to
-`--max-global-batch`.
+The batch grows by doublings, first of the per-rank batch and then of the accumulation. A rank's forward
+takes `merge` of the loader's batches of --batch-size joined into one, up to --max-batch-size (the largest
+per-rank batch that fits, find-batch's limit; by default --batch-size, so it never grows): a larger
+per-rank batch runs faster per sample up to the device's knee. Past it an optimizer step runs `accum`
+such forwards, which costs no memory. Either way the samples and their order are the loader's, so a
+run that grows by merging trains on the same batches as one that grows by accumulating. The global batch
+is merge x accum x the ranks' loader batches, up to `--max-global-batch`.
 
-- warmup: the accumulation doubles at evenly spaced points of the first --batch-ramp-epochs (by samples
-  trained on), from --grad-accum to the largest: the fixed ramp of batch-size warm-up (Smith et al. 2017,
-  "Don't decay the learning rate, increase the batch size"; Merrill et al. 2025).
+- warmup: the global batch doubles at evenly spaced points of the first --batch-ramp-epochs (by samples
+  trained on), to the largest: the fixed ramp of batch-size warm-up (Smith et al. 2017, "Don't decay the
+  learning rate, increase the batch size"; Merrill et al. 2025).
 - adaptive: the gradient noise scale B_simple = tr(Σ) / |G|² is measured in the run from the squared norms
   of a small and a big batch at every step (engine/grad_noise.py), smoothed by an exponential moving
-  average of its numerator and denominator as `paratrain noise-scale` does, and the accumulation doubles
-  when B_simple reaches the next global batch: McCandlish et al. (2018) show the critical batch is about
-  B_simple, and that it grows as the loss falls. It is read where the loop reads the loss anyway (its log
-  points), so no step waits for the device; every rank decides on the same numbers (the small batch's
-  norm is averaged over the ranks there).
+  average of its numerator and denominator as `paratrain noise-scale` does, and the global batch doubles
+  when B_simple reaches the next one: McCandlish et al. (2018) show the critical batch is about B_simple,
+  and that it grows as the loss falls. It is read where the loop reads the loss anyway (its log points),
+  so no step waits for the device; every rank decides on the same numbers (the small batch's norm is
+  averaged over the ranks there).
 
 The LR follows the global batch by --lr-scaling (as a run started at that batch would have it), and the LR
 schedule runs on samples, not steps: its step is the samples trained on over the starting global batch, so
-warm-up and decay end where they would at a fixed batch. The state (accumulation, samples, averages) goes
-into the checkpoint: a resumed run continues at the same batch.
+warm-up and decay end where they would at a fixed batch. The state (merge, accumulation, samples,
+averages) goes into the checkpoint: a resumed run continues at the same batch.
 """
 
 from __future__ import annotations
@@ -52,7 +55,8 @@ def two_batch_estimates(small_sq: float, big_sq: float, small_batch: int, big_ba
 class BatchState:
     """What the schedule has done so far; all of it goes into the checkpoint."""
 
-    accum: int  # micro-steps per optimizer step now
+    accum: int  # forwards per optimizer step now
+    merge: int = 1  # loader batches joined into one forward (the per-rank batch over --batch-size)
     samples: int = 0  # samples trained on since the start, all ranks: the schedule's clock
     ema_g2: float = 0.0
     ema_trace: float = 0.0
@@ -61,13 +65,18 @@ class BatchState:
 
 
 class BatchSchedule:
-    """The accumulation of each optimizer step, and the LR's factor and clock that go with it."""
+    """The per-rank batch and the accumulation of each optimizer step, and the LR's factor and clock."""
 
     def __init__(self, cfg: TrainConfig, samples_per_epoch: int):
         self.kind = cfg.batch_schedule
         self.start = cfg.grad_accum
-        self.per_micro = cfg.global_batch_size // cfg.grad_accum  # samples of one micro-step, all ranks
-        self.top = max(self.start, cfg.largest_global_batch // self.per_micro) if self.kind != "fixed" else self.start
+        self.batch_size = cfg.batch_size
+        self.per_loader_batch = cfg.global_batch_size // cfg.grad_accum  # samples of one loader batch, all ranks
+        growing = self.kind != "fixed"
+        # The largest per-rank batch, in loader batches (a power of two: the per-rank batch doubles).
+        self.max_merge = 2 ** int(math.log2(cfg.largest_batch_size // cfg.batch_size)) if growing else 1
+        # The largest step, in loader batches of every rank (merge x accum).
+        self.top = max(self.start, cfg.largest_global_batch // self.per_loader_batch) if growing else self.start
         self.ramp_samples = cfg.batch_ramp_epochs * samples_per_epoch
         self.lr_scaling = cfg.lr_scaling
         self.state = BatchState(accum=self.start)
@@ -77,28 +86,37 @@ class BatchSchedule:
         return self.state.accum
 
     @property
+    def merge(self) -> int:
+        return self.state.merge
+
+    @property
+    def per_rank_batch(self) -> int:
+        """Samples of one forward on one rank."""
+        return self.state.merge * self.batch_size
+
+    @property
     def global_batch(self) -> int:
-        return self.state.accum * self.per_micro
+        return self.state.merge * self.state.accum * self.per_loader_batch
 
     def lr_factor(self) -> float:
         """The LR at this batch over the LR at the starting one, by --lr-scaling."""
-        return scaled_lr(1.0, self.global_batch, self.start * self.per_micro, self.lr_scaling)
+        return scaled_lr(1.0, self.global_batch, self.start * self.per_loader_batch, self.lr_scaling)
 
     def lr_step(self) -> int:
         """The step of the LR schedule: samples trained on over the starting global batch."""
-        return self.state.samples // (self.start * self.per_micro)
+        return self.state.samples // (self.start * self.per_loader_batch)
 
-    def step_done(self, micro_steps: int) -> int | None:
-        """After an optimizer step of `micro_steps` micro-steps: the new accumulation when warmup moves it."""
-        self.state.samples += micro_steps * self.per_micro
+    def step_done(self, forwards: int) -> int | None:
+        """After an optimizer step of `forwards` forwards: the new global batch when warmup moves it."""
+        self.state.samples += forwards * self.state.merge * self.per_loader_batch
         if self.kind != "warmup":
             return None
-        return self._move_to(self._ramp_accum())
+        return self._grow_to(self._ramp_units())
 
     def noise_read(self, small_sq: float, big_sq: float, small_batch: int, big_batch: int, steps: int) -> int | None:
         """adaptive, at a log point: the mean squared norms of the small and the big batch over the `steps`
-        steps measured since the last one, folded into the averages; the new accumulation when the noise
-        scale reached the next global batch."""
+        steps measured since the last one, folded into the averages; the new global batch when the noise
+        scale reached the next one."""
         if self.kind != "adaptive":
             return None
         g2, trace = two_batch_estimates(small_sq, big_sq, small_batch, big_batch)
@@ -112,7 +130,7 @@ class BatchSchedule:
         if s.ema_weight < MIN_WEIGHT or s.above < CONFIRMATIONS:
             return None
         s.above = 0
-        return self._move_to(self.state.accum * 2)
+        return self._grow_to(2 * s.merge * s.accum)
 
     def noise_scale(self) -> float | None:
         """The smoothed B_simple so far (None before it is measured, or while |G|² reads as 0 or less)."""
@@ -126,26 +144,39 @@ class BatchSchedule:
         return asdict(self.state)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.state = BatchState(**state)
+        self.state = BatchState(**state)  # a checkpoint from before per-rank growth has no `merge`: 1
 
     def summary(self) -> dict[str, Any]:
-        """summary.json's `batch_schedule`: the kind, where the global batch started, ended and could go."""
+        """summary.json's `batch_schedule`: the kind, where the global batch started, ended and could go,
+        and the per-rank batch it ended at."""
         return {
             "kind": self.kind,
-            "start_global_batch": self.start * self.per_micro,
+            "start_global_batch": self.start * self.per_loader_batch,
             "final_global_batch": self.global_batch,
-            "largest_global_batch": self.top * self.per_micro,
+            "largest_global_batch": self.top * self.per_loader_batch,
+            "final_per_rank_batch": self.per_rank_batch,
+            "largest_per_rank_batch": self.max_merge * self.batch_size,
             "noise_scale": self.noise_scale(),
         }
 
-    def _ramp_accum(self) -> int:
+    def _ramp_units(self) -> int:
+        """warmup: the step the ramp has reached, in loader batches of every rank."""
         doublings = math.ceil(math.log2(self.top / self.start))
         stage = min(doublings, int(self.state.samples / self.ramp_samples * (doublings + 1)))
         return min(self.top, self.start * 2**stage)
 
-    def _move_to(self, accum: int) -> int | None:
-        accum = min(accum, self.top)
-        if accum == self.state.accum:
-            return None
-        self.state.accum = accum
-        return accum
+    def _grow_to(self, units: int) -> int | None:
+        """Doubles the per-rank batch while it may grow, then the accumulation, until a step holds `units`
+        loader batches of every rank (or --max-global-batch's share); the new global batch, or None."""
+        s = self.state
+        units = min(units, self.top)
+        before = s.merge * s.accum
+        while s.merge * s.accum < units:
+            if s.merge * 2 <= self.max_merge and s.merge * 2 * s.accum <= units:
+                s.merge *= 2
+            elif s.merge * 2 * s.accum <= units:
+                s.accum *= 2
+            else:  # the largest batch is off the doublings: the accumulation ends at it
+                s.accum = max(s.accum, units // s.merge)
+                break
+        return self.global_batch if s.merge * s.accum > before else None

@@ -81,30 +81,33 @@ class GradNoiseRecorder:
         bucket_norms: BucketNorms | None,
         allreduce: str | None,
     ):
-        self.batch_size = cfg.batch_size
         self.data_parallel = data_parallel_ranks
         self.bucket_norms = bucket_norms
         if bucket_norms is not None:
             self.source = f"ddp comm hook around the {allreduce} average"
         else:
             self.source = "gradient accumulation (first micro-batch and whole step)"
-        self.small_batch, self.big_batch = self.batches(cfg.grad_accum)
+        self.small_batch, self.big_batch = self.batches(cfg.batch_size, cfg.grad_accum)
         self.ranks = data_parallel_ranks if bucket_norms is not None else 1
         self.path = grad_noise_file(run_path, rank)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.pending: list[tuple[int, torch.Tensor, torch.Tensor, int]] = []
+        self.pending: list[tuple[int, torch.Tensor, torch.Tensor, int, int]] = []
         self.first: torch.Tensor | None = None
         self.full = True
 
-    def batches(self, accum: int) -> tuple[int, int]:
-        """The (small, big) batch sizes of a step of `accum` micro-steps (--batch-schedule changes it)."""
+    def batches(self, micro_batch: int, accum: int) -> tuple[int, int]:
+        """The (small, big) batch sizes of a step of `accum` micro-steps of `micro_batch` samples a rank
+        (--batch-schedule changes both)."""
         if self.bucket_norms is not None:  # this rank's step, and the average over the ranks
-            return self.batch_size * accum, self.batch_size * accum * self.data_parallel
-        return self.batch_size, self.batch_size * accum  # the first micro-batch, and the whole step
+            return micro_batch * accum, micro_batch * accum * self.data_parallel
+        return micro_batch, micro_batch * accum  # the first micro-batch, and the whole step
 
-    def micro_step(self, model: nn.Module, index: int, sync: bool, batch_len: int, step: int, accum: int) -> None:
-        """After micro-step `index` (0-based within optimizer step `step`, 1-based, of `accum`) has run backward."""
-        self.full = (self.full or index == 0) and batch_len == self.batch_size
+    def micro_step(
+        self, model: nn.Module, index: int, sync: bool, batch_len: int, step: int, micro_batch: int, accum: int
+    ) -> None:
+        """After micro-step `index` (0-based within optimizer step `step`, 1-based, of `accum` micro-steps of
+        `micro_batch` samples) has run backward."""
+        self.full = (self.full or index == 0) and batch_len == micro_batch
         if self.bucket_norms is None and index == 0:
             self.first = _gradient_squared_norm(model) * accum**2
         if not sync:
@@ -114,15 +117,18 @@ class GradNoiseRecorder:
         else:
             small, big = self.first, _gradient_squared_norm(model)
         if self.full and index == accum - 1:
-            self.pending.append((step, small, big, accum))
+            self.pending.append((step, small, big, micro_batch, accum))
 
     def flush(self) -> list[tuple[float, float, int, int]]:
         """Append the steps measured since the last flush to this rank's file; returns them as
         (|small|², |big|², small batch, big batch), for --batch-schedule adaptive."""
         if not self.pending:
             return []
-        values = torch.stack([torch.stack([small, big]) for _, small, big, _ in self.pending]).tolist()
-        measured = [(small, big, *self.batches(accum)) for (_, _, _, accum), (small, big) in zip(self.pending, values)]
+        values = torch.stack([torch.stack([small, big]) for _, small, big, _, _ in self.pending]).tolist()
+        measured = [
+            (small, big, *self.batches(micro_batch, accum))
+            for (_, _, _, micro_batch, accum), (small, big) in zip(self.pending, values)
+        ]
         with open(self.path, "a") as f:
             for (step, *_), (small, big, small_batch, big_batch) in zip(self.pending, measured):
                 f.write(

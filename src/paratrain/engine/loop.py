@@ -406,7 +406,7 @@ class Trainer:
         step_start = data_start = clock.stamp()
         # Micro-steps of the optimizer step under way, of `accum` (--batch-schedule may raise it between steps).
         in_step, accum = 0, self.batch_schedule.accum
-        for micro, (x, y) in enumerate(self.batches.epoch(epoch, first_micro), start=first_micro):
+        for micro, (x, y) in self._micro_batches(epoch, first_micro):
             data_ready = clock.stamp()
             sync = in_step + 1 == accum or micro == self.micro_steps - 1
             # All micro-steps but the last accumulate locally: DDP skips the all-reduce in no_sync.
@@ -416,7 +416,9 @@ class Trainer:
                 )
             backward_end = clock.stamp()
             if self.grad_noise is not None:
-                self.grad_noise.micro_step(model, in_step, sync, len(y), self.state.step + 1, accum)
+                self.grad_noise.micro_step(
+                    model, in_step, sync, len(y), self.state.step + 1, self.batch_schedule.per_rank_batch, accum
+                )
             in_step += 1
             breakdown.span("data_s", data_start, data_ready)
             breakdown.span("forward_backward", data_ready, backward_end)
@@ -441,6 +443,16 @@ class Trainer:
                     break
             data_start = clock.stamp()
         return self._end_epoch(epoch, tally)
+
+    def _micro_batches(self, epoch: int, first: int) -> Iterator[tuple[int, tuple[torch.Tensor, torch.Tensor]]]:
+        """The epoch's forwards: `merge` of the loader's batches joined into one (--batch-schedule grows the
+        per-rank batch so, in the loader's order), each with the index of its last loader batch."""
+        joined: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for micro, batch in enumerate(self.batches.epoch(epoch, first), start=first):
+            joined.append(batch)
+            if len(joined) == self.batch_schedule.merge or micro == self.micro_steps - 1:
+                yield micro, joined[0] if len(joined) == 1 else tuple(torch.cat(parts) for parts in zip(*joined))
+                joined = []
 
     def _begin_epoch(self, epoch: int) -> tuple[EpochTally, int]:
         """The epoch's tally, and the micro-step it starts from: 0, or where a checkpoint taken in its
@@ -522,13 +534,13 @@ class Trainer:
         if not counted:
             return
         # Every rank's steps had the same batches: the accumulation changes only here, after them.
-        batches = self.grad_noise.batches(self.batch_schedule.accum)
+        batches = self.grad_noise.batches(self.batch_schedule.per_rank_batch, self.batch_schedule.accum)
         steps = round(counted / self.grad_noise.ranks)
         self._batch_changed(self.batch_schedule.noise_read(small / counted, big / counted, *batches, steps))
 
-    def _batch_changed(self, accum: int | None) -> None:
-        """A `batch` event in metrics.jsonl when the schedule moved the accumulation."""
-        if accum is None:
+    def _batch_changed(self, global_batch: int | None) -> None:
+        """A `batch` event in metrics.jsonl when the schedule moved the global batch."""
+        if global_batch is None:
             return
         batches = self.batch_schedule
         noise = batches.noise_scale()
@@ -536,12 +548,19 @@ class Trainer:
             "batch",
             step=self.state.step,
             samples=batches.state.samples,
-            global_batch=batches.global_batch,
-            grad_accum=accum,
+            global_batch=global_batch,
+            per_rank_batch=batches.per_rank_batch,
+            grad_accum=batches.accum,
             lr_factor=batches.lr_factor(),
             **({"noise_scale": noise} if noise is not None else {}),
         )
-        log.info("step %d: global batch %d (%d micro-steps a step)", self.state.step, batches.global_batch, accum)
+        log.info(
+            "step %d: global batch %d (%d a rank, %d micro-steps a step)",
+            self.state.step,
+            global_batch,
+            batches.per_rank_batch,
+            batches.accum,
+        )
 
     def _end_epoch(self, epoch: int, tally: EpochTally) -> dict[str, Any]:
         """The epoch's record: its sums over the ranks, its time and its step-time breakdown."""
