@@ -99,10 +99,10 @@ def test_a_warmup_ramp_killed_midway_resumes_at_the_batch_it_had_reached(tmp_pat
 
 
 def test_growing_the_per_rank_batch_trains_on_the_batches_accumulation_would(tmp_path):
-    # 2 ranks of 16, a warmup ramp from 32 to 128 over the first epoch: one run joins the loader's batches
-    # into forwards of up to 64 a rank (--max-batch-size), the other accumulates forwards of 16
+    # 2 ranks of 16, a warmup ramp from 32 to 128 over 0.7 epochs: one run grows the per-rank batch up to 64
+    # (--max-batch-size; loaded 64 at a time, cut into forwards), the other accumulates forwards of 16
     flags = [*SMALL, "--workers", "2", "--epochs", "2", "--batch-schedule", "warmup", "--log-every", "4"]
-    flags += ["--max-global-batch", "128"]
+    flags += ["--max-global-batch", "128", "--batch-ramp-epochs", "0.7"]
     joined, accumulated = tmp_path / "joined", tmp_path / "accumulated"
     subprocess.run([*CLI, *flags, "--max-batch-size", "64", "--run-dir", str(joined)], check=True)
     subprocess.run([*CLI, *flags, "--run-dir", str(accumulated)], check=True)
@@ -112,6 +112,8 @@ def test_growing_the_per_rank_batch_trains_on_the_batches_accumulation_would(tmp
 
     grown = changes(joined)
     assert grown == [(grown[0][0], 64, 32, 1), (grown[1][0], 128, 64, 1)]  # never past 64 a rank
+    # each change came at an odd 16-sample batch of a loaded 64: the next forward spans two loaded batches
+    assert [events(joined, "batch")[i]["samples"] // 32 for i in (0, 1)] == [15, 31]
     assert changes(accumulated) == [(step, batch, 16, batch // 32) for step, batch, _, _ in grown]
     # the same samples in the same steps: the same losses, up to the order of the sums
     steps = events(joined, "step")

@@ -79,13 +79,15 @@ def _model_state_at_init(common: dict) -> dict:
 
 
 def test_gradient_accumulation_on_two_ranks_equals_the_global_batch(tmp_path):
-    """DDP with no_sync on all but the last micro-step: 2 ranks x 16 x 2 micro-steps == 1 x 64."""
-    common = dict(epochs=1, synthetic_samples=256, lr=0.05, lr_scaling="none", checkpoint_every=1)
+    """DDP with no_sync on all but the last micro-step: 2 ranks x 16 x 2 micro-steps == 1 x 64, the epoch's
+    short last step included (288 samples: 4 steps of 64 and one of 32, which is 1 micro-step of 16 a rank,
+    the mean of its samples as the one process's batch of 32 is, not half of it)."""
+    common = dict(epochs=2, synthetic_samples=288, lr=0.05, lr_scaling="none", checkpoint_every=1)
     paratrain.train(synthetic(tmp_path, run_dir=tmp_path / "one", workers=1, batch_size=64, **common))
     two = paratrain.train(
         synthetic(tmp_path, run_dir=tmp_path / "acc", workers=2, batch_size=16, grad_accum=2, **common)
     )
-    assert two["global_batch_size"] == 64 and two["steps"] == 4
+    assert two["global_batch_size"] == 64 and two["steps"] == 2 * 5
     a, b = _model_state(tmp_path / "one"), _model_state(tmp_path / "acc")
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-6)

@@ -1,12 +1,13 @@
 """The global batch over a run (`--batch-schedule`): fixed, a warm-up ramp, or adapted to the noise.
 
 The batch grows by doublings, first of the per-rank batch and then of the accumulation. A rank's forward
-takes `merge` of the loader's batches of --batch-size joined into one, up to --max-batch-size (the largest
-per-rank batch that fits, find-batch's limit; by default --batch-size, so it never grows): a larger
-per-rank batch runs faster per sample up to the device's knee. Past it an optimizer step runs `accum`
-such forwards, which costs no memory. Either way the samples and their order are the loader's, so a
-run that grows by merging trains on the same batches as one that grows by accumulating. The global batch
-is merge x accum x the ranks' loader batches, up to `--max-global-batch`.
+takes `merge` x --batch-size samples, up to --max-batch-size (the largest per-rank batch that fits,
+find-batch's limit; by default --batch-size, so it never grows): a larger per-rank batch runs faster per
+sample up to the device's knee. Past it an optimizer step runs `accum` such forwards, which costs no
+memory. The loader loads batches of the largest per-rank batch from the start and the loop cuts them
+into forwards (engine/loop.py), so the samples and their order do not depend on the batch reached: a
+run that grows the per-rank batch trains on the same steps as one that grows the accumulation. The
+global batch is merge x accum x --batch-size x the data-parallel ranks, up to `--max-global-batch`.
 
 - warmup: the global batch doubles at evenly spaced points of the first --batch-ramp-epochs (by samples
   trained on), to the largest: the fixed ramp of batch-size warm-up (Smith et al. 2017, "Don't decay the
@@ -51,12 +52,20 @@ def two_batch_estimates(small_sq: float, big_sq: float, small_batch: int, big_ba
     return g2, trace
 
 
+def largest_merge(cfg: TrainConfig) -> int:
+    """The largest per-rank batch over --batch-size: a power of two (the per-rank batch doubles), 1 at a
+    fixed batch. The loader loads batches of this many times --batch-size from the start."""
+    if cfg.batch_schedule == "fixed":
+        return 1
+    return 2 ** int(math.log2(cfg.largest_batch_size // cfg.batch_size))
+
+
 @dataclass
 class BatchState:
     """What the schedule has done so far; all of it goes into the checkpoint."""
 
     accum: int  # forwards per optimizer step now
-    merge: int = 1  # loader batches joined into one forward (the per-rank batch over --batch-size)
+    merge: int = 1  # the per-rank batch over --batch-size
     samples: int = 0  # samples trained on since the start, all ranks: the schedule's clock
     ema_g2: float = 0.0
     ema_trace: float = 0.0
@@ -71,12 +80,11 @@ class BatchSchedule:
         self.kind = cfg.batch_schedule
         self.start = cfg.grad_accum
         self.batch_size = cfg.batch_size
-        self.per_loader_batch = cfg.global_batch_size // cfg.grad_accum  # samples of one loader batch, all ranks
+        self.per_chunk = cfg.global_batch_size // cfg.grad_accum  # a --batch-size batch of every rank
+        self.max_merge = largest_merge(cfg)
+        # The largest step, in --batch-size batches of every rank (merge x accum).
         growing = self.kind != "fixed"
-        # The largest per-rank batch, in loader batches (a power of two: the per-rank batch doubles).
-        self.max_merge = 2 ** int(math.log2(cfg.largest_batch_size // cfg.batch_size)) if growing else 1
-        # The largest step, in loader batches of every rank (merge x accum).
-        self.top = max(self.start, cfg.largest_global_batch // self.per_loader_batch) if growing else self.start
+        self.top = max(self.start, cfg.largest_global_batch // self.per_chunk) if growing else self.start
         self.ramp_samples = cfg.batch_ramp_epochs * samples_per_epoch
         self.lr_scaling = cfg.lr_scaling
         self.state = BatchState(accum=self.start)
@@ -96,19 +104,19 @@ class BatchSchedule:
 
     @property
     def global_batch(self) -> int:
-        return self.state.merge * self.state.accum * self.per_loader_batch
+        return self.state.merge * self.state.accum * self.per_chunk
 
     def lr_factor(self) -> float:
         """The LR at this batch over the LR at the starting one, by --lr-scaling."""
-        return scaled_lr(1.0, self.global_batch, self.start * self.per_loader_batch, self.lr_scaling)
+        return scaled_lr(1.0, self.global_batch, self.start * self.per_chunk, self.lr_scaling)
 
     def lr_step(self) -> int:
         """The step of the LR schedule: samples trained on over the starting global batch."""
-        return self.state.samples // (self.start * self.per_loader_batch)
+        return self.state.samples // (self.start * self.per_chunk)
 
     def step_done(self, forwards: int) -> int | None:
         """After an optimizer step of `forwards` forwards: the new global batch when warmup moves it."""
-        self.state.samples += forwards * self.state.merge * self.per_loader_batch
+        self.state.samples += forwards * self.state.merge * self.per_chunk
         if self.kind != "warmup":
             return None
         return self._grow_to(self._ramp_units())
@@ -151,23 +159,23 @@ class BatchSchedule:
         and the per-rank batch it ended at."""
         return {
             "kind": self.kind,
-            "start_global_batch": self.start * self.per_loader_batch,
+            "start_global_batch": self.start * self.per_chunk,
             "final_global_batch": self.global_batch,
-            "largest_global_batch": self.top * self.per_loader_batch,
+            "largest_global_batch": self.top * self.per_chunk,
             "final_per_rank_batch": self.per_rank_batch,
             "largest_per_rank_batch": self.max_merge * self.batch_size,
             "noise_scale": self.noise_scale(),
         }
 
     def _ramp_units(self) -> int:
-        """warmup: the step the ramp has reached, in loader batches of every rank."""
+        """warmup: the step the ramp has reached, in --batch-size batches of every rank."""
         doublings = math.ceil(math.log2(self.top / self.start))
         stage = min(doublings, int(self.state.samples / self.ramp_samples * (doublings + 1)))
         return min(self.top, self.start * 2**stage)
 
     def _grow_to(self, units: int) -> int | None:
         """Doubles the per-rank batch while it may grow, then the accumulation, until a step holds `units`
-        loader batches of every rank (or --max-global-batch's share); the new global batch, or None."""
+        --batch-size batches of every rank (or --max-global-batch's share); the new global batch, or None."""
         s = self.state
         units = min(units, self.top)
         before = s.merge * s.accum

@@ -139,6 +139,7 @@ class LoaderBatches:
         )
         self.ctx = ctx
         self.prepare = prepare
+        self.per_rank = len(self.sampler)
 
     def __len__(self) -> int:
         return len(self.loader)

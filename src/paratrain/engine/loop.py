@@ -26,7 +26,7 @@ from torch import nn
 
 from paratrain.config import TrainConfig
 from paratrain.engine.augment import BatchAugment
-from paratrain.engine.batch_schedule import BatchSchedule
+from paratrain.engine.batch_schedule import BatchSchedule, largest_merge
 from paratrain.engine.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from paratrain.engine.data import BatchPreparer, eval_batches, training_batches
 from paratrain.engine.distributed import Placement, RankContext, bound_collectives, init_rank, shutdown
@@ -298,10 +298,18 @@ class Trainer:
         augment = BatchAugment(cfg.augment, seed=cfg.seed * 1000 + ctx.rank, device=ctx.device) if cfg.augment else None
         self.augment = augment
         self.prepare = BatchPreparer(cfg.image_size, augment)
+        # Loaded at the largest per-rank batch --batch-schedule may reach, cut into forwards of the one it has
+        # reached (_forwards): the same samples in the same order at any per-rank batch, loaded at its best rate.
         self.batches = training_batches(
-            self.data.train, cfg.batch_size, self.data_ctx, cfg.seed, self.prepare, cfg.loader_workers
+            self.data.train,
+            cfg.batch_size * largest_merge(cfg),
+            self.data_ctx,
+            cfg.seed,
+            self.prepare,
+            cfg.loader_workers,
         )
-        self.micro_steps = len(self.batches)
+        # An epoch's forwards of --batch-size: the unit of the accumulation, the schedules and checkpoint positions.
+        self.micro_steps = -(-self.batches.per_rank // cfg.batch_size)
         self.steps_per_epoch = -(-self.micro_steps // cfg.grad_accum)
         self.schedule = lr_schedule(cfg, self.steps_per_epoch)
         self.batch_schedule = BatchSchedule(cfg, self.micro_steps * cfg.global_batch_size // cfg.grad_accum)
@@ -404,20 +412,20 @@ class Trainer:
         self.activity.phase, self.activity.epoch, self.activity.step = "training", epoch, self.state.step + 1
 
         step_start = data_start = clock.stamp()
-        # Micro-steps of the optimizer step under way, of `accum` (--batch-schedule may raise it between steps).
-        in_step, accum = 0, self.batch_schedule.accum
-        for micro, (x, y) in self._micro_batches(epoch, first_micro):
+        # Micro-steps of the optimizer step under way, of `forwards` (--batch-schedule may raise it between steps).
+        in_step, forwards = 0, self._step_forwards(first_micro)
+        for micro, (x, y) in self._forwards(epoch, first_micro):
             data_ready = clock.stamp()
-            sync = in_step + 1 == accum or micro == self.micro_steps - 1
+            sync = in_step + 1 == forwards
             # All micro-steps but the last accumulate locally: DDP skips the all-reduce in no_sync.
             with nullcontext() if sync else self.strategy.no_sync(model), self.memory.watch(self.state.step):
                 loss, out = self.strategy.forward_backward(
-                    model, self.objective, x, y, accum, self.scaler, self.autocast
+                    model, self.objective, x, y, forwards, self.scaler, self.autocast
                 )
             backward_end = clock.stamp()
             if self.grad_noise is not None:
                 self.grad_noise.micro_step(
-                    model, in_step, sync, len(y), self.state.step + 1, self.batch_schedule.per_rank_batch, accum
+                    model, in_step, sync, len(y), self.state.step + 1, self.batch_schedule.per_rank_batch, forwards
                 )
             in_step += 1
             breakdown.span("data_s", data_start, data_ready)
@@ -433,7 +441,7 @@ class Trainer:
                 self._batch_changed(self.batch_schedule.step_done(in_step))
                 if self.state.step % cfg.log_every == 0:
                     self._log_point(epoch, tally, progress)
-                in_step, accum = 0, self.batch_schedule.accum
+                in_step, forwards = 0, self._step_forwards(micro + 1)
                 step_start = step_end
                 self.activity.step = self.state.step + 1
                 if cfg.checkpoint_every_steps and self.state.step % cfg.checkpoint_every_steps == 0:
@@ -444,15 +452,35 @@ class Trainer:
             data_start = clock.stamp()
         return self._end_epoch(epoch, tally)
 
-    def _micro_batches(self, epoch: int, first: int) -> Iterator[tuple[int, tuple[torch.Tensor, torch.Tensor]]]:
-        """The epoch's forwards: `merge` of the loader's batches joined into one (--batch-schedule grows the
-        per-rank batch so, in the loader's order), each with the index of its last loader batch."""
-        joined: list[tuple[torch.Tensor, torch.Tensor]] = []
-        for micro, batch in enumerate(self.batches.epoch(epoch, first), start=first):
-            joined.append(batch)
-            if len(joined) == self.batch_schedule.merge or micro == self.micro_steps - 1:
-                yield micro, joined[0] if len(joined) == 1 else tuple(torch.cat(parts) for parts in zip(*joined))
-                joined = []
+    def _step_forwards(self, first: int) -> int:
+        """The forwards of the step that starts at --batch-size batch `first`: the accumulation, or fewer at
+        the epoch's end. Each forward's loss is divided by it, so a short last step is the mean over its
+        samples, not a fraction of it."""
+        left = -(-(self.micro_steps - first) // self.batch_schedule.merge)
+        return min(self.batch_schedule.accum, left)
+
+    def _forwards(self, epoch: int, first: int) -> Iterator[tuple[int, tuple[torch.Tensor, torch.Tensor]]]:
+        """The epoch's forwards from --batch-size batch `first` on, each of the per-rank batch the schedule has
+        reached (the last may be short), with the index of the last --batch-size batch it holds. The loaded
+        batches are cut, or joined where a forward spans two of them (after the per-rank batch grew)."""
+        b, per_load = self.cfg.batch_size, largest_merge(self.cfg)
+        skip, taken = (first % per_load) * b, first * b  # a resumed epoch starts inside a loaded batch
+        pieces: list[tuple[torch.Tensor, torch.Tensor]] = []
+        held = 0
+        for x, y in self.batches.epoch(epoch, first // per_load):
+            at, skip = skip, 0
+            while at < len(y):
+                size = self.batch_schedule.per_rank_batch - held
+                pieces.append((x[at : at + size], y[at : at + size]))
+                held += len(pieces[-1][1])
+                at += size
+                if held == self.batch_schedule.per_rank_batch:
+                    taken += held
+                    yield -(-taken // b) - 1, _joined(pieces)
+                    pieces, held = [], 0
+        if pieces:  # the epoch's short last forward
+            taken += held
+            yield -(-taken // b) - 1, _joined(pieces)
 
     def _begin_epoch(self, epoch: int) -> tuple[EpochTally, int]:
         """The epoch's tally, and the micro-step it starts from: 0, or where a checkpoint taken in its
@@ -838,6 +866,13 @@ class Trainer:
             **({"batch_schedule": self.batch_schedule.summary()} if cfg.batch_schedule != "fixed" else {}),
             **strategy_fields,
         }
+
+
+def _joined(pieces: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """One forward's inputs and targets from consecutive pieces (no copy for a single piece)."""
+    if len(pieces) == 1:
+        return pieces[0]
+    return torch.cat([x for x, _ in pieces]), torch.cat([y for _, y in pieces])
 
 
 def lr_schedule(cfg: TrainConfig, steps_per_epoch: int) -> LRSchedule:
