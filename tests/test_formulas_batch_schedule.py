@@ -13,6 +13,12 @@ from paratrain.config import TrainConfig
 from paratrain.engine.batch_schedule import EMA_STEPS, BatchSchedule, two_batch_estimates
 
 
+def GAIN(merge: int, accum: int) -> float:
+    """A doubling's throughput gain of 1.4: it then pays (1.4 x (B_noise + B) / (B_noise + 2B) >= 1.05) from
+    B_noise = 2B on, the next batch."""
+    return 1.4
+
+
 def schedule(kind: str, **fields) -> BatchSchedule:
     # 2 ranks of 16 samples: 32 samples a micro-step; 1,000 samples an epoch
     cfg = TrainConfig(workers=2, batch_size=16, batch_schedule=kind, **fields)
@@ -64,41 +70,43 @@ def test_warmup_to_a_largest_batch_off_the_doublings_ends_at_it():
 def test_the_default_largest_batch_is_eight_times_the_first_and_fixed_never_moves():
     assert schedule("adaptive").top * 32 == 256
     fixed = schedule("fixed", grad_accum=2)
-    assert fixed.top == 2 and fixed.step_done(2) is None and fixed.noise_read(*norms(1e6, 32, 64), 100) is None
+    assert fixed.top == 2 and fixed.step_done(2) is None and fixed.noise_read(*norms(1e6, 32, 64), 100, GAIN) is None
     assert fixed.accum == 2 and fixed.lr_factor() == 1.0
 
 
 def test_adaptive_waits_for_a_settled_average_and_two_readings_above_the_next_batch():
     adapt = schedule("adaptive", max_global_batch=1024)
     # B_simple 1,000 at a global batch of 32: above the next (64), but 10 steps are not EMA_STEPS' worth
-    assert adapt.noise_read(*norms(1000.0, 32, 64), steps=10) is None
+    assert adapt.noise_read(*norms(1000.0, 32, 64), steps=10, speedup=GAIN) is None
     assert adapt.noise_scale() == pytest.approx(1000.0, rel=1e-9)  # the ratio of the averages is exact
-    assert adapt.noise_read(*norms(1000.0, 32, 64), steps=EMA_STEPS) == 64  # settled, second reading above
+    assert (
+        adapt.noise_read(*norms(1000.0, 32, 64), steps=EMA_STEPS, speedup=GAIN) == 64
+    )  # settled, second reading above
     # from there each change needs two readings again
-    assert adapt.noise_read(*norms(1000.0, 64, 128), steps=EMA_STEPS) is None
-    assert adapt.noise_read(*norms(1000.0, 64, 128), steps=EMA_STEPS) == 128
+    assert adapt.noise_read(*norms(1000.0, 64, 128), steps=EMA_STEPS, speedup=GAIN) is None
+    assert adapt.noise_read(*norms(1000.0, 64, 128), steps=EMA_STEPS, speedup=GAIN) == 128
     assert adapt.global_batch == 128
 
 
 def test_adaptive_grows_only_while_the_noise_scale_reaches_the_next_batch_and_never_past_the_largest():
     adapt = schedule("adaptive", max_global_batch=256)
     for _ in range(10):  # a noise scale of 100: 64 is within reach, 128 is not (100 < 2 x 64)
-        adapt.noise_read(*norms(100.0, adapt.global_batch, 2 * adapt.global_batch), steps=EMA_STEPS)
+        adapt.noise_read(*norms(100.0, adapt.global_batch, 2 * adapt.global_batch), steps=EMA_STEPS, speedup=GAIN)
     assert adapt.global_batch == 64
     # the noise scale grows as the loss falls: the batch follows it, up to --max-global-batch
     for noise in (300.0, 300.0, 1e5, 1e5, 1e5, 1e5, 1e5, 1e5):
-        adapt.noise_read(*norms(noise, adapt.global_batch, 2 * adapt.global_batch), steps=EMA_STEPS)
+        adapt.noise_read(*norms(noise, adapt.global_batch, 2 * adapt.global_batch), steps=EMA_STEPS, speedup=GAIN)
     assert adapt.global_batch == 256 and adapt.accum == adapt.top == 8
 
 
 def test_a_reading_below_resets_the_run_of_readings_above():
     adapt = schedule("adaptive")
-    assert adapt.noise_read(*norms(1000.0, 32, 64), steps=EMA_STEPS) is None and adapt.state.above == 1
+    assert adapt.noise_read(*norms(1000.0, 32, 64), steps=EMA_STEPS, speedup=GAIN) is None and adapt.state.above == 1
     # the noise scale falls to 10, below the next batch: the run of readings above starts over
-    assert adapt.noise_read(*norms(10.0, 32, 64), steps=5 * EMA_STEPS) is None and adapt.state.above == 0
+    assert adapt.noise_read(*norms(10.0, 32, 64), steps=5 * EMA_STEPS, speedup=GAIN) is None and adapt.state.above == 0
     # back above: one reading is not two (the average, 10 x 0.36 + 1,000 x 0.64, is above 64 again)
-    assert adapt.noise_read(*norms(1000.0, 32, 64), steps=EMA_STEPS) is None and adapt.state.above == 1
-    assert adapt.noise_read(*norms(1000.0, 32, 64), steps=EMA_STEPS) == 64
+    assert adapt.noise_read(*norms(1000.0, 32, 64), steps=EMA_STEPS, speedup=GAIN) is None and adapt.state.above == 1
+    assert adapt.noise_read(*norms(1000.0, 32, 64), steps=EMA_STEPS, speedup=GAIN) == 64
 
 
 def test_the_lr_follows_the_batch_and_its_schedule_runs_on_samples():
@@ -116,14 +124,14 @@ def test_the_lr_follows_the_batch_and_its_schedule_runs_on_samples():
 
 def test_the_state_goes_into_the_checkpoint_whole():
     adapt = schedule("adaptive")
-    adapt.noise_read(*norms(1000.0, 32, 64), steps=EMA_STEPS)
+    adapt.noise_read(*norms(1000.0, 32, 64), steps=EMA_STEPS, speedup=GAIN)
     adapt.step_done(1)
     saved = adapt.state_dict()
     restored = schedule("adaptive")
     restored.load_state_dict(saved)
     assert restored.state == adapt.state and restored.noise_scale() == pytest.approx(1000.0)
     assert (
-        restored.noise_read(*norms(1000.0, 32, 64), steps=EMA_STEPS) == 64
+        restored.noise_read(*norms(1000.0, 32, 64), steps=EMA_STEPS, speedup=GAIN) == 64
     )  # the second reading, as it would have been
 
 
@@ -157,39 +165,47 @@ def test_warmup_on_fsdp_and_adaptive_on_ddp_are_taken():
 
 
 def test_the_edges_of_the_adaptive_rule():
-    # exactly at the next batch counts (B_simple 64 at 32, computed exactly: norms 3 and 2 at 32 and 64)
-    exact = schedule("adaptive")
-    exact.noise_read(3.0, 2.0, 32, 64, steps=EMA_STEPS)
-    assert exact.noise_scale() == 64.0 and exact.noise_read(3.0, 2.0, 32, 64, steps=EMA_STEPS) == 64
+    # B_simple 64 at 32 (computed exactly: norms 3 and 2 at 32 and 64): the doubling's efficiency is
+    # (64 + 32) / (64 + 64) = 3/4, so a throughput gain of 1.44 promises 1.08 (taken), 1.36 promises 1.02 (not)
+    for gain, grows in ((1.44, True), (1.36, False)):
+        edge = schedule("adaptive")
+        edge.noise_read(3.0, 2.0, 32, 64, steps=EMA_STEPS, speedup=lambda m, a, g=gain: g)
+        assert edge.noise_scale() == 64.0 and edge.last_gain == pytest.approx(gain * 0.75, rel=1e-12)
+        grown = edge.noise_read(3.0, 2.0, 32, 64, steps=EMA_STEPS, speedup=lambda m, a, g=gain: g)
+        assert grown == (64 if grows else None)
     # 80 reaches 64 (2 x 32) but not 128: one doubling, not two
     between = schedule("adaptive", max_global_batch=1024)
     for _ in range(6):
-        between.noise_read(*norms(80.0, between.global_batch, 2 * between.global_batch), steps=EMA_STEPS)
+        between.noise_read(*norms(80.0, between.global_batch, 2 * between.global_batch), steps=EMA_STEPS, speedup=GAIN)
     assert between.global_batch == 64
     # 19 steps in two readings: twice above, but the average holds less than 1 - 1/e of its weight
     early = schedule("adaptive")
-    assert early.noise_read(*norms(1000.0, 32, 64), steps=10) is None
-    assert early.noise_read(*norms(1000.0, 32, 64), steps=9) is None and early.state.above == 2
+    assert early.noise_read(*norms(1000.0, 32, 64), steps=10, speedup=GAIN) is None
+    assert early.noise_read(*norms(1000.0, 32, 64), steps=9, speedup=GAIN) is None and early.state.above == 2
     assert early.state.ema_weight == pytest.approx(1 - 0.95**19, rel=1e-12)
     # the averages weigh |G|² and tr(Σ) alike, whatever |G|² is
     scaled = schedule("adaptive")
-    scaled.noise_read(*norms(500.0, 32, 64, g2=0.001), steps=3)  # tr(Σ) 0.5: small, and still a noise
+    scaled.noise_read(*norms(500.0, 32, 64, g2=0.001), steps=3, speedup=GAIN)  # tr(Σ) 0.5: small, and still a noise
     assert scaled.state.ema_g2 == pytest.approx(0.001 * (1 - 0.95**3)) and scaled.noise_scale() == pytest.approx(500.0)
 
 
 def test_no_noise_scale_while_the_gradient_reads_as_zero_or_less():
     zero = schedule("adaptive")
     assert zero.noise_scale() is None  # nothing measured yet
-    zero.noise_read(2.0, 1.0, 32, 64, steps=5)  # 64 x 1 - 32 x 2 = 0: |G|² estimated as exactly 0
+    zero.noise_read(2.0, 1.0, 32, 64, steps=5, speedup=GAIN)  # 64 x 1 - 32 x 2 = 0: |G|² estimated as exactly 0
     assert zero.state.ema_g2 == 0.0 and zero.noise_scale() is None
     negative = schedule("adaptive")
-    negative.noise_read(3.0, 1.0, 32, 64, steps=5)  # 64 x 1 - 32 x 3 < 0: |G|² estimated below zero
+    negative.noise_read(3.0, 1.0, 32, 64, steps=5, speedup=GAIN)  # 64 x 1 - 32 x 3 < 0: |G|² estimated below zero
     assert negative.state.ema_g2 < 0 and negative.noise_scale() is None
     flat = schedule("adaptive")
-    flat.noise_read(2.0, 2.0, 32, 64, steps=5)  # the same norm at both batches: tr(Σ) estimated as exactly 0
+    flat.noise_read(
+        2.0, 2.0, 32, 64, steps=5, speedup=GAIN
+    )  # the same norm at both batches: tr(Σ) estimated as exactly 0
     assert flat.state.ema_trace == 0.0 and flat.noise_scale() is None
     no_noise = schedule("adaptive")
-    no_noise.noise_read(1.0, 2.0, 32, 64, steps=5)  # the big batch's norm above the small one's: tr(Σ) < 0
+    no_noise.noise_read(
+        1.0, 2.0, 32, 64, steps=5, speedup=GAIN
+    )  # the big batch's norm above the small one's: tr(Σ) < 0
     assert no_noise.state.ema_trace < 0 and no_noise.noise_scale() is None
 
 
@@ -197,7 +213,7 @@ def test_the_largest_batch_and_the_lr_clock_are_whole_numbers_of_micro_steps_and
     odd = schedule("adaptive", max_global_batch=100)  # 100 is 3 micro-steps of 32, and 4 samples over
     assert odd.top == 3 and isinstance(odd.top, int)
     for _ in range(20):
-        odd.noise_read(*norms(1e6, odd.global_batch, 2 * odd.global_batch), steps=EMA_STEPS)
+        odd.noise_read(*norms(1e6, odd.global_batch, 2 * odd.global_batch), steps=EMA_STEPS, speedup=GAIN)
     assert odd.accum == 3 and odd.global_batch == 96
     # an epoch's last, short step (one micro-step of two) counts half a starting step: the clock stays on 0
     short = schedule("warmup", grad_accum=2)
@@ -241,7 +257,7 @@ def test_a_per_rank_limit_off_the_doublings_and_a_largest_batch_off_them_are_kep
     odd = schedule("adaptive", max_global_batch=384, max_batch_size=100)
     assert odd.max_merge == 4 and odd.top == 12
     for _ in range(20):
-        odd.noise_read(*norms(1e6, odd.global_batch, 2 * odd.global_batch), steps=EMA_STEPS)
+        odd.noise_read(*norms(1e6, odd.global_batch, 2 * odd.global_batch), steps=EMA_STEPS, speedup=GAIN)
     assert (odd.per_rank_batch, odd.accum, odd.global_batch) == (64, 3, 384)
 
 
@@ -261,3 +277,28 @@ def test_a_checkpoint_from_before_per_rank_growth_resumes_with_its_batch():
 def test_a_per_rank_limit_that_cannot_be_used_is_refused(fields, told):
     with pytest.raises(ValidationError, match=told):
         TrainConfig(batch_size=32, **fields)
+
+
+def test_adaptive_asks_for_the_throughput_of_the_next_doubling_and_not_past_the_largest():
+    # per-rank 16 may grow to 32 (merge), then the accumulation: the speedup is asked of those layouts
+    asked = []
+
+    def speedup(merge, accum):
+        asked.append((merge, accum))
+        return 2.0  # compute-bound: twice the batch, twice the samples a second
+
+    adapt = schedule("adaptive", max_batch_size=32, max_global_batch=128)
+    for _ in range(8):
+        adapt.noise_read(*norms(1e4, adapt.global_batch, 2 * adapt.global_batch), steps=EMA_STEPS, speedup=speedup)
+    assert (adapt.per_rank_batch, adapt.accum, adapt.global_batch) == (32, 2, 128)
+    assert sorted(set(asked)) == [(2, 1), (2, 2)]  # never a layout past the largest
+    assert adapt.last_gain is None  # at the largest batch there is no next one to weigh
+
+
+def test_no_throughput_gain_no_growth_whatever_the_noise():
+    flat = schedule("adaptive", max_global_batch=1024)
+    for _ in range(10):
+        flat.noise_read(
+            *norms(1e6, flat.global_batch, 2 * flat.global_batch), steps=EMA_STEPS, speedup=lambda m, a: 1.0
+        )
+    assert flat.global_batch == 32 and flat.last_gain == pytest.approx((1e6 + 32) / (1e6 + 64))

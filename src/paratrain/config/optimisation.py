@@ -47,8 +47,9 @@ class OptimisationOptions(BaseModel):
     batch_schedule: BatchSchedule = Field(
         "fixed",
         description="the global batch over the run: fixed; warmup (doubled at even intervals over "
-        "--batch-ramp-epochs up to --max-global-batch); adaptive (doubled when the gradient noise scale measured "
-        "in the run reaches the next batch, McCandlish et al. 2018); it grows by the per-rank batch up to "
+        "--batch-ramp-epochs up to --max-global-batch); adaptive (doubled when that raises the goodput: the throughput "
+        "measured in the run times the statistical efficiency from its gradient noise scale, Pollux and McCandlish "
+        "et al. 2018); it grows by the per-rank batch up to "
         "--max-batch-size, then by gradient accumulation, and the LR follows the global batch by --lr-scaling",
     )
     max_global_batch: int | None = Field(

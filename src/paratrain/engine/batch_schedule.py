@@ -12,13 +12,18 @@ global batch is merge x accum x --batch-size x the data-parallel ranks, up to `-
 - warmup: the global batch doubles at evenly spaced points of the first --batch-ramp-epochs (by samples
   trained on), to the largest: the fixed ramp of batch-size warm-up (Smith et al. 2017, "Don't decay the
   learning rate, increase the batch size"; Merrill et al. 2025).
-- adaptive: the gradient noise scale B_simple = tr(Σ) / |G|² is measured in the run from the squared norms
-  of a small and a big batch at every step (engine/grad_noise.py), smoothed by an exponential moving
-  average of its numerator and denominator as `paratrain noise-scale` does, and the global batch doubles
-  when B_simple reaches the next one: McCandlish et al. (2018) show the critical batch is about B_simple,
-  and that it grows as the loss falls. It is read where the loop reads the loss anyway (its log points),
-  so no step waits for the device; every rank decides on the same numbers (the small batch's norm is
-  averaged over the ranks there).
+- adaptive: the batch doubles when that raises the run's goodput, its progress per second (Pollux, Qiao et
+  al. OSDI 2021): the throughput at the next batch over the throughput now, times the statistical
+  efficiency of the next batch over the current one, (B_noise + B) / (B_noise + 2B) (McCandlish et al.
+  2018: a batch B needs 1 + B / B_noise times the fewest samples). B_noise is the gradient noise scale
+  B_simple = tr(Σ) / |G|², measured in the run from the squared norms of a small and a big batch at every
+  step (engine/grad_noise.py) and smoothed by an exponential moving average of its numerator and
+  denominator as `paratrain noise-scale` does; it grows as the loss falls. The throughputs are the loop's
+  measurements (engine/loop.py: the step time now; a forward and backward timed at the next per-rank
+  batch). So the batch grows while the device still gets faster per sample at a larger batch, or the
+  per-step costs (all-reduce, optimizer) still weigh, and only as far as the noise lets the extra
+  samples count. It is read where the loop reads the loss anyway (its log points), so no step waits for
+  the device; every rank decides on the same numbers (averaged over the ranks there).
 
 The LR follows the global batch by --lr-scaling (as a run started at that batch would have it), and the LR
 schedule runs on samples, not steps: its step is the samples trained on over the starting global batch, so
@@ -29,6 +34,7 @@ averages) goes into the checkpoint: a resumed run continues at the same batch.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -38,10 +44,15 @@ from paratrain.engine.lr import scaled_lr
 # The moving average of the noise scale's two estimates: about this many steps' worth (noise-scale's default).
 EMA_STEPS = 20
 # A single step's estimate scatters by about its own size (docs/batch-size.md): the batch grows only once the
-# average holds about EMA_STEPS steps (its weights sum to 1 - 1/e) and reads above the next batch at two log
-# points in a row.
+# average holds about EMA_STEPS steps (its weights sum to 1 - 1/e) and the doubling promises more goodput at two
+# log points in a row.
 MIN_WEIGHT = 1 - math.exp(-1)
 CONFIRMATIONS = 2
+# The goodput a doubling must promise: more than the timings' own scatter between two readings.
+MIN_GOODPUT_GAIN = 1.05
+
+# The throughput at a (merge, accum) over the throughput now, from the loop's measurements.
+Speedup = Callable[[int, int], float]
 
 
 def two_batch_estimates(small_sq: float, big_sq: float, small_batch: int, big_batch: int) -> tuple[float, float]:
@@ -70,7 +81,7 @@ class BatchState:
     ema_g2: float = 0.0
     ema_trace: float = 0.0
     ema_weight: float = 0.0  # the averages' bias correction (their weights sum to this)
-    above: int = 0  # log points in a row at which the noise scale read above the next batch
+    above: int = 0  # log points in a row at which the next batch promised more goodput
 
 
 class BatchSchedule:
@@ -88,6 +99,7 @@ class BatchSchedule:
         self.ramp_samples = cfg.batch_ramp_epochs * samples_per_epoch
         self.lr_scaling = cfg.lr_scaling
         self.state = BatchState(accum=self.start)
+        self.last_gain: float | None = None  # adaptive: the goodput the next doubling promised at the last reading
 
     @property
     def accum(self) -> int:
@@ -121,10 +133,13 @@ class BatchSchedule:
             return None
         return self._grow_to(self._ramp_units())
 
-    def noise_read(self, small_sq: float, big_sq: float, small_batch: int, big_batch: int, steps: int) -> int | None:
+    def noise_read(
+        self, small_sq: float, big_sq: float, small_batch: int, big_batch: int, steps: int, speedup: Speedup | None
+    ) -> int | None:
         """adaptive, at a log point: the mean squared norms of the small and the big batch over the `steps`
-        steps measured since the last one, folded into the averages; the new global batch when the noise
-        scale reached the next one."""
+        steps measured since the last one, folded into the averages; the new global batch when the next one
+        promised more goodput at two readings in a row (`speedup` is asked only once the noise scale is known:
+        it may time a forward and backward; without one, at an epoch's end, the norms are only folded in)."""
         if self.kind != "adaptive":
             return None
         g2, trace = two_batch_estimates(small_sq, big_sq, small_batch, big_batch)
@@ -133,12 +148,21 @@ class BatchSchedule:
         s.ema_g2 = keep * s.ema_g2 + (1 - keep) * g2
         s.ema_trace = keep * s.ema_trace + (1 - keep) * trace
         s.ema_weight = keep * s.ema_weight + (1 - keep)
-        noise = self.noise_scale()
-        s.above = s.above + 1 if noise is not None and noise >= 2 * self.global_batch else 0
+        if speedup is None:
+            return None
+        noise, grown = self.noise_scale(), self._next()
+        self.last_gain = None if noise is None or grown is None else self.goodput_gain(*grown, speedup(*grown), noise)
+        s.above = s.above + 1 if self.last_gain is not None and self.last_gain >= MIN_GOODPUT_GAIN else 0
         if s.ema_weight < MIN_WEIGHT or s.above < CONFIRMATIONS:
             return None
         s.above = 0
         return self._grow_to(2 * s.merge * s.accum)
+
+    def goodput_gain(self, merge: int, accum: int, speedup: float, noise: float) -> float:
+        """The goodput at (merge, accum) over the goodput now: the throughput's gain times the statistical
+        efficiency's, (B_noise + B) / (B_noise + B') (Pollux's efficiency, McCandlish et al.'s samples)."""
+        bigger = merge * accum * self.per_chunk
+        return speedup * (noise + self.global_batch) / (noise + bigger)
 
     def noise_scale(self) -> float | None:
         """The smoothed B_simple so far (None before it is measured, or while |G|² reads as 0 or less)."""
@@ -172,6 +196,14 @@ class BatchSchedule:
         doublings = math.ceil(math.log2(self.top / self.start))
         stage = min(doublings, int(self.state.samples / self.ramp_samples * (doublings + 1)))
         return min(self.top, self.start * 2**stage)
+
+    def _next(self) -> tuple[int, int] | None:
+        """The (merge, accum) of the next doubling, None at the largest batch."""
+        s, merge, accum = self.state, self.state.merge, self.state.accum
+        grown = self._grow_to(2 * merge * accum)
+        following = (s.merge, s.accum)
+        s.merge, s.accum = merge, accum
+        return following if grown is not None else None
 
     def _grow_to(self, units: int) -> int | None:
         """Doubles the per-rank batch while it may grow, then the accumulation, until a step holds `units`

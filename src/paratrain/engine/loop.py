@@ -26,7 +26,7 @@ from torch import nn
 
 from paratrain.config import TrainConfig
 from paratrain.engine.augment import BatchAugment
-from paratrain.engine.batch_schedule import BatchSchedule, largest_merge
+from paratrain.engine.batch_schedule import BatchSchedule, Speedup, largest_merge
 from paratrain.engine.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from paratrain.engine.data import BatchPreparer, eval_batches, training_batches
 from paratrain.engine.distributed import Placement, RankContext, bound_collectives, init_rank, shutdown
@@ -336,6 +336,7 @@ class Trainer:
         self.restarts = self._earlier_restarts() + 1 if restartable and ctx.is_main and run.metrics.exists() else 0
         self.resumed_from_step: int | None = None
         self._partial: dict[str, torch.Tensor] | None = None  # this rank's sums of a checkpointed partial epoch
+        self.timings = DoublingTimings()
         if cfg.resume or restartable:
             self._restore()
         self.memory = MemoryMeter(self.state.step, self.steps_per_epoch * cfg.epochs)
@@ -468,6 +469,8 @@ class Trainer:
         pieces: list[tuple[torch.Tensor, torch.Tensor]] = []
         held = 0
         for x, y in self.batches.epoch(epoch, first // per_load):
+            if self.timings.last_load is None or len(y) == per_load * b:  # for timing: a full one where there is one
+                self.timings.last_load = (x, y)
             at, skip = skip, 0
             while at < len(y):
                 size = self.batch_schedule.per_rank_batch - held
@@ -544,11 +547,12 @@ class Trainer:
             samples_per_s=rate,
             time=self.state.elapsed_s + now - self.started,
         )
+        self.timings.step_s = (now - tally.interval_start) * self.batch_schedule.global_batch / n
         tally.next_interval(now)
         if self.grad_noise is not None:
-            self._noise_read(self.grad_noise.flush())
+            self._noise_read(self.grad_noise.flush(), self._doubling_speedup)
 
-    def _noise_read(self, measured: list[tuple[float, float, int, int]]) -> None:
+    def _noise_read(self, measured: list[tuple[float, float, int, int]], speedup: Speedup | None) -> None:
         """--batch-schedule adaptive at a log point: the interval's squared norms, the small batch's averaged
         over the ranks (each rank measured its own), so that every rank takes the same decision."""
         if self.batch_schedule.kind != "adaptive":
@@ -564,7 +568,49 @@ class Trainer:
         # Every rank's steps had the same batches: the accumulation changes only here, after them.
         batches = self.grad_noise.batches(self.batch_schedule.per_rank_batch, self.batch_schedule.accum)
         steps = round(counted / self.grad_noise.ranks)
-        self._batch_changed(self.batch_schedule.noise_read(small / counted, big / counted, *batches, steps))
+        self._batch_changed(self.batch_schedule.noise_read(small / counted, big / counted, *batches, steps, speedup))
+
+    def _doubling_speedup(self, merge: int, accum: int) -> float:
+        """adaptive: the throughput at a per-rank batch of merge x --batch-size and `accum` forwards a step over
+        the throughput now. A step is its forwards and backwards plus what does not grow with the batch (the
+        all-reduce, the optimizer, the loop's own work): that rest is the step time measured over the last log
+        interval less its forwards and backwards, each timed at its per-rank batch (data loading is counted in
+        the rest, which makes the prediction a little optimistic where loading is slow)."""
+        now = self.batch_schedule
+        step_s = self.timings.step_s if self.timings.step_s is not None else 0.0
+        current, following = self._timed_forward_backward(now.merge), self._timed_forward_backward(merge)
+        rest = max(0.0, step_s - now.accum * current)
+        samples = merge * accum / (now.merge * now.accum)
+        return samples * (now.accum * current + rest) / (accum * following + rest)
+
+    def _timed_forward_backward(self, merge: int) -> float:
+        """Seconds of a forward and backward at a per-rank batch of merge x --batch-size, averaged over the ranks,
+        timed once per per-rank batch on the last loaded batch (after one untimed pass: the first at a shape
+        allocates). Outside DDP's synchronisation, its gradients dropped and the model's buffers (batch-norm
+        statistics) put back, so the training is as if it had not run."""
+        if merge in self.timings.forward_backward_s:
+            return self.timings.forward_backward_s[merge]
+        model, batch = self.model, merge * self.cfg.batch_size
+        assert self.timings.last_load is not None  # a log point comes after a full loaded batch
+        x, y = (t[:batch] for t in self.timings.last_load)
+        buffers = [b.detach().clone() for b in model.buffers()]
+        seconds = 0.0
+        with self.strategy.no_sync(model):
+            for _ in range(2):
+                if self.ctx.device.type == "cuda":
+                    torch.cuda.synchronize()
+                started = time.perf_counter()
+                self.strategy.forward_backward(model, self.objective, x, y, 1, self.scaler, self.autocast)
+                if self.ctx.device.type == "cuda":
+                    torch.cuda.synchronize()
+                seconds = time.perf_counter() - started
+        self.optimizer.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for kept, buffer in zip(buffers, model.buffers()):
+                buffer.copy_(kept)
+        total = self.ctx.sum(torch.tensor([seconds], dtype=torch.float64, device=self.ctx.device)).item()
+        self.timings.forward_backward_s[merge] = total / self.ctx.world_size
+        return self.timings.forward_backward_s[merge]
 
     def _batch_changed(self, global_batch: int | None) -> None:
         """A `batch` event in metrics.jsonl when the schedule moved the global batch."""
@@ -581,6 +627,7 @@ class Trainer:
             grad_accum=batches.accum,
             lr_factor=batches.lr_factor(),
             **({"noise_scale": noise} if noise is not None else {}),
+            **({"goodput_gain": batches.last_gain} if batches.last_gain is not None else {}),
         )
         log.info(
             "step %d: global batch %d (%d a rank, %d micro-steps a step)",
@@ -602,7 +649,7 @@ class Trainer:
         self.state.samples += n - tally.samples  # the samples since the last log point
         self._check_finite(loss_sum)
         if self.grad_noise is not None:
-            self._noise_read(self.grad_noise.flush())
+            self._noise_read(self.grad_noise.flush(), None)
         phases = self.breakdown.means()
         # Every tensor handed to a collective lives on the rank's device: NCCL has no CPU tensors.
         # The mean is over the ranks that train: a parameter server's loop only keeps step with them.
@@ -866,6 +913,17 @@ class Trainer:
             **({"batch_schedule": self.batch_schedule.summary()} if cfg.batch_schedule != "fixed" else {}),
             **strategy_fields,
         }
+
+
+@dataclass
+class DoublingTimings:
+    """--batch-schedule adaptive's throughput measurements: the last loaded batch (full where there is one),
+    forward and backward seconds by per-rank batch over --batch-size, and the step time over the last log
+    interval."""
+
+    last_load: tuple[torch.Tensor, torch.Tensor] | None = None
+    forward_backward_s: dict[int, float] = field(default_factory=dict)
+    step_s: float | None = None
 
 
 def _joined(pieces: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
