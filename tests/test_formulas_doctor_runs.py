@@ -572,3 +572,70 @@ def test_lr_not_scaled_reads_the_scaling_rows_from_first_to_last(tmp_path):
     assert checks.lr_not_scaled(_study(moved, "weak"), configs) is None
     flat = [{**r, "global_batch_size": 64} for r in rows]
     assert checks.lr_not_scaled(_study(flat, "weak"), configs) is None
+
+
+# -- a batch that grew (--batch-schedule) ----------------------------------------------------------------
+
+
+def grown(kind: str, start: int, final: int, largest: int, per_rank: tuple[int, int], noise: float | None = None):
+    """summary.json's batch_schedule block: global batches (start, final, largest), per-rank (final, largest)."""
+    return {
+        "batch_schedule": {
+            "kind": kind,
+            "start_global_batch": start,
+            "final_global_batch": final,
+            "largest_global_batch": largest,
+            "final_per_rank_batch": per_rank[0],
+            "largest_per_rank_batch": per_rank[1],
+            "noise_scale": noise,
+        }
+    }
+
+
+def test_a_grown_batch_is_judged_where_it_ended(tmp_path):
+    # 2 workers of 4 growing to 16 a rank: no longer small; held at 4 by the per-rank limit: raise the limit
+    grew = built_run(tmp_path / "grew", {"batch_size": 4}, grown("warmup", 8, 32, 32, (16, 16)))
+    assert checks.small_device_batch(grew) is None
+    held = built_run(tmp_path / "held", {"batch_size": 4}, grown("warmup", 8, 32, 32, (4, 4)))
+    found = checks.small_device_batch(held)
+    assert found.rerun == {"max_batch_size": 8} and "--max-batch-size 8" in found.remedy
+    assert found.evidence.startswith("--max-batch-size 4 on 2 worker(s)")
+    # adaptive could have grown it to 16 and timed that it did not pay: nothing to say
+    timed = built_run(tmp_path / "timed", {"batch_size": 4}, grown("adaptive", 8, 8, 64, (4, 16), noise=50.0))
+    assert checks.small_device_batch(timed) is None
+    # N = 10,000 (sqrt 100): grown from 32 to 512, the cap goes to 100 (room to double from 32); grown from 64,
+    # whose double is past 100, the start goes down to 100 // 2 a worker
+    resolved = {"resolved": {"train_samples": 10_000}}
+    past = built_run(
+        tmp_path / "past",
+        {"batch_size": 16, **resolved},
+        {"batch_size": 16, "global_batch_size": 32, **grown("adaptive", 32, 512, 512, (256, 256))},
+    )
+    found = checks.global_batch_sqrt_n(past)
+    assert found.rerun == {"max_global_batch": 100} and "--max-global-batch 100" in found.remedy
+    assert found.evidence.startswith("global batch 512 (--batch-schedule adaptive grew it from 32, 2 replica(s) x 16)")
+    high = built_run(tmp_path / "high", resolved, {"global_batch_size": 64, **grown("warmup", 64, 512, 512, (64, 64))})
+    assert checks.global_batch_sqrt_n(high).rerun == {"batch_size": 50}
+
+
+def test_an_adaptive_batch_stopped_by_its_cap_while_the_noise_allows_more(tmp_path):
+    capped = built_run(tmp_path / "capped", {}, grown("adaptive", 64, 256, 256, (128, 128), noise=1100.0))
+    found = checks.batch_growth_capped(capped)
+    assert found.rerun == {"max_global_batch": 1024} and "--max-global-batch 1024" in found.remedy
+    assert found.saving is None and "noise scale at 1100" in found.finding
+    # below twice the cap, short of the cap, or a fixed ramp: nothing
+    assert (
+        checks.batch_growth_capped(built_run(tmp_path / "a", {}, grown("adaptive", 64, 256, 256, (128, 128), 500.0)))
+        is None
+    )
+    assert (
+        checks.batch_growth_capped(built_run(tmp_path / "b", {}, grown("adaptive", 64, 128, 256, (64, 128), 1e4)))
+        is None
+    )
+    assert (
+        checks.batch_growth_capped(built_run(tmp_path / "c", {}, grown("warmup", 64, 256, 256, (128, 128), 1e4)))
+        is None
+    )
+    # the all-reduce share is the adaptive schedule's to weigh: exposed_communication leaves it
+    heavy = built_run(tmp_path / "heavy", {}, grown("adaptive", 64, 256, 256, (128, 128), 100.0))
+    assert heavy.share("comm_s") >= checks.COMM_SHARE and checks.exposed_communication(heavy) is None

@@ -105,6 +105,9 @@ def oversubscription(ev: RunEvidence) -> Finding | None:
 def exposed_communication(ev: RunEvidence) -> Finding | None:
     if ev.workers < 2 or ev.is_script or ev.share("comm_s") < COMM_SHARE:
         return None
+    if ev.grown_batch and ev.grown_batch["kind"] == "adaptive":
+        # Its goodput weighed the all-reduce at every doubling; batch_growth_capped tells when a cap stopped it.
+        return None
     b = ev.breakdown
     accum = ev.grad_accum
     g, new_step, saving = accumulation(b["data_s"] + b["compute_s"], b["optimizer_s"] + b["other_s"], b["comm_s"])
@@ -337,42 +340,81 @@ def first_epoch_overhead(ev: RunEvidence) -> Finding | None:
 
 
 def small_device_batch(ev: RunEvidence) -> Finding | None:
-    batch = ev.batch_size
+    grown = ev.grown_batch
+    batch = (grown or {}).get("final_per_rank_batch") or ev.batch_size  # where a growing batch ended
     if ev.is_script or not batch or batch >= SMALL_BATCH:
         return None
+    if grown and grown["kind"] == "adaptive" and grown.get("largest_per_rank_batch", batch) > batch:
+        return None  # the run timed the larger per-rank batch itself and found it did not pay
+    if grown:  # the per-rank limit kept it small: raise the limit, keep the schedule's start
+        limit = max(SMALL_BATCH, 2 * (ev.batch_size or 1))
+        change, flag = {"max_batch_size": limit}, f"--max-batch-size {grown.get('largest_per_rank_batch', batch)}"
+    else:
+        change, flag = {"batch_size": SMALL_BATCH}, f"--batch-size {batch}"
     return Finding(
         "small_device_batch",
         f"per-device batch {batch} is small (heuristic: below {SMALL_BATCH})",
-        f"--batch-size {batch} on {ev.workers} worker(s); no batch-size measurement in this run (heuristic, not "
-        "measured)",
+        f"{flag} on {ev.workers} worker(s); no batch-size measurement in this run (heuristic, not measured)",
         "each step pays fixed costs (kernel launches, Python, the all-reduce) that a small batch does not amortise",
-        f"{rerun_command(ev, batch_size=SMALL_BATCH)}; or measure the throughput knee with a sweep over batch_size",
+        f"{rerun_command(ev, **change)}; or measure the throughput knee with a sweep over batch_size",
         "not predicted (heuristic); measure it with a batch-size sweep",
         None,
         "advice",
-        rerun={"batch_size": SMALL_BATCH},
+        rerun=change,
     )
 
 
 def global_batch_sqrt_n(ev: RunEvidence) -> Finding | None:
     n_train = ev.resolved.get("train_samples")
-    g = ev.global_batch_size
+    start = ev.global_batch_size
+    grown = ev.grown_batch
+    g = grown["final_global_batch"] if grown else start  # where a growing batch ended
     if not n_train or not g or g <= math.sqrt(n_train):
         return None
+    made = f"{ev.replicas} replica(s) x {ev.batch_size}{f' x {ev.grad_accum} micro-steps' if ev.grad_accum > 1 else ''}"
     per_worker = max(1, int(math.sqrt(n_train)) // (ev.replicas * ev.grad_accum))
+    change: dict[str, Any] = {"batch_size": per_worker}
+    if grown and start and 2 * start <= math.sqrt(n_train):  # the schedule grew past it: cap the growth
+        change = {"max_global_batch": int(math.sqrt(n_train))}
+        made = f"--batch-schedule {grown['kind']} grew it from {start}, {made}"
     return Finding(
         "global_batch_sqrt_n",
         f"global batch {g} exceeds the sqrt(N) = {math.sqrt(n_train):.0f} guidance",
-        f"global batch {g} ({ev.replicas} replica(s) x {ev.batch_size}"
-        f"{f' x {ev.grad_accum} micro-steps' if ev.grad_accum > 1 else ''}) for N = {n_train:,} training "
-        f"samples; {math.ceil(n_train / g)} steps per epoch",
+        f"global batch {g} ({made}) for N = {n_train:,} training samples; {math.ceil(n_train / g)} steps per epoch",
         "few, large steps per epoch: large batches generalise worse (Keskar et al. 2016) unless the LR is scaled and "
         "warmed up; HPC centres' rule of thumb keeps the global batch under sqrt(N)",
-        rerun_command(ev, batch_size=per_worker),
+        rerun_command(ev, **change),
         "accuracy, not time (a rule of thumb, no number predicted); compare the held-out accuracy of both runs",
         None,
         "advice",
-        rerun={"batch_size": per_worker},
+        rerun=change,
+    )
+
+
+def batch_growth_capped(ev: RunEvidence) -> Finding | None:
+    """--batch-schedule adaptive stopped at --max-global-batch while the noise scale said a larger batch would
+    still make use of its samples."""
+    grown = ev.grown_batch
+    if not grown or grown["kind"] != "adaptive":
+        return None
+    final, largest, noise = grown["final_global_batch"], grown["largest_global_batch"], grown.get("noise_scale")
+    if final < largest or not noise or noise < 2 * final:
+        return None
+    raised = 2 ** int(math.log2(noise))  # the doublings' batch the noise reaches, at least twice the cap
+    return Finding(
+        "batch_growth_capped",
+        f"the adaptive batch stopped at the cap {largest} with the noise scale at {noise:.0f}",
+        f"--batch-schedule adaptive grew the global batch from {grown['start_global_batch']} to {final}, "
+        f"--max-global-batch; the gradient noise scale read {noise:.0f} at the end",
+        "the cap stopped the growth, not the noise: a batch B needs 1 + B / B_noise times the fewest samples "
+        "(McCandlish et al. 2018), so a batch below the noise scale wastes few of them",
+        f"{rerun_command(ev, max_global_batch=raised)} (the schedule still grows only while the throughput it "
+        "measures pays for the samples)",
+        "not predicted: the throughput beyond the cap was not measured in this run; the schedule measures it as it "
+        "grows",
+        None,
+        "advice",
+        rerun={"max_global_batch": raised},
     )
 
 
@@ -459,6 +501,7 @@ RUN_CHECKS: tuple[Callable[[RunEvidence], Finding | None], ...] = (
     first_epoch_overhead,
     small_device_batch,
     global_batch_sqrt_n,
+    batch_growth_capped,
     no_warmup,
     idle_devices,
 )

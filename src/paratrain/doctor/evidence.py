@@ -70,6 +70,12 @@ class RunEvidence:
         return (self.summary and self.summary.global_batch_size) or self.resolved.get("global_batch_size")
 
     @property
+    def grown_batch(self) -> dict[str, Any] | None:
+        """summary.json's `batch_schedule` block: the batch grew during the run (--batch-schedule warmup or
+        adaptive), from the batch the fields above give to the `final_` ones."""
+        return (self.summary and self.summary.batch_schedule) or None
+
+    @property
     def replicas(self) -> int:
         """Data-parallel replicas, each taking its share of the global batch: the workers, except where ranks
         share a batch (a pipeline's stages, a tensor-parallel group)."""
