@@ -151,6 +151,11 @@ def test_lr_find_suggests_an_lr_in_the_stable_range_of_a_convex_problem(tmp_path
         ),
         (["recommend", "--workers", "2", "--lr-steps", "5"], "--lr-steps 5 is too few"),
         (["recommend", "--workers", "2", "--strategy", "fsdp"], "--grad-noise"),
+        (["recommend", "--workers", "2", "--max-batch-size", "64"], "chooses --max-batch-size itself"),
+        (
+            ["recommend", "--workers", "2", "--batch-schedule", "adaptive", "--max-global-batch", "16"],
+            "--max-global-batch 16 leaves no room",
+        ),
     ],
     ids=[
         "too-few-steps",
@@ -159,6 +164,8 @@ def test_lr_find_suggests_an_lr_in_the_stable_range_of_a_convex_problem(tmp_path
         "not-even-batch-1",
         "recommend-too-few-lr-steps",
         "recommend-a-strategy-noise-scale-refuses",
+        "recommend-chooses-the-per-rank-limit",
+        "recommend-a-growth-the-run-refuses",
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, capsys, argv, words):
@@ -265,7 +272,7 @@ def test_recommend_stays_at_the_knee_unless_the_noise_scale_says_so_beyond_its_e
     assert ("keeps its knee batch" in " ".join(r["notes"])) == (per_worker == 32)
 
 
-@pytest.mark.parametrize("given_schedule", [None, "step"])
+@pytest.mark.parametrize("given_schedule", [None, "step", "adaptive batch"])
 def test_recommend_combines_the_measurements_by_its_stated_rules(tmp_path, given_schedule):
     """recommend on measurements already in --out (as a rerun reuses them): no training runs, only
     the rules: the √N cap, linear LR scaling from lr-find's batch, Goyal's warmup, the schedule."""
@@ -306,8 +313,15 @@ def test_recommend_combines_the_measurements_by_its_stated_rules(tmp_path, given
     assert read_result(tmp_path / "lr_find.json", lr_flags, steps=100, rule=RULE) is not None
     assert read_result(tmp_path / "lr_find.json", lr_flags, steps=300, rule=RULE) is None
     assert read_result(tmp_path / "lr_find.json", lr_flags, steps=100, rule="steepest descent") is None
-    given = {**train, **({"schedule": given_schedule} if given_schedule else {})}
+    growing = given_schedule == "adaptive batch"
+    given = {**train, **({"schedule": given_schedule} if given_schedule and not growing else {})}
+    if growing:  # measured at fixed batches as ever; the run starts at the batch chosen and may grow to 512 a rank
+        given |= {"batch_schedule": "adaptive", "max_global_batch": 4096}
+        given_schedule = None
     r = recommend(given, workers=2, out=tmp_path)
+    assert r["batch_schedule"]["value"] == ("adaptive" if growing else "fixed")
+    for flag in ("--batch-schedule adaptive", "--max-batch-size 512", "--max-global-batch 4096"):
+        assert (flag in r["command"]) == growing
     assert r["per_worker_batch"]["value"] == per_worker and r["global_batch"]["value"] == 2 * per_worker
     assert "√(training samples)" in r["global_batch"]["source"]
     assert r["lr"]["value"] == pytest.approx(0.05 * 2) and r["lr_scaling"] == "linear"

@@ -37,7 +37,9 @@ from paratrain.batch import noise_scale as noise_scale_module
 from paratrain.errors import UsageError
 
 RESULT_FILE = "recommend.json"
-CHOSEN = ("batch_size", "lr", "lr_scaling", "base_batch_size", "warmup_epochs", "workers")
+CHOSEN = ("batch_size", "lr", "lr_scaling", "base_batch_size", "warmup_epochs", "workers", "max_batch_size")
+# The recommended run's own options, which the measurement runs (at fixed batches and their own LRs) leave out.
+FOR_THE_RUN = ("schedule", "batch_schedule", "max_global_batch", "batch_ramp_epochs")
 GOYAL_MAX_RATIO = 32  # 8192 / 256: the largest batch ratio of Goyal et al. 2017
 GOYAL_WARMUP_FRACTION = 5 / 90  # 5 warmup epochs of their 90
 
@@ -56,12 +58,13 @@ def recommend(
     if chosen:
         raise UsageError(f"paratrain recommend chooses --{chosen[0].replace('_', '-')} itself; drop it")
     out = Path(out)
+    # A --schedule or a --batch-schedule given is for the recommended run; the measurement runs set their own.
+    for_the_run = {k: v for k, v in train.items() if k in FOR_THE_RUN}
+    train = {k: v for k, v in train.items() if k not in FOR_THE_RUN}
     cfg = run_config(train)
     samples = train_samples(cfg)
-    # A --schedule given is for the recommended run; the measurement runs set their own LR.
-    schedule = train.get("schedule")
-    train = {k: v for k, v in train.items() if k != "schedule"}
     _check(train, workers, out, noise_steps, lr_steps)
+    run_config({**train, **for_the_run, "workers": workers})  # the recommended run's layout and growth, validated
     one = {**train, "workers": 1}
 
     on_stage("find-batch")
@@ -88,7 +91,8 @@ def recommend(
         "workers": workers,
         **choice.fields(batches["margin"]),
         **_lr_fields(lrs, choice.global_batch, cfg.optimizer, cfg.epochs),
-        "schedule": _schedule_field(schedule),
+        "schedule": _schedule_field(for_the_run.get("schedule")),
+        "batch_schedule": _batch_schedule_field(for_the_run, choice),
         "notes": choice.notes,
         "measurements": {
             "find_batch": str(out / find_batch_module.RESULT_FILE),
@@ -96,7 +100,9 @@ def recommend(
             "lr_find": str(out / lr_find_module.RESULT_FILE),
         },
     }
-    result["command"] = train_command(train, result)
+    # The growth options against the batch chosen (checked at a default batch before measuring).
+    run_config({**train, **for_the_run, "workers": workers, "batch_size": choice.per_worker})
+    result["command"] = train_command({**train, **for_the_run}, result)
     write_result(out / RESULT_FILE, result)
     return result
 
@@ -381,8 +387,29 @@ def time_to_loss_note(
     )
 
 
+def _batch_schedule_field(for_the_run: dict[str, Any], choice: BatchChoice) -> dict[str, Any]:
+    """recommend.json's batch_schedule: fixed, or a growing batch that starts at the recommended one and may
+    grow, per rank, up to what find-batch measured to fit."""
+    kind = for_the_run.get("batch_schedule", "fixed")
+    if kind == "fixed":
+        return {"value": "fixed", "source": "the default: one batch for the whole run"}
+    grows = choice.largest >= 2 * choice.per_worker
+    return {
+        "value": kind,
+        "max_batch_size": choice.largest if grows else None,
+        "source": f"--batch-schedule {kind} as given: it starts at the recommended batch and "
+        + (
+            f"grows per rank up to find-batch's largest that fits, {choice.largest}, then by accumulation"
+            if grows
+            else f"grows by accumulation (find-batch's largest that fits, {choice.largest}, is not twice the start)"
+        )
+        + (", while its measured goodput rises" if kind == "adaptive" else ""),
+    }
+
+
 def train_command(train: dict[str, Any], result: dict[str, Any]) -> str:
     """The `paratrain train` command that runs the recommendation."""
+    growth = result["batch_schedule"]
     flags = {
         **train,
         "workers": result["workers"],
@@ -392,6 +419,11 @@ def train_command(train: dict[str, Any], result: dict[str, Any]) -> str:
         "lr_scaling": result["lr_scaling"],
         "optimizer": result["optimizer"]["value"],
         "schedule": result["schedule"]["value"],
+        **(
+            {"batch_schedule": growth["value"], "max_batch_size": growth["max_batch_size"]}
+            if growth["value"] != "fixed"
+            else {}
+        ),
     }
     if result["warmup_epochs"]["value"]:
         flags["warmup_epochs"] = result["warmup_epochs"]["value"]

@@ -138,7 +138,16 @@ def _batch_body(path: Path) -> str:
             f"{key.replace('_', ' ')}: {r[key]['value']:.4g} ({r[key]['source']})"
             if isinstance(r[key]["value"], float)
             else f"{key.replace('_', ' ')}: {r[key]['value']} ({r[key]['source']})"
-            for key in ("per_worker_batch", "global_batch", "lr", "warmup_epochs", "schedule", "optimizer")
+            for key in (
+                "per_worker_batch",
+                "global_batch",
+                "lr",
+                "warmup_epochs",
+                "schedule",
+                "batch_schedule",
+                "optimizer",
+            )
+            if key in r  # batch_schedule: not in a recommend.json of an earlier release
         ]
         lines += [f"note: {note}" for note in r["notes"]]
     if "find_batch" in results:

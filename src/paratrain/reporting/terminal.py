@@ -377,7 +377,7 @@ def show_lr_find(r: dict[str, Any], saved: Path) -> None:
 
 
 def show_recommend(r: dict[str, Any], apply: bool, saved: Path) -> None:
-    for key in ("per_worker_batch", "global_batch", "lr", "warmup_epochs", "schedule", "optimizer"):
+    for key in ("per_worker_batch", "global_batch", "lr", "warmup_epochs", "schedule", "batch_schedule", "optimizer"):
         value = r[key]["value"]
         shown = f"{value:.4g}" if isinstance(value, float) else f"{value}"
         print(f"{key.replace('_', ' '):17} {shown}  ({r[key]['source']})")
