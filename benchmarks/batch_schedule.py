@@ -1,15 +1,16 @@
 """Does a growing batch pay? `--batch-schedule adaptive` (and `warmup`) against fixed batches, time to a
-target test accuracy (docs/batch-size.md, issue #30).
+held-out target (docs/batch-size.md, issue #30).
 
 Every run trains the same workload for the same epochs on the same workers with the same LR rule (the
-LR scaled linearly from --lr at --base-batch-size, a warm-up, a cosine decay); they differ only in the
-global batch: fixed at each of --fixed, or grown from --start by the schedule up to --max-global-batch
+LR scaled from --lr at --base-batch-size by --lr-scaling, a warm-up, a cosine decay); they differ only in
+the global batch: fixed at each of --fixed, or grown from --start by the schedule up to --max-global-batch
 (per-rank batch first, up to --max-batch-size). Each seed runs every configuration once, in an order
 that rotates with the seed, so the machine's drift falls on all of them alike. The table gives, per
-configuration, the medians and ranges over the seeds of the final test accuracy, the wall time and the
-training time at which a run first reached the target (read from the per-epoch evaluations in
-metrics.jsonl: the end of the first epoch whose test accuracy reached it). The target is the most
-accurate fixed batch's median final accuracy less --target-margin points, unless --target is given.
+configuration, the medians and ranges over the seeds of the final held-out value (test accuracy, or
+bits per byte for text), the wall time and the training time at which a run first reached the target
+(read from the per-epoch evaluations in metrics.jsonl: the end of the first epoch that reached it). The
+target is the best fixed batch's median final value less --target-margin (1 point of accuracy, 0.02
+bits per byte), unless --target is given.
 
     .venv/bin/python benchmarks/batch_schedule.py --out runs/batch-schedule -- \\
         --data-dir ../shared/datasets/cifar10-jpg.tar.gz
@@ -18,12 +19,20 @@ Runs already in --out are read, not run again, so an interrupted measurement goe
 A tiny budget to check that it runs (the bundled subset, 1 seed, 2 epochs):
 
     .venv/bin/python benchmarks/batch_schedule.py --out /tmp/bs-tiny --seeds 1 --epochs 2 -- --limit-train 2000
+
+On text (gpt-small, held-out bits per byte, Adam with its square-root LR rule):
+
+    .venv/bin/python benchmarks/batch_schedule.py --out runs/batch-schedule-gpt --workload gpt-small \\
+        --metric bits-per-byte --fixed 8,16,32,64 --start 8 --max-batch-size 32 --max-global-batch 128 \\
+        --optimizer adamw --lr-scaling sqrt --lr 1e-3 --base-batch-size 16 -- --samples-per-epoch 928 \\
+        --eval-samples 256
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import statistics
 import subprocess
@@ -48,36 +57,44 @@ def configurations(args: argparse.Namespace) -> dict[str, list[str]]:
     return chosen
 
 
-def test_accuracies(run_dir: Path) -> list[tuple[float, float]]:
-    """(training seconds at the epoch's end, test accuracy after it), epoch by epoch."""
+def held_out_curve(run_dir: Path, metric: str) -> list[tuple[float, float]]:
+    """(training seconds at the epoch's end, the held-out metric after it), epoch by epoch; bits per byte
+    are the test loss in nats over ln 2 (the text workloads' loss is per byte)."""
     events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     ends = {e["epoch"]: e["time_end"] for e in events if e["event"] == "epoch"}
-    return [(ends[e["epoch"]], e["accuracy"]) for e in events if e["event"] == "eval" and e["split"] == "test"]
+    value = (lambda e: e["accuracy"]) if metric == "accuracy" else (lambda e: e["loss"] / math.log(2))
+    return [(ends[e["epoch"]], value(e)) for e in events if e["event"] == "eval" and e["split"] == "test"]
 
 
-def time_to_reach(curve: list[tuple[float, float]], target: float) -> float | None:
-    return next((seconds for seconds, accuracy in curve if accuracy >= target), None)
+def better(metric: str, value: float, target: float) -> bool:
+    return value >= target if metric == "accuracy" else value <= target
 
 
-def run(cmd: list[str], run_dir: Path) -> dict[str, Any]:
+def time_to_reach(curve: list[tuple[float, float]], target: float, metric: str) -> float | None:
+    return next((seconds for seconds, value in curve if better(metric, value, target)), None)
+
+
+def run(cmd: list[str], run_dir: Path, metric: str) -> dict[str, Any]:
     """The run's record: its summary and its accuracy curve (read back when it ran before)."""
     record = run_dir / "benchmark.json"
     if record.exists():
-        return json.loads(record.read_text())
+        kept = json.loads(record.read_text())
+        return {"final": kept["curve"][-1][1], **kept}  # records of the first version lack `final`
     print("$ " + shlex.join(["paratrain", *cmd[1:]]), file=sys.stderr, flush=True)
     started = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if done.returncode != 0:
         sys.exit(f"failed ({done.returncode}): {done.stderr.strip()}")
     summary = json.loads(done.stdout)
+    curve = held_out_curve(run_dir, metric)
     result = {
         "command_s": time.perf_counter() - started,
-        "test_accuracy": summary["test_accuracy"],
+        "final": curve[-1][1],
         "wall_time_s": summary["wall_time_s"],
         "steps": summary["steps"],
         "final_global_batch": (summary.get("batch_schedule") or {}).get("final_global_batch")
         or summary["global_batch_size"],
-        "curve": test_accuracies(run_dir),
+        "curve": curve,
     }
     record.write_text(json.dumps(result))
     return result
@@ -106,15 +123,23 @@ def main() -> None:
     # docs/batch-size.md's recommendation for cifar10-cnn on 2 workers: 0.107 at 222, a 1-epoch warm-up, cosine
     parser.add_argument("--lr", type=float, default=0.107)
     parser.add_argument("--base-batch-size", type=int, default=222)
-    parser.add_argument("--target", type=float, default=None, help="test accuracy to reach (0-1)")
-    parser.add_argument("--target-margin", type=float, default=1.0, help="points below the best fixed batch")
+    parser.add_argument("--metric", choices=("accuracy", "bits-per-byte"), default="accuracy")
+    parser.add_argument("--target", type=float, default=None, help="held-out value to reach (accuracy 0-1)")
+    parser.add_argument(
+        "--target-margin",
+        type=float,
+        default=None,
+        help="how far short of the best fixed batch the target is (default: 1 point of accuracy, 0.02 bits/byte)",
+    )
+    parser.add_argument("--optimizer", default="sgd")
+    parser.add_argument("--lr-scaling", default="linear")
     args, extra = parser.parse_known_args()
     extra = [a for a in extra if a != "--"]
     common = [
         *("--workload", args.workload, "--device", "cpu", "--epochs", str(args.epochs)),
         *("--workers", str(args.workers), "--threads-per-worker", "1"),
-        *("--lr", str(args.lr), "--base-batch-size", str(args.base_batch_size), "--lr-scaling", "linear"),
-        *("--schedule", "cosine", "--warmup-epochs", "1", "--optimizer", "sgd"),
+        *("--lr", str(args.lr), "--base-batch-size", str(args.base_batch_size), "--lr-scaling", args.lr_scaling),
+        *("--schedule", "cosine", "--warmup-epochs", "1", "--optimizer", args.optimizer),
         *extra,
     ]
     chosen = configurations(args)
@@ -126,20 +151,28 @@ def main() -> None:
             run_dir = args.out / name.replace(" ", "-") / f"seed{seed}"
             cmd = [PARATRAIN, "train", *common, *chosen[name], "--seed", str(seed)]
             cmd += ["--run-dir", str(run_dir), "--quiet", "--json"]
-            results[name].append(run(cmd, run_dir))
+            results[name].append(run(cmd, run_dir, args.metric))
 
     fixed = [n for n in names if n.startswith("fixed")]
-    best = max(fixed, key=lambda n: statistics.median(r["test_accuracy"] for r in results[n]))
-    target = args.target or statistics.median(r["test_accuracy"] for r in results[best]) - args.target_margin / 100
-    print(f"{args.seeds} seeds, {args.epochs} epochs; the most accurate fixed batch: {best}; target {target:.2%}\n")
-    print("| configuration | final global batch | test accuracy | wall time | training time to target | reached |")
+    accuracy = args.metric == "accuracy"
+    finals = {n: statistics.median(r["final"] for r in results[n]) for n in fixed}
+    best = max(fixed, key=finals.get) if accuracy else min(fixed, key=finals.get)
+    margin = args.target_margin if args.target_margin is not None else (1.0 if accuracy else 0.02)
+    target = args.target or (finals[best] - margin / 100 if accuracy else finals[best] + margin)
+    shown = f"{target:.2%}" if accuracy else f"{target:.3f} bits/byte"
+    print(f"{args.seeds} seeds, {args.epochs} epochs; the best fixed batch: {best}; target {shown}\n")
+    print(
+        f"| configuration | final global batch | held-out {args.metric} | wall time | training time to target "
+        "| reached |"
+    )
     print("|---|---:|---:|---:|---:|---:|")
+    scale, fmt, unit = (100, ".1f", " %") if accuracy else (1, ".3f", "")
     for name in names:
         rows = results[name]
-        reach = [t for t in (time_to_reach(r["curve"], target) for r in rows) if t is not None]
+        reach = [t for t in (time_to_reach(r["curve"], target, args.metric) for r in rows) if t is not None]
         print(
             f"| {name} | {spread([r['final_global_batch'] for r in rows], '.0f')} "
-            f"| {spread([100 * r['test_accuracy'] for r in rows], '.1f', ' %')} "
+            f"| {spread([scale * r['final'] for r in rows], fmt, unit)} "
             f"| {spread([r['wall_time_s'] for r in rows], '.0f', ' s')} | {spread(reach, '.0f', ' s')} "
             f"| {len(reach)} of {len(rows)} |"
         )

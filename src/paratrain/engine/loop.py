@@ -557,12 +557,17 @@ class Trainer:
         over the ranks (each rank measured its own), so that every rank takes the same decision."""
         if self.batch_schedule.kind != "adaptive":
             return
+        batch = self.batch_schedule.global_batch
         sums = torch.tensor(
-            [sum(m[0] for m in measured), sum(m[1] for m in measured), len(measured)],
+            [sum(m[0] for m in measured), sum(m[1] for m in measured), len(measured), batch, batch * batch],
             dtype=torch.float64,
             device=self.ctx.device,
         )
-        small, big, counted = self.ctx.sum(sums).tolist()
+        small, big, counted, batch_sum, square_sum = self.ctx.sum(sums).tolist()
+        # The ranks' batches agree exactly when their squares sum to the square of their sum over the ranks
+        # (exact in float64 for whole numbers this size): a divergence is named here, not left to hang.
+        if square_sum * self.ctx.world_size != batch_sum * batch_sum:
+            raise RuntimeError(f"the ranks' batch schedules diverged (this rank at {batch}); please report it")
         if not counted:
             return
         # Every rank's steps had the same batches: the accumulation changes only here, after them.
@@ -581,13 +586,17 @@ class Trainer:
         current, following = self._timed_forward_backward(now.merge), self._timed_forward_backward(merge)
         rest = max(0.0, step_s - now.accum * current)
         samples = merge * accum / (now.merge * now.accum)
-        return samples * (now.accum * current + rest) / (accum * following + rest)
+        local = samples * (now.accum * current + rest) / (accum * following + rest)
+        # Averaged over the ranks: each timed its own, and every rank must take the same decision (ranks at
+        # different batches would call their collectives out of step and wait for each other forever).
+        summed = self.ctx.sum(torch.tensor([local], dtype=torch.float64, device=self.ctx.device))
+        return summed.item() / self.ctx.world_size
 
     def _timed_forward_backward(self, merge: int) -> float:
-        """Seconds of a forward and backward at a per-rank batch of merge x --batch-size, averaged over the ranks,
-        timed once per per-rank batch on the last loaded batch (after one untimed pass: the first at a shape
-        allocates). Outside DDP's synchronisation, its gradients dropped and the model's buffers (batch-norm
-        statistics) put back, so the training is as if it had not run."""
+        """Seconds of a forward and backward at a per-rank batch of merge x --batch-size on this rank, timed once
+        per per-rank batch on the last loaded batch (after one untimed pass: the first at a shape allocates).
+        Outside DDP's synchronisation, its gradients dropped and the model's buffers (batch-norm statistics) put
+        back, so the training is as if it had not run."""
         if merge in self.timings.forward_backward_s:
             return self.timings.forward_backward_s[merge]
         model, batch = self.model, merge * self.cfg.batch_size
@@ -608,9 +617,8 @@ class Trainer:
         with torch.no_grad():
             for kept, buffer in zip(buffers, model.buffers()):
                 buffer.copy_(kept)
-        total = self.ctx.sum(torch.tensor([seconds], dtype=torch.float64, device=self.ctx.device)).item()
-        self.timings.forward_backward_s[merge] = total / self.ctx.world_size
-        return self.timings.forward_backward_s[merge]
+        self.timings.forward_backward_s[merge] = seconds
+        return seconds
 
     def _batch_changed(self, global_batch: int | None) -> None:
         """A `batch` event in metrics.jsonl when the schedule moved the global batch."""
