@@ -583,7 +583,7 @@ class Trainer:
         the rest, which makes the prediction a little optimistic where loading is slow)."""
         now = self.batch_schedule
         step_s = self.timings.step_s if self.timings.step_s is not None else 0.0
-        current, following = self._timed_forward_backward(now.merge), self._timed_forward_backward(merge)
+        current, following = self._timed_forward_backward(now.merge, merge)
         rest = max(0.0, step_s - now.accum * current)
         samples = merge * accum / (now.merge * now.accum)
         local = samples * (now.accum * current + rest) / (accum * following + rest)
@@ -592,33 +592,40 @@ class Trainer:
         summed = self.ctx.sum(torch.tensor([local], dtype=torch.float64, device=self.ctx.device))
         return summed.item() / self.ctx.world_size
 
-    def _timed_forward_backward(self, merge: int) -> float:
-        """Seconds of a forward and backward at a per-rank batch of merge x --batch-size on this rank, timed once
-        per per-rank batch on the last loaded batch (after one untimed pass: the first at a shape allocates).
+    def _timed_forward_backward(self, now: int, following: int) -> tuple[float, float]:
+        """Seconds of a forward and backward on this rank at the per-rank batches now x and following x
+        --batch-size: the median of TIMING_PASSES passes each, alternating (the machine's speed drifts), after
+        an untimed pass each (the first at a shape allocates); once per pair, on the last loaded batch.
         Outside DDP's synchronisation, its gradients dropped and the model's buffers (batch-norm statistics) put
         back, so the training is as if it had not run."""
-        if merge in self.timings.forward_backward_s:
-            return self.timings.forward_backward_s[merge]
-        model, batch = self.model, merge * self.cfg.batch_size
-        assert self.timings.last_load is not None  # a log point comes after a full loaded batch
-        x, y = (t[:batch] for t in self.timings.last_load)
+        pair = (now, following)
+        if pair in self.timings.forward_backward_s:
+            return self.timings.forward_backward_s[pair]
+        model, cuda = self.model, self.ctx.device.type == "cuda"
+        assert self.timings.last_load is not None  # a log point comes after a loaded batch
+        inputs = [
+            tuple(t[: merge * self.cfg.batch_size] for t in self.timings.last_load) for merge in dict.fromkeys(pair)
+        ]
         buffers = [b.detach().clone() for b in model.buffers()]
-        seconds = 0.0
+        seconds: list[list[float]] = [[] for _ in inputs]
         with self.strategy.no_sync(model):
-            for _ in range(2):
-                if self.ctx.device.type == "cuda":
-                    torch.cuda.synchronize()
-                started = time.perf_counter()
-                self.strategy.forward_backward(model, self.objective, x, y, 1, self.scaler, self.autocast)
-                if self.ctx.device.type == "cuda":
-                    torch.cuda.synchronize()
-                seconds = time.perf_counter() - started
+            for timed in (False, *[True] * TIMING_PASSES):
+                for (x, y), kept in zip(inputs, seconds):
+                    if cuda:
+                        torch.cuda.synchronize()
+                    started = time.perf_counter()
+                    self.strategy.forward_backward(model, self.objective, x, y, 1, self.scaler, self.autocast)
+                    if cuda:
+                        torch.cuda.synchronize()
+                    if timed:
+                        kept.append(time.perf_counter() - started)
         self.optimizer.zero_grad(set_to_none=True)
         with torch.no_grad():
-            for kept, buffer in zip(buffers, model.buffers()):
-                buffer.copy_(kept)
-        self.timings.forward_backward_s[merge] = seconds
-        return seconds
+            for kept_buffer, buffer in zip(buffers, model.buffers()):
+                buffer.copy_(kept_buffer)
+        medians = [statistics.median(kept) for kept in seconds]
+        self.timings.forward_backward_s[pair] = (medians[0], medians[-1])
+        return medians[0], medians[-1]
 
     def _batch_changed(self, global_batch: int | None) -> None:
         """A `batch` event in metrics.jsonl when the schedule moved the global batch."""
@@ -923,14 +930,19 @@ class Trainer:
         }
 
 
+# Forward and backward passes timed at each of the two per-rank batches a doubling compares: one pass of a
+# small model scatters by tens of percent, and a single unlucky one would hold the batch back for the run.
+TIMING_PASSES = 5
+
+
 @dataclass
 class DoublingTimings:
     """--batch-schedule adaptive's throughput measurements: the last loaded batch (full where there is one),
-    forward and backward seconds by per-rank batch over --batch-size, and the step time over the last log
-    interval."""
+    forward and backward seconds at the two per-rank batches (over --batch-size) a doubling compares, and the
+    step time over the last log interval."""
 
     last_load: tuple[torch.Tensor, torch.Tensor] | None = None
-    forward_backward_s: dict[int, float] = field(default_factory=dict)
+    forward_backward_s: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict)
     step_s: float | None = None
 
 
