@@ -54,6 +54,9 @@ def configurations(args: argparse.Namespace) -> dict[str, list[str]]:
     chosen["adaptive"] = [*grown, "--batch-schedule", "adaptive"]
     if args.ramp_epochs:
         chosen["warmup"] = [*grown, "--batch-schedule", "warmup", "--batch-ramp-epochs", str(args.ramp_epochs)]
+    for variant in args.variant:  # NAME=FLAGS: later flags override the common ones
+        name, _, flags = variant.partition("=")
+        chosen[name] = shlex.split(flags)
     return chosen
 
 
@@ -123,6 +126,12 @@ def main() -> None:
     # docs/batch-size.md's recommendation for cifar10-cnn on 2 workers: 0.107 at 222, a 1-epoch warm-up, cosine
     parser.add_argument("--lr", type=float, default=0.107)
     parser.add_argument("--base-batch-size", type=int, default=222)
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="another configuration, NAME=FLAGS (e.g. an adaptive run with another LR rule); repeatable",
+    )
     parser.add_argument("--metric", choices=("accuracy", "bits-per-byte"), default="accuracy")
     parser.add_argument("--target", type=float, default=None, help="held-out value to reach (accuracy 0-1)")
     parser.add_argument(
