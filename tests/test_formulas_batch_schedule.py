@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from paratrain.config import TrainConfig
-from paratrain.engine.batch_schedule import EMA_STEPS, BatchSchedule, two_batch_estimates
+from paratrain.engine.batch_schedule import EMA_STEPS, BatchSchedule, largest_merge, two_batch_estimates
 
 
 def GAIN(merge: int, accum: int) -> float:
@@ -302,3 +302,37 @@ def test_no_throughput_gain_no_growth_whatever_the_noise():
             *norms(1e6, flat.global_batch, 2 * flat.global_batch), steps=EMA_STEPS, speedup=lambda m, a: 1.0
         )
     assert flat.global_batch == 32 and flat.last_gain == pytest.approx((1e6 + 32) / (1e6 + 64))
+
+
+def one_worker(**fields) -> BatchSchedule:
+    # one worker of 16 with --grad-accum 2 (adaptive's small batch is its first micro-batch): 32 a step
+    return BatchSchedule(TrainConfig(batch_size=16, grad_accum=2, batch_schedule="adaptive", **fields), 1000)
+
+
+def test_from_an_accumulation_of_two_the_per_rank_batch_grows_first_in_whole_numbers():
+    grow = one_worker(max_batch_size=64, max_global_batch=512)
+    seen = []
+    for _ in range(12):
+        if grow.noise_read(*norms(1e6, grow.per_rank_batch, grow.global_batch), steps=EMA_STEPS, speedup=GAIN):
+            seen.append((grow.merge, grow.accum))
+    assert seen == [(2, 2), (4, 2), (4, 4), (4, 8)] and grow.global_batch == 512
+    # a largest batch off the doublings: 96 is 6 batches of 16; the per-rank batch stops at 32, where 64 a
+    # rank would take 2 x 64 = 128, and the accumulation takes the rest, 3 forwards of 32
+    odd = one_worker(max_batch_size=64, max_global_batch=96)
+    for _ in range(8):
+        odd.noise_read(*norms(1e6, odd.per_rank_batch, odd.global_batch), steps=EMA_STEPS, speedup=GAIN)
+    assert (odd.merge, odd.accum, odd.global_batch) == (2, 3, 96) and isinstance(odd.accum, int)
+    assert largest_merge(TrainConfig(batch_size=16, batch_schedule="warmup", max_batch_size=100)) == 4
+    assert largest_merge(TrainConfig(batch_size=16)) == 1
+
+
+def test_a_doubling_that_promises_exactly_the_threshold_counts_and_warmup_promises_none():
+    # B_noise exactly 1 (norms 1 + 1/32 and 1 + 1/64 at 32 and 64): the efficiency of 64 is 33 / 65, and
+    # a throughput gain of 2.0681818181818183 makes the goodput gain exactly 1.05 in floating point
+    edge = schedule("adaptive")
+    for _ in range(2):
+        grown = edge.noise_read(
+            1 + 1 / 32, 1 + 1 / 64, 32, 64, steps=EMA_STEPS, speedup=lambda m, a: 2.0681818181818183
+        )
+    assert edge.noise_scale() == 1.0 and edge.last_gain == 1.05 and grown == 64
+    assert schedule("warmup").last_gain is None

@@ -64,10 +64,8 @@ def two_batch_estimates(small_sq: float, big_sq: float, small_batch: int, big_ba
 
 
 def largest_merge(cfg: TrainConfig) -> int:
-    """The largest per-rank batch over --batch-size: a power of two (the per-rank batch doubles), 1 at a
-    fixed batch. The loader loads batches of this many times --batch-size from the start."""
-    if cfg.batch_schedule == "fixed":
-        return 1
+    """The largest per-rank batch over --batch-size: a power of two (the per-rank batch doubles); 1 without
+    --max-batch-size (a fixed batch has none). The loader loads batches of this many times --batch-size."""
     return 2 ** int(math.log2(cfg.largest_batch_size // cfg.batch_size))
 
 
@@ -214,9 +212,7 @@ class BatchSchedule:
         while s.merge * s.accum < units:
             if s.merge * 2 <= self.max_merge and s.merge * 2 * s.accum <= units:
                 s.merge *= 2
-            elif s.merge * 2 * s.accum <= units:
-                s.accum *= 2
-            else:  # the largest batch is off the doublings: the accumulation ends at it
+            else:  # the rest by accumulation, to the largest batch where that is off the doublings
                 s.accum = max(s.accum, units // s.merge)
                 break
         return self.global_batch if s.merge * s.accum > before else None
