@@ -224,10 +224,10 @@ class TabledBlock(nn.Module):
 class TabledNet(nn.Module):
     """Blocks that take (x, table), the table a buffer of the parameter-less root: a Llama's rotary layout."""
 
-    def __init__(self, vocab_size: int, width: int = 64):
+    def __init__(self, vocab_size: int, width: int = 64, depth: int = 2):
         super().__init__()
         self.embed = nn.Embedding(vocab_size, width)
-        self.blocks = nn.ModuleList([TabledBlock(width) for _ in range(2)])
+        self.blocks = nn.ModuleList([TabledBlock(width) for _ in range(depth)])
         self.head = nn.Linear(width, vocab_size)
         self.register_buffer("table", torch.linspace(0.5, 1.5, width), persistent=False)
 
@@ -244,6 +244,42 @@ class TabledNet(nn.Module):
 
 def tabled_net(vocab_size: int = 256) -> nn.Module:
     return TabledNet(vocab_size)
+
+
+def deep_tabled_net(vocab_size: int = 256) -> nn.Module:
+    """TabledNet with 17 blocks: enough for the planner to measure it at shallow depths (plan/depth.py)."""
+    return TabledNet(vocab_size, width=32, depth=17)
+
+
+class AlternatingNet(TabledNet):
+    """Blocks alike in shape, not in cost: every second one runs its MLP twice (as a model alternates
+    local and global attention)."""
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        for index, block in enumerate(self.blocks):
+            x = block(x, self.table)
+            if index % 2:
+                x = block(x, self.table)
+        return self.head(x)
+
+
+def alternating_net(vocab_size: int = 256) -> nn.Module:
+    return AlternatingNet(vocab_size, width=32, depth=13)
+
+
+class CountedNet(TabledNet):
+    """A forward that indexes its blocks by a count it stored: it needs all of them."""
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        for index in range(13):
+            x = self.blocks[index](x, self.table)
+        return self.head(x)
+
+
+def counted_net(vocab_size: int = 256) -> nn.Module:
+    return CountedNet(vocab_size, width=32, depth=13)
 
 
 def conv_split_plan(model: nn.Module, degree: int) -> dict:

@@ -11,6 +11,9 @@ model is profiled in seconds on a laptop:
   MemoryMeter measures real runs; measured at two batch sizes, so a part that does not grow with
   the batch is told apart from the part that does;
 - the largest block (FSDP unit) and the bytes a pipeline stage hands to the next per sample.
+
+A model with a stack of alike blocks (a transformer's) is run at three shallow depths and each number
+drawn to its full depth along the line they make (depth.py): a plan answers in seconds for any depth.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from paratrain.config import TrainConfig
 from paratrain.engine.flops import convolution_flops, flop_counter
 from paratrain.errors import UsageError
+from paratrain.plan.depth import Stack, find_stack, fold_stack, measure_deep, shallow_copy, unfold_stack
 
 
 @dataclass
@@ -104,20 +108,31 @@ def profile_tensor_parallel(
     split = sum(count for name, count in per_module.items() if any(_inside(name, m) for m in outermost))
     if dist.is_initialized():
         raise UsageError("plan --tp measures the split model over a process group of its own; run it outside one")
-    # torch's "fake" backend (registered by torch.distributed) needs only a store, not peers.
-    dist.init_process_group("fake", store=dist.HashStore(), rank=0, world_size=degree)
-    try:
-        with torch.device("meta"):
-            model = build_model(cfg, data)
-        mesh = init_device_mesh("cpu", (degree,), mesh_dim_names=("tp",))
+    small, large = 2, 4
+
+    def measure(model: nn.Module) -> dict[str, float]:
         apply_tensor_parallel(model, mesh, degree, plan_fn, sequence_parallel)
         params = [p.to_local() for p in model.parameters()]
         if cfg.checkpoint_activations:  # tensor parallelism, then checkpointing: torchtitan's order
             checkpoint_blocks(model, cfg.checkpoint_activations_every)
-        small, large = 2, 4
         with _Collectives() as sizes:
             peak_small, loss_small = _saved_peak(model, objective, *_batch(cfg, data, small))
         peak_large, loss_large = _saved_peak(model, objective, *_batch(cfg, data, large))
+        return {
+            "param_bytes": sum(p.numel() * p.element_size() for p in params),
+            "param_tensors": len(params),
+            "allreduces": len(sizes["all_reduce"]),
+            "allreduce_bytes": sum(sizes["all_reduce"]),
+            "gather_scatters": len(sizes["gather_scatter"]),
+            "gather_scatter_bytes": sum(sizes["gather_scatter"]),
+            **_peaks(peak_small, loss_small, peak_large, loss_large),
+        }
+
+    # torch's "fake" backend (registered by torch.distributed) needs only a store, not peers.
+    dist.init_process_group("fake", store=dist.HashStore(), rank=0, world_size=degree)
+    try:
+        mesh = init_device_mesh("cpu", (degree,), mesh_dim_names=("tp",))
+        measured, _ = measure_deep(whole, _checkpoint_period(cfg), measure)
     except UsageError:
         raise
     except Exception as exc:  # a plan whose styles do not fit the layers' inputs or outputs
@@ -127,20 +142,38 @@ def profile_tensor_parallel(
         ) from None
     finally:
         dist.destroy_process_group()
-    per_sample = max(peak_large - peak_small, 0) / (large - small)
+    per_sample, fixed, loss_per_sample = _activations(measured, small, large)
     return TensorParallelProfile(
         degree=degree,
-        param_bytes=sum(p.numel() * p.element_size() for p in params),
-        param_tensors=len(params),
+        param_bytes=int(measured["param_bytes"]),
+        param_tensors=int(measured["param_tensors"]),
         activation_bytes_per_sample=per_sample,
-        activation_bytes_fixed=max(peak_small - per_sample * small, 0.0),
-        allreduces=len(sizes["all_reduce"]),
-        allreduce_bytes_per_sample=sum(sizes["all_reduce"]) / small,
-        gather_scatters=len(sizes["gather_scatter"]),
-        gather_scatter_bytes_per_sample=sum(sizes["gather_scatter"]) / small,
-        loss_activation_bytes_per_sample=max(loss_large - loss_small, 0) / (large - small),
+        activation_bytes_fixed=fixed,
+        allreduces=int(measured["allreduces"]),
+        allreduce_bytes_per_sample=measured["allreduce_bytes"] / small,
+        gather_scatters=int(measured["gather_scatters"]),
+        gather_scatter_bytes_per_sample=measured["gather_scatter_bytes"] / small,
+        loss_activation_bytes_per_sample=loss_per_sample,
         split_flops_share=split / total if total else 0.0,
     )
+
+
+def _checkpoint_period(cfg: TrainConfig) -> int:
+    """The blocks after which the saved tensors repeat: every block, or with checkpointing of every Nth, N."""
+    return cfg.checkpoint_activations_every if cfg.checkpoint_activations else 1
+
+
+def _peaks(peak_small: float, loss_small: float, peak_large: float, loss_large: float) -> dict[str, float]:
+    return {"peak_small": peak_small, "loss_small": loss_small, "peak_large": peak_large, "loss_large": loss_large}
+
+
+def _activations(measured: dict[str, float], small: int, large: int) -> tuple[float, float, float]:
+    """Saved bytes per sample, those that do not grow with the batch, and the loss's per sample: from the
+    peaks at two batch sizes."""
+    per_sample = max(measured["peak_large"] - measured["peak_small"], 0) / (large - small)
+    fixed = max(measured["peak_small"] - per_sample * small, 0.0)
+    loss_per_sample = max(measured["loss_large"] - measured["loss_small"], 0) / (large - small)
+    return per_sample, fixed, loss_per_sample
 
 
 def _split_modules(model: nn.Module, plan: dict[str, Any]) -> list[str]:
@@ -189,7 +222,6 @@ class _Collectives(TorchDispatchMode):
 def profile_model(cfg: TrainConfig) -> ModelProfile:
     """Build `cfg`'s model on the meta device and measure it."""
     from paratrain.engine.strategies.fsdp import shard_units
-    from paratrain.engine.strategies.pipeline_split import model_units
     from paratrain.workloads import build_model, check_model, workload_of
     from paratrain.workloads.models import checkpoint_blocks, checkpointed_blocks
     from paratrain.workloads.objective import build_objective
@@ -213,27 +245,28 @@ def profile_model(cfg: TrainConfig) -> ModelProfile:
     flops, per_module, convolution = _model_flops(cfg, model, objective, _batch(cfg, data, 1))
     sharded = shard_units(model, cfg.shard_unit)
     recompute = 0
-    measured = model
     if cfg.checkpoint_activations:
         # Each block's forward runs again in backward (a third of its forward and backward FLOPs), and only
-        # what the wrapped model saves is held: measured on a wrapped copy (the wrappers rename the paths
-        # the units below are found by).
+        # what the wrapped model saves is held (measured below on wrapped copies: the wrappers rename the
+        # paths the units are found by).
         chosen = set(checkpointed_blocks(model, cfg.checkpoint_activations_every))
         blocks = {name for name, m in model.named_modules() if m in chosen}
         recompute = sum(count for name, count in per_module.items() if any(_inside(name, b) for b in blocks)) // 3
-        with torch.device("meta"):
-            measured = build_model(cfg, data)
-        checkpoint_blocks(measured, cfg.checkpoint_activations_every)
     # Two batch sizes tell the part that grows with the batch from the part that does not.
     small, large = 2, 4
-    peak_small, loss_small = _saved_peak(measured, objective, *_batch(cfg, data, small))
-    peak_large, loss_large = _saved_peak(measured, objective, *_batch(cfg, data, large))
-    per_sample = max(peak_large - peak_small, 0) / (large - small)
-    fixed = max(peak_small - per_sample * small, 0.0)
+
+    def measure(measured: nn.Module) -> dict[str, float]:
+        if cfg.checkpoint_activations:
+            checkpoint_blocks(measured, cfg.checkpoint_activations_every)
+        peak_small, loss_small = _saved_peak(measured, objective, *_batch(cfg, data, small))
+        peak_large, loss_large = _saved_peak(measured, objective, *_batch(cfg, data, large))
+        return _peaks(peak_small, loss_small, peak_large, loss_large)
+
+    measured, _ = measure_deep(model, _checkpoint_period(cfg), measure)
+    per_sample, fixed, loss_per_sample = _activations(measured, small, large)
 
     unit_bytes = [sum(p.numel() * p.element_size() for p in u.parameters()) for u in sharded]
     root_bytes = param_bytes - sum(unit_bytes)
-    units = _pipeline_units(model, model_units(model), per_module, *_batch(cfg, data, 1))
     return ModelProfile(
         name=workload_of(cfg).model,
         params=sum(p.numel() for p in params),
@@ -245,9 +278,9 @@ def profile_model(cfg: TrainConfig) -> ModelProfile:
         recompute_flops_per_sample=recompute,
         activation_bytes_per_sample=per_sample,
         activation_bytes_fixed=fixed,
-        loss_activation_bytes_per_sample=max(loss_large - loss_small, 0) / (large - small),
+        loss_activation_bytes_per_sample=loss_per_sample,
         largest_unit_bytes=max([*unit_bytes, root_bytes]),
-        units=units,
+        units=_pipeline_units(model, per_module, _batch(cfg, data, 1)[0]),
     )
 
 
@@ -298,11 +331,32 @@ def _model_flops(
     cfg: TrainConfig, model: nn.Module, objective: Any, batch: tuple[torch.Tensor, torch.Tensor]
 ) -> tuple[int, dict[str, int], int]:
     """_count_flops of the model `cfg` builds, counted once per process (activation checkpointing, applied
-    after this count, changes no FLOPs of the model itself)."""
+    after this count, changes no FLOPs of the model itself), along its stack of blocks where it has one."""
     key = cfg.model_dump_json(exclude={"checkpoint_activations", "checkpoint_activations_every"})
     if key not in _FLOPS:
-        _FLOPS[key] = _count_flops(model, objective, *batch)
+
+        def measure(counted: nn.Module) -> dict[str, int]:
+            total, per_module, convolution = _count_flops(counted, objective, *batch)
+            return {TOTAL: total, CONVOLUTION: convolution, **per_module}
+
+        def fold(counts: dict[str, int], stack: Stack) -> dict[str, int] | None:
+            return fold_stack(counts, stack, _module_path)
+
+        counts, stack = measure_deep(model, 1, measure, fold)
+        if stack is not None:
+            counts = unfold_stack(counts, stack, _module_path)
+        total, convolution = counts.pop(TOTAL), counts.pop(CONVOLUTION)
+        _FLOPS[key] = total, counts, convolution
     return _FLOPS[key]
+
+
+# _model_flops's own counts beside FlopCounterMode's, which are keyed "Global" and "<RootClass>.<path>"
+TOTAL, CONVOLUTION = " total", " convolution"
+
+
+def _module_path(counted: str) -> str | None:
+    """The module path of a FlopCounterMode key ("GPT.blocks.3" -> "blocks.3"); None for the root and totals."""
+    return counted.split(".", 1)[1] if "." in counted else None
 
 
 def _count_flops(model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Tensor) -> tuple[int, dict[str, int], int]:
@@ -441,12 +495,47 @@ def _drop_grads(model: nn.Module) -> None:
         p.grad = None
 
 
-def _pipeline_units(
-    model: nn.Module, units: list[Any], per_module: dict[str, int], x: torch.Tensor, y: torch.Tensor
-) -> list[dict[str, Any]]:
-    """Each pipeline unit's parameters, FLOPs per sample and the bytes it hands on per sample."""
-    from paratrain.engine.strategies.pipeline_split import run_units
+def _pipeline_units(model: nn.Module, per_module: dict[str, int], x: torch.Tensor) -> list[dict[str, Any]]:
+    """Each pipeline unit's parameters, FLOPs per sample and the bytes it hands on per sample (the bytes
+    run on a copy with one block of the stack, where the model has one: the blocks hand on alike)."""
+    from paratrain.engine.strategies.pipeline_split import model_units
 
+    units = model_units(model)
+    stack = find_stack(model)
+    outputs = _unit_outputs(shallow_copy(model, stack, 1), x) if stack is not None else None
+    if outputs is None or any(_as_first(unit.modules, stack) not in outputs for unit in units):
+        stack, outputs = None, _unit_outputs(model, x)
+    if not outputs:
+        return []
+    rows = []
+    for unit in units:
+        modules = [model.get_submodule(m) for m in unit.modules]
+        seen: dict[int, int] = {}
+        for module in modules:
+            for p in module.parameters():
+                seen[id(p)] = p.numel() * p.element_size()
+        flops = sum(count for name, count in per_module.items() if any(_inside(name, m) for m in unit.modules))
+        rows.append(
+            {
+                "name": unit.name,
+                "param_bytes": sum(seen.values()),
+                "flops_per_sample": flops,
+                "output_bytes_per_sample": outputs[_as_first(unit.modules, stack)],
+            }
+        )
+    return rows
+
+
+def _as_first(modules: tuple[str, ...], stack: Stack | None) -> tuple[str, ...]:
+    return tuple(stack.as_first(m) for m in modules) if stack is not None else modules
+
+
+def _unit_outputs(model: nn.Module, x: torch.Tensor) -> dict[tuple[str, ...], int] | None:
+    """The bytes per sample each unit of the model's chain hands on, by the unit's modules; None where the
+    chain is not the model."""
+    from paratrain.engine.strategies.pipeline_split import model_units, run_units
+
+    units = model_units(model)
     outputs: list[int] = []
 
     def record(unit: Any) -> Callable[..., Any]:
@@ -467,24 +556,8 @@ def _pipeline_units(
     # forward that does more than call its children (flattens, adds, loops with extra inputs) cannot
     # be pipelined, and the plan then offers no pipeline layout for it.
     if not isinstance(chained, torch.Tensor) or not isinstance(whole, torch.Tensor) or chained.shape != whole.shape:
-        return []
-    rows = []
-    for unit, output in zip(units, outputs):
-        modules = [model.get_submodule(m) for m in unit.modules]
-        seen: dict[int, int] = {}
-        for module in modules:
-            for p in module.parameters():
-                seen[id(p)] = p.numel() * p.element_size()
-        flops = sum(count for name, count in per_module.items() if any(_inside(name, m) for m in unit.modules))
-        rows.append(
-            {
-                "name": unit.name,
-                "param_bytes": sum(seen.values()),
-                "flops_per_sample": flops,
-                "output_bytes_per_sample": output,
-            }
-        )
-    return rows
+        return None
+    return {unit.modules: output for unit, output in zip(units, outputs)}
 
 
 def _inside(counted: str, module: str) -> bool:

@@ -1,0 +1,114 @@
+"""The planner measures a deep model at three shallow depths and draws each number to its full depth
+(plan/depth.py): the numbers must be exactly those of measuring it whole, and a model whose blocks are
+not alike in cost must be measured whole.
+
+Each case profiles the model twice, once as the plan does and once with the shallow depths turned off,
+and compares every field of the two profiles.
+"""
+
+import dataclasses
+
+import pytest
+from torch import nn
+
+from paratrain.config import TrainConfig
+from paratrain.plan import depth, profile
+
+# gpt blocks at a width that keeps 25 of them quick on the meta device
+GPT = dict(workload="gpt-tiny", seq_len=32, n_embd=32, n_head=2, n_layer=25)
+TEXT = dict(dataset="text", seq_len=32)
+EVERY_2ND = dict(checkpoint_activations=True, checkpoint_activations_every=2)
+
+
+@pytest.fixture
+def stacks(monkeypatch):
+    """The stacks the profile's measurements were drawn along (None: measured whole), in call order."""
+    seen = []
+
+    def recording(*args, **kwargs):
+        numbers, stack = depth.measure_deep(*args, **kwargs)
+        seen.append(stack)
+        return numbers, stack
+
+    monkeypatch.setattr(profile, "measure_deep", recording)
+    return seen
+
+
+def _profiles(cfg: TrainConfig, tp: int | None, monkeypatch) -> tuple[dict, dict]:
+    """(as planned, measured whole): every field of the profile, the FLOP cache cleared before each."""
+
+    def measured():
+        profile._FLOPS.clear()
+        result = profile.profile_tensor_parallel(cfg, tp) if tp else profile.profile_model(cfg)
+        return dataclasses.asdict(result)
+
+    planned = measured()
+    with monkeypatch.context() as whole:
+        whole.setattr(depth, "depths", lambda length, period: None)
+        return planned, measured()
+
+
+@pytest.mark.parametrize(
+    "overrides, tp",
+    [
+        pytest.param(GPT, None, id="gpt-25-blocks"),
+        # 25 = 3 x 8 + 1: the last block is not checkpointed, and the depths (4, 7, 10) keep that remainder
+        pytest.param(dict(GPT, checkpoint_activations=True, checkpoint_activations_every=3), None, id="gpt-every-3rd"),
+        # a user's model (blocks taking a second input) split 2 ways, every 2nd of 17 blocks checkpointed
+        pytest.param(
+            dict(TEXT, model="user_factories:deep_tabled_net", **EVERY_2ND),
+            2,
+            id="user-model-tp2-every-2nd",
+        ),
+    ],
+)
+def test_a_deep_model_measured_at_shallow_depths_gives_the_numbers_of_measuring_it_whole(
+    overrides, tp, stacks, monkeypatch
+):
+    planned, whole = _profiles(TrainConfig(**overrides), tp, monkeypatch)
+    assert planned == whole
+    drawn = [s for s in stacks[: len(stacks) // 2] if s is not None]  # the plan's calls, not the whole ones
+    # both the FLOP count and the saved-tensor peaks were drawn along the stack of blocks
+    assert len(drawn) == 2 and {s.path for s in drawn} == {"blocks"}
+
+
+@pytest.mark.parametrize("factory", ["alternating_net", "counted_net"])
+def test_blocks_unlike_in_cost_or_a_forward_that_needs_them_all_are_measured_whole(factory, stacks, monkeypatch):
+    """alternating_net: every 2nd block runs twice, so the three depths are off one line (drawn through the
+    first two, its FLOPs would be 25 blocks' worth, not 19). counted_net: its forward fails when cut."""
+    planned, whole = _profiles(TrainConfig(**TEXT, model=f"user_factories:{factory}"), None, monkeypatch)
+    assert planned == whole
+    assert stacks and all(s is None for s in stacks)
+
+
+def test_the_depths_keep_the_remainder_of_the_checkpointing_period_and_are_skipped_where_they_cost_as_much():
+    assert depth.depths(80, 1) == (1, 2, 3)
+    assert depth.depths(80, 3) == (5, 8, 11)  # 80 = 3 x 26 + 2
+    assert depth.depths(126, 4) == (6, 10, 14)  # 126 = 4 x 31 + 2
+    assert depth.depths(7, 1) == (1, 2, 3)  # 6 blocks run instead of 7
+    assert depth.depths(6, 1) is None
+    assert depth.depths(15, 2) is None  # (3, 5, 7): 15 blocks run, as many as measuring it whole
+
+
+def test_the_line_is_drawn_through_the_first_two_depths_and_checked_at_the_third():
+    chosen = (5, 8, 11)
+    readings = [{"flops": 100 + 30 * d, "fixed": 7} for d in chosen]
+    assert depth.line_to(readings, chosen, 80) == {"flops": 100 + 30 * 80, "fixed": 7}
+    off = [*readings[:2], {"flops": 100 + 30 * 11 + 1, "fixed": 7}]
+    assert depth.line_to(off, chosen, 80) is None
+    assert depth.line_to([*readings[:2], {"flops": 430}], chosen, 80) is None  # not the same numbers
+
+
+def test_the_stack_is_the_heaviest_container_of_alike_blocks():
+    model = nn.Module()
+    model.light = nn.ModuleList(nn.Linear(4, 4) for _ in range(6))
+    model.trunk = nn.Module()
+    model.trunk.layers = nn.Sequential(*(nn.Linear(8, 8) for _ in range(3)))
+    model.unlike = nn.ModuleList([nn.Linear(64, 64), nn.Linear(64, 65)])  # heaviest, but not alike
+    stack = depth.find_stack(model)
+    assert stack == depth.Stack("trunk.layers", ("0", "1", "2"))
+    assert stack.item_of("trunk.layers.2.weight") == "2" and stack.item_of("trunk.layers_x.2") is None
+    assert stack.as_first("trunk.layers.2") == "trunk.layers.0" and stack.as_first("light.3") == "light.3"
+    cut = depth.shallow_copy(model, stack, 2)
+    assert len(cut.trunk.layers) == 2 and len(model.trunk.layers) == 3  # the model itself is left whole
+    assert depth.find_stack(nn.Sequential(nn.Linear(2, 2))) is None
