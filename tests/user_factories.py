@@ -265,7 +265,7 @@ class AlternatingNet(TabledNet):
 
 
 def alternating_net(vocab_size: int = 256) -> nn.Module:
-    return AlternatingNet(vocab_size, width=32, depth=13)
+    return AlternatingNet(vocab_size, width=32, depth=7)
 
 
 class CountedNet(TabledNet):
@@ -273,13 +273,13 @@ class CountedNet(TabledNet):
 
     def forward(self, tokens):
         x = self.embed(tokens)
-        for index in range(13):
+        for index in range(7):
             x = self.blocks[index](x, self.table)
         return self.head(x)
 
 
 def counted_net(vocab_size: int = 256) -> nn.Module:
-    return CountedNet(vocab_size, width=32, depth=13)
+    return CountedNet(vocab_size, width=32, depth=7)
 
 
 def conv_split_plan(model: nn.Module, degree: int) -> dict:
