@@ -59,13 +59,13 @@ IMAGENET = ["--image-size", "224", "--num-classes", "1000", "--optimizer", "sgd"
 
 TITAN_H100 = "torchtitan performance.md @ eaea6f6"
 TITAN_A100 = "torchtitan performance.md @ 0413364"
-# torchtitan's "selective" checkpointing: by layer, every 2nd block (its default option "2"), or by
-# operator (about half the matrix products' outputs kept); the plan has the layer form only, and
-# takes it for both (the two published rows differ by 2-3 % in tokens/s).
+# torchtitan's checkpointing as published, as `plan` flags.
 CHECKPOINTING = {
     "none": [],
     "full": ["--checkpoint-activations"],
-    "selective": ["--checkpoint-activations", "--checkpoint-activations-every", "2"],
+    # torchtitan's "selective" checkpointing: by layer, every 2nd block (its option "2"), or by operator
+    "selective (layer)": ["--checkpoint-activations", "--checkpoint-activations-every", "2"],
+    "selective (op)": ["--checkpoint-activations", "--checkpoint-activations-ops"],
 }
 # (source, model, device, GPUs, local batch, sequence, checkpointing as published, tokens/s/GPU, memory GiB)
 LLM_POINTS = [
@@ -164,7 +164,7 @@ def llm_points() -> list[str]:
     )
     print("|---|---|---|---|---|---|---|")
     for source, model, device, gpus, batch, seq, checkpointing, tokens, memory in LLM_POINTS:
-        how = CHECKPOINTING[checkpointing.split(" ")[0]]
+        how = CHECKPOINTING[checkpointing]
         rows, command = plan(
             ["--model", f"llama:{model}", "--dataset", "text", "--seq-len", str(seq), "--device", device]
             + ["--precision", "bf16", "--optimizer", "adamw", "--strategy", "fsdp", "--gpus", str(gpus)]

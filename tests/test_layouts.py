@@ -191,12 +191,22 @@ def test_fsdp_shards_the_items_of_a_module_list_as_units(tmp_path):
         torch.testing.assert_close(two[key], one[key], rtol=1e-4, atol=1e-6)
 
 
-def test_checkpointed_blocks_of_a_tensor_parallel_model_train_the_same_steps(runs, tmp_path):
+@pytest.mark.parametrize("by_operator", [False, True], ids=["whole-blocks", "by-operator"])
+def test_checkpointed_blocks_of_a_tensor_parallel_model_train_the_same_steps(runs, tmp_path, by_operator):
     """--checkpoint-activations with --tp: the layers are split first, then the blocks checkpointed (the
     plan's paths name the blocks' own modules, which the checkpoint wrapper would hide): the same losses,
-    fewer activations held."""
+    fewer activations held. By operator (--checkpoint-activations-ops), the policy keeps the split layers'
+    outputs on each rank (DTensor's ops reach it as the rank's own) and recomputes the rest."""
     summary = paratrain.train(
-        dict(COMMON, run_dir=tmp_path / "tp-ac", workers=2, tp=2, epochs=2, checkpoint_activations=True)
+        dict(
+            COMMON,
+            run_dir=tmp_path / "tp-ac",
+            workers=2,
+            tp=2,
+            epochs=2,
+            checkpoint_activations=True,
+            checkpoint_activations_ops=by_operator,
+        )
     )
     assert summary["status"] == "completed"
     full, checkpointed = _losses(runs / "tp"), _losses(tmp_path / "tp-ac")
@@ -204,7 +214,10 @@ def test_checkpointed_blocks_of_a_tensor_parallel_model_train_the_same_steps(run
     for step in full:
         assert checkpointed[step] == pytest.approx(full[step], rel=1e-5), f"loss differs at step {step}"
     plain = RunDir(runs / "tp").read_summary()["memory"]["activations_peak_bytes"]
-    assert max(summary["memory"]["activations_peak_bytes"]) < max(plain) / 2
+    held = max(summary["memory"]["activations_peak_bytes"])
+    # by operator, about half of what the split model saves whole (5.8 of 11.6 MB measured here), and more than
+    # whole blocks' 2.1 MB; test_plan.py pins the figure against the planner's on one rank
+    assert held < max(plain) / 2 if not by_operator else max(plain) / 3 < held < max(plain) * 0.6
 
 
 def test_a_model_without_a_plan_of_its_own_is_split_by_the_one_tp_plan_names(tmp_path, capsys):

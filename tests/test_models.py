@@ -75,3 +75,33 @@ def test_checkpointing_every_second_block_wraps_the_second_and_fourth_and_keeps_
         torch.nn.functional.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten()).backward()
     for (name, a), (_, b) in zip(plain.named_parameters(), wrapped.named_parameters(), strict=True):
         assert torch.allclose(a.grad, b.grad, atol=1e-6), name
+
+
+def test_checkpointing_by_operator_keeps_attention_and_every_other_matrix_product_and_keeps_the_gradients():
+    """--checkpoint-activations-ops (torchtitan's selective op checkpointing): in each block the policy keeps
+    the fused attention and the 1st, 3rd and 5th of its 6 matrix products (q, v and the MLP's up projection),
+    counting afresh in each block, and recomputes the rest; what backward computes is unchanged."""
+    from paratrain.workloads import gpt
+    from paratrain.workloads.models import SELECTIVE_OBSERVERS, checkpoint_blocks
+
+    torch.manual_seed(0)
+    plain = gpt.GPT(gpt.resolve("gpt-tiny"))
+    wrapped = gpt.GPT(gpt.resolve("gpt-tiny"))
+    wrapped.load_state_dict(plain.state_dict())
+    checkpoint_blocks(wrapped, by_operator=True)
+    decisions = []
+    SELECTIVE_OBSERVERS.append(lambda op, args, kwargs, out, saved: decisions.append((op.__name__, saved)))
+    tokens = torch.randint(0, 256, (2, 32))
+    try:
+        for model in (plain, wrapped):
+            torch.nn.functional.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten()).backward()
+    finally:
+        SELECTIVE_OBSERVERS.clear()
+    product = ("mm.default", "addmm.default")  # a Linear on a view of 2 dims: addmm with a bias
+    products = [saved for name, saved in decisions if name in product]
+    assert products == [True, False, True, False, True, False] * 4
+    attention = [saved for name, saved in decisions if "attention" in name]
+    assert attention == [True] * 4
+    assert not any(saved for name, saved in decisions if name not in product and "attention" not in name)
+    for (name, a), (_, b) in zip(plain.named_parameters(), wrapped.named_parameters(), strict=True):
+        assert torch.allclose(a.grad, b.grad, atol=1e-6), name

@@ -27,13 +27,15 @@ def row(strategy, samples, memory_gib, usable_gib, data_parallel=8, tp=1):
 
 def toy_search(usable_gib=60, refuse=(), only_fsdp=False):
     """Without checkpointing each layout runs fastest and holds the most; checkpointing every block costs a
-    third more compute and holds a tenth; every 2nd block in between. tp 2 splits the state."""
-    cost = {"none": (1.0, 1.0), "every 2nd block": (0.87, 0.55), "every block": (0.75, 0.1)}
+    third more compute and holds a tenth; every 2nd block and by operator in between. tp 2 splits the state."""
+    cost = {
+        "none": (1.0, 1.0),
+        "every 2nd block": (0.87, 0.55),
+        "every block, by operator": (0.85, 0.6),
+        "every block": (0.75, 0.1),
+    }
 
-    def profiles(checkpoint, every):
-        return {(False, 1): "none", (True, 2): "every 2nd block", (True, 1): "every block"}[(checkpoint, every)]
-
-    def split(checkpoint, every, degree):
+    def split(choice, degree):
         if degree in refuse:
             raise UsageError(f"--tp {degree}: refused")
         return degree
@@ -56,7 +58,7 @@ def toy_search(usable_gib=60, refuse=(), only_fsdp=False):
         name: str
         tensor_parallel: object = None
 
-    return search(8, 8, lambda c, e: Profile(profiles(c, e)), split, rows, usable_gib * GIB)
+    return search(8, 8, lambda choice: Profile(choice.label), split, rows, usable_gib * GIB)
 
 
 def test_the_fastest_that_fits_wins_and_the_runner_up_is_another_layout():
@@ -70,9 +72,9 @@ def test_the_fastest_that_fits_wins_and_the_runner_up_is_another_layout():
     # ddp without checkpointing is the fastest of all, at 120 GiB
     assert "the fastest of all, ddp (8 replicas), checkpointing nothing, would need 120 GiB" in found["why"]
     # every layout of every checkpointing choice and degree was priced: 2 whole-model rows and 3 degrees x 1
-    # tp row, for each of the 3 choices
-    assert len(found["candidates"]) == 3 * (2 + 3)
-    assert {c["checkpointing"] for c in found["candidates"]} == {label for label, _, _ in CHECKPOINTING}
+    # tp row, for each of the 4 choices
+    assert len(found["candidates"]) == 4 * (2 + 3)
+    assert {c["checkpointing"] for c in found["candidates"]} == {choice.label for choice in CHECKPOINTING}
 
 
 def test_a_degree_the_plan_refuses_is_skipped_with_its_reason():
@@ -84,10 +86,10 @@ def test_a_degree_the_plan_refuses_is_skipped_with_its_reason():
 def test_a_refused_degree_between_others_leaves_the_others_searched():
     found = toy_search(refuse=(4,))
     assert found["skipped_tp"] == {4: "--tp 4: refused"}
-    # 2 whole-model rows and the tp rows of degrees 2 and 8, for each of the 3 checkpointing choices
-    assert len(found["candidates"]) == 3 * (2 + 2)
+    # 2 whole-model rows and the tp rows of degrees 2 and 8, for each of the 4 checkpointing choices
+    assert len(found["candidates"]) == 4 * (2 + 2)
     assert sorted((c["checkpointing"], c["tp"]) for c in found["candidates"] if c["tp"] > 1) == sorted(
-        (label, t) for label, _, _ in CHECKPOINTING for t in (2, 8)
+        (choice.label, t) for choice in CHECKPOINTING for t in (2, 8)
     )
 
 
@@ -133,7 +135,7 @@ def test_tensor_parallel_degrees_stay_within_a_node_and_divide_the_devices():
 
 
 def test_search_measures_each_choice_and_degree_of_a_real_model(capsys, tmp_path):
-    """gpt-tiny on 8 A100: three checkpointing choices, tp 2 and 4 (its 4 heads refuse 8, said why); the
+    """gpt-tiny on 8 A100: four checkpointing choices, tp 2 and 4 (its 4 heads refuse 8, said why); the
     pick is one of the rows, the fastest of those that fit, and the report page says it."""
     argv = ["plan", "--workload", "gpt-tiny", "--seq-len", "32", "--device", "a100", "--gpus", "8"]
     argv += ["--search", "--json"]
@@ -141,7 +143,12 @@ def test_search_measures_each_choice_and_degree_of_a_real_model(capsys, tmp_path
     found = json.loads(capsys.readouterr().out)["search"]
     page = (tmp_path / "plan" / "report.html").read_text()
     assert f"search on 8 devices: {found['best']['layout']}" in page
-    assert {c["checkpointing"] for c in found["candidates"]} == {"none", "every 2nd block", "every block"}
+    assert {c["checkpointing"] for c in found["candidates"]} == {
+        "none",
+        "every 2nd block",
+        "every block, by operator",
+        "every block",
+    }
     assert {c["tp"] for c in found["candidates"]} == {1, 2, 4}
     assert "heads" in found["skipped_tp"]["8"]
     fitting = [c for c in found["candidates"] if c["fits"]]

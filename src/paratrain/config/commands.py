@@ -167,11 +167,12 @@ class PlanConfig(BaseModel):
     sequence_parallel: bool = TrainConfig.model_fields["sequence_parallel"]
     checkpoint_activations: bool = TrainConfig.model_fields["checkpoint_activations"]
     checkpoint_activations_every: int = TrainConfig.model_fields["checkpoint_activations_every"]
+    checkpoint_activations_ops: bool = TrainConfig.model_fields["checkpoint_activations_ops"]
     search: bool = Field(
         False,
         description="also search, on the largest device count, every strategy with tensor parallelism of each degree "
-        "within a node and activation checkpointing none, every 2nd block or every block: the fastest layout that "
-        "fits, the runner-up and why",
+        "within a node and activation checkpointing none, every 2nd block, every block by operator or every block: "
+        "the fastest layout that fits, the runner-up and why",
     )
     optimizer: Optimizer = Field(
         "adam", description="the optimizer whose state is counted: sgd (momentum), adam, adamw, lars, lamb"

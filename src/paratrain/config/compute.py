@@ -26,6 +26,12 @@ class ComputeOptions(BaseModel):
         description="with --checkpoint-activations: recompute every Nth block only and keep the others' activations "
         "(torchtitan's selective layer checkpointing: N = 2 recomputes half the blocks)",
     )
+    checkpoint_activations_ops: bool = Field(
+        False,
+        description="with --checkpoint-activations: inside each recomputed block keep the outputs of attention and "
+        "of all but every second matrix product, and recompute only the rest (torchtitan's selective op "
+        "checkpointing: more memory than whole blocks, less recompute)",
+    )
     compile: bool = Field(False, description="torch.compile the model (slow start, maybe faster steps)")
     augment: list[str] = Field(
         default_factory=list, description="batched on-device augmentation: any of flip,crop,jitter"
@@ -53,9 +59,15 @@ class ComputeOptions(BaseModel):
 
 
 def check(config: TrainConfig) -> None:
-    """--checkpoint-activations-every chooses among the blocks --checkpoint-activations recomputes."""
+    """--checkpoint-activations-every and --checkpoint-activations-ops choose among the blocks and the ops
+    --checkpoint-activations recomputes."""
     if config.checkpoint_activations_every > 1 and not config.checkpoint_activations:
         raise ValueError(
             f"--checkpoint-activations-every {config.checkpoint_activations_every} chooses which blocks "
             "--checkpoint-activations recomputes; add --checkpoint-activations"
+        )
+    if config.checkpoint_activations_ops and not config.checkpoint_activations:
+        raise ValueError(
+            "--checkpoint-activations-ops chooses what --checkpoint-activations recomputes inside a block; add "
+            "--checkpoint-activations"
         )

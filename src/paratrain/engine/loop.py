@@ -283,7 +283,7 @@ class Trainer:
         # torchtitan's order: the layers split (tensor parallelism), then checkpointed, then wrapped.
         self.strategy.split(module)
         if cfg.checkpoint_activations:
-            checkpoint_blocks(module, cfg.checkpoint_activations_every)
+            checkpoint_blocks(module, cfg.checkpoint_activations_every, cfg.checkpoint_activations_ops)
         self.model = self.strategy.wrap(module)
         # Built after wrapping: FSDP's parameters are shards, a pipeline stage has only its layers.
         self.optimizer = self.strategy.build_optimizer(

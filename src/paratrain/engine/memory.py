@@ -34,6 +34,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from paratrain.workloads.models import SELECTIVE_OBSERVERS
+
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
 
@@ -135,11 +137,25 @@ class SavedTensorPeak:
         self.live = 0
         self.peak = 0
         self._refs: dict[tuple[str, int], list[int]] = {}  # storage -> [saved tensors alive, bytes]
+        self._kept: list[Any] = []  # what --checkpoint-activations-ops keeps, held until the watch ends
 
     @contextmanager
     def watch(self) -> Iterator[None]:
-        with torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack):
-            yield
+        """Saved tensors, and the op outputs --checkpoint-activations-ops keeps outside autograd's graph (in
+        torch.utils.checkpoint's own store, freed as backward uses them; counted here until the micro-step's
+        backward is over, which leaves the peak, reached at the end of forward, as it is)."""
+        SELECTIVE_OBSERVERS.append(self._keep)
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack):
+                yield
+        finally:
+            SELECTIVE_OBSERVERS.remove(self._keep)
+            self._kept.clear()
+
+    def _keep(self, op: Any, args: tuple, kwargs: dict, output: Any, saved: bool) -> None:
+        if saved:
+            outputs = output if isinstance(output, (tuple, list)) else (output,)
+            self._kept += [self._pack(t) for t in outputs if isinstance(t, torch.Tensor)]
 
     def _pack(self, tensor: torch.Tensor) -> Any:
         if isinstance(tensor, nn.Parameter) or isinstance(tensor._base, nn.Parameter):

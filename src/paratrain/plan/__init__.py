@@ -103,24 +103,26 @@ def _search(
 ) -> dict[str, Any]:
     """plan --search (search.py): each checkpointing choice and tensor-parallel degree measured as the table's
     own, every layout priced by the same planner."""
-    from paratrain.plan.search import search
+    from paratrain.plan.search import Checkpointing, search
 
-    def variant(checkpoint: bool, every: int) -> PlanConfig:
-        return cfg.model_copy(update={"checkpoint_activations": checkpoint, "checkpoint_activations_every": every})
+    def variant(choice: Checkpointing) -> PlanConfig:
+        return cfg.model_copy(update={flag: value for flag, value in choice._asdict().items() if flag != "label"})
 
-    measured = {
-        (cfg.checkpoint_activations, cfg.checkpoint_activations_every if cfg.checkpoint_activations else 1): profile
-    }
+    given = Checkpointing(
+        "given",
+        cfg.checkpoint_activations,
+        cfg.checkpoint_activations_every if cfg.checkpoint_activations else 1,
+        cfg.checkpoint_activations_ops,
+    )
+    measured = {given[1:]: profile}
 
-    def profiles(checkpoint: bool, every: int) -> ModelProfile:
-        if (checkpoint, every) not in measured:
-            measured[(checkpoint, every)] = profile_model(_train_config(variant(checkpoint, every)))
-        return measured[(checkpoint, every)]
+    def profiles(choice: Checkpointing) -> ModelProfile:
+        if choice[1:] not in measured:
+            measured[choice[1:]] = profile_model(_train_config(variant(choice)))
+        return measured[choice[1:]]
 
-    def split(checkpoint: bool, every: int, degree: int) -> Any:
-        return profile_tensor_parallel(
-            _train_config(variant(checkpoint, every)), degree, cfg.tp_plan, cfg.sequence_parallel
-        )
+    def split(choice: Checkpointing, degree: int) -> Any:
+        return profile_tensor_parallel(_train_config(variant(choice)), degree, cfg.tp_plan, cfg.sequence_parallel)
 
     def rows(measured_profile: ModelProfile, degree: int, n: int) -> list[dict[str, Any]]:
         planner = _Planner(cfg.model_copy(update={"tp": degree}), measured_profile, device, topo, eff, momentum)
@@ -264,6 +266,7 @@ def _train_config(cfg: PlanConfig) -> TrainConfig:
     }
     values["checkpoint_activations"] = cfg.checkpoint_activations
     values["checkpoint_activations_every"] = cfg.checkpoint_activations_every
+    values["checkpoint_activations_ops"] = cfg.checkpoint_activations_ops
     if cfg.workload is None:
         from paratrain.workloads.gpt import PRESETS
 

@@ -93,7 +93,6 @@ def profile_tensor_parallel(
 
     from paratrain.engine.strategies.tensor import apply_tensor_parallel, model_plan
     from paratrain.workloads import build_model
-    from paratrain.workloads.models import checkpoint_blocks
     from paratrain.workloads.objective import build_objective
 
     data = _shapes(cfg)
@@ -114,10 +113,10 @@ def profile_tensor_parallel(
         apply_tensor_parallel(model, mesh, degree, plan_fn, sequence_parallel)
         params = [p.to_local() for p in model.parameters()]
         if cfg.checkpoint_activations:  # tensor parallelism, then checkpointing: torchtitan's order
-            checkpoint_blocks(model, cfg.checkpoint_activations_every)
+            _checkpoint(model, cfg)
         with _Collectives() as sizes:
-            peak_small, loss_small = _saved_peak(model, objective, *_batch(cfg, data, small))
-        peak_large, loss_large = _saved_peak(model, objective, *_batch(cfg, data, large))
+            peak_small, loss_small, _ = _saved_peak(model, objective, *_batch(cfg, data, small))
+        peak_large, loss_large, _ = _saved_peak(model, objective, *_batch(cfg, data, large))
         return {
             "param_bytes": sum(p.numel() * p.element_size() for p in params),
             "param_tensors": len(params),
@@ -156,6 +155,13 @@ def profile_tensor_parallel(
         loss_activation_bytes_per_sample=loss_per_sample,
         split_flops_share=split / total if total else 0.0,
     )
+
+
+def _checkpoint(model: nn.Module, cfg: TrainConfig) -> None:
+    """checkpoint_blocks as train applies it, with the fused attention in the blocks' recompute as in their forward."""
+    from paratrain.workloads.models import checkpoint_blocks
+
+    checkpoint_blocks(model, cfg.checkpoint_activations_every, cfg.checkpoint_activations_ops, _FusedAttention)
 
 
 def _checkpoint_period(cfg: TrainConfig) -> int:
@@ -223,7 +229,7 @@ def profile_model(cfg: TrainConfig) -> ModelProfile:
     """Build `cfg`'s model on the meta device and measure it."""
     from paratrain.engine.strategies.fsdp import shard_units
     from paratrain.workloads import build_model, check_model, workload_of
-    from paratrain.workloads.models import checkpoint_blocks, checkpointed_blocks
+    from paratrain.workloads.models import checkpointed_blocks
     from paratrain.workloads.objective import build_objective
 
     check_model(cfg)
@@ -257,12 +263,14 @@ def profile_model(cfg: TrainConfig) -> ModelProfile:
 
     def measure(measured: nn.Module) -> dict[str, float]:
         if cfg.checkpoint_activations:
-            checkpoint_blocks(measured, cfg.checkpoint_activations_every)
-        peak_small, loss_small = _saved_peak(measured, objective, *_batch(cfg, data, small))
-        peak_large, loss_large = _saved_peak(measured, objective, *_batch(cfg, data, large))
-        return _peaks(peak_small, loss_small, peak_large, loss_large)
+            _checkpoint(measured, cfg)
+        peak_small, loss_small, recompute_small = _saved_peak(measured, objective, *_batch(cfg, data, small))
+        peak_large, loss_large, _ = _saved_peak(measured, objective, *_batch(cfg, data, large))
+        return {**_peaks(peak_small, loss_small, peak_large, loss_large), "recompute_small": recompute_small}
 
     measured, _ = measure_deep(model, _checkpoint_period(cfg), measure)
+    if cfg.checkpoint_activations_ops:  # what the policy recomputes, counted as it ran (FLOPs grow with the batch)
+        recompute = int(measured["recompute_small"]) // small
     per_sample, fixed, loss_per_sample = _activations(measured, small, large)
 
     unit_bytes = [sum(p.numel() * p.element_size() for p in u.parameters()) for u in sharded]
@@ -377,13 +385,19 @@ def _count_flops(model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Ten
     return int(counter.get_total_flops()), per_module, convolution_flops(counter)
 
 
-def _saved_peak(model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+def _saved_peak(model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float, int]:
     """Peak bytes of the tensors autograd saves for backward over one forward + backward (meta tensors:
     the storage of each saved tensor once; parameters and views of them are not activations), and of those
     at the peak, the bytes the loss saved (after the model's forward returned): autocast computes the loss in
-    float32, so a 16-bit run does not halve them."""
+    float32, so a 16-bit run does not halve them. With --checkpoint-activations-ops, also the op outputs its
+    policy keeps (held outside autograd's graph until backward uses them: counted as held to the end, which
+    leaves the peak, reached at the end of forward, as it is), and the FLOPs of the ops it recomputes."""
+    from torch.utils.flop_counter import flop_registry
+
+    from paratrain.workloads.models import SELECTIVE_OBSERVERS
+
     live: dict[int, list[int]] = {}
-    state = {"live": 0, "peak": 0, "loss_live": 0, "loss_at_peak": 0, "in_loss": 0}
+    state = {"live": 0, "peak": 0, "loss_live": 0, "loss_at_peak": 0, "in_loss": 0, "recompute": 0}
 
     class Saved:
         __slots__ = ("key", "tensor")
@@ -419,6 +433,15 @@ def _saved_peak(model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Tens
     def unpack(packed: Any) -> torch.Tensor:
         return packed.tensor if isinstance(packed, Saved) else packed
 
+    kept: list[Any] = []
+
+    def selective(op: Any, args: tuple, kwargs: dict, output: Any, saved: bool) -> None:
+        if saved:
+            outputs = output if isinstance(output, (tuple, list)) else (output,)
+            kept.extend(pack(t) for t in outputs if isinstance(t, torch.Tensor))
+        elif op._overloadpacket in flop_registry:  # FLOPs as FlopCounterMode counts them (matrix products, ...)
+            state["recompute"] += flop_registry[op._overloadpacket](*args, **kwargs, out_val=output)
+
     def phase(in_loss: int) -> Callable[..., None]:
         def hook(*_: Any) -> None:
             state["in_loss"] = in_loss
@@ -426,21 +449,19 @@ def _saved_peak(model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Tens
         return hook
 
     hooks = [model.register_forward_pre_hook(phase(0)), model.register_forward_hook(phase(1))]
-    # A checkpointed block's forward runs again in backward, on the autograd engine's thread, where this
-    # thread's mode is not active: checkpointed blocks run the plain attention both times (what they save
-    # inside is not kept anyway), the others the fused kernel.
-    attention = _FusedAttention(model)
+    SELECTIVE_OBSERVERS.append(selective)
     try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, unpack), attention:
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack), _FusedAttention():
             loss, _ = objective(model, x, y)
     finally:
-        attention.remove()
+        SELECTIVE_OBSERVERS.remove(selective)
         for hook in hooks:
             hook.remove()
     loss.backward()
     del loss
+    kept.clear()
     _drop_grads(model)
-    return float(state["peak"]), float(state["loss_at_peak"])
+    return float(state["peak"]), float(state["loss_at_peak"]), state["recompute"]
 
 
 class _FusedAttention(TorchFunctionMode):
@@ -450,34 +471,16 @@ class _FusedAttention(TorchFunctionMode):
     backward; the fused kernels real CPUs and GPUs run (flash, memory-efficient) save only q, k, v,
     the output and the row-wise log-sum-exp. Measured here: gpt-tiny at 64 tokens, meta's math path
     saved 2.50 MB a sample against the real run's 2.24 MB; through the CPU flash kernel's own meta
-    implementation the two agree. The FLOP count is left on the math path (as engine/flops.py counts
-    model FLOPs for MFU).
+    implementation the two agree. A checkpointed block's recompute in backward runs outside this
+    mode, so the planner checkpoints blocks with this mode entered around their recompute too
+    (checkpoint_blocks' `also_entered`): forward and recompute then run the same ops, as the selective
+    policy's cache needs. The FLOP count is left on the math path (as engine/flops.py counts model FLOPs
+    for MFU).
     """
-
-    def __init__(self, model: nn.Module):
-        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
-
-        super().__init__()
-        self.inside_checkpointed = 0
-        wrappers = [m for m in model.modules() if isinstance(m, CheckpointWrapper)]
-        self.hooks = [w.register_forward_pre_hook(lambda *_: self._enter(1)) for w in wrappers]
-        self.hooks += [w.register_forward_hook(lambda *_: self._enter(-1)) for w in wrappers]
-
-    def _enter(self, step: int) -> None:
-        self.inside_checkpointed += step
-
-    def remove(self) -> None:
-        for hook in self.hooks:
-            hook.remove()
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        if (
-            func is F.scaled_dot_product_attention
-            and not self.inside_checkpointed
-            and kwargs.get("attn_mask") is None
-            and args[0].device.type == "meta"
-        ):
+        if func is F.scaled_dot_product_attention and kwargs.get("attn_mask") is None and args[0].device.type == "meta":
             query, key, value = args[:3]
             return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
                 query,

@@ -3,25 +3,39 @@
 The space, for the largest device count planned: every strategy of `--strategy` (ddp, zero1, fsdp,
 pipeline, hybrid), tensor parallelism of each degree 2, 4, 8, ... that divides the count and stays
 within a node (`tp` alone on a node, `fsdp+tp` over several groups; degrees the model's plan
-refuses are skipped, with the reason), and activation checkpointing none, every second block and
-every block. Each checkpointing choice and each degree is measured as `plan` measures one (the
-model built on the meta device, wrapped and split as `train` would), so the search costs one
-profile per choice and per degree; every layout is then priced by the same memory and step-time
-model as the table.
+refuses are skipped, with the reason), and activation checkpointing none, every second block, every
+block by operator (what torchtitan's selective op checkpointing keeps) and every block. Each
+checkpointing choice and each degree is measured as `plan` measures one (the model built on the meta
+device, wrapped and split as `train` would), so the search costs one profile per choice and per
+degree; every layout is then priced by the same memory and step-time model as the table.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from paratrain.errors import UsageError
 from paratrain.formatting import size
 from paratrain.plan.profile import ModelProfile
 
-# (label, --checkpoint-activations, --checkpoint-activations-every)
-CHECKPOINTING = (("none", False, 1), ("every 2nd block", True, 2), ("every block", True, 1))
+
+class Checkpointing(NamedTuple):
+    """One activation-checkpointing choice: its name and the train flags that make it."""
+
+    label: str
+    checkpoint_activations: bool
+    checkpoint_activations_every: int = 1
+    checkpoint_activations_ops: bool = False
+
+
+CHECKPOINTING = (
+    Checkpointing("none", False),
+    Checkpointing("every 2nd block", True, 2),
+    Checkpointing("every block, by operator", True, 1, True),
+    Checkpointing("every block", True),
+)
 
 
 def tensor_parallel_degrees(devices: int, per_node: int) -> list[int]:
@@ -33,29 +47,29 @@ def tensor_parallel_degrees(devices: int, per_node: int) -> list[int]:
 def search(
     devices: int,
     per_node: int,
-    profiles: Callable[[bool, int], ModelProfile],
-    split: Callable[[bool, int, int], Any],
+    profiles: Callable[[Checkpointing], ModelProfile],
+    split: Callable[[Checkpointing, int], Any],
     rows: Callable[[ModelProfile, int, int], list[dict[str, Any]]],
     usable_bytes: float,
 ) -> dict[str, Any]:
-    """The candidates at `devices`, fastest first, and the pick. `profiles(checkpoint, every)` measures the
-    model; `split(checkpoint, every, degree)` its tensor-parallel share (UsageError when the plan refuses
+    """The candidates at `devices`, fastest first, and the pick. `profiles(choice)` measures the model under a
+    checkpointing choice; `split(choice, degree)` its tensor-parallel share (UsageError when the plan refuses
     the degree); `rows(profile, degree, devices)` the table's rows of that profile (tp rows for `degree` > 1)."""
     candidates: list[dict[str, Any]] = []
     skipped: dict[int, str] = {}
-    for label, checkpoint, every in CHECKPOINTING:
-        profile = profiles(checkpoint, every)
-        candidates += [{**row, "checkpointing": label} for row in rows(profile, 1, devices)]
+    for choice in CHECKPOINTING:
+        profile = profiles(choice)
+        candidates += [{**row, "checkpointing": choice.label} for row in rows(profile, 1, devices)]
         for degree in tensor_parallel_degrees(devices, per_node):
             if degree in skipped:
                 continue
             try:
-                measured = split(checkpoint, every, degree)
+                measured = split(choice, degree)
             except UsageError as exc:
                 skipped[degree] = str(exc)
                 continue
             tp_rows = rows(replace(profile, tensor_parallel=measured), degree, devices)
-            candidates += [{**row, "checkpointing": label} for row in tp_rows if row["tp"] > 1]
+            candidates += [{**row, "checkpointing": choice.label} for row in tp_rows if row["tp"] > 1]
     candidates.sort(key=lambda r: -r["samples_per_s"])
     fitting = [r for r in candidates if r["fits"]]
     result: dict[str, Any] = {

@@ -13,7 +13,9 @@ All end in adaptive average pooling, so any input size from the model's smallest
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -231,17 +233,98 @@ def build_model(name: str, num_classes: int = 10, in_channels: int = 3, image_si
     return MODELS[name](num_classes=num_classes, in_channels=in_channels, image_size=image_size)
 
 
-def checkpoint_blocks(model: nn.Module, every: int = 1) -> list[nn.Module]:
+def checkpoint_blocks(
+    model: nn.Module, every: int = 1, by_operator: bool = False, also_entered: Callable[[], Any] | None = None
+) -> list[nn.Module]:
     """--checkpoint-activations: recompute the activations of the blocks (residual_blocks) in backward instead
     of storing them; with --checkpoint-activations-every N, of every Nth block only (the Nth, 2Nth, ..., as torchtitan's
-    selective layer checkpointing counts them). The training loop and the planner's measurement apply it
-    alike. Returns the blocks it wrapped."""
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
+    selective layer checkpointing counts them); with --checkpoint-activations-ops, keep inside each of those blocks
+    what OperatorPolicy saves and recompute the rest. The training loop and the planner's measurement apply it
+    alike (the planner enters `also_entered()` around the blocks' forward and their recompute). Returns the
+    blocks it wrapped."""
+    from functools import partial
+
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        apply_activation_checkpointing,
+        checkpoint_wrapper,
+    )
 
     blocks = checkpointed_blocks(model, every)
     chosen = set(blocks)
-    apply_activation_checkpointing(model, check_fn=lambda m: m in chosen)
+    wrapper = checkpoint_wrapper
+    if by_operator or also_entered is not None:
+        wrapper = partial(checkpoint_wrapper, context_fn=partial(_checkpoint_contexts, by_operator, also_entered))
+    apply_activation_checkpointing(model, checkpoint_wrapper_fn=wrapper, check_fn=lambda m: m in chosen)
     return blocks
+
+
+def _checkpoint_contexts(by_operator: bool, also_entered: Callable[[], Any] | None) -> tuple[Any, Any]:
+    """The contexts a checkpointed block's forward and its recompute run in (torch.utils.checkpoint's
+    context_fn): the selective ones of a fresh OperatorPolicy, and the planner's own around both."""
+    from contextlib import nullcontext
+
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    forward, recompute = (
+        create_selective_checkpoint_contexts(OperatorPolicy()) if by_operator else (nullcontext(), nullcontext())
+    )
+    if also_entered is None:
+        return forward, recompute
+    return _within(also_entered, forward), _within(also_entered, recompute)
+
+
+@contextmanager
+def _within(outer: Callable[[], Any], inner: Any) -> Iterator[None]:
+    with outer(), inner:
+        yield
+
+
+# --checkpoint-activations-ops, as torchtitan's operator-level selective checkpointing decides (its
+# parallelize_llama.py at the commits docs/planner.md cites): keep the outputs of attention and of the
+# reduce-scatters, and of the matrix products all but every second one; recompute everything else
+# (norms, activations, residual adds: cheap in FLOPs, large in bytes). Fused attention of every backend
+# a run here or on a GPU reaches; matrix products are mm (and addmm, a Linear's with a bias on 2-D input).
+_ATTENTION_AND_COLLECTIVES = (
+    "aten._scaled_dot_product_flash_attention.default",
+    "aten._scaled_dot_product_efficient_attention.default",
+    "aten._scaled_dot_product_cudnn_attention.default",
+    "aten._scaled_dot_product_flash_attention_for_cpu.default",
+    "_c10d_functional.reduce_scatter_tensor.default",
+)
+_MATRIX_PRODUCTS = ("aten.mm.default", "aten.addmm.default")
+# Called with (op, args, kwargs, output, saved) for each op a checkpointed block runs in forward under
+# OperatorPolicy: how the memory meter and the planner see what the policy keeps outside autograd's graph.
+SELECTIVE_OBSERVERS: list[Callable[..., None]] = []
+
+
+def _ops(names: tuple[str, ...]) -> set[Any]:
+    found = set()
+    for name in names:
+        namespace, op, overload = name.split(".")
+        packet = getattr(getattr(torch.ops, namespace), op, None)
+        if packet is not None:  # a backend this build of torch lacks
+            found.add(getattr(packet, overload))
+    return found
+
+
+class OperatorPolicy:
+    """One checkpointed block's forward: which op outputs are kept (torch.utils.checkpoint's policy_fn)."""
+
+    def __init__(self) -> None:
+        self.matrix_products = 0
+        self.kept, self.products = _ops(_ATTENTION_AND_COLLECTIVES), _ops(_MATRIX_PRODUCTS)
+
+    def __call__(self, ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+        from torch.utils.checkpoint import CheckpointPolicy
+
+        if ctx.is_recompute:
+            return CheckpointPolicy.PREFER_RECOMPUTE
+        if op in self.products:
+            self.matrix_products += 1
+        saved = op in self.kept or (op in self.products and self.matrix_products % 2 == 1)
+        for observe in SELECTIVE_OBSERVERS:
+            observe(op, args, kwargs, ctx.op_output, saved)
+        return CheckpointPolicy.MUST_SAVE if saved else CheckpointPolicy.PREFER_RECOMPUTE
 
 
 def checkpointed_blocks(model: nn.Module, every: int = 1) -> list[nn.Module]:
