@@ -639,3 +639,49 @@ def test_an_adaptive_batch_stopped_by_its_cap_while_the_noise_allows_more(tmp_pa
     # the all-reduce share is the adaptive schedule's to weigh: exposed_communication leaves it
     heavy = built_run(tmp_path / "heavy", {}, grown("adaptive", 64, 256, 256, (128, 128), 100.0))
     assert heavy.share("comm_s") >= checks.COMM_SHARE and checks.exposed_communication(heavy) is None
+
+
+def test_a_grown_batch_at_its_edges(tmp_path):
+    """Each case kills a plausible mistake in the grown-batch branches (scripts/mutate.py doctor/checks.py)."""
+    # adaptive that never had room above the batch it ended at (largest per-rank = final): not timed, so said
+    same = built_run(tmp_path / "same", {"batch_size": 4}, grown("adaptive", 8, 8, 64, (4, 4), noise=50.0))
+    assert checks.small_device_batch(same).rerun == {"max_batch_size": 8}
+    # a summary written before the per-rank limit was recorded: the batch itself stands in for it
+    older = grown("adaptive", 8, 8, 64, (4, 4), noise=50.0)
+    del older["batch_schedule"]["largest_per_rank_batch"]
+    found = checks.small_device_batch(built_run(tmp_path / "older", {"batch_size": 4}, older))
+    assert found.evidence.startswith("--max-batch-size 4 on 2 worker(s)")
+    # started at 6 a rank and held under a limit of 7: the remedy's limit is twice the start, the evidence names 7
+    held = built_run(tmp_path / "held", {"batch_size": 6}, grown("warmup", 12, 48, 48, (6, 7)))
+    found = checks.small_device_batch(held)
+    assert found.rerun == {"max_batch_size": 12} and found.evidence.startswith("--max-batch-size 7 on 2 worker(s)")
+    # N = 10,000 (sqrt 100), started at exactly half of it: the growth is capped at 100
+    resolved = {"resolved": {"train_samples": 10_000}}
+    half = built_run(
+        tmp_path / "half",
+        {"batch_size": 25, **resolved},
+        {"batch_size": 25, "global_batch_size": 50, **grown("adaptive", 50, 400, 400, (200, 200))},
+    )
+    assert checks.global_batch_sqrt_n(half).rerun == {"max_global_batch": 100}
+    # the noise scale at exactly twice the cap: the growth was capped
+    twice = built_run(tmp_path / "twice", {}, grown("adaptive", 64, 256, 256, (128, 128), noise=512.0))
+    assert checks.batch_growth_capped(twice).rerun == {"max_global_batch": 512}
+
+
+def test_lr_not_scaled_names_the_accuracy_change_and_needs_both_global_batches(tmp_path):
+    rows = [
+        {"workers": 1, "global_batch_size": 64, "lr": 0.1, "val_accuracy": 0.5, "run_dir": "a"},
+        {"workers": 2, "global_batch_size": 128, "lr": 0.1, "val_accuracy": 0.4, "run_dir": "b"},
+    ]
+    configs = {"a": {"lr_scaling": "none"}, "b": {"lr_scaling": "none"}}
+    found = checks.lr_not_scaled(_study(rows, "weak"), configs)
+    assert (
+        found.evidence == "global batch 64 -> 128, LR 0.1 at every point (--lr-scaling none); accuracy 50.0% -> 40.0%"
+    )
+    for missing in ({"val_accuracy": None}, {}):
+        unmeasured = [{**rows[0], **missing}, {**rows[1], "val_accuracy": None}]
+        found = checks.lr_not_scaled(_study(unmeasured, "weak"), configs)
+        assert found.evidence.endswith("(--lr-scaling none)")
+    # a script's study reports no global batch at its first point: nothing to compare
+    first_unknown = [{**rows[0], "global_batch_size": None}, rows[1]]
+    assert checks.lr_not_scaled(_study(first_unknown, "weak"), configs) is None
