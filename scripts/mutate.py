@@ -32,6 +32,8 @@ TESTS = {
     "plan/calibrate.py": ["tests/test_formulas_step_time.py"],
     "plan/memory.py": ["tests/test_formulas_memory.py"],
     "plan/search.py": ["tests/test_plan_search.py"],
+    "plan/depth.py": ["tests/test_plan_depth.py"],
+    "workloads/models.py": ["tests/test_models.py"],
     "commbench.py": ["tests/test_formulas_links.py"],
     "batch/lr_find.py": ["tests/test_formulas_batch.py"],
     "batch/find_batch.py": ["tests/test_formulas_batch.py"],
@@ -66,6 +68,8 @@ FUNCTIONS = {
         "_row",
         "_median_breakdown",
     ],
+    # Activation checkpointing and its operator policy, not the models' layers (test_models.py's own checks).
+    "workloads/models.py": ["checkpoint_blocks", "_checkpoint_contexts", "_within", "_ops", "__call__"],
     # Not the device and process calls (CUDA statistics, getrusage, setrlimit): GPU paths and limits.
     "engine/memory.py": [
         "storage_bytes",
@@ -75,6 +79,7 @@ FUNCTIONS = {
         "_release",
         "__init__",
         "watch",
+        "_keep",
         "count",
         "figures",
         "_unpack",
