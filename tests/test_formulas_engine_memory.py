@@ -167,3 +167,25 @@ def test_per_rank_lists_each_figure_in_rank_order():
 )
 def test_an_allocation_that_failed_is_told_from_other_errors(error, out_of_memory):
     assert is_out_of_memory(error) is out_of_memory
+
+
+def test_what_checkpointing_by_operator_keeps_is_counted_until_the_watch_ends():
+    """--checkpoint-activations-ops keeps op outputs outside autograd's graph, where saved-tensor hooks do not see
+    them: the meter counts what the policy keeps. Two blocks of Linear, ReLU, Linear (no biases) on a batch of
+    4 x 8 floats: each keeps its first product's output (128 bytes) and recomputes the rest, so the peak is
+    2 x 128 bytes above whole-block checkpointing's, and nothing stays counted after the watch."""
+    from paratrain.workloads.models import SELECTIVE_OBSERVERS, checkpoint_blocks
+
+    def peak(by_operator: bool) -> tuple[int, int]:
+        torch.manual_seed(0)
+        block = lambda: nn.Sequential(nn.Linear(8, 8, bias=False), nn.ReLU(), nn.Linear(8, 8, bias=False))  # noqa: E731
+        model = nn.Sequential(block(), block())
+        checkpoint_blocks(model, by_operator=by_operator)
+        meter = SavedTensorPeak()
+        with meter.watch():
+            model(torch.randn(4, 8)).sum().backward()
+        return meter.peak, meter.live
+
+    (whole, whole_left), (by_operator, left) = peak(False), peak(True)
+    assert by_operator - whole == 2 * 4 * 8 * 4
+    assert whole_left == left == 0 and SELECTIVE_OBSERVERS == []
