@@ -171,15 +171,24 @@ def test_an_allocation_that_failed_is_told_from_other_errors(error, out_of_memor
 
 def test_what_checkpointing_by_operator_keeps_is_counted_until_the_watch_ends():
     """--checkpoint-activations-ops keeps op outputs outside autograd's graph, where saved-tensor hooks do not see
-    them: the meter counts what the policy keeps. Two blocks of Linear, ReLU, Linear (no biases) on a batch of
-    4 x 8 floats: each keeps its first product's output (128 bytes) and recomputes the rest, so the peak is
-    2 x 128 bytes above whole-block checkpointing's, and nothing stays counted after the watch."""
+    them: the meter counts what the policy keeps. Three blocks of Linear, attention, Linear (no biases) on 4 x 8
+    floats: each keeps its first product (128 bytes) and the fused attention's output and log-sum-exp (128 + 16
+    bytes), a pair, and recomputes its second product; so the peak is 3 x 272 bytes above whole-block
+    checkpointing's, and nothing stays counted after the watch."""
     from paratrain.workloads.models import SELECTIVE_OBSERVERS, checkpoint_blocks
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.first, self.second = nn.Linear(8, 8, bias=False), nn.Linear(8, 8, bias=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            q = self.first(x).view(1, 1, 4, 8)
+            return self.second(nn.functional.scaled_dot_product_attention(q, q, q).view(4, 8))
 
     def peak(by_operator: bool) -> tuple[int, int]:
         torch.manual_seed(0)
-        block = lambda: nn.Sequential(nn.Linear(8, 8, bias=False), nn.ReLU(), nn.Linear(8, 8, bias=False))  # noqa: E731
-        model = nn.Sequential(block(), block())
+        model = nn.Sequential(Block(), Block(), Block())
         checkpoint_blocks(model, by_operator=by_operator)
         meter = SavedTensorPeak()
         with meter.watch():
@@ -187,5 +196,5 @@ def test_what_checkpointing_by_operator_keeps_is_counted_until_the_watch_ends():
         return meter.peak, meter.live
 
     (whole, whole_left), (by_operator, left) = peak(False), peak(True)
-    assert by_operator - whole == 2 * 4 * 8 * 4
+    assert by_operator - whole == 3 * (4 * 8 * 4 + 4 * 8 * 4 + 4 * 4)
     assert whole_left == left == 0 and SELECTIVE_OBSERVERS == []
