@@ -103,9 +103,11 @@ def test_a_warmup_ramp_killed_midway_resumes_at_the_batch_it_had_reached(tmp_pat
 
 def test_growing_the_per_rank_batch_trains_on_the_batches_accumulation_would(tmp_path):
     # 2 ranks of 16, a warmup ramp from 32 to 128 over 0.7 epochs: one run grows the per-rank batch up to 64
-    # (--max-batch-size; loaded 64 at a time, cut into forwards), the other accumulates forwards of 16
+    # (--max-batch-size; loaded 64 at a time, cut into forwards), the other accumulates forwards of 16. The LR
+    # stays put (--lr-scaling none): scaled to 0.2 at 128 the run nears divergence in its second epoch, which
+    # blows the sums' rounding differences (1e-8) up to 1 % on some CPUs (an Intel Xeon here) and not on others
     flags = [*SMALL, "--workers", "2", "--epochs", "2", "--batch-schedule", "warmup", "--log-every", "4"]
-    flags += ["--max-global-batch", "128", "--batch-ramp-epochs", "0.7"]
+    flags += ["--max-global-batch", "128", "--batch-ramp-epochs", "0.7", "--lr-scaling", "none"]
     joined, accumulated = tmp_path / "joined", tmp_path / "accumulated"
     subprocess.run([*CLI, *flags, "--max-batch-size", "64", "--run-dir", str(joined)], check=True)
     subprocess.run([*CLI, *flags, "--run-dir", str(accumulated)], check=True)
@@ -118,9 +120,10 @@ def test_growing_the_per_rank_batch_trains_on_the_batches_accumulation_would(tmp
     # each change came at an odd 16-sample batch of a loaded 64: the next forward spans two loaded batches
     assert [events(joined, "batch")[i]["samples"] // 32 for i in (0, 1)] == [15, 31]
     assert changes(accumulated) == [(step, batch, 16, batch // 32) for step, batch, _, _ in grown]
-    # the same samples in the same steps: the same losses, up to the order of the sums
+    # the same samples in the same steps: the same losses, up to the order of the sums (1e-7 measured; one
+    # sample a join takes wrongly moved the losses by up to 8e-4 when tried)
     steps = events(joined, "step")
     assert [s["step"] for s in steps] == [s["step"] for s in events(accumulated, "step")]
-    assert [s["loss"] for s in steps] == pytest.approx([s["loss"] for s in events(accumulated, "step")], rel=1e-4)
+    assert [s["loss"] for s in steps] == pytest.approx([s["loss"] for s in events(accumulated, "step")], rel=1e-5)
     summary = json.loads((joined / "summary.json").read_text())["batch_schedule"]
     assert (summary["final_per_rank_batch"], summary["largest_per_rank_batch"]) == (64, 64)
