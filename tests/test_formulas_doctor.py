@@ -269,7 +269,7 @@ def test_predicted_gains_of_the_probed_checks_by_hand(tmp_path):
         is None
     )
     # find_unused_parameters: DDP's forward took 3 ms beyond the model's of a 100 ms step. DDP saw no unused
-    # parameter: a free remedy, named from 1 % -> 3/100; not knowing, only from 5 %; with unused ones, never.
+    # parameter: a free remedy, named from 0.1 % -> 3/100; not knowing, only from 5 %; with unused ones, never.
     flag = {"phases_s": {"forward": 0.06, "backward": 0.04}, "find_unused_parameters": True, "ddp_overhead_s": 0.003}
     ev = read_run(probed_run(tmp_path / "u", [{**flag, "unused_parameter_bytes": 0}] * 2))
     assert sc.find_unused_parameters(ev).saving == pytest.approx(0.03)
@@ -843,14 +843,23 @@ def test_find_unused_parameters_at_its_lines(tmp_path):
     from paratrain.doctor import script_checks as sc
 
     flag = {"find_unused_parameters": True}
-    # of a 1 s step, exactly 1 % when DDP found no unused parameter, exactly 5 % when that is not known: named
+    # of a 1 s step, exactly 0.1 % when DDP found no unused parameter, exactly 5 % when that is not known: named
     ev = probed(
         tmp_path,
         "a",
-        [{"phases_s": {"forward": 0.99, "backward": 0.01}, **flag, "ddp_overhead_s": 0.01, "unused_parameter_bytes": 0}]
+        [
+            {
+                "phases_s": {"forward": 0.999, "backward": 0.001},
+                **flag,
+                "ddp_overhead_s": 0.001,
+                "unused_parameter_bytes": 0,
+            }
+        ]
         * 2,
     )
-    assert sc.find_unused_parameters(ev).saving == pytest.approx(0.01)
+    assert sc.find_unused_parameters(ev).saving == pytest.approx(0.001)
+    below = [{"phases_s": {"forward": 0.9995, "backward": 0.0005}, **flag, "ddp_overhead_s": 0.0005}]
+    assert sc.find_unused_parameters(probed(tmp_path, "a2", [{**below[0], "unused_parameter_bytes": 0}] * 2)) is None
     ev = probed(tmp_path, "b", [{"phases_s": {"forward": 0.95, "backward": 0.05}, **flag, "ddp_overhead_s": 0.05}] * 2)
     assert sc.find_unused_parameters(ev).saving == pytest.approx(0.05)
     # one rank saw none unused and the other did not say: not known, 3 % is below the 5 % line
