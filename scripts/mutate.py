@@ -33,7 +33,7 @@ TESTS = {
     "plan/memory.py": ["tests/test_formulas_memory.py"],
     "plan/search.py": ["tests/test_plan_search.py"],
     "plan/depth.py": ["tests/test_plan_depth.py"],
-    "workloads/models.py": ["tests/test_models.py"],
+    "workloads/models.py": ["tests/test_models.py", "tests/test_formulas_engine_memory.py", "tests/test_plan_depth.py"],
     "commbench.py": ["tests/test_formulas_links.py"],
     "batch/lr_find.py": ["tests/test_formulas_batch.py"],
     "batch/find_batch.py": ["tests/test_formulas_batch.py"],

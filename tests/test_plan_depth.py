@@ -56,6 +56,10 @@ def _profiles(cfg: TrainConfig, tp: int | None, monkeypatch) -> tuple[dict, dict
         pytest.param(
             dict(GPT, n_layer=22, checkpoint_activations=True, checkpoint_activations_every=3), None, id="gpt-every-3rd"
         ),
+        # by operator: what the policy keeps and the FLOPs it recomputes, drawn along the stack as well
+        pytest.param(
+            dict(GPT, checkpoint_activations=True, checkpoint_activations_ops=True), None, id="gpt-by-operator"
+        ),
         # a user's model (blocks taking a second input) split 2 ways, every 2nd of 17 blocks checkpointed
         pytest.param(
             dict(TEXT, model="user_factories:deep_tabled_net", **EVERY_2ND),
