@@ -9,6 +9,7 @@ and compares every field of the two profiles.
 import dataclasses
 
 import pytest
+import torch
 from torch import nn
 
 from paratrain.config import TrainConfig
@@ -118,3 +119,35 @@ def test_the_stack_is_the_heaviest_container_of_alike_blocks():
     cut = depth.shallow_copy(model, stack, 2)
     assert len(cut.trunk.layers) == 2 and len(model.trunk.layers) == 3  # the model itself is left whole
     assert depth.find_stack(nn.Sequential(nn.Linear(2, 2))) is None
+
+
+def test_alike_means_the_same_classes_and_tensors_and_ties_go_to_the_first_stack():
+    """Each case kills a plausible mistake in find_stack (scripts/mutate.py plan/depth.py)."""
+
+    def normed(width: int) -> nn.Module:
+        block = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(width))
+        return block
+
+    model = nn.Module()
+    model.unlike = nn.ModuleList([nn.Linear(64, 64), nn.Linear(64, 65)])  # first in order, and not alike
+    model.buffers_differ = nn.ModuleList([normed(4), normed(4)])
+    model.buffers_differ[1][1].register_buffer("extra", torch.zeros(3))  # the same parameters, one more buffer
+    model.kinds_differ = nn.ModuleList(
+        [nn.Sequential(nn.Linear(8, 8), nn.ReLU()), nn.Sequential(nn.Linear(8, 8), nn.GELU())]
+    )
+    model.pair = nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 4)])  # two alike items are a stack
+    model.twin = nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 4)])  # as heavy: the first keeps it
+    assert depth.find_stack(model) == depth.Stack("pair", ("0", "1"))
+
+
+def test_a_model_without_a_stack_is_measured_whole_on_a_copy():
+    model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+
+    def measure(measured: nn.Module) -> dict:
+        measured[1] = nn.GELU()  # a measurement may change the model it is given (checkpointing wraps blocks)
+        return {"count": 3}
+
+    assert depth.measure_deep(model, 1, measure) == ({"count": 3}, None)
+    assert isinstance(model[1], nn.ReLU)
+    drawn = depth.line_to([{"flops": 100 + 30 * d} for d in (5, 8, 11)], (5, 8, 11), 80)
+    assert type(drawn["flops"]) is int  # byte and FLOP counts stay integers
