@@ -105,3 +105,36 @@ def test_checkpointing_by_operator_keeps_attention_and_every_other_matrix_produc
     assert not any(saved for name, saved in decisions if name not in product and "attention" not in name)
     for (name, a), (_, b) in zip(plain.named_parameters(), wrapped.named_parameters(), strict=True):
         assert torch.allclose(a.grad, b.grad, atol=1e-6), name
+
+
+def test_the_operator_policy_decides_in_forward_only_and_whole_blocks_have_no_policy():
+    """The policy's own answers (torch.utils.checkpoint's CheckpointPolicy), one call at a time: the 1st and 3rd
+    matrix products and attention are kept, the 2nd product and the rest recomputed; a recompute asks nothing.
+    Checkpointing whole blocks, and the planner's contexts around them, consult no policy."""
+    from contextlib import nullcontext
+
+    from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext
+
+    from paratrain.workloads.models import SELECTIVE_OBSERVERS, OperatorPolicy, _checkpoint_contexts, checkpoint_blocks
+
+    policy, forward = OperatorPolicy(), SelectiveCheckpointContext(is_recompute=False, op_output=torch.zeros(1))
+    aten = torch.ops.aten
+    attention = aten._scaled_dot_product_flash_attention_for_cpu.default
+    ops = (aten.mm.default, aten.relu.default, aten.addmm.default, aten.mm.default, attention)
+    answers = [policy(forward, op) for op in ops]
+    keep, recompute = CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_RECOMPUTE
+    assert answers == [keep, recompute, recompute, keep, keep]
+    assert policy(SelectiveCheckpointContext(is_recompute=True), aten.mm.default) == recompute
+    decisions = []
+    SELECTIVE_OBSERVERS.append(lambda *seen: decisions.append(seen))
+    try:
+        for context in _checkpoint_contexts(False, nullcontext):
+            with context:
+                torch.mm(torch.ones(2, 2), torch.ones(2, 2))
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+        checkpoint_blocks(model)  # the default: whole blocks
+        model(torch.ones(2, 4)).sum().backward()
+    finally:
+        SELECTIVE_OBSERVERS.clear()
+    assert decisions == []
