@@ -151,3 +151,16 @@ def test_a_model_without_a_stack_is_measured_whole_on_a_copy():
     assert isinstance(model[1], nn.ReLU)
     drawn = depth.line_to([{"flops": 100 + 30 * d} for d in (5, 8, 11)], (5, 8, 11), 80)
     assert type(drawn["flops"]) is int  # byte and FLOP counts stay integers
+
+
+def test_the_flops_are_counted_once_whatever_the_checkpointing():
+    """Checkpointing wraps the blocks after the count and changes no FLOPs of the model: plan --search's four
+    choices share one count (the 8B model's takes seconds)."""
+    profile._FLOPS.clear()
+    for flags in (
+        {},
+        dict(checkpoint_activations=True, checkpoint_activations_every=2),
+        EVERY_2ND | {"checkpoint_activations_ops": True},
+    ):
+        profile.profile_model(TrainConfig(**GPT, **flags))
+    assert len(profile._FLOPS) == 1

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import cache
 from typing import Any
 
 import torch
@@ -297,14 +298,15 @@ _MATRIX_PRODUCTS = ("aten.mm.default", "aten.addmm.default")
 SELECTIVE_OBSERVERS: list[Callable[..., None]] = []
 
 
-def _ops(names: tuple[str, ...]) -> set[Any]:
+@cache  # asked by every checkpointed block's forward: looked up once
+def _ops(names: tuple[str, ...]) -> frozenset[Any]:
     found = set()
     for name in names:
         namespace, op, overload = name.split(".")
         packet = getattr(getattr(torch.ops, namespace), op, None)
         if packet is not None:  # a backend this build of torch lacks
             found.add(getattr(packet, overload))
-    return found
+    return frozenset(found)
 
 
 class OperatorPolicy:
