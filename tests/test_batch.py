@@ -30,7 +30,7 @@ def _run(capsys, command, out, **flags):
     """The command through the CLI (its printing included); its JSON result and what it printed."""
     argv = [command, "--out", str(out)]
     for name, value in flags.items():
-        argv += [f"--{name.replace('_', '-')}", str(value)]
+        argv += [f"--{name.replace('_', '-')}"] + ([] if value is True else [str(value)])
     assert main(argv) == 0
     printed = capsys.readouterr().out
     return json.loads((out / f"{command.replace('-', '_')}.json").read_text()), printed
@@ -38,8 +38,14 @@ def _run(capsys, command, out, **flags):
 
 @pytest.mark.parametrize(
     "layout",
-    [dict(workers=1, batch_size=16, grad_accum=4), dict(workers=2, batch_size=32)],
-    ids=["one-worker-accumulation", "two-ranks-comm-hook"],
+    [
+        dict(workers=1, batch_size=16, grad_accum=4),
+        dict(workers=2, batch_size=32),
+        dict(workers=2, batch_size=32, strategy="fsdp"),
+        # HSDP: 2 replicas of 2 shards (4 ranks on 2 cores: a correctness test).
+        dict(workers=4, batch_size=16, strategy="fsdp", dp_replicate=2, allow_oversubscribe=True),
+    ],
+    ids=["one-worker-accumulation", "two-ranks-comm-hook", "two-ranks-fsdp-reduce-scatter", "four-ranks-hsdp"],
 )
 def test_noise_scale_recovers_a_known_b_simple(tmp_path, capsys, layout):
     result, printed = _run(capsys, "noise-scale", tmp_path, steps=300, ema_steps=300, **REGRESSION, **layout)
@@ -50,11 +56,16 @@ def test_noise_scale_recovers_a_known_b_simple(tmp_path, capsys, layout):
     assert result["b_simple"] == pytest.approx(exact, rel=0.2), (result["b_simple"], exact)
     assert result["b_simple_stderr"] < 0.2 * exact
     summary = json.loads((tmp_path / "noise-scale-run" / "summary.json").read_text())
-    if layout["workers"] == 2:
+    if layout.get("strategy") == "fsdp":
+        # Each rank's gradient as the reduce-scatter takes it; the averaged shards summed over the ranks.
+        assert summary["grad_noise"]["source"].startswith(f"fsdp {summary['allreduce']}: each rank's gradient")
+    elif layout["workers"] == 2:
         # The measurement wraps whichever hook averaged the gradients and says which it was.
         assert summary["grad_noise"]["source"] == f"ddp comm hook around the {summary['allreduce']} average"
-        assert (result["small_batch"], result["big_batch"], result["ranks"]) == (32, 64, 2)
-        assert len(list((tmp_path / "noise-scale-run" / "grad_noise").glob("rank*.jsonl"))) == 2
+    if layout["workers"] > 1:
+        workers = layout["workers"]
+        assert (result["small_batch"], result["big_batch"], result["ranks"]) == (64 // workers, 64, workers)
+        assert len(list((tmp_path / "noise-scale-run" / "grad_noise").glob("rank*.jsonl"))) == workers
     else:
         assert summary["grad_noise"]["source"].startswith("gradient accumulation")
         assert (result["small_batch"], result["big_batch"]) == (16, 64)
@@ -150,7 +161,7 @@ def test_lr_find_suggests_an_lr_in_the_stable_range_of_a_convex_problem(tmp_path
             "does not run at batch 1",
         ),
         (["recommend", "--workers", "2", "--lr-steps", "5"], "--lr-steps 5 is too few"),
-        (["recommend", "--workers", "2", "--strategy", "fsdp"], "--grad-noise"),
+        (["recommend", "--workers", "2", "--strategy", "fsdp", "--precision", "fp16"], "--grad-noise reads gradients"),
         (["recommend", "--workers", "2", "--max-batch-size", "64"], "chooses --max-batch-size itself"),
         (
             ["recommend", "--workers", "2", "--batch-schedule", "adaptive", "--max-global-batch", "16"],
@@ -163,7 +174,7 @@ def test_lr_find_suggests_an_lr_in_the_stable_range_of_a_convex_problem(tmp_path
         "limit-below-model",
         "not-even-batch-1",
         "recommend-too-few-lr-steps",
-        "recommend-a-strategy-noise-scale-refuses",
+        "recommend-a-precision-noise-scale-refuses",
         "recommend-chooses-the-per-rank-limit",
         "recommend-a-growth-the-run-refuses",
     ],

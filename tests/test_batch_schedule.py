@@ -37,7 +37,11 @@ def events(run, kind: str) -> list[dict]:
     return [e for e in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if e["event"] == kind]
 
 
-@pytest.mark.parametrize("layout", [["--grad-accum", "2"], ["--workers", "2"]], ids=["one-worker", "ddp"])
+@pytest.mark.parametrize(
+    "layout",
+    [["--grad-accum", "2"], ["--workers", "2"], ["--workers", "2", "--strategy", "fsdp"]],
+    ids=["one-worker", "ddp", "fsdp"],
+)
 def test_the_adaptive_batch_grows_while_it_raises_the_goodput_and_the_lr_follows(tmp_path, layout):
     run = tmp_path / "adaptive"
     flags = ["--epochs", "3", *layout, "--log-every", "5", "--batch-schedule", "adaptive", "--max-batch-size", "64"]

@@ -141,7 +141,14 @@ def test_the_state_goes_into_the_checkpoint_whole():
         ({"batch_schedule": "adaptive", "max_global_batch": 48}, "--max-global-batch 48 leaves no room"),
         ({"batch_schedule": "adaptive", "workers": 3, "strategy": "async-ps"}, "async-ps does not do"),
         ({"batch_schedule": "warmup", "workers": 2, "strategy": "pipeline"}, "a pipeline accumulates"),
-        ({"batch_schedule": "adaptive", "workers": 2, "strategy": "fsdp"}, "measures the gradient noise through DDP's"),
+        ({"batch_schedule": "adaptive", "workers": 2, "strategy": "hybrid"}, "a pipeline accumulates"),
+        ({"batch_schedule": "adaptive", "workers": 1, "strategy": "fsdp"}, "one worker has no reduce-scatter"),
+        ({"batch_schedule": "adaptive", "workers": 4, "strategy": "fsdp", "tp": 2}, "which --tp 2 splits"),
+        (
+            {"batch_schedule": "adaptive", "workers": 2, "strategy": "fsdp", "dp_replicate": 2},
+            "FSDP reduce-scatters nothing",
+        ),
+        ({"grad_noise": True, "workers": 2, "strategy": "pipeline"}, "use --strategy ddp, zero1, fsdp or single"),
         ({"batch_schedule": "adaptive", "workers": 1}, "adaptive on one worker compares a micro-batch"),
         (
             {"batch_schedule": "adaptive", "workers": 2, "sync_every": 4},
@@ -157,9 +164,11 @@ def test_a_schedule_that_cannot_grow_is_refused(fields, told):
         TrainConfig(batch_size=32, **fields)
 
 
-def test_warmup_on_fsdp_and_adaptive_on_ddp_are_taken():
+def test_warmup_on_fsdp_and_adaptive_on_ddp_fsdp_and_hsdp_are_taken():
     assert TrainConfig(workers=2, strategy="fsdp", batch_schedule="warmup").largest_global_batch == 8 * 64
     assert TrainConfig(workers=2, batch_schedule="adaptive").measures_grad_noise
+    assert TrainConfig(workers=2, strategy="fsdp", batch_schedule="adaptive").measures_grad_noise
+    assert TrainConfig(workers=4, strategy="fsdp", dp_replicate=2, grad_noise=True).grad_noise
     assert not TrainConfig(workers=2).measures_grad_noise
     assert math.isclose(TrainConfig(workers=2, batch_schedule="warmup", batch_ramp_epochs=0.5).batch_ramp_epochs, 0.5)
 

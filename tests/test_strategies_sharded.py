@@ -46,6 +46,7 @@ def _spawned_rank(rank: int, out: str, ports: list[int]) -> None:
     train_spawned(rank, Path(out), ports, {name: (overrides, placement) for name, overrides in SPAWNED.items()})
     os.environ["MASTER_PORT"] = str(ports[-1])
     _memory_of_strategies(rank, Path(out))
+    _gradients_after_discarding(rank, Path(out))
 
 
 def _memory_of_strategies(rank: int, out: Path) -> None:
@@ -79,6 +80,34 @@ def _memory_of_strategies(rank: int, out: Path) -> None:
         del wrapped, optimizer, model
     (out / f"memory-rank{rank}.json").write_text(json.dumps(held))
     dist.destroy_process_group()
+
+
+def _gradients_after_discarding(rank: int, out: Path) -> None:
+    """fsdp on the memory check's 2-rank group: a backward under no_sync (the adaptive batch's timing passes,
+    engine/loop.py), then discard_gradients, then a synchronised backward; and that backward alone. Each
+    rank writes the two sets of its gradient shards."""
+    from torch import nn
+
+    from paratrain.config import TrainConfig
+    from paratrain.engine.distributed import RankContext
+    from paratrain.engine.strategies import STRATEGIES
+
+    ctx = RankContext(rank, 2, rank, torch.device("cpu"))
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(rank))
+    grads = {}
+    for timed in (False, True):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+        strategy = STRATEGIES["fsdp"](TrainConfig(workers=2, strategy="fsdp"), ctx, time.perf_counter)
+        wrapped = strategy.wrap(model)
+        optimizer = strategy.build_optimizer(wrapped, lambda m: torch.optim.SGD(m.parameters(), lr=0.1))
+        if timed:
+            with strategy.no_sync(wrapped):
+                wrapped(2 * x).square().mean().backward()
+            strategy.discard_gradients(wrapped, optimizer)
+        wrapped(x).sum().backward()
+        grads["after-discarding" if timed else "alone"] = [p.grad.to_local().tolist() for p in wrapped.parameters()]
+    (out / f"discarded-rank{rank}.json").write_text(json.dumps(grads))
 
 
 def _copy_first_checkpoint(run_dir: Path, copy: Path, stop: threading.Event) -> None:
@@ -253,6 +282,16 @@ def test_memory_per_rank_shrinks_with_fsdp_and_zero1(runs):
         assert total["fsdp"] <= 0.55 * total["ddp"], (rank, total)
         assert zero1["optimizer_bytes"] <= 0.55 * ddp["optimizer_bytes"], (rank, zero1, ddp)
         assert zero1["parameters_bytes"] == ddp["parameters_bytes"]
+
+
+def test_fsdp_discards_the_gradients_a_timing_pass_left_unsynchronised(runs):
+    """A backward under no_sync leaves FSDP holding unsharded gradients that the next reduce-scatter would add
+    in; after discard_gradients the next step's gradients are exactly those of the step alone (the adaptive
+    batch times passes at the next batch between steps)."""
+    for rank in (0, 1):
+        grads = json.loads((runs / f"discarded-rank{rank}.json").read_text())
+        assert any(any(row) for row in grads["alone"]), "no gradient to compare"
+        assert grads["after-discarding"] == grads["alone"], rank
 
 
 def test_summaries_report_memory_per_rank(runs):

@@ -156,11 +156,28 @@ def check_measurements(config: TrainConfig) -> None:
 
 def _check_noise_measurement(config: TrainConfig, asked: str) -> None:
     """What the in-run gradient noise measurement needs, for --grad-noise and the adaptive batch that reads it."""
-    if config.strategy_name not in ("single", "ddp", "zero1"):
+    if config.strategy_name not in ("single", "ddp", "zero1", "fsdp"):
         raise ValueError(
-            f"{asked} measures the gradient noise through DDP's gradient averaging or gradient accumulation; use "
-            f"--strategy ddp, zero1 or single, not {config.strategy_name}"
+            f"{asked} measures the gradient noise through DDP's gradient averaging, FSDP's reduce-scatter or "
+            f"gradient accumulation; use --strategy ddp, zero1, fsdp or single, not {config.strategy_name}"
         )
+    if config.strategy_name == "fsdp":
+        # Where FSDP hands over no rank's whole local gradient (engine/grad_noise.py reads it at the reduce-scatter).
+        if config.workers == 1:
+            raise ValueError(
+                f"{asked} with fsdp reads each rank's gradient as FSDP reduce-scatters it, and one worker has no "
+                "reduce-scatter; use --strategy single with --grad-accum 2 or more, or --workers 2"
+            )
+        if config.tp > 1:
+            raise ValueError(
+                f"{asked} with fsdp needs each rank's whole gradient, which --tp {config.tp} splits across ranks; "
+                "drop --tp"
+            )
+        if config.dp_replicate == config.workers:
+            raise ValueError(
+                f"{asked}: with --dp-replicate {config.dp_replicate} on {config.workers} workers no rank shards "
+                "with another and FSDP reduce-scatters nothing to measure; use --strategy ddp"
+            )
     if config.sync_every > 1 or config.grad_compression == "powersgd":
         given = "--sync-every" if config.sync_every > 1 else "--grad-compression powersgd"
         raise ValueError(

@@ -11,6 +11,12 @@ measurement costs a squared norm per bucket or per step and no extra communicati
   global batch). The wrapped hook is whichever one averages the gradients (the shared-memory
   average or the process group's all-reduce), so the measurement does not change how they are
   averaged; summary.json's `grad_noise.source` names it.
+- Fully sharded (fsdp, HSDP with --dp-replicate) on 2+ ranks: FSDP's reduce-scatter is the strategy's own
+  (`set_custom_reduce_scatter`, PyTorch's documented override), and the input it is handed is this
+  rank's unsharded gradient of one FSDP unit (padding is zeros): summed over the units, the small
+  batch. The big batch is the averaged gradient each rank keeps a shard of after backward: its
+  shards' squared norms are summed over the ranks at the log points (one small all-reduce there,
+  none per step), divided by the --dp-replicate replicas that each hold the same shards.
 - One worker with --grad-accum K: the loss of each micro-step is divided by K, so after the first
   micro-step the accumulated gradient is that micro-batch's mean gradient / K (the small batch,
   --batch-size) and after the last it is the step's mean gradient (the big batch, K x --batch-size).
@@ -61,12 +67,51 @@ class BucketNorms:
         self.averaged.append(squared_norm(averaged))
         return averaged
 
-    def take(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def source(self, averaging: str | None) -> str:
+        return f"ddp comm hook around the {averaging} average"
+
+    def take(self, model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
         """This step's (|local gradient|², |averaged gradient|²); DDP has waited for every bucket."""
         local, averaged = torch.stack(self.local).sum(), torch.stack(self.averaged).sum()
         self.local.clear()
         self.averaged.clear()
         return local, averaged
+
+    def complete(self, averaged: torch.Tensor) -> torch.Tensor:
+        """The averaged gradients' squared norms of the steps since the last log point: whole already."""
+        return averaged
+
+
+class ShardNorms:
+    """FSDP: this rank's unsharded gradient as each reduce-scatter receives it, and the averaged shards it
+    keeps (module docstring)."""
+
+    def __init__(self, replicas: int) -> None:
+        self.replicas = replicas
+        self.local: list[torch.Tensor] = []
+
+    def before_reduce_scatter(self, unsharded: torch.Tensor) -> None:
+        self.local.append(squared_norm(unsharded))
+
+    def source(self, averaging: str | None) -> str:
+        return f"fsdp {averaging}: each rank's gradient going in, the averaged shards summed over the ranks"
+
+    def take(self, model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+        """This step's (|local gradient|², this rank's part of |averaged gradient|²), after the backward that
+        reduce-scattered: FSDP has waited for its reduce-scatters and put the averaged shards into .grad."""
+        local = torch.stack(self.local).sum()
+        self.local.clear()
+        shards = [p.grad.to_local() for p in model.parameters() if p.grad is not None]
+        return local, torch.stack([squared_norm(shard) for shard in shards]).sum()
+
+    def complete(self, averaged: torch.Tensor) -> torch.Tensor:
+        """The steps' |averaged gradient|²: every rank's shards summed, once per replica of them."""
+        dist.all_reduce(averaged)
+        return averaged / self.replicas
+
+
+# What measures a data-parallel step's two norms: DDP's buckets or FSDP's reduce-scatters.
+DataParallelNorms = BucketNorms | ShardNorms
 
 
 class GradNoiseRecorder:
@@ -78,17 +123,17 @@ class GradNoiseRecorder:
         rank: int,
         data_parallel_ranks: int,
         run_path: Path,
-        bucket_norms: BucketNorms | None,
+        norms: DataParallelNorms | None,
         allreduce: str | None,
     ):
         self.data_parallel = data_parallel_ranks
-        self.bucket_norms = bucket_norms
-        if bucket_norms is not None:
-            self.source = f"ddp comm hook around the {allreduce} average"
+        self.norms = norms
+        if norms is not None:
+            self.source = norms.source(allreduce)
         else:
             self.source = "gradient accumulation (first micro-batch and whole step)"
         self.small_batch, self.big_batch = self.batches(cfg.batch_size, cfg.grad_accum)
-        self.ranks = data_parallel_ranks if bucket_norms is not None else 1
+        self.ranks = data_parallel_ranks if norms is not None else 1
         self.path = grad_noise_file(run_path, rank)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.pending: list[tuple[int, torch.Tensor, torch.Tensor, int, int]] = []
@@ -98,7 +143,7 @@ class GradNoiseRecorder:
     def batches(self, micro_batch: int, accum: int) -> tuple[int, int]:
         """The (small, big) batch sizes of a step of `accum` micro-steps of `micro_batch` samples a rank
         (--batch-schedule changes both)."""
-        if self.bucket_norms is not None:  # this rank's step, and the average over the ranks
+        if self.norms is not None:  # this rank's step, and the average over the ranks
             return micro_batch * accum, micro_batch * accum * self.data_parallel
         return micro_batch, micro_batch * accum  # the first micro-batch, and the whole step
 
@@ -108,12 +153,12 @@ class GradNoiseRecorder:
         """After micro-step `index` (0-based within optimizer step `step`, 1-based, of `accum` micro-steps of
         `micro_batch` samples) has run backward."""
         self.full = (self.full or index == 0) and batch_len == micro_batch
-        if self.bucket_norms is None and index == 0:
+        if self.norms is None and index == 0:
             self.first = _gradient_squared_norm(model) * accum**2
         if not sync:
             return
-        if self.bucket_norms is not None:
-            small, big = self.bucket_norms.take()
+        if self.norms is not None:
+            small, big = self.norms.take(model)
         else:
             small, big = self.first, _gradient_squared_norm(model)
         if self.full and index == accum - 1:
@@ -124,7 +169,11 @@ class GradNoiseRecorder:
         (|small|², |big|², small batch, big batch), for --batch-schedule adaptive."""
         if not self.pending:
             return []
-        values = torch.stack([torch.stack([small, big]) for _, small, big, _, _ in self.pending]).tolist()
+        smalls = torch.stack([small for _, small, _, _, _ in self.pending])
+        bigs = torch.stack([big for _, _, big, _, _ in self.pending])
+        if self.norms is not None:
+            bigs = self.norms.complete(bigs)
+        values = torch.stack([smalls, bigs], dim=1).tolist()
         measured = [
             (small, big, *self.batches(micro_batch, accum))
             for (_, _, _, micro_batch, accum), (small, big) in zip(self.pending, values)

@@ -315,7 +315,7 @@ class Trainer:
         self.batch_schedule = BatchSchedule(cfg, self.micro_steps * cfg.global_batch_size // cfg.grad_accum)
         self.grad_noise = (
             GradNoiseRecorder(
-                cfg, ctx.rank, cfg.data_parallel_size, run.path, self.strategy.bucket_norms, self.strategy.allreduce
+                cfg, ctx.rank, cfg.data_parallel_size, run.path, self.strategy.grad_norms, self.strategy.allreduce
             )
             if cfg.measures_grad_noise
             else None
@@ -619,7 +619,7 @@ class Trainer:
                         torch.cuda.synchronize()
                     if timed:
                         kept.append(time.perf_counter() - started)
-        self.optimizer.zero_grad(set_to_none=True)
+        self.strategy.discard_gradients(model, self.optimizer)
         with torch.no_grad():
             for kept_buffer, buffer in zip(buffers, model.buffers()):
                 buffer.copy_(kept_buffer)

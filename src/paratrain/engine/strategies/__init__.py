@@ -18,7 +18,7 @@ from torch import nn
 
 from paratrain.config import TrainConfig
 from paratrain.engine.distributed import RankContext
-from paratrain.engine.grad_noise import BucketNorms
+from paratrain.engine.grad_noise import DataParallelNorms
 from paratrain.engine.strategies.base import OptimizerFactory, StepResult
 from paratrain.errors import UsageError
 
@@ -29,7 +29,7 @@ class Strategy(Protocol):
 
     name: str
     allreduce: str | None  # what averages gradients (shm, gloo, nccl, ...); None: nothing to average
-    bucket_norms: BucketNorms | None  # --grad-noise on data-parallel ranks: gradient norms before and after averaging
+    grad_norms: DataParallelNorms | None  # --grad-noise on 2+ data-parallel ranks: norms before and after averaging
     trains: bool  # False on a rank that only serves (async-ps's parameter servers)
 
     def data_shard(self) -> tuple[int, int]:
@@ -76,6 +76,10 @@ class Strategy(Protocol):
 
     def comm_started(self) -> Any | None:
         """Clock stamp of this step's last gradient all-reduce launch (None: no communication)."""
+
+    def discard_gradients(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """Drop every gradient this rank holds, those accumulated under no_sync too (the adaptive batch's
+        timing passes leave some, engine/loop.py)."""
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> tuple[Any, Any] | None:
         """Apply the step's gradients; the stamps (start, end) of communication it ran, else None."""

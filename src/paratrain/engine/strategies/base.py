@@ -18,7 +18,7 @@ from torch import nn
 
 from paratrain.config import TrainConfig
 from paratrain.engine.distributed import RankContext
-from paratrain.engine.grad_noise import BucketNorms
+from paratrain.engine.grad_noise import DataParallelNorms
 
 # Builds the run's optimizer (--optimizer, --lr, ...) over a module's parameters.
 OptimizerFactory = Callable[[nn.Module], torch.optim.Optimizer]
@@ -28,7 +28,8 @@ StepResult = tuple[torch.Tensor | None, torch.Tensor | None]  # (mean loss, outp
 class WholeModelStrategy:
     name = "whole-model"
     allreduce: str | None = None
-    bucket_norms: BucketNorms | None = None  # ddp with --grad-noise: per-step gradient norms from the comm hook
+    # ddp or fsdp with --grad-noise: each step's gradient norms before and after averaging
+    grad_norms: DataParallelNorms | None = None
     trains = True  # False on a rank that only serves (async-ps's parameter servers)
 
     def __init__(self, cfg: TrainConfig, ctx: RankContext, stamp: Callable[[], Any]):
@@ -83,6 +84,10 @@ class WholeModelStrategy:
 
     def comm_started(self) -> Any | None:
         return None
+
+    def discard_gradients(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """Drop every gradient this rank holds, those accumulated under no_sync too."""
+        optimizer.zero_grad(set_to_none=True)
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> tuple[Any, Any] | None:
         """Apply this step's gradients; returns the clock stamps (start, end) of communication the

@@ -72,8 +72,8 @@ class DataParallel(WholeModelStrategy):
         hook = self._gradient_hook()
         if self.cfg.measures_grad_noise and self.ctx.world_size > 1:
             # --grad-noise: norms of each bucket before and after whichever hook averages it.
-            self.bucket_norms = BucketNorms()
-            hook = self.bucket_norms.wrap(hook)
+            self.grad_norms = norms = BucketNorms()
+            hook = norms.wrap(hook)
         wrapped.register_comm_hook(state=self, hook=hook)
         return wrapped
 

@@ -72,6 +72,7 @@ from torch.distributed.tensor._random import is_rng_supported_mesh
 
 from paratrain.config import TrainConfig
 from paratrain.engine.distributed import RankContext
+from paratrain.engine.grad_noise import ShardNorms
 from paratrain.engine.strategies.base import StepResult, WholeModelStrategy
 from paratrain.engine.strategies.sharded_checkpoint import ShardedCheckpoints
 from paratrain.engine.strategies.tensor import apply_tensor_parallel, reported
@@ -140,7 +141,8 @@ def uninitialisable(model: nn.Module) -> str | None:
 
 
 class _StampedReduceScatter(ReduceScatter):
-    """FSDP's own reduce-scatter (`dist.reduce_scatter_single`), stamping when each one starts."""
+    """FSDP's own reduce-scatter (`dist.reduce_scatter_single`), stamping when each one starts and, with
+    --grad-noise, taking the squared norm of the local gradient it is handed (engine/grad_noise.py)."""
 
     def __init__(self, strategy: FullyShardedDataParallel):
         self.strategy = strategy
@@ -157,6 +159,8 @@ class _StampedReduceScatter(ReduceScatter):
         async_op: bool = False,
     ) -> dist.Work | None:
         self.strategy._last_launch = self.strategy.stamp()
+        if self.strategy.grad_norms is not None:
+            self.strategy.grad_norms.before_reduce_scatter(input_tensor)
         return dist.reduce_scatter_single(output_tensor, input_tensor, group=group, op=op, async_op=async_op)
 
 
@@ -189,6 +193,8 @@ class FullyShardedDataParallel(WholeModelStrategy):
         replicas = f" + all-reduce over {cfg.dp_replicate} replicas" if cfg.dp_replicate > 1 else ""
         self.allreduce = f"reduce-scatter{replicas} ({dist.get_backend()})"
         self._last_launch: Any | None = None
+        if cfg.measures_grad_noise and dist.get_world_size() > 1:
+            self.grad_norms: ShardNorms | None = ShardNorms(cfg.dp_replicate)
         self.checkpoints = ShardedCheckpoints(ctx, cfg.run_dir)
 
     def build(self, make: Callable[[], nn.Module]) -> nn.Module:
@@ -301,6 +307,21 @@ class FullyShardedDataParallel(WholeModelStrategy):
     def comm_started(self) -> Any | None:
         launched, self._last_launch = self._last_launch, None
         return launched
+
+    def discard_gradients(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """The shards' gradients, and the unsharded ones that micro-steps under no_sync left with FSDP: its
+        next reduce-scatter would add them in, and FSDP2 has no public call that drops them (its parameter
+        groups' state is private; torch is pinned, and tests/test_strategies_sharded.py checks this)."""
+        optimizer.zero_grad(set_to_none=True)
+        for module in model.modules():
+            if not isinstance(module, FSDPModule):
+                continue
+            state = module._get_fsdp_state()
+            for group in state._fsdp_param_groups:
+                for param in group.fsdp_params:
+                    param.unsharded_accumulated_grad = None
+                    if hasattr(param, "_unsharded_param"):
+                        param._unsharded_param.grad = None
 
     def checkpoint_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
         return self.checkpoints.save(model, optimizer)
