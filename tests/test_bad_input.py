@@ -80,6 +80,14 @@ BAD = {
     "launch monitor rate zero": (["launch", "--monitor-hz", "0", "train.py"], "--monitor-hz"),
     "launch run dir holds something else": (["launch", "--run-dir", "notes", "train.py"], "not empty"),
     "launch script is a directory": (["launch", "notes"], "notes is a directory"),
+    "launch a schedule for a script that never builds one": (
+        ["launch", "--batch-schedule", "adaptive", "train.py"],
+        "train.py never calls paratrain.batch_schedule(...), so paratrain cannot set its batch",
+    ),
+    "launch a batch limit without a schedule": (
+        ["launch", "--max-global-batch", "256", "train.py"],
+        "--max-global-batch applies to --batch-schedule warmup or adaptive",
+    ),
     # paths under a regular file: NotADirectoryError for everyone, root included
     "train run dir under a file": (
         ["train", "--workload", "synthetic-cnn", "--run-dir", "file.txt/run"],

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -131,3 +132,64 @@ def test_growing_the_per_rank_batch_trains_on_the_batches_accumulation_would(tmp
     assert [s["loss"] for s in steps] == pytest.approx([s["loss"] for s in events(accumulated, "step")], rel=1e-5)
     summary = json.loads((joined / "summary.json").read_text())["batch_schedule"]
     assert (summary["final_per_rank_batch"], summary["largest_per_rank_batch"]) == (64, 64)
+
+
+SCHEDULED_SCRIPT = str(Path(__file__).parent.parent / "docs" / "examples" / "ddp_schedule.py")
+LAUNCH = [sys.executable, "-m", "paratrain", "launch", "-n", "2", "--threads-per-worker", "1"]
+# 4,096 samples over 2 ranks at 4 a micro-step: a global batch of 8 to start, 512 steps an epoch.
+SCRIPT_ARGS = ["--epochs", "1", "--samples", "4096", "--batch-size", "4", "--log-every", "5"]
+
+
+def test_a_script_that_lets_paratrain_set_its_batch_grows_it_adaptively(tmp_path):
+    """docs/examples/ddp_schedule.py under `launch --batch-schedule adaptive`: the script's own DDP loop,
+    its micro-steps handed out by paratrain.batch_schedule; at 4 samples a rank the step's fixed costs
+    dominate, so accumulating more micro-steps raises the throughput and the random labels' noise lets it."""
+    run = tmp_path / "run"
+    flags = ["--batch-schedule", "adaptive", "--max-global-batch", "64", "--run-dir", str(run)]
+    subprocess.run([*LAUNCH, *flags, SCHEDULED_SCRIPT, *SCRIPT_ARGS], check=True, capture_output=True)
+    changes = events(run, "batch")
+    assert changes, "the global batch of 8 grows within an epoch"
+    batches = [8] + [c["global_batch"] for c in changes]
+    assert all(b == 2 * a for a, b in itertools.pairwise(batches)) and batches[-1] <= 64  # doublings, capped
+    for change in changes:  # by accumulation, each read at a log point and promising more progress a second
+        assert change["per_rank_batch"] == 4 and change["grad_accum"] == change["global_batch"] // 8
+        assert change["step"] % 5 == 0 and change["goodput_gain"] >= 1.05 and change["noise_scale"] > 0
+        assert change["lr_factor"] == change["global_batch"] / 8
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    block = summary["batch_schedule"]
+    assert block["kind"] == "adaptive" and block["start_global_batch"] == 8 and block["largest_global_batch"] == 64
+    assert block["final_global_batch"] == batches[-1] == summary["reported"]["global_batch_size"]
+    # the script's optimizer ends at its LR times the last factor (linear scaling), as the script reports it
+    assert summary["reported"]["lr"] == pytest.approx(0.01 * batches[-1] / 8, rel=1e-9)
+    # each rank's norms, as `paratrain noise-scale` reads a built-in run's
+    assert sorted(p.name for p in (run / "grad_noise").iterdir()) == ["rank0.jsonl", "rank1.jsonl"]
+    subprocess.run([sys.executable, "-m", "paratrain", "report", str(run)], check=True, capture_output=True)
+    assert "alt='batch schedule'" in (run / "report.html").read_text()
+
+
+def test_a_scripts_warmup_ramp_doubles_at_the_samples_the_rule_gives(tmp_path):
+    """warmup from 8 to 32 over one epoch of 4,096 samples: two doublings, at a third and two thirds of the
+    ramp by samples trained on (engine/batch_schedule.py). By hand: 8 a step reaches 4096/3 = 1365.3 after
+    step 171 (1,368 samples); 16 a step then reaches 2730.7 after 86 more (2,744), at step 257."""
+    run = tmp_path / "run"
+    flags = ["--batch-schedule", "warmup", "--max-global-batch", "32", "--lr-scaling", "sqrt", "--run-dir", str(run)]
+    subprocess.run([*LAUNCH, *flags, SCHEDULED_SCRIPT, *SCRIPT_ARGS], check=True, capture_output=True)
+    changes = [(c["step"], c["global_batch"], c["lr_factor"]) for c in events(run, "batch")]
+    assert changes == [(171, 16, pytest.approx(2**0.5)), (257, 32, pytest.approx(2.0))]
+    reported = json.loads((run / "summary.json").read_text())["reported"]
+    # 171 steps of 8, 86 of 16, then steps of 32 while a whole one is left of the rank's 2,048 samples
+    assert reported["steps"] == 171 + 86 + (2048 - 171 * 4 - 86 * 8) // 16
+    assert reported["lr"] == pytest.approx(0.02)  # 0.01 x sqrt(32 / 8)
+
+
+def test_a_schedule_the_scripts_own_batch_leaves_no_room_for_fails_its_ranks_with_one_line(tmp_path):
+    """The starting batch is the script's (known in its ranks only): a --max-global-batch below twice it ends the
+    run with the ranks' one line, the script's failure (exit 1), before any training step."""
+    run = tmp_path / "run"
+    flags = ["--batch-schedule", "adaptive", "--max-global-batch", "8", "--run-dir", str(run)]
+    done = subprocess.run([*LAUNCH, *flags, SCHEDULED_SCRIPT, *SCRIPT_ARGS], capture_output=True, text=True)
+    assert done.returncode == 1
+    told = done.stderr.strip().splitlines()
+    assert len(told) == 1 and "--max-global-batch 8 leaves no room to grow from the starting global batch 8" in told[0]
+    assert not (run / "metrics.jsonl").exists() and not (run / "reports" / "rank0.jsonl").exists()

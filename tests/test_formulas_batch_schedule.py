@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 from pydantic import ValidationError
 
 from paratrain.config import TrainConfig
@@ -345,3 +346,30 @@ def test_a_doubling_that_promises_exactly_the_threshold_counts_and_warmup_promis
         )
     assert edge.noise_scale() == 1.0 and edge.last_gain == 1.05 and grown == 64
     assert schedule("warmup").last_gain is None
+
+
+def _script_schedule(grad_accum: int, inner: list[float], last: list[float], steps: list[float]):
+    """paratrain.batch_schedule's object in one process (fixed: no launch), with the timings given."""
+    from paratrain.engine.script_schedule import batch_schedule
+
+    model = torch.nn.Linear(2, 1)
+    made = batch_schedule(model, torch.optim.SGD(model.parameters(), lr=0.1), batch_size=4, grad_accum=grad_accum)
+    made.inner_s, made.last_s, made.step_s = inner, last, steps
+    return made
+
+
+def test_a_scripts_doubling_keeps_the_rest_of_the_step_and_doubles_its_micro_steps():
+    # one micro-step a step (1 s, the synchronisation in it) and 2 s of the rest: 2 x 3 s / (2 x 1 + 2) s
+    assert _script_schedule(1, [], [1.0], [3.0])._doubling_speedup(1, 2) == pytest.approx(1.5)
+    # two a step: the median of the micro-steps that do not synchronise (1 s), the rest 4 - 2 x 1 = 2 s
+    assert _script_schedule(2, [1.0, 5.0, 1.0], [9.0], [4.0, 4.5, 3.5])._doubling_speedup(1, 4) == pytest.approx(4 / 3)
+    # a step no longer than its micro-steps has no rest to share: no gain
+    assert _script_schedule(2, [1.0], [1.0], [1.5])._doubling_speedup(1, 4) == pytest.approx(1.0)
+
+
+def test_a_script_outside_launch_keeps_its_own_accumulation():
+    fixed = _script_schedule(3, [], [], [])
+    assert fixed.accum == 3 and fixed.recorder is None and fixed.run_dir is None
+    assert list(fixed.micro_steps()) == [0, 1, 2]
+    fixed.step_done()
+    assert fixed.accum == 3 and fixed.lr_factor == 1.0 and fixed.optimizer.param_groups[0]["lr"] == 0.1

@@ -11,7 +11,7 @@ from paratrain.script_client import params, report
 # the exporter sits above the launcher and cannot be imported by it.
 register(MLFLOW)
 
-__all__ = ["TrainConfig", "UsageError", "params", "report", "train"]
+__all__ = ["TrainConfig", "UsageError", "batch_schedule", "params", "report", "train"]
 __version__ = "0.1.0"
 
 
@@ -22,6 +22,10 @@ def __getattr__(name: str) -> Any:
         from paratrain.launch import train
 
         return train
+    if name == "batch_schedule":
+        from paratrain.engine.script_schedule import batch_schedule
+
+        return batch_schedule
     if name == "TrainConfig":
         from paratrain.config import TrainConfig
 

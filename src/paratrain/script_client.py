@@ -17,6 +17,8 @@ import time
 
 REPORT_FILE_ENV = "PARATRAIN_REPORT_FILE"
 PARAMS_ENV = "PARATRAIN_PARAMS"
+# `paratrain launch --batch-schedule`'s choices, as JSON, for the script's paratrain.batch_schedule(...).
+BATCH_SCHEDULE_ENV = "PARATRAIN_BATCH_SCHEDULE"
 
 
 def report(step: int | None = None, **metrics: float) -> None:

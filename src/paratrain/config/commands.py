@@ -10,7 +10,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from paratrain.config.flags import CommandText, cli, comma_separated, flag, parse_size
-from paratrain.config.optimisation import Optimizer
+from paratrain.config.optimisation import BatchSchedule, LRScaling, Optimizer
 from paratrain.config.parallelism.placement import Backend, Device
 from paratrain.config.train import TrainConfig
 
@@ -268,6 +268,35 @@ class LaunchConfig(BaseModel):
         "docs/doctor.md); --no-probe runs the script untouched",
         json_schema_extra=cli(flag="--no-probe"),
     )
+    batch_schedule: BatchSchedule = Field(
+        "fixed",
+        description="the script's global batch over the run, set through paratrain.batch_schedule(...) in the "
+        "script (docs/launch.md): fixed (the script's own); warmup (doubled at even intervals over "
+        "--batch-ramp-epochs up to --max-global-batch); adaptive (doubled when the noise scale and the throughput "
+        "measured in the run say it raises the goodput); by gradient accumulation, the LR following by --lr-scaling",
+    )
+    max_global_batch: int | None = TrainConfig.model_fields["max_global_batch"]
+    batch_ramp_epochs: float = TrainConfig.model_fields["batch_ramp_epochs"]
+    lr_scaling: LRScaling = Field(
+        "linear",
+        description="--batch-schedule warmup or adaptive: how the script's LR follows the global batch: linear "
+        "(Goyal et al. 2017), sqrt, or none",
+    )
+
+    @model_validator(mode="after")
+    def _growth_needs_a_schedule(self) -> LaunchConfig:
+        if self.batch_schedule == "fixed":
+            for given in ("max_global_batch", "batch_ramp_epochs", "lr_scaling"):
+                if getattr(self, given) != type(self).model_fields[given].default:
+                    raise ValueError(f"{flag(given)} applies to --batch-schedule warmup or adaptive")
+        return self
+
+    def schedule_settings(self) -> dict[str, Any]:
+        """What the ranks' paratrain.batch_schedule(...) is told (engine/script_schedule.py)."""
+        settings = {"kind": self.batch_schedule, "batch_ramp_epochs": self.batch_ramp_epochs}
+        if self.max_global_batch is not None:
+            settings["max_global_batch"] = self.max_global_batch
+        return {**settings, "lr_scaling": self.lr_scaling}
 
 
 class SweepConfig(BaseModel):

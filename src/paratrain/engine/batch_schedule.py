@@ -156,6 +156,46 @@ class BatchSchedule:
         s.above = 0
         return self._grow_to(2 * s.merge * s.accum)
 
+    def noise_read_of_ranks(
+        self,
+        measured: list[tuple[float, float, int, int]],
+        batches: tuple[int, int],
+        ranks: int,
+        total: Callable[[list[float]], list[float]],
+        world_size: int,
+        speedup: Speedup | None,
+    ) -> int | None:
+        """noise_read at a log point on every rank: this rank's (|small|², |big|², ...) measured since the last one,
+        summed over the ranks by `total` (each rank measured its own small batch), so that every rank takes the same
+        decision; `batches` are the (small, big) batch sizes the steps had and `ranks` the ranks each step counts."""
+        if self.kind != "adaptive":
+            return None
+        batch = self.global_batch
+        small, big, counted, batch_sum, square_sum = total(
+            [sum(m[0] for m in measured), sum(m[1] for m in measured), len(measured), batch, batch * batch]
+        )
+        # The ranks' batches agree exactly when their squares sum to the square of their sum over the ranks
+        # (exact in float64 for whole numbers this size): a divergence is named here, not left to hang.
+        if square_sum * world_size != batch_sum * batch_sum:
+            raise RuntimeError(f"the ranks' batch schedules diverged (this rank at {batch}); please report it")
+        if not counted:
+            return None
+        # Every rank's steps had the same batches: the accumulation changes only here, after them.
+        return self.noise_read(small / counted, big / counted, *batches, round(counted / ranks), speedup)
+
+    def change_event(self) -> dict[str, Any]:
+        """The fields of metrics.jsonl's `batch` event, after the global batch moved."""
+        noise = self.noise_scale()
+        return {
+            "samples": self.state.samples,
+            "global_batch": self.global_batch,
+            "per_rank_batch": self.per_rank_batch,
+            "grad_accum": self.accum,
+            "lr_factor": self.lr_factor(),
+            **({"noise_scale": noise} if noise is not None else {}),
+            **({"goodput_gain": self.last_gain} if self.last_gain is not None else {}),
+        }
+
     def goodput_gain(self, merge: int, accum: int, speedup: float, noise: float) -> float:
         """The goodput at (merge, accum) over the goodput now: the throughput's gain times the statistical
         efficiency's, (B_noise + B) / (B_noise + B') (Pollux's efficiency, McCandlish et al.'s samples)."""

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 
 from paratrain.config import TrainConfig
 
@@ -112,6 +113,32 @@ class ShardNorms:
 
 # What measures a data-parallel step's two norms: DDP's buckets or FSDP's reduce-scatters.
 DataParallelNorms = BucketNorms | ShardNorms
+
+
+class MeasuredReduceScatter(ReduceScatter):
+    """FSDP's own reduce-scatter (`dist.reduce_scatter_single`), given to each FSDP module with
+    `set_custom_reduce_scatter`: it hands the local gradient to `norms` (when measuring) and calls `started`
+    (when timing) first."""
+
+    def __init__(self, norms: ShardNorms | None, started: Callable[[], None] | None = None):
+        self.norms, self.started = norms, started
+
+    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        group: dist.ProcessGroup,
+        op: Any,
+        async_op: bool = False,
+    ) -> dist.Work | None:
+        if self.started is not None:
+            self.started()
+        if self.norms is not None:
+            self.norms.before_reduce_scatter(input_tensor)
+        return dist.reduce_scatter_single(output_tensor, input_tensor, group=group, op=op, async_op=async_op)
 
 
 class GradNoiseRecorder:

@@ -553,27 +553,18 @@ class Trainer:
             self._noise_read(self.grad_noise.flush(), self._doubling_speedup)
 
     def _noise_read(self, measured: list[tuple[float, float, int, int]], speedup: Speedup | None) -> None:
-        """--batch-schedule adaptive at a log point: the interval's squared norms, the small batch's averaged
-        over the ranks (each rank measured its own), so that every rank takes the same decision."""
-        if self.batch_schedule.kind != "adaptive":
-            return
-        batch = self.batch_schedule.global_batch
-        sums = torch.tensor(
-            [sum(m[0] for m in measured), sum(m[1] for m in measured), len(measured), batch, batch * batch],
-            dtype=torch.float64,
-            device=self.ctx.device,
+        """--batch-schedule adaptive at a log point: the interval's squared norms, summed over the ranks."""
+        ctx, batches = self.ctx, self.batch_schedule
+
+        def total(values: list[float]) -> list[float]:
+            return ctx.sum(torch.tensor(values, dtype=torch.float64, device=ctx.device)).tolist()
+
+        measured_batches = self.grad_noise.batches(batches.per_rank_batch, batches.accum)
+        self._batch_changed(
+            batches.noise_read_of_ranks(
+                measured, measured_batches, self.grad_noise.ranks, total, ctx.world_size, speedup
+            )
         )
-        small, big, counted, batch_sum, square_sum = self.ctx.sum(sums).tolist()
-        # The ranks' batches agree exactly when their squares sum to the square of their sum over the ranks
-        # (exact in float64 for whole numbers this size): a divergence is named here, not left to hang.
-        if square_sum * self.ctx.world_size != batch_sum * batch_sum:
-            raise RuntimeError(f"the ranks' batch schedules diverged (this rank at {batch}); please report it")
-        if not counted:
-            return
-        # Every rank's steps had the same batches: the accumulation changes only here, after them.
-        batches = self.grad_noise.batches(self.batch_schedule.per_rank_batch, self.batch_schedule.accum)
-        steps = round(counted / self.grad_noise.ranks)
-        self._batch_changed(self.batch_schedule.noise_read(small / counted, big / counted, *batches, steps, speedup))
 
     def _doubling_speedup(self, merge: int, accum: int) -> float:
         """adaptive: the throughput at a per-rank batch of merge x --batch-size and `accum` forwards a step over
@@ -632,18 +623,7 @@ class Trainer:
         if global_batch is None:
             return
         batches = self.batch_schedule
-        noise = batches.noise_scale()
-        self._event(
-            "batch",
-            step=self.state.step,
-            samples=batches.state.samples,
-            global_batch=global_batch,
-            per_rank_batch=batches.per_rank_batch,
-            grad_accum=batches.accum,
-            lr_factor=batches.lr_factor(),
-            **({"noise_scale": noise} if noise is not None else {}),
-            **({"goodput_gain": batches.last_gain} if batches.last_gain is not None else {}),
-        )
+        self._event("batch", step=self.state.step, **batches.change_event())
         log.info(
             "step %d: global batch %d (%d a rank, %d micro-steps a step)",
             self.state.step,

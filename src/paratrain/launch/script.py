@@ -15,6 +15,10 @@ The run directory:
     logs/rank<R>.log      each rank's stdout and stderr
     reports/rank<R>.jsonl each rank's `paratrain.report(...)` calls, one JSON line per call
     probe/rank<R>.jsonl   each rank's steps timed by phase (launch/probe.py; not with --no-probe)
+    metrics.jsonl, batch_schedule.json, grad_noise/
+                          with --batch-schedule warmup or adaptive: the script's paratrain.batch_schedule
+                          records each change of its global batch, its state and (adaptive) its norms
+                          (engine/script_schedule.py)
 
 summary.json then also holds `breakdown` (seconds per optimizer step: data, compute, comm,
 optimizer, other, as for built-in runs) and `probe` (what the probe saw per rank, or why it is off).
@@ -22,7 +26,9 @@ optimizer, other, as for built-in runs) and `probe` (what the probe saw per rank
 
 from __future__ import annotations
 
+import ast
 import datetime as _dt
+import json
 import os
 import re
 import shutil
@@ -43,7 +49,7 @@ from paratrain.measure.monitor import monitor_run, ranks_by_environment
 from paratrain.runs import RunDir, json_records, steady_epoch_time, write_json
 from paratrain.runs.lock import run_dir_entries, run_dir_lock
 from paratrain.runs.records import Summary, checked, fitting_fields
-from paratrain.script_client import REPORT_FILE_ENV
+from paratrain.script_client import BATCH_SCHEDULE_ENV, REPORT_FILE_ENV
 
 # The keys of summary.json that launch itself writes; a reported metric of the same name is kept
 # under "reported" only.
@@ -62,6 +68,7 @@ OWN_KEYS = (
     "epoch_time_s",
     "breakdown",
     "probe",
+    "batch_schedule",
 )
 
 # Each rank starts as `python -c RANK_EXEC PROGRAM...`: it pins itself to its cores, sends its
@@ -99,6 +106,12 @@ def launch_script(config: LaunchConfig | dict[str, Any] | None = None, **overrid
         raise UsageError(f"{cfg.script} does not exist; pass the path of your training script")
     if script.suffix != ".py" and not os.access(script, os.X_OK):
         raise UsageError(f"{cfg.script} is not executable; chmod +x it, or pass a .py file (run with {sys.executable})")
+    if cfg.batch_schedule != "fixed" and not _sets_batch_schedule(script):
+        raise UsageError(
+            f"--batch-schedule {cfg.batch_schedule}: {cfg.script} never calls paratrain.batch_schedule(...), so "
+            "paratrain cannot set its batch; build one after wrapping the model and run each optimizer step's "
+            "micro_steps() (docs/launch.md)"
+        )
     program = [sys.executable, str(script)] if script.suffix == ".py" else [str(script)]
     if cfg.probe and script.suffix == ".py":
         program = probe.command(str(script))
@@ -143,6 +156,8 @@ def _launch(
         },
     )
     env = {**thread_env(threads), **cfg.env, "PARATRAIN_RUN_DIR": str(run.path.resolve())}
+    if cfg.batch_schedule != "fixed":
+        env[BATCH_SCHEDULE_ENV] = json.dumps(cfg.schedule_settings())
     if cpu_sets is not None:
         env["PARATRAIN_CPU_SETS"] = ";".join(",".join(map(str, cores)) for cores in cpu_sets)
 
@@ -179,6 +194,7 @@ def _launch(
         "reported": reported,
         **throughput(run.path / "reports"),
         **probed(cfg, script, run.path),
+        **scheduled(cfg, run.path),
     }
     if summary.get("samples_per_s") is None and summary["probe"].get("samples_per_s"):
         # The script reported no throughput: the probe's count of the samples its ranks trained on.
@@ -241,6 +257,28 @@ def probed(cfg: LaunchConfig, script: Path, run_dir: Path) -> dict[str, Any]:
     if script.suffix != ".py":
         return probe_summary.off(f"{script.name} is not a Python script (.py); only the monitor's samples describe it")
     return probe_summary.summarise(run_dir)
+
+
+def _sets_batch_schedule(script: Path) -> bool:
+    """Whether a Python script calls paratrain.batch_schedule (by any name ending so); a script that does not
+    parse is let through, to fail with Python's own error."""
+    if script.suffix != ".py":
+        return False
+    try:
+        tree = ast.parse(script.read_text(errors="replace"))
+    except SyntaxError:
+        return True
+    called = (node.func for node in ast.walk(tree) if isinstance(node, ast.Call))
+    return any("batch_schedule" in (getattr(func, "attr", None), getattr(func, "id", None)) for func in called)
+
+
+def scheduled(cfg: LaunchConfig, run_dir: Path) -> dict[str, Any]:
+    """summary.json's `batch_schedule`: where the script's schedule started, ended and could go (rank 0's
+    record, engine/script_schedule.py); nothing with a fixed batch or a script that never built one."""
+    state = run_dir / "batch_schedule.json"
+    if cfg.batch_schedule == "fixed" or not state.exists():
+        return {}
+    return {"batch_schedule": json.loads(state.read_text())}
 
 
 def read_reports(reports: Path) -> dict[str, float]:

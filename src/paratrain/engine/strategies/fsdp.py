@@ -66,13 +66,12 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
-from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.distributed.tensor._random import is_rng_supported_mesh
 
 from paratrain.config import TrainConfig
 from paratrain.engine.distributed import RankContext
-from paratrain.engine.grad_noise import ShardNorms
+from paratrain.engine.grad_noise import MeasuredReduceScatter, ShardNorms
 from paratrain.engine.strategies.base import StepResult, WholeModelStrategy
 from paratrain.engine.strategies.sharded_checkpoint import ShardedCheckpoints
 from paratrain.engine.strategies.tensor import apply_tensor_parallel, reported
@@ -138,30 +137,6 @@ def uninitialisable(model: nn.Module) -> str | None:
                 "reset_parameters() to initialise them after sharding"
             )
     return None
-
-
-class _StampedReduceScatter(ReduceScatter):
-    """FSDP's own reduce-scatter (`dist.reduce_scatter_single`), stamping when each one starts and, with
-    --grad-noise, taking the squared norm of the local gradient it is handed (engine/grad_noise.py)."""
-
-    def __init__(self, strategy: FullyShardedDataParallel):
-        self.strategy = strategy
-
-    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        return torch.empty(*size, dtype=dtype, device=device)
-
-    def __call__(
-        self,
-        output_tensor: torch.Tensor,
-        input_tensor: torch.Tensor,
-        group: dist.ProcessGroup,
-        op: Any,
-        async_op: bool = False,
-    ) -> dist.Work | None:
-        self.strategy._last_launch = self.strategy.stamp()
-        if self.strategy.grad_norms is not None:
-            self.strategy.grad_norms.before_reduce_scatter(input_tensor)
-        return dist.reduce_scatter_single(output_tensor, input_tensor, group=group, op=op, async_op=async_op)
 
 
 class FullyShardedDataParallel(WholeModelStrategy):
@@ -230,7 +205,7 @@ class FullyShardedDataParallel(WholeModelStrategy):
         fully_shard(model, **options)
         if twins is not None:
             self._materialise(model, twins)
-        comm = _StampedReduceScatter(self)
+        comm = MeasuredReduceScatter(self.grad_norms, started=self._stamp_launch)
         for module in model.modules():
             if isinstance(module, FSDPModule):
                 module.set_custom_reduce_scatter(comm)
@@ -303,6 +278,9 @@ class FullyShardedDataParallel(WholeModelStrategy):
             yield
         finally:
             model.set_requires_gradient_sync(True)
+
+    def _stamp_launch(self) -> None:
+        self._last_launch = self.stamp()
 
     def comm_started(self) -> Any | None:
         launched, self._last_launch = self._last_launch, None
