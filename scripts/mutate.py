@@ -45,12 +45,15 @@ TESTS = {
     "engine/timing.py": ["tests/test_formulas_timing.py"],
     "engine/memory.py": ["tests/test_formulas_engine_memory.py"],
     "engine/batch_schedule.py": ["tests/test_formulas_batch_schedule.py"],
+    "engine/script_schedule.py": ["tests/test_formulas_batch_schedule.py"],
     "scale/__init__.py": ["tests/test_formulas_scale.py", "tests/test_formulas_epochs.py"],
     "launch/probe_summary.py": ["tests/test_formulas_probe_summary.py", "tests/test_formulas_doctor.py"],
 }
 # module -> the functions whose mutants count, where the module also runs things (probes, runs,
 # benchmarks) that no unit test here can afford; none listed: the whole module.
 FUNCTIONS = {
+    # What a script's schedule decides and records; hooking into DDP and FSDP runs in the 2-rank tests only.
+    "engine/script_schedule.py": ["micro_steps", "step_done", "load_state_dict", "_doubling_speedup", "_changed"],
     "batch/lr_find.py": ["scaling_rule", "smooth", "suggest"],
     "batch/find_batch.py": ["knee", "binsearch", "find_batch"],
     "commbench.py": ["fit_alpha_beta", "fit_regimes", "regime_for", "_largest", "message_sizes"],

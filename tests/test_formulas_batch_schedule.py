@@ -373,3 +373,79 @@ def test_a_script_outside_launch_keeps_its_own_accumulation():
     assert list(fixed.micro_steps()) == [0, 1, 2]
     fixed.step_done()
     assert fixed.accum == 3 and fixed.lr_factor == 1.0 and fixed.optimizer.param_groups[0]["lr"] == 0.1
+
+
+def test_a_scripts_warmup_moves_its_lr_with_the_batch_and_resumes_where_it_was(monkeypatch):
+    """One process, warmup from 4 to 16 over an epoch of 64 samples: doublings once a third (22 samples) and two
+    thirds (43) are trained on, the optimizer's LR doubled at each; a schedule loaded from its state_dict is at
+    the batch and LR factor it had reached."""
+    from paratrain.engine.script_schedule import batch_schedule
+
+    monkeypatch.setenv("PARATRAIN_BATCH_SCHEDULE", '{"kind": "warmup", "max_global_batch": 16}')
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    made = batch_schedule(model, optimizer, batch_size=4, samples_per_epoch=64)
+    seen = []
+    for _ in range(9):
+        assert len(list(made.micro_steps())) == made.accum
+        made.step_done()
+        seen.append((made.global_batch, optimizer.param_groups[0]["lr"]))
+    # 6 steps of 4 reach 24 >= 21.3; 3 of 8 then reach 48 >= 42.7
+    assert seen == [(4, 0.1)] * 5 + [(8, 0.2)] * 3 + [(16, 0.4)]
+    again = batch_schedule(torch.nn.Linear(2, 1), optimizer, batch_size=4, samples_per_epoch=64)
+    again.load_state_dict(made.state_dict())
+    assert (again.accum, again.lr_factor, again.step) == (4, 4.0, 9)
+
+
+def test_the_ranks_reading_averages_their_small_batches_and_counts_each_step_once():
+    """Two ranks' (|small|², |big|²) of the same 10 steps: the reading takes the mean over both ranks' 20 records
+    as the steps' norms and folds them in as 10 steps, exactly as one reading of those means would."""
+    mine = [(*norms(1000.0, 16, 32)[:2], 16, 32)] * 10
+    theirs = [(3.0, norms(1000.0, 16, 32)[1], 16, 32)] * 10
+    adapt, alone = schedule("adaptive"), schedule("adaptive")
+
+    def total(values: list[float]) -> list[float]:  # the other rank's figures at the same reading
+        other = [sum(m[0] for m in theirs), sum(m[1] for m in theirs), len(theirs), 32, 32 * 32]
+        return [a + b for a, b in zip(values, other)]
+
+    assert adapt.noise_read_of_ranks(mine, (16, 32), 2, total, 2, None) is None
+    small = (10 * mine[0][0] + 10 * 3.0) / 20
+    alone.noise_read(small, mine[0][1], 16, 32, steps=10, speedup=None)
+    assert adapt.state == alone.state
+    # nothing measured since the last reading: no reading; a fixed schedule reads nothing at all
+    assert adapt.noise_read_of_ranks([], (16, 32), 2, lambda v: [0.0, 0.0, 0.0, 64.0, 2048.0], 2, None) is None
+    assert adapt.state == alone.state
+    assert schedule("fixed").noise_read_of_ranks(mine, (16, 32), 2, total, 2, None) is None
+
+
+def test_ranks_at_different_batches_are_named_not_left_to_hang():
+    adapt = schedule("adaptive")
+    with pytest.raises(RuntimeError, match="diverged"):  # this rank at 32, the other at 64
+        adapt.noise_read_of_ranks([], (16, 32), 2, lambda v: [v[0], v[1], v[2], v[3] + 64, v[4] + 64 * 64], 2, None)
+    adapt.noise_read_of_ranks([], (16, 32), 2, lambda v: [v[0], v[1], v[2], 2 * v[3], 2 * v[4]], 2, None)
+
+
+def test_a_batch_event_says_where_the_schedule_is_and_what_moved_it():
+    adapt = schedule("adaptive", max_global_batch=1024)
+    assert adapt.change_event() == {
+        "samples": 0,
+        "global_batch": 32,
+        "per_rank_batch": 16,
+        "grad_accum": 1,
+        "lr_factor": 1.0,
+    }
+    for _ in range(2):
+        adapt.noise_read(*norms(1000.0, 32, 64), steps=EMA_STEPS, speedup=GAIN)
+    event = adapt.change_event()
+    assert (event["global_batch"], event["grad_accum"], event["lr_factor"]) == (64, 2, 2.0)
+    assert event["noise_scale"] == pytest.approx(1000.0) and event["goodput_gain"] == pytest.approx(1.4 * 1032 / 1064)
+
+
+def test_the_ranks_reading_asks_the_throughput_and_grows_as_one_reading_would():
+    adapt = schedule("adaptive", max_global_batch=1024)
+    steps = [norms(1000.0, 32, 64)] * EMA_STEPS  # one rank (world 1): its own figures are the sums
+
+    def read() -> int | None:
+        return adapt.noise_read_of_ranks(steps, (32, 64), 1, lambda values: values, 1, GAIN)
+
+    assert read() is None and read() == 64 and adapt.last_gain == pytest.approx(1.4 * 1032 / 1064)

@@ -408,6 +408,11 @@ def test_a_plan_is_checked_against_the_models_layers():
         (dict(workers=2, tp=2, dp_shard=1), dict(workers=2, tp=2)),
         (dict(workers=4, pp=4), dict(workers=4, strategy="pipeline", stages=4)),
         (dict(workers=4, dp_replicate=2, pp=2), dict(workers=4, strategy="hybrid", dp=2, stages=2)),
+        (dict(workers=4, dp_shard=2, pp=2), dict(workers=4, strategy="hybrid", dp=2, stages=2, dp_shard=2)),
+        (
+            dict(workers=8, dp_replicate=2, dp_shard=2, pp=2),
+            dict(workers=8, strategy="hybrid", dp=4, stages=2, dp_shard=2),
+        ),
         (dict(workers=2, dp_replicate=2, pp=1), dict(workers=2)),
         (dict(workers=1, dp_shard=1), dict(workers=1)),
     ],

@@ -238,29 +238,44 @@ def test_the_measured_bubble_falls_with_microbatches_as_the_theory_says(two_rank
         assert abs(bubble - theory) <= 0.1, measured
 
 
+# gpt's 2 stages, each sharded over 2 ranks (torchtitan's PP x FSDP; oversubscribed: 4 ranks on 2 cores).
+PP_FSDP = dict(GPT, pp=2, dp_shard=2, batch_size=4, microbatches=2, allow_oversubscribe=True)
+
+
 def test_hybrid_on_four_ranks_reaches_the_parameters_of_one_process(tmp_path, one_process_runs):
-    """2 replicas x 2 stages, batch 32 per replica: one process with batch 64 (oversubscribed: 4 ranks on 2 cores)."""
+    """2 replicas x 2 stages, batch 32 per replica: one process with batch 64; and the same layout with the
+    stages sharded instead of replicated (--pp 2 --dp-shard 2), gpt at 4 a replica: one process with batch 8,
+    then resumed from its checkpoint for a second epoch, against two epochs straight through."""
+    hybrid = dict(SMALL, strategy="hybrid", dp=2, stages=2, batch_size=32, microbatches=2, allow_oversubscribe=True)
     _spawn(
         4,
         [
-            (
-                dict(
-                    SMALL,
-                    strategy="hybrid",
-                    dp=2,
-                    stages=2,
-                    batch_size=32,
-                    microbatches=2,
-                    allow_oversubscribe=True,
-                    run_dir=tmp_path / "hybrid",
-                ),
-                None,
-            )
+            (dict(hybrid, run_dir=tmp_path / "hybrid"), None),
+            (dict(PP_FSDP, run_dir=tmp_path / "pp-fsdp"), None),
+            (dict(PP_FSDP, epochs=2, run_dir=tmp_path / "pp-fsdp-straight"), None),
+            (dict(PP_FSDP, epochs=2, resume=True, run_dir=tmp_path / "pp-fsdp-resumed"), tmp_path / "pp-fsdp"),
         ],
     )
     summary = _summary(tmp_path / "hybrid")
     assert summary["global_batch_size"] == 64 and summary["steps"] == 4 and summary["allreduce"] == "gloo"
     _assert_same_parameters(_model(one_process_runs / "small64"), _model(tmp_path / "hybrid"))
+
+    sharded = _summary(tmp_path / "pp-fsdp")
+    assert sharded["layout"] == {"dp_replicate": 1, "dp_shard": 2, "tp": 1, "pp": 2}
+    assert sharded["global_batch_size"] == 8 and sharded["allreduce"] == "reduce-scatter (gloo)"
+    staged = _model(tmp_path / "pp-fsdp")  # gathered whole from the shards
+    assert torch.equal(staged["embed.wte.weight"], staged["head.lm_head.weight"])  # the tie, summed over stages
+    _assert_same_parameters(_model(one_process_runs / "gpt"), staged)
+    # each rank holds half of its stage's parameters: the 4 ranks together hold the model once, plus the
+    # second copy of the tied weight (the stages' each)
+    single = _summary(one_process_runs / "gpt")["memory"]["parameters_bytes"][0]
+    tied = staged["embed.wte.weight"].numel() * 4
+    assert sum(sharded["memory"]["parameters_bytes"]) == single + tied
+    assert max(sharded["memory"]["parameters_bytes"]) < 0.4 * single
+    straight, resumed = _model(tmp_path / "pp-fsdp-straight"), _model(tmp_path / "pp-fsdp-resumed")
+    for key in straight:
+        torch.testing.assert_close(resumed[key], straight[key], rtol=0, atol=0, msg=key)
+    assert _summary(tmp_path / "pp-fsdp-resumed")["steps"] == 2 * sharded["steps"]
 
 
 # -- bad input: one line, exit 2, nothing written ---------------------------------------------------
@@ -288,6 +303,10 @@ BAD = {
         "for --microbatches use",
     ),
     "gradient accumulation": (dict(strategy="pipeline", workers=2, grad_accum=2), "instead of --grad-accum"),
+    "stage shards that do not divide the replicas": (
+        dict(strategy="hybrid", workers=6, dp=3, stages=2, dp_shard=2),
+        "--dp-shard 2 shards each stage over that many of the pipeline's 3 replicas",
+    ),
     "stages without a staged strategy": (
         dict(strategy="ddp", workers=2, stages=2),
         "--stages lays out pipeline stages",

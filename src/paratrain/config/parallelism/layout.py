@@ -36,7 +36,7 @@ class LayoutOptions(BaseModel):
         gt=0,
         description="the ranks as a mesh, torchtitan's way (--dp-replicate R x --dp-shard S x --tp T x --pp P = "
         "--workers; the strategies are presets of it): S ranks FSDP shards each replica over (--dp-shard N is "
-        "--strategy fsdp)",
+        "--strategy fsdp; with --pp P, --strategy hybrid whose stages FSDP shards over S of its --dp replicas)",
     )
     pp: int | None = Field(
         None,
@@ -53,6 +53,8 @@ class LayoutOptions(BaseModel):
         whichever spelling it was given."""
         if not isinstance(values, dict) or (values.get("dp_shard") is None and values.get("pp") is None):
             return values
+        if values.get("strategy") == "hybrid" and values.get("pp") is None:
+            return values  # hybrid's own spelling: --dp-shard S shards each stage over S of its --dp replicas
         values = dict(values)
         given = {k: values.get(k) for k in ("strategy", "stages", "dp") if values.get(k) is not None}
         if given:
@@ -74,10 +76,10 @@ class LayoutOptions(BaseModel):
                 f"the layout --dp-replicate {r} x --dp-shard {s} x --tp {t} x --pp {p} is {r * s * t * p} ranks and "
                 f"--workers is {workers}; make the product of the layout --workers"
             )
-        if p > 1 and (s > 1 or t > 1):
+        if p > 1 and t > 1:
             raise ValueError(
-                f"--pp with {'--dp-shard' if s > 1 else '--tp'} is not supported yet: a pipeline's stages are "
-                "replicated whole (--pp with --dp-replicate), or the layers split and sharded without stages"
+                "--pp with --tp is not supported yet: a pipeline's stages are replicated or sharded whole (--pp with "
+                "--dp-replicate or --dp-shard), or the layers split and sharded without stages"
             )
         if t > 1 and s == 1 and r > 1:
             raise ValueError(
@@ -86,9 +88,11 @@ class LayoutOptions(BaseModel):
             )
         values |= {"workers": workers, "tp": t}
         if p > 1:
-            values |= {"strategy": "pipeline" if r == 1 else "hybrid", "stages": p}
-            if r > 1:
-                values["dp"] = r
+            values |= {"strategy": "pipeline" if r * s == 1 else "hybrid", "stages": p}
+            if r * s > 1:
+                values["dp"] = r * s
+            if s > 1:  # FSDP within each stage, over S of the pipeline's replicas (engine/strategies/hybrid.py)
+                values["dp_shard"] = s
         elif s > 1:
             values |= {"strategy": "fsdp", "dp_replicate": r}
         # otherwise replicas alone, or one tensor-parallel group: what --workers (and --tp) pick by default
@@ -104,8 +108,8 @@ class LayoutOptions(BaseModel):
         if name == "fsdp":
             shard = self.workers // (self.dp_replicate * self.tp)
             return {"dp_replicate": self.dp_replicate, "dp_shard": shard, "tp": self.tp, "pp": 1}
-        replicas = self.workers // (stages * self.tp)
-        return {"dp_replicate": replicas, "dp_shard": 1, "tp": self.tp, "pp": stages}
+        replicas, shards = self.workers // (stages * self.tp), self.dp_shard or 1
+        return {"dp_replicate": replicas // shards, "dp_shard": shards, "tp": self.tp, "pp": stages}
 
     @property
     def strategy_name(self) -> str:

@@ -75,6 +75,11 @@ def check(config: TrainConfig) -> None:
             f"--strategy {name} splits the model into at least 2 stages (got --stages {stages}); "
             "with one stage use --strategy single or ddp"
         )
+    if config.dp_shard is not None and (config.dp_shard < 2 or replicas % config.dp_shard):
+        raise ValueError(
+            f"--dp-shard {config.dp_shard} shards each stage over that many of the pipeline's {replicas} replicas: "
+            f"give a divisor of {replicas} from 2 up (or leave it out to replicate the stages whole)"
+        )
     if name == "model-parallel":
         for given, value in (("microbatches", 1), ("pipeline_schedule", "gpipe")):
             # Compared with the default, not with the fields given: the ranks get every field.

@@ -64,7 +64,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.distributed.tensor._random import is_rng_supported_mesh
@@ -110,6 +110,19 @@ def shard_units(model: nn.Module, class_name: str | None) -> list[nn.Module]:
     # Innermost first: fully_shard wraps nested units bottom-up.
     depth = {id(m): name.count(".") + 1 for name, m in model.named_modules() if name}
     return sorted(kept, key=lambda m: -depth[id(m)])
+
+
+def shard_in_units(model: nn.Module, cfg: TrainConfig, mesh: DeviceMesh) -> None:
+    """fully_shard over `mesh`, unit by unit (shard_units) and then the root, with the run's resharding,
+    mixed-precision and offload policies (module docstring); in place. Also a hybrid pipeline's stages."""
+    options: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": cfg.reshard_after_forward}
+    if cfg.precision == "bf16":
+        options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if cfg.cpu_offload:
+        options["offload_policy"] = CPUOffloadPolicy()
+    for unit in shard_units(model, cfg.shard_unit):
+        fully_shard(unit, **options)
+    fully_shard(model, **options)
 
 
 def _resets(module: nn.Module) -> bool:
@@ -195,14 +208,7 @@ class FullyShardedDataParallel(WholeModelStrategy):
         cfg = self.cfg
         # Full-size meta copies of the modules that initialise themselves, taken before sharding.
         twins = [(m, copy.deepcopy(m)) for m in model.modules() if _resets(m)] if _on_meta(model) else None
-        options: dict[str, Any] = {"mesh": self.mesh, "reshard_after_forward": cfg.reshard_after_forward}
-        if cfg.precision == "bf16":
-            options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        if cfg.cpu_offload:
-            options["offload_policy"] = CPUOffloadPolicy()
-        for unit in shard_units(model, cfg.shard_unit):
-            fully_shard(unit, **options)
-        fully_shard(model, **options)
+        shard_in_units(model, cfg, self.mesh)
         if twins is not None:
             self._materialise(model, twins)
         comm = MeasuredReduceScatter(self.grad_norms, started=self._stamp_launch)

@@ -1,14 +1,22 @@
-"""Hybrid: data parallel × pipeline on a 2-D DeviceMesh (dp, pp): `--dp D` replicas of a
-`--stages K` pipeline, D × K ranks.
+"""Hybrid: data parallel × pipeline on a DeviceMesh (dp_replicate, dp_shard, pp): `--dp D` replicas of a
+`--stages K` pipeline, D × K ranks; with `--pp K --dp-shard S` (torchtitan's PP × FSDP) the stages are
+sharded over S of the D replicas and replicated over the other D / S.
 
-Each stage is wrapped in DistributedDataParallel over its `dp` sub-group (the ranks that hold the
-same stage in the other replicas); each replica reads its own data shard. DDP rather than FSDP
-over `dp` (torchtitan's choice on GPUs, for memory): PipelineStage runs every micro-batch's
-backward but the last under DDP's no_sync (stage.py, backward_maybe_with_nosync), so a stage's
-gradients are averaged across replicas once per step, after the last micro-batch, exactly the
-data-parallel average; sharding inside a stage is `fsdp`'s job and would add parameter
-all-gathers to every micro-batch. The all-reduce of the last micro-batch runs inside that
-micro-batch's backward, so the measured busy time of a stage includes it.
+Replicated stages: each stage is wrapped in DistributedDataParallel over its replicas (the ranks that hold
+the same stage in the other pipelines); each replica reads its own data shard. PipelineStage runs every
+micro-batch's backward but the last under DDP's no_sync (stage.py, backward_maybe_with_nosync), so a
+stage's gradients are averaged across replicas once per step, after the last micro-batch, exactly the
+data-parallel average. The all-reduce of the last micro-batch runs inside that micro-batch's backward, so
+the measured busy time of a stage includes it.
+
+Sharded stages (`--dp-shard S`): each stage is FSDP2's, unit by unit as `fsdp` shards a whole model
+(strategies/fsdp.py: shard_in_units), over the stage's S shard ranks, and HSDP's all-reduce across the
+D / S replicas when there are several. PipelineStage drives FSDP itself: every micro-batch's backward
+keeps its unsharded gradients and the reduce-scatter runs once, after the last (perform_reduce_grad).
+A rank then holds 1/S of its stage's parameters, gradients and optimizer state, and gathers a unit's
+parameters for each micro-batch's forward and backward: torchtitan's 2-D layout for models whose
+stages do not fit whole. Checkpoints gather the shards whole (pipeline.py): checkpoint.pt holds the whole
+model, as every pipeline's does, and a resumed run takes its shards of it.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from paratrain.config import TrainConfig
 from paratrain.engine.distributed import RankContext
+from paratrain.engine.strategies.fsdp import shard_in_units
 from paratrain.engine.strategies.pipeline import PipelineParallel
 
 
@@ -30,13 +39,22 @@ class Hybrid(PipelineParallel):
 
     def __init__(self, cfg: TrainConfig, ctx: RankContext, stamp: Callable[[], Any]):
         super().__init__(cfg, ctx, stamp)
-        self.allreduce = dist.get_backend() if self.dp > 1 else None
+        replicas = self.dp // self.shards
+        if self.shards > 1:
+            across = f" + all-reduce over {replicas} replicas" if replicas > 1 else ""
+            self.allreduce = f"reduce-scatter{across} ({dist.get_backend()})"
+        else:
+            self.allreduce = dist.get_backend() if self.dp > 1 else None
 
     def _replicate(self, module: nn.Module) -> nn.Module:
+        if self.shards > 1:
+            mesh = self.mesh["dp_replicate", "dp_shard"] if self.dp > self.shards else self.mesh["dp_shard"]
+            shard_in_units(module, self.cfg, mesh)
+            return module
         if self.dp == 1:
             return module
         return DistributedDataParallel(
             module,
-            process_group=self.mesh.get_group("dp"),
+            process_group=self.mesh.get_group("dp_replicate"),
             device_ids=[self.ctx.device.index] if self.ctx.device.type == "cuda" else None,
         )

@@ -39,6 +39,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.nn.parallel import DistributedDataParallel
 
 from paratrain.config import TrainConfig
@@ -139,9 +140,15 @@ class PipelineParallel(WholeModelStrategy):
         self.schedule_name = cfg.pipeline_schedule
         self.microbatches = cfg.microbatches
         self.slots = stage_slots(cfg)
-        # Ranks laid out (dp, pp), row-major: the K stages of one pipeline are consecutive ranks.
-        self.mesh = init_device_mesh(ctx.device.type, (self.dp, self.pp), mesh_dim_names=("dp", "pp"))
-        self.dp_rank = self.mesh.get_local_rank("dp")
+        # Ranks laid out (replicas, shards, pp), row-major: the K stages of one pipeline are consecutive ranks, and
+        # hybrid's D = replicas x shards pipelines read D data shards (shards: 1 unless its stages are sharded).
+        self.shards = cfg.dp_shard or 1
+        self.mesh = init_device_mesh(
+            ctx.device.type,
+            (self.dp // self.shards, self.shards, self.pp),
+            mesh_dim_names=("dp_replicate", "dp_shard", "pp"),
+        )
+        self.dp_rank = self.mesh.get_local_rank("dp_replicate") * self.shards + self.mesh.get_local_rank("dp_shard")
         self.pp_rank = self.mesh.get_local_rank("pp")
         self.pp_group = self.mesh.get_group("pp")
         # Checkpoints gather each stage's state as pickled bytes: over a host (gloo) group, never
@@ -166,6 +173,7 @@ class PipelineParallel(WholeModelStrategy):
             "stages": self.pp,
             "stage_slots": self.slots,
             "dp": self.dp,
+            **({"dp_shard": self.shards} if self.shards > 1 else {}),
             "schedule": self.schedule_name,
             "microbatches": self.microbatches,
             "split_by": split_by,
@@ -174,8 +182,10 @@ class PipelineParallel(WholeModelStrategy):
         }
         log.info("pipeline split (%s): %s", split_by, " | ".join(",".join(s) for s in self.layout["split"]))
         self.stage_modules = [StageModule(model, units[bounds[s][0] : bounds[s][1]]) for s in self.local_slots]
+        stages = StageModules([self._replicate(m) for m in self.stage_modules])
+        # After replicating: sharding replaces the stages' parameters, and the ties hold the ones that train.
         self._tie_weights(model, units, bounds)
-        return StageModules([self._replicate(m) for m in self.stage_modules])
+        return stages
 
     def _plan(self, model: nn.Module, units: list[Unit]) -> tuple[list[int], str, list[float]]:
         """Where the stages start. Chosen on rank 0 and broadcast: measured times differ between ranks
@@ -217,8 +227,9 @@ class PipelineParallel(WholeModelStrategy):
             group = None
             if len(holders) > 1:
                 # Every rank creates every group, in the same order, as new_group requires.
+                by_pipeline = self.mesh.mesh.reshape(self.dp, self.pp)
                 for d in range(self.dp):
-                    ranks = [int(self.mesh.mesh[d, r]) for r in holders]
+                    ranks = [int(by_pipeline[d, r]) for r in holders]
                     created = dist.new_group(ranks)
                     if d == self.dp_rank:
                         group = created
@@ -308,13 +319,16 @@ class PipelineParallel(WholeModelStrategy):
         return torch.stack(losses).mean().detach(), out
 
     def _sum_tied_gradients(self) -> None:
+        """Sharded stages (hybrid with --dp-shard) hold a tied weight's copies sharded alike over their replicas:
+        each rank sums its own shards of them."""
         for copies, group in self.ties:
-            grads = [p.grad for p in copies if p.grad is not None]
-            total = torch.stack(grads).sum(0) if grads else torch.zeros_like(copies[0])
+            grads = [_local(p.grad) for p in copies if p.grad is not None]
+            total = torch.stack(grads).sum(0) if grads else torch.zeros_like(_local(copies[0]))
             if group is not None:
                 dist.all_reduce(total, group=group)
             for p in copies:
-                p.grad = total.clone() if len(copies) > 1 else total
+                mine = total.clone() if len(copies) > 1 else total
+                p.grad = DTensor.from_local(mine, p.device_mesh, p.placements) if isinstance(p, DTensor) else mine
 
     @torch.no_grad()
     def evaluate(
@@ -341,14 +355,17 @@ class PipelineParallel(WholeModelStrategy):
 
     def checkpoint_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
         mine = None
-        if self.dp_rank == 0:  # data-parallel replicas hold the same state: one pipeline's is enough
+        # Data-parallel replicas hold the same state: one pipeline's is enough. Sharded stages gather their
+        # shards whole first, which every rank holding a shard takes part in.
+        if self.dp_rank == 0 or self.shards > 1:
             names = self._parameter_names()
             order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
             state = optimizer.state_dict()["state"]
-            mine = {
+            whole = {
                 "model": _to_cpu({k: v for module in self.stage_modules for k, v in module.state_dict().items()}),
                 "optimizer": _to_cpu({order[i]: s for i, s in state.items()}),
             }
+            mine = whole if self.dp_rank == 0 else None
         gathered: list[Any] | None = [None] * self.ctx.world_size if self.ctx.is_main else None
         if self.ctx.distributed:
             dist.gather_object(mine, gathered, dst=0, group=self.object_group)
@@ -367,14 +384,19 @@ class PipelineParallel(WholeModelStrategy):
         return {"model": model_state, "optimizer": {"state_by_name": optimizer_state}, "pipeline": self.layout}
 
     def load_checkpoint_state(self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+        """Every rank has the whole state; sharded stages keep their shards of it."""
         for module in self.stage_modules:
-            module.load_state_dict({k: state["model"][k] for k in module.state_dict()})
+            module.load_state_dict({k: _like(state["model"][k], v) for k, v in module.state_dict().items()})
+        params = [p for group in optimizer.param_groups for p in group["params"]]
         names = self._parameter_names()
-        order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
         saved = state["optimizer"]["state_by_name"]
         optimizer.load_state_dict(
             {
-                "state": {i: saved[name] for i, name in enumerate(order) if name in saved},
+                "state": {
+                    i: {key: _like(value, p) for key, value in saved[names[id(p)]].items()}
+                    for i, p in enumerate(params)
+                    if names[id(p)] in saved
+                },
                 "param_groups": optimizer.state_dict()["param_groups"],
             }
         )
@@ -404,7 +426,24 @@ class PipelineParallel(WholeModelStrategy):
         }
 
 
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def _like(value: Any, reference: Any) -> Any:
+    """A whole tensor as `reference` holds it: this rank's shard where it is a sharded DTensor of that shape (its
+    parameter, or a parameter's optimizer state), else unchanged."""
+    if isinstance(reference, DTensor) and isinstance(value, torch.Tensor) and value.shape == reference.shape:
+        return distribute_tensor(
+            value.to(reference.device), reference.device_mesh, reference.placements, src_data_rank=None
+        )
+    return value
+
+
 def _to_cpu(tree: Any) -> Any:
+    """On the host, sharded tensors gathered whole (a collective over their mesh: every rank holding one calls it)."""
+    if isinstance(tree, DTensor):
+        return tree.full_tensor().detach().cpu()
     if isinstance(tree, torch.Tensor):
         return tree.detach().cpu()
     if isinstance(tree, dict):
