@@ -4,6 +4,7 @@ with a known noise scale: |G_b|² = |G|² + tr(Σ)/b, so B_simple = tr(Σ)/|G|²
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -449,3 +450,50 @@ def test_the_ranks_reading_asks_the_throughput_and_grows_as_one_reading_would():
         return adapt.noise_read_of_ranks(steps, (32, 64), 1, lambda values: values, 1, GAIN)
 
     assert read() is None and read() == 64 and adapt.last_gain == pytest.approx(1.4 * 1032 / 1064)
+
+
+def test_a_one_process_scripts_adaptive_schedule_reads_its_own_steps_and_records_each_change(tmp_path, monkeypatch):
+    """A script's loop in this process, adaptive from 2 micro-steps of 4 (one process: the first micro-step
+    against the whole step), a reading every 2 steps, on a clock that ticks one second at each look: every
+    micro-step takes 1 s and a step 5 s, so a step's rest is 3 s and doubling to 4 micro-steps gains
+    4 x 5 / (4 + 3) / 2 = 10/7 in throughput; fresh random labels keep the noise scale above the batch."""
+    import itertools as its
+
+    from paratrain.engine.script_schedule import batch_schedule
+
+    monkeypatch.setenv("PARATRAIN_BATCH_SCHEDULE", '{"kind": "adaptive", "max_global_batch": 16}')
+    monkeypatch.setenv("PARATRAIN_RUN_DIR", str(tmp_path))
+    clock = its.count()
+    model = torch.nn.Linear(8, 4)
+    torch.nn.init.zeros_(model.weight)  # uniform predictions: random labels' mean gradient starts at 0
+    torch.nn.init.zeros_(model.bias)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    made = batch_schedule(model, optimizer, batch_size=4, grad_accum=2, log_every=2)
+    monkeypatch.setattr(made, "_now", lambda timed: float(next(clock)))
+    data = torch.Generator().manual_seed(0)
+    batches = ((torch.randn(4, 8, generator=data), torch.randint(0, 4, (4,), generator=data)) for _ in its.count())
+    for _ in range(60):
+        for _ in made.micro_steps():
+            xb, yb = next(batches)
+            (torch.nn.functional.cross_entropy(model(xb), yb) / made.accum).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        made.step_done()
+    changes = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(c["event"], c["global_batch"], c["grad_accum"], c["lr_factor"]) for c in changes] == [
+        ("batch", 16, 4, 2.0)
+    ]
+    change = changes[0]
+    # read at a log point once the average holds EMA_STEPS' worth (weight 1 - 0.95^n >= 1 - 1/e: n >= 20), the
+    # second reading above
+    assert change["step"] % 2 == 0 and 20 <= change["step"] <= 30 and change["samples"] == 8 * change["step"]
+    noise = change["noise_scale"]
+    assert noise > 16 and change["goodput_gain"] == pytest.approx(10 / 7 * (noise + 8) / (noise + 16))
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.2) and made.lr_factor == 2.0
+    state = json.loads((tmp_path / "batch_schedule.json").read_text())
+    assert (state["kind"], state["start_global_batch"], state["final_global_batch"]) == ("adaptive", 8, 16)
+    assert state["noise_scale"] == pytest.approx(made.schedule.noise_scale())
+    norms_file = [json.loads(line) for line in (tmp_path / "grad_noise" / "rank0.jsonl").read_text().splitlines()]
+    assert [n["step"] for n in norms_file] == list(range(1, 61))  # every step's pair, at the readings
+    assert {(n["small_batch"], n["big_batch"]) for n in norms_file[: change["step"]]} == {(4, 8)}
+    assert {(n["small_batch"], n["big_batch"]) for n in norms_file[change["step"] :]} == {(4, 16)}

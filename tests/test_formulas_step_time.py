@@ -8,6 +8,8 @@ changes an expected value. The arithmetic is written out in the comments; no fig
 from the code's output.
 """
 
+from dataclasses import replace
+
 import pytest
 
 from paratrain.errors import UsageError
@@ -15,7 +17,7 @@ from paratrain.plan import calibrate
 from paratrain.plan.calibrate import _compute_line
 from paratrain.plan.devices import Device
 from paratrain.plan.links import Link
-from paratrain.plan.memory import Layout
+from paratrain.plan.memory import Layout, memory_per_device
 from paratrain.plan.profile import ModelProfile
 from paratrain.plan.step_time import (
     Efficiency,
@@ -420,6 +422,32 @@ def test_a_pipeline_wider_than_a_node_hands_on_over_the_network():
 def test_hybrid_stage_all_reduce_is_exposed():
     t = step_time(profile(), Layout("hybrid", 4, 2, 2, 4, 8), device(False), "fp32", "sgd", FOUR_PER_NODE, EFF)
     assert t["exposed_comm_s"] == pytest.approx(10 * 0.0111 + 0.0312, rel=1e-12)
+
+
+def test_pipeline_stages_sharded_over_their_replicas_gather_for_every_microbatch_and_reduce_scatter_once():
+    layout = Layout("pp+fsdp", 4, 2, 2, 4, 8, shard=2)  # 2 stages, each sharded over 2 replicas, 4 micro-batches
+    cpu = step_time(profile(), layout, device(False), "fp32", "sgd", FOUR_PER_NODE, EFF)
+    # the heavier stage's 3 MB over 2 ranks in a node: 1 ms + 0.1 ms + 1.5 MB / 1e8 = 16.1 ms a collective; the
+    # gathers of the 4 backwards and the first forward, and one reduce-scatter, in place of hybrid's all-reduce
+    assert cpu["comm_s"] == cpu["exposed_comm_s"] == pytest.approx(10 * 0.0111 + 6 * 0.0161, rel=1e-12)
+    assert cpu["optimizer_s"] == pytest.approx(5 * 3e6 / 2 / 1e9, rel=1e-12)  # half the stage's state
+    # where the device overlaps, what outlasts the stage's 5 slots of 11.5 ms, at least two units' gathers
+    # (the largest unit, 2 MB: 11.1 ms each), and the fill and drain's 2 hops
+    gpu = step_time(profile(), layout, device(True), "fp32", "sgd", FOUR_PER_NODE, EFF)
+    assert gpu["exposed_comm_s"] == pytest.approx(2 * 0.0111 + 6 * 0.0161 - 5 * 0.0115, rel=1e-12)
+    light = step_time(profile(), replace(layout, microbatches=2), device(True), "fp32", "sgd", FOUR_PER_NODE, EFF)
+    # 2 micro-batches of 4: 3 slots of 21.5 ms hide all of the 3 gathers and the reduce-scatter (64.4 ms) but
+    # the two units' gathers kept exposed; the 2 hops hand on 2 MB each (21.1 ms)
+    assert light["exposed_comm_s"] == pytest.approx(2 * 0.0211 + 2 * 0.0111, rel=1e-12)
+
+
+def test_pipeline_stages_sharded_over_their_replicas_hold_half_the_state_and_two_units_gathered():
+    memory = memory_per_device(profile(), Layout("pp+fsdp", 4, 2, 2, 4, 8, shard=2), "sgd", "bf16")
+    replicated = memory_per_device(profile(), Layout("hybrid", 4, 2, 2, 4, 8), "sgd", "bf16")
+    for figure in ("parameters_bytes", "gradients_bytes", "optimizer_bytes"):
+        assert memory[figure] == replicated[figure] / 2 == 1.5e6
+    assert memory["activations_bytes"] == replicated["activations_bytes"]
+    assert memory["gathered_bytes"] == 2 * 2e6 * 0.5 and replicated["gathered_bytes"] == 0  # in bf16
 
 
 def split_profile() -> ModelProfile:

@@ -386,9 +386,18 @@ def test_json_rows_and_the_rule_for_a_model_that_fits_and_one_that_does_not(fact
     assert all(keys <= set(row) for row in small["rows"])
     assert small["recommendation"]["strategy"] == "ddp" and "fits one device" in small["recommendation"]["reason"]
     eight = {r["strategy"]: r for r in small["rows"] if r["devices"] == 8}
-    assert 7.0 < eight["ddp"]["speedup"] <= 8.0 and set(eight) == {"ddp", "zero1", "fsdp", "hybrid"}, eight.keys()
+    assert 7.0 < eight["ddp"]["speedup"] <= 8.0 and set(eight) == {"ddp", "zero1", "fsdp", "hybrid", "pp+fsdp"}, (
+        eight.keys()
+    )
     # gpt-tiny is a chain of 6 blocks: a pipeline of 8 stages cannot be cut from it, one of 4 can
-    assert {r["strategy"] for r in small["rows"] if r["devices"] == 4} == {"ddp", "zero1", "fsdp", "pipeline", "hybrid"}
+    assert {r["strategy"] for r in small["rows"] if r["devices"] == 4} == {
+        "ddp",
+        "zero1",
+        "fsdp",
+        "pipeline",
+        "hybrid",
+        "pp+fsdp",
+    }
 
     assert (
         main(
@@ -411,8 +420,10 @@ def test_json_rows_and_the_rule_for_a_model_that_fits_and_one_that_does_not(fact
     eight = {r["strategy"]: r for r in big["rows"] if r["devices"] == 8}
     assert not eight["ddp"]["fits"] and eight["fsdp"]["fits"] and eight["zero1"]["fits"]
     rec = big["recommendation"]
-    assert rec["strategy"] in ("zero1", "fsdp") and rec["samples_per_s"] == max(
-        eight[s]["samples_per_s"] for s in ("zero1", "fsdp")
+    # the fastest of those that shard or split the model (here pp+fsdp: its stages' gathers over 4 ranks move less
+    # than fsdp's over 8 on a T4's PCIe)
+    assert rec["strategy"] in ("zero1", "fsdp", "pp+fsdp") and rec["samples_per_s"] == max(
+        eight[s]["samples_per_s"] for s in ("zero1", "fsdp", "pp+fsdp")
     )
     # the reason in numbers: what ddp would need, in the unit a person would write
     assert f"ddp needs {size(eight['ddp']['memory_per_device_bytes'])} per device" in rec["reason"], rec["reason"]

@@ -22,6 +22,8 @@ import paratrain.workloads
 from paratrain.config import TrainConfig
 from paratrain.errors import UsageError
 from paratrain.launch.load import LoadMeter
+from paratrain.plan.memory import Layout, memory_per_device
+from paratrain.plan.profile import profile_model
 
 SMALL = dict(
     workload="synthetic-cnn",
@@ -272,6 +274,12 @@ def test_hybrid_on_four_ranks_reaches_the_parameters_of_one_process(tmp_path, on
     tied = staged["embed.wte.weight"].numel() * 4
     assert sum(sharded["memory"]["parameters_bytes"]) == single + tied
     assert max(sharded["memory"]["parameters_bytes"]) < 0.4 * single
+    # the plan's pp+fsdp layout holds what the largest rank held (the heaviest stage's state over 2 shards;
+    # the tied gradients summed in place, so the gradients take what the parameters do)
+    profile = profile_model(TrainConfig(**{k: v for k, v in GPT.items() if k in TrainConfig.model_fields}))
+    planned = memory_per_device(profile, Layout("pp+fsdp", 4, 2, 2, 2, 4, shard=2), "sgd", "fp32")
+    for figure in ("parameters_bytes", "gradients_bytes", "optimizer_bytes"):
+        assert planned[figure] == max(sharded["memory"][figure]), figure
     straight, resumed = _model(tmp_path / "pp-fsdp-straight"), _model(tmp_path / "pp-fsdp-resumed")
     for key in straight:
         torch.testing.assert_close(resumed[key], straight[key], rtol=0, atol=0, msg=key)

@@ -116,7 +116,7 @@ class ScaleConfig(BaseModel):
 
 
 PlanPrecision = Literal["fp32", "tf32", "bf16", "fp16"]
-PLAN_STRATEGIES = ("ddp", "zero1", "fsdp", "pipeline", "hybrid")
+PLAN_STRATEGIES = ("ddp", "zero1", "fsdp", "pipeline", "hybrid", "pp+fsdp")
 
 
 class PlanConfig(BaseModel):
@@ -155,7 +155,8 @@ class PlanConfig(BaseModel):
     precision: PlanPrecision = Field("fp32", description="fp32, tf32, bf16 or fp16 (the device's peak for that dtype)")
     strategy: list[str] = Field(
         default_factory=lambda: list(PLAN_STRATEGIES),
-        description="strategies to plan, comma-separated (default: all of ddp,zero1,fsdp,pipeline,hybrid)",
+        description="strategies to plan, comma-separated (default: all of ddp,zero1,fsdp,pipeline,hybrid,pp+fsdp; "
+        "pp+fsdp is --pp K --dp-shard N/K: hybrid's stages sharded over the replicas)",
     )
     tp: int = Field(
         1,

@@ -350,8 +350,8 @@ class _Planner:
                 out.append(Layout(name, n, n, 1, 1, g // n))
             elif name == "pipeline" and n <= units:
                 out.append(Layout(name, n, 1, n, max(self.cfg.microbatches, n), g))
-            elif name == "hybrid" and n >= 4:
-                layout = self._hybrid(n, g, units)
+            elif name in ("hybrid", "pp+fsdp") and n >= 4:
+                layout = self._hybrid(n, g, units, sharded=name == "pp+fsdp")
                 if layout is not None:
                     out.append(layout)
         t = self.cfg.tp
@@ -361,17 +361,19 @@ class _Planner:
             out.append(Layout("fsdp+tp", n, n // t, 1, 1, g // (n // t), tp=t))
         return out
 
-    def _hybrid(self, n: int, g: int, units: int) -> Layout | None:
-        """The fewest stages (at least 2, dividing N, at most the units) whose largest stage fits."""
+    def _hybrid(self, n: int, g: int, units: int, sharded: bool) -> Layout | None:
+        """The fewest stages (at least 2, dividing N, at most the units) whose largest stage fits: replicated
+        (hybrid), or sharded over the replicas (pp+fsdp)."""
         candidates = [k for k in range(2, min(units, n // 2) + 1) if n % k == 0 and g % (n // k) == 0]
+
+        def laid_out(k: int) -> Layout:
+            name, shard = ("pp+fsdp", n // k) if sharded else ("hybrid", 1)
+            return Layout(name, n, n // k, k, max(self.cfg.microbatches, k), g // (n // k), shard=shard)
+
         for k in candidates:
-            layout = Layout("hybrid", n, n // k, k, max(self.cfg.microbatches, k), g // (n // k))
-            if self.memory(layout)["total_bytes"] <= self.device.memory_bytes * USABLE_FRACTION:
-                return layout
-        if not candidates:
-            return None
-        k = candidates[-1]
-        return Layout("hybrid", n, n // k, k, max(self.cfg.microbatches, k), g // (n // k))
+            if self.memory(laid_out(k))["total_bytes"] <= self.device.memory_bytes * USABLE_FRACTION:
+                return laid_out(k)
+        return laid_out(candidates[-1]) if candidates else None
 
     def memory(self, layout: Layout) -> dict[str, Any]:
         return memory_per_device(
@@ -446,7 +448,9 @@ class _Planner:
                 f"predicted {ddp['samples_per_s']:,.0f} samples/s, speedup {ddp['speedup']:.1f}, "
                 f"efficiency {ddp['efficiency']:.2f} on {n} devices",
             )
-        sharded = [rows[s] for s in ("zero1", "fsdp", "pipeline", "tp", "fsdp+tp") if s in rows and rows[s]["fits"]]
+        sharded = [
+            rows[s] for s in ("zero1", "fsdp", "pipeline", "tp", "fsdp+tp", "pp+fsdp") if s in rows and rows[s]["fits"]
+        ]
         too_big = (
             f"ddp needs {size(need['ddp'])} per device, more than {room}"
             if "ddp" in need

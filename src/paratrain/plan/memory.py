@@ -12,6 +12,8 @@ What a rank holds, as paratrain's strategies hold it (docs/strategies.md):
 - `pipeline`/`hybrid`: a stage's layers and their state; the stages are cut where the pipeline's
   `--split auto` would cut them when the blocks' times follow their FLOPs (balanced_starts over
   the units' FLOPs), so the heaviest stage is the one reported;
+- `pp+fsdp` (`--pp K --dp-shard S`): hybrid's stages, each stage's state split S ways, plus two of
+  the stage's units gathered (the one running and the one prefetched), in bf16 with --precision bf16;
 - activations: the saved tensors of the rank's share of the batch (profile.py measures bytes per
   sample); a 1F1B pipeline stage i keeps min(M, K − i) micro-batches in flight, GPipe all M. With
   16-bit precisions the model's saved activations are taken as half (autocast saves most in 16 bits;
@@ -51,6 +53,7 @@ class Layout:
     schedule: str = "1f1b"
     reshard_after_forward: bool = True
     tp: int = 1  # devices of a tensor-parallel group: devices = data_parallel x stages x tp
+    shard: int = 1  # pp+fsdp: the replicas each pipeline stage is sharded over (FSDP), all data_parallel of them
 
 
 def sixteen_bit_activations(per_sample: float, loss: float, scale: float) -> float:
@@ -122,7 +125,9 @@ def memory_per_device(
                 figures["gathered_bytes"] = gathered * gathered_scale(precision)
         buffers = float(profile.buffer_bytes)
     else:
-        figures, buffers = _largest_stage(profile, layout, optimizer, per_sample, fixed, momentum)
+        figures, buffers = _largest_stage(
+            profile, layout, optimizer, per_sample, fixed, momentum, gathered_scale(precision)
+        )
     figures["buffers_bytes"] = buffers
     figures["runtime_bytes"] = runtime_bytes
     figures["total_bytes"] = sum(figures.values())
@@ -156,7 +161,13 @@ def _tensor_parallel(
 
 
 def _largest_stage(
-    profile: ModelProfile, layout: Layout, optimizer: str, per_sample: float, fixed: float, momentum: float
+    profile: ModelProfile,
+    layout: Layout,
+    optimizer: str,
+    per_sample: float,
+    fixed: float,
+    momentum: float,
+    gather_scale: float,
 ) -> tuple[dict[str, float], float]:
     total_flops = sum(max(u["flops_per_sample"], 1) for u in profile.units) or 1
     micro = layout.replica_batch / layout.microbatches
@@ -176,6 +187,11 @@ def _largest_stage(
             "activations_bytes": share * (fixed + per_sample * micro * in_flight),
             "gathered_bytes": 0.0,
         }
+        if layout.shard > 1:
+            for key in ("parameters_bytes", "gradients_bytes", "optimizer_bytes"):
+                stage[key] /= layout.shard
+            largest = max(float(u["param_bytes"]) for u in units)
+            stage["gathered_bytes"] = 2 * largest * gather_scale
         if sum(stage.values()) > sum(best.values()):
             best = stage
     return best, float(profile.buffer_bytes) / layout.stages

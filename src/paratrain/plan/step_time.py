@@ -25,7 +25,11 @@
 - Pipelines: (M + K − 1) slots of one micro-batch on the slowest stage (the bubble (K−1)/(M+K−1)
   of GPipe and 1F1B), plus the activations and their gradients sent between stages (exposed on
   CPU, only in the fill and drain where the device overlaps); `hybrid` adds the all-reduce of a
-  stage's gradients across its replicas, after the last micro-batch.
+  stage's gradients across its replicas, after the last micro-batch; `pp+fsdp` instead gathers the
+  stage's parameters for every micro-batch's backward and the first one's forward (FSDP reshards
+  after forward; torch's PipelineStage keeps them gathered from a backward to the next forward), M + 1
+  all-gathers, and reduce-scatters its gradients once, after the last micro-batch; on a device that
+  overlaps, all of it but two units' gathers hides behind the stage's compute.
 """
 
 from __future__ import annotations
@@ -140,7 +144,7 @@ def step_time(
         optimizer_s = traffic * grads / shard / device.memory_bandwidth
         comm, exposed = _data_parallel_comm(profile, layout, device, topo, compute, backward, precision)
     else:
-        compute, comm, exposed, optimizer_s = _pipeline(profile, layout, device, topo, speed, traffic, fixed)
+        compute, comm, exposed, optimizer_s = _pipeline(profile, layout, device, topo, speed, traffic, fixed, precision)
     overhead = eff.overhead_for(layout.devices)
     total = compute + exposed + optimizer_s + overhead
     return {
@@ -188,7 +192,14 @@ def _data_parallel_comm(
 
 
 def _pipeline(
-    profile: ModelProfile, layout: Layout, device: Device, topo: Topology, speed: float, traffic: int, fixed: float
+    profile: ModelProfile,
+    layout: Layout,
+    device: Device,
+    topo: Topology,
+    speed: float,
+    traffic: int,
+    fixed: float,
+    precision: str,
 ) -> tuple[float, float, float, float]:
     k, m = layout.stages, layout.microbatches
     micro = layout.replica_batch / m
@@ -205,11 +216,19 @@ def _pipeline(
     hop = link.base_latency + link.latency + handed / link.bandwidth
     sends = 2 * (k - 1) if device.overlap else 2 * (m + k - 1)
     comm = exposed = sends * hop
-    optimizer_s = traffic * max(stage_params) / device.memory_bandwidth
-    if layout.data_parallel > 1:
-        # the stage's gradients across its replicas, after the last micro-batch; replicas of a stage
-        # are `k` ranks apart, so a node holds per_node / k of them
-        per_node = max(topo.per_node // k, 1)
+    optimizer_s = traffic * max(stage_params) / layout.shard / device.memory_bandwidth
+    # replicas of a stage are `k` ranks apart, so a node holds per_node / k of them
+    per_node = max(topo.per_node // k, 1)
+    if layout.shard > 1:
+        stage = float(max(stage_params))
+        scale = gathered_scale(precision)
+        gathers = (m + 1) * allgather_s(stage * scale, layout.shard, per_node, topo)
+        sharded = allgather_s(stage, layout.shard, per_node, topo) + gathers  # the reduce-scatter, and the gathers
+        unit = max(u["param_bytes"] for u in profile.units)
+        hidden = max(sharded - compute, 2 * allgather_s(unit * scale, layout.shard, per_node, topo))
+        comm, exposed = comm + sharded, exposed + (hidden if device.overlap else sharded)
+    elif layout.data_parallel > 1:
+        # the stage's gradients across its replicas, after the last micro-batch
         reduce = allreduce_s(float(max(stage_params)), layout.data_parallel, per_node, topo)
         comm, exposed = comm + reduce, exposed + reduce
     return compute, comm, exposed, optimizer_s

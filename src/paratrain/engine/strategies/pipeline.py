@@ -319,16 +319,23 @@ class PipelineParallel(WholeModelStrategy):
         return torch.stack(losses).mean().detach(), out
 
     def _sum_tied_gradients(self) -> None:
-        """Sharded stages (hybrid with --dp-shard) hold a tied weight's copies sharded alike over their replicas:
-        each rank sums its own shards of them."""
+        """In place, into each copy's gradient: a sharded stage's gradients are views of FSDP's reduce-scatter
+        output, which a new tensor would leave held beside the sum. Sharded stages (hybrid with --dp-shard) hold a
+        tied weight's copies sharded alike over their replicas: each rank sums its own shards of them."""
         for copies, group in self.ties:
             grads = [_local(p.grad) for p in copies if p.grad is not None]
-            total = torch.stack(grads).sum(0) if grads else torch.zeros_like(_local(copies[0]))
+            if len(grads) == 1:
+                total = grads[0]
+            else:
+                total = torch.stack(grads).sum(0) if grads else torch.zeros_like(_local(copies[0]))
             if group is not None:
                 dist.all_reduce(total, group=group)
             for p in copies:
-                mine = total.clone() if len(copies) > 1 else total
-                p.grad = DTensor.from_local(mine, p.device_mesh, p.placements) if isinstance(p, DTensor) else mine
+                if p.grad is None:
+                    mine = total.clone()
+                    p.grad = DTensor.from_local(mine, p.device_mesh, p.placements) if isinstance(p, DTensor) else mine
+                elif _local(p.grad) is not total:
+                    _local(p.grad).copy_(total)
 
     @torch.no_grad()
     def evaluate(
