@@ -364,16 +364,43 @@ def test_a_scripts_doubling_keeps_the_rest_of_the_step_and_doubles_its_micro_ste
     assert _script_schedule(1, [], [1.0], [3.0])._doubling_speedup(1, 2) == pytest.approx(1.5)
     # two a step: the median of the micro-steps that do not synchronise (1 s), the rest 4 - 2 x 1 = 2 s
     assert _script_schedule(2, [1.0, 5.0, 1.0], [9.0], [4.0, 4.5, 3.5])._doubling_speedup(1, 4) == pytest.approx(4 / 3)
+    # micro-steps of 2 s, steps of 7 s: a rest of 3 s; 4 x 7 / (8 + 3) / 2 = 14/11
+    assert _script_schedule(2, [2.0, 2.0], [5.0], [7.0])._doubling_speedup(1, 4) == pytest.approx(14 / 11)
+    # two ranks that measured alike: their sum over the ranks, averaged, is the same gain
+    two = _script_schedule(2, [2.0, 2.0], [5.0], [7.0])
+    two.world, two._total = 2, lambda values: [2 * v for v in values]
+    assert two._doubling_speedup(1, 4) == pytest.approx(14 / 11)
     # a step no longer than its micro-steps has no rest to share: no gain
     assert _script_schedule(2, [1.0], [1.0], [1.5])._doubling_speedup(1, 4) == pytest.approx(1.0)
 
 
-def test_a_script_outside_launch_keeps_its_own_accumulation():
+def test_a_script_outside_launch_keeps_its_own_accumulation_and_times_its_micro_steps(monkeypatch):
     fixed = _script_schedule(3, [], [], [])
+    fixed.log_every = 1  # a reading at every step: a fixed schedule has nothing to read
     assert fixed.accum == 3 and fixed.recorder is None and fixed.run_dir is None
+    # the step starts at 0; micro-steps of 1 s, 1 s and (the synchronising one) 3 s; the step is done at 6
+    clock = iter([0.0, 0.0, 1.0, 1.0, 2.0, 2.0, 5.0, 6.0])
+    monkeypatch.setattr(fixed, "_now", lambda timed: next(clock))
     assert list(fixed.micro_steps()) == [0, 1, 2]
     fixed.step_done()
+    assert (fixed.inner_s, fixed.last_s, fixed.step_s) == ([1.0, 1.0], [3.0], [6.0])
     assert fixed.accum == 3 and fixed.lr_factor == 1.0 and fixed.optimizer.param_groups[0]["lr"] == 0.1
+
+
+def test_a_scripts_micro_steps_skip_ddps_synchronisation_but_the_last():
+    """DDP on a one-rank gloo group: its require_backward_grad_sync is what no_sync switches off."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from paratrain.engine.script_schedule import batch_schedule
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model = DistributedDataParallel(torch.nn.Linear(2, 1))
+        made = batch_schedule(model, torch.optim.SGD(model.parameters(), lr=0.1), batch_size=4, grad_accum=3)
+        assert [model.require_backward_grad_sync for _ in made.micro_steps()] == [False, False, True]
+    finally:
+        dist.destroy_process_group()
 
 
 def test_a_scripts_warmup_moves_its_lr_with_the_batch_and_resumes_where_it_was(monkeypatch):

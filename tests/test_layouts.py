@@ -356,7 +356,14 @@ def test_a_resume_at_another_layout_keeps_the_global_batch_and_needs_a_sharded_c
             [*GPT, "--workers", "4", "--dp-shard", "2", "--tp", "1"],
             "the layout --dp-replicate 1 x --dp-shard 2 x --tp 1 x --pp 1 is 2 ranks and --workers is 4",
         ),
-        ([*GPT, "--workers", "4", "--pp", "2", "--tp", "2"], "--pp with --tp is not supported yet"),
+        (
+            [*GPT, "--workers", "8", "--pp", "2", "--tp", "2", "--dp-replicate", "2", "--allow-oversubscribe"],
+            "--dp-replicate with --tp needs --dp-shard S",
+        ),
+        (
+            [*GPT, "--workers", "8", "--strategy", "hybrid", "--dp", "2", "--stages", "2", "--tp", "2"],
+            "DDP does not take split layers; shard the stages",
+        ),
         ([*GPT, "--workers", "4", "--dp-shard", "4", "--strategy", "ddp"], "lay the ranks out themselves; drop"),
         ([*GPT, "--workers", "4", "--dp-replicate", "2", "--tp", "2", "--pp", "1"], "needs --dp-shard S (S >= 2)"),
     ],
@@ -409,6 +416,11 @@ def test_a_plan_is_checked_against_the_models_layers():
         (dict(workers=4, pp=4), dict(workers=4, strategy="pipeline", stages=4)),
         (dict(workers=4, dp_replicate=2, pp=2), dict(workers=4, strategy="hybrid", dp=2, stages=2)),
         (dict(workers=4, dp_shard=2, pp=2), dict(workers=4, strategy="hybrid", dp=2, stages=2, dp_shard=2)),
+        (dict(workers=4, tp=2, pp=2), dict(workers=4, strategy="pipeline", stages=2, tp=2)),
+        (
+            dict(workers=8, dp_shard=2, tp=2, pp=2),
+            dict(workers=8, strategy="hybrid", dp=2, stages=2, dp_shard=2, tp=2),
+        ),
         (
             dict(workers=8, dp_replicate=2, dp_shard=2, pp=2),
             dict(workers=8, strategy="hybrid", dp=4, stages=2, dp_shard=2),

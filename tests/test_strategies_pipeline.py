@@ -256,6 +256,13 @@ def test_hybrid_on_four_ranks_reaches_the_parameters_of_one_process(tmp_path, on
             (dict(PP_FSDP, run_dir=tmp_path / "pp-fsdp"), None),
             (dict(PP_FSDP, epochs=2, run_dir=tmp_path / "pp-fsdp-straight"), None),
             (dict(PP_FSDP, epochs=2, resume=True, run_dir=tmp_path / "pp-fsdp-resumed"), tmp_path / "pp-fsdp"),
+            # each stage's layers split over 2 ranks instead (PP x TP), the whole batch of 8 in one pipeline
+            (
+                dict(
+                    GPT, pp=2, tp=2, batch_size=8, microbatches=2, allow_oversubscribe=True, run_dir=tmp_path / "pp-tp"
+                ),
+                None,
+            ),
         ],
     )
     summary = _summary(tmp_path / "hybrid")
@@ -284,6 +291,46 @@ def test_hybrid_on_four_ranks_reaches_the_parameters_of_one_process(tmp_path, on
     for key in straight:
         torch.testing.assert_close(resumed[key], straight[key], rtol=0, atol=0, msg=key)
     assert _summary(tmp_path / "pp-fsdp-resumed")["steps"] == 2 * sharded["steps"]
+
+    split = _summary(tmp_path / "pp-tp")
+    assert split["layout"] == {"dp_replicate": 1, "dp_shard": 1, "tp": 2, "pp": 2} and split["global_batch_size"] == 8
+    _assert_same_parameters(_model(one_process_runs / "gpt"), _model(tmp_path / "pp-tp"))
+    assert split["train_loss"] == pytest.approx(_summary(one_process_runs / "gpt")["train_loss"], rel=1e-5)
+
+
+def test_stages_split_and_sharded_on_eight_ranks_reach_the_parameters_of_one_process(tmp_path, one_process_runs):
+    """torchtitan's 3-D layout, --pp 2 --dp-shard 2 --tp 2: gpt's 2 stages, each stage's layers split over 2
+    ranks and sharded over 2 replicas of 4 samples (8 ranks on 2 cores: correctness only), against one process
+    at batch 8; the losses the last stages reported, step for step."""
+    run = tmp_path / "3d"
+    _spawn(
+        8,
+        [
+            (
+                dict(GPT, pp=2, dp_shard=2, tp=2, batch_size=4, microbatches=2, allow_oversubscribe=True, run_dir=run),
+                None,
+            )
+        ],
+    )
+    summary = _summary(run)
+    assert summary["layout"] == {"dp_replicate": 1, "dp_shard": 2, "tp": 2, "pp": 2}
+    assert summary["global_batch_size"] == 8 and summary["steps"] == _summary(one_process_runs / "gpt")["steps"]
+    _assert_same_parameters(_model(one_process_runs / "gpt"), _model(run))
+    single, spread = _losses(one_process_runs / "gpt"), _losses(run)
+    assert sorted(spread) == sorted(single)
+    for step in single:
+        assert spread[step] == pytest.approx(single[step], rel=1e-5), step
+    # each rank holds a quarter of its stage's split layers (2 ways split, 2 ways sharded) and half of the rest
+    whole = _summary(one_process_runs / "gpt")["memory"]["parameters_bytes"][0]
+    assert max(summary["memory"]["parameters_bytes"]) < 0.3 * whole
+
+
+def _losses(run_dir: Path) -> dict[int, float]:
+    return {
+        e["step"]: e["loss"]
+        for e in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+        if e["event"] == "step"
+    }
 
 
 # -- bad input: one line, exit 2, nothing written ---------------------------------------------------

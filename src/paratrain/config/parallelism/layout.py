@@ -76,11 +76,6 @@ class LayoutOptions(BaseModel):
                 f"the layout --dp-replicate {r} x --dp-shard {s} x --tp {t} x --pp {p} is {r * s * t * p} ranks and "
                 f"--workers is {workers}; make the product of the layout --workers"
             )
-        if p > 1 and t > 1:
-            raise ValueError(
-                "--pp with --tp is not supported yet: a pipeline's stages are replicated or sharded whole (--pp with "
-                "--dp-replicate or --dp-shard), or the layers split and sharded without stages"
-            )
         if t > 1 and s == 1 and r > 1:
             raise ValueError(
                 "--dp-replicate with --tp needs --dp-shard S (S >= 2): data parallelism over tensor-parallel groups "
@@ -117,12 +112,12 @@ class LayoutOptions(BaseModel):
 
     @property
     def pipeline_stages(self) -> int:
-        """Ranks one copy of the model is split across (1 unless the strategy splits layers)."""
+        """Stages one copy of the model is cut into (1 unless the strategy cuts it)."""
         if self.strategy_name not in STAGED_STRATEGIES:
             return 1
         if self.stages is not None:
             return self.stages
-        return self.workers // self.dp if self.dp else self.workers
+        return self.workers // (self.dp * self.tp) if self.dp else self.workers // self.tp
 
     @property
     def data_parallel_size(self) -> int:

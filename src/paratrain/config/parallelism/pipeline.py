@@ -62,13 +62,15 @@ def check(config: TrainConfig) -> None:
             f"({config.workers}), e.g. --dp 2 --stages {max(2, config.workers // 2)}"
         )
     stages = config.pipeline_stages
-    replicas = (config.dp or config.workers // stages) if name == "hybrid" else 1
-    if replicas * stages != config.workers:
+    replicas = (config.dp or config.workers // (stages * config.tp)) if name == "hybrid" else 1
+    if replicas * stages * config.tp != config.workers:
         layout = (
             f"--dp {replicas} x --stages {stages}" if name == "hybrid" else f"--stages {stages} (one rank per stage)"
         )
+        split = f" x --tp {config.tp}" if config.tp > 1 else ""
         raise ValueError(
-            f"{layout} needs {max(1, replicas) * stages} workers and --workers is {config.workers}; make them match"
+            f"{layout}{split} needs {max(1, replicas) * stages * config.tp} workers and --workers is "
+            f"{config.workers}; make them match"
         )
     if stages < 2:
         raise ValueError(

@@ -35,7 +35,8 @@ class TensorParallelOptions(BaseModel):
 
 def check(config: TrainConfig) -> None:
     """--tp alone: every rank splits each layer (--tp = --workers, one replica); with --strategy fsdp, FSDP
-    shards over --workers / --tp tensor-parallel groups. --tp-plan and --sequence-parallel need --tp."""
+    shards over --workers / --tp tensor-parallel groups; with --pp, each stage's layers are split (pipeline,
+    or hybrid with sharded stages). --tp-plan and --sequence-parallel need --tp."""
     if config.tp == 1:
         if config.strategy == "tp":
             raise ValueError("--strategy tp is set by --tp N (N ranks split each layer); give --tp instead")
@@ -43,17 +44,23 @@ def check(config: TrainConfig) -> None:
             if getattr(config, given):
                 raise ValueError(f"{flag(given)} goes with tensor parallelism; give --tp N too (N > 1)")
         return
-    if config.strategy not in (None, "tp", "fsdp"):
+    staged = config.strategy in ("pipeline", "hybrid")
+    if config.strategy not in (None, "tp", "fsdp") and not staged:
         raise ValueError(
             f"--tp {config.tp} does not combine with --strategy {config.strategy} (its wrapper does not take "
             "tensor-parallel parameters); data parallelism over tensor-parallel groups is --strategy fsdp"
+        )
+    if config.strategy == "hybrid" and config.dp_shard is None:
+        raise ValueError(
+            f"--tp {config.tp} with replicated pipelines: DDP does not take split layers; shard the stages over "
+            "the replicas instead (--pp P --dp-shard S --tp T)"
         )
     if config.strategy == "fsdp" and config.workers % config.tp:
         raise ValueError(
             f"--tp {config.tp} does not divide --workers {config.workers}: FSDP shards over groups of {config.tp} "
             "ranks; make --workers a multiple of --tp"
         )
-    if config.strategy != "fsdp" and config.tp != config.workers:
+    if config.strategy not in ("fsdp", "pipeline", "hybrid") and config.tp != config.workers:
         raise ValueError(
             f"--tp {config.tp} needs --workers {config.tp}: every rank of the run splits each layer; make them "
             "equal, or add --strategy fsdp to shard over several tensor-parallel groups"

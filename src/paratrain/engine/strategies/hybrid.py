@@ -42,11 +42,13 @@ class Hybrid(PipelineParallel):
         replicas = self.dp // self.shards
         if self.shards > 1:
             across = f" + all-reduce over {replicas} replicas" if replicas > 1 else ""
-            self.allreduce = f"reduce-scatter{across} ({dist.get_backend()})"
+            split = "; all-reduce in each split layer pair" if self.tp > 1 else ""
+            self.allreduce = f"reduce-scatter{across}{split} ({dist.get_backend()})"
         else:
             self.allreduce = dist.get_backend() if self.dp > 1 else None
 
     def _replicate(self, module: nn.Module) -> nn.Module:
+        module = super()._replicate(module)  # the tensor-parallel split first, as torchtitan applies them
         if self.shards > 1:
             mesh = self.mesh["dp_replicate", "dp_shard"] if self.dp > self.shards else self.mesh["dp_shard"]
             shard_in_units(module, self.cfg, mesh)

@@ -56,6 +56,7 @@ from paratrain.engine.strategies.pipeline_split import (
     tied_parameter_names,
     unit_of,
 )
+from paratrain.engine.strategies.tensor import model_plan, split_by_plan
 
 log = logging.getLogger("paratrain.rank")
 
@@ -140,16 +141,20 @@ class PipelineParallel(WholeModelStrategy):
         self.schedule_name = cfg.pipeline_schedule
         self.microbatches = cfg.microbatches
         self.slots = stage_slots(cfg)
-        # Ranks laid out (replicas, shards, pp), row-major: the K stages of one pipeline are consecutive ranks, and
-        # hybrid's D = replicas x shards pipelines read D data shards (shards: 1 unless its stages are sharded).
-        self.shards = cfg.dp_shard or 1
+        # Ranks laid out (replicas, shards, pp, tp), row-major: the T ranks splitting a stage's layers are
+        # consecutive, then the K stages of one pipeline; hybrid's D = replicas x shards pipelines read D data
+        # shards (shards: 1 unless its stages are sharded; tp: 1 unless their layers are split).
+        self.shards, self.tp = cfg.dp_shard or 1, cfg.tp
         self.mesh = init_device_mesh(
             ctx.device.type,
-            (self.dp // self.shards, self.shards, self.pp),
-            mesh_dim_names=("dp_replicate", "dp_shard", "pp"),
+            (self.dp // self.shards, self.shards, self.pp, self.tp),
+            mesh_dim_names=("dp_replicate", "dp_shard", "pp", "tp"),
         )
         self.dp_rank = self.mesh.get_local_rank("dp_replicate") * self.shards + self.mesh.get_local_rank("dp_shard")
         self.pp_rank = self.mesh.get_local_rank("pp")
+        self.tp_rank = self.mesh.get_local_rank("tp")
+        if self.tp > 1:
+            self.allreduce = f"all-reduce in each split layer pair ({dist.get_backend()})"
         self.pp_group = self.mesh.get_group("pp")
         # Checkpoints gather each stage's state as pickled bytes: over a host (gloo) group, never
         # NCCL, whose object gather would hold world size x the largest stage's state on rank 0's GPU.
@@ -174,6 +179,7 @@ class PipelineParallel(WholeModelStrategy):
             "stage_slots": self.slots,
             "dp": self.dp,
             **({"dp_shard": self.shards} if self.shards > 1 else {}),
+            **({"tp": self.tp} if self.tp > 1 else {}),
             "schedule": self.schedule_name,
             "microbatches": self.microbatches,
             "split_by": split_by,
@@ -181,6 +187,8 @@ class PipelineParallel(WholeModelStrategy):
             **({"unit_seconds": dict(zip((u.name for u in units), seconds))} if seconds else {}),
         }
         log.info("pipeline split (%s): %s", split_by, " | ".join(",".join(s) for s in self.layout["split"]))
+        # The whole model's tensor-parallel plan, for its stages (which declare none).
+        self.tp_plan = model_plan(model, self.tp, self.cfg.tp_plan, self.cfg.sequence_parallel) if self.tp > 1 else None
         self.stage_modules = [StageModule(model, units[bounds[s][0] : bounds[s][1]]) for s in self.local_slots]
         stages = StageModules([self._replicate(m) for m in self.stage_modules])
         # After replicating: sharding replaces the stages' parameters, and the ties hold the ones that train.
@@ -227,12 +235,13 @@ class PipelineParallel(WholeModelStrategy):
             group = None
             if len(holders) > 1:
                 # Every rank creates every group, in the same order, as new_group requires.
-                by_pipeline = self.mesh.mesh.reshape(self.dp, self.pp)
+                by_pipeline = self.mesh.mesh.reshape(self.dp, self.pp, self.tp)
                 for d in range(self.dp):
-                    ranks = [int(by_pipeline[d, r]) for r in holders]
-                    created = dist.new_group(ranks)
-                    if d == self.dp_rank:
-                        group = created
+                    for t in range(self.tp):
+                        ranks = [int(by_pipeline[d, r, t]) for r in holders]
+                        created = dist.new_group(ranks)
+                        if (d, t) == (self.dp_rank, self.tp_rank):
+                            group = created
             copies: dict[int, nn.Parameter] = {}
             for module in self.stage_modules:
                 for name, p in module.named_parameters(remove_duplicate=False):
@@ -242,7 +251,10 @@ class PipelineParallel(WholeModelStrategy):
                 self.ties.append((list(copies.values()), group if self.pp_rank in holders else None))
 
     def _replicate(self, module: nn.Module) -> nn.Module:
-        """A stage as it trains: as it is here; data-parallel replicas of it in `hybrid`."""
+        """A stage as it trains: its layers split over the tensor-parallel ranks (--tp), else as it is;
+        data-parallel replicas or shards of it in `hybrid`."""
+        if self.tp_plan is not None:
+            split_by_plan(module, self.mesh["tp"], self.tp_plan)
         return module
 
     def build_optimizer(self, model: nn.Module, make: OptimizerFactory) -> torch.optim.Optimizer:
@@ -292,6 +304,12 @@ class PipelineParallel(WholeModelStrategy):
     def _last(self) -> bool:
         return self.slots - 1 in self.local_slots
 
+    @property
+    def _reports(self) -> bool:
+        """The last stage's loss, from the first of the ranks splitting it (each computed the same; the loop sums
+        them over the ranks)."""
+        return self._last and self.tp_rank == 0
+
     def forward_backward(
         self,
         model: nn.Module,
@@ -314,7 +332,7 @@ class PipelineParallel(WholeModelStrategy):
         # The first step of a schedule infers the stages' shapes; steps of a short last batch run fewer micro-batches.
         self.busy.step_done(start, end, keep=len(y) in self.shaped and m == self.microbatches)
         self.shaped.add(len(y))
-        if not self._last:
+        if not self._reports:
             return None, None
         return torch.stack(losses).mean().detach(), out
 
@@ -351,7 +369,7 @@ class PipelineParallel(WholeModelStrategy):
         with autocast():
             out = schedule.eval(*((x,) if self._first else ()), target=y if self._last else None, losses=losses)
         self.busy.spans = []  # evaluation is not part of any training step's busy time
-        if not self._last:
+        if not self._reports:
             return None, None
         return torch.stack(losses).mean(), out
 
@@ -364,15 +382,23 @@ class PipelineParallel(WholeModelStrategy):
         mine = None
         # Data-parallel replicas hold the same state: one pipeline's is enough. Sharded stages gather their
         # shards whole first, which every rank holding a shard takes part in.
-        if self.dp_rank == 0 or self.shards > 1:
+        if self.dp_rank == 0 or self.shards > 1 or self.tp > 1:
             names = self._parameter_names()
             order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
             state = optimizer.state_dict()["state"]
-            whole = {
-                "model": _to_cpu({k: v for module in self.stage_modules for k, v in module.state_dict().items()}),
-                "optimizer": _to_cpu({order[i]: s for i, s in state.items()}),
-            }
-            mine = whole if self.dp_rank == 0 else None
+            # DTensor warns (on the launcher's terminal) that gathering a tensor split one way and sharded
+            # another takes two all-gathers; for a checkpoint that is what it takes.
+            redistribute = logging.getLogger("torch.distributed.tensor._redistribute")
+            level = redistribute.level
+            redistribute.setLevel(logging.ERROR)
+            try:
+                whole = {
+                    "model": _to_cpu({k: v for module in self.stage_modules for k, v in module.state_dict().items()}),
+                    "optimizer": _to_cpu({order[i]: s for i, s in state.items()}),
+                }
+            finally:
+                redistribute.setLevel(level)
+            mine = whole if self.dp_rank == 0 and self.tp_rank == 0 else None
         gathered: list[Any] | None = [None] * self.ctx.world_size if self.ctx.is_main else None
         if self.ctx.distributed:
             dist.gather_object(mine, gathered, dst=0, group=self.object_group)

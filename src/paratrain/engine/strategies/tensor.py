@@ -162,7 +162,19 @@ def apply_tensor_parallel(
     model: nn.Module, mesh: DeviceMesh, degree: int, plan_fn: str | None = None, sequence_parallel: bool = False
 ) -> nn.Module:
     """Split the plan's layers over `mesh` and replicate every other parameter and buffer on it."""
-    parallelize_module(model, mesh, model_plan(model, degree, plan_fn, sequence_parallel))
+    return split_by_plan(model, mesh, model_plan(model, degree, plan_fn, sequence_parallel))
+
+
+def split_by_plan(model: nn.Module, mesh: DeviceMesh, plan: dict[str, ParallelStyle]) -> nn.Module:
+    """apply_tensor_parallel with the plan resolved already: a pipeline stage takes its whole model's plan (a
+    stage declares none), and the patterns that match none of its modules are left out."""
+    names = [name for name, _ in model.named_modules()]
+    mine = {
+        path: style
+        for path, style in plan.items()
+        if any(fnmatch.fnmatchcase(name, path) and name.count(".") == path.count(".") for name in names)
+    }
+    parallelize_module(model, mesh, mine)
     replicated: dict[int, nn.Parameter] = {}  # a tied parameter stays one parameter
     for module in model.modules():
         own = [(n, p) for n, p in module.named_parameters(recurse=False) if not isinstance(p, DTensor)]
