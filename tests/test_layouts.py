@@ -500,3 +500,28 @@ def test_a_checkpoint_of_the_fused_attention_loads_into_q_k_and_v():
     x = torch.randint(0, 256, (2, 16))
     assert torch.equal(fresh(x), model(x))
     assert json.dumps(sorted(fresh.state_dict())) == json.dumps(sorted(model.state_dict()))
+
+
+def test_a_pipelines_checkpoint_is_taken_by_another_layout_of_its_stages_with_the_same_global_batch():
+    """launch's check on --resume (TrainConfig.resumes_at_another_layout): a pipeline's checkpoint.pt holds the whole
+    model, so other stages' layouts take it; the global batch and the LR's batch may not change, nor may a
+    pipeline's checkpoint go to a strategy that keeps its state otherwise."""
+    from paratrain.config import TrainConfig
+
+    # the LR is meant for the global batch of 8 (without --base-batch-size it is meant for --batch-size, which the
+    # layouts below change: another LR, another run)
+    gpt = dict(workload="gpt-tiny", n_layer=2, n_embd=32, n_head=2, seq_len=16, microbatches=2, base_batch_size=8)
+    saved = TrainConfig(**gpt, workers=4, pp=2, dp_shard=2, batch_size=4)
+    written, identity = saved.model_dump(mode="json"), saved.identity()
+    for layout in (
+        dict(pp=2, tp=2, batch_size=8),
+        dict(pp=2, batch_size=8, workers=2),
+        dict(pp=4, batch_size=8, microbatches=4),
+    ):
+        relaid = TrainConfig(**{**gpt, "workers": 4, **layout})
+        assert relaid.identity() != identity and relaid.resumes_at_another_layout(written, identity), layout
+    assert not TrainConfig(**gpt, workers=4, pp=2, tp=2, batch_size=4).resumes_at_another_layout(written, identity)
+    assert not TrainConfig(**gpt, workers=4, pp=2, tp=2, batch_size=8, lr=0.5).resumes_at_another_layout(
+        written, identity
+    )
+    assert not TrainConfig(**gpt, workers=2, strategy="fsdp", batch_size=4).resumes_at_another_layout(written, identity)

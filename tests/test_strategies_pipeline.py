@@ -256,6 +256,12 @@ def test_hybrid_on_four_ranks_reaches_the_parameters_of_one_process(tmp_path, on
             (dict(PP_FSDP, run_dir=tmp_path / "pp-fsdp"), None),
             (dict(PP_FSDP, epochs=2, run_dir=tmp_path / "pp-fsdp-straight"), None),
             (dict(PP_FSDP, epochs=2, resume=True, run_dir=tmp_path / "pp-fsdp-resumed"), tmp_path / "pp-fsdp"),
+            # the first epoch's checkpoint of the sharded stages, its second epoch with the stages split instead
+            (
+                dict(GPT, pp=2, tp=2, batch_size=8, microbatches=2, epochs=2, resume=True, allow_oversubscribe=True)
+                | {"run_dir": tmp_path / "pp-tp-resumed"},
+                tmp_path / "pp-fsdp",
+            ),
             # each stage's layers split over 2 ranks instead (PP x TP), the whole batch of 8 in one pipeline
             (
                 dict(
@@ -291,6 +297,11 @@ def test_hybrid_on_four_ranks_reaches_the_parameters_of_one_process(tmp_path, on
     for key in straight:
         torch.testing.assert_close(resumed[key], straight[key], rtol=0, atol=0, msg=key)
     assert _summary(tmp_path / "pp-fsdp-resumed")["steps"] == 2 * sharded["steps"]
+
+    # checkpoint.pt holds the whole model: another layout of the stages takes it and goes on as the straight run
+    relaid = _model(tmp_path / "pp-tp-resumed")
+    for key in straight:
+        torch.testing.assert_close(relaid[key], straight[key], rtol=1e-5, atol=1e-6, msg=key)
 
     split = _summary(tmp_path / "pp-tp")
     assert split["layout"] == {"dp_replicate": 1, "dp_shard": 1, "tp": 2, "pp": 2} and split["global_batch_size"] == 8

@@ -49,7 +49,12 @@ from paratrain.config.flags import (
     validate,
 )
 from paratrain.config.optimisation import LRScaling, Optimizer, Schedule
-from paratrain.config.parallelism.layout import LAYOUT_FIELDS, SHARDED_CHECKPOINTS, STAGED_STRATEGIES
+from paratrain.config.parallelism.layout import (
+    LAYOUT_FIELDS,
+    SHARDED_CHECKPOINTS,
+    STAGED_LAYOUT_FIELDS,
+    STAGED_STRATEGIES,
+)
 from paratrain.config.parallelism.pipeline import PipelineSchedule
 from paratrain.config.parallelism.placement import Backend, Device
 from paratrain.config.parallelism.synchronisation import AllReduce, GradCompression, Reduce
@@ -63,6 +68,7 @@ __all__ = [
     "RUN_CONTROL_FIELDS",
     "SCRIPT_STUDY_FLAGS",
     "SHARDED_CHECKPOINTS",
+    "STAGED_LAYOUT_FIELDS",
     "STAGED_STRATEGIES",
     "AllReduce",
     "Backend",

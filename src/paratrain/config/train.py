@@ -29,7 +29,12 @@ from paratrain.config.parallelism import (
     synchronisation,
     tensor,
 )
-from paratrain.config.parallelism.layout import LAYOUT_FIELDS, SHARDED_CHECKPOINTS
+from paratrain.config.parallelism.layout import (
+    LAYOUT_FIELDS,
+    SHARDED_CHECKPOINTS,
+    STAGED_LAYOUT_FIELDS,
+    STAGED_STRATEGIES,
+)
 from paratrain.config.run import RunOptions
 from paratrain.config.workload import WorkloadOptions
 
@@ -146,20 +151,23 @@ class TrainConfig(RunOptions, ComputeOptions, OptimisationOptions, ParallelismOp
         return ("workers", "batch_size", "base_batch_size") if self.strategy_name == "fsdp" else ()
 
     def resumes_at_another_layout(self, saved: dict[str, Any], identity: str) -> bool:
-        """Whether a sharded checkpoint (torch.distributed.checkpoint, resharded on load) of the run whose
-        config.json is `saved` and whose identity is `identity` continues as this run: the same run laid out
-        otherwise (another strategy that shards, --tp, --dp-replicate, number of ranks), with the same global
-        batch and the same batch its LR is scaled from."""
-        if self.strategy_name not in SHARDED_CHECKPOINTS:
+        """Whether a checkpoint that any layout of its kind loads, of the run whose config.json is `saved` and whose
+        identity is `identity`, continues as this run: the same run laid out otherwise, with the same global batch
+        and the same batch its LR is scaled from. Sharded checkpoints (torch.distributed.checkpoint, resharded on
+        load): another strategy that shards, --tp, --dp-replicate, number of ranks. Pipelines' (the whole model):
+        other stages, replicas, shards, --tp, micro-batches or schedule."""
+        kinds = next((k for k in (SHARDED_CHECKPOINTS, STAGED_STRATEGIES) if self.strategy_name in k), None)
+        if kinds is None:
             return False
         fields = type(self).model_fields
-        layout = {k: saved.get(k, fields[k].default) for k in LAYOUT_FIELDS}
+        laid_out = STAGED_LAYOUT_FIELDS if kinds is STAGED_STRATEGIES else LAYOUT_FIELDS
+        layout = {k: saved.get(k, fields[k].default) for k in laid_out}
         try:
             as_saved = type(self).model_validate(self.model_dump() | layout)
         except ValidationError:
             return False
         return (
-            as_saved.strategy_name in SHARDED_CHECKPOINTS
+            as_saved.strategy_name in kinds
             and as_saved.identity() == identity
             and (as_saved.global_batch_size, as_saved.reference_batch_size)
             == (self.global_batch_size, self.reference_batch_size)

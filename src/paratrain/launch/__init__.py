@@ -13,7 +13,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from paratrain.config import RUN_CONTROL_FIELDS, TrainConfig, validate
+from paratrain.config import RUN_CONTROL_FIELDS, STAGED_LAYOUT_FIELDS, STAGED_STRATEGIES, TrainConfig, validate
 from paratrain.engine.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from paratrain.engine.distributed import Placement
 from paratrain.engine.preflight import check_loss
@@ -232,18 +232,21 @@ def _prepare_run_dir(run: RunDir, cfg: TrainConfig, device_type: str, data: Any)
             raise UsageError(f"--resume: {path} holds no run to resume; run without --resume first")
         ckpt = load_checkpoint(path / CHECKPOINT_NAME)
         before = run.read_config()
-        # A sharded checkpoint also resumes at another layout of the same run (TrainConfig.resumes_at_another_layout).
+        # A sharded checkpoint, or a pipeline's (the whole model), also resumes at another layout of the same run
+        # (TrainConfig.resumes_at_another_layout).
         if ckpt["identity"] != cfg.identity() and not (
-            "dcp" in ckpt and cfg.resumes_at_another_layout(before, ckpt["identity"])
+            ("dcp" in ckpt or "pipeline" in ckpt) and cfg.resumes_at_another_layout(before, ckpt["identity"])
         ):
             now = cfg.model_dump(mode="json")
-            changed = [
-                k
-                for k in now
-                if k not in (*RUN_CONTROL_FIELDS, "device", *cfg.reshardable_fields()) and before.get(k) != now[k]
-            ]
+            # What may change for this kind of checkpoint is not named: the layout of a pipeline's, the ranks of fsdp's.
+            relaid = (
+                STAGED_LAYOUT_FIELDS
+                if "pipeline" in ckpt and cfg.strategy_name in STAGED_STRATEGIES
+                else cfg.reshardable_fields()
+            )
+            changed = [k for k in now if k not in (*RUN_CONTROL_FIELDS, "device", *relaid) and before.get(k) != now[k]]
             diffs = [f"--{k.replace('_', '-')} {before.get(k)} -> {now[k]}" for k in changed]
-            if cfg.reshardable_fields():  # fsdp: the ranks may change, the global batch and its LR may not
+            if relaid:  # the ranks or the layout may change, the global batch and its LR may not
                 resolved = before.get("resolved", {})
                 diffs += [
                     f"the {k.replace('_', ' ')} {resolved.get(k)} -> {getattr(cfg, k)}"

@@ -19,6 +19,9 @@ STAGED_STRATEGIES = ("pipeline", "model-parallel", "hybrid")
 # the fields that lay a run out on its ranks, which a resume of such a checkpoint may change.
 SHARDED_CHECKPOINTS = ("fsdp", "tp")
 LAYOUT_FIELDS = ("strategy", "workers", "tp", "dp_replicate", "batch_size", "base_batch_size")
+# A pipeline's checkpoint.pt holds the whole model, keyed by its names (engine/strategies/pipeline.py): any
+# layout of pipeline stages takes it; and the fields that lay a pipeline out.
+STAGED_LAYOUT_FIELDS = (*LAYOUT_FIELDS, "stages", "dp", "dp_shard", "microbatches", "pipeline_schedule", "split")
 
 
 class LayoutOptions(BaseModel):
