@@ -128,6 +128,25 @@ def test_gpipe_keeps_every_micro_batch_and_the_last_stage_can_be_heaviest():
     assert late["activations_bytes"] == pytest.approx(3.5e4, rel=1e-12)
 
 
+def test_pipeline_stages_sharded_over_their_replicas_hold_their_share_and_two_units_gathered():
+    sharded = memory(Layout("pp+fsdp", 4, 2, 2, 4, 8, shard=2))  # 2 stages, each sharded over 2 replicas
+    # stage 0 (units 0-1, 3 MB) split 2 ways, its largest unit (2 MB) gathered twice (running and prefetched),
+    # the activations and buffers as the pipeline's (1F1B: 2 micro-batches in flight at stage 0)
+    assert (sharded["parameters_bytes"], sharded["gradients_bytes"], sharded["optimizer_bytes"]) == (1.5e6,) * 3
+    assert sharded["gathered_bytes"] == 4e6
+    assert sharded["activations_bytes"] == pytest.approx(4.5e4, rel=1e-12) and sharded["buffers_bytes"] == 500.0
+    assert sharded["total_bytes"] == pytest.approx(4.5e6 + 4e6 + 4.5e4 + 500 + RUNTIME, rel=1e-12)
+    # in bf16 the gathered parameters are bf16 (FSDP's policy), the state stays float32
+    assert memory(Layout("pp+fsdp", 4, 2, 2, 4, 8, shard=2), precision="bf16")["gathered_bytes"] == 2e6
+    # 4 shards: a quarter of the state, the same units gathered
+    quarter = memory(Layout("pp+fsdp", 8, 4, 2, 4, 8, shard=4))
+    assert quarter["parameters_bytes"] == 7.5e5 and quarter["gathered_bytes"] == 4e6
+    # the heaviest stage is still the one reported: here the last, its 2 MB unit gathered
+    late = memory_per_device(profile((5e5, 5e5, 1e6, 2e6)), Layout("pp+fsdp", 4, 2, 2, 4, 8, shard=2), "sgd", "fp32")
+    assert (late["parameters_bytes"], late["gathered_bytes"]) == (1.5e6, 4e6)
+    assert late["activations_bytes"] == pytest.approx(3.5e4, rel=1e-12)  # last in 1F1B: one micro-batch
+
+
 def test_a_pipeline_of_plain_sgd_keeps_no_optimizer_state():
     assert memory(Layout("pipeline", 2, 1, 2, 4, 8), momentum=0)["optimizer_bytes"] == 0
 
