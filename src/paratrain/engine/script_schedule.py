@@ -101,8 +101,8 @@ class ScriptBatchSchedule:
         self.model, self.optimizer, self.log_every = model, optimizer, log_every
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         self.rank = dist.get_rank() if dist.is_initialized() else 0
-        sharded = any(isinstance(m, FSDPModule) for m in model.modules())
-        strategy = "fsdp" if sharded else "ddp" if isinstance(model, DistributedDataParallel) else "single"
+        self.sharded = [m for m in model.modules() if isinstance(m, FSDPModule)]
+        strategy = "fsdp" if self.sharded else "ddp" if isinstance(model, DistributedDataParallel) else "single"
         if self.world > 1 and strategy == "single":
             raise UsageError(
                 f"paratrain.batch_schedule(): the model is neither DistributedDataParallel nor fully_shard-ed, on "
@@ -229,12 +229,15 @@ class ScriptBatchSchedule:
         if isinstance(self.model, DistributedDataParallel):
             with self.model.no_sync():
                 yield
-        elif isinstance(self.model, FSDPModule):
-            self.model.set_requires_gradient_sync(False)
+        elif self.sharded:
+            # Each FSDP module, the root or not: a script may leave its root unsharded.
+            for module in self.sharded:
+                module.set_requires_gradient_sync(False, recurse=False)
             try:
                 yield
             finally:
-                self.model.set_requires_gradient_sync(True)
+                for module in self.sharded:
+                    module.set_requires_gradient_sync(True, recurse=False)
         else:
             yield
 
