@@ -193,3 +193,34 @@ def test_fsdp_over_tensor_parallel_groups_shards_the_ranks_share():
     assert m["optimizer_bytes"] == (5e6 + 40) / 2
     assert m["activations_bytes"] == (5e4 + 6e3 * 50) / 2
     assert m["gathered_bytes"] == 2 * 1e6 * 2.5e6 / 4e6 / 2
+
+
+def split_stages_profile():
+    """The toy model split 2 ways unit by unit: the first unit (an embedding, say) whole, the others halved."""
+    from paratrain.plan.profile import TensorParallelProfile
+
+    toy = profile()
+    toy.tensor_parallel = TensorParallelProfile(
+        2, 2_000_000, 10, 6e3, 5e4, 8, 8e3, 0.75,
+        unit_param_bytes=(1e6, 1e6, 2.5e5, 2.5e5), unit_split_flops_per_sample=(0.0, 1e6, 1e6, 1e6),
+    )  # fmt: skip
+    return toy
+
+
+def test_split_pipeline_stages_hold_each_units_piece_and_the_split_models_activations():
+    m = memory_per_device(split_stages_profile(), Layout("pp+tp", 4, 1, 2, 4, 8, tp=2), "sgd", "fp32", RUNTIME)
+    # stage 0 (units 0-1 by FLOPs): unit 0 whole, 1 MB, and unit 1's half, 1 MB; momentum as much; the split
+    # model's activations, half of them (its share of the FLOPs), for its 2 micro-batches of 2 in flight (1F1B):
+    # 0.5 x (50 kB + 6 kB x 2 x 2); the buffers over the 2 stages
+    assert (m["parameters_bytes"], m["gradients_bytes"], m["optimizer_bytes"]) == (2e6,) * 3
+    assert m["activations_bytes"] == pytest.approx(0.5 * (5e4 + 6e3 * 4), rel=1e-12)
+    assert (m["gathered_bytes"], m["buffers_bytes"]) == (0.0, 500.0)
+    # sharded over 2 replicas too: half the stage's state; Adam's moments on it and a step counter for each of
+    # the stage's 7.5 tensors (3 of the 4 MB); two of its units' pieces gathered (1 MB each), in bf16 half
+    sharded = memory_per_device(
+        split_stages_profile(), Layout("pp+fsdp+tp", 8, 2, 2, 4, 8, shard=2, tp=2), "adam", "bf16", RUNTIME
+    )
+    assert sharded["parameters_bytes"] == sharded["gradients_bytes"] == 1e6
+    assert sharded["optimizer_bytes"] == (4e6 + 4 * 7.5) / 2
+    assert sharded["gathered_bytes"] == 2 * 1e6 / 2
+    assert sharded["activations_bytes"] == pytest.approx(0.5 * 0.5 * (5e4 + 6e3 * 4), rel=1e-12)

@@ -539,3 +539,41 @@ def test_checkpointed_activations_add_the_recompute_to_the_compute():
     t = step_time(toy, whole("single", 1), device(False), "fp32", "sgd", TWO_PER_NODE, EFF)
     # 1 ms fixed + (1e6 + 5e5) x 100 / (1e9 x 0.5) = 301 ms
     assert t["compute_s"] == pytest.approx(0.301, rel=1e-12)
+
+
+def split_stages_profile() -> ModelProfile:
+    """The toy split 2 ways unit by unit: the first unit whole, the other three halved, all of their FLOPs split;
+    8 all-reduces a step of 1 kB a sample each."""
+    from paratrain.plan.profile import TensorParallelProfile
+
+    toy = profile()
+    toy.tensor_parallel = TensorParallelProfile(
+        2, 2_000_000, 10, 0.0, 0.0, 8, 8e3, 0.75,
+        unit_param_bytes=(1e6, 1e6, 2.5e5, 2.5e5), unit_split_flops_per_sample=(0.0, 1e6, 1e6, 1e6),
+    )  # fmt: skip
+    return toy
+
+
+def test_split_pipeline_stages_run_their_split_flops_halved_and_wait_for_their_share_of_the_sums():
+    layout = Layout("pp+tp", 4, 1, 2, 4, 8, tp=2)  # 2 stages, each split over 2 ranks, 4 micro-batches of 2
+    cpu = step_time(split_stages_profile(), layout, device(False), "fp32", "sgd", FOUR_PER_NODE, EFF)
+    # stage 0 (units 0-1): 1 MFLOP whole + 1 MFLOP halved = 1.5 MFLOP a sample, the slower stage (stage 1: 1);
+    # a slot: 3 ms / 2 + 1.5e6 x 2 / 4e8 = 9 ms; 5 slots
+    # its share of the 8 all-reduces, by split FLOPs, 1/3; each of 1 kB x 2 on 2 ranks: 1 + 0.2 + 0.02 ms
+    # = 1.22 ms; a hop hands 5e5 x 2 B on the node (2 stages x 2 ranks fill a node of 4): 11.1 ms, 10 of them
+    assert cpu["compute_s"] == pytest.approx(5 * 0.009, rel=1e-12)
+    assert cpu["comm_s"] == cpu["exposed_comm_s"] == pytest.approx(5 * 8 * 0.00122 / 3 + 10 * 0.0111, rel=1e-12)
+    assert cpu["optimizer_s"] == pytest.approx(5 * 2e6 / 1e9, rel=1e-12)  # stage 0's 2 MB of pieces
+    # on nodes of 2, the stages' 4 ranks span two nodes: each hop crosses the network, 10 + 1 + 100 ms
+    wide = step_time(split_stages_profile(), layout, device(False), "fp32", "sgd", TWO_PER_NODE, EFF)
+    assert wide["comm_s"] == pytest.approx(5 * 8 * 0.00122 / 3 + 10 * 0.111, rel=1e-12)
+
+
+def test_split_pipeline_stages_sharded_over_replicas_gather_their_pieces():
+    layout = Layout("pp+fsdp+tp", 8, 2, 2, 4, 8, shard=2, tp=2)
+    eight = Topology(per_node=8, intra=INTRA, inter=INTER)
+    cpu = step_time(split_stages_profile(), layout, device(False), "fp32", "sgd", eight, EFF)
+    # as pp+tp, and the stage's 2 MB of pieces over its 2 shards (4 ranks apart, on the node): the 4 backwards'
+    # and the first forward's gathers and one reduce-scatter, 1 + 0.1 + 0.5 x 2e6 / 1e8 = 11.1 ms each
+    assert cpu["comm_s"] == pytest.approx(5 * 8 * 0.00122 / 3 + 10 * 0.0111 + 6 * 0.0111, rel=1e-12)
+    assert cpu["optimizer_s"] == pytest.approx(5 * 2e6 / 2 / 1e9, rel=1e-12)

@@ -520,6 +520,10 @@ BAD = {
         ["--workload", "gpt-tiny", "--device", "a100", "--gpus", "3", "--global-batch", "64"],
         "divide",
     ),
+    "a global batch the tensor-parallel groups cannot share": (
+        ["--workload", "gpt-tiny", "--device", "a100", "--gpus", "8", "--tp", "2", "--global-batch", "6"],
+        "does not divide evenly over the 4 groups of --tp 2 on 8 devices; use a multiple of 4 (e.g. 4)",
+    ),
     "calibrate a non-run": (
         ["--workload", "gpt-tiny", "--device", "a100", "--gpus", "2", "--calibrate", "{tmp}"],
         "not a paratrain run",
@@ -591,6 +595,31 @@ def test_tensor_parallel_rows_are_the_split_model_as_measured(capsys):
     assert tp["memory"]["parameters_bytes"] == 4 * 463_872
     assert fsdp_tp["memory"]["parameters_bytes"] == 2 * 463_872
     assert tp["time"]["exposed_comm_s"] > 0 and (2, "ddp") in rows
+
+
+def test_pipelines_with_split_stages_are_planned_from_each_units_measured_piece(capsys):
+    """plan --tp 2 also lays the pipelines' stages split 2 ways: 'pp+tp' on 4 devices is one pipeline of 2 split
+    stages, 'pp+fsdp+tp' on 8 the same 2 stages sharded over 2 replicas, each holding half of what a pp+tp rank
+    holds. A global batch need only divide over the tensor-parallel groups, which share their samples."""
+    argv = ["plan", "--workload", "gpt-tiny", "--seq-len", "64", "--device", "a100", "--tp", "2", "--json"]
+    assert main([*argv, "--gpus", "4,8", "--optimizer", "sgd", "--precision", "fp32"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    units = result["model"]["tensor_parallel"]["unit_param_bytes"]
+    assert (
+        len(units) == result["model"]["pipeline_units"]
+        and sum(units) > result["model"]["tensor_parallel"]["param_bytes"]
+    )
+    rows = {(r["devices"], r["strategy"]): r for r in result["rows"]}
+    split, sharded = rows[(4, "pp+tp")], rows[(8, "pp+fsdp+tp")]
+    assert (split["data_parallel"], split["stages"], split["tp"]) == (1, 2, 2)
+    assert (sharded["data_parallel"], sharded["stages"], sharded["tp"]) == (2, 2, 2)
+    assert sharded["memory"]["parameters_bytes"] == split["memory"]["parameters_bytes"] / 2
+    assert split["time"]["exposed_comm_s"] > rows[(4, "pipeline")]["time"]["exposed_comm_s"]  # the split's sums
+    # 4 samples over 8 devices: only the layouts of 4 replicas or fewer take them (a split layer's ranks, or a
+    # pipeline's stages, share their samples)
+    assert main([*argv, "--gpus", "8", "--global-batch", "4"]) == 0
+    strategies = {r["strategy"] for r in json.loads(capsys.readouterr().out)["rows"] if r["devices"] == 8}
+    assert strategies == {"fsdp+tp", "pp+tp", "pp+fsdp+tp", "hybrid", "pp+fsdp"}, strategies
 
 
 def test_a_split_module_with_a_second_input_and_a_parameterless_parents_table_is_planned(capsys):

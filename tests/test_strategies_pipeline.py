@@ -23,7 +23,7 @@ from paratrain.config import TrainConfig
 from paratrain.errors import UsageError
 from paratrain.launch.load import LoadMeter
 from paratrain.plan.memory import Layout, memory_per_device
-from paratrain.plan.profile import profile_model
+from paratrain.plan.profile import profile_model, profile_tensor_parallel
 
 SMALL = dict(
     workload="synthetic-cnn",
@@ -313,6 +313,18 @@ def test_hybrid_on_four_ranks_reaches_the_parameters_of_one_process(tmp_path, on
     assert split["layout"] == {"dp_replicate": 1, "dp_shard": 1, "tp": 2, "pp": 2} and split["global_batch_size"] == 8
     _assert_same_parameters(_model(one_process_runs / "gpt"), _model(tmp_path / "pp-tp"))
     assert split["train_loss"] == pytest.approx(_summary(one_process_runs / "gpt")["train_loss"], rel=1e-5)
+    # the plan's pp+tp layout holds what the largest rank held: the embedding whole, the block split in two
+    _assert_planned_state_held(Layout("pp+tp", 4, 1, 2, 2, 8, tp=2), split)
+
+
+def _assert_planned_state_held(layout: Layout, summary: dict) -> None:
+    """The plan's parameters, gradients and optimizer state for gpt's split stages, as the largest rank held them."""
+    config = TrainConfig(**{k: v for k, v in GPT.items() if k in TrainConfig.model_fields})
+    profile = profile_model(config)
+    profile.tensor_parallel = profile_tensor_parallel(config, layout.tp)
+    planned = memory_per_device(profile, layout, "sgd", "fp32")
+    for figure in ("parameters_bytes", "gradients_bytes", "optimizer_bytes"):
+        assert planned[figure] == max(summary["memory"][figure]), (figure, planned[figure], summary["memory"][figure])
 
 
 def test_stages_split_and_sharded_on_eight_ranks_reach_the_parameters_of_one_process(tmp_path, one_process_runs):
@@ -340,6 +352,7 @@ def test_stages_split_and_sharded_on_eight_ranks_reach_the_parameters_of_one_pro
     # each rank holds a quarter of its stage's split layers (2 ways split, 2 ways sharded) and half of the rest
     whole = _summary(one_process_runs / "gpt")["memory"]["parameters_bytes"][0]
     assert max(summary["memory"]["parameters_bytes"]) < 0.3 * whole
+    _assert_planned_state_held(Layout("pp+fsdp+tp", 8, 2, 2, 2, 4, shard=2, tp=2), summary)
 
 
 def _losses(run_dir: Path) -> dict[int, float]:

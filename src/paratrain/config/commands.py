@@ -162,7 +162,8 @@ class PlanConfig(BaseModel):
         1,
         gt=0,
         description="also plan tensor parallelism of this degree, measured with the model's own plan (gpt has one): "
-        "a 'tp' row on T devices, 'fsdp+tp' rows sharding over N/T groups",
+        "a 'tp' row on T devices, 'fsdp+tp' rows sharding over N/T groups, and the pipelines' stages split T ways "
+        "('pp+tp' with pipeline: N/T stages; 'pp+fsdp+tp' with pp+fsdp)",
     )
     tp_plan: str | None = TrainConfig.model_fields["tp_plan"]
     sequence_parallel: bool = TrainConfig.model_fields["sequence_parallel"]

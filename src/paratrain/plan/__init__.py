@@ -43,10 +43,13 @@ def run_plan(cfg: PlanConfig) -> dict[str, Any]:
     counts = [cfg.nodes * per_node] if cfg.nodes is not None else sorted(set(cfg.gpus))
     if cfg.global_batch is not None:
         for n in counts:
-            if cfg.global_batch % n:
+            # tensor-parallel groups share their samples: the batch is split over the groups
+            replicas = n // cfg.tp if n % cfg.tp == 0 else n
+            if cfg.global_batch % replicas:
+                over = f"the {replicas} groups of --tp {cfg.tp} on {n} devices" if replicas < n else f"{n} devices"
                 raise UsageError(
-                    f"--global-batch {cfg.global_batch} does not divide evenly over {n} devices; "
-                    f"use a multiple of {n} (e.g. {cfg.global_batch // n * n or n})"
+                    f"--global-batch {cfg.global_batch} does not divide evenly over {over}; "
+                    f"use a multiple of {replicas} (e.g. {cfg.global_batch // replicas * replicas or replicas})"
                 )
     profile = profile_model(_train_config(cfg))
     if cfg.tp > 1:
@@ -341,34 +344,44 @@ class _Planner:
         g = self.global_batch(n)
         if n == 1:
             return [Layout("single", 1, 1, 1, 1, g)]
-        if g % n:
-            return []
         units = len(self.profile.units)
         out = []
         for name in self.cfg.strategy:
-            if name in ("ddp", "zero1", "fsdp"):
+            if name in ("ddp", "zero1", "fsdp") and g % n == 0:
                 out.append(Layout(name, n, n, 1, 1, g // n))
-            elif name == "pipeline" and n <= units:
+            elif name == "pipeline" and n <= units and g % n == 0:
                 out.append(Layout(name, n, 1, n, max(self.cfg.microbatches, n), g))
             elif name in ("hybrid", "pp+fsdp") and n >= 4:
                 layout = self._hybrid(n, g, units, sharded=name == "pp+fsdp")
                 if layout is not None:
                     out.append(layout)
         t = self.cfg.tp
-        if t > 1 and n == t:
+        if t == 1 or n % t:
+            return out
+        groups = n // t  # tensor-parallel groups: the mesh's other dimensions
+        if n == t:
             out.append(Layout("tp", n, 1, 1, 1, g, tp=t))
-        elif t > 1 and n % t == 0 and g % (n // t) == 0:
-            out.append(Layout("fsdp+tp", n, n // t, 1, 1, g // (n // t), tp=t))
+        elif g % groups == 0:
+            out.append(Layout("fsdp+tp", n, groups, 1, 1, g // groups, tp=t))
+        # each stage split T ways: one pipeline over every group, or (as train runs them) stages sharded
+        if "pipeline" in self.cfg.strategy and 2 <= groups <= units and g % groups == 0:
+            out.append(Layout("pp+tp", n, 1, groups, max(self.cfg.microbatches, groups), g, tp=t))
+        if "pp+fsdp" in self.cfg.strategy and groups >= 4:
+            layout = self._hybrid(n, g, units, sharded=True, tp=t)
+            if layout is not None:
+                out.append(layout)
         return out
 
-    def _hybrid(self, n: int, g: int, units: int, sharded: bool) -> Layout | None:
-        """The fewest stages (at least 2, dividing N, at most the units) whose largest stage fits: replicated
-        (hybrid), or sharded over the replicas (pp+fsdp)."""
-        candidates = [k for k in range(2, min(units, n // 2) + 1) if n % k == 0 and g % (n // k) == 0]
+    def _hybrid(self, n: int, g: int, units: int, sharded: bool, tp: int = 1) -> Layout | None:
+        """The fewest stages (at least 2, dividing the N / T groups, at most the units) whose largest stage fits:
+        replicated (hybrid), or sharded over the replicas (pp+fsdp; pp+fsdp+tp with each stage split T ways)."""
+        groups = n // tp
+        candidates = [k for k in range(2, min(units, groups // 2) + 1) if groups % k == 0 and g % (groups // k) == 0]
 
         def laid_out(k: int) -> Layout:
-            name, shard = ("pp+fsdp", n // k) if sharded else ("hybrid", 1)
-            return Layout(name, n, n // k, k, max(self.cfg.microbatches, k), g // (n // k), shard=shard)
+            replicas = groups // k
+            name, shard = ("pp+fsdp" + ("+tp" if tp > 1 else ""), replicas) if sharded else ("hybrid", 1)
+            return Layout(name, n, replicas, k, max(self.cfg.microbatches, k), g // replicas, shard=shard, tp=tp)
 
         for k in candidates:
             if self.memory(laid_out(k))["total_bytes"] <= self.device.memory_bytes * USABLE_FRACTION:
@@ -449,7 +462,9 @@ class _Planner:
                 f"efficiency {ddp['efficiency']:.2f} on {n} devices",
             )
         sharded = [
-            rows[s] for s in ("zero1", "fsdp", "pipeline", "tp", "fsdp+tp", "pp+fsdp") if s in rows and rows[s]["fits"]
+            rows[s]
+            for s in ("zero1", "fsdp", "pipeline", "tp", "fsdp+tp", "pp+fsdp", "pp+tp", "pp+fsdp+tp")
+            if s in rows and rows[s]["fits"]
         ]
         too_big = (
             f"ddp needs {size(need['ddp'])} per device, more than {room}"

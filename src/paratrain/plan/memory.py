@@ -22,6 +22,9 @@ What a rank holds, as paratrain's strategies hold it (docs/strategies.md):
 - `tp` (tensor parallelism, `--tp T`): what one rank holds as measured with the model split T ways
   by its own plan (profile.py): its pieces of the split layers and the rest whole, the activations
   it saves for the group's batch; `fsdp+tp` splits that model state over the data-parallel ranks;
+  `pp+tp` and `pp+fsdp+tp` (`--pp K --tp T [--dp-shard S]`): the pipeline's stages, each unit's
+  parameters as a rank of the split unit holds them (measured unit by unit), the split model's
+  activations by the stage's share of the FLOPs;
 - `runtime_bytes`: what the process holds before any model (a CPU rank's interpreter, ~300 MiB).
 A device fits when the total is at most USABLE_FRACTION of its memory.
 """
@@ -53,7 +56,7 @@ class Layout:
     schedule: str = "1f1b"
     reshard_after_forward: bool = True
     tp: int = 1  # devices of a tensor-parallel group: devices = data_parallel x stages x tp
-    shard: int = 1  # pp+fsdp: the replicas each pipeline stage is sharded over (FSDP), all data_parallel of them
+    shard: int = 1  # pp+fsdp(+tp): the replicas each pipeline stage is sharded over (FSDP), all data_parallel of them
 
 
 def sixteen_bit_activations(per_sample: float, loss: float, scale: float) -> float:
@@ -74,6 +77,16 @@ def optimizer_bytes(param_bytes: float, tensors: float, optimizer: str, momentum
     if optimizer == "sgd" and momentum == 0:
         states = 0
     return states * param_bytes + STEP_COUNTER_BYTES[optimizer] * tensors
+
+
+def unit_param_bytes(profile: ModelProfile, layout: Layout) -> list[float]:
+    """What a rank of a stage holds of each pipeline unit's parameters: the unit whole, or with the stages split
+    (--pp with --tp), its piece as measured (profile.py's profile_tensor_parallel)."""
+    split = profile.tensor_parallel if layout.tp > 1 else None
+    if split is None:
+        return [float(u["param_bytes"]) for u in profile.units]
+    assert split.degree == layout.tp and len(split.unit_param_bytes) == len(profile.units), "measured as planned"
+    return list(split.unit_param_bytes)
 
 
 def stage_bounds(profile: ModelProfile, stages: int) -> list[tuple[int, int]]:
@@ -101,7 +114,17 @@ def memory_per_device(
         profile.activation_bytes_per_sample, profile.loss_activation_bytes_per_sample, act_scale
     )
     fixed = profile.activation_bytes_fixed * act_scale
-    if layout.tp > 1:
+    if layout.stages > 1:
+        split = profile.tensor_parallel if layout.tp > 1 else None
+        if split is not None:  # the activations a rank of the split stage saves
+            per_sample = sixteen_bit_activations(
+                split.activation_bytes_per_sample, split.loss_activation_bytes_per_sample, act_scale
+            )
+            fixed = split.activation_bytes_fixed * act_scale
+        figures, buffers = _largest_stage(
+            profile, layout, optimizer, per_sample, fixed, momentum, gathered_scale(precision)
+        )
+    elif layout.tp > 1:
         figures = _tensor_parallel(profile, layout, optimizer, act_scale, momentum, gathered_scale(precision))
         buffers = float(profile.buffer_bytes)
     elif layout.stages == 1:
@@ -124,10 +147,6 @@ def memory_per_device(
                 gathered = 2 * profile.largest_unit_bytes if layout.reshard_after_forward else params
                 figures["gathered_bytes"] = gathered * gathered_scale(precision)
         buffers = float(profile.buffer_bytes)
-    else:
-        figures, buffers = _largest_stage(
-            profile, layout, optimizer, per_sample, fixed, momentum, gathered_scale(precision)
-        )
     figures["buffers_bytes"] = buffers
     figures["runtime_bytes"] = runtime_bytes
     figures["total_bytes"] = sum(figures.values())
@@ -171,15 +190,17 @@ def _largest_stage(
 ) -> tuple[dict[str, float], float]:
     total_flops = sum(max(u["flops_per_sample"], 1) for u in profile.units) or 1
     micro = layout.replica_batch / layout.microbatches
+    held = unit_param_bytes(profile, layout)
     best: dict[str, float] = {}
     for index, (start, end) in enumerate(stage_bounds(profile, layout.stages)):
         units = profile.units[start:end]
-        params = float(sum(u["param_bytes"] for u in units))
+        whole = float(sum(u["param_bytes"] for u in units))
+        params = float(sum(held[start:end]))
         share = sum(max(u["flops_per_sample"], 1) for u in units) / total_flops  # activations follow FLOPs
         in_flight = (
             layout.microbatches if layout.schedule == "gpipe" else min(layout.microbatches, layout.stages - index)
         )
-        tensors = profile.param_tensors * params / max(profile.param_bytes, 1)
+        tensors = profile.param_tensors * whole / max(profile.param_bytes, 1)  # split tensors are still tensors
         stage = {
             "parameters_bytes": params,
             "gradients_bytes": params,
@@ -190,8 +211,7 @@ def _largest_stage(
         if layout.shard > 1:
             for key in ("parameters_bytes", "gradients_bytes", "optimizer_bytes"):
                 stage[key] /= layout.shard
-            largest = max(float(u["param_bytes"]) for u in units)
-            stage["gathered_bytes"] = 2 * largest * gather_scale
+            stage["gathered_bytes"] = 2 * max(held[start:end]) * gather_scale
         if sum(stage.values()) > sum(best.values()):
             best = stage
     return best, float(profile.buffer_bytes) / layout.stages

@@ -81,6 +81,10 @@ class TensorParallelProfile:
     gather_scatters: int = 0
     gather_scatter_bytes_per_sample: float = 0.0
     loss_activation_bytes_per_sample: float = 0.0  # as ModelProfile's
+    # per pipeline unit (ModelProfile.units' order), for stages that are split (--pp with --tp): the rank's
+    # bytes of the unit's parameters, and the unit's FLOPs a sample inside the layers the plan splits
+    unit_param_bytes: tuple[float, ...] = ()
+    unit_split_flops_per_sample: tuple[float, ...] = ()
 
 
 def profile_tensor_parallel(
@@ -91,6 +95,7 @@ def profile_tensor_parallel(
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
+    from paratrain.engine.strategies.pipeline_split import model_units
     from paratrain.engine.strategies.tensor import apply_tensor_parallel, model_plan
     from paratrain.workloads import build_model
     from paratrain.workloads.objective import build_objective
@@ -105,6 +110,12 @@ def profile_tensor_parallel(
     split_paths = _split_modules(whole, plan)
     outermost = [n for n in split_paths if not any(n.startswith(o + ".") for o in split_paths)]
     split = sum(count for name, count in per_module.items() if any(_inside(name, m) for m in outermost))
+    units = model_units(whole)
+    by_path = {name.split(".", 1)[1]: count for name, count in per_module.items() if "." in name}  # as _inside reads
+    unit_split_flops = tuple(
+        float(sum(by_path.get(o, 0) for o in outermost if any(o == m or o.startswith(m + ".") for m in u.modules)))
+        for u in units
+    )
     if dist.is_initialized():
         raise UsageError("plan --tp measures the split model over a process group of its own; run it outside one")
     small, large = 2, 4
@@ -132,6 +143,9 @@ def profile_tensor_parallel(
     try:
         mesh = init_device_mesh("cpu", (degree,), mesh_dim_names=("tp",))
         measured, _ = measure_deep(whole, _checkpoint_period(cfg), measure)
+        # Splitting the whole model on the meta device only lays out shapes: the rank's share of each unit.
+        apply_tensor_parallel(whole, mesh, degree, plan_fn, sequence_parallel)
+        unit_bytes = tuple(float(_local_bytes(whole, u.modules)) for u in units)
     except UsageError:
         raise
     except Exception as exc:  # a plan whose styles do not fit the layers' inputs or outputs
@@ -154,7 +168,21 @@ def profile_tensor_parallel(
         gather_scatter_bytes_per_sample=measured["gather_scatter_bytes"] / small,
         loss_activation_bytes_per_sample=loss_per_sample,
         split_flops_share=split / total if total else 0.0,
+        unit_param_bytes=unit_bytes,
+        unit_split_flops_per_sample=unit_split_flops,
     )
+
+
+def _local_bytes(model: nn.Module, modules: tuple[str, ...]) -> int:
+    """The rank's bytes of the parameters under `modules` (a tied parameter once; a split one, its piece)."""
+    from torch.distributed.tensor import DTensor
+
+    seen = {
+        id(p): p.to_local() if isinstance(p, DTensor) else p
+        for m in modules
+        for p in model.get_submodule(m).parameters()
+    }
+    return sum(p.numel() * p.element_size() for p in seen.values())
 
 
 def _checkpoint(model: nn.Module, cfg: TrainConfig) -> None:

@@ -2,8 +2,9 @@
 
 The space, for the largest device count planned: every strategy of `--strategy` (ddp, zero1, fsdp,
 pipeline, hybrid), tensor parallelism of each degree 2, 4, 8, ... that divides the count and stays
-within a node (`tp` alone on a node, `fsdp+tp` over several groups; degrees the model's plan
-refuses are skipped, with the reason), and activation checkpointing none, every second block, every
+within a node (`tp` alone on a node, `fsdp+tp` over several groups, and the pipelines of
+`--strategy` with their stages split: `pp+tp`, `pp+fsdp+tp`; degrees the model's plan refuses are
+skipped, with the reason), and activation checkpointing none, every second block, every
 block by operator (what torchtitan's selective op checkpointing keeps) and every block. Each
 checkpointing choice and each degree is measured as `plan` measures one (the model built on the meta
 device, wrapped and split as `train` would), so the search costs one profile per choice and per
@@ -95,10 +96,11 @@ def search(
 
 def describe(row: dict[str, Any]) -> str:
     """A layout as a person names it: 'fsdp+tp (8 x tp 8), checkpointing every block'."""
-    if row["tp"] > 1:
+    if row["stages"] > 1:
+        split = f" x tp {row['tp']}" if row["tp"] > 1 else ""
+        shape = f"{row['data_parallel']} x {row['stages']} stages{split}, M = {row['microbatches']}"
+    elif row["tp"] > 1:
         shape = f"{row['data_parallel']} x tp {row['tp']}"
-    elif row["stages"] > 1:
-        shape = f"{row['data_parallel']} x {row['stages']} stages, M = {row['microbatches']}"
     else:
         shape = f"{row['data_parallel']} replicas"
     checkpointing = row["checkpointing"]

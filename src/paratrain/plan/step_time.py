@@ -29,7 +29,9 @@
   stage's parameters for every micro-batch's backward and the first one's forward (FSDP reshards
   after forward; torch's PipelineStage keeps them gathered from a backward to the next forward), M + 1
   all-gathers, and reduce-scatters its gradients once, after the last micro-batch; on a device that
-  overlaps, all of it but two units' gathers hides behind the stage's compute.
+  overlaps, all of it but two units' gathers hides behind the stage's compute. Split stages (`pp+tp`,
+  `pp+fsdp+tp`: --pp with --tp) run their split FLOPs 1/T each and wait in every slot for their share of
+  the group's collectives (by the stage's split FLOPs), and gather and step only their pieces.
 """
 
 from __future__ import annotations
@@ -39,8 +41,8 @@ from typing import Any
 
 from paratrain.plan.devices import Device
 from paratrain.plan.links import Link
-from paratrain.plan.memory import Layout, gathered_scale, stage_bounds
-from paratrain.plan.profile import ModelProfile
+from paratrain.plan.memory import Layout, gathered_scale, stage_bounds, unit_param_bytes
+from paratrain.plan.profile import ModelProfile, TensorParallelProfile
 
 BACKWARD_SHARE = 2 / 3
 DDP_BUCKET_BYTES = 25 * 2**20
@@ -133,18 +135,18 @@ def step_time(
     grads = float(profile.param_bytes)
     traffic = OPTIMIZER_TRAFFIC[optimizer]
     fixed = eff.fixed_compute_s(layout.devices)
-    if layout.tp > 1:
+    if layout.stages > 1:
+        compute, comm, exposed, optimizer_s = _pipeline(profile, layout, device, topo, speed, traffic, fixed, precision)
+    elif layout.tp > 1:
         compute, comm, exposed, optimizer_s = _tensor_parallel(
             profile, layout, device, topo, speed, traffic, fixed, precision
         )
-    elif layout.stages == 1:
+    else:
         compute = fixed + profile.work_per_sample * layout.replica_batch / speed
         backward = BACKWARD_SHARE * compute
         shard = n if layout.strategy in ("zero1", "fsdp") else 1
         optimizer_s = traffic * grads / shard / device.memory_bandwidth
         comm, exposed = _data_parallel_comm(profile, layout, device, topo, compute, backward, precision)
-    else:
-        compute, comm, exposed, optimizer_s = _pipeline(profile, layout, device, topo, speed, traffic, fixed, precision)
     overhead = eff.overhead_for(layout.devices)
     total = compute + exposed + optimizer_s + overhead
     return {
@@ -201,30 +203,44 @@ def _pipeline(
     fixed: float,
     precision: str,
 ) -> tuple[float, float, float, float]:
-    k, m = layout.stages, layout.microbatches
+    k, m, t = layout.stages, layout.microbatches, layout.tp
     micro = layout.replica_batch / m
     bounds = stage_bounds(profile, k)
-    stage_flops = [sum(u["flops_per_sample"] for u in profile.units[a:b]) for a, b in bounds]
-    stage_params = [sum(u["param_bytes"] for u in profile.units[a:b]) for a, b in bounds]
-    # A slot runs one stage (about 1/k of the model's operators) on one micro-batch.
+    held = unit_param_bytes(profile, layout)
+    stage_params = [sum(held[a:b]) for a, b in bounds]
+    # A slot runs one stage (about 1/k of the model's operators) on one micro-batch; split stages run the
+    # FLOPs inside their split layers 1/T each and wait for the group's collectives of the micro-batch.
     # With --checkpoint-activations the recompute is spread over the stages as their FLOPs are.
-    slot = fixed / k + max(stage_flops) * micro * profile.work_per_sample / max(profile.flops_per_sample, 1) / speed
+    split = profile.tensor_parallel if t > 1 else None
+    split_flops = list(split.unit_split_flops_per_sample) if split else [0.0] * len(profile.units)
+    stage_flops = [
+        sum(u["flops_per_sample"] - s + s / t for u, s in zip(profile.units[a:b], split_flops[a:b])) for a, b in bounds
+    ]
+    slowest = max(range(k), key=lambda i: stage_flops[i])
+    slot = fixed / k + stage_flops[slowest] * micro * profile.work_per_sample / max(profile.flops_per_sample, 1) / speed
     compute = (m + k - 1) * slot
-    # Bytes handed between neighbouring stages per micro-batch: the output of the last unit of each stage.
+    comm = exposed = 0.0
+    if split is not None:  # the slowest stage's share of the split model's collectives, by its split FLOPs
+        a, b = bounds[slowest]
+        share = sum(split_flops[a:b]) / (sum(split_flops) or 1)
+        comm = exposed = (m + k - 1) * _split_collectives_s(split, micro, share, topo, precision)
+    # Bytes handed between neighbouring stages per micro-batch: the output of the last unit of each stage
+    # (every rank of a split stage hands the whole output to its peer of the next, beside the others).
     handed = max([profile.units[b - 1]["output_bytes_per_sample"] for a, b in bounds[:-1]] or [0]) * micro
-    link = topo.intra if k <= topo.per_node else topo.inter
+    link = topo.intra if k * t <= topo.per_node else topo.inter
     hop = link.base_latency + link.latency + handed / link.bandwidth
     sends = 2 * (k - 1) if device.overlap else 2 * (m + k - 1)
-    comm = exposed = sends * hop
+    comm, exposed = comm + sends * hop, exposed + sends * hop
     optimizer_s = traffic * max(stage_params) / layout.shard / device.memory_bandwidth
-    # replicas of a stage are `k` ranks apart, so a node holds per_node / k of them
-    per_node = max(topo.per_node // k, 1)
+    # replicas of a stage are k x T ranks apart (the mesh's order: replicas, shards, stages, tensor-parallel
+    # groups innermost), so a node holds per_node / (k x T) of them
+    per_node = max(topo.per_node // (k * t), 1)
     if layout.shard > 1:
         stage = float(max(stage_params))
         scale = gathered_scale(precision)
         gathers = (m + 1) * allgather_s(stage * scale, layout.shard, per_node, topo)
         sharded = allgather_s(stage, layout.shard, per_node, topo) + gathers  # the reduce-scatter, and the gathers
-        unit = max(u["param_bytes"] for u in profile.units)
+        unit = max(held)
         hidden = max(sharded - compute, 2 * allgather_s(unit * scale, layout.shard, per_node, topo))
         comm, exposed = comm + sharded, exposed + (hidden if device.overlap else sharded)
     elif layout.data_parallel > 1:
@@ -252,16 +268,7 @@ def _tensor_parallel(
     t, n = layout.tp, layout.data_parallel
     share = split.split_flops_share
     compute = fixed + profile.work_per_sample * layout.replica_batch * (1 - share + share / t) / speed
-    # A group's ranks are consecutive: on one node while t <= per node.
-    per_node = min(topo.per_node, t)
-    # the activations summed are in 16 bits under autocast (measured on float32 meta tensors)
-    sixteen = 0.5 if precision in ("bf16", "fp16") else 1.0
-    each = sixteen * split.allreduce_bytes_per_sample * layout.replica_batch / max(split.allreduces, 1)
-    comm = split.allreduces * allreduce_s(each, t, per_node, topo)
-    # sequence parallelism: an all-gather or reduce-scatter each, (n-1)/n of the whole tensor a ring pass
-    whole = sixteen * split.gather_scatter_bytes_per_sample * layout.replica_batch / max(split.gather_scatters, 1)
-    comm += split.gather_scatters * allgather_s(whole, t, per_node, topo)
-    exposed = comm
+    comm = exposed = _split_collectives_s(split, layout.replica_batch, 1.0, topo, precision)
     shard = n if layout.strategy == "fsdp+tp" else 1
     optimizer_s = traffic * split.param_bytes / shard / device.memory_bandwidth
     if layout.strategy == "fsdp+tp" and n > 1:
@@ -275,6 +282,24 @@ def _tensor_parallel(
         comm += fsdp
         exposed += max(fsdp - compute, 2 * unit) if device.overlap else fsdp
     return compute, comm, exposed, optimizer_s
+
+
+def _split_collectives_s(
+    split: TensorParallelProfile, samples: float, share: float, topo: Topology, precision: str
+) -> float:
+    """Seconds of `share` of the collectives a tensor-parallel group issues for `samples` samples: the all-reduces
+    of activations (as measured: count and bytes), with sequence parallelism all-gathers and reduce-scatters in
+    their place; all exposed, since nothing else runs while a layer waits for its sum."""
+    t = split.degree
+    per_node = min(topo.per_node, t)  # a group's ranks are consecutive: on one node while t <= per node
+    # the activations summed are in 16 bits under autocast (measured on float32 meta tensors)
+    sixteen = 0.5 if precision in ("bf16", "fp16") else 1.0
+    each = sixteen * split.allreduce_bytes_per_sample * samples / max(split.allreduces, 1)
+    seconds = split.allreduces * allreduce_s(each, t, per_node, topo)
+    # sequence parallelism: an all-gather or reduce-scatter each, (n-1)/n of the whole tensor a ring pass
+    whole = sixteen * split.gather_scatter_bytes_per_sample * samples / max(split.gather_scatters, 1)
+    seconds += split.gather_scatters * allgather_s(whole, t, per_node, topo)
+    return share * seconds
 
 
 def bubble_fraction(stages: int, microbatches: int) -> float | None:
