@@ -3,8 +3,8 @@ budget (docs/strategies.md).
 
 Each strategy trains the same workload for the same number of epochs with the same global batch
 (the per-worker batch is doubled for strategies whose ranks share one batch: pipeline,
-model-parallel and tp; hybrid, fsdp-tp and hsdp need 4 ranks and run oversubscribed on this 2-core
-machine, so their speed is shown but not comparable). Runs alternate across repeats (single, ddp,
+model-parallel and tp; hybrid, fsdp-tp, hsdp, pp-fsdp and pp-tp need 4 ranks, pp-fsdp-tp 8, and run
+oversubscribed on this 2-core machine, so their speed is shown but not comparable). Runs alternate across repeats (single, ddp,
 zero1, ..., single, ddp, ...) because the machine's speed drifts; the table gives medians, memory the
 largest rank's.
 
@@ -43,6 +43,14 @@ STRATEGIES = {
     # 4 ranks, oversubscribed here: FSDP over 2 tensor-parallel groups; 2 replicas of a 2-way FSDP shard
     "fsdp-tp": (["--workers", "4", "--strategy", "fsdp", "--tp", "2", "--allow-oversubscribe"], 1),
     "hsdp": (["--workers", "4", "--strategy", "fsdp", "--dp-replicate", "2", "--allow-oversubscribe"], 0.5),
+    # the pipeline's stages composed (4 and 8 ranks, oversubscribed): sharded over 2 replicas of 4 windows
+    # (PP x FSDP), split over 2 ranks in one pipeline of the whole batch (PP x TP), both (torchtitan's 3-D)
+    "pp-fsdp": (["--workers", "4", "--pp", "2", "--dp-shard", "2", "--microbatches", "2", "--allow-oversubscribe"], 1),
+    "pp-tp": (["--workers", "4", "--pp", "2", "--tp", "2", "--microbatches", "2", "--allow-oversubscribe"], 2),
+    "pp-fsdp-tp": (
+        ["--workers", "8", "--pp", "2", "--dp-shard", "2", "--tp", "2", "--microbatches", "2", "--allow-oversubscribe"],
+        1,
+    ),
     "hybrid": (
         [
             "--workers",
