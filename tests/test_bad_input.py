@@ -110,6 +110,12 @@ BAD = {
         "File name too long",
     ),
     "recommend without flags": (["recommend"], "missing required options --workers, --out"),
+    # named against the run's own --workers, not the one worker find-batch measures
+    "recommend on split layers": (
+        ["recommend", "--workload", "gpt-tiny", "--strategy", "fsdp", "--tp", "2", "--workers", "2", "--out", "rec"],
+        "recommend reads the gradient noise of the run's own layout: --grad-noise with fsdp needs each rank's whole "
+        "gradient, which --tp 2 splits",
+    ),
     "image smaller than the model takes": (
         ["train", "--model", "resnet50v2", "--image-size", "4"],
         "resnet50v2 needs images of at least 8 px a side",

@@ -40,6 +40,9 @@ RESULT_FILE = "recommend.json"
 CHOSEN = ("batch_size", "lr", "lr_scaling", "base_batch_size", "warmup_epochs", "workers", "max_batch_size")
 # The recommended run's own options, which the measurement runs (at fixed batches and their own LRs) leave out.
 FOR_THE_RUN = ("schedule", "batch_schedule", "max_global_batch", "batch_ramp_epochs")
+# How the run's ranks share the model, which the one-worker measurements (find-batch, lr-find) have no ranks for:
+# one worker holds the whole model (so its largest batch is a lower bound of a sharded rank's).
+MESH_ONLY = ("dp_replicate", "dp_shard")
 GOYAL_MAX_RATIO = 32  # 8192 / 256: the largest batch ratio of Goyal et al. 2017
 GOYAL_WARMUP_FRACTION = 5 / 90  # 5 warmup epochs of their 90
 
@@ -61,11 +64,11 @@ def recommend(
     # A --schedule or a --batch-schedule given is for the recommended run; the measurement runs set their own.
     for_the_run = {k: v for k, v in train.items() if k in FOR_THE_RUN}
     train = {k: v for k, v in train.items() if k not in FOR_THE_RUN}
-    cfg = run_config(train)
-    samples = train_samples(cfg)
-    _check(train, workers, out, noise_steps, lr_steps)
+    _check(train, workers, out, noise_steps, lr_steps)  # first: the flags are the run's, on its --workers
     run_config({**train, **for_the_run, "workers": workers})  # the recommended run's layout and growth, validated
-    one = {**train, "workers": 1}
+    one = {**{k: v for k, v in train.items() if k not in MESH_ONLY}, "workers": 1}
+    cfg = run_config(one)
+    samples = train_samples(cfg)
 
     on_stage("find-batch")
     batches = read_result(
@@ -81,7 +84,7 @@ def recommend(
     choice = BatchChoice.measured(batches, noise, workers, samples)
 
     on_stage("lr-find")
-    lr_train = {**train, "workers": 1, "batch_size": choice.per_worker}
+    lr_train = {**one, "batch_size": choice.per_worker}
     lrs = read_result(
         out / lr_find_module.RESULT_FILE, lr_train, steps=lr_steps, rule=lr_find_module.RULE
     ) or lr_find_module.find_lr(lr_train, out, steps=lr_steps, target_batch=choice.global_batch)
@@ -120,7 +123,10 @@ def _check(train: dict[str, Any], workers: int, out: Path, noise_steps: int, lr_
             )
     for stage in ("find-batch", "noise-scale", "lr-find"):
         check_train_flags(train, stage)
-    run_config({**train, "workers": workers}, grad_noise=True)  # the noise-scale run's layout, validated
+    try:
+        run_config({**train, "workers": workers}, grad_noise=True)  # the noise-scale run's layout, validated
+    except UsageError as exc:
+        raise UsageError(f"recommend reads the gradient noise of the run's own layout: {exc}") from None
     check_out(out)
 
 

@@ -179,7 +179,7 @@ class PlanConfig(BaseModel):
     optimizer: Optimizer = Field(
         "adam", description="the optimizer whose state is counted: sgd (momentum), adam, adamw, lars, lamb"
     )
-    microbatches: int = Field(4, gt=0, description="pipeline and hybrid: micro-batches per step (at least the stages)")
+    microbatches: int = TrainConfig.model_fields["microbatches"]  # the plan raises it to the stages where fewer
     interconnect: str | None = Field(
         None,
         description="the inter-node network (ib-edr, ib-hdr, ib-ndr, 25gbe, 100gbe; default ib-hdr) or a paratrain "
@@ -258,7 +258,7 @@ class LaunchConfig(BaseModel):
     threads_per_worker: int | None = Field(
         None, gt=0, description="CPU threads per rank, pinned to their own cores (default: cores // ranks)"
     )
-    allow_oversubscribe: bool = Field(False, description="allow more threads than cores (slow; for testing only)")
+    allow_oversubscribe: bool = TrainConfig.model_fields["allow_oversubscribe"]
     run_dir: Path | None = Field(None, description="run directory (default runs/<time>-<script>-w<ranks>)")
     monitor_hz: float = TrainConfig.model_fields["monitor_hz"]
     env: dict[str, str] = Field(

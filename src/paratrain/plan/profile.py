@@ -96,7 +96,7 @@ def profile_tensor_parallel(
     from torch.distributed.device_mesh import init_device_mesh
 
     from paratrain.engine.strategies.pipeline_split import model_units
-    from paratrain.engine.strategies.tensor import apply_tensor_parallel, model_plan
+    from paratrain.engine.strategies.tensor import apply_tensor_parallel, divided_modules, model_plan
     from paratrain.workloads import build_model
     from paratrain.workloads.objective import build_objective
 
@@ -107,7 +107,7 @@ def profile_tensor_parallel(
     plan = model_plan(whole, degree, plan_fn, sequence_parallel)
     objective = build_objective(cfg.loss, whole)
     total, per_module, _ = _model_flops(cfg, whole, objective, _batch(cfg, data, 1))
-    split_paths = _split_modules(whole, plan)
+    split_paths = divided_modules(whole, plan)
     outermost = [n for n in split_paths if not any(n.startswith(o + ".") for o in split_paths)]
     split = sum(count for name, count in per_module.items() if any(_inside(name, m) for m in outermost))
     units = model_units(whole)
@@ -208,26 +208,6 @@ def _activations(measured: dict[str, float], small: int, large: int) -> tuple[fl
     fixed = max(measured["peak_small"] - per_sample * small, 0.0)
     loss_per_sample = max(measured["loss_large"] - measured["loss_small"], 0) / (large - small)
     return per_sample, fixed, loss_per_sample
-
-
-def _split_modules(model: nn.Module, plan: dict[str, Any]) -> list[str]:
-    """The modules whose work the plan divides over the ranks: the layers it splits (by columns, rows or
-    sequence), and the modules around them that only lay out their inputs (a block's attention, whose
-    heads are split); not a module that lays out its input or output and is computed whole (an embedding
-    whose output is sequence-split, a head that gathers the sequence back)."""
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
-
-    names = [name for name, _ in model.named_modules() if name]
-    dividing = (ColwiseParallel, RowwiseParallel, SequenceParallel)
-    split = {n for p, style in plan.items() if isinstance(style, dividing) for n in names if _matches(n, p)}
-    around = {n for p, style in plan.items() if not isinstance(style, dividing) for n in names if _matches(n, p)}
-    return sorted(split | {n for n in around if any(s.startswith(n + ".") for s in split)})
-
-
-def _matches(name: str, pattern: str) -> bool:
-    import fnmatch
-
-    return fnmatch.fnmatchcase(name, pattern) and name.count(".") == pattern.count(".")
 
 
 class _Collectives(TorchDispatchMode):

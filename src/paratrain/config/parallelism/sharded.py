@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field
 
+from paratrain.config.flags import flag
+
 if TYPE_CHECKING:
     from paratrain.config.train import TrainConfig
 
@@ -35,7 +37,20 @@ class ShardedOptions(BaseModel):
 
 
 def check(config: TrainConfig) -> None:
-    """--dp-replicate R replicates a sharded model: fsdp only, in equal replicas."""
+    """FSDP's own flags go with --strategy fsdp, which takes no fp16 loss scaler; --dp-replicate R replicates a
+    sharded model: fsdp only, in equal replicas. (--cpu-offload on CPU ranks is refused where the device is
+    known: engine/strategies/__init__.py's check_fsdp.)"""
+    given = config.model_fields_set
+    fsdp_only = [name for name in ("shard_unit", "cpu_offload") if name in given and getattr(config, name)]
+    if "reshard_after_forward" in given and not config.reshard_after_forward:
+        fsdp_only.append("reshard_after_forward")
+    if fsdp_only and config.strategy_name != "fsdp":
+        raise ValueError(f"{flag(fsdp_only[0])} applies to --strategy fsdp (this run uses {config.strategy_name})")
+    if config.strategy_name == "fsdp" and config.precision == "fp16":
+        raise ValueError(
+            "--precision fp16 with --strategy fsdp is not supported (it would need a sharded loss scaler); "
+            "use --precision bf16"
+        )
     if config.dp_replicate > 1:
         if config.strategy_name != "fsdp":
             raise ValueError(

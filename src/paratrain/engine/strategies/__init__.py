@@ -136,26 +136,15 @@ def check_strategy(name: str) -> None:
 
 
 def check_fsdp(cfg: TrainConfig, data: Any, device_type: str) -> None:
-    """Refuse fsdp flags that cannot work, in the launching process, before anything is written.
-    (Here rather than in fsdp.py, so that checking a run of another strategy does not import FSDP.)"""
-    fsdp_only = [name for name in ("shard_unit", "cpu_offload") if name in cfg.model_fields_set and getattr(cfg, name)]
-    if "reshard_after_forward" in cfg.model_fields_set and not cfg.reshard_after_forward:
-        fsdp_only.append("reshard_after_forward")
+    """Refuse fsdp flags that need the device or the model, in the launching process, before anything is written
+    (the flags alone: config/parallelism/sharded.py). Here rather than in fsdp.py, so that checking a run of
+    another strategy does not import FSDP."""
     if cfg.strategy_name != "fsdp":
-        if fsdp_only:
-            raise UsageError(
-                f"--{fsdp_only[0].replace('_', '-')} applies to --strategy fsdp (this run uses {cfg.strategy_name})"
-            )
         return
     if cfg.cpu_offload and device_type != "cuda":
         raise UsageError(
             "--cpu-offload moves FSDP's shards from GPU to host memory; CPU ranks hold them in host memory "
             "already: drop --cpu-offload"
-        )
-    if cfg.precision == "fp16":
-        raise UsageError(
-            "--precision fp16 with --strategy fsdp is not supported (it would need a sharded loss scaler); "
-            "use --precision bf16"
         )
     if cfg.shard_unit is not None:
         from paratrain.engine.strategies.fsdp import shard_units

@@ -134,7 +134,7 @@ def model_plan(
     names = dict(model.named_modules())
     resolved: dict[str, ParallelStyle] = {}
     for path, style in plan.items():
-        matched = [name for name in names if fnmatch.fnmatchcase(name, path) and name.count(".") == path.count(".")]
+        matched = [name for name in names if _matches(name, path)]
         if not matched:
             raise UsageError(f"--tp {degree}: the model's tensor-parallel plan names {path!r}, which matches no module")
         if isinstance(style, ParallelStyle):
@@ -165,15 +165,28 @@ def apply_tensor_parallel(
     return split_by_plan(model, mesh, model_plan(model, degree, plan_fn, sequence_parallel))
 
 
+def _matches(name: str, pattern: str) -> bool:
+    """A module path against a plan's pattern: `*` stands for one path component (blocks.*.mlp.fc)."""
+    return fnmatch.fnmatchcase(name, pattern) and name.count(".") == pattern.count(".")
+
+
+def divided_modules(model: nn.Module, plan: dict[str, ParallelStyle]) -> list[str]:
+    """The modules whose work the plan divides over the ranks (the planner's split FLOPs): the layers it splits
+    (by columns, rows or sequence), and the modules around them that only lay out their inputs (a block's
+    attention, whose heads are split); not a module that lays out its input or output and is computed whole (an
+    embedding whose output is sequence-split, a head that gathers the sequence back)."""
+    names = [name for name, _ in model.named_modules() if name]
+    dividing = (ColwiseParallel, RowwiseParallel, SequenceParallel)
+    split = {n for p, style in plan.items() if isinstance(style, dividing) for n in names if _matches(n, p)}
+    around = {n for p, style in plan.items() if not isinstance(style, dividing) for n in names if _matches(n, p)}
+    return sorted(split | {n for n in around if any(s.startswith(n + ".") for s in split)})
+
+
 def split_by_plan(model: nn.Module, mesh: DeviceMesh, plan: dict[str, ParallelStyle]) -> nn.Module:
     """apply_tensor_parallel with the plan resolved already: a pipeline stage takes its whole model's plan (a
     stage declares none), and the patterns that match none of its modules are left out."""
     names = [name for name, _ in model.named_modules()]
-    mine = {
-        path: style
-        for path, style in plan.items()
-        if any(fnmatch.fnmatchcase(name, path) and name.count(".") == path.count(".") for name in names)
-    }
+    mine = {path: style for path, style in plan.items() if any(_matches(name, path) for name in names)}
     parallelize_module(model, mesh, mine)
     replicated: dict[int, nn.Parameter] = {}  # a tied parameter stays one parameter
     for module in model.modules():
