@@ -577,3 +577,38 @@ def test_split_pipeline_stages_sharded_over_replicas_gather_their_pieces():
     # and the first forward's gathers and one reduce-scatter, 1 + 0.1 + 0.5 x 2e6 / 1e8 = 11.1 ms each
     assert cpu["comm_s"] == pytest.approx(5 * 8 * 0.00122 / 3 + 10 * 0.0111 + 6 * 0.0111, rel=1e-12)
     assert cpu["optimizer_s"] == pytest.approx(5 * 2e6 / 2 / 1e9, rel=1e-12)
+
+
+def test_a_pipeline_without_tp_ignores_the_split_profile_a_tp_plan_measured():
+    # plan --tp measures the split model once; the table's pipeline rows (tp 1) are the whole model's
+    layout = Layout("pipeline", 2, 1, 2, 4, 8)
+    assert step_time(split_stages_profile(), layout, device(False), "fp32", "sgd", FOUR_PER_NODE, EFF) == step_time(
+        profile(), layout, device(False), "fp32", "sgd", FOUR_PER_NODE, EFF
+    )
+
+
+def test_split_pipeline_stages_sum_16_bit_activations_under_a_16_bit_precision():
+    layout = Layout("pp+tp", 4, 1, 2, 4, 8, tp=2)
+    t = step_time(split_stages_profile(), layout, sixteen_bit(False), "bf16", "sgd", FOUR_PER_NODE, EFF)
+    # as in fp32, but each all-reduce carries 1 kB x 2 in 16 bits: 1 + 0.2 + 0.01 ms
+    assert t["comm_s"] == pytest.approx(5 * 8 * 0.00121 / 3 + 10 * 0.0111, rel=1e-12)
+
+
+def test_split_and_sharded_stages_wider_than_a_node_gather_across_nodes():
+    layout = Layout("pp+fsdp+tp", 8, 2, 2, 4, 8, shard=2, tp=2)
+    t = step_time(split_stages_profile(), layout, device(False), "fp32", "sgd", FOUR_PER_NODE, EFF)
+    # a pipeline of 2 split stages fills a node of 4, so a stage's 2 shards are on 2 nodes: each of the 6
+    # collectives of its 2 MB crosses the network, 10 + 1 + 0.5 x 2e6 / 1e7 = 111 ms; the hops stay in the node
+    assert t["comm_s"] == pytest.approx(5 * 8 * 0.00122 / 3 + 10 * 0.0111 + 6 * 0.111, rel=1e-12)
+
+
+def test_pipeline_stages_sharded_in_bf16_gather_in_bf16_and_reduce_scatter_in_float32():
+    layout = Layout("pp+fsdp", 4, 2, 2, 4, 8, shard=2)
+    t = step_time(profile(), layout, sixteen_bit(False), "bf16", "sgd", FOUR_PER_NODE, EFF)
+    # the 5 gathers of the heavier stage's 3 MB in bf16, 1.5 MB whole: 1 + 0.1 + 0.75e6 / 1e8 = 8.6 ms; its
+    # reduce-scatter in float32, 16.1 ms; the 10 hops, 11.1 ms
+    assert t["comm_s"] == t["exposed_comm_s"] == pytest.approx(10 * 0.0111 + 0.0161 + 5 * 0.0086, rel=1e-12)
+    gpu = step_time(profile(), layout, sixteen_bit(True), "bf16", "sgd", FOUR_PER_NODE, EFF)
+    # where the device overlaps: the 59.1 ms outlast the 5 slots of 11.5 ms by 1.6 ms, less than two of the
+    # largest unit's (2 MB) gathers in bf16, 1 + 0.1 + 5 ms each; and the fill and drain's 2 hops
+    assert gpu["exposed_comm_s"] == pytest.approx(2 * 0.0111 + 2 * 0.0061, rel=1e-12)
