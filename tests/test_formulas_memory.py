@@ -48,6 +48,7 @@ def test_one_device_holds_everything_whole():
         "optimizer_bytes": 4e6,
         "activations_bytes": 5e4 + 1e4 * 100,
         "gathered_bytes": 0.0,
+        "transient_bytes": 0.0,
         "buffers_bytes": 1000.0,
         "runtime_bytes": RUNTIME,
         "total_bytes": 3 * 4e6 + 1.05e6 + 1000 + RUNTIME,
@@ -174,6 +175,7 @@ def test_a_tensor_parallel_rank_holds_what_the_split_model_measured():
         "optimizer_bytes": 2.5e6,
         "activations_bytes": 5e4 + 6e3 * 100,
         "gathered_bytes": 0.0,
+        "transient_bytes": 0.0,
         "buffers_bytes": 1000.0,
         "runtime_bytes": RUNTIME,
         "total_bytes": 7.5e6 + 6.5e5 + 1000 + RUNTIME,
@@ -224,3 +226,27 @@ def test_split_pipeline_stages_hold_each_units_piece_and_the_split_models_activa
     assert sharded["optimizer_bytes"] == (4e6 + 4 * 7.5) / 2
     assert sharded["gathered_bytes"] == 2 * 1e6 / 2
     assert sharded["activations_bytes"] == pytest.approx(0.5 * 0.5 * (5e4 + 6e3 * 4), rel=1e-12)
+
+
+def transient_profile() -> ModelProfile:
+    """The toy holding 20 kB + 3 kB a sample beyond its saved tensors at backward's peak (a loss's gradients)."""
+    toy = profile()
+    toy.transient_bytes_fixed, toy.transient_bytes_per_sample = 2e4, 3e3
+    return toy
+
+
+def test_backwards_transients_are_held_for_the_samples_a_rank_runs_at_once():
+    single = memory_per_device(transient_profile(), whole("single", 1), "sgd", "bf16", RUNTIME)
+    # 20 kB + 3 kB x 100 samples, whole in bf16 too (the loss's float32 gradients), in the total
+    assert single["transient_bytes"] == 3.2e5
+    assert single["total_bytes"] == pytest.approx(3 * 4e6 + 5.25e5 + 3.2e5 + 1000 + RUNTIME, rel=1e-12)
+    assert memory_per_device(transient_profile(), whole("fsdp", 4, batch=25), "sgd", "fp32")["transient_bytes"] == (
+        2e4 + 3e3 * 25
+    )
+    # a pipeline's loss is on its last stage, one micro-batch (of 2) at a time; the first holds none
+    late = transient_profile()
+    late.units[3]["param_bytes"] = 4e6  # the last stage (units 2-3) the heaviest, the one reported
+    staged = memory_per_device(late, Layout("pipeline", 2, 1, 2, 4, 8), "sgd", "fp32")
+    assert staged["transient_bytes"] == 2e4 + 3e3 * 2
+    first = memory_per_device(transient_profile(), Layout("pipeline", 2, 1, 2, 4, 8), "sgd", "fp32")
+    assert first["parameters_bytes"] == 3e6 and first["transient_bytes"] == 0.0  # stage 0, the heaviest

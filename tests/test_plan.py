@@ -711,3 +711,18 @@ def test_checkpointing_by_operator_recomputes_every_second_matrix_product_and_is
     held = summary["memory"]["activations_peak_bytes"][0]
     expected = 8 * planned["activation_bytes_per_sample"] + planned["activation_bytes_fixed"]
     assert held == pytest.approx(expected, rel=1e-3)
+
+
+@pytest.mark.parametrize("classes,samples", [(1000, 8), (4000, 8), (4000, 16)])
+def test_the_loss_backward_is_measured_three_logits_beyond_what_it_saves(classes, samples):
+    """Cross-entropy's backward holds, at its peak, three tensors the size of the logits (float32) beside the
+    log-softmax it saved (which the activations count), and its 4-byte loss: torch's MemTracker on the meta
+    device. For Llama 3 8B at 8,192 tokens that is 11.7 GiB a sample (docs/planner.md)."""
+    from paratrain.plan.profile import _loss_transient
+    from paratrain.workloads.objective import Objective
+
+    with torch.device("meta"):
+        model, x, y = nn.Linear(32, classes), torch.randn(samples, 32), torch.randint(0, classes, (samples,))
+    assert _loss_transient(model, Objective(), x, y) == 3 * samples * classes * 4 + 4
+    # a model that computes its own loss (forward(x, targets)) is not measured
+    assert _loss_transient(model, Objective(target_parameter="targets"), x, y) == 0.0

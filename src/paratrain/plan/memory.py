@@ -19,6 +19,9 @@ What a rank holds, as paratrain's strategies hold it (docs/strategies.md):
   16-bit precisions the model's saved activations are taken as half (autocast saves most in 16 bits;
   the fp32 ones it keeps inside the model, norms and softmax, make this an underestimate), the
   loss's as measured (autocast computes it in float32);
+- transient: what the loss's backward holds beyond what it saved, at its peak (torch's MemTracker on
+  the loss alone, profile.py): for a language model three [tokens x vocabulary] float32 tensors a
+  sample, on a pipeline's last stage only, for one micro-batch;
 - `tp` (tensor parallelism, `--tp T`): what one rank holds as measured with the model split T ways
   by its own plan (profile.py): its pieces of the split layers and the rest whole, the activations
   it saves for the group's batch; `fsdp+tp` splits that model state over the data-parallel ranks;
@@ -64,6 +67,13 @@ def sixteen_bit_activations(per_sample: float, loss: float, scale: float) -> flo
     the loss's kept (autocast computes the loss in float32: a language model's log-softmax over its whole
     vocabulary is the largest of them)."""
     return (per_sample - loss) * scale + loss
+
+
+def transient_bytes(profile: ModelProfile, samples: float) -> float:
+    """What backward holds beyond the saved tensors at its peak, for `samples` samples at once (profile.py's
+    MemTracker reading): taken whole in 16 bits too, as the loss's (autocast computes the loss and the first
+    of its gradients in float32; the rest of them, in 16 bits, are overestimated 2x)."""
+    return profile.transient_bytes_fixed + profile.transient_bytes_per_sample * samples
 
 
 def gathered_scale(precision: str) -> float:
@@ -147,6 +157,8 @@ def memory_per_device(
                 gathered = 2 * profile.largest_unit_bytes if layout.reshard_after_forward else params
                 figures["gathered_bytes"] = gathered * gathered_scale(precision)
         buffers = float(profile.buffer_bytes)
+    if layout.stages == 1:  # a pipeline's: its last stage's, for one micro-batch (_largest_stage)
+        figures["transient_bytes"] = transient_bytes(profile, layout.replica_batch)
     figures["buffers_bytes"] = buffers
     figures["runtime_bytes"] = runtime_bytes
     figures["total_bytes"] = sum(figures.values())
@@ -207,6 +219,8 @@ def _largest_stage(
             "optimizer_bytes": optimizer_bytes(params, tensors, optimizer, momentum),
             "activations_bytes": share * (fixed + per_sample * micro * in_flight),
             "gathered_bytes": 0.0,
+            # the loss runs on the last stage, one micro-batch's backward at a time
+            "transient_bytes": transient_bytes(profile, micro) if index == layout.stages - 1 else 0.0,
         }
         if layout.shard > 1:
             for key in ("parameters_bytes", "gradients_bytes", "optimizer_bytes"):

@@ -51,6 +51,10 @@ class ModelProfile:
     tensor_parallel: TensorParallelProfile | None = None  # plan --tp T: the model split T ways, measured
     # of activation_bytes_per_sample, what the loss saves (float32 under autocast: not halved in 16 bits)
     loss_activation_bytes_per_sample: float = 0.0
+    # what the loss's backward holds beyond what it saved, at its peak (torch's MemTracker): for a language
+    # model its [tokens x vocabulary] gradients, the largest tensors of a step
+    transient_bytes_per_sample: float = 0.0
+    transient_bytes_fixed: float = 0.0
 
     @property
     def kind(self) -> str:
@@ -280,6 +284,18 @@ def profile_model(cfg: TrainConfig) -> ModelProfile:
     if cfg.checkpoint_activations_ops:  # what the policy recomputes, counted as it ran (FLOPs grow with the batch)
         recompute = int(measured["recompute_small"]) // small
     per_sample, fixed, loss_per_sample = _activations(measured, small, large)
+    # the loss's backward does not change with the depth: measured on the shallowest copy, where the model's
+    # forward runs on one (a forward may need all its blocks: then on the model)
+    stack = find_stack(model)
+    try:
+        on = shallow_copy(model, stack, 1) if stack is not None else model
+        transient_small = _loss_transient(on, objective, *_batch(cfg, data, small))
+    except Exception:
+        on = model
+        transient_small = _loss_transient(on, objective, *_batch(cfg, data, small))
+    transient_large = _loss_transient(on, objective, *_batch(cfg, data, large))
+    transient_per_sample = max(transient_large - transient_small, 0.0) / (large - small)
+    transient_fixed = max(transient_small - transient_per_sample * small, 0.0)
 
     unit_bytes = [sum(p.numel() * p.element_size() for p in u.parameters()) for u in sharded]
     root_bytes = param_bytes - sum(unit_bytes)
@@ -295,6 +311,8 @@ def profile_model(cfg: TrainConfig) -> ModelProfile:
         activation_bytes_per_sample=per_sample,
         activation_bytes_fixed=fixed,
         loss_activation_bytes_per_sample=loss_per_sample,
+        transient_bytes_per_sample=transient_per_sample,
+        transient_bytes_fixed=transient_fixed,
         largest_unit_bytes=max([*unit_bytes, root_bytes]),
         units=_pipeline_units(model, per_module, _batch(cfg, data, 1)[0]),
     )
@@ -472,6 +490,41 @@ def _saved_peak(model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Tens
     kept.clear()
     _drop_grads(model)
     return float(state["peak"]), float(state["loss_at_peak"]), state["recompute"]
+
+
+def _loss_transient(model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Tensor) -> float:
+    """Bytes the loss's backward holds beyond what the loss saved, at its peak: the gradients of its
+    [samples x outputs] tensors (a language model's logits, tokens x vocabulary: at 128k words the largest
+    tensors of a step), measured by torch's MemTracker (torch.distributed._tools.mem_tracker) on the loss alone,
+    from a given output. A model that computes its own loss (forward(x, targets)) is not measured: 0."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    if objective.target_parameter is not None:
+        return 0.0
+    with torch.no_grad():
+        out = model(x)
+    given = torch.empty_like(out, requires_grad=True)
+    tracker = MemTracker()
+    with tracker:
+        loss = objective.loss_of(given, y)
+        loss.backward()
+        del loss
+    # its reference kinds are str enums: "Activation" (the loss's forward) and "Temp" (its backward's gradients)
+    peak = tracker.get_tracker_snapshot("peak")
+    held = sum(kinds.get("Activation", 0) + kinds.get("Temp", 0) for kinds in peak.values())
+    saved, _, _ = _saved_peak(_Given(given.detach().requires_grad_()), objective, x, y)
+    return max(float(held) - saved, 0.0)
+
+
+class _Given(nn.Module):
+    """A model whose output is given: the loss measured alone."""
+
+    def __init__(self, out: torch.Tensor):
+        super().__init__()
+        self.out = out
+
+    def forward(self, _: torch.Tensor) -> torch.Tensor:
+        return self.out
 
 
 class _FusedAttention(TorchFunctionMode):

@@ -470,6 +470,7 @@ def _plan_memory_plot(plan: Plan, out: Path) -> Path:
         "gradients_bytes",
         "optimizer_bytes",
         "activations_bytes",
+        "transient_bytes",
         "gathered_bytes",
         "buffers_bytes",
         "runtime_bytes",
@@ -477,7 +478,7 @@ def _plan_memory_plot(plan: Plan, out: Path) -> Path:
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     bottom = np.zeros(len(rows))
     for part in parts:
-        values = np.array([r.memory[part] / 2**30 for r in rows])
+        values = np.array([r.memory.get(part, 0) / 2**30 for r in rows])  # plans before transient_bytes lack it
         if values.any():
             ax.bar([r.strategy for r in rows], values, bottom=bottom, label=part.replace("_bytes", ""))
             bottom += values
