@@ -4,9 +4,9 @@ budget (docs/strategies.md).
 Each strategy trains the same workload for the same number of epochs with the same global batch
 (the per-worker batch is doubled for strategies whose ranks share one batch: pipeline,
 model-parallel and tp; hybrid, fsdp-tp, hsdp, pp-fsdp and pp-tp need 4 ranks, pp-fsdp-tp 8, and run
-oversubscribed on this 2-core machine, so their speed is shown but not comparable). Runs alternate across repeats (single, ddp,
-zero1, ..., single, ddp, ...) because the machine's speed drifts; the table gives medians, memory the
-largest rank's.
+oversubscribed on this 2-core machine, so their speed is shown but not comparable). Runs alternate
+across repeats (single, ddp, zero1, ..., single, ddp, ...) because the machine's speed drifts; the
+table gives medians, memory the largest rank's.
 
     .venv/bin/python benchmarks/strategies.py --workload gpt-small --repeats 3
     .venv/bin/python benchmarks/strategies.py --workload cifar10-resnet50v2 --repeats 1 \\
