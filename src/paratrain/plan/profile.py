@@ -115,11 +115,7 @@ def profile_tensor_parallel(
     outermost = [n for n in split_paths if not any(n.startswith(o + ".") for o in split_paths)]
     split = sum(count for name, count in per_module.items() if any(_inside(name, m) for m in outermost))
     units = model_units(whole)
-    by_path = {name.split(".", 1)[1]: count for name, count in per_module.items() if "." in name}  # as _inside reads
-    unit_split_flops = tuple(
-        float(sum(by_path.get(o, 0) for o in outermost if any(o == m or o.startswith(m + ".") for m in u.modules)))
-        for u in units
-    )
+    unit_split_flops = _split_flops_by_unit(units, outermost, per_module)
     if dist.is_initialized():
         raise UsageError("plan --tp measures the split model over a process group of its own; run it outside one")
     small, large = 2, 4
@@ -174,6 +170,15 @@ def profile_tensor_parallel(
         split_flops_share=split / total if total else 0.0,
         unit_param_bytes=unit_bytes,
         unit_split_flops_per_sample=unit_split_flops,
+    )
+
+
+def _split_flops_by_unit(units: list[Any], split: list[str], per_module: dict[str, int]) -> tuple[float, ...]:
+    """Each pipeline unit's FLOPs a sample inside the outermost split modules (`split`) it holds."""
+    by_path = {name.split(".", 1)[1]: count for name, count in per_module.items() if "." in name}  # as _inside reads
+    return tuple(
+        float(sum(by_path.get(o, 0) for o in split if any(o == m or o.startswith(m + ".") for m in u.modules)))
+        for u in units
     )
 
 
