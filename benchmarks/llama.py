@@ -10,7 +10,8 @@ reference code computes it. Parameter counts: llama3_8b 8.03 B, llama3_70b 70.6 
 405.9 B, llama2_13b 13.0 B, llama2_70b 69.0 B.
 
 The model declares its tensor-parallel plan (torchtitan's: q, k, v and the feed-forward's w1, w3 by
-columns, the attention's and the feed-forward's output projections by rows) and its pipeline units.
+columns, the attention's and the feed-forward's output projections by rows, the embedding and the output
+layer by vocabulary, with its sequence- and loss-parallel forms) and its pipeline units.
 Only the plan builds these (on the meta device); paratrain's registry keeps to models it trains here.
 """
 
@@ -22,6 +23,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
 
 
 @dataclass(frozen=True)
@@ -141,27 +144,35 @@ class Llama(nn.Module):
             ("output", ("norm", "output"), lambda root, x: root.output(root.norm(x))),
         ]
 
-    def tensor_parallel_plan(self, degree: int, sequence_parallel: bool = False) -> dict[str, str]:
-        """torchtitan's plan for a block; the embedding, norms and output stay whole on every rank. With
-        `sequence_parallel`, as torchtitan's too: the norms on the rank's share of the tokens, each half
-        gathering its input and reduce-scattering its output, the output layer gathering the sequence back
-        (the embedding is computed whole, then split by sequence; torchtitan splits its rows instead)."""
+    def tensor_parallel_plan(
+        self, degree: int, sequence_parallel: bool = False, loss_parallel: bool = False
+    ) -> dict[str, str | ParallelStyle]:
+        """torchtitan's plan (torchtitan/models/llama3/infra/parallelize.py, read, not copied): in each block
+        q, k, v and the feed-forward's w1, w3 by columns, the two output projections by rows; the embedding
+        by vocabulary rows (each rank looks up the words it holds, an all-reduce sums them) and the output
+        layer by vocabulary columns, its logits gathered, or left split for the loss with `loss_parallel`.
+        With `sequence_parallel`, as torchtitan's too: the norms on the rank's share of the tokens, each half
+        gathering its input and reduce-scattering its output, the embedding reduce-scattering its sum into
+        the rank's share of the tokens, the output layer gathering them."""
         if self.shape.n_kv_heads % degree:
             raise ValueError(f"--tp {degree} must divide the {self.shape.n_kv_heads} key-value heads")
+        if self.shape.vocab_size % degree:
+            raise ValueError(f"--tp {degree} must divide the vocabulary of {self.shape.vocab_size} words")
         entry = "sequence-input" if sequence_parallel else "replicated-input"
         out = "rowwise-to-sequence" if sequence_parallel else "rowwise"
-        block = {"attention": entry, "attention.wq": "colwise", "attention.wk": "colwise"}
-        block |= {"attention.wv": "colwise", "attention.wo": out}
+        block: dict[str, str | ParallelStyle] = {"attention": entry, "attention.wq": "colwise"}
+        block |= {"attention.wk": "colwise", "attention.wv": "colwise", "attention.wo": out}
         block |= {"feed_forward": entry, "feed_forward.w1": "colwise", "feed_forward.w3": "colwise"}
         block["feed_forward.w2"] = out
-        if not sequence_parallel:
-            return {f"layers.*.{name}": style for name, style in block.items()}
-        block |= {"attention_norm": "sequence-norm", "ffn_norm": "sequence-norm"}
+        if sequence_parallel:
+            block |= {"attention_norm": "sequence-norm", "ffn_norm": "sequence-norm"}
+        tokens = Shard(1) if sequence_parallel else Replicate()
+        logits = Shard(-1) if loss_parallel else Replicate()
         return {
-            "tok_embeddings": "sequence-output",
+            "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=tokens),
             **{f"layers.*.{name}": style for name, style in block.items()},
-            "norm": "sequence-norm",
-            "output": "sequence-input",
+            **({"norm": "sequence-norm"} if sequence_parallel else {}),
+            "output": ColwiseParallel(input_layouts=tokens, output_layouts=logits, use_local_output=not loss_parallel),
         }
 
 

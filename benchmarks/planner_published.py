@@ -16,8 +16,10 @@ Large language models: torchtitan's docs/performance.md, Llama 3.1 8B with FSDP 
 (commit eaea6f6a2fa940f03a10906be1df3489cf30af85, tables 1 and 3, the rows without torch.compile or
 Float8: tokens/s per GPU and peak memory), and the same file's earlier version (commit
 041336434916bdc0f88c1f89fda176fd3c2092e4: Llama 3 8B / 70B and Llama 2 13B / 70B with FSDP on 64 A100
-80GB, tokens/s per GPU). The models are llama.py's. torchtitan's rows with torch.compile, Float8 or
-asynchronous TP (its 2D, 3D and 4D tables) are left out: the plan models none of them. The
+80GB, tokens/s per GPU), and between them (commit 3faaa1a0dee68ce028400e3dafd1735d152cb4f8) Llama 3.1 405B on
+128 H100 as FSDP over 16 groups of 8 tensor-parallel ranks in bf16 (its row without Float8 or asynchronous TP;
+tokens/s per GPU). The models are llama.py's. torchtitan's rows with torch.compile, Float8 or asynchronous TP
+(its later 2D, 3D and 4D tables) are left out: the plan models none of them. The
 transformer efficiency the plan uses comes from another source (MosaicML's MPT benchmarks: devices.py),
 so none of these points is a calibration.
 
@@ -59,6 +61,13 @@ IMAGENET = ["--image-size", "224", "--num-classes", "1000", "--optimizer", "sgd"
 
 TITAN_H100 = "torchtitan performance.md @ eaea6f6"
 TITAN_A100 = "torchtitan performance.md @ 0413364"
+TITAN_405B = "torchtitan performance.md @ 3faaa1a"
+# torchtitan's layouts as `plan` flags: FSDP alone; FSDP over groups of 8 ranks splitting each layer, with its
+# sequence and loss parallelism (on by default with tensor parallelism in torchtitan)
+LAYOUTS = {
+    "fsdp": ("fsdp", 1, []),
+    "fsdp x tp 8": ("fsdp+tp", 8, ["--tp", "8", "--sequence-parallel", "--loss-parallel"]),
+}
 # torchtitan's checkpointing as published, as `plan` flags.
 CHECKPOINTING = {
     "none": [],
@@ -67,28 +76,32 @@ CHECKPOINTING = {
     "selective (layer)": ["--checkpoint-activations", "--checkpoint-activations-every", "2"],
     "selective (op)": ["--checkpoint-activations", "--checkpoint-activations-ops"],
 }
-# (source, model, device, GPUs, local batch, sequence, checkpointing as published, tokens/s/GPU, memory GiB)
+# (source, model, device, GPUs, layout, local batch of a data-parallel rank, sequence, checkpointing as published,
+# tokens/s/GPU, memory GiB)
 LLM_POINTS = [
-    (TITAN_H100, "llama3_8b", "h100", 8, 2, 8192, "selective (op)", 5762, 82.4),
-    (TITAN_H100, "llama3_8b", "h100", 128, 2, 8192, "selective (op)", 5605, 67.0),
-    (TITAN_A100, "llama3_8b", "a100", 64, 1, 8192, "selective (layer)", 2904, None),
-    (TITAN_A100, "llama3_8b", "a100", 64, 1, 8192, "selective (op)", 2973, None),
-    (TITAN_A100, "llama3_70b", "a100", 64, 1, 8192, "full", 331, None),
-    (TITAN_A100, "llama2_13b", "a100", 64, 2, 4096, "none", 2162, None),
-    (TITAN_A100, "llama2_13b", "a100", 64, 2, 4096, "selective (layer)", 1914, None),
-    (TITAN_A100, "llama2_13b", "a100", 64, 2, 4096, "selective (op)", 1904, None),
-    (TITAN_A100, "llama2_70b", "a100", 64, 1, 4096, "selective (op)", 355, None),
-    (TITAN_A100, "llama2_70b", "a100", 64, 2, 4096, "full", 353, None),
+    (TITAN_H100, "llama3_8b", "h100", 8, "fsdp", 2, 8192, "selective (op)", 5762, 82.4),
+    (TITAN_H100, "llama3_8b", "h100", 128, "fsdp", 2, 8192, "selective (op)", 5605, 67.0),
+    (TITAN_405B, "llama3_405b", "h100", 128, "fsdp x tp 8", 2, 8192, "full", 109, None),
+    (TITAN_A100, "llama3_8b", "a100", 64, "fsdp", 1, 8192, "selective (layer)", 2904, None),
+    (TITAN_A100, "llama3_8b", "a100", 64, "fsdp", 1, 8192, "selective (op)", 2973, None),
+    (TITAN_A100, "llama3_70b", "a100", 64, "fsdp", 1, 8192, "full", 331, None),
+    (TITAN_A100, "llama2_13b", "a100", 64, "fsdp", 2, 4096, "none", 2162, None),
+    (TITAN_A100, "llama2_13b", "a100", 64, "fsdp", 2, 4096, "selective (layer)", 1914, None),
+    (TITAN_A100, "llama2_13b", "a100", 64, "fsdp", 2, 4096, "selective (op)", 1904, None),
+    (TITAN_A100, "llama2_70b", "a100", 64, "fsdp", 1, 4096, "selective (op)", 355, None),
+    (TITAN_A100, "llama2_70b", "a100", 64, "fsdp", 2, 4096, "full", 353, None),
 ]
 
 
-def plan(args: list[str]) -> tuple[dict[int, dict], str]:
+def plan(args: list[str], strategy: str | None = None) -> tuple[dict[int, dict], str]:
+    """The plan's rows by device count (of `strategy` where a count has several), and the command."""
     cmd = [PARATRAIN, "plan", *args, "--json"]
     env = dict(os.environ, PYTHONPATH=str(ROOT / "benchmarks"))
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
     if proc.returncode != 0:
         sys.exit(f"failed: {' '.join(cmd)}\n{proc.stderr.strip()}")
-    return {r["devices"]: r for r in json.loads(proc.stdout)["rows"]}, " ".join(["paratrain", *cmd[1:]])
+    rows = [r for r in json.loads(proc.stdout)["rows"] if strategy in (None, r["strategy"])]
+    return {r["devices"]: r for r in rows}, " ".join(["paratrain", *cmd[1:]])
 
 
 def main() -> None:
@@ -159,17 +172,19 @@ def llm_points() -> list[str]:
     """torchtitan's FSDP runs: published and predicted tokens/s per GPU and peak memory, with the errors."""
     commands = []
     print(
-        "\n| source | model | GPUs | local batch x sequence | checkpointing | tokens/s/GPU: published / predicted "
-        "(error) | memory GiB: published / predicted (error) |"
+        "\n| source | model | GPUs | layout | local batch x sequence | checkpointing | tokens/s/GPU: published / "
+        "predicted (error) | memory GiB: published / predicted (error) |"
     )
-    print("|---|---|---|---|---|---|---|")
-    for source, model, device, gpus, batch, seq, checkpointing, tokens, memory in LLM_POINTS:
+    print("|---|---|---|---|---|---|---|---|")
+    for source, model, device, gpus, layout, batch, seq, checkpointing, tokens, memory in LLM_POINTS:
         how = CHECKPOINTING[checkpointing]
+        strategy, tp, split = LAYOUTS[layout]
         rows, command = plan(
             ["--model", f"llama:{model}", "--dataset", "text", "--seq-len", str(seq), "--device", device]
             + ["--precision", "bf16", "--optimizer", "adamw", "--strategy", "fsdp", "--gpus", str(gpus)]
-            + ["--batch-size", str(batch), *how]
-            + (["--interconnect", "ib-ndr"] if device == "h100" else [])  # 400 Gb/s a GPU, as published
+            + ["--global-batch", str(batch * gpus // tp), *split, *how]  # the ranks splitting a layer share a batch
+            + (["--interconnect", "ib-ndr"] if device == "h100" else []),  # 400 Gb/s a GPU, as published
+            strategy,
         )
         commands.append(command)
         row = rows[gpus]
@@ -177,7 +192,7 @@ def llm_points() -> list[str]:
         held = row["memory"]["total_bytes"] / 2**30
         memory_cell = f"{memory} / {held:.1f} ({(held - memory) / memory:+.1%})" if memory else f"- / {held:.1f}"
         print(
-            f"| {source} | {model} | {gpus} {device.upper()} | {batch} x {seq:,} | {checkpointing} | "
+            f"| {source} | {model} | {gpus} {device.upper()} | {layout} | {batch} x {seq:,} | {checkpointing} | "
             f"{tokens:,} / {predicted:,.0f} ({(predicted - tokens) / tokens:+.1%}) | {memory_cell} |"
         )
     return commands

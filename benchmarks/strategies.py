@@ -40,6 +40,7 @@ STRATEGIES = {
     "model-parallel": (["--workers", "2", "--strategy", "model-parallel"], 2),
     "tp": (["--workers", "2", "--tp", "2"], 2),  # both ranks compute each batch together
     "tp-sp": (["--workers", "2", "--tp", "2", "--sequence-parallel"], 2),
+    "tp-sp-lp": (["--workers", "2", "--tp", "2", "--sequence-parallel", "--loss-parallel"], 2),
     # 4 ranks, oversubscribed here: FSDP over 2 tensor-parallel groups; 2 replicas of a 2-way FSDP shard
     "fsdp-tp": (["--workers", "4", "--strategy", "fsdp", "--tp", "2", "--allow-oversubscribe"], 1),
     "hsdp": (["--workers", "4", "--strategy", "fsdp", "--dp-replicate", "2", "--allow-oversubscribe"], 0.5),

@@ -369,6 +369,19 @@ def test_the_texts_numbers_ms_pct_and_speedup():
     assert [speedup(0.5), speedup(0.99), speedup(0.995)] == ["2.00x faster", "100.00x faster", "more than 100x faster"]
 
 
+def test_a_throughput_keeps_three_figures_below_a_hundred_and_none_after_the_point_above():
+    from paratrain.formatting import rate
+
+    # a 405B plan's 0.76 samples/s is not "1"; 48.9 keeps its decimal; 1,234.5 is written whole
+    assert [rate(0.7594), rate(48.93), rate(99.94), rate(100.4), rate(1234.5)] == [
+        "0.759",
+        "48.9",
+        "99.9",
+        "100",
+        "1,234",
+    ]
+
+
 def test_accumulation_stops_at_the_first_factor_that_brings_the_all_reduce_to_10_percent():
     from paratrain.doctor.finding import accumulation
 

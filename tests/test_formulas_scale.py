@@ -280,21 +280,23 @@ def test_a_strategy_axis_lays_out_tensor_parallel_points(tmp_path):
         tmp_path,
         workload=["gpt-tiny"],
         strategy=["ddp", "tp", "fsdp"],
-        train={"tp": 2, "sequence_parallel": True, "dp_replicate": 1, "batch_size": 8},
+        train={"tp": 2, "sequence_parallel": True, "loss_parallel": True, "dp_replicate": 1, "batch_size": 8},
     )
     points = {Path(cfg["run_dir"]).name: cfg for *_, cfg in study_points(axis, False)}
     # tp: every rank of the point splits each layer, and its one replica takes the global batch (4 x 8)
     tp = [points[f"gpt-tiny-tp-w{n}-r0"] for n in (2, 4)]
-    assert [(c["tp"], c["sequence_parallel"], c["batch_size"], c["base_batch_size"]) for c in tp] == [
-        (2, True, 16, 8),
-        (4, True, 32, 8),
+    assert [
+        (c["tp"], c["sequence_parallel"], c["loss_parallel"], c["batch_size"], c["base_batch_size"]) for c in tp
+    ] == [
+        (2, True, True, 16, 8),
+        (4, True, True, 32, 8),
     ]
     # fsdp takes --tp 2: FSDP over 2-rank tensor-parallel groups, 2 replicas of the batch at 4 workers
     fsdp = [points[f"gpt-tiny-fsdp-w{n}-r0"] for n in (2, 4)]
     assert [(c["tp"], c["dp_replicate"], c["batch_size"]) for c in fsdp] == [(2, 1, 16), (2, 1, 16)]
     # ddp and the one-worker base split no layer
     for name in ("gpt-tiny-ddp-w4-r0", "gpt-tiny-w1-r0"):
-        assert not {"tp", "sequence_parallel", "dp_replicate"} & set(points[name]), name
+        assert not {"tp", "sequence_parallel", "loss_parallel", "dp_replicate"} & set(points[name]), name
 
 
 def test_each_point_gets_its_tensorboard_run_whole_batches_and_the_default_batch(tmp_path):

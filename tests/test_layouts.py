@@ -16,6 +16,7 @@ from test_strategies_sharded import _copy_first_checkpoint
 
 import paratrain
 from paratrain.cli import main
+from paratrain.config.parallelism import TensorParallelOptions
 from paratrain.runs import RunDir
 from paratrain.workloads import gpt
 
@@ -34,6 +35,7 @@ COMMON = dict(
     checkpoint_every=1,
 )
 GPT = ["--workload", "gpt-tiny", "--seq-len", "32"]  # the same workload's flags, for the CLI's refusals
+TABLED = ["--model", "user_factories:tabled_net", "--dataset", "text", "--seq-len", "32"]
 
 
 @pytest.fixture(scope="module")
@@ -123,6 +125,96 @@ def test_sequence_parallel_ranks_train_gpt_as_one_process_does(runs, tmp_path):
     # each rank saves half the norms' and residuals' activations: less than tensor parallelism alone
     plain = RunDir(runs / "tp").read_summary()["memory"]["activations_peak_bytes"]
     assert max(summary["memory"]["activations_peak_bytes"]) < min(plain)
+
+
+def _step_accuracy(run_dir: Path) -> dict[tuple[str, int], float]:
+    return {
+        (e["event"], e["step"]): e["accuracy"] for e in RunDir(run_dir).read_metrics() if e["event"] in ("step", "eval")
+    }
+
+
+def test_loss_parallel_ranks_train_gpt_as_one_process_does_holding_half_the_vocabulary(runs, tmp_path, capsys):
+    """--loss-parallel with --sequence-parallel: the head split by vocabulary keeps its logits split, torch's
+    loss_parallel computes the cross-entropy on the pieces, and the embedding tied to the head is split the same
+    way (one tied parameter still). The same losses, accuracy (the predicted words found across the ranks without
+    gathering the logits) and parameters as one process, step for step; each rank holds half of the embedding
+    (V x C / 2 floats fewer than tensor parallelism alone), and `plan` with the same flags holds what the ranks held
+    and saves what they saved."""
+    run = tmp_path / "loss-parallel"
+    summary = paratrain.train(
+        dict(COMMON, run_dir=run, workers=2, tp=2, sequence_parallel=True, loss_parallel=True, epochs=2)
+    )
+    assert summary["status"] == "completed" and summary["strategy"] == "tp" and summary["steps"] == 8
+    single, split = _losses(runs / "one"), _losses(run)
+    assert sorted(split) == sorted(single)
+    for step in single:
+        assert split[step] == pytest.approx(single[step], rel=1e-5), f"loss differs at step {step}"
+    assert _step_accuracy(run) == _step_accuracy(runs / "one")
+    a, b = _params(runs / "one"), _params(run, template=runs / "one")
+    assert torch.equal(b["embed.wte.weight"], b["head.lm_head.weight"]), "the tie held through the split"
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], rtol=1e-4, atol=1e-6)
+    vocabulary, width = 256, 128
+    plain = RunDir(runs / "tp").read_summary()["memory"]["parameters_bytes"]
+    assert summary["memory"]["parameters_bytes"] == [p - 4 * vocabulary * width // 2 for p in plain]
+
+    flags = ["--tp", "2", "--sequence-parallel", "--optimizer", "sgd", "--precision", "fp32", "--json"]
+    argv = [
+        "plan",
+        "--workload",
+        "gpt-tiny",
+        "--seq-len",
+        "32",
+        "--device",
+        "cpu",
+        "--gpus",
+        "2",
+        "--global-batch",
+        "16",
+        *flags,
+    ]
+    planned = {}
+    for extra in ([], ["--loss-parallel"]):
+        assert main([*argv, *extra]) == 0
+        rows = json.loads(capsys.readouterr().out)["rows"]
+        planned[bool(extra)] = next(r for r in rows if r["strategy"] == "tp")["memory"]
+    assert planned[True]["parameters_bytes"] == summary["memory"]["parameters_bytes"][0]
+    held = summary["memory"]["activations_peak_bytes"][0]
+    assert planned[True]["activations_bytes"] == pytest.approx(held, rel=0.01)
+    # the loss's backward, [tokens x vocabulary] tensors, split over the 2 ranks (not measured by the run)
+    assert planned[True]["transient_bytes"] == pytest.approx(planned[False]["transient_bytes"] / 2)
+
+
+def _predict_on_rank(rank: int, init: str) -> None:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from paratrain.engine.strategies.tensor import local_result
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    try:
+        mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+        logits = torch.randn(3, 5, 8, generator=torch.Generator().manual_seed(0))
+        logits[0, 0, 1] = logits[0, 0, 6] = logits[0, 0].max() + 1  # a tie across the ranks: the first wins
+        split = distribute_tensor(logits, mesh, [Shard(-1)])
+        _, predicted = local_result(None, split)
+        assert predicted.dtype == torch.long and torch.equal(predicted, logits.argmax(-1)), (
+            predicted,
+            logits.argmax(-1),
+        )
+        assert (predicted >= 4).any(), "some best words lie in the second rank's half"
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_words_logits_split_by_vocabulary_predict_are_found_across_the_ranks(tmp_path):
+    """Two gloo ranks each holding half of the vocabulary's logits find the same words argmax finds on the whole,
+    the first of equal scores on a tie (the run's accuracy rests on it: gpt's text rarely has its best word in the
+    upper half of the bytes, so a run alone would not notice the second rank's words misnumbered)."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_predict_on_rank, args=(f"file://{tmp_path / 'store'}",), nprocs=2)
 
 
 def test_fsdp_over_two_tensor_parallel_groups_trains_gpt_as_one_process_does(runs, tmp_path):
@@ -366,6 +458,42 @@ def test_a_resume_at_another_layout_keeps_the_global_batch_and_needs_a_sharded_c
         ),
         ([*GPT, "--workers", "4", "--dp-shard", "4", "--strategy", "ddp"], "lay the ranks out themselves; drop"),
         ([*GPT, "--workers", "4", "--dp-replicate", "2", "--tp", "2", "--pp", "1"], "needs --dp-shard S (S >= 2)"),
+        ([*GPT, "--loss-parallel"], "--loss-parallel goes with tensor parallelism; give --tp N too"),
+        (
+            [*GPT, "--tp", "2", "--workers", "2", "--loss-parallel", "--loss", "user_factories:doubled_cross_entropy"],
+            "--loss-parallel computes the built-in cross-entropy on logits split by vocabulary, not --loss",
+        ),
+        (
+            [*TABLED, "--tp", "2", "--workers", "2", "--loss-parallel"],
+            "--loss-parallel: TabledNet.tensor_parallel_plan has no loss-parallel form; give it a keyword",
+        ),
+        (
+            [
+                *TABLED,
+                "--tp",
+                "2",
+                "--workers",
+                "2",
+                "--loss-parallel",
+                "--tp-plan",
+                "user_factories:plan_keeping_the_head",
+            ],
+            "splits no output layer by vocabulary; give the head the style 'vocab-head'",
+        ),
+        (
+            [
+                "--model",
+                "user_factories:bigram_lm",
+                "--dataset",
+                "text",
+                "--tp",
+                "2",
+                "--workers",
+                "2",
+                "--loss-parallel",
+            ],
+            "--loss-parallel: the model computes its own loss (forward(x, labels=y))",
+        ),
     ],
 )
 def test_a_layout_that_cannot_split_the_model_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, args, message):
@@ -389,7 +517,7 @@ def test_a_plan_is_checked_against_the_models_layers():
         def tensor_parallel_plan(self, degree):
             return self.plan
 
-    styles = model_plan(Declared({"fc": "colwise", "out": "rowwise"}), 2)
+    styles = model_plan(Declared({"fc": "colwise", "out": "rowwise"}), TensorParallelOptions(tp=2))
     assert [type(s).__name__ for s in styles.values()] == ["ColwiseParallel", "RowwiseParallel"]
     for plan, degree, message in [
         ({"fc": "colwise"}, 4, "fc (colwise) has 10 outputs, which 4 ranks cannot split evenly"),
@@ -398,10 +526,10 @@ def test_a_plan_is_checked_against_the_models_layers():
         ({"fc": "diagonal"}, 2, "the plan gives 'fc' the style 'diagonal'"),
     ]:
         with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)").replace("*", r"\*")):
-            model_plan(Declared(plan), degree)
+            model_plan(Declared(plan), TensorParallelOptions(tp=degree))
     # gpt's plan: every block's six layers, by wildcard
     model = gpt.GPT(gpt.PRESETS["gpt-tiny"])
-    assert set(model_plan(model, 2)) == {
+    assert set(model_plan(model, TensorParallelOptions(tp=2))) == {
         f"blocks.*.{name}" for name in ("attn", "attn.q", "attn.k", "attn.v", "attn.proj", "mlp.fc", "mlp.proj")
     }
 
@@ -458,7 +586,7 @@ def test_a_tensor_parallel_block_costs_megatrons_four_all_reduces_a_step():
     try:
         with torch.device("meta"):
             model = gpt.GPT(gpt.PRESETS["gpt-tiny"])
-        apply_tensor_parallel(model, init_device_mesh("cpu", (2,), mesh_dim_names=("tp",)), 2)
+        apply_tensor_parallel(model, init_device_mesh("cpu", (2,), mesh_dim_names=("tp",)), TensorParallelOptions(tp=2))
         tokens = torch.zeros(2, 32, dtype=torch.long, device="meta")
         comm = CommDebugMode()
         with comm:
@@ -469,7 +597,11 @@ def test_a_tensor_parallel_block_costs_megatrons_four_all_reduces_a_step():
         # gathered back. No all-reduce: the norms' weight gradients are summed when the optimizer reads them.
         with torch.device("meta"):
             model = gpt.GPT(gpt.PRESETS["gpt-tiny"])
-        apply_tensor_parallel(model, init_device_mesh("cpu", (2,), mesh_dim_names=("tp",)), 2, None, True)
+        apply_tensor_parallel(
+            model,
+            init_device_mesh("cpu", (2,), mesh_dim_names=("tp",)),
+            TensorParallelOptions(tp=2, sequence_parallel=True),
+        )
         comm = CommDebugMode()
         with comm:
             F.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten()).backward()

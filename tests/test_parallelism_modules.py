@@ -144,10 +144,15 @@ ENGINE_STRATEGIES = "engine/strategies"
 PARALLELISMS: dict[str, Parallelism] = {
     "tensor": Parallelism(
         TensorParallelOptions,
-        ("tp", "tp_plan", "sequence_parallel"),
+        ("tp", "tp_plan", "sequence_parallel", "loss_parallel"),
         refused=(
             (dict(tp_plan="user_factories:widening_plan"), "--tp-plan goes with tensor parallelism"),
             (dict(sequence_parallel=True), "--sequence-parallel goes with tensor parallelism"),
+            (dict(loss_parallel=True), "--loss-parallel goes with tensor parallelism"),
+            (
+                dict(tp=2, workers=2, loss_parallel=True, loss="user_factories:mse"),
+                "--loss-parallel computes the built-in cross-entropy",
+            ),
             (dict(strategy="tp", workers=2), "--strategy tp is set by --tp N"),
             (dict(tp=2, workers=2, strategy="ddp"), "--tp 2 does not combine with --strategy ddp"),
             (dict(tp=2, workers=4), "--tp 2 needs --workers 2"),

@@ -499,6 +499,17 @@ BAD = {
         ],
         "has no sequence-parallel form",
     ),
+    "loss parallelism without tensor parallelism": (
+        ["--workload", "gpt-tiny", "--device", "a100", "--gpus", "2", "--loss-parallel"],
+        "--loss-parallel goes with tensor parallelism",
+    ),
+    "loss parallelism of a plan without that form": (
+        [
+            *["--model", "user_factories:tabled_net", "--dataset", "text", "--device", "a100", "--gpus", "2"],
+            *["--tp", "2", "--loss-parallel"],
+        ],
+        "has no loss-parallel form",
+    ),
     "a user's plan that refuses the degree its own way": (
         [
             *["--model", "user_factories:tabled_net", "--dataset", "text", "--seq-len", "32", "--device", "a100"],

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from paratrain.config import TrainConfig
+from paratrain.config.parallelism import TensorParallelOptions
 from paratrain.plan import depth, profile
 
 # gpt blocks at a width that keeps them quick on the meta device; 7 is the fewest measured at depths (1, 2, 3)
@@ -40,7 +41,9 @@ def _profiles(cfg: TrainConfig, tp: int | None, monkeypatch) -> tuple[dict, dict
 
     def measured():
         profile._FLOPS.clear()
-        result = profile.profile_tensor_parallel(cfg, tp) if tp else profile.profile_model(cfg)
+        result = (
+            profile.profile_tensor_parallel(cfg, TensorParallelOptions(tp=tp)) if tp else profile.profile_model(cfg)
+        )
         return dataclasses.asdict(result)
 
     planned = measured()

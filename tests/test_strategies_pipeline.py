@@ -20,6 +20,7 @@ import torch.multiprocessing as mp
 import paratrain
 import paratrain.workloads
 from paratrain.config import TrainConfig
+from paratrain.config.parallelism import TensorParallelOptions
 from paratrain.errors import UsageError
 from paratrain.launch.load import LoadMeter
 from paratrain.plan.memory import Layout, memory_per_device
@@ -317,12 +318,13 @@ def test_hybrid_on_four_ranks_reaches_the_parameters_of_one_process(tmp_path, on
     _assert_planned_state_held(Layout("pp+tp", 4, 1, 2, 2, 8, tp=2), split)
 
 
-def _assert_planned_state_held(layout: Layout, summary: dict) -> None:
+def _assert_planned_state_held(layout: Layout, summary: dict, loss_parallel: bool = False) -> None:
     """The plan's parameters, gradients and optimizer state for gpt's split stages, as the ranks of the stage it
     reports (its heaviest in all: the last stage, with the loss's backward, may be it) held them."""
     config = TrainConfig(**{k: v for k, v in GPT.items() if k in TrainConfig.model_fields})
     profile = profile_model(config)
-    profile.tensor_parallel = profile_tensor_parallel(config, layout.tp)
+    split = TensorParallelOptions(tp=layout.tp, loss_parallel=loss_parallel)
+    profile.tensor_parallel = profile_tensor_parallel(config, split)
     planned = memory_per_device(profile, layout, "sgd", "fp32")
     held = summary["memory"]
     ranks = [r for r, value in enumerate(held["parameters_bytes"]) if value == planned["parameters_bytes"]]
@@ -332,19 +334,13 @@ def _assert_planned_state_held(layout: Layout, summary: dict) -> None:
 
 
 def test_stages_split_and_sharded_on_eight_ranks_reach_the_parameters_of_one_process(tmp_path, one_process_runs):
-    """torchtitan's 3-D layout, --pp 2 --dp-shard 2 --tp 2: gpt's 2 stages, each stage's layers split over 2
-    ranks and sharded over 2 replicas of 4 samples (8 ranks on 2 cores: correctness only), against one process
-    at batch 8; the losses the last stages reported, step for step."""
+    """torchtitan's 3-D layout, --pp 2 --dp-shard 2 --tp 2, with its loss parallelism: gpt's 2 stages, each
+    stage's layers split over 2 ranks (the embedding and the head tied to it by vocabulary, the loss computed on
+    the split logits) and sharded over 2 replicas of 4 samples (8 ranks on 2 cores: correctness only), against
+    one process at batch 8; the losses and accuracy the last stages reported, step for step."""
     run = tmp_path / "3d"
-    _spawn(
-        8,
-        [
-            (
-                dict(GPT, pp=2, dp_shard=2, tp=2, batch_size=4, microbatches=2, allow_oversubscribe=True, run_dir=run),
-                None,
-            )
-        ],
-    )
+    three_d = dict(GPT, pp=2, dp_shard=2, tp=2, batch_size=4, microbatches=2, loss_parallel=True)
+    _spawn(8, [(three_d | {"allow_oversubscribe": True, "run_dir": run}, None)])
     summary = _summary(run)
     assert summary["layout"] == {"dp_replicate": 1, "dp_shard": 2, "tp": 2, "pp": 2}
     assert summary["global_batch_size"] == 8 and summary["steps"] == _summary(one_process_runs / "gpt")["steps"]
@@ -353,15 +349,25 @@ def test_stages_split_and_sharded_on_eight_ranks_reach_the_parameters_of_one_pro
     assert sorted(spread) == sorted(single)
     for step in single:
         assert spread[step] == pytest.approx(single[step], rel=1e-5), step
-    # each rank holds a quarter of its stage's split layers (2 ways split, 2 ways sharded) and half of the rest
+    assert _accuracy(run) == _accuracy(one_process_runs / "gpt")
+    # each rank holds a quarter of its stage's split layers (2 ways split, 2 ways sharded) and of the embedding
+    # or the head, and half of the rest
     whole = _summary(one_process_runs / "gpt")["memory"]["parameters_bytes"][0]
     assert max(summary["memory"]["parameters_bytes"]) < 0.3 * whole
-    _assert_planned_state_held(Layout("pp+fsdp+tp", 8, 2, 2, 2, 4, shard=2, tp=2), summary)
+    _assert_planned_state_held(Layout("pp+fsdp+tp", 8, 2, 2, 2, 4, shard=2, tp=2), summary, loss_parallel=True)
+
+
+def _accuracy(run_dir: Path) -> dict[int, float]:
+    return _step_figure(run_dir, "accuracy")
 
 
 def _losses(run_dir: Path) -> dict[int, float]:
+    return _step_figure(run_dir, "loss")
+
+
+def _step_figure(run_dir: Path, figure: str) -> dict[int, float]:
     return {
-        e["step"]: e["loss"]
+        e["step"]: e[figure]
         for e in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
         if e["event"] == "step"
     }

@@ -294,3 +294,8 @@ def eight_way_only_plan(model: nn.Module, degree: int) -> dict:
     if degree != 8:
         raise ValueError(f"this model splits 8 ways, not {degree}")
     return TabledNet.tensor_parallel_plan(model, degree)
+
+
+def plan_keeping_the_head(model: nn.Module, degree: int, loss_parallel: bool = False) -> dict:
+    """A --tp-plan for TabledNet whose loss-parallel form splits no head: --loss-parallel refuses it."""
+    return TabledNet.tensor_parallel_plan(model, degree)

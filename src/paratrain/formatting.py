@@ -32,6 +32,11 @@ def ms(value: float) -> str:
     return f"{value * 1e3:.1f} ms" if value < 0.1 else f"{value * 1e3:,.0f} ms"
 
 
+def rate(value: float) -> str:
+    """A throughput: 1,234, 48.9, 0.93 (three figures below 100, none after the point above)."""
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
 def pct(fraction: float) -> str:
     """A share: 35%, 0.4%."""
     return f"{fraction:.0%}" if fraction >= 0.01 else f"{fraction:.1%}"

@@ -167,6 +167,7 @@ class PlanConfig(BaseModel):
     )
     tp_plan: str | None = TrainConfig.model_fields["tp_plan"]
     sequence_parallel: bool = TrainConfig.model_fields["sequence_parallel"]
+    loss_parallel: bool = TrainConfig.model_fields["loss_parallel"]
     checkpoint_activations: bool = TrainConfig.model_fields["checkpoint_activations"]
     checkpoint_activations_every: int = TrainConfig.model_fields["checkpoint_activations_every"]
     checkpoint_activations_ops: bool = TrainConfig.model_fields["checkpoint_activations_ops"]
@@ -221,7 +222,7 @@ class PlanConfig(BaseModel):
             raise ValueError("how many devices? give --gpus N[,N...] or --nodes N --gpus-per-node G")
         if self.gpus and min(self.gpus) <= 0:
             raise ValueError(f"--gpus counts must be positive (got {min(self.gpus)})")
-        for given in ("tp_plan", "sequence_parallel"):
+        for given in ("tp_plan", "sequence_parallel", "loss_parallel"):
             if getattr(self, given) and self.tp == 1 and not self.search:
                 raise ValueError(f"{flag(given)} goes with tensor parallelism; give --tp N (N > 1) or --search too")
         unknown = [s for s in self.strategy if s not in PLAN_STRATEGIES]

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from paratrain.config import PlanConfig, TrainConfig
+from paratrain.config.parallelism import TensorParallelOptions
 from paratrain.errors import UsageError
-from paratrain.formatting import size
+from paratrain.formatting import rate, size
 from paratrain.plan.devices import NODE_DEVICES, Device, get_device
 from paratrain.plan.links import DEFAULT_INTER_NODE, Link, commbench_link, custom_link, get_link, shm_link
 from paratrain.plan.memory import USABLE_FRACTION, Layout, memory_per_device
@@ -53,9 +54,7 @@ def run_plan(cfg: PlanConfig) -> dict[str, Any]:
                 )
     profile = profile_model(_train_config(cfg))
     if cfg.tp > 1:
-        profile.tensor_parallel = profile_tensor_parallel(
-            _train_config(cfg), cfg.tp, cfg.tp_plan, cfg.sequence_parallel
-        )
+        profile.tensor_parallel = profile_tensor_parallel(_train_config(cfg), _split(cfg, cfg.tp))
     topo = _topology(cfg, device, per_node, float(profile.param_bytes))
     momentum = TrainConfig.model_fields["momentum"].default
     eff = _published_efficiency(device, cfg.precision, profile.kind)
@@ -125,7 +124,7 @@ def _search(
         return measured[choice[1:]]
 
     def split(choice: Checkpointing, degree: int) -> Any:
-        return profile_tensor_parallel(_train_config(variant(choice)), degree, cfg.tp_plan, cfg.sequence_parallel)
+        return profile_tensor_parallel(_train_config(variant(choice)), _split(cfg, degree))
 
     def rows(measured_profile: ModelProfile, degree: int, n: int) -> list[dict[str, Any]]:
         planner = _Planner(cfg.model_copy(update={"tp": degree}), measured_profile, device, topo, eff, momentum)
@@ -257,6 +256,13 @@ def _published_efficiency(device: Device, precision: str, kind: str) -> Efficien
 
 def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _split(cfg: PlanConfig, degree: int) -> TensorParallelOptions:
+    """The tensor parallelism the plan measures: the plan's own options at `degree`."""
+    return TensorParallelOptions(
+        tp=degree, tp_plan=cfg.tp_plan, sequence_parallel=cfg.sequence_parallel, loss_parallel=cfg.loss_parallel
+    )
 
 
 def _train_config(cfg: PlanConfig) -> TrainConfig:
@@ -458,7 +464,7 @@ class _Planner:
             return self._pick(
                 ddp,
                 f"the model fits one device under ddp ({size(need['ddp'])} of {room}): data parallel; "
-                f"predicted {ddp['samples_per_s']:,.0f} samples/s, speedup {ddp['speedup']:.1f}, "
+                f"predicted {rate(ddp['samples_per_s'])} samples/s, speedup {ddp['speedup']:.1f}, "
                 f"efficiency {ddp['efficiency']:.2f} on {n} devices",
             )
         sharded = [
@@ -473,12 +479,12 @@ class _Planner:
         )
         if sharded:
             best = max(sharded, key=lambda r: r["samples_per_s"])
-            others = ", ".join(f"{r['strategy']} {r['samples_per_s']:,.0f}" for r in sharded if r is not best)
+            others = ", ".join(f"{r['strategy']} {rate(r['samples_per_s'])}" for r in sharded if r is not best)
             return self._pick(
                 best,
                 f"{too_big}: shard, split the layers or pipeline; {best['strategy']} fits "
                 f"({size(need[best['strategy']])}) "
-                f"and is the fastest that does ({best['samples_per_s']:,.0f} samples/s"
+                f"and is the fastest that does ({rate(best['samples_per_s'])} samples/s"
                 + (f"; {others}" if others else "")
                 + ")",
             )
@@ -488,7 +494,7 @@ class _Planner:
                 hybrid,
                 f"{too_big}, and neither sharding nor one pipeline fits: hybrid, {hybrid['data_parallel']} "
                 f"replicas x {hybrid['stages']} stages, {size(need['hybrid'])} per device, "
-                f"{hybrid['samples_per_s']:,.0f} samples/s",
+                f"{rate(hybrid['samples_per_s'])} samples/s",
             )
         least = min(rows.values(), key=lambda r: r["memory_per_device_bytes"])
         return {

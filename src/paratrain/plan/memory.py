@@ -69,11 +69,14 @@ def sixteen_bit_activations(per_sample: float, loss: float, scale: float) -> flo
     return (per_sample - loss) * scale + loss
 
 
-def transient_bytes(profile: ModelProfile, samples: float) -> float:
+def transient_bytes(profile: ModelProfile, samples: float, layout: Layout) -> float:
     """What backward holds beyond the saved tensors at its peak, for `samples` samples at once (profile.py's
     MemTracker reading): taken whole in 16 bits too, as the loss's (autocast computes the loss and the first
-    of its gradients in float32; the rest of them, in 16 bits, are overestimated 2x)."""
-    return profile.transient_bytes_fixed + profile.transient_bytes_per_sample * samples
+    of its gradients in float32; the rest of them, in 16 bits, are overestimated 2x). The loss's tensors are
+    [tokens x vocabulary]: split by vocabulary (--loss-parallel), a rank holds 1/T of them."""
+    split = profile.tensor_parallel if layout.tp > 1 else None
+    whole = profile.transient_bytes_fixed + profile.transient_bytes_per_sample * samples
+    return whole / split.loss_split if split is not None else whole
 
 
 def gathered_scale(precision: str) -> float:
@@ -158,7 +161,7 @@ def memory_per_device(
                 figures["gathered_bytes"] = gathered * gathered_scale(precision)
         buffers = float(profile.buffer_bytes)
     if layout.stages == 1:  # a pipeline's: its last stage's, for one micro-batch (_largest_stage)
-        figures["transient_bytes"] = transient_bytes(profile, layout.replica_batch)
+        figures["transient_bytes"] = transient_bytes(profile, layout.replica_batch, layout)
     figures["buffers_bytes"] = buffers
     figures["runtime_bytes"] = runtime_bytes
     figures["total_bytes"] = sum(figures.values())
@@ -220,7 +223,7 @@ def _largest_stage(
             "activations_bytes": share * (fixed + per_sample * micro * in_flight),
             "gathered_bytes": 0.0,
             # the loss runs on the last stage, one micro-batch's backward at a time
-            "transient_bytes": transient_bytes(profile, micro) if index == layout.stages - 1 else 0.0,
+            "transient_bytes": transient_bytes(profile, micro, layout) if index == layout.stages - 1 else 0.0,
         }
         if layout.shard > 1:
             for key in ("parameters_bytes", "gradients_bytes", "optimizer_bytes"):

@@ -29,6 +29,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from paratrain.config import TrainConfig
+from paratrain.config.parallelism import TensorParallelOptions
 from paratrain.engine.flops import convolution_flops, flop_counter
 from paratrain.errors import UsageError
 from paratrain.plan.depth import Stack, find_stack, fold_stack, measure_deep, shallow_copy, unfold_stack
@@ -89,45 +90,43 @@ class TensorParallelProfile:
     # bytes of the unit's parameters, and the unit's FLOPs a sample inside the layers the plan splits
     unit_param_bytes: tuple[float, ...] = ()
     unit_split_flops_per_sample: tuple[float, ...] = ()
+    # the ranks the loss's [tokens x vocabulary] tensors are split over: the degree with --loss-parallel
+    loss_split: int = 1
 
 
-def profile_tensor_parallel(
-    cfg: TrainConfig, degree: int, plan_fn: str | None = None, sequence_parallel: bool = False
-) -> TensorParallelProfile:
-    """Measure the model split `degree` ways: the same build, the plan applied over a fake process group
-    of `degree` ranks (no communication: DTensor's collectives are recorded with their sizes)."""
+def profile_tensor_parallel(cfg: TrainConfig, split: TensorParallelOptions) -> TensorParallelProfile:
+    """Measure the model split `split.tp` ways: the same build, the plan applied over a fake process group
+    of that many ranks (no communication: DTensor's collectives are recorded with their sizes)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
     from paratrain.engine.strategies.pipeline_split import model_units
-    from paratrain.engine.strategies.tensor import apply_tensor_parallel, divided_modules, model_plan
+    from paratrain.engine.strategies.tensor import apply_tensor_parallel, divided_modules, loss_context, model_plan
     from paratrain.workloads import build_model
     from paratrain.workloads.objective import build_objective
 
     data = _shapes(cfg)
     with torch.device("meta"):
         whole = build_model(cfg, data)
+    degree = split.tp
     # refuses a model without a plan, or one the degree cannot split
-    plan = model_plan(whole, degree, plan_fn, sequence_parallel)
+    plan = model_plan(whole, split)
     objective = build_objective(cfg.loss, whole)
-    total, per_module, _ = _model_flops(cfg, whole, objective, _batch(cfg, data, 1))
-    split_paths = divided_modules(whole, plan)
-    outermost = [n for n in split_paths if not any(n.startswith(o + ".") for o in split_paths)]
-    split = sum(count for name, count in per_module.items() if any(_inside(name, m) for m in outermost))
     units = model_units(whole)
-    unit_split_flops = _split_flops_by_unit(units, outermost, per_module)
+    split_share, unit_split_flops = _split_flops(cfg, data, whole, objective, divided_modules(whole, plan), units)
     if dist.is_initialized():
         raise UsageError("plan --tp measures the split model over a process group of its own; run it outside one")
     small, large = 2, 4
 
     def measure(model: nn.Module) -> dict[str, float]:
-        apply_tensor_parallel(model, mesh, degree, plan_fn, sequence_parallel)
+        apply_tensor_parallel(model, mesh, split)
         params = [p.to_local() for p in model.parameters()]
         if cfg.checkpoint_activations:  # tensor parallelism, then checkpointing: torchtitan's order
             _checkpoint(model, cfg)
-        with _Collectives() as sizes:
+        with _Collectives() as sizes, loss_context(split):
             peak_small, loss_small, _ = _saved_peak(model, objective, *_batch(cfg, data, small))
-        peak_large, loss_large, _ = _saved_peak(model, objective, *_batch(cfg, data, large))
+        with loss_context(split):
+            peak_large, loss_large, _ = _saved_peak(model, objective, *_batch(cfg, data, large))
         return {
             "param_bytes": sum(p.numel() * p.element_size() for p in params),
             "param_tensors": len(params),
@@ -144,7 +143,7 @@ def profile_tensor_parallel(
         mesh = init_device_mesh("cpu", (degree,), mesh_dim_names=("tp",))
         measured, _ = measure_deep(whole, _checkpoint_period(cfg), measure)
         # Splitting the whole model on the meta device only lays out shapes: the rank's share of each unit.
-        apply_tensor_parallel(whole, mesh, degree, plan_fn, sequence_parallel)
+        apply_tensor_parallel(whole, mesh, split)
         unit_bytes = tuple(float(_local_bytes(whole, u.modules)) for u in units)
     except UsageError:
         raise
@@ -167,10 +166,21 @@ def profile_tensor_parallel(
         gather_scatters=int(measured["gather_scatters"]),
         gather_scatter_bytes_per_sample=measured["gather_scatter_bytes"] / small,
         loss_activation_bytes_per_sample=loss_per_sample,
-        split_flops_share=split / total if total else 0.0,
+        split_flops_share=split_share,
         unit_param_bytes=unit_bytes,
         unit_split_flops_per_sample=unit_split_flops,
+        loss_split=degree if split.loss_parallel else 1,
     )
+
+
+def _split_flops(
+    cfg: TrainConfig, data: Any, whole: nn.Module, objective: Any, split_paths: list[str], units: list[Any]
+) -> tuple[float, tuple[float, ...]]:
+    """The share of the model's FLOPs inside the modules the plan divides, and each pipeline unit's a sample."""
+    total, per_module, _ = _model_flops(cfg, whole, objective, _batch(cfg, data, 1))
+    outermost = [n for n in split_paths if not any(n.startswith(o + ".") for o in split_paths)]
+    split = sum(count for name, count in per_module.items() if any(_inside(name, m) for m in outermost))
+    return (split / total if total else 0.0), _split_flops_by_unit(units, outermost, per_module)
 
 
 def _split_flops_by_unit(units: list[Any], split: list[str], per_module: dict[str, int]) -> tuple[float, ...]:

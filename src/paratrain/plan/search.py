@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import Any, NamedTuple
 
 from paratrain.errors import UsageError
-from paratrain.formatting import size
+from paratrain.formatting import rate, size
 from paratrain.plan.profile import ModelProfile
 
 
@@ -126,14 +126,14 @@ def _why(
     best: dict[str, Any], runner_up: dict[str, Any] | None, candidates: list[dict[str, Any]], usable: float
 ) -> str:
     parts = [
-        f"{describe(best)}: {best['samples_per_s']:,.3g} samples/s in {size(best['memory_per_device_bytes'])} "
+        f"{describe(best)}: {rate(best['samples_per_s'])} samples/s in {size(best['memory_per_device_bytes'])} "
         f"of {size(usable)} usable"
     ]
     if runner_up is not None:
         ahead = best["samples_per_s"] / runner_up["samples_per_s"] - 1
         parts.append(
             f"{ahead:.0%} faster than the runner-up, {describe(runner_up)} "
-            f"({runner_up['samples_per_s']:,.3g} samples/s, {size(runner_up['memory_per_device_bytes'])})"
+            f"({rate(runner_up['samples_per_s'])} samples/s, {size(runner_up['memory_per_device_bytes'])})"
         )
     faster = [r for r in candidates if r["samples_per_s"] > best["samples_per_s"] and not r["fits"]]
     if faster:

@@ -51,7 +51,7 @@ ALL_CORES = "all_cores_reference"
 SCALE_MODE_ENV = "PARATRAIN_SCALE_MODE"  # tells a studied script weak or strong
 LAYOUT_FIELDS = ("dp", "stages", "microbatches", "pipeline_schedule")
 # Tensor parallelism's flags, and FSDP's replicas (HSDP): on a strategy axis they go to tp and fsdp only.
-MESH_FIELDS = ("tp", "tp_plan", "sequence_parallel", "dp_replicate")
+MESH_FIELDS = ("tp", "tp_plan", "sequence_parallel", "loss_parallel", "dp_replicate")
 
 
 def point_config(
@@ -76,7 +76,7 @@ def point_config(
             "hybrid": LAYOUT_FIELDS,
             "pipeline": LAYOUT_FIELDS[2:],
             "fsdp": MESH_FIELDS,
-            "tp": MESH_FIELDS[1:3],
+            "tp": MESH_FIELDS[1:4],
         }.get(strategy or "", ())
         train = {k: v for k, v in train.items() if k not in (*LAYOUT_FIELDS, *MESH_FIELDS) or k in keep}
         if strategy:

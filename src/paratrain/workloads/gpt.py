@@ -198,7 +198,9 @@ class GPT(nn.Module):
         """`embed`, each block, `head`: the chain forward runs."""
         return [call_unit("embed"), *(call_unit(f"blocks.{i}") for i in range(len(self.blocks))), call_unit("head")]
 
-    def tensor_parallel_plan(self, degree: int, sequence_parallel: bool = False) -> dict[str, str]:
+    def tensor_parallel_plan(
+        self, degree: int, sequence_parallel: bool = False, loss_parallel: bool = False
+    ) -> dict[str, str]:
         """Megatron-LM's split of a block (Shoeybi et al. 2019), as torchtitan applies it: the
         attention's q, k, v and the MLP's first layer by output columns (each rank whole heads, a share
         of the hidden units), the two projections back by input rows, so a block costs one all-reduce
@@ -208,7 +210,11 @@ class GPT(nn.Module):
         With `sequence_parallel` (Korthikanti et al. 2022), the tokens between the split pairs are split
         too: the embeddings' output and the residual stream hold the rank's share of the sequence, the
         norms run on it, each half gathers its input (all-gather) and sums its output into the rank's share
-        (reduce-scatter), and the head gathers the sequence back."""
+        (reduce-scatter), and the head gathers the sequence back.
+
+        With `loss_parallel`, the head is split by vocabulary and keeps its logits split for the loss, and the
+        token embedding tied to it is split the same way (torchtitan's plan)."""
+        vocabulary = {"embed.wte": "vocab-embedding", "head.lm_head": "vocab-head"} if loss_parallel else {}
         if self.config.n_head % degree:
             raise UsageError(
                 f"--tp {degree} splits attention by heads and gpt has {self.config.n_head}; "
@@ -218,7 +224,7 @@ class GPT(nn.Module):
             # q, k and v share the attention's input: one all-reduce completes its gradient, not three.
             block = {"attn": "replicated-input", "attn.q": "colwise", "attn.k": "colwise", "attn.v": "colwise"}
             block |= {"attn.proj": "rowwise", "mlp.fc": "colwise", "mlp.proj": "rowwise"}
-            return {f"blocks.*.{name}": style for name, style in block.items()}
+            return {f"blocks.*.{name}": style for name, style in block.items()} | vocabulary
         block = {"ln_1": "sequence-norm", "ln_2": "sequence-norm", "attn": "sequence-input", "mlp": "sequence-input"}
         block |= {"attn.q": "colwise", "attn.k": "colwise", "attn.v": "colwise", "attn.proj": "rowwise-to-sequence"}
         block |= {"mlp.fc": "colwise", "mlp.proj": "rowwise-to-sequence"}
@@ -226,7 +232,7 @@ class GPT(nn.Module):
             "embed": "sequence-output",
             **{f"blocks.*.{name}": style for name, style in block.items()},
             "head": "sequence-input",
-        }
+        } | vocabulary
 
     def num_params(self, non_embedding: bool = False) -> int:
         """Parameters, the tied embedding counted once; without the position embeddings when

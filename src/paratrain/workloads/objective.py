@@ -56,10 +56,12 @@ class Objective:
         return F.cross_entropy(out.float().reshape(-1, out.shape[-1]), y.reshape(-1))
 
     def correct(self, out: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor:
-        """Correct predictions counted in samples (a sequence counts its fraction of correct tokens)."""
-        if out is None or out.shape[:-1] != y.shape or y.is_floating_point():
+        """Correct predictions counted in samples (a sequence counts its fraction of correct tokens). `out` is the
+        scores of each class, or the classes predicted (logits split over ranks are reduced to them)."""
+        predicted = out is not None and not out.is_floating_point() and out.shape == y.shape
+        if out is None or (out.shape[:-1] != y.shape and not predicted) or y.is_floating_point():
             return torch.full((), float("nan"), device=y.device)  # filled there: no host-to-device copy
-        hits = (out.argmax(-1) == y).reshape(len(y), -1)
+        hits = ((out if predicted else out.argmax(-1)) == y).reshape(len(y), -1)
         return hits.float().mean(1).sum()
 
 

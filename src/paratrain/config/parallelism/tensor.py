@@ -31,6 +31,12 @@ class TensorParallelOptions(BaseModel):
         "2022): norms and residuals hold 1/T of the tokens, each all-reduce becomes an all-gather and a "
         "reduce-scatter (the model's plan has a sequence-parallel form; gpt's does)",
     )
+    loss_parallel: bool = Field(
+        False,
+        description="--tp: also split the output layer by vocabulary and compute the cross-entropy on the split "
+        "logits (torch's loss_parallel): each rank holds 1/T of the logits and of the loss's backward (the model's "
+        "plan has a loss-parallel form; gpt's does)",
+    )
 
 
 def check(config: TrainConfig) -> None:
@@ -40,7 +46,7 @@ def check(config: TrainConfig) -> None:
     if config.tp == 1:
         if config.strategy == "tp":
             raise ValueError("--strategy tp is set by --tp N (N ranks split each layer); give --tp instead")
-        for given in ("tp_plan", "sequence_parallel"):
+        for given in ("tp_plan", "sequence_parallel", "loss_parallel"):
             if getattr(config, given):
                 raise ValueError(f"{flag(given)} goes with tensor parallelism; give --tp N too (N > 1)")
         return
@@ -64,6 +70,11 @@ def check(config: TrainConfig) -> None:
         raise ValueError(
             f"--tp {config.tp} needs --workers {config.tp}: every rank of the run splits each layer; make them "
             "equal, or add --strategy fsdp to shard over several tensor-parallel groups"
+        )
+    if config.loss_parallel and config.loss is not None:
+        raise ValueError(
+            f"--loss-parallel computes the built-in cross-entropy on logits split by vocabulary, not --loss "
+            f"{config.loss}; drop one of them"
         )
     for given, wrong, why in (
         ("precision", "fp16", "its loss scaler reads gradients that are split across ranks; use --precision bf16"),

@@ -74,7 +74,7 @@ from paratrain.engine.distributed import RankContext
 from paratrain.engine.grad_noise import MeasuredReduceScatter, ShardNorms
 from paratrain.engine.strategies.base import StepResult, WholeModelStrategy
 from paratrain.engine.strategies.sharded_checkpoint import ShardedCheckpoints
-from paratrain.engine.strategies.tensor import apply_tensor_parallel, reported
+from paratrain.engine.strategies.tensor import apply_tensor_parallel, loss_context, reported
 from paratrain.errors import UsageError
 
 log = logging.getLogger("paratrain.rank")
@@ -202,7 +202,7 @@ class FullyShardedDataParallel(WholeModelStrategy):
     def split(self, model: nn.Module) -> None:
         """With --tp, tensor parallelism first; FSDP then shards the splits (wrap)."""
         if self.cfg.tp > 1:
-            apply_tensor_parallel(model, self.tp_mesh, self.cfg.tp, self.cfg.tp_plan, self.cfg.sequence_parallel)
+            apply_tensor_parallel(model, self.tp_mesh, self.cfg)
 
     def wrap(self, model: nn.Module) -> nn.Module:
         cfg = self.cfg
@@ -262,7 +262,9 @@ class FullyShardedDataParallel(WholeModelStrategy):
         autocast: Callable[[], AbstractContextManager],
     ) -> StepResult:
         # The mixed-precision policy casts the parameters (module docstring): no autocast on top.
-        return self._reported(super().forward_backward(model, objective, x, y, loss_divisor, scaler, nullcontext))
+        with loss_context(self.cfg):
+            result = super().forward_backward(model, objective, x, y, loss_divisor, scaler, nullcontext)
+        return self._reported(result)
 
     def evaluate(
         self,
@@ -272,7 +274,9 @@ class FullyShardedDataParallel(WholeModelStrategy):
         y: torch.Tensor,
         autocast: Callable[[], AbstractContextManager],
     ) -> StepResult:
-        return self._reported(super().evaluate(model, objective, x, y, nullcontext))
+        with loss_context(self.cfg):
+            result = super().evaluate(model, objective, x, y, nullcontext)
+        return self._reported(result)
 
     def _reported(self, result: StepResult) -> StepResult:
         return reported(result, self.tp_mesh) if self.cfg.tp > 1 else result

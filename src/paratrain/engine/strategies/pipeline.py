@@ -56,7 +56,7 @@ from paratrain.engine.strategies.pipeline_split import (
     tied_parameter_names,
     unit_of,
 )
-from paratrain.engine.strategies.tensor import model_plan, split_by_plan
+from paratrain.engine.strategies.tensor import local_result, loss_context, model_plan, split_by_plan
 
 log = logging.getLogger("paratrain.rank")
 
@@ -188,7 +188,7 @@ class PipelineParallel(WholeModelStrategy):
         }
         log.info("pipeline split (%s): %s", split_by, " | ".join(",".join(s) for s in self.layout["split"]))
         # The whole model's tensor-parallel plan, for its stages (which declare none).
-        self.tp_plan = model_plan(model, self.tp, self.cfg.tp_plan, self.cfg.sequence_parallel) if self.tp > 1 else None
+        self.tp_plan = model_plan(model, self.cfg) if self.tp > 1 else None
         self.stage_modules = [StageModule(model, units[bounds[s][0] : bounds[s][1]]) for s in self.local_slots]
         stages = StageModules([self._replicate(m) for m in self.stage_modules])
         # After replicating: sharding replaces the stages' parameters, and the ties hold the ones that train.
@@ -323,7 +323,7 @@ class PipelineParallel(WholeModelStrategy):
         schedule, m = self._schedule(model, objective, len(y), train=True)
         losses: list[torch.Tensor] = []
         start = self.stamp()
-        with autocast():
+        with autocast(), loss_context(self.cfg):
             out = schedule.step(*((x,) if self._first else ()), target=y if self._last else None, losses=losses)
         # Inside the step: a rank that finished its backward early waits here for the other end of
         # the pipeline, and that wait is bubble (left outside, it would hide behind the next step).
@@ -332,15 +332,26 @@ class PipelineParallel(WholeModelStrategy):
         # The first step of a schedule infers the stages' shapes; steps of a short last batch run fewer micro-batches.
         self.busy.step_done(start, end, keep=len(y) in self.shaped and m == self.microbatches)
         self.shaped.add(len(y))
-        if not self._reports:
+        return self._reported(losses, out)
+
+    def _reported(self, losses: list[torch.Tensor], out: Any) -> StepResult:
+        """The last stage's mean loss and output, on the first of its tensor-parallel ranks (all of them help
+        reduce logits split by --loss-parallel to the classes they predict)."""
+        if not self._last:
             return None, None
-        return torch.stack(losses).mean().detach(), out
+        loss, out = local_result(torch.stack([local_result(loss, None)[0] for loss in losses]).mean().detach(), out)
+        return (loss, out) if self._reports else (None, None)
 
     def _sum_tied_gradients(self) -> None:
         """In place, into each copy's gradient: a sharded stage's gradients are views of FSDP's reduce-scatter
         output, which a new tensor would leave held beside the sum. Sharded stages (hybrid with --dp-shard) hold a
         tied weight's copies sharded alike over their replicas: each rank sums its own shards of them."""
         for copies, group in self.ties:
+            for p in copies:
+                # a weight split by vocabulary (--loss-parallel) may get its gradient laid out otherwise (an
+                # embedding's is replicated): laid out as the weight, each rank sums its own piece
+                if isinstance(p.grad, DTensor) and p.grad.placements != p.placements:
+                    p.grad = p.grad.redistribute(p.device_mesh, p.placements)
             grads = [_local(p.grad) for p in copies if p.grad is not None]
             if len(grads) == 1:
                 total = grads[0]
@@ -366,12 +377,10 @@ class PipelineParallel(WholeModelStrategy):
     ) -> StepResult:
         schedule, _ = self._schedule(model, objective, len(y), train=False)
         losses: list[torch.Tensor] = []
-        with autocast():
+        with autocast(), loss_context(self.cfg):
             out = schedule.eval(*((x,) if self._first else ()), target=y if self._last else None, losses=losses)
         self.busy.spans = []  # evaluation is not part of any training step's busy time
-        if not self._reports:
-            return None, None
-        return torch.stack(losses).mean(), out
+        return self._reported(losses, out)
 
     # -- checkpoints: gathered on rank 0, keyed by the whole model's names ----------------------
 

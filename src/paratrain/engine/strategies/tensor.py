@@ -35,6 +35,7 @@ import fnmatch
 import functools
 import inspect
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
@@ -49,10 +50,13 @@ from torch.distributed.tensor.parallel import (
     PrepareModuleOutput,
     RowwiseParallel,
     SequenceParallel,
+    loss_parallel,
     parallelize_module,
 )
 
 from paratrain.config import TrainConfig
+from paratrain.config.flags import flag
+from paratrain.config.parallelism import TensorParallelOptions
 from paratrain.engine.distributed import RankContext
 from paratrain.engine.strategies.base import StepResult, WholeModelStrategy
 from paratrain.engine.strategies.sharded_checkpoint import ShardedCheckpoints
@@ -87,23 +91,38 @@ STYLES: dict[str, Callable[[nn.Module], ParallelStyle]] = {
     "rowwise-to-sequence": lambda _: RowwiseParallel(output_layouts=Shard(1)),
     # a module computed whole on every rank (an embedding) whose output the rank keeps its share of tokens of
     "sequence-output": lambda _: PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(1)),
+    # Loss parallelism (--loss-parallel): the head split by vocabulary keeps its logits split (a DTensor sharded on
+    # the last dimension), and torch's loss_parallel computes the cross-entropy on the pieces: each rank holds
+    # 1/T of the logits and of the loss's backward, the largest tensors of a language model's step. An embedding
+    # tied to that head is split by vocabulary too (each rank looks up the words it holds; an all-reduce sums them).
+    "vocab-head": lambda _: ColwiseParallel(output_layouts=Shard(-1), use_local_output=False),
+    "vocab-embedding": lambda _: RowwiseParallel(input_layouts=Replicate()),
 }
 # The weight dimension each splitting style splits, which must divide by the degree (nn.Linear's
-# weight is [out_features, in_features]).
-SPLIT_DIM = {"colwise": 0, "rowwise": 1, "rowwise-to-sequence": 1}
+# weight is [out_features, in_features], nn.Embedding's [num_embeddings, embedding_dim]), and what it counts.
+SPLIT_DIM = {"colwise": 0, "rowwise": 1, "rowwise-to-sequence": 1, "vocab-head": 0, "vocab-embedding": 0}
+SPLIT_WHAT = {"colwise": "outputs", "vocab-head": "outputs", "vocab-embedding": "entries"}
 
 
-def model_plan(
-    model: nn.Module, degree: int, plan_fn: str | None = None, sequence_parallel: bool = False
-) -> dict[str, ParallelStyle]:
+# The forms a model's plan may have beyond the plain one: the keyword its `tensor_parallel_plan` takes, the styles
+# that form uses, and the option that asks for it.
+FORMS = {
+    "sequence_parallel": "'sequence-norm', 'sequence-input' and 'rowwise-to-sequence'",
+    "loss_parallel": "'vocab-embedding' for an embedding tied to the head and 'vocab-head' for the head",
+}
+
+
+def model_plan(model: nn.Module, split: TensorParallelOptions) -> dict[str, ParallelStyle]:
     """The plan `--tp-plan` names (fn(model, degree)), else the model's own (its `tensor_parallel_plan(degree)`),
-    checked against its layers. With --sequence-parallel the plan is asked for its sequence-parallel form
-    (the keyword `sequence_parallel=True`), which a plan without that keyword does not have."""
-    if plan_fn is not None:
+    checked against its layers, for `split.tp` ranks. With --sequence-parallel or --loss-parallel the plan is asked
+    for that form (the keyword `sequence_parallel=True`, `loss_parallel=True`), which a plan without the keyword
+    does not have."""
+    degree = split.tp
+    if split.tp_plan is not None:
         from paratrain.workloads import import_factory
 
-        declare = functools.partial(import_factory(plan_fn, "--tp-plan"), model)
-        whose = f"--tp-plan {plan_fn}"
+        declare = functools.partial(import_factory(split.tp_plan, "--tp-plan"), model)
+        whose = f"--tp-plan {split.tp_plan}"
     else:
         declare = getattr(model, "tensor_parallel_plan", None)
         whose = f"{type(model).__name__}.tensor_parallel_plan"
@@ -113,15 +132,15 @@ def model_plan(
                 "method tensor_parallel_plan(degree) returning {module path: 'colwise' | 'rowwise'}, or name a "
                 "function with --tp-plan pkg.module:fn (see docs/strategies.md)"
             )
-    if sequence_parallel:
-        if "sequence_parallel" not in inspect.signature(declare).parameters:
+    forms = {form: True for form in FORMS if getattr(split, form)}
+    for form in forms:
+        if form not in inspect.signature(declare).parameters:
             raise UsageError(
-                f"--sequence-parallel: {whose} has no sequence-parallel form; give it a keyword "
-                "sequence_parallel=False that returns the plan with 'sequence-norm', 'sequence-input' and "
-                "'rowwise-to-sequence' styles when true (docs/strategies.md), or drop --sequence-parallel"
+                f"{flag(form)}: {whose} has no {form.split('_')[0]}-parallel form; give it a keyword {form}=False "
+                f"that returns the plan with {FORMS[form]} styles when true (docs/strategies.md), or drop {flag(form)}"
             )
     try:
-        plan: dict[str, Any] = declare(degree, sequence_parallel=True) if sequence_parallel else declare(degree)
+        plan: dict[str, Any] = declare(degree, **forms)
     except UsageError:
         raise
     except Exception as exc:  # the user's plan refusing the degree its own way (a ValueError, an assert)
@@ -145,24 +164,35 @@ def model_plan(
                 f"--tp {degree}: the plan gives {path!r} the style {style!r}; use {', '.join(map(repr, STYLES))} "
                 "or a torch.distributed.tensor.parallel ParallelStyle"
             )
+        if style == "vocab-head" and not split.loss_parallel:
+            raise UsageError(
+                f"--tp {degree}: the plan gives {path!r} the style 'vocab-head', whose split logits only "
+                "--loss-parallel computes the loss of; add --loss-parallel, or return that style only in the plan's "
+                "loss_parallel=True form"
+            )
         for name in matched:
             weight = getattr(names[name], "weight", None) if style in SPLIT_DIM else None
             if weight is not None and weight.shape[SPLIT_DIM[style]] % degree:
                 raise UsageError(
                     f"--tp {degree}: {name} ({style}) has {weight.shape[SPLIT_DIM[style]]} "
-                    f"{'outputs' if style == 'colwise' else 'inputs'}, which {degree} ranks cannot split evenly; "
+                    f"{SPLIT_WHAT.get(style, 'inputs')}, which {degree} ranks cannot split evenly; "
                     "choose a --tp that divides it"
                 )
         # the modules one pattern matches are the same kind of layer (a block's q in every block)
         resolved[path] = STYLES[style](names[matched[0]])
+    if split.loss_parallel and not any(
+        isinstance(style, ColwiseParallel) and not style.use_local_output for style in resolved.values()
+    ):
+        raise UsageError(
+            f"--loss-parallel: the loss-parallel form of {whose} splits no output layer by vocabulary; give the "
+            "head the style 'vocab-head' in it, or drop --loss-parallel"
+        )
     return resolved
 
 
-def apply_tensor_parallel(
-    model: nn.Module, mesh: DeviceMesh, degree: int, plan_fn: str | None = None, sequence_parallel: bool = False
-) -> nn.Module:
+def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, split: TensorParallelOptions) -> nn.Module:
     """Split the plan's layers over `mesh` and replicate every other parameter and buffer on it."""
-    return split_by_plan(model, mesh, model_plan(model, degree, plan_fn, sequence_parallel))
+    return split_by_plan(model, mesh, model_plan(model, split))
 
 
 def _matches(name: str, pattern: str) -> bool:
@@ -187,7 +217,9 @@ def split_by_plan(model: nn.Module, mesh: DeviceMesh, plan: dict[str, ParallelSt
     stage declares none), and the patterns that match none of its modules are left out."""
     names = [name for name, _ in model.named_modules()]
     mine = {path: style for path, style in plan.items() if any(_matches(name, path) for name in names)}
+    tied = _tied_parameters(model)
     parallelize_module(model, mesh, mine)
+    _retie(model, tied)
     replicated: dict[int, nn.Parameter] = {}  # a tied parameter stays one parameter
     for module in model.modules():
         own = [(n, p) for n, p in module.named_parameters(recurse=False) if not isinstance(p, DTensor)]
@@ -208,10 +240,70 @@ def split_by_plan(model: nn.Module, mesh: DeviceMesh, plan: dict[str, ParallelSt
     return model
 
 
+def _tied_parameters(model: nn.Module) -> list[list[tuple[str, str]]]:
+    """The (module path, parameter name) pairs of each parameter held by more than one module (a head tied to
+    the embedding)."""
+    owners: dict[int, list[tuple[str, str]]] = {}
+    for path, module in model.named_modules(remove_duplicate=False):
+        for name, param in module.named_parameters(recurse=False):
+            owners.setdefault(id(param), []).append((path, name))
+    return [pairs for pairs in owners.values() if len(pairs) > 1]
+
+
+def _retie(model: nn.Module, tied: list[list[tuple[str, str]]]) -> None:
+    """Tied parameters one parameter again after the plan split them (parallelize_module distributes each module's
+    weight anew): both split the same way, or neither (the rest are replicated once, by split_by_plan)."""
+    for pairs in tied:
+        held = [getattr(model.get_submodule(path), name) for path, name in pairs]
+        split = [isinstance(p, DTensor) for p in held]
+        if not any(split):
+            continue
+        where = [f"{path}.{name}".lstrip(".") for path, name in pairs]
+        if not all(split) or len({(p.placements, p.shape) for p in held}) > 1:
+            raise UsageError(
+                f"the tensor-parallel plan splits {', '.join(where)} differently, but they are one tied parameter; "
+                "split them the same way (a tied embedding and head: 'vocab-embedding' and 'vocab-head')"
+            )
+        for path, name in pairs[1:]:
+            model.get_submodule(path).register_parameter(name, held[0])
+
+
+def loss_context(split: TensorParallelOptions) -> AbstractContextManager:
+    """Where the loss and its backward run: torch's loss_parallel with --loss-parallel (the logits split by
+    vocabulary), else nothing."""
+    return loss_parallel() if split.loss_parallel else nullcontext()
+
+
 def reported(result: StepResult, tp_mesh: DeviceMesh) -> StepResult:
     """The step's loss and output on the first rank of a tensor-parallel group only: every rank of the group
-    computed the same batch, and the loop sums samples, losses and correct answers over the ranks."""
+    computed the same batch, and the loop sums samples, losses and correct answers over the ranks. Split by
+    --loss-parallel, the loss is the same on every rank (a replicated DTensor) and the logits become the classes
+    they predict, which every rank of the group must help find."""
+    result = local_result(*result)
     return result if tp_mesh.get_local_rank() == 0 else (None, None)
+
+
+def local_result(loss: torch.Tensor | None, out: torch.Tensor | None) -> StepResult:
+    """The loss and output as the loop takes them, plain tensors: a replicated loss its local value, logits split
+    by vocabulary (--loss-parallel) the classes they predict. Every rank of the group calls it (a collective)."""
+    if isinstance(loss, DTensor):
+        loss = loss.to_local()
+    if isinstance(out, DTensor):
+        out = _predicted_classes(out)
+    return loss, out
+
+
+def _predicted_classes(logits: DTensor) -> torch.Tensor:
+    """The argmax of logits split by vocabulary over a 1-D mesh, without gathering them: each rank's best word
+    and its score, gathered (two numbers a token a rank), the best of the bests (the first on a tie, as argmax)."""
+    local = logits.to_local()
+    score, index = local.max(-1)
+    index = index + logits.device_mesh.get_local_rank() * local.shape[-1]
+    # a word's index is exact in float32 up to 2**24 words
+    pairs = torch.stack([score.float(), index.float()], -1).unsqueeze(-2)
+    every = DTensor.from_local(pairs, logits.device_mesh, [Shard(pairs.ndim - 2)], run_check=False).full_tensor()
+    best = every[..., 0].argmax(-1, keepdim=True)
+    return every[..., 1].gather(-1, best).squeeze(-1).long()
 
 
 def _replicated_inputs(mesh: DeviceMesh) -> Callable[[nn.Module, tuple[Any, ...]], tuple[Any, ...]]:
@@ -244,15 +336,19 @@ class TensorParallel(WholeModelStrategy):
         return 0, 1
 
     def split(self, model: nn.Module) -> None:
-        apply_tensor_parallel(model, self.mesh, self.cfg.tp, self.cfg.tp_plan, self.cfg.sequence_parallel)
+        apply_tensor_parallel(model, self.mesh, self.cfg)
 
     def forward_backward(
         self, model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Tensor, *rest: Any
     ) -> StepResult:
-        return reported(super().forward_backward(model, objective, x, y, *rest), self.mesh)
+        with loss_context(self.cfg):
+            result = super().forward_backward(model, objective, x, y, *rest)
+        return reported(result, self.mesh)
 
     def evaluate(self, model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Tensor, *rest: Any) -> StepResult:
-        return reported(super().evaluate(model, objective, x, y, *rest), self.mesh)
+        with loss_context(self.cfg):
+            result = super().evaluate(model, objective, x, y, *rest)
+        return reported(result, self.mesh)
 
     def checkpoint_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
         return self.checkpoints.save(model, optimizer)
@@ -265,4 +361,13 @@ def check_tensor_parallel(cfg: TrainConfig, make_model: Callable[[], nn.Module])
     """Refuse a plan that cannot split this model, in the launching process, before anything is written:
     the model built on the meta device (shapes only)."""
     with torch.device("meta"):
-        model_plan(make_model(), cfg.tp, cfg.tp_plan, cfg.sequence_parallel)
+        model = make_model()
+    if cfg.loss_parallel:
+        from paratrain.workloads.objective import target_parameter
+
+        if target_parameter(model) is not None:
+            raise UsageError(
+                f"--loss-parallel: the model computes its own loss (forward(x, {target_parameter(model)}=y)), which "
+                "cannot take logits split by vocabulary; return the logits instead, or drop --loss-parallel"
+            )
+    model_plan(model, cfg)
