@@ -183,6 +183,30 @@ def test_a_scripts_warmup_ramp_doubles_at_the_samples_the_rule_gives(tmp_path):
     assert reported["lr"] == pytest.approx(0.02)  # 0.01 x sqrt(32 / 8)
 
 
+def test_a_scaling_study_of_a_script_gives_every_point_the_batch_schedule(tmp_path):
+    """`scale --script --batch-schedule warmup`: each point's ranks get the schedule `launch` would give them:
+    the script's own global batch at that point (4 a rank) doubled at even points of the ramp up to
+    --max-global-batch, on 1 and 2 workers and on the all-cores reference alike."""
+    out = tmp_path / "study"
+    flags = ["--workers", "1,2", "--batch-schedule", "warmup", "--max-global-batch", "32", "--out", str(out)]
+    script = ["--epochs", "1", "--samples", "1024", "--batch-size", "4", "--log-every", "5"]
+    scale = [sys.executable, "-m", "paratrain", "scale", "--script", SCHEDULED_SCRIPT, *flags, "--", *script]
+    subprocess.run(scale, check=True, capture_output=True)
+    rows = json.loads((out / "scaling.json").read_text())["rows"]
+    assert sorted((r["workers"], r["point"]) for r in rows) == [
+        (1, "all_cores_reference"),
+        (1, "scaling"),
+        (2, "scaling"),
+    ]
+    for row in rows:
+        run = Path(row["run_dir"])
+        start = 4 * row["workers"]
+        doubled = [c["global_batch"] for c in events(run, "batch")]
+        assert doubled == [start * 2**k for k in range(1, 4) if start * 2**k <= 32], (row["workers"], doubled)
+        block = json.loads((run / "summary.json").read_text())["batch_schedule"]
+        assert (block["kind"], block["start_global_batch"], block["final_global_batch"]) == ("warmup", start, 32)
+
+
 def test_a_schedule_the_scripts_own_batch_leaves_no_room_for_fails_its_ranks_with_one_line(tmp_path):
     """The starting batch is the script's (known in its ranks only): a --max-global-batch below twice it ends the
     run with the ranks' one line, the script's failure (exit 1), before any training step."""

@@ -187,25 +187,28 @@ def test_loss_parallel_ranks_train_gpt_as_one_process_does_holding_half_the_voca
 
 def _predict_on_rank(rank: int, init: str) -> None:
     import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    try:
+        _check_predicted_words()
+    finally:
+        # the mesh and the DTensors are gone by now: a process group torn down under them can abort the
+        # process at exit (torch 2.13; docs/launch.md)
+        dist.destroy_process_group()
+
+
+def _check_predicted_words() -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
     from paratrain.engine.strategies.tensor import local_result
 
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
-    try:
-        mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
-        logits = torch.randn(3, 5, 8, generator=torch.Generator().manual_seed(0))
-        logits[0, 0, 1] = logits[0, 0, 6] = logits[0, 0].max() + 1  # a tie across the ranks: the first wins
-        split = distribute_tensor(logits, mesh, [Shard(-1)])
-        _, predicted = local_result(None, split)
-        assert predicted.dtype == torch.long and torch.equal(predicted, logits.argmax(-1)), (
-            predicted,
-            logits.argmax(-1),
-        )
-        assert (predicted >= 4).any(), "some best words lie in the second rank's half"
-    finally:
-        dist.destroy_process_group()
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+    logits = torch.randn(3, 5, 8, generator=torch.Generator().manual_seed(0))
+    logits[0, 0, 1] = logits[0, 0, 6] = logits[0, 0].max() + 1  # a tie across the ranks: the first wins
+    _, predicted = local_result(None, distribute_tensor(logits, mesh, [Shard(-1)]))
+    assert predicted.dtype == torch.long and torch.equal(predicted, logits.argmax(-1)), (predicted, logits.argmax(-1))
+    assert (predicted >= 4).any(), "some best words lie in the second rank's half"
 
 
 def test_the_words_logits_split_by_vocabulary_predict_are_found_across_the_ranks(tmp_path):

@@ -256,9 +256,12 @@ PARALLELISMS: dict[str, Parallelism] = {
         costs=(
             # the gathers and the reduce-scatter (fsdp), the broadcast of the updated parameters (zero1)
             Cost("step_time._data_parallel_comm", ("fsdp", "zero1"), ("tp", "pipeline", "pp+fsdp")),
-            # FSDP's gathered parameters in 16 bits under --precision bf16. Its split of the parameters, gradients
-            # and optimizer state is written inline in memory_per_device's whole-model branch (no function to pin).
+            # FSDP's gathered parameters in 16 bits under --precision bf16
             Cost("memory.gathered_scale", ("fsdp",), ("ddp", "zero1")),
+            # FSDP's split of the parameters, gradients and optimizer state, whether of the whole model, of a
+            # tensor-parallel rank's pieces or of a pipeline stage; ZeRO's of the optimizer state
+            Cost("memory._sharded", ("fsdp", "fsdp+tp", "pp+fsdp"), ("ddp", "zero1", "tp", "pipeline", "pp+tp")),
+            Cost("memory._zero1", ("zero1",), ("ddp", "fsdp", "tp")),
         ),
     ),
     # Replicated data parallelism: how the replicas average (DDP's buckets, local SGD, compression, a
@@ -334,6 +337,8 @@ PARALLELISMS: dict[str, Parallelism] = {
         costs=(
             # the all-reduce of the gradients (hybrid's of a stage's is the pipeline's: inside _pipeline)
             Cost("step_time._data_parallel_comm", ("ddp",), ("tp", "pipeline", "hybrid")),
+            # the whole model on every replica, which zero1 and fsdp then split
+            Cost("memory._whole_model", ("ddp", "zero1", "fsdp"), ("tp", "fsdp+tp", "pipeline", "pp+fsdp")),
         ),
     ),
     # The layout of the ranks: how many, which strategy, and the same as torchtitan's mesh (--dp-shard, --pp),

@@ -19,8 +19,17 @@ ACROSS_NODES = ("nodes", "node_rank", "rdzv", "rdzv_backend", "rdzv_timeout")
 # Train flags that find-batch, noise-scale, lr-find and recommend set themselves on the runs they start.
 BATCH_COMMAND_OWNED = ("run_dir", "resume", "quiet", "max_steps", "grad_noise", "schedule", "lr_end")
 
-# The train flags that also apply to a study of a user's script (`scale --script`).
-SCRIPT_STUDY_FLAGS = ("threads_per_worker", "allow_oversubscribe", "monitor_hz")
+# The train flags that also apply to a study of a user's script (`scale --script`): where its ranks run, and the
+# batch schedule its paratrain.batch_schedule(...) takes (launch's flags of the same names).
+SCRIPT_STUDY_FLAGS = (
+    "threads_per_worker",
+    "allow_oversubscribe",
+    "monitor_hz",
+    "batch_schedule",
+    "max_global_batch",
+    "batch_ramp_epochs",
+    "lr_scaling",
+)
 
 
 class ScaleConfig(BaseModel):

@@ -140,25 +140,13 @@ def memory_per_device(
     elif layout.tp > 1:
         figures = _tensor_parallel(profile, layout, optimizer, act_scale, momentum, gathered_scale(precision))
         buffers = float(profile.buffer_bytes)
-    elif layout.stages == 1:
-        params = float(profile.param_bytes)
-        tensors = float(profile.param_tensors)
-        local_batch = layout.replica_batch
-        figures = {
-            "parameters_bytes": params,
-            "gradients_bytes": params,
-            "optimizer_bytes": optimizer_bytes(params, tensors, optimizer, momentum),
-            "activations_bytes": fixed + per_sample * local_batch,
-            "gathered_bytes": 0.0,
-        }
+    else:
+        figures = _whole_model(profile, layout, optimizer, per_sample, fixed, momentum)
         if layout.strategy == "zero1":
-            figures["optimizer_bytes"] /= n
+            figures = _zero1(figures, n)
         elif layout.strategy == "fsdp":
-            for key in ("parameters_bytes", "gradients_bytes", "optimizer_bytes"):
-                figures[key] /= n
-            if n > 1:
-                gathered = 2 * profile.largest_unit_bytes if layout.reshard_after_forward else params
-                figures["gathered_bytes"] = gathered * gathered_scale(precision)
+            in_flight = 2 * profile.largest_unit_bytes if layout.reshard_after_forward else profile.param_bytes
+            figures = _sharded(figures, n, in_flight * gathered_scale(precision))
         buffers = float(profile.buffer_bytes)
     if layout.stages == 1:  # a pipeline's: its last stage's, for one micro-batch (_largest_stage)
         figures["transient_bytes"] = transient_bytes(profile, layout.replica_batch, layout)
@@ -166,6 +154,35 @@ def memory_per_device(
     figures["runtime_bytes"] = runtime_bytes
     figures["total_bytes"] = sum(figures.values())
     return figures
+
+
+def _whole_model(
+    profile: ModelProfile, layout: Layout, optimizer: str, per_sample: float, fixed: float, momentum: float
+) -> dict[str, float]:
+    """A rank that holds the whole model (ddp's; zero1 and fsdp then split its state): its parameters,
+    gradients and optimizer state, and the activations of its share of the batch."""
+    params = float(profile.param_bytes)
+    return {
+        "parameters_bytes": params,
+        "gradients_bytes": params,
+        "optimizer_bytes": optimizer_bytes(params, float(profile.param_tensors), optimizer, momentum),
+        "activations_bytes": fixed + per_sample * layout.replica_batch,
+        "gathered_bytes": 0.0,
+    }
+
+
+def _zero1(figures: dict[str, float], ranks: int) -> dict[str, float]:
+    """ZeRO stage 1 (ZeroRedundancyOptimizer): the optimizer state split over the ranks."""
+    return figures | {"optimizer_bytes": figures["optimizer_bytes"] / ranks}
+
+
+def _sharded(figures: dict[str, float], ranks: int, in_flight: float) -> dict[str, float]:
+    """FSDP over `ranks`: the parameters, gradients and optimizer state split over them, plus the parameters
+    gathered in flight (`in_flight` bytes: the units running and prefetched); over one rank, nothing is split."""
+    if ranks == 1:
+        return figures
+    split = {key: figures[key] / ranks for key in ("parameters_bytes", "gradients_bytes", "optimizer_bytes")}
+    return figures | split | {"gathered_bytes": in_flight}
 
 
 def _tensor_parallel(
@@ -176,22 +193,20 @@ def _tensor_parallel(
     groups, its model state split over the data-parallel ranks too, plus the units in flight."""
     split = profile.tensor_parallel
     assert split is not None and split.degree == layout.tp, "the plan measures the degree it plans"
-    n = layout.data_parallel if layout.strategy == "fsdp+tp" else 1
-    params = split.param_bytes / n
     figures = {
-        "parameters_bytes": params,
-        "gradients_bytes": params,
-        "optimizer_bytes": optimizer_bytes(split.param_bytes, split.param_tensors, optimizer, momentum) / n,
+        "parameters_bytes": float(split.param_bytes),
+        "gradients_bytes": float(split.param_bytes),
+        "optimizer_bytes": optimizer_bytes(split.param_bytes, split.param_tensors, optimizer, momentum),
         "activations_bytes": act_scale * split.activation_bytes_fixed
         + sixteen_bit_activations(split.activation_bytes_per_sample, split.loss_activation_bytes_per_sample, act_scale)
         * layout.replica_batch,
         "gathered_bytes": 0.0,
     }
-    if n > 1:  # the largest unit's split share, twice (running and prefetched), as fsdp's
-        figures["gathered_bytes"] = (
-            2 * profile.largest_unit_bytes * split.param_bytes / profile.param_bytes * gather_scale
-        )
-    return figures
+    if layout.strategy != "fsdp+tp":
+        return figures
+    # the largest unit's split share, twice (running and prefetched), as fsdp's
+    in_flight = 2 * profile.largest_unit_bytes * split.param_bytes / profile.param_bytes * gather_scale
+    return _sharded(figures, layout.data_parallel, in_flight)
 
 
 def _largest_stage(
@@ -225,10 +240,8 @@ def _largest_stage(
             # the loss runs on the last stage, one micro-batch's backward at a time
             "transient_bytes": transient_bytes(profile, micro, layout) if index == layout.stages - 1 else 0.0,
         }
-        if layout.shard > 1:
-            for key in ("parameters_bytes", "gradients_bytes", "optimizer_bytes"):
-                stage[key] /= layout.shard
-            stage["gathered_bytes"] = 2 * max(held[start:end]) * gather_scale
+        if layout.shard > 1:  # pp+fsdp: the stage sharded over its replicas
+            stage = _sharded(stage, layout.shard, 2 * max(held[start:end]) * gather_scale)
         if sum(stage.values()) > sum(best.values()):
             best = stage
     return best, float(profile.buffer_bytes) / layout.stages
