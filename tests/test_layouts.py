@@ -36,6 +36,7 @@ COMMON = dict(
 )
 GPT = ["--workload", "gpt-tiny", "--seq-len", "32"]  # the same workload's flags, for the CLI's refusals
 TABLED = ["--model", "user_factories:tabled_net", "--dataset", "text", "--seq-len", "32"]
+LOSS_PARALLEL = ["--tp", "2", "--workers", "2", "--loss-parallel"]
 
 
 @pytest.fixture(scope="module")
@@ -471,30 +472,15 @@ def test_a_resume_at_another_layout_keeps_the_global_batch_and_needs_a_sharded_c
             "--loss-parallel: TabledNet.tensor_parallel_plan has no loss-parallel form; give it a keyword",
         ),
         (
-            [
-                *TABLED,
-                "--tp",
-                "2",
-                "--workers",
-                "2",
-                "--loss-parallel",
-                "--tp-plan",
-                "user_factories:plan_keeping_the_head",
-            ],
+            [*TABLED, *LOSS_PARALLEL, "--tp-plan", "user_factories:plan_keeping_the_head"],
             "splits no output layer by vocabulary; give the head the style 'vocab-head'",
         ),
         (
-            [
-                "--model",
-                "user_factories:bigram_lm",
-                "--dataset",
-                "text",
-                "--tp",
-                "2",
-                "--workers",
-                "2",
-                "--loss-parallel",
-            ],
+            [*GPT, *LOSS_PARALLEL, "--tp-plan", "user_factories:gpt_plan_splitting_the_head_alone"],
+            "splits head.lm_head.weight but not embed.wte.weight, one tied parameter; split both the same way",
+        ),
+        (
+            ["--model", "user_factories:bigram_lm", "--dataset", "text", *LOSS_PARALLEL],
             "--loss-parallel: the model computes its own loss (forward(x, labels=y))",
         ),
     ],

@@ -299,3 +299,10 @@ def eight_way_only_plan(model: nn.Module, degree: int) -> dict:
 def plan_keeping_the_head(model: nn.Module, degree: int, loss_parallel: bool = False) -> dict:
     """A --tp-plan for TabledNet whose loss-parallel form splits no head: --loss-parallel refuses it."""
     return TabledNet.tensor_parallel_plan(model, degree)
+
+
+def gpt_plan_splitting_the_head_alone(model: nn.Module, degree: int, loss_parallel: bool = False) -> dict:
+    """gpt's plan without its embedding's split: the head tied to it would be split and the embedding whole."""
+    plan = model.tensor_parallel_plan(degree, loss_parallel=loss_parallel)
+    plan.pop("embed.wte", None)
+    return plan

@@ -14,11 +14,15 @@ are the default styles, "replicated-input" a module whose input feeds several co
 gpt declares the attention's q, k, v and the MLP's first layer colwise, their projections rowwise
 (workloads/gpt.py).
 
-Every other parameter (embeddings, norms, gpt's byte-vocabulary head) stays whole on each rank, as
-a replicated DTensor on the same mesh: the optimizer's foreach kernels take a list of DTensors or
-of tensors, not a mix, so every parameter is a DTensor, and the modules that hold them take and
-return plain tensors (their buffers replicated too; a module without parameters keeps its
-buffers). Their gradients are equal on every rank (their inputs are, after the rowwise layers'
+With --loss-parallel the head is split by vocabulary and its logits stay split for torch's
+`loss_parallel` (gpt's tied embedding split alike, and kept one parameter: `_retie`); the loss is then
+replicated, and the words the logits predict are found across the ranks without gathering them.
+
+Every other parameter (embeddings, norms, gpt's byte-vocabulary head without --loss-parallel) stays
+whole on each rank, as a replicated DTensor on the same mesh: the optimizer's foreach kernels take a
+list of DTensors or of tensors, not a mix, so every parameter is a DTensor, and the modules that hold
+them take and return plain tensors (their buffers replicated too; a module without parameters keeps
+its buffers). Their gradients are equal on every rank (their inputs are, after the rowwise layers'
 all-reduce), so nothing averages them.
 
 All ranks of a tensor-parallel group read the same batch, and only the group's first rank reports
@@ -107,8 +111,8 @@ SPLIT_WHAT = {"colwise": "outputs", "vocab-head": "outputs", "vocab-embedding": 
 # The forms a model's plan may have beyond the plain one: the keyword its `tensor_parallel_plan` takes, the styles
 # that form uses, and the option that asks for it.
 FORMS = {
-    "sequence_parallel": "'sequence-norm', 'sequence-input' and 'rowwise-to-sequence'",
-    "loss_parallel": "'vocab-embedding' for an embedding tied to the head and 'vocab-head' for the head",
+    "sequence_parallel": "the styles 'sequence-norm', 'sequence-input' and 'rowwise-to-sequence'",
+    "loss_parallel": "the style 'vocab-head' for the output layer (and 'vocab-embedding' for an embedding tied to it)",
 }
 
 
@@ -137,7 +141,7 @@ def model_plan(model: nn.Module, split: TensorParallelOptions) -> dict[str, Para
         if form not in inspect.signature(declare).parameters:
             raise UsageError(
                 f"{flag(form)}: {whose} has no {form.split('_')[0]}-parallel form; give it a keyword {form}=False "
-                f"that returns the plan with {FORMS[form]} styles when true (docs/strategies.md), or drop {flag(form)}"
+                f"that returns the plan with {FORMS[form]} when true (docs/strategies.md), or drop {flag(form)}"
             )
     try:
         plan: dict[str, Any] = declare(degree, **forms)
@@ -187,7 +191,31 @@ def model_plan(model: nn.Module, split: TensorParallelOptions) -> dict[str, Para
             f"--loss-parallel: the loss-parallel form of {whose} splits no output layer by vocabulary; give the "
             "head the style 'vocab-head' in it, or drop --loss-parallel"
         )
+    _check_ties(model, resolved)
     return resolved
+
+
+def _check_ties(model: nn.Module, plan: dict[str, ParallelStyle]) -> None:
+    """A tied parameter (a head tied to the embedding) split where one of its modules holds it and whole where
+    another does cannot stay one parameter: refused before anything starts (how each is split is checked when
+    the split is made, _retie)."""
+    names = [name for name, _ in model.named_modules()]
+    splitting = {
+        name
+        for path, style in plan.items()
+        if isinstance(style, (ColwiseParallel, RowwiseParallel))
+        for name in names
+        if _matches(name, path)
+    }
+    for pairs in _tied_parameters(model):
+        split = sorted(f"{path}.{name}" for path, name in pairs if path in splitting)
+        whole = sorted(f"{path}.{name}".lstrip(".") for path, name in pairs if path not in splitting)
+        if split and whole:
+            raise UsageError(
+                f"the tensor-parallel plan splits {', '.join(split)} but not {', '.join(whole)}, one tied parameter; "
+                "split both the same way (a tied embedding and head by vocabulary: 'vocab-embedding' and "
+                "'vocab-head') or neither"
+            )
 
 
 def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh, split: TensorParallelOptions) -> nn.Module:
