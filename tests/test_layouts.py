@@ -187,15 +187,21 @@ def test_loss_parallel_ranks_train_gpt_as_one_process_does_holding_half_the_voca
 
 
 def _predict_on_rank(rank: int, init: str) -> None:
+    import gc
+    import os
+
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
     try:
         _check_predicted_words()
     finally:
-        # the mesh and the DTensors are gone by now: a process group torn down under them can abort the
-        # process at exit (torch 2.13; docs/launch.md)
+        gc.collect()  # the mesh and the DTensors gone before their process group, as the engine's ranks do
         dist.destroy_process_group()
+    # Every check has passed. torch 2.13 can still abort this process in its own teardown at interpreter exit
+    # (SIGABRT, "terminate called without an active exception": docs/launch.md), as it did in 2 of 3 CI runs
+    # here; the process ends now instead, with the status of the checks.
+    os._exit(0)
 
 
 def _check_predicted_words() -> None:
