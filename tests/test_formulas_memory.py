@@ -5,6 +5,8 @@ activations of 50 kB fixed + 10 kB a sample, the largest FSDP unit 1 MB; four pi
 1 MFLOP a sample each. Every expected figure is worked out in the comments.
 """
 
+import dataclasses
+
 import pytest
 
 from paratrain.plan.memory import USABLE_FRACTION, Layout, memory_per_device, optimizer_bytes, stage_bounds
@@ -250,3 +252,17 @@ def test_backwards_transients_are_held_for_the_samples_a_rank_runs_at_once():
     assert staged["transient_bytes"] == 2e4 + 3e3 * 2
     first = memory_per_device(transient_profile(), Layout("pipeline", 2, 1, 2, 4, 8), "sgd", "fp32")
     assert first["parameters_bytes"] == 3e6 and first["transient_bytes"] == 0.0  # stage 0, the heaviest
+
+
+def test_loss_parallelism_splits_the_losss_backward_over_the_group():
+    """--loss-parallel: a rank of a group of 2 holds half of the loss's [tokens x vocabulary] gradients, for the
+    group's whole batch (tp) or a replica's (fsdp+tp); without it, all of them."""
+    toy = transient_profile()
+    toy.tensor_parallel = split_profile().tensor_parallel
+    plain = memory_per_device(toy, Layout("tp", 2, 1, 1, 1, 100, tp=2), "sgd", "fp32")
+    assert plain["transient_bytes"] == 2e4 + 3e3 * 100
+    toy.tensor_parallel = dataclasses.replace(toy.tensor_parallel, loss_split=2)
+    split = memory_per_device(toy, Layout("tp", 2, 1, 1, 1, 100, tp=2), "sgd", "fp32")
+    assert split["transient_bytes"] == (2e4 + 3e3 * 100) / 2
+    sharded = memory_per_device(toy, Layout("fsdp+tp", 4, 2, 1, 1, 50, tp=2), "sgd", "fp32")
+    assert sharded["transient_bytes"] == (2e4 + 3e3 * 50) / 2

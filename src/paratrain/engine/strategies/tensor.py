@@ -63,6 +63,7 @@ from paratrain.config.flags import flag
 from paratrain.config.parallelism import TensorParallelOptions
 from paratrain.engine.distributed import RankContext
 from paratrain.engine.strategies.base import StepResult, WholeModelStrategy
+from paratrain.engine.strategies.pipeline_split import tied_parameter_names
 from paratrain.engine.strategies.sharded_checkpoint import ShardedCheckpoints
 from paratrain.errors import UsageError
 
@@ -270,12 +271,13 @@ def split_by_plan(model: nn.Module, mesh: DeviceMesh, plan: dict[str, ParallelSt
 
 def _tied_parameters(model: nn.Module) -> list[list[tuple[str, str]]]:
     """The (module path, parameter name) pairs of each parameter held by more than one module (a head tied to
-    the embedding)."""
-    owners: dict[int, list[tuple[str, str]]] = {}
-    for path, module in model.named_modules(remove_duplicate=False):
-        for name, param in module.named_parameters(recurse=False):
-            owners.setdefault(id(param), []).append((path, name))
-    return [pairs for pairs in owners.values() if len(pairs) > 1]
+    the embedding): the pipeline's groups of tied names, each cut at its last dot."""
+    return [[_owner(name) for name in group] for group in tied_parameter_names(model)]
+
+
+def _owner(name: str) -> tuple[str, str]:
+    path, _, attribute = name.rpartition(".")
+    return path, attribute
 
 
 def _retie(model: nn.Module, tied: list[list[tuple[str, str]]]) -> None:
