@@ -276,6 +276,25 @@ def test_a_rank_killed_before_it_could_write_is_the_cause_and_equal_failures_go_
     assert root_failure(both_timed_out)[0] == 1
 
 
+def test_a_rank_the_agent_stopped_after_another_failed_is_not_the_cause(tmp_path, monkeypatch):
+    """torch 2.13 lists the ranks its agent stopped (SIGTERM) among the failures; rank 0, stopped before it
+    could write anything, was taken for the cause (exit 143, the CI flake this fixes). Failures without a
+    file ("<N/A>") once sent the search for error.json into the working directory."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes" / "error.json").parent.mkdir()
+    (tmp_path / "notes" / "error.json").write_text("{}")
+    attempt = tmp_path / "attempt"
+    files = {rank: str(attempt / str(rank) / "error.json") for rank in (0, 1)}
+    stopped = ChildFailedError(
+        "script", {0: ProcessFailure(0, 41, -signal.SIGTERM, files[0]), 1: ProcessFailure(1, 42, 3, files[1])}
+    )
+    rank, failure = root_failure(stopped)
+    assert (rank, failure.exitcode) == (1, 3)
+    # SIGTERM from outside to every rank: no other failure, so the first rank as before.
+    all_stopped = ChildFailedError("script", {r: ProcessFailure(r, 40 + r, -signal.SIGTERM, files[r]) for r in (0, 1)})
+    assert root_failure(all_stopped)[0] == 0
+
+
 def test_ranks_that_failed_alike_are_ordered_by_when_they_logged_it_not_when_their_teardown_ended(tmp_path):
     """Rank 1, stopped past its own deadline, also times out when it wakes; both then tear down for
     seconds and rank 1's error.json can be written first. Rank 0 logged its failure first."""

@@ -91,6 +91,18 @@ def test_launch_returns_the_exit_status_of_a_failing_rank(ddp_script, tmp_path, 
     assert err[0].endswith(f"(see {run_dir / 'logs' / 'rank1.log'})")  # the last line of that rank's log between
 
 
+def test_launch_names_the_rank_that_failed_not_the_one_it_stopped(tmp_path, capsys):
+    """Rank 1 exits 3 while rank 0 is still working: the agent stops rank 0 (SIGTERM) and torch lists it
+    among the failures too. The command's status and line are rank 1's, never 143 (128 + SIGTERM)."""
+    script = tmp_path / "one_fails.py"
+    script.write_text("import os, sys, time\nif os.environ['RANK'] == '1':\n    sys.exit(3)\ntime.sleep(60)\n")
+    run_dir = tmp_path / "run"
+    assert main(["launch", "-n", "2", "--no-probe", "--run-dir", str(run_dir), str(script)]) == 3
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["exit_code"] == 3 and summary["failed_rank"] == 1
+    assert capsys.readouterr().err.startswith("paratrain launch: rank 1 failed with exit status 3")
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [

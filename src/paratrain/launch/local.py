@@ -79,8 +79,11 @@ def _message(failure: ProcessFailure) -> str:
     return failure.message.get("message", "") if isinstance(failure.message, dict) else str(failure.message)
 
 
-def _consequence_order(failure: ProcessFailure) -> int:
-    """0 for a rank's own error or death, 1 for a peer that went silent, 2 for a peer that went away."""
+def _consequence_order(failure: ProcessFailure, stopped_by_the_agent: bool) -> int:
+    """0 for a rank's own error or death, 1 for a peer that went silent, 2 for a peer that went away,
+    3 for a rank the agent stopped because another had failed."""
+    if stopped_by_the_agent:
+        return 3
     message = _message(failure)
     if _PEER_CLOSED.search(message):
         return 2
@@ -90,17 +93,19 @@ def _consequence_order(failure: ProcessFailure) -> int:
 def root_failure(exc: ChildFailedError, rank_log: Callable[[int], Path] | None = None) -> tuple[int, ProcessFailure]:
     """The local rank whose failure caused the others', and its failure.
 
-    The agent reports the first rank it saw exit. That is not always the cause: after a collective
-    fails, every rank tears down (gc, destroy_process_group) for up to seconds, and they finish in
-    any order. When rank 1 is stopped, rank 0 times out waiting for it, and rank 1 wakes to a closed
-    connection or its own expired wait, either may exit first. Every rank that raised wrote its
-    error.json beside the reported one; the cause is the failure that is not a consequence of
-    another's (its own error or death, then a timeout, then a closed connection), then the first:
+    The agent reports the ranks it saw exit, then those it stopped (SIGTERM) itself. The first to
+    exit is not always the cause: after a collective fails, every rank tears down (gc,
+    destroy_process_group) for up to seconds, and they finish in any order. When rank 1 is stopped,
+    rank 0 times out waiting for it, and rank 1 wakes to a closed connection or its own expired
+    wait, either may exit first. Every rank that raised wrote its error.json beside the reported
+    one; the cause is the failure that is not a consequence of another's (its own error or death,
+    then a timeout, then a closed connection, then the agent's SIGTERM), then the first:
     by the time the rank logged its failure before its teardown (`rank_log(local_rank)`, paratrain's
     ranks), else by when its error.json was written."""
-    reported_rank, reported = min(exc.failures.items())
-    failures = {reported_rank: reported}
-    for error_file in Path(reported.error_file).parent.parent.glob("*/error.json"):  # <attempt>/<local rank>/
+    failures = dict(exc.failures)
+    # A failure without a file has error_file "<N/A>": only real ones name the attempt's directory.
+    attempts = {Path(f.error_file).parent.parent for f in exc.failures.values() if Path(f.error_file).is_file()}
+    for error_file in (found for attempt in attempts for found in attempt.glob("*/error.json")):  # <local rank>/
         local_rank = int(error_file.parent.name)
         failures.setdefault(local_rank, ProcessFailure(local_rank, pid=0, exitcode=1, error_file=str(error_file)))
 
@@ -112,7 +117,13 @@ def root_failure(exc: ChildFailedError, rank_log: Callable[[int], Path] | None =
         logged = logged_failure_time(rank_log(local_rank)) if rank_log else None
         return logged if logged is not None else error_file.stat().st_mtime
 
-    return min(failures.items(), key=lambda item: (_consequence_order(item[1]), failed_at(*item), item[0]))
+    # Once a rank fails the agent sends SIGTERM to the rest, and torch (2.13) lists those ranks among the
+    # failures too. They are consequences unless every failure is a SIGTERM (one sent from outside).
+    terminated = {rank for rank, failure in failures.items() if failure.exitcode == -signal.SIGTERM}
+    stopped = terminated if len(terminated) < len(failures) else set()
+    return min(
+        failures.items(), key=lambda item: (_consequence_order(item[1], item[0] in stopped), failed_at(*item), item[0])
+    )
 
 
 def launch_local(cfg: TrainConfig, placement: Placement, run_dir: Path) -> dict[str, Any] | None:
