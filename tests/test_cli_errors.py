@@ -90,6 +90,15 @@ BAD = {
         "use --batch-size 50 or less",
     ),
     "limit-train below the classes": (lambda t: ["--limit-train", "5"], "below the 10 classes"),
+    "checkpointing none beside checkpointing": (
+        lambda t: ["--activation-checkpointing", "none", "--checkpoint-activations"],
+        "--activation-checkpointing none contradicts --checkpoint-activations",
+    ),
+    "full checkpointing of chosen blocks": (
+        lambda t: ["--activation-checkpointing", "full", "--checkpoint-activations-every", "2"],
+        "give --activation-checkpointing selective",
+    ),
+    "an unknown checkpointing mode": (lambda t: ["--activation-checkpointing", "some"], "'selective'"),
     "early stop without a validation split": (
         lambda t: ["--workload", "synthetic-cnn", "--early-stop", "2"],
         "--val-split",

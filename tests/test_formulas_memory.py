@@ -131,6 +131,43 @@ def test_gpipe_keeps_every_micro_batch_and_the_last_stage_can_be_heaviest():
     assert late["activations_bytes"] == pytest.approx(3.5e4, rel=1e-12)
 
 
+def test_hsdp_holds_its_shard_groups_share_whatever_its_replicas():
+    """--dp-replicate 2 --dp-shard 2: each rank holds what fsdp over 2 ranks holds (the state split 2 ways, two
+    1 MB units gathered), not a quarter; with pp+fsdp over replicas of sharded stages, the same."""
+    hsdp = memory(Layout("fsdp", 4, 4, 1, 1, 100, shard=2))
+    assert (hsdp["parameters_bytes"], hsdp["gradients_bytes"], hsdp["optimizer_bytes"]) == (2e6,) * 3
+    assert hsdp["gathered_bytes"] == 2e6
+    assert hsdp == memory(whole("fsdp", 2))
+    assert memory(whole("fsdp", 4))["parameters_bytes"] == 1e6  # fsdp names no shard: every rank's
+    staged = memory(Layout("pp+fsdp", 8, 4, 2, 4, 8, shard=2))
+    assert staged == memory(Layout("pp+fsdp", 4, 2, 2, 4, 8, shard=2))
+
+
+@pytest.mark.parametrize(
+    "layout, mesh",
+    [
+        (Layout("single", 1, 1, 1, 1, 8), (1, 1, 1, 1)),
+        (whole("ddp", 4), (4, 1, 1, 1)),
+        (whole("zero1", 4), (4, 1, 1, 1)),
+        (whole("fsdp", 4), (1, 4, 1, 1)),
+        (Layout("fsdp", 8, 8, 1, 1, 8, shard=4), (2, 4, 1, 1)),
+        (Layout("pipeline", 4, 1, 4, 4, 8), (1, 1, 1, 4)),
+        (Layout("hybrid", 8, 4, 2, 4, 8, shard=1), (4, 1, 1, 2)),
+        (Layout("pp+fsdp", 8, 4, 2, 4, 8, shard=4), (1, 4, 1, 2)),
+        (Layout("tp", 4, 1, 1, 1, 8, tp=4), (1, 1, 4, 1)),
+        (Layout("fsdp+tp", 8, 4, 1, 1, 8, tp=2), (1, 4, 2, 1)),
+        (Layout("fsdp+tp", 16, 8, 1, 1, 8, shard=4, tp=2), (2, 4, 2, 1)),
+        (Layout("pp+tp", 8, 1, 4, 4, 8, tp=2), (1, 1, 2, 4)),
+        (Layout("pp+fsdp+tp", 8, 2, 2, 4, 8, shard=2, tp=2), (1, 2, 2, 2)),
+    ],
+    ids=lambda v: v.strategy if isinstance(v, Layout) else "",
+)
+def test_a_layout_names_its_mesh_as_a_runs_summary_does(layout, mesh):
+    r, s, t, p = mesh
+    assert layout.mesh() == {"dp_replicate": r, "dp_shard": s, "tp": t, "pp": p}
+    assert r * s * t * p == layout.devices
+
+
 def test_pipeline_stages_sharded_over_their_replicas_hold_their_share_and_two_units_gathered():
     sharded = memory(Layout("pp+fsdp", 4, 2, 2, 4, 8, shard=2))  # 2 stages, each sharded over 2 replicas
     # stage 0 (units 0-1, 3 MB) split 2 ways, its largest unit (2 MB) gathered twice (running and prefetched),

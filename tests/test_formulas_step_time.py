@@ -167,6 +167,45 @@ def test_fsdp_gathers_twice_with_resharding_and_hides_all_but_two_units_on_gpus(
     assert overlapped["exposed_comm_s"] == pytest.approx(2 * 0.0061, rel=1e-12)
 
 
+def test_hsdp_collects_over_its_shard_group_and_all_reduces_its_shard_across_replicas():
+    """--dp-replicate 2 --dp-shard 2 (torch's HSDP): fsdp's collectives over the 2 ranks of a shard group, then
+    the all-reduce of each rank's half of the gradients between the 2 replicas."""
+    hsdp = Layout("fsdp", 4, 4, 1, 1, 100, shard=2)
+    t = step_time(profile(), hsdp, device(False), "fp32", "sgd", TWO_PER_NODE, EFF)
+    # a shard group fills a node of 2: reduce-scatter and two gathers of 4 MB in it, 21.1 ms each; its replicas
+    # are on two nodes: all-reduce of 2 MB across them, 10 ms + 2 x 1 ms + 2 x 1/2 x 2e6 / 1e7 = 212 ms; SGD on
+    # half the parameters 10 ms
+    assert t["comm_s"] == t["exposed_comm_s"] == pytest.approx(3 * 0.0211 + 0.212, rel=1e-12)
+    assert t["optimizer_s"] == pytest.approx(0.010, rel=1e-12)
+    assert t["step_time_s"] == pytest.approx(0.253 + 3 * 0.0211 + 0.212 + 0.010 + 0.005, rel=1e-12)
+    # 4 a node: the replicas share it, 1 ms + 0.2 ms + 2e6 / 1e8 = 21.2 ms
+    near = step_time(profile(), hsdp, device(False), "fp32", "sgd", FOUR_PER_NODE, EFF)
+    assert near["comm_s"] == pytest.approx(3 * 0.0211 + 0.0212, rel=1e-12)
+    # on GPUs what outlasts the 253 ms of compute, at least two 1 MB units' gathers (6.1 ms each)
+    gpu = step_time(profile(), hsdp, device(True), "fp32", "sgd", TWO_PER_NODE, EFF)
+    assert gpu["exposed_comm_s"] == pytest.approx(3 * 0.0211 + 0.212 - 0.253, rel=1e-12)
+
+
+def test_hsdp_of_split_layers_and_of_sharded_stages_adds_the_replicas_all_reduce():
+    # fsdp+tp, 2 replicas of groups sharded 2 ways (8 ranks, 4 a node): the 13.6 ms of tensor parallel and the
+    # 40.8 ms of fsdp over 2 ranks as on 4 ranks, and the rank's half of its 2.5 MB share, 1.25 MB, all-reduced
+    # across replicas 4 ranks apart, on two nodes: 10 ms + 2 ms + 1.25e6 / 1e7 = 137 ms
+    split = Layout("fsdp+tp", 8, 4, 1, 1, 50, shard=2, tp=2)
+    t = step_time(split_profile(), split, device(False), "fp32", "sgd", FOUR_PER_NODE, EFF)
+    assert t["comm_s"] == pytest.approx(0.0136 + 0.0408 + 0.137, rel=1e-12)
+    assert t["optimizer_s"] == pytest.approx(0.00625, rel=1e-12)
+    # pp+fsdp, 2 replicas of stages sharded 2 ways (8 ranks): the 4-rank layout's collectives and half the
+    # heavier stage's 3 MB all-reduced between replicas on two nodes: 10 ms + 2 ms + 1.5e6 / 1e7 = 162 ms
+    staged = step_time(
+        profile(), Layout("pp+fsdp", 8, 4, 2, 4, 8, shard=2), device(False), "fp32", "sgd", FOUR_PER_NODE, EFF
+    )
+    alone = step_time(
+        profile(), Layout("pp+fsdp", 4, 2, 2, 4, 8, shard=2), device(False), "fp32", "sgd", FOUR_PER_NODE, EFF
+    )
+    assert staged["comm_s"] - alone["comm_s"] == pytest.approx(0.162, rel=1e-9)
+    assert staged["compute_s"] == alone["compute_s"] and staged["optimizer_s"] == alone["optimizer_s"]
+
+
 def test_fsdp_in_bf16_gathers_half_the_bytes_and_reduce_scatters_float32():
     bf16 = Device("test", {"fp32": 1e9, "bf16": 1e9}, 1e10, 1e9, "intra", {"fp32": 0.5, "bf16": 0.5}, overlap=True)
     t = step_time(profile(), whole("fsdp", 2), bf16, "bf16", "sgd", TWO_PER_NODE, EFF)

@@ -247,7 +247,7 @@ def test_fsdp_over_two_tensor_parallel_groups_trains_gpt_as_one_process_does(run
     assert summary["memory"]["parameters_bytes"] == [tp_rank // 2] * 4
 
 
-def test_hsdp_replicas_of_a_two_way_shard_train_as_the_shard_alone(runs, tmp_path):
+def test_hsdp_replicas_of_a_two_way_shard_train_as_the_shard_alone(runs, tmp_path, capsys):
     """HSDP, 2 replicas x 2 shards x batch 4 (4 ranks on 2 cores), against fsdp on 2 ranks x batch 8: the
     same global batch, the same shards. gpt is built on the meta device and initialised shard by shard
     (init_weights on each rank's own random stream, on CPU ranks), so the two runs start from the same
@@ -271,6 +271,13 @@ def test_hsdp_replicas_of_a_two_way_shard_train_as_the_shard_alone(runs, tmp_pat
     for key in a:
         torch.testing.assert_close(b[key], a[key], rtol=1e-4, atol=1e-6)
     assert hsdp["memory"]["parameters_bytes"] == fsdp["memory"]["parameters_bytes"] * 2
+    # `plan` of the same mesh: the ranks' layout, and the state each of them held
+    argv = ["plan", *GPT, "--device", "cpu", "--dp-replicate", "2", "--dp-shard", "2", "--global-batch", "16"]
+    assert main([*argv, "--optimizer", "sgd", "--precision", "fp32", "--json"]) == 0
+    planned = json.loads(capsys.readouterr().out)["rows"][-1]
+    assert planned["layout"] == hsdp["layout"] and planned["strategy"] == "fsdp"
+    for figure in ("parameters_bytes", "gradients_bytes", "optimizer_bytes"):
+        assert hsdp["memory"][figure] == [planned["memory"][figure]] * 4, figure
 
 
 def test_fsdp_shards_the_items_of_a_module_list_as_units(tmp_path):
@@ -443,7 +450,10 @@ def test_a_resume_at_another_layout_keeps_the_global_batch_and_needs_a_sharded_c
         ([*GPT, "--tp", "2", "--workers", "3", "--strategy", "fsdp"], "--tp 2 does not divide --workers 3: FSDP"),
         ([*GPT, "--tp", "2", "--workers", "2", "--precision", "fp16"], "--precision fp16 is not supported with --tp"),
         ([*GPT, "--strategy", "tp", "--workers", "2"], "--strategy tp is set by --tp N"),
-        ([*GPT, "--dp-replicate", "2", "--workers", "2"], "--dp-replicate 2 replicates a sharded model; it applies to"),
+        (
+            [*GPT, "--dp-replicate", "2", "--workers", "2", "--strategy", "ddp"],
+            "--dp-replicate 2 replicates a sharded model; it applies to",
+        ),
         ([*GPT, "--tp-plan", "user_factories:widening_plan"], "--tp-plan goes with tensor parallelism; give --tp"),
         ([*GPT, "--tp", "2", "--workers", "2", "--tp-plan", "nowhere:plan"], "--tp-plan factory 'nowhere:plan'"),
         (
@@ -549,6 +559,7 @@ def test_a_plan_is_checked_against_the_models_layers():
             dict(workers=8, strategy="hybrid", dp=4, stages=2, dp_shard=2),
         ),
         (dict(workers=2, dp_replicate=2, pp=1), dict(workers=2)),
+        (dict(workers=4, dp_replicate=4), dict(workers=4)),  # torchtitan's DDP: the replicas alone
         (dict(workers=1, dp_shard=1), dict(workers=1)),
     ],
 )

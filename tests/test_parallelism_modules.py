@@ -220,7 +220,7 @@ PARALLELISMS: dict[str, Parallelism] = {
         ShardedOptions,
         ("dp_replicate", "shard_unit", "reshard_after_forward", "cpu_offload"),
         refused=(
-            (dict(dp_replicate=2, workers=2), "it applies to --strategy fsdp (this run uses ddp)"),
+            (dict(dp_replicate=2, workers=2, strategy="ddp"), "it applies to --strategy fsdp (this run uses ddp)"),
             (dict(dp_replicate=2, workers=3, strategy="fsdp"), "--dp-replicate (2) does not divide --workers 3"),
             (dict(shard_unit="Linear", workers=2), "--shard-unit applies to --strategy fsdp (this run uses ddp)"),
             (dict(reshard_after_forward=False, workers=2), "--reshard-after-forward applies to --strategy fsdp"),
@@ -260,7 +260,15 @@ PARALLELISMS: dict[str, Parallelism] = {
             Cost("memory.gathered_scale", ("fsdp",), ("ddp", "zero1")),
             # FSDP's split of the parameters, gradients and optimizer state, whether of the whole model, of a
             # tensor-parallel rank's pieces or of a pipeline stage; ZeRO's of the optimizer state
-            Cost("memory._sharded", ("fsdp", "fsdp+tp", "pp+fsdp"), ("ddp", "zero1", "tp", "pipeline", "pp+tp")),
+            Cost(
+                "memory._sharded", ("fsdp", "fsdp+tp", "pp+fsdp", "hsdp"), ("ddp", "zero1", "tp", "pipeline", "pp+tp")
+            ),
+            # the reduce-scatter and gathers over a shard group, and HSDP's all-reduce across its replicas
+            Cost(
+                "step_time._sharded_collectives_s",
+                ("fsdp", "fsdp+tp", "pp+fsdp", "hsdp"),
+                ("ddp", "zero1", "tp", "pipeline", "hybrid", "pp+tp"),
+            ),
             Cost("memory._zero1", ("zero1",), ("ddp", "fsdp", "tp")),
         ),
     ),
@@ -394,6 +402,9 @@ OWN_FLAGS_OF_OTHER_COMMANDS = {
     "PlanConfig.tp": "the degree the planner prices its tensor-parallel rows at, beside the others",
     "PlanConfig.device": "an accelerator of the planner's table, or this machine's cpu",
     "PlanConfig.nodes": "the nodes to plan",
+    "PlanConfig.dp_replicate": "a dimension of the one layout plan prices, whose product is its devices (no --workers)",
+    "PlanConfig.dp_shard": "a dimension of the one layout plan prices, whose product is its devices (no --workers)",
+    "PlanConfig.pp": "a dimension of the one layout plan prices, whose product is its devices (no --workers)",
     "SlurmConfig.nodes": "the nodes a job may span at most",
     "SweepConfig.timeout": "the seconds a sweep starts trials for",
     "SweepConfig.allow_oversubscribe": "more concurrent trials than cores or GPUs",
@@ -410,6 +421,7 @@ LAYOUTS = {
     "hybrid": Layout("hybrid", 4, 2, 2, 4, 8),
     "pp+fsdp": Layout("pp+fsdp", 4, 2, 2, 4, 8, shard=2),
     "pp+tp": Layout("pp+tp", 4, 1, 2, 4, 8, tp=2),
+    "hsdp": Layout("fsdp", 4, 4, 1, 1, 8, shard=2),
 }
 
 

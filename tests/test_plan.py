@@ -517,6 +517,44 @@ BAD = {
         ],
         "failed (ValueError: this model splits 8 ways, not 2)",
     ),
+    "a layout of another device count": (
+        ["--workload", "gpt-tiny", "--device", "a100", "--gpus", "8", "--dp-shard", "4"],
+        "--dp-replicate 1 x --dp-shard 4 x --tp 1 x --pp 1 is 4 devices; drop --gpus 8",
+    ),
+    "a layout of other nodes": (
+        ["--workload", "gpt-tiny", "--device", "a100", "--nodes", "2", "--gpus-per-node", "8", "--dp-shard", "8"],
+        "is 8 devices; give --nodes and --gpus-per-node whose product is that",
+    ),
+    "a layout beside strategies": (
+        ["--workload", "gpt-tiny", "--device", "a100", "--dp-shard", "4", "--strategy", "ddp"],
+        "plans that one layout; drop --strategy",
+    ),
+    "a layout beside a search": (
+        ["--workload", "gpt-tiny", "--device", "a100", "--dp-shard", "4", "--search"],
+        "plans that one layout; drop --search",
+    ),
+    "more stages than blocks": (
+        ["--workload", "gpt-tiny", "--device", "a100", "--pp", "64"],
+        "--pp 64 is more pipeline stages than the model's",
+    ),
+    "replicas of split layers without shards": (
+        ["--workload", "gpt-tiny", "--device", "a100", "--dp-replicate", "2", "--tp", "2"],
+        "--dp-replicate with --tp needs --dp-shard S",
+    ),
+    "a global batch the layout's replicas cannot share": (
+        [
+            *["--workload", "gpt-tiny", "--device", "a100", "--dp-replicate", "2", "--dp-shard", "2", "--pp", "2"],
+            *["--global-batch", "6"],
+        ],
+        "does not divide evenly over the layout's 4 data-parallel replicas",
+    ),
+    "checkpointing none beside checkpointing": (
+        [
+            *["--workload", "gpt-tiny", "--device", "a100", "--gpus", "2"],
+            *["--activation-checkpointing", "none", "--checkpoint-activations-ops"],
+        ],
+        "--activation-checkpointing none contradicts --checkpoint-activations-every/--checkpoint-activations-ops",
+    ),
     "unknown device": (["--workload", "gpt-tiny", "--device", "b200", "--gpus", "8"], "a100, h100"),
     "no nodes": (["--workload", "gpt-tiny", "--device", "a100", "--nodes", "0", "--gpus-per-node", "8"], "--nodes"),
     "no gpus per node": (
@@ -608,6 +646,52 @@ def test_tensor_parallel_rows_are_the_split_model_as_measured(capsys):
     assert tp["time"]["exposed_comm_s"] > 0 and (2, "ddp") in rows
 
 
+# The mesh flags plan one layout on their product of devices, as `train` runs the same flags (its summary's
+# `layout`): the flags and the strategy `train` gives them.
+MESHES = {
+    "ddp": (["--dp-replicate", "8"], "ddp"),
+    "fsdp": (["--dp-shard", "8"], "fsdp"),
+    "hsdp": (["--dp-replicate", "2", "--dp-shard", "4"], "fsdp"),
+    "hybrid": (["--dp-replicate", "4", "--pp", "2"], "hybrid"),
+    "pp+fsdp": (["--dp-shard", "4", "--pp", "2"], "pp+fsdp"),
+    "hsdp of stages": (["--dp-replicate", "2", "--dp-shard", "2", "--pp", "2"], "pp+fsdp"),
+    "fsdp+tp": (["--dp-shard", "4", "--tp", "2"], "fsdp+tp"),
+    "hsdp+tp": (["--dp-replicate", "2", "--dp-shard", "2", "--tp", "2"], "fsdp+tp"),
+    "pp+tp": (["--pp", "4", "--tp", "2"], "pp+tp"),
+    "3-D": (["--dp-shard", "2", "--pp", "2", "--tp", "2"], "pp+fsdp+tp"),
+}
+
+
+@pytest.mark.parametrize("case", MESHES)
+def test_a_mesh_plans_its_one_layout_as_train_lays_it_out(capsys, case):
+    flags, strategy = MESHES[case]
+    argv = ["plan", "--workload", "gpt-tiny", "--seq-len", "64", "--device", "a100", "--json", *flags]
+    assert main(argv) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [(r["devices"], r["strategy"]) for r in rows] == [(1, "single"), (8, strategy)]
+    given = dict(zip((f.lstrip("-").replace("-", "_") for f in flags[::2]), map(int, flags[1::2])))
+    assert rows[1]["layout"] == TrainConfig(workload="gpt-tiny", seq_len=64, workers=8, **given).mesh_layout
+    assert rows[1]["layout"] == {"dp_replicate": 1, "dp_shard": 1, "tp": 1, "pp": 1} | given
+
+
+def test_hsdp_holds_what_its_shard_group_holds_and_pays_the_replicas_all_reduce(capsys):
+    """--dp-replicate 2 --dp-shard 4 on 8 A100s: each rank holds what fsdp over 4 holds; its step adds the
+    all-reduce of each shard between the 2 replicas to fsdp's collectives over 4."""
+    argv = ["plan", "--workload", "gpt-tiny", "--seq-len", "64", "--device", "a100", "--json", "--dp-shard", "4"]
+    planned = {}
+    for name, extra in {"fsdp": [], "hsdp": ["--dp-replicate", "2"]}.items():
+        assert main([*argv, *extra]) == 0
+        planned[name] = json.loads(capsys.readouterr().out)["rows"][-1]
+    fsdp, hsdp = planned["fsdp"], planned["hsdp"]
+    assert (fsdp["devices"], hsdp["devices"]) == (4, 8)
+    assert hsdp["memory"] == fsdp["memory"]
+    assert hsdp["time"]["comm_s"] > fsdp["time"]["comm_s"]
+    assert hsdp["global_batch"] == 2 * fsdp["global_batch"]
+    table = [a for a in argv if a != "--json"]
+    assert main([*table, "--dp-replicate", "2"]) == 0
+    assert "2 x 4 shards" in capsys.readouterr().out  # the table's layout
+
+
 def test_pipelines_with_split_stages_are_planned_from_each_units_measured_piece(capsys):
     """plan --tp 2 also lays the pipelines' stages split 2 ways: 'pp+tp' on 4 devices is one pipeline of 2 split
     stages, 'pp+fsdp+tp' on 8 the same 2 stages sharded over 2 replicas, each holding half of what a pp+tp rank
@@ -690,6 +774,43 @@ def test_checkpointed_activations_are_measured_on_the_checkpointed_model(capsys)
     # half the blocks' own activations: between all checkpointed and none, near the midpoint
     midpoint = (plain["activation_bytes_per_sample"] + checkpointed["activation_bytes_per_sample"]) / 2
     assert every_other["activation_bytes_per_sample"] == pytest.approx(midpoint, rel=0.1)
+
+
+# torchtitan's --activation-checkpointing modes and paratrain's flags that make the same model.
+SPELLINGS = {
+    "none": ([], "none"),
+    "full": (["--checkpoint-activations"], "full"),
+    "selective": (["--checkpoint-activations", "--checkpoint-activations-every", "2"], "selective"),
+    "selective --checkpoint-activations-ops": (
+        ["--checkpoint-activations", "--checkpoint-activations-ops"],
+        "selective",
+    ),
+}
+
+
+@pytest.mark.parametrize("mode", SPELLINGS)
+def test_torchtitans_checkpointing_modes_are_paratrains_flags(capsys, mode):
+    """--activation-checkpointing full is --checkpoint-activations; selective is torchtitan's default selective
+    option, every second block, or by operator with --checkpoint-activations-ops. train and plan take either
+    spelling into one configuration, and every planned row says its mode."""
+    ours, named = SPELLINGS[mode]
+    titans = ["--activation-checkpointing", *mode.split()]
+    argv = ["plan", "--workload", "gpt-tiny", "--seq-len", "64", "--device", "a100", "--gpus", "2", "--json"]
+    planned = []
+    for flags in (titans, ours):
+        assert main([*argv, *flags]) == 0
+        planned.append(json.loads(capsys.readouterr().out))
+    assert planned[0]["model"] == planned[1]["model"] and planned[0]["rows"] == planned[1]["rows"]
+    assert {r["activation_checkpointing"] for r in planned[0]["rows"]} == {named}
+    fields = {f.lstrip("-").replace("-", "_"): True for f in ours if f.startswith("--")}
+    fields |= {"checkpoint_activations_every": 2} if "2" in ours else {}
+    titan_fields = {"activation_checkpointing": mode.split()[0]} | (
+        {"checkpoint_activations_ops": True} if "ops" in mode else {}
+    )
+    titan, paratrains = TrainConfig(workload="gpt-tiny", **titan_fields), TrainConfig(workload="gpt-tiny", **fields)
+    flags = ("checkpoint_activations", "checkpoint_activations_every", "checkpoint_activations_ops")
+    assert [getattr(titan, f) for f in flags] == [getattr(paratrains, f) for f in flags]
+    assert titan.checkpointing == paratrains.checkpointing == named
 
 
 def test_checkpointing_by_operator_recomputes_every_second_matrix_product_and_is_planned_as_a_run_holds(

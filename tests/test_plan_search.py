@@ -12,8 +12,10 @@ GIB = 2**30
 
 
 def row(strategy, samples, memory_gib, usable_gib, data_parallel=8, tp=1):
+    shards = data_parallel if strategy.startswith("fsdp") else 1
     return {
         "strategy": strategy,
+        "layout": {"dp_replicate": data_parallel // shards, "dp_shard": shards, "tp": tp, "pp": 1},
         "data_parallel": data_parallel,
         "stages": 1,
         "microbatches": 1,
@@ -65,9 +67,14 @@ def test_the_fastest_that_fits_wins_and_the_runner_up_is_another_layout():
     found = toy_search()
     # what fits 60 GiB, fastest first: fsdp every 2nd block (82.65 samples/s, 38.5 GiB), fsdp+tp without
     # checkpointing (80, 40 GiB; tp 2 first of three equal), ddp every block (75, 12 GiB), ...
-    assert found["best"]["layout"] == "fsdp (8 replicas), checkpointing every 2nd block"
+    assert found["best"]["description"] == "fsdp (8 replicas), checkpointing every 2nd block"
     assert found["best"]["samples_per_s"] == pytest.approx(95 * 0.87)
-    assert found["runner_up"]["layout"] == "fsdp+tp (4 x tp 2), checkpointing nothing"
+    assert found["runner_up"]["description"] == "fsdp+tp (4 x tp 2), checkpointing nothing"
+    assert (found["best"]["activation_checkpointing"], found["runner_up"]["activation_checkpointing"]) == (
+        "selective",
+        "none",
+    )
+    assert found["runner_up"]["layout"] == {"dp_replicate": 1, "dp_shard": 4, "tp": 2, "pp": 1}
     assert "; 3% faster than the runner-up" in found["why"]  # 82.65 / 80 = 1.033
     # ddp without checkpointing is the fastest of all, at 120 GiB
     assert "the fastest of all, ddp (8 replicas), checkpointing nothing, would need 120 GiB" in found["why"]
@@ -115,7 +122,7 @@ def test_why_names_only_faster_layouts_that_do_not_fit():
 
 def test_the_same_layout_checkpointed_otherwise_is_no_runner_up():
     found = toy_search(refuse=(2, 4, 8), only_fsdp=True)
-    assert found["best"]["layout"] == "fsdp (8 replicas), checkpointing every 2nd block"
+    assert found["best"]["description"] == "fsdp (8 replicas), checkpointing every 2nd block"
     assert found["runner_up"] is None and "runner-up" not in found["why"]
 
 
@@ -142,7 +149,7 @@ def test_search_measures_each_choice_and_degree_of_a_real_model(capsys, tmp_path
     assert main([*argv, "--out", str(tmp_path / "plan")]) == 0
     found = json.loads(capsys.readouterr().out)["search"]
     page = (tmp_path / "plan" / "report.html").read_text()
-    assert f"search on 8 devices: {found['best']['layout']}" in page
+    assert f"search on 8 devices: {found['best']['description']}" in page
     assert {c["checkpointing"] for c in found["candidates"]} == {
         "none",
         "every 2nd block",

@@ -9,8 +9,10 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from paratrain.config.compute import ActivationCheckpointing, CheckpointingFlags
 from paratrain.config.flags import CommandText, cli, comma_separated, flag, parse_size
 from paratrain.config.optimisation import BatchSchedule, LRScaling, Optimizer
+from paratrain.config.parallelism.layout import REPLICAS_NEED_SHARDS
 from paratrain.config.parallelism.placement import Backend, Device
 from paratrain.config.train import TrainConfig
 
@@ -128,7 +130,7 @@ PlanPrecision = Literal["fp32", "tf32", "bf16", "fp16"]
 PLAN_STRATEGIES = ("ddp", "zero1", "fsdp", "pipeline", "hybrid", "pp+fsdp")
 
 
-class PlanConfig(BaseModel):
+class PlanConfig(CheckpointingFlags):
     """`paratrain plan`: the performance and memory model of a model on 1 ... N devices (plan/)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -174,12 +176,23 @@ class PlanConfig(BaseModel):
         "a 'tp' row on T devices, 'fsdp+tp' rows sharding over N/T groups, and the pipelines' stages split T ways "
         "('pp+tp' with pipeline: N/T stages; 'pp+fsdp+tp' with pp+fsdp)",
     )
+    dp_replicate: int | None = Field(
+        None,
+        gt=0,
+        description="plan one layout, as torchtitan's mesh: --dp-replicate R x --dp-shard S x --tp T x --pp P "
+        "devices (each 1 unless given) against one device; R replicas of the rest (with --dp-shard S > 1: HSDP)",
+    )
+    dp_shard: int | None = Field(
+        None, gt=0, description="with the mesh: the S ranks FSDP shards each replica (or each pipeline stage) over"
+    )
+    pp: int | None = Field(None, gt=0, description="with the mesh: the model cut into P pipeline stages")
     tp_plan: str | None = TrainConfig.model_fields["tp_plan"]
     sequence_parallel: bool = TrainConfig.model_fields["sequence_parallel"]
     loss_parallel: bool = TrainConfig.model_fields["loss_parallel"]
     checkpoint_activations: bool = TrainConfig.model_fields["checkpoint_activations"]
     checkpoint_activations_every: int = TrainConfig.model_fields["checkpoint_activations_every"]
     checkpoint_activations_ops: bool = TrainConfig.model_fields["checkpoint_activations_ops"]
+    activation_checkpointing: ActivationCheckpointing | None = TrainConfig.model_fields["activation_checkpointing"]
     search: bool = Field(
         False,
         description="also search, on the largest device count, every strategy with tensor parallelism of each degree "
@@ -217,10 +230,19 @@ class PlanConfig(BaseModel):
     def _split_lists(cls, value: Any) -> Any:
         return comma_separated(value)
 
+    @property
+    def mesh(self) -> tuple[int, int, int, int] | None:
+        """The one layout given as a mesh (replicas, shards, tensor-parallel degree, stages), or None."""
+        if self.dp_replicate is None and self.dp_shard is None and self.pp is None:
+            return None
+        return self.dp_replicate or 1, self.dp_shard or 1, self.tp, self.pp or 1
+
     @model_validator(mode="after")
     def _consistent(self) -> PlanConfig:
         if (self.workload is None) == (self.model is None):
             raise ValueError("give the model to plan: --workload NAME or --model NAME_OR_FACTORY (one of them)")
+        if self.mesh is not None:
+            self._one_layout(*self.mesh)
         for name in ("nodes", "gpus_per_node"):
             value = getattr(self, name)
             if value is not None and value <= 0:
@@ -240,6 +262,23 @@ class PlanConfig(BaseModel):
                 f"unknown strategy {unknown[0] if unknown else '(none)'!r}; choose from {','.join(PLAN_STRATEGIES)}"
             )
         return self
+
+    def _one_layout(self, r: int, s: int, t: int, p: int) -> None:
+        """The mesh plans one layout on its R x S x T x P devices: the device count and the strategies follow
+        from it (--gpus may repeat the count; --nodes x --gpus-per-node must make it)."""
+        devices = r * s * t * p
+        given = f"--dp-replicate {r} x --dp-shard {s} x --tp {t} x --pp {p}"
+        for name in ("strategy", "search"):
+            if name in self.model_fields_set and getattr(self, name):
+                raise ValueError(f"{given} plans that one layout; drop {flag(name)}")
+        if self.gpus and self.gpus != [devices]:
+            raise ValueError(f"{given} is {devices} devices; drop --gpus {','.join(map(str, self.gpus))}")
+        if self.nodes is not None and self.nodes * (self.gpus_per_node or 0) != devices:
+            raise ValueError(f"{given} is {devices} devices; give --nodes and --gpus-per-node whose product is that")
+        if t > 1 and s == 1 and r > 1:
+            raise ValueError(REPLICAS_NEED_SHARDS)
+        if self.nodes is None:
+            self.gpus = [devices]
 
 
 class LaunchConfig(BaseModel):

@@ -13,6 +13,7 @@ measurements.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -46,8 +47,11 @@ def run_plan(cfg: PlanConfig) -> dict[str, Any]:
         for n in counts:
             # tensor-parallel groups share their samples: the batch is split over the groups
             replicas = n // cfg.tp if n % cfg.tp == 0 else n
+            over = f"the {replicas} groups of --tp {cfg.tp} on {n} devices" if replicas < n else f"{n} devices"
+            if cfg.mesh is not None:  # and a pipeline's stages: over the layout's replicas
+                replicas = cfg.mesh[0] * cfg.mesh[1]
+                over = f"the layout's {replicas} data-parallel replicas (--dp-replicate x --dp-shard)"
             if cfg.global_batch % replicas:
-                over = f"the {replicas} groups of --tp {cfg.tp} on {n} devices" if replicas < n else f"{n} devices"
                 raise UsageError(
                     f"--global-batch {cfg.global_batch} does not divide evenly over {over}; "
                     f"use a multiple of {replicas} (e.g. {cfg.global_batch // replicas * replicas or replicas})"
@@ -61,6 +65,11 @@ def run_plan(cfg: PlanConfig) -> dict[str, Any]:
     if runs:
         eff = calibrate.fit(runs, lambda s: _run_timing(profile, s, device, cfg, topo))
 
+    if cfg.mesh is not None and cfg.mesh[3] > len(profile.units):
+        raise UsageError(
+            f"--pp {cfg.mesh[3]} is more pipeline stages than the model's {len(profile.units)} blocks; give at most "
+            f"--pp {len(profile.units)}"
+        )
     planner = _Planner(cfg, profile, device, topo, eff, momentum)
     top = max(counts)
     if not planner.layouts(top):
@@ -112,6 +121,7 @@ def _search(
 
     given = Checkpointing(
         "given",
+        cfg.checkpointing,
         cfg.checkpoint_activations,
         cfg.checkpoint_activations_every if cfg.checkpoint_activations else 1,
         cfg.checkpoint_activations_ops,
@@ -325,7 +335,8 @@ def _run_timing(
     """The plan's step for a measured run's layout, uncalibrated: the communication and optimizer
     time that calibration compares the run's with."""
     n = summary.workers
-    layout = Layout(summary.strategy, n, n, 1, 1, summary.batch_size)
+    shards = summary.layout["dp_shard"] if summary.layout and summary.strategy == "fsdp" else None  # HSDP's
+    layout = Layout(summary.strategy, n, n, 1, 1, summary.batch_size, shard=shards)
     return step_time(profile, layout, device, cfg.precision, cfg.optimizer, topo, Efficiency(1.0))
 
 
@@ -350,6 +361,8 @@ class _Planner:
         g = self.global_batch(n)
         if n == 1:
             return [Layout("single", 1, 1, 1, 1, g)]
+        if self.cfg.mesh is not None:
+            return [self._mesh(n, g, *self.cfg.mesh)] if n == math.prod(self.cfg.mesh) else []
         units = len(self.profile.units)
         out = []
         for name in self.cfg.strategy:
@@ -377,6 +390,19 @@ class _Planner:
             if layout is not None:
                 out.append(layout)
         return out
+
+    def _mesh(self, n: int, g: int, r: int, s: int, t: int, p: int) -> Layout:
+        """The layout --dp-replicate R --dp-shard S --tp T --pp P names, as the strategy `train` runs it."""
+        replicas = r * s
+        shard = s if s > 1 else None
+        if p > 1:
+            name = "pp+fsdp" if s > 1 else "hybrid" if r > 1 else "pipeline"
+            if t > 1:  # hybrid's replicas over split stages are refused (PlanConfig): FSDP's, not DDP's
+                name = {"pp+fsdp": "pp+fsdp+tp", "pipeline": "pp+tp"}[name]
+            return Layout(name, n, replicas, p, max(self.cfg.microbatches, p), g // replicas, shard=shard, tp=t)
+        if s > 1:
+            return Layout("fsdp+tp" if t > 1 else "fsdp", n, replicas, 1, 1, g // replicas, shard=shard, tp=t)
+        return Layout("tp", n, 1, 1, 1, g, tp=t) if t > 1 else Layout("ddp", n, r, 1, 1, g // r)
 
     def _hybrid(self, n: int, g: int, units: int, sharded: bool, tp: int = 1) -> Layout | None:
         """The fewest stages (at least 2, dividing the N / T groups, at most the units) whose largest stage fits:
@@ -416,6 +442,8 @@ class _Planner:
             "devices": layout.devices,
             "nodes": -(-layout.devices // self.topo.per_node),
             "strategy": layout.strategy,
+            "layout": layout.mesh(),
+            "activation_checkpointing": self.cfg.checkpointing,
             "data_parallel": layout.data_parallel,
             "tp": layout.tp,
             "stages": layout.stages,

@@ -14,6 +14,8 @@ What a rank holds, as paratrain's strategies hold it (docs/strategies.md):
   the units' FLOPs), so the heaviest stage is the one reported;
 - `pp+fsdp` (`--pp K --dp-shard S`): hybrid's stages, each stage's state split S ways, plus two of
   the stage's units gathered (the one running and the one prefetched), in bf16 with --precision bf16;
+- HSDP (`--dp-replicate R --dp-shard S`, and with --tp or --pp): fsdp's split over the S ranks of a
+  shard group, whatever the R replicas of it;
 - activations: the saved tensors of the rank's share of the batch (profile.py measures bytes per
   sample); a 1F1B pipeline stage i keeps min(M, K − i) micro-batches in flight, GPipe all M. With
   16-bit precisions the model's saved activations are taken as half (autocast saves most in 16 bits;
@@ -59,7 +61,26 @@ class Layout:
     schedule: str = "1f1b"
     reshard_after_forward: bool = True
     tp: int = 1  # devices of a tensor-parallel group: devices = data_parallel x stages x tp
-    shard: int = 1  # pp+fsdp(+tp): the replicas each pipeline stage is sharded over (FSDP), all data_parallel of them
+    # the data-parallel ranks FSDP splits the state over, where the layout names it: fewer than data_parallel
+    # for HSDP (shards of `shard` ranks replicated data_parallel / shard times); pp+fsdp names all of them
+    shard: int | None = None
+
+    @property
+    def shards(self) -> int:
+        """Ranks each parameter is split over: `shard` where named, else every data-parallel rank for fsdp and
+        fsdp+tp, and 1 (nothing split) for the other strategies."""
+        if self.shard is not None:
+            return self.shard
+        return self.data_parallel if self.strategy in ("fsdp", "fsdp+tp") else 1
+
+    def mesh(self) -> dict[str, int]:
+        """The layout as torchtitan's mesh, as a run's summary.json names it (`layout`)."""
+        return {
+            "dp_replicate": self.data_parallel // self.shards,
+            "dp_shard": self.shards,
+            "tp": self.tp,
+            "pp": self.stages,
+        }
 
 
 def sixteen_bit_activations(per_sample: float, loss: float, scale: float) -> float:
@@ -146,7 +167,7 @@ def memory_per_device(
             figures = _zero1(figures, n)
         elif layout.strategy == "fsdp":
             in_flight = 2 * profile.largest_unit_bytes if layout.reshard_after_forward else profile.param_bytes
-            figures = _sharded(figures, n, in_flight * gathered_scale(precision))
+            figures = _sharded(figures, layout.shards, in_flight * gathered_scale(precision))
         buffers = float(profile.buffer_bytes)
     if layout.stages == 1:  # a pipeline's: its last stage's, for one micro-batch (_largest_stage)
         figures["transient_bytes"] = transient_bytes(profile, layout.replica_batch, layout)
@@ -206,7 +227,7 @@ def _tensor_parallel(
         return figures
     # the largest unit's split share, twice (running and prefetched), as fsdp's
     in_flight = 2 * profile.largest_unit_bytes * split.param_bytes / profile.param_bytes * gather_scale
-    return _sharded(figures, layout.data_parallel, in_flight)
+    return _sharded(figures, layout.shards, in_flight)
 
 
 def _largest_stage(
@@ -240,8 +261,8 @@ def _largest_stage(
             # the loss runs on the last stage, one micro-batch's backward at a time
             "transient_bytes": transient_bytes(profile, micro, layout) if index == layout.stages - 1 else 0.0,
         }
-        if layout.shard > 1:  # pp+fsdp: the stage sharded over its replicas
-            stage = _sharded(stage, layout.shard, 2 * max(held[start:end]) * gather_scale)
+        if layout.shards > 1:  # pp+fsdp: the stage sharded over its replicas
+            stage = _sharded(stage, layout.shards, 2 * max(held[start:end]) * gather_scale)
         if sum(stage.values()) > sum(best.values()):
             best = stage
     return best, float(profile.buffer_bytes) / layout.stages

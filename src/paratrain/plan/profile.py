@@ -382,7 +382,12 @@ def _model_flops(
     """_count_flops of the model `cfg` builds, counted once per process (activation checkpointing, applied
     after this count, changes no FLOPs of the model itself), along its stack of blocks where it has one."""
     key = cfg.model_dump_json(
-        exclude={"checkpoint_activations", "checkpoint_activations_every", "checkpoint_activations_ops"}
+        exclude={
+            "activation_checkpointing",
+            "checkpoint_activations",
+            "checkpoint_activations_every",
+            "checkpoint_activations_ops",
+        }
     )
     if key not in _FLOPS:
 

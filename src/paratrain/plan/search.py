@@ -26,16 +26,17 @@ class Checkpointing(NamedTuple):
     """One activation-checkpointing choice: its name and the train flags that make it."""
 
     label: str
+    activation_checkpointing: str
     checkpoint_activations: bool
     checkpoint_activations_every: int = 1
     checkpoint_activations_ops: bool = False
 
 
 CHECKPOINTING = (
-    Checkpointing("none", False),
-    Checkpointing("every 2nd block", True, 2),
-    Checkpointing("every block, by operator", True, 1, True),
-    Checkpointing("every block", True),
+    Checkpointing("none", "none", False),
+    Checkpointing("every 2nd block", "selective", True, 2),
+    Checkpointing("every block, by operator", "selective", True, 1, True),
+    Checkpointing("every block", "full", True),
 )
 
 
@@ -60,7 +61,8 @@ def search(
     skipped: dict[int, str] = {}
     for choice in CHECKPOINTING:
         profile = profiles(choice)
-        candidates += [{**row, "checkpointing": choice.label} for row in rows(profile, 1, devices)]
+        chosen = {"checkpointing": choice.label, "activation_checkpointing": choice.activation_checkpointing}
+        candidates += [{**row, **chosen} for row in rows(profile, 1, devices)]
         for degree in tensor_parallel_degrees(devices, per_node):
             if degree in skipped:
                 continue
@@ -70,7 +72,7 @@ def search(
                 skipped[degree] = str(exc)
                 continue
             tp_rows = rows(replace(profile, tensor_parallel=measured), degree, devices)
-            candidates += [{**row, "checkpointing": choice.label} for row in tp_rows if row["tp"] > 1]
+            candidates += [{**row, **chosen} for row in tp_rows if row["tp"] > 1]
     candidates.sort(key=lambda r: -r["samples_per_s"])
     fitting = [r for r in candidates if r["fits"]]
     result: dict[str, Any] = {
@@ -112,13 +114,23 @@ def _layout(row: dict[str, Any]) -> tuple[Any, ...]:
 
 
 def _brief(row: dict[str, Any]) -> dict[str, Any]:
-    keep = ("strategy", "data_parallel", "stages", "microbatches", "tp", "checkpointing", "samples_per_s")
+    keep = (
+        "strategy",
+        "layout",
+        "data_parallel",
+        "stages",
+        "microbatches",
+        "tp",
+        "checkpointing",
+        "activation_checkpointing",
+        "samples_per_s",
+    )
     return {
         **{k: row[k] for k in keep},
         "step_time_s": row["step_time_s"],
         "memory_per_device_bytes": row["memory_per_device_bytes"],
         "fits": row["fits"],
-        "layout": describe(row),
+        "description": describe(row),
     }
 
 

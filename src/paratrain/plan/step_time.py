@@ -18,6 +18,9 @@
   backward is done (engine/strategies/ddp.py), so nothing is hidden. With --precision bf16, FSDP
   gathers the parameters in bf16 and reduce-scatters the gradients in float32 (its policy).
 - ZeRO-1 broadcasts the updated parameters after the step (an all-gather, exposed).
+- HSDP (`--dp-replicate R --dp-shard S`): FSDP's collectives over the S ranks of a shard group, then
+  the all-reduce of each rank's 1/S of the gradients across the R replicas (torch's HSDP), over the
+  link between the replicas' nodes once a shard group fills a node.
 - Tensor parallelism (`tp`, `fsdp+tp`): the FLOPs of the split modules over T devices, the rest on
   each; the all-reduces of activations the split model issues (counted with their sizes on the meta
   device, profile.py; in 16 bits under a 16-bit --precision) exposed: a layer waits for its sum;
@@ -144,7 +147,7 @@ def step_time(
     else:
         compute = fixed + profile.work_per_sample * layout.replica_batch / speed
         backward = BACKWARD_SHARE * compute
-        shard = n if layout.strategy in ("zero1", "fsdp") else 1
+        shard = n if layout.strategy == "zero1" else layout.shards
         optimizer_s = traffic * grads / shard / device.memory_bandwidth
         comm, exposed = _data_parallel_comm(profile, layout, device, topo, compute, backward, precision)
     overhead = eff.overhead_for(layout.devices)
@@ -184,13 +187,28 @@ def _data_parallel_comm(
             comm, exposed = comm + broadcast, exposed + broadcast
         return comm, exposed
     # fsdp: reduce-scatter of the float32 gradients, all-gathers of the parameters (twice with resharding;
-    # in bf16 under --precision bf16).
+    # in bf16 under --precision bf16); HSDP all-reduces each shard across its replicas too.
     gathers = 2 if layout.reshard_after_forward else 1
-    scale = gathered_scale(precision)
-    comm = allgather_s(size, n, per_node, topo) + gathers * allgather_s(size * scale, n, per_node, topo)
-    unit = allgather_s(profile.largest_unit_bytes * scale, n, per_node, topo)
+    comm = _sharded_collectives_s(size, layout, 1, per_node, topo, gathers, precision)
+    unit = allgather_s(profile.largest_unit_bytes * gathered_scale(precision), layout.shards, per_node, topo)
     exposed = max(comm - compute, 2 * unit) if device.overlap else comm
     return comm, exposed
+
+
+def _sharded_collectives_s(
+    size: float, layout: Layout, stride: int, per_node: int, topo: Topology, gathers: int, precision: str
+) -> float:
+    """FSDP's collectives of `size` bytes of float32 state for one step: the gradients' reduce-scatter and
+    `gathers` all-gathers of the parameters (in bf16 under --precision bf16) over the shard group, then, with
+    HSDP, the all-reduce of each rank's shard of the gradients across its replicas (torch's HSDP). The mesh
+    puts a shard group's ranks `stride` apart (the dimensions inside it: tensor-parallel groups, pipeline
+    stages) and its replicas a shard group apart."""
+    shards = layout.shards
+    replicas = layout.data_parallel // shards
+    in_node = max(per_node // stride, 1)
+    scale = gathered_scale(precision)
+    sharded = allgather_s(size, shards, in_node, topo) + gathers * allgather_s(size * scale, shards, in_node, topo)
+    return sharded + allreduce_s(size / shards, replicas, max(per_node // (stride * shards), 1), topo)
 
 
 def _pipeline(
@@ -231,17 +249,15 @@ def _pipeline(
     hop = link.base_latency + link.latency + handed / link.bandwidth
     sends = 2 * (k - 1) if device.overlap else 2 * (m + k - 1)
     comm, exposed = comm + sends * hop, exposed + sends * hop
-    optimizer_s = traffic * max(stage_params) / layout.shard / device.memory_bandwidth
+    optimizer_s = traffic * max(stage_params) / layout.shards / device.memory_bandwidth
     # replicas of a stage are k x T ranks apart (the mesh's order: replicas, shards, stages, tensor-parallel
     # groups innermost), so a node holds per_node / (k x T) of them
     per_node = max(topo.per_node // (k * t), 1)
-    if layout.shard > 1:
-        stage = float(max(stage_params))
-        scale = gathered_scale(precision)
-        gathers = (m + 1) * allgather_s(stage * scale, layout.shard, per_node, topo)
-        sharded = allgather_s(stage, layout.shard, per_node, topo) + gathers  # the reduce-scatter, and the gathers
-        unit = max(held)
-        hidden = max(sharded - compute, 2 * allgather_s(unit * scale, layout.shard, per_node, topo))
+    if layout.shards > 1:
+        # the stage's gathers for every micro-batch's backward and the first forward, one reduce-scatter
+        sharded = _sharded_collectives_s(float(max(stage_params)), layout, k * t, topo.per_node, topo, m + 1, precision)
+        unit = max(held) * gathered_scale(precision)
+        hidden = max(sharded - compute, 2 * allgather_s(unit, layout.shards, per_node, topo))
         comm, exposed = comm + sharded, exposed + (hidden if device.overlap else sharded)
     elif layout.data_parallel > 1:
         # the stage's gradients across its replicas, after the last micro-batch
@@ -269,16 +285,17 @@ def _tensor_parallel(
     share = split.split_flops_share
     compute = fixed + profile.work_per_sample * layout.replica_batch * (1 - share + share / t) / speed
     comm = exposed = _split_collectives_s(split, layout.replica_batch, 1.0, topo, precision)
-    shard = n if layout.strategy == "fsdp+tp" else 1
-    optimizer_s = traffic * split.param_bytes / shard / device.memory_bandwidth
+    optimizer_s = traffic * split.param_bytes / layout.shards / device.memory_bandwidth
     if layout.strategy == "fsdp+tp" and n > 1:
         # fsdp's gathers and reduce-scatter of the rank's split share, over ranks t apart
         size = float(split.param_bytes)
         gathers = 2 if layout.reshard_after_forward else 1
+        fsdp = _sharded_collectives_s(size, layout, t, topo.per_node, topo, gathers, precision)
         dp_per_node = max(topo.per_node // t, 1)
         scale = gathered_scale(precision)
-        fsdp = allgather_s(size, n, dp_per_node, topo) + gathers * allgather_s(size * scale, n, dp_per_node, topo)
-        unit = allgather_s(profile.largest_unit_bytes * size / profile.param_bytes * scale, n, dp_per_node, topo)
+        unit = allgather_s(
+            profile.largest_unit_bytes * size / profile.param_bytes * scale, layout.shards, dp_per_node, topo
+        )
         comm += fsdp
         exposed += max(fsdp - compute, 2 * unit) if device.overlap else fsdp
     return compute, comm, exposed, optimizer_s

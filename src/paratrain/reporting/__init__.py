@@ -34,6 +34,7 @@ from paratrain.runs.records import (
     Memory,
     ParetoFront,
     Plan,
+    PlanRow,
     PlanSearch,
     ScalingRow,
     Study,
@@ -196,9 +197,7 @@ def plan_table(plan: Plan) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
         (
             str(r.devices),
             r.strategy,
-            f"{r.data_parallel} x {r.stages} stages, M={r.microbatches}"
-            if r.stages > 1
-            else f"{r.data_parallel} replica(s){f' x tp {r.tp}' if r.tp > 1 else ''}",
+            _plan_layout(r),
             str(r.global_batch),
             f"{r.step_time_s * 1e3:,.2f} ms",
             f"{r.samples_per_s:,.0f}",
@@ -210,6 +209,17 @@ def plan_table(plan: Plan) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
         for r in plan.rows
     ]
     return columns, cells
+
+
+def _plan_layout(row: PlanRow) -> str:
+    """A row's layout as its table cell: stages and micro-batches, or replicas (HSDP's replicas of shards)."""
+    split = f" x tp {row.tp}" if row.tp > 1 else ""
+    mesh = row.layout or {}
+    if row.stages > 1:
+        return f"{row.data_parallel} x {row.stages} stages{split}, M={row.microbatches}"
+    if mesh.get("dp_replicate", 1) > 1 and mesh.get("dp_shard", 1) > 1:
+        return f"{mesh['dp_replicate']} x {mesh['dp_shard']} shards{split}"
+    return f"{row.data_parallel} replica(s){split}"
 
 
 def _plan_body(path: Path) -> str:
@@ -233,7 +243,7 @@ def _searched(found: PlanSearch | None) -> str:
     """plan --search's pick on the page, as the terminal prints it."""
     if found is None:
         return ""
-    pick = found.best["layout"] if found.best else "nothing fits"
+    pick = found.best["description"] if found.best else "nothing fits"
     return f"<p><b>search on {found.devices} devices: {html.escape(pick)}</b>. {html.escape(found.why)}</p>"
 
 

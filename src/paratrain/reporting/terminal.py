@@ -174,7 +174,7 @@ def show_plan(plan: dict[str, Any]) -> None:
     )
     found = result.search
     if found is not None:
-        pick = found.best["layout"] if found.best else "nothing fits"
+        pick = found.best["description"] if found.best else "nothing fits"
         console.print(f"search on {found.devices} devices: {pick}", soft_wrap=True, markup=False, style="bold")
         console.print(f"  why: {found.why}", soft_wrap=True, markup=False)
         for degree, reason in found.skipped_tp.items():

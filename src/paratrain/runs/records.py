@@ -361,6 +361,10 @@ class PlanRow(Record):
     devices: int
     nodes: int | None = None
     strategy: str
+    # torchtitan's mesh (dp_replicate, dp_shard, tp, pp), as a run's summary.json names its own; and
+    # none | selective | full. None in a plan written before they were.
+    layout: dict[str, int] | None = None
+    activation_checkpointing: str | None = None
     data_parallel: int
     tp: int = 1
     stages: int = 1

@@ -22,6 +22,10 @@ LAYOUT_FIELDS = ("strategy", "workers", "tp", "dp_replicate", "batch_size", "bas
 # A pipeline's checkpoint.pt holds the whole model, keyed by its names (engine/strategies/pipeline.py): any
 # layout of pipeline stages takes it; and the fields that lay a pipeline out.
 STAGED_LAYOUT_FIELDS = (*LAYOUT_FIELDS, "stages", "dp", "dp_shard", "microbatches", "pipeline_schedule", "split")
+REPLICAS_NEED_SHARDS = (
+    "--dp-replicate with --tp needs --dp-shard S (S >= 2): data parallelism over tensor-parallel groups is FSDP's "
+    "(DDP does not take split layers)"
+)
 
 
 class LayoutOptions(BaseModel):
@@ -51,10 +55,13 @@ class LayoutOptions(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _layout_flags(cls, values: Any) -> Any:
-        """--dp-shard and --pp (with --dp-replicate and --tp): the layout as a mesh, another spelling of the
-        strategies, turned into theirs before the fields are validated, so that a run has one configuration
-        whichever spelling it was given."""
-        if not isinstance(values, dict) or (values.get("dp_shard") is None and values.get("pp") is None):
+        """--dp-shard and --pp (with --dp-replicate and --tp), or --dp-replicate alone without a strategy
+        (torchtitan's DDP): the layout as a mesh, another spelling of the strategies, turned into theirs before
+        the fields are validated, so that a run has one configuration whichever spelling it was given."""
+        if not isinstance(values, dict):
+            return values
+        replicas_alone = values.get("strategy") is None and values.get("dp_replicate") not in (None, 1)
+        if values.get("dp_shard") is None and values.get("pp") is None and not replicas_alone:
             return values
         if values.get("strategy") == "hybrid" and values.get("pp") is None:
             return values  # hybrid's own spelling: --dp-shard S shards each stage over S of its --dp replicas
@@ -80,10 +87,7 @@ class LayoutOptions(BaseModel):
                 f"--workers is {workers}; make the product of the layout --workers"
             )
         if t > 1 and s == 1 and r > 1:
-            raise ValueError(
-                "--dp-replicate with --tp needs --dp-shard S (S >= 2): data parallelism over tensor-parallel groups "
-                "is FSDP's (DDP does not take split layers)"
-            )
+            raise ValueError(REPLICAS_NEED_SHARDS)
         values |= {"workers": workers, "tp": t}
         if p > 1:
             values |= {"strategy": "pipeline" if r * s == 1 else "hybrid", "stages": p}
