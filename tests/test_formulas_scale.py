@@ -299,6 +299,16 @@ def test_a_strategy_axis_lays_out_tensor_parallel_points(tmp_path):
         assert not {"tp", "sequence_parallel", "loss_parallel", "dp_replicate"} & set(points[name]), name
 
 
+def test_a_strategy_axis_of_fsdp_and_hsdp_gives_the_replicas_to_hsdp_alone(tmp_path):
+    axis = study(tmp_path, workers=[1, 2, 4], strategy=["fsdp", "hsdp"], train={"dp_replicate": 2})
+    points = {Path(cfg["run_dir"]).name: cfg for *_, cfg in study_points(axis, False)}
+    assert [points[f"synthetic-cnn-hsdp-w{n}-r0"]["dp_replicate"] for n in (2, 4)] == [2, 2]
+    assert not any("dp_replicate" in points[f"synthetic-cnn-fsdp-w{n}-r0"] for n in (2, 4))
+    # without hsdp in the axis, fsdp takes --dp-replicate itself, as before
+    alone = study(tmp_path, workers=[1, 4], strategy=["fsdp"], train={"dp_replicate": 2})
+    assert [cfg.get("dp_replicate") for *_, cfg in study_points(alone, False)][-1] == 2
+
+
 def test_each_point_gets_its_tensorboard_run_whole_batches_and_the_default_batch(tmp_path):
     from paratrain.config import TrainConfig
 

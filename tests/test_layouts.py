@@ -455,6 +455,10 @@ def test_a_resume_at_another_layout_keeps_the_global_batch_and_needs_a_sharded_c
             "--dp-replicate 2 replicates a sharded model; it applies to",
         ),
         ([*GPT, "--tp-plan", "user_factories:widening_plan"], "--tp-plan goes with tensor parallelism; give --tp"),
+        (
+            [*GPT, "--strategy", "hsdp", "--workers", "2"],
+            "--strategy hsdp replicates FSDP's shards: give --dp-replicate",
+        ),
         ([*GPT, "--tp", "2", "--workers", "2", "--tp-plan", "nowhere:plan"], "--tp-plan factory 'nowhere:plan'"),
         (
             [*GPT, "--dp-replicate", "2", "--tp", "2", "--workers", "6", "--strategy", "fsdp"],
@@ -574,6 +578,19 @@ def test_the_layout_flags_are_the_strategies_spelled_as_a_mesh(mesh, preset):
     assert as_mesh.mesh_layout == as_preset.mesh_layout
     r, s, t, p = (mesh.get(k, 1) for k in ("dp_replicate", "dp_shard", "tp", "pp"))
     assert as_mesh.mesh_layout == {"dp_replicate": r, "dp_shard": s, "tp": t, "pp": p}
+
+
+def test_hsdp_is_a_preset_of_fsdp_with_replicas_and_takes_a_replica_a_node_by_default():
+    """--strategy hsdp (DESIGN's presets): fsdp whose shards --dp-replicate R replicates, the same run as
+    --strategy fsdp --dp-replicate R; across nodes without R, a replica a node (FSDP's HYBRID_SHARD)."""
+    from paratrain.config import TrainConfig
+
+    preset = TrainConfig(workload="gpt-tiny", workers=4, strategy="hsdp", dp_replicate=2)
+    spelled = TrainConfig(workload="gpt-tiny", workers=4, strategy="fsdp", dp_replicate=2)
+    assert preset.identity() == spelled.identity() and preset.strategy_name == "fsdp"
+    assert preset.mesh_layout == {"dp_replicate": 2, "dp_shard": 2, "tp": 1, "pp": 1}
+    across = TrainConfig(workload="gpt-tiny", workers=8, nodes=2, node_rank=0, rdzv="node0:29500", strategy="hsdp")
+    assert across.mesh_layout == {"dp_replicate": 2, "dp_shard": 4, "tp": 1, "pp": 1}
 
 
 def test_a_tensor_parallel_block_costs_megatrons_four_all_reduces_a_step():

@@ -360,6 +360,7 @@ PARALLELISMS: dict[str, Parallelism] = {
             (dict(dp_replicate=2, tp=2, pp=1, workers=4), "--dp-replicate with --tp needs --dp-shard"),
             (dict(dp_shard=0, workers=4), "each dimension of the layout"),
             (dict(strategy="single", workers=2), "strategy 'single' runs one worker"),
+            (dict(strategy="hsdp", workers=2), "--strategy hsdp replicates FSDP's shards: give --dp-replicate R"),
         ),
         strategies={"single": "single.py"},
     ),

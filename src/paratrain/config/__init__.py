@@ -54,6 +54,7 @@ from paratrain.config.parallelism.layout import (
     SHARDED_CHECKPOINTS,
     STAGED_LAYOUT_FIELDS,
     STAGED_STRATEGIES,
+    STRATEGY_PRESETS,
 )
 from paratrain.config.parallelism.pipeline import PipelineSchedule
 from paratrain.config.parallelism.placement import Backend, Device
@@ -70,6 +71,7 @@ __all__ = [
     "SHARDED_CHECKPOINTS",
     "STAGED_LAYOUT_FIELDS",
     "STAGED_STRATEGIES",
+    "STRATEGY_PRESETS",
     "AllReduce",
     "Backend",
     "CacheConfig",

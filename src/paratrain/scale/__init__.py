@@ -70,12 +70,14 @@ def point_config(
     if study.strategy:
         # The layout flags of a strategy axis belong to the strategies that use them: --dp and
         # --stages to hybrid (which defaults to 2 replicas), --microbatches and the schedule to the
-        # pipelines, --tp (with its plan and sequence parallelism) and --dp-replicate to fsdp (FSDP
+        # pipelines, --tp (with its plan and sequence parallelism) and --dp-replicate to fsdp and hsdp (FSDP
         # over tensor-parallel groups, HSDP); the 1-worker point is plain single-process training.
         keep = {
             "hybrid": LAYOUT_FIELDS,
             "pipeline": LAYOUT_FIELDS[2:],
-            "fsdp": MESH_FIELDS,
+            # beside hsdp in one axis, fsdp is FSDP over every rank: --dp-replicate is hsdp's
+            "fsdp": MESH_FIELDS if "hsdp" not in study.strategy else MESH_FIELDS[:-1],
+            "hsdp": MESH_FIELDS,
             "tp": MESH_FIELDS[1:4],
         }.get(strategy or "", ())
         train = {k: v for k, v in train.items() if k not in (*LAYOUT_FIELDS, *MESH_FIELDS) or k in keep}

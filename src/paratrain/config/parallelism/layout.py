@@ -22,6 +22,8 @@ LAYOUT_FIELDS = ("strategy", "workers", "tp", "dp_replicate", "batch_size", "bas
 # A pipeline's checkpoint.pt holds the whole model, keyed by its names (engine/strategies/pipeline.py): any
 # layout of pipeline stages takes it; and the fields that lay a pipeline out.
 STAGED_LAYOUT_FIELDS = (*LAYOUT_FIELDS, "stages", "dp", "dp_shard", "microbatches", "pipeline_schedule", "split")
+# Strategy names that are presets of another strategy's flags, turned into them before validation.
+STRATEGY_PRESETS = {"hsdp": "fsdp"}
 REPLICAS_NEED_SHARDS = (
     "--dp-replicate with --tp needs --dp-shard S (S >= 2): data parallelism over tensor-parallel groups is FSDP's "
     "(DDP does not take split layers)"
@@ -35,8 +37,8 @@ class LayoutOptions(BaseModel):
     workers: int = Field(1, gt=0, description="number of ranks (one per GPU, or per group of CPU cores)")
     strategy: str | None = Field(
         None,
-        description="parallel strategy: single, ddp, zero1, fsdp, pipeline, model-parallel, hybrid or async-ps "
-        "(default: ddp for workers > 1)",
+        description="parallel strategy: single, ddp, zero1, fsdp, hsdp (fsdp with --dp-replicate R; R defaults to "
+        "--nodes, a replica a node), pipeline, model-parallel, hybrid or async-ps (default: ddp for workers > 1)",
     )
     dp_shard: int | None = Field(
         None,
@@ -60,6 +62,8 @@ class LayoutOptions(BaseModel):
         the fields are validated, so that a run has one configuration whichever spelling it was given."""
         if not isinstance(values, dict):
             return values
+        if values.get("strategy") == "hsdp":
+            return _hsdp(values)
         replicas_alone = values.get("strategy") is None and values.get("dp_replicate") not in (None, 1)
         if values.get("dp_shard") is None and values.get("pp") is None and not replicas_alone:
             return values
@@ -132,6 +136,21 @@ class LayoutOptions(BaseModel):
         if self.strategy_name == "async-ps":
             return 1  # every update applies one worker's batch: the LR is scaled for that batch
         return max(1, self.workers // (self.pipeline_stages * self.tp))
+
+
+def _hsdp(values: dict[str, Any]) -> dict[str, Any]:
+    """--strategy hsdp, a preset of the mesh: fsdp whose shards are replicated --dp-replicate R times; without R,
+    a replica a node, its ranks sharding within it (FSDP's HYBRID_SHARD), so the gathers stay inside a node."""
+    replicas = values.get("dp_replicate")
+    if replicas is None or int(replicas) == 1:
+        nodes = int(values.get("nodes") or 1)
+        if nodes == 1:
+            raise ValueError(
+                "--strategy hsdp replicates FSDP's shards: give --dp-replicate R (R >= 2, dividing --workers), or "
+                "run on --nodes N > 1 (a replica a node); on one node without R it would be --strategy fsdp"
+            )
+        replicas = nodes
+    return {**values, "strategy": STRATEGY_PRESETS["hsdp"], "dp_replicate": replicas}
 
 
 def check(config: TrainConfig) -> None:

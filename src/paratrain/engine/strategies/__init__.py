@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from paratrain.config import TrainConfig
+from paratrain.config import STRATEGY_PRESETS, TrainConfig
 from paratrain.engine.distributed import RankContext
 from paratrain.engine.grad_noise import DataParallelNorms
 from paratrain.engine.strategies.base import OptimizerFactory, StepResult
@@ -131,8 +131,8 @@ STRATEGIES: dict[str, Callable[[TrainConfig, RankContext, Callable[[], Any]], St
 
 
 def check_strategy(name: str) -> None:
-    if name not in STRATEGIES:
-        raise UsageError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}")
+    if name not in STRATEGIES and name not in STRATEGY_PRESETS:
+        raise UsageError(f"unknown strategy {name!r}; choose from {', '.join([*STRATEGIES, *STRATEGY_PRESETS])}")
 
 
 def check_fsdp(cfg: TrainConfig, data: Any, device_type: str) -> None:
