@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from paratrain.cli import main
+
 SCRIPT = Path(__file__).parent / "probe_faults.py"
 PARATRAIN = [sys.executable, "-m", "paratrain"]
 CORES = sorted(os.sched_getaffinity(0))
@@ -25,9 +27,13 @@ def launched(run, fault, *flags):
     return run
 
 
-def refused(done, *words):
-    assert done.returncode == 2 and not done.stdout, done.stdout + done.stderr
-    line = done.stderr.strip()
+def refused(capsys, args, *words):
+    """`paratrain doctor ARGS` refuses in one line, exit 2: run by the CLI's main in this process (a refusal
+    comes before anything is run, and a new interpreter costs seconds a call)."""
+    code = main(["doctor", *map(str, args)])
+    out, err = capsys.readouterr()
+    assert code == 2 and not out, out + err
+    line = err.strip()
     assert len(line.splitlines()) == 1 and "Traceback" not in line, line
     for word in words:
         assert word in line, line
@@ -41,19 +47,19 @@ def oversubscribed(tmp_path_factory):
     return launched(run, "healthy", "--threads-per-worker", len(CORES), "--allow-oversubscribe")
 
 
-def test_verify_refuses_to_overwrite_an_earlier_verify(oversubscribed):
+def test_verify_refuses_to_overwrite_an_earlier_verify(oversubscribed, capsys):
     earlier = oversubscribed.with_name("run-verify")
     earlier.mkdir()
     (earlier / "mine.txt").write_text("keep")
     try:
-        refused(paratrain("doctor", oversubscribed, "--verify"), "already exists")
+        refused(capsys, [oversubscribed, "--verify"], "already exists")
         assert [p.name for p in earlier.iterdir()] == ["mine.txt"]
     finally:
         (earlier / "mine.txt").unlink()
         earlier.rmdir()
 
 
-def test_verify_reruns_the_run_and_its_flag_remedy_and_measures_the_gain(oversubscribed):
+def test_verify_reruns_the_run_and_its_flag_remedy_and_measures_the_gain(oversubscribed, capsys):
     diagnosis = json.loads(paratrain("doctor", oversubscribed, "--json").stdout)
     top = diagnosis["findings"][0]
     assert top["check"] == "oversubscription" and top["rerun"] == {
@@ -90,22 +96,21 @@ def test_verify_reruns_the_run_and_its_flag_remedy_and_measures_the_gain(oversub
     assert result["measured_speedup"] == pytest.approx(rates["remedy"] / rates["baseline"])
     assert result["predicted_speedup"] == pytest.approx(top["predicted_speedup"])
     assert json.loads((out / "verify.json").read_text()) == result
-    text = paratrain("doctor", oversubscribed, "--verify")  # the verify directory now exists: refused
-    refused(text, "already exists")
+    refused(capsys, [oversubscribed, "--verify"], "already exists")  # the verify directory now exists
 
 
-def test_verify_refuses_a_code_change_a_run_without_the_probe_and_a_study(tmp_path):
+def test_verify_refuses_a_code_change_a_run_without_the_probe_and_a_study(tmp_path, capsys):
     # the script sets torch.set_num_threads(4) itself: the remedy is a change to the script
     run = launched(tmp_path / "threads", "threads")
-    refused(paratrain("doctor", run, "--verify"), "code change", "paratrain flags")
+    refused(capsys, [run, "--verify"], "code change", "paratrain flags")
     assert not (tmp_path / "threads-verify").exists()
     run = launched(tmp_path / "bare", "healthy", "--no-probe")
-    refused(paratrain("doctor", run, "--verify"), "--no-probe")
+    refused(capsys, [run, "--verify"], "--no-probe")
     assert not (tmp_path / "bare-verify").exists()
     study = tmp_path / "study"
     study.mkdir()
     (study / "scaling.json").write_text(json.dumps({"rows": []}))
-    refused(paratrain("doctor", study, "--verify"), "scaling study or sweep")
-    refused(paratrain("doctor", tmp_path / "nowhere", "--verify"), "not a paratrain run")
-    refused(paratrain("doctor", run, "--repeats", "3"), "--verify")  # rounds of nothing
-    refused(paratrain("doctor", run, "--verify", "--repeats", "0"), "at least 1")
+    refused(capsys, [study, "--verify"], "scaling study or sweep")
+    refused(capsys, [tmp_path / "nowhere", "--verify"], "not a paratrain run")
+    refused(capsys, [run, "--repeats", "3"], "--verify")  # rounds of nothing
+    refused(capsys, [run, "--verify", "--repeats", "0"], "at least 1")
