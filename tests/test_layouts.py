@@ -275,7 +275,7 @@ def test_hsdp_replicas_of_a_two_way_shard_train_as_the_shard_alone(runs, tmp_pat
     argv = ["plan", *GPT, "--device", "cpu", "--dp-replicate", "2", "--dp-shard", "2", "--global-batch", "16"]
     assert main([*argv, "--optimizer", "sgd", "--precision", "fp32", "--json"]) == 0
     planned = json.loads(capsys.readouterr().out)["rows"][-1]
-    assert planned["layout"] == hsdp["layout"] and planned["strategy"] == "fsdp"
+    assert planned["layout"] == hsdp["layout"] and planned["strategy"] == "hsdp"
     for figure in ("parameters_bytes", "gradients_bytes", "optimizer_bytes"):
         assert hsdp["memory"][figure] == [planned["memory"][figure]] * 4, figure
 

@@ -651,7 +651,7 @@ def test_tensor_parallel_rows_are_the_split_model_as_measured(capsys):
 MESHES = {
     "ddp": (["--dp-replicate", "8"], "ddp"),
     "fsdp": (["--dp-shard", "8"], "fsdp"),
-    "hsdp": (["--dp-replicate", "2", "--dp-shard", "4"], "fsdp"),
+    "hsdp": (["--dp-replicate", "2", "--dp-shard", "4"], "hsdp"),
     "hybrid": (["--dp-replicate", "4", "--pp", "2"], "hybrid"),
     "pp+fsdp": (["--dp-shard", "4", "--pp", "2"], "pp+fsdp"),
     "hsdp of stages": (["--dp-replicate", "2", "--dp-shard", "2", "--pp", "2"], "pp+fsdp"),
@@ -690,6 +690,21 @@ def test_hsdp_holds_what_its_shard_group_holds_and_pays_the_replicas_all_reduce(
     table = [a for a in argv if a != "--json"]
     assert main([*table, "--dp-replicate", "2"]) == 0
     assert "2 x 4 shards" in capsys.readouterr().out  # the table's layout
+
+
+def test_hsdp_is_planned_a_replica_a_node_beyond_one_node(capsys):
+    """--strategy hsdp (not among the defaults): FSDP within each node of 8, replicated across the nodes; on one
+    node it would be fsdp, so no row. A rank of 16 holds what a rank of fsdp over 8 holds."""
+    argv = ["plan", "--workload", "gpt-tiny", "--seq-len", "64", "--device", "a100", "--gpus", "8,16", "--json"]
+    assert main([*argv, "--gpus-per-node", "8", "--strategy", "fsdp,hsdp", "--interconnect", "25gbe"]) == 0
+    rows = {(r["devices"], r["strategy"]): r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert sorted(rows) == [(1, "single"), (2, "fsdp"), (4, "fsdp"), (8, "fsdp"), (16, "fsdp"), (16, "hsdp")]
+    hsdp, fsdp = rows[(16, "hsdp")], rows[(16, "fsdp")]
+    assert hsdp["layout"] == {"dp_replicate": 2, "dp_shard": 8, "tp": 1, "pp": 1}
+    assert hsdp["memory"]["parameters_bytes"] == rows[(8, "fsdp")]["memory"]["parameters_bytes"]
+    assert hsdp["memory"]["parameters_bytes"] == 2 * fsdp["memory"]["parameters_bytes"]
+    # over 25 GbE: FSDP's gathers over 16 cross the network, HSDP's stay in the node
+    assert hsdp["time"]["exposed_comm_s"] < fsdp["time"]["exposed_comm_s"]
 
 
 def test_pipelines_with_split_stages_are_planned_from_each_units_measured_piece(capsys):

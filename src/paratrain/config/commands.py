@@ -127,7 +127,8 @@ class ScaleConfig(BaseModel):
 
 
 PlanPrecision = Literal["fp32", "tf32", "bf16", "fp16"]
-PLAN_STRATEGIES = ("ddp", "zero1", "fsdp", "pipeline", "hybrid", "pp+fsdp")
+PLAN_DEFAULT_STRATEGIES = ("ddp", "zero1", "fsdp", "pipeline", "hybrid", "pp+fsdp")
+PLAN_STRATEGIES = (*PLAN_DEFAULT_STRATEGIES, "hsdp")
 
 
 class PlanConfig(CheckpointingFlags):
@@ -165,9 +166,10 @@ class PlanConfig(CheckpointingFlags):
     )
     precision: PlanPrecision = Field("fp32", description="fp32, tf32, bf16 or fp16 (the device's peak for that dtype)")
     strategy: list[str] = Field(
-        default_factory=lambda: list(PLAN_STRATEGIES),
+        default_factory=lambda: list(PLAN_DEFAULT_STRATEGIES),
         description="strategies to plan, comma-separated (default: all of ddp,zero1,fsdp,pipeline,hybrid,pp+fsdp; "
-        "pp+fsdp is --pp K --dp-shard N/K: hybrid's stages sharded over the replicas)",
+        "pp+fsdp is --pp K --dp-shard N/K: hybrid's stages sharded over the replicas); also hsdp: FSDP within each "
+        "node, a replica a node, on more than one node",
     )
     tp: int = Field(
         1,

@@ -370,6 +370,9 @@ class _Planner:
                 out.append(Layout(name, n, n, 1, 1, g // n))
             elif name == "pipeline" and n <= units and g % n == 0:
                 out.append(Layout(name, n, 1, n, max(self.cfg.microbatches, n), g))
+            elif name == "hsdp" and n > self.topo.per_node and n % self.topo.per_node == 0 and g % n == 0:
+                # a replica a node, its devices sharding within it: the gathers stay inside the node
+                out.append(Layout("fsdp", n, n, 1, 1, g // n, shard=self.topo.per_node))
             elif name in ("hybrid", "pp+fsdp") and n >= 4:
                 layout = self._hybrid(n, g, units, sharded=name == "pp+fsdp")
                 if layout is not None:
@@ -441,7 +444,7 @@ class _Planner:
         return {
             "devices": layout.devices,
             "nodes": -(-layout.devices // self.topo.per_node),
-            "strategy": layout.strategy,
+            "strategy": layout.name,
             "layout": layout.mesh(),
             "activation_checkpointing": self.cfg.checkpointing,
             "data_parallel": layout.data_parallel,
@@ -497,7 +500,7 @@ class _Planner:
             )
         sharded = [
             rows[s]
-            for s in ("zero1", "fsdp", "pipeline", "tp", "fsdp+tp", "pp+fsdp", "pp+tp", "pp+fsdp+tp")
+            for s in ("zero1", "fsdp", "hsdp", "pipeline", "tp", "fsdp+tp", "pp+fsdp", "pp+tp", "pp+fsdp+tp")
             if s in rows and rows[s]["fits"]
         ]
         too_big = (

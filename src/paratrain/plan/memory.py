@@ -73,6 +73,11 @@ class Layout:
             return self.shard
         return self.data_parallel if self.strategy in ("fsdp", "fsdp+tp") else 1
 
+    @property
+    def name(self) -> str:
+        """The strategy as a plan's row names it: fsdp whose shards are replicated is hsdp."""
+        return "hsdp" if self.strategy == "fsdp" and self.shards < self.data_parallel else self.strategy
+
     def mesh(self) -> dict[str, int]:
         """The layout as torchtitan's mesh, as a run's summary.json names it (`layout`)."""
         return {

@@ -103,6 +103,8 @@ def describe(row: dict[str, Any]) -> str:
         shape = f"{row['data_parallel']} x {row['stages']} stages{split}, M = {row['microbatches']}"
     elif row["tp"] > 1:
         shape = f"{row['data_parallel']} x tp {row['tp']}"
+    elif row["strategy"] == "hsdp":
+        shape = f"{row['layout']['dp_replicate']} replicas x {row['layout']['dp_shard']} shards"
     else:
         shape = f"{row['data_parallel']} replicas"
     checkpointing = row["checkpointing"]
