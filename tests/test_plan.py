@@ -537,6 +537,14 @@ BAD = {
         ["--workload", "gpt-tiny", "--device", "a100", "--pp", "64"],
         "--pp 64 is more pipeline stages than the model's",
     ),
+    "stages of a model that cannot be cut": (
+        [
+            *["--model", "user_factories:tabled_net", "--dataset", "text", "--seq-len", "32", "--device", "a100"],
+            "--pp",
+            "2",
+        ],
+        "--pp 2: the model cannot be cut into stages (its blocks applied in order do not give its output)",
+    ),
     "replicas of split layers without shards": (
         ["--workload", "gpt-tiny", "--device", "a100", "--dp-replicate", "2", "--tp", "2"],
         "--dp-replicate with --tp needs --dp-shard S",
@@ -672,6 +680,15 @@ def test_a_mesh_plans_its_one_layout_as_train_lays_it_out(capsys, case):
     given = dict(zip((f.lstrip("-").replace("-", "_") for f in flags[::2]), map(int, flags[1::2])))
     assert rows[1]["layout"] == TrainConfig(workload="gpt-tiny", seq_len=64, workers=8, **given).mesh_layout
     assert rows[1]["layout"] == {"dp_replicate": 1, "dp_shard": 1, "tp": 1, "pp": 1} | given
+
+
+def test_a_users_model_that_cannot_be_cut_into_stages_plans_every_other_mesh(capsys):
+    """tests/user_factories.py's TabledNet passes a table beside the activations into each block: no pipeline
+    units. A mesh without stages plans it (a check of the stages once refused even --pp 1)."""
+    argv = ["plan", "--model", "user_factories:tabled_net", "--dataset", "text", "--seq-len", "32", "--device", "a100"]
+    assert main([*argv, "--dp-replicate", "2", "--dp-shard", "2", "--tp", "2", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)["rows"][-1]
+    assert (row["strategy"], row["layout"]) == ("fsdp+tp", {"dp_replicate": 2, "dp_shard": 2, "tp": 2, "pp": 1})
 
 
 def test_hsdp_holds_what_its_shard_group_holds_and_pays_the_replicas_all_reduce(capsys):

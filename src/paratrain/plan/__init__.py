@@ -65,10 +65,13 @@ def run_plan(cfg: PlanConfig) -> dict[str, Any]:
     if runs:
         eff = calibrate.fit(runs, lambda s: _run_timing(profile, s, device, cfg, topo))
 
-    if cfg.mesh is not None and cfg.mesh[3] > len(profile.units):
+    stages, units = (cfg.mesh[3] if cfg.mesh else 1), len(profile.units)
+    if stages > 1 and stages > units:
         raise UsageError(
-            f"--pp {cfg.mesh[3]} is more pipeline stages than the model's {len(profile.units)} blocks; give at most "
-            f"--pp {len(profile.units)}"
+            f"--pp {stages} is more pipeline stages than the model's {units} blocks; give at most --pp {units}"
+            if units
+            else f"--pp {stages}: the model cannot be cut into stages (its blocks applied in order do not give its "
+            "output); drop --pp"
         )
     planner = _Planner(cfg, profile, device, topo, eff, momentum)
     top = max(counts)
