@@ -843,6 +843,7 @@ def test_torchtitans_checkpointing_modes_are_paratrains_flags(capsys, mode):
     flags = ("checkpoint_activations", "checkpoint_activations_every", "checkpoint_activations_ops")
     assert [getattr(titan, f) for f in flags] == [getattr(paratrains, f) for f in flags]
     assert titan.checkpointing == paratrains.checkpointing == named
+    assert titan.identity() == paratrains.identity()  # a checkpoint of one spelling resumes under the other
 
 
 def test_checkpointing_by_operator_recomputes_every_second_matrix_product_and_is_planned_as_a_run_holds(

@@ -132,9 +132,12 @@ class TrainConfig(RunOptions, ComputeOptions, OptimisationOptions, ParallelismOp
         # `device` is left out: "auto" resolves differently on different machines, so the checkpoint
         # records the device kind its ranks used and launch compares that instead.
         # Fields at their defaults are left out, so a new option added with a default that keeps the
-        # old behaviour does not orphan the checkpoints written before it existed.
+        # old behaviour does not orphan the checkpoints written before it existed. --activation-checkpointing
+        # is another spelling of the --checkpoint-activations flags, which carry what it means.
         payload = self.model_dump(
-            mode="json", exclude={*RUN_CONTROL_FIELDS, "device", *self.reshardable_fields()}, exclude_defaults=True
+            mode="json",
+            exclude={*RUN_CONTROL_FIELDS, "device", "activation_checkpointing", *self.reshardable_fields()},
+            exclude_defaults=True,
         )
         if self.reshardable_fields():
             payload["global_batch_size"] = self.global_batch_size
