@@ -168,6 +168,23 @@ def test_a_strategy_axis_gives_each_strategy_its_line_from_the_same_base(tmp_pat
     assert [r["workers"] for r in plain] == [1, 2, 1] and plain[1]["repeats"] == 2
 
 
+def test_hsdp_runs_on_the_axis_are_a_line_of_their_own_though_their_summaries_say_fsdp(tmp_path):
+    """--strategy hsdp runs as fsdp --dp-replicate R: its summary's strategy is fsdp, its layout replicated. Beside
+    fsdp on the axis it was taken for a repeat of fsdp's point."""
+    mesh = {"dp_replicate": 2, "dp_shard": 1, "tp": 1, "pp": 1}
+    runs = [
+        run(tmp_path, "w1", 1, [3.0, 4.0], 100.0),
+        run(tmp_path, "fsdp", 2, [3.0, 3.2], 125.0, strategy="fsdp", layout={**mesh, "dp_replicate": 1, "dp_shard": 2}),
+        run(tmp_path, "hsdp", 2, [3.0, 2.5], 160.0, strategy="fsdp", layout=mesh),
+    ]
+    rows = scaling_rows(runs, ["fsdp", "hsdp"])
+    lines = {(r["workload"], r["workers"]): r for r in rows}
+    assert lines[("m · fsdp", 2)]["repeats"] == lines[("m · hsdp", 2)]["repeats"] == 1
+    assert lines[("m · hsdp", 2)]["speedup"] == pytest.approx(4.0 / 2.5)
+    # an axis of fsdp alone keeps every fsdp run, replicated or not, on fsdp's line
+    assert {r["workload"] for r in scaling_rows(runs, ["fsdp"])} == {"m · fsdp"}
+
+
 def test_a_replaced_model_or_dataset_names_the_row_and_workloads_keep_their_order(tmp_path):
     runs = [
         run(tmp_path / "b", "w1", 1, [2.0, 1.0], 10.0, config={"workload": "zeta"}),

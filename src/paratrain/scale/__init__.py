@@ -313,6 +313,13 @@ def is_all_cores_reference(config: dict[str, Any]) -> bool:
     )
 
 
+def _axis_strategy(summary: Summary, strategies: list[str]) -> str:
+    """The entry of the strategy axis a run belongs to: its strategy, or hsdp for fsdp whose shards are replicated
+    when hsdp is on the axis (the preset runs as fsdp --dp-replicate R, and its summary says fsdp)."""
+    replicated = summary.strategy == "fsdp" and (summary.layout or {}).get("dp_replicate", 1) > 1
+    return "hsdp" if replicated and "hsdp" in strategies else summary.strategy
+
+
 def scaling_rows(runs: list[RunDir], strategies: list[str] = ()) -> list[dict[str, Any]]:
     """The study table from run directories: one row per (workload, workers), medians over repeats,
     then, on CPU, the all-cores reference row of each workload.
@@ -326,7 +333,7 @@ def scaling_rows(runs: list[RunDir], strategies: list[str] = ()) -> list[dict[st
         if not _finished(summary):
             continue
         config = run.read_config()
-        strategy = summary.strategy if strategies and summary.workers > 1 else ""
+        strategy = _axis_strategy(summary, strategies) if strategies and summary.workers > 1 else ""
         groups.setdefault(
             (workload_label(config, summary), strategy, summary.workers, is_all_cores_reference(config)), []
         ).append((run, config, summary))
