@@ -585,6 +585,10 @@ BAD = {
         ["--workload", "gpt-tiny", "--device", "a100", "--gpus", "2", "--calibrate", "{tmp}"],
         "not a paratrain run",
     ),
+    "hsdp on one node": (
+        ["--workload", "gpt-tiny", "--device", "a100", "--gpus", "8", "--strategy", "hsdp"],
+        "hsdp more than one node of 8",
+    ),
     "no layout of the strategies": (
         ["--workload", "gpt-tiny", "--device", "a100", "--gpus", "2", "--strategy", "hybrid"],
         "hybrid needs at least 4",

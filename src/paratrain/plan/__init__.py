@@ -79,8 +79,8 @@ def run_plan(cfg: PlanConfig) -> dict[str, Any]:
         raise UsageError(
             f"no layout of --strategy {','.join(cfg.strategy)} fits {top} devices: hybrid needs at least 4, a pipeline "
             f"at most one stage per block ({len(profile.units)} "
-            f"here{'' if profile.units else ': its blocks applied in order do not give its output'}); add ddp, zero1 "
-            "or fsdp, or change the device count"
+            f"here{'' if profile.units else ': its blocks applied in order do not give its output'}), hsdp more than "
+            f"one node of {per_node}; add ddp, zero1 or fsdp, or change the device count"
         )
     wanted = sorted({1, *counts, *(2**i for i in range(1, top.bit_length()) if 2**i < top)})
     rows = [row for n in wanted for row in planner.rows(n)]
