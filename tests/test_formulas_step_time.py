@@ -580,6 +580,30 @@ def test_checkpointed_activations_add_the_recompute_to_the_compute():
     assert t["compute_s"] == pytest.approx(0.301, rel=1e-12)
 
 
+def test_memory_bound_operators_run_at_the_memory_bandwidth_where_the_efficiency_is_the_matrix_products():
+    toy = profile()
+    toy.memory_bound_bytes_per_sample = 2e5  # 0.2 bytes a FLOP of work
+    toy.memory_bound_bytes_fixed = 3e6
+    apart = replace(EFF, memory_bound_apart=True)
+    t = step_time(toy, whole("single", 1), device(False), "fp32", "sgd", TWO_PER_NODE, apart)
+    # 1 ms fixed + 3e6 B / 1e9 B/s = 4 ms; 1e6 FLOPs x 100 / (1e9 x 0.5) = 200 ms; 2e5 B x 100 / 1e9 B/s = 20 ms
+    assert t["compute_s"] == pytest.approx(0.224, rel=1e-12)
+    # An efficiency measured on the whole step (calibrated, or a CNN's carried over) holds that time already
+    assert step_time(toy, whole("single", 1), device(False), "fp32", "sgd", TWO_PER_NODE, EFF)[
+        "compute_s"
+    ] == pytest.approx(0.201, rel=1e-12)
+    # The recompute brings its blocks' bytes (still 0.2 a FLOP): 4 ms + 1.5e6 x 100 / 5e8 = 300 ms + 3e5 x 100 / 1e9
+    toy.recompute_flops_per_sample, toy.recompute_memory_bound_bytes_per_sample = 500_000, 1e5
+    t = step_time(toy, whole("single", 1), device(False), "fp32", "sgd", TWO_PER_NODE, apart)
+    assert t["compute_s"] == pytest.approx(0.004 + 0.300 + 0.030, rel=1e-12)
+    # A pipeline's stage runs its share of the bytes with its FLOPs: 2 stages of 2 units, M = 4, 5 slots of
+    # (3 ms + 3 ms) / 2 fixed + 25 samples x 2e6 FLOPs x 1.5 (the recompute) at 1 / (1 / 9e8 + 0.2 / 1e9) FLOP/s
+    staged = Layout("pipeline", 2, 1, 2, 4, 100)
+    t = step_time(toy, staged, device(False), "fp32", "sgd", TWO_PER_NODE, replace(apart, by_devices=()))
+    slot = 3e-3 + 25 * 2e6 * 1.5 * (1 / 9e8 + 0.2 / 1e9)
+    assert t["compute_s"] == pytest.approx(5 * slot, rel=1e-12)
+
+
 def split_stages_profile() -> ModelProfile:
     """The toy split 2 ways unit by unit: the first unit whole, the other three halved, all of their FLOPs split;
     8 all-reduces a step of 1 kB a sample each."""

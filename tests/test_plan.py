@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
+import torch.nn.functional as F
 from conftest import free_port, synthetic, train_spawned
 from torch import nn
 
@@ -266,7 +267,7 @@ def test_eight_gpus_each_keep_the_published_share_of_one_gpus_speed(capsys):
 @pytest.mark.parametrize(
     "workload,precision,kind,efficiency,per_node",
     [
-        ("gpt-tiny", "bf16", "matrix products", 0.642, False),  # llm-foundry's MPT-7B on 8 A100
+        ("gpt-tiny", "bf16", "matrix products", 0.671, False),  # llm-foundry's MPT-7B on 8 A100, net of its bytes
         ("cifar10-cnn", "bf16", "convolutional", 0.192, True),  # DLE's ResNet-50 on 1, then 8
         ("gpt-tiny", "tf32", "matrix products", 0.146, True),  # no transformer figure in TF32: the CNN's
     ],
@@ -284,6 +285,30 @@ def test_a_transformer_and_a_cnn_take_their_own_kinds_efficiency(
     if kind == "matrix products":
         assert plan["model"]["convolution_flops_per_sample"] == 0
         assert ("no published figure" in plan["device"]["efficiency_source"]) == (precision == "tf32")
+    # only the matrix products' own share leaves the memory-bound operators to be timed apart
+    assert plan["device"]["memory_bound_apart"] == (efficiency == 0.671)
+
+
+def test_a_transformers_memory_bound_operators_are_timed_at_the_memory_bandwidth_in_the_runs_precision(capsys):
+    """gpt-tiny on one A100 in bf16 with SGD: a step is its FLOPs at 0.671 of the peak, plus its memory-bound
+    bytes (counted in bf16) at the memory bandwidth, plus SGD's 5 bytes a parameter byte."""
+    from paratrain.config import TrainConfig
+    from paratrain.plan.profile import profile_model
+
+    argv = ["plan", "--workload", "gpt-tiny", "--device", "a100", "--precision", "bf16", "--optimizer", "sgd"]
+    assert main([*argv, "--gpus", "1", "--batch-size", "4", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    model, device, row = plan["model"], plan["device"], plan["rows"][0]
+    counted = profile_model(TrainConfig(workload="gpt-tiny", precision="bf16"))
+    assert model["memory_bound_bytes_per_sample"] == counted.memory_bound_bytes_per_sample > 0
+    assert (
+        counted.memory_bound_bytes_per_sample
+        != profile_model(TrainConfig(workload="gpt-tiny")).memory_bound_bytes_per_sample
+    )
+    bandwidth = device["memory_bandwidth_bytes_per_s"]
+    compute = 4 * model["flops_per_sample"] / (device["peak_flops_per_s"] * 0.671)
+    moved = (4 * model["memory_bound_bytes_per_sample"] + model["memory_bound_bytes_fixed"]) / bandwidth
+    assert row["step_time_s"] == pytest.approx(compute + moved + 5 * model["param_bytes"] / bandwidth, rel=1e-9)
 
 
 def test_every_device_and_link_figure_names_its_source():
@@ -880,6 +905,52 @@ def test_checkpointing_by_operator_recomputes_every_second_matrix_product_and_is
     held = summary["memory"]["activations_peak_bytes"][0]
     expected = 8 * planned["activation_bytes_per_sample"] + planned["activation_bytes_fixed"]
     assert held == pytest.approx(expected, rel=1e-3)
+
+
+@pytest.mark.parametrize("sixteen_bits", [False, True])
+def test_memory_bound_bytes_are_the_inputs_and_outputs_of_every_operator_but_matrix_products_and_views(sixteen_bits):
+    """Linear(8, 16) -> ReLU -> Linear(16, 4), summed, a batch of b (no biases; the input needs no gradient).
+    float32, a sample: the ReLU reads and writes 16 floats (128 B), the sum reads 4 (16 B), the ReLU's backward
+    reads the gradient and its output and writes the gradient in (192 B): 336 B; whatever the batch: the sum's
+    4-byte result, and the ones its backward starts from (4 B read, 4 written). The matrix products and views
+    (transposes, the expanded gradient of the sum) move nothing. In 16 bits the parameters and activations are
+    bf16 and the output is cast to float32 for the loss: ReLU 64 + the cast 24 (2 x 4 read, 4 x 4 written) + the
+    sum 16 + the cast's backward 24 + the ReLU's backward 96 = 224 B a sample."""
+    from paratrain.plan.profile import _count_memory_traffic, _in_precision
+
+    def traffic(batch: int) -> int:
+        with torch.device("meta"):
+            model = nn.Sequential(nn.Linear(8, 16, bias=False), nn.ReLU(), nn.Linear(16, 4, bias=False))
+            x = torch.randn(batch, 8)
+        _in_precision(model, torch.bfloat16 if sixteen_bits else None)
+        x = x.to(next(model.parameters()).dtype)
+        return _count_memory_traffic(model, lambda m, x, y: (m(x).sum(), None), x, None)
+
+    per_sample = 224 if sixteen_bits else 336
+    assert [traffic(1), traffic(2)] == [per_sample + 12, 2 * per_sample + 12]
+
+
+def test_attention_moves_no_memory_bound_bytes_and_stays_linear_in_the_sequence(monkeypatch):
+    """The fused attention is paced by its FLOPs: counted as a memory-bound operator it would add its inputs
+    and outputs, forward q, k, v and the output (4 x 1,024 B for [1, 2, 16, 8] float32) and the row-wise
+    log-sum-exp (2 x 16 x 4 B), backward those five and the output's gradient read (5,248 B) and three gradients
+    written (3,072 B): 12,544 B. And the math path's T x T weights are never formed: the count doubles exactly
+    with the sequence."""
+    from paratrain.plan import profile as planned
+
+    class Attend(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return F.scaled_dot_product_attention(x, x, x, is_causal=True)
+
+    def traffic(time: int) -> int:
+        with torch.device("meta"):
+            x = torch.randn(1, 2, time, 8, requires_grad=True)
+        return planned._count_memory_traffic(Attend(), lambda m, x, y: (m(x).sum(), None), x, None)
+
+    fused = traffic(16)
+    assert traffic(32) - 12 == 2 * (fused - 12)  # the loss's 4-byte result, the ones its backward starts from (8 B)
+    monkeypatch.setattr(planned._MemoryTraffic, "ATTENTION", frozenset())
+    assert traffic(16) - fused == 12_544
 
 
 @pytest.mark.parametrize("classes,samples", [(1000, 8), (4000, 8), (4000, 16)])

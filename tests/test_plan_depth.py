@@ -41,6 +41,7 @@ def _profiles(cfg: TrainConfig, tp: int | None, monkeypatch) -> tuple[dict, dict
 
     def measured():
         profile._FLOPS.clear()
+        profile._TRAFFIC.clear()
         result = (
             profile.profile_tensor_parallel(cfg, TensorParallelOptions(tp=tp)) if tp else profile.profile_model(cfg)
         )
@@ -56,6 +57,8 @@ def _profiles(cfg: TrainConfig, tp: int | None, monkeypatch) -> tuple[dict, dict
     "overrides, tp",
     [
         pytest.param(GPT, None, id="gpt-7-blocks"),
+        # in 16 bits the memory traffic is counted on a bf16 copy
+        pytest.param(dict(GPT, precision="bf16"), None, id="gpt-7-blocks-bf16"),
         # 22 = 3 x 7 + 1: the last block is not checkpointed, and the depths (4, 7, 10) keep that remainder
         pytest.param(
             dict(GPT, n_layer=22, checkpoint_activations=True, checkpoint_activations_every=3), None, id="gpt-every-3rd"
@@ -78,8 +81,9 @@ def test_a_deep_model_measured_at_shallow_depths_gives_the_numbers_of_measuring_
     planned, whole = _profiles(TrainConfig(**overrides), tp, monkeypatch)
     assert planned == whole
     drawn = [s for s in stacks[: len(stacks) // 2] if s is not None]  # the plan's calls, not the whole ones
-    # both the FLOP count and the saved-tensor peaks were drawn along the stack of blocks
-    assert len(drawn) == 2 and {s.path for s in drawn} == {"blocks"}
+    # the FLOP count, the saved-tensor peaks and (measuring the whole model) the memory traffic were drawn
+    # along the stack of blocks
+    assert len(drawn) == (2 if tp else 3) and {s.path for s in drawn} == {"blocks"}
 
 
 @pytest.mark.parametrize("factory", ["alternating_net", "counted_net"])
@@ -160,10 +164,11 @@ def test_the_flops_are_counted_once_whatever_the_checkpointing():
     """Checkpointing wraps the blocks after the count and changes no FLOPs of the model: plan --search's four
     choices share one count (the 8B model's takes seconds)."""
     profile._FLOPS.clear()
+    profile._TRAFFIC.clear()
     for flags in (
         {},
         dict(checkpoint_activations=True, checkpoint_activations_every=2),
         EVERY_2ND | {"checkpoint_activations_ops": True},
     ):
         profile.profile_model(TrainConfig(**GPT, **flags))
-    assert len(profile._FLOPS) == 1
+    assert len(profile._FLOPS) == 1 and len(profile._TRAFFIC) == 1

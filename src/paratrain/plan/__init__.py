@@ -158,6 +158,9 @@ def _model_json(profile: ModelProfile) -> dict[str, Any]:
         "activation_bytes_per_sample": profile.activation_bytes_per_sample,
         "activation_bytes_fixed": profile.activation_bytes_fixed,
         "loss_activation_bytes_per_sample": profile.loss_activation_bytes_per_sample,
+        "memory_bound_bytes_per_sample": profile.memory_bound_bytes_per_sample,
+        "memory_bound_bytes_fixed": profile.memory_bound_bytes_fixed,
+        "recompute_memory_bound_bytes_per_sample": profile.recompute_memory_bound_bytes_per_sample,
         "param_bytes": profile.param_bytes,
         "buffer_bytes": profile.buffer_bytes,
         "largest_unit_bytes": profile.largest_unit_bytes,
@@ -178,6 +181,8 @@ def _device_json(device: Device, precision: str, eff: Efficiency, per_node: int,
         "memory_bandwidth_bytes_per_s": device.memory_bandwidth,
         "efficiency": eff.compute,
         "efficiency_source": eff.source,
+        # the memory-bound operators' bytes timed apart, at the memory bandwidth (step_time.py)
+        "memory_bound_apart": eff.memory_bound_apart,
         "overhead_s": eff.overhead_s,
         "calibrated_by_devices": [
             {
@@ -250,6 +255,7 @@ def _published_efficiency(device: Device, precision: str, kind: str) -> Efficien
         return Efficiency(
             device.matrix_efficiency[precision],
             source=f"a model of matrix products: {device.sources.get(f'matrix_efficiency.{precision}', '')}",
+            memory_bound_apart=True,
         )
     one = device.efficiency[precision]
     source = device.sources.get(f"efficiency.{precision}", "")
@@ -286,6 +292,8 @@ def _train_config(cfg: PlanConfig) -> TrainConfig:
         for k in ("workload", "model", "dataset", "image_size", "seq_len", "num_classes", "cache_dir")
         if getattr(cfg, k) is not None
     }
+    if cfg.precision in ("bf16", "fp16"):  # the memory-bound bytes are counted in 16 bits (tf32 and fp32: 32)
+        values["precision"] = cfg.precision
     values["checkpoint_activations"] = cfg.checkpoint_activations
     values["checkpoint_activations_every"] = cfg.checkpoint_activations_every
     values["checkpoint_activations_ops"] = cfg.checkpoint_activations_ops

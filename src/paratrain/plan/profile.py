@@ -10,7 +10,10 @@ model is profiled in seconds on a laptop:
   `torch.autograd.graph.saved_tensors_hooks`, peak over forward and backward, as engine/memory.py's
   MemoryMeter measures real runs; measured at two batch sizes, so a part that does not grow with
   the batch is told apart from the part that does;
-- the largest block (FSDP unit) and the bytes a pipeline stage hands to the next per sample.
+- the largest block (FSDP unit) and the bytes a pipeline stage hands to the next per sample;
+- the bytes the memory-bound operators read and write (norms, activations, residual adds, casts: every
+  operator but the matrix products, convolutions and attention FlopCounterMode counts), on a copy of the
+  model in the run's precision, at two batch sizes: what a device's memory bandwidth, not its FLOPs, paces.
 
 A model with a stack of alike blocks (a transformer's) is run at three shallow depths and each number
 drawn to its full depth along the line they make (depth.py): a plan answers in seconds for any depth.
@@ -56,6 +59,12 @@ class ModelProfile:
     # model its [tokens x vocabulary] gradients, the largest tensors of a step
     transient_bytes_per_sample: float = 0.0
     transient_bytes_fixed: float = 0.0
+    # what the memory-bound operators read and write (forward, loss, backward) in the run's precision: per
+    # sample, and per step whatever the batch (the gradients accumulated, the embedding's gradient)
+    memory_bound_bytes_per_sample: float = 0.0
+    memory_bound_bytes_fixed: float = 0.0
+    # --checkpoint-activations: those of the checkpointed blocks' forward, run again in backward
+    recompute_memory_bound_bytes_per_sample: float = 0.0
 
     @property
     def kind(self) -> str:
@@ -67,6 +76,13 @@ class ModelProfile:
     def work_per_sample(self) -> int:
         """FLOPs a device runs per sample: the model's, and the recompute with --checkpoint-activations."""
         return self.flops_per_sample + self.recompute_flops_per_sample
+
+    @property
+    def memory_bound_bytes_per_flop(self) -> float:
+        """The memory-bound operators' bytes beside each FLOP of the work: a stage, a split or a recompute
+        runs them in the proportion the whole model does."""
+        moved = self.memory_bound_bytes_per_sample + self.recompute_memory_bound_bytes_per_sample
+        return moved / max(self.work_per_sample, 1)
 
 
 @dataclass
@@ -285,6 +301,11 @@ def profile_model(cfg: TrainConfig) -> ModelProfile:
         chosen = set(checkpointed_blocks(model, cfg.checkpoint_activations_every))
         blocks = {name for name, m in model.named_modules() if m in chosen}
         recompute = sum(count for name, count in per_module.items() if any(_inside(name, b) for b in blocks)) // 3
+    traffic_per_sample, traffic_fixed = _model_memory_traffic(cfg, model, objective, data)
+    # The checkpointed blocks' forward runs again: its memory-bound operators too, whichever policy (the
+    # operator policy recomputes every such operator, keeping only matrix products' outputs). Their bytes are
+    # taken in the blocks' share of the FLOPs, a forward's third of them, as the recomputed FLOPs are.
+    recompute_traffic = traffic_per_sample * recompute / max(flops, 1)
     # Two batch sizes tell the part that grows with the batch from the part that does not.
     small, large = 2, 4
 
@@ -299,18 +320,7 @@ def profile_model(cfg: TrainConfig) -> ModelProfile:
     if cfg.checkpoint_activations_ops:  # what the policy recomputes, counted as it ran (FLOPs grow with the batch)
         recompute = int(measured["recompute_small"]) // small
     per_sample, fixed, loss_per_sample = _activations(measured, small, large)
-    # the loss's backward does not change with the depth: measured on the shallowest copy, where the model's
-    # forward runs on one (a forward may need all its blocks: then on the model)
-    stack = find_stack(model)
-    try:
-        on = shallow_copy(model, stack, 1) if stack is not None else model
-        transient_small = _loss_transient(on, objective, *_batch(cfg, data, small))
-    except Exception:
-        on = model
-        transient_small = _loss_transient(on, objective, *_batch(cfg, data, small))
-    transient_large = _loss_transient(on, objective, *_batch(cfg, data, large))
-    transient_per_sample = max(transient_large - transient_small, 0.0) / (large - small)
-    transient_fixed = max(transient_small - transient_per_sample * small, 0.0)
+    transient_per_sample, transient_fixed = _loss_transients(cfg, model, objective, data)
 
     unit_bytes = [sum(p.numel() * p.element_size() for p in u.parameters()) for u in sharded]
     root_bytes = param_bytes - sum(unit_bytes)
@@ -328,9 +338,29 @@ def profile_model(cfg: TrainConfig) -> ModelProfile:
         loss_activation_bytes_per_sample=loss_per_sample,
         transient_bytes_per_sample=transient_per_sample,
         transient_bytes_fixed=transient_fixed,
+        memory_bound_bytes_per_sample=traffic_per_sample,
+        memory_bound_bytes_fixed=traffic_fixed,
+        recompute_memory_bound_bytes_per_sample=recompute_traffic,
         largest_unit_bytes=max([*unit_bytes, root_bytes]),
         units=_pipeline_units(model, per_module, _batch(cfg, data, 1)[0]),
     )
+
+
+def _loss_transients(cfg: TrainConfig, model: nn.Module, objective: Any, data: Any) -> tuple[float, float]:
+    """_loss_transient per sample and per step whatever the batch. The loss's backward does not change with the
+    depth: measured on the shallowest copy, where the model's forward runs on one (a forward may need all its
+    blocks: then on the model)."""
+    small, large = 2, 4
+    stack = find_stack(model)
+    try:
+        on = shallow_copy(model, stack, 1) if stack is not None else model
+        transient_small = _loss_transient(on, objective, *_batch(cfg, data, small))
+    except Exception:
+        on = model
+        transient_small = _loss_transient(on, objective, *_batch(cfg, data, small))
+    transient_large = _loss_transient(on, objective, *_batch(cfg, data, large))
+    per_sample = max(transient_large - transient_small, 0.0) / (large - small)
+    return per_sample, max(transient_small - per_sample * small, 0.0)
 
 
 def _shapes(cfg: TrainConfig) -> Any:
@@ -348,8 +378,16 @@ def _shapes(cfg: TrainConfig) -> Any:
     return load_data(cfg)  # a user's dataset factory: its shapes are known once it is built
 
 
-def _batch(cfg: TrainConfig, data: Any, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A batch of `size` samples on the meta device, shaped as the loop would feed it."""
+def _batch(
+    cfg: TrainConfig, data: Any, size: int, dtype: torch.dtype | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of `size` samples on the meta device, shaped as the loop would feed it (floating inputs in
+    `dtype` where given)."""
+    x, y = _float_batch(cfg, data, size)
+    return (x.to(dtype) if dtype is not None and x.is_floating_point() else x), y
+
+
+def _float_batch(cfg: TrainConfig, data: Any, size: int) -> tuple[torch.Tensor, torch.Tensor]:
     if data.train is not None:  # a user's dataset: its own samples, of whatever shape
         from paratrain.engine.data import BatchPreparer, eval_batches
         from paratrain.engine.distributed import RankContext
@@ -374,6 +412,12 @@ def _batch(cfg: TrainConfig, data: Any, size: int) -> tuple[torch.Tensor, torch.
 # FLOP counts by model: counting runs the model once more on the meta device (seconds for an 8 B-parameter
 # one), and `plan --search` profiles the same model under each checkpointing choice and split degree.
 _FLOPS: dict[str, tuple[int, dict[str, int], int]] = {}
+_CHECKPOINTING_FIELDS = (
+    "activation_checkpointing",
+    "checkpoint_activations",
+    "checkpoint_activations_every",
+    "checkpoint_activations_ops",
+)
 
 
 def _model_flops(
@@ -381,14 +425,7 @@ def _model_flops(
 ) -> tuple[int, dict[str, int], int]:
     """_count_flops of the model `cfg` builds, counted once per process (activation checkpointing, applied
     after this count, changes no FLOPs of the model itself), along its stack of blocks where it has one."""
-    key = cfg.model_dump_json(
-        exclude={
-            "activation_checkpointing",
-            "checkpoint_activations",
-            "checkpoint_activations_every",
-            "checkpoint_activations_ops",
-        }
-    )
+    key = cfg.model_dump_json(exclude=set(_CHECKPOINTING_FIELDS))
     if key not in _FLOPS:
 
         def measure(counted: nn.Module) -> dict[str, int]:
@@ -404,6 +441,111 @@ def _model_flops(
         total, convolution = counts.pop(TOTAL), counts.pop(CONVOLUTION)
         _FLOPS[key] = total, counts, convolution
     return _FLOPS[key]
+
+
+# Memory traffic by model, counted once per process as the FLOPs are (activation checkpointing left out: its
+# recompute is drawn from the blocks' share)
+_TRAFFIC: dict[str, tuple[float, float]] = {}
+SIXTEEN_BITS = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _model_memory_traffic(cfg: TrainConfig, model: nn.Module, objective: Any, data: Any) -> tuple[float, float]:
+    """Bytes the memory-bound operators read and write in a forward, loss and backward: per sample, and per step
+    whatever the batch (told apart by two batch sizes). Counted on a copy in the run's precision: in 16 bits
+    the parameters and activations are 16-bit, as FSDP's mixed precision computes them (a model's own float32
+    casts, an RMSNorm's, stay float32), and the loss is computed on float32 logits, as autocast and torchtitan
+    compute it."""
+    key = cfg.model_dump_json(exclude=set(_CHECKPOINTING_FIELDS))
+    if key not in _TRAFFIC:
+        dtype = SIXTEEN_BITS.get(cfg.precision)
+        small, large = 1, 2
+
+        def measure(counted: nn.Module) -> dict[str, int]:
+            _in_precision(counted, dtype)
+            return {
+                str(size): _count_memory_traffic(counted, objective, *_batch(cfg, data, size, dtype))
+                for size in (small, large)
+            }
+
+        counts, _ = measure_deep(model, 1, measure)
+        per_sample = float(counts[str(large)] - counts[str(small)]) / (large - small)
+        _TRAFFIC[key] = per_sample, max(float(counts[str(small)]) - per_sample * small, 0.0)
+    return _TRAFFIC[key]
+
+
+def _in_precision(model: nn.Module, dtype: torch.dtype | None) -> None:
+    """The model as a 16-bit run computes (`dtype`; None: float32 as it is), its output cast to float32."""
+    if dtype is not None:
+        model.to(dtype)
+        model.register_forward_hook(_float32_output)
+
+
+def _float32_output(_: nn.Module, __: Any, output: Any) -> Any:
+    return output.float() if isinstance(output, torch.Tensor) and output.is_floating_point() else output
+
+
+def _count_memory_traffic(model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Tensor) -> int:
+    traffic = _MemoryTraffic()
+    try:
+        with traffic, _FusedAttention():
+            objective(model, x, y)[0].backward()
+    finally:
+        _drop_grads(model)
+    return traffic.bytes
+
+
+class _MemoryTraffic(TorchDispatchMode):
+    """Bytes each memory-bound operator reads and writes: its tensor inputs and outputs, for every operator but
+    those FlopCounterMode counts (matrix products, convolutions, attention: the device's FLOPs pace them) and
+    those that move nothing (views, allocations). A parameter read (a norm's weight, the rows an embedding
+    looks up) is left out: the table is not read whole, and a weight is small beside the activations. On a GPU
+    in eager mode each such operator is a kernel of its own, its time its bytes over the memory bandwidth."""
+
+    FREE = frozenset(
+        {
+            torch.ops.aten._unsafe_view.default,
+            torch.ops.aten.detach.default,
+            torch.ops.aten.empty.memory_format,
+            torch.ops.aten.empty_like.default,
+            torch.ops.aten.new_empty.default,
+            torch.ops.aten.empty_strided.default,
+            torch.ops.aten.new_empty_strided.default,
+            torch.ops.aten.lift_fresh.default,
+        }
+    )
+
+    # the fused attention _FusedAttention runs on the meta device (a GPU's flash kernel is in the registry)
+    ATTENTION = frozenset(
+        {
+            torch.ops.aten._scaled_dot_product_flash_attention_for_cpu,
+            torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward,
+        }
+    )
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bytes = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        from torch.utils.flop_counter import flop_registry
+
+        out = func(*args, **(kwargs or {}))
+        if (
+            func._overloadpacket not in flop_registry
+            and func._overloadpacket not in self.ATTENTION
+            and not func.is_view
+            and func not in self.FREE
+        ):
+            self.bytes += _tensor_bytes((args, kwargs, out))
+        return out
+
+
+def _tensor_bytes(tree: Any) -> int:
+    return sum(
+        t.numel() * t.element_size()
+        for t in torch.utils._pytree.tree_leaves(tree)
+        if isinstance(t, torch.Tensor) and not isinstance(t, nn.Parameter)
+    )
 
 
 # _model_flops's own counts beside FlopCounterMode's, which are keyed "Global" and "<RootClass>.<path>"

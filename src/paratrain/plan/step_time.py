@@ -3,7 +3,10 @@
 - Compute: FLOPs per sample x the rank's samples / (peak x achievable efficiency), plus, when
   calibrated from runs at two or more batch sizes, a fixed cost per step (dispatching operators,
   launching kernels: what makes small batches run further from the peak). Backward is taken as
-  2/3 of it (twice the forward's FLOPs).
+  2/3 of it (twice the forward's FLOPs). Where the efficiency is the matrix products' alone (the
+  published transformer figures, derived net of MPT's own), the memory-bound operators' bytes
+  (norms, activations, residual adds, casts: profile.py) are added at the device's memory bandwidth,
+  in proportion to the FLOPs wherever the work is divided (stages, splits, recompute).
 - Optimizer: memory-bound: the bytes it reads and writes per parameter byte (SGD with momentum:
   parameter, gradient, buffer read, buffer and parameter written = 5; Adam-like: 7) over the
   device's memory bandwidth; sharded strategies step 1/N of the parameters.
@@ -107,6 +110,10 @@ class Efficiency:
     # which share the host's memory bandwidth (a 2.6 M-parameter MLP's SGD step: 2.7 ms on one rank
     # alone, 3-4 ms on each of two).
     overhead_by_devices: tuple[tuple[int, float], ...] = ()
+    # The share is the matrix products' alone, derived net of the memory-bound operators' time: those run
+    # apart, at the device's memory bandwidth (the model's bytes, profile.py). A share measured on the whole
+    # step of this model (calibrated) or carried over whole (a CNN's) holds their time already.
+    memory_bound_apart: bool = False
 
     def compute_for(self, devices: int) -> float:
         return _at_most(self.by_devices, devices, self.compute)
@@ -138,6 +145,9 @@ def step_time(
     grads = float(profile.param_bytes)
     traffic = OPTIMIZER_TRAFFIC[optimizer]
     fixed = eff.fixed_compute_s(layout.devices)
+    if eff.memory_bound_apart:  # each FLOP of work brings its memory-bound operators' bytes
+        speed = 1 / (1 / speed + profile.memory_bound_bytes_per_flop / device.memory_bandwidth)
+        fixed += profile.memory_bound_bytes_fixed / device.memory_bandwidth
     if layout.stages > 1:
         compute, comm, exposed, optimizer_s = _pipeline(profile, layout, device, topo, speed, traffic, fixed, precision)
     elif layout.tp > 1:
