@@ -604,6 +604,23 @@ def test_memory_bound_operators_run_at_the_memory_bandwidth_where_the_efficiency
     assert t["compute_s"] == pytest.approx(5 * slot, rel=1e-12)
 
 
+def test_cpu_ranks_average_ddp_over_shared_memory_and_run_every_other_collective_on_gloo():
+    """paratrain's shared-memory average carries ddp's and zero1's gradients; FSDP's gathers and reduce-scatters,
+    the pipeline's sends and hybrid's DDP are gloo's (a slower link here: 1e7 B/s, 5 ms a collective)."""
+    gloo = Link("gloo", 1e7, 0.0, "test", base_latency=5e-3)
+    with_gloo = replace(TWO_PER_NODE, gloo=gloo)
+    over_gloo = replace(TWO_PER_NODE, intra=gloo)
+    cpu = device(False)
+    for layout in (whole("ddp", 2), whole("zero1", 2)):
+        t = step_time(profile(), layout, cpu, "fp32", "sgd", with_gloo, EFF)
+        assert t == step_time(profile(), layout, cpu, "fp32", "sgd", TWO_PER_NODE, EFF)
+        assert t["comm_s"] < step_time(profile(), layout, cpu, "fp32", "sgd", over_gloo, EFF)["comm_s"]
+    for layout in (whole("fsdp", 2), Layout("pipeline", 2, 1, 2, 4, 100), Layout("hybrid", 4, 2, 2, 4, 100)):
+        t = step_time(profile(), layout, cpu, "fp32", "sgd", with_gloo, EFF)
+        assert t == step_time(profile(), layout, cpu, "fp32", "sgd", over_gloo, EFF)
+        assert t["comm_s"] > step_time(profile(), layout, cpu, "fp32", "sgd", TWO_PER_NODE, EFF)["comm_s"]
+
+
 def split_stages_profile() -> ModelProfile:
     """The toy split 2 ways unit by unit: the first unit whole, the other three halved, all of their FLOPs split;
     8 all-reduces a step of 1 kB a sample each."""

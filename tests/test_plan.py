@@ -311,6 +311,22 @@ def test_a_transformers_memory_bound_operators_are_timed_at_the_memory_bandwidth
     assert row["step_time_s"] == pytest.approx(compute + moved + 5 * model["param_bytes"] / bandwidth, rel=1e-9)
 
 
+def test_a_cpu_plan_prices_gloos_collectives_on_the_link_measured_here(capsys):
+    """On CPU ranks FSDP's collectives are gloo's, slower here than the shared-memory average ddp takes: a plan
+    of both on 2 cores gives fsdp the gloo link's 0.296 ms a collective (links.py, benchmarks/gloo_link.py)."""
+    argv = ["plan", "--workload", "gpt-tiny", "--device", "cpu", "--gpus", "2", "--strategy", "ddp,fsdp", "--json"]
+    assert main(argv) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["device"]["gloo_link"]["base_latency_s"] == 0.296e-3
+    assert "benchmarks/gloo_link.py" in plan["device"]["gloo_link"]["source"]
+    comm = {r["strategy"]: r["time"]["comm_s"] for r in plan["rows"] if r["devices"] == 2}
+    # fsdp: two gathers (resharding after forward) and a reduce-scatter of the float32 parameters, each a
+    # collective's latency and half the bytes over the link (a ring of 2)
+    size = plan["model"]["param_bytes"]
+    assert comm["fsdp"] == pytest.approx(3 * (0.296e-3 + size / 2 / 1.34e9), rel=1e-9)
+    assert comm["ddp"] < comm["fsdp"] / 3
+
+
 def test_every_device_and_link_figure_names_its_source():
     """Each peak, memory size, bandwidth, link and efficiency of the table carries the document it
     comes from; dtypes a device lacks have no figure to source."""

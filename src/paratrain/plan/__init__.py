@@ -23,7 +23,15 @@ from paratrain.config.parallelism import TensorParallelOptions
 from paratrain.errors import UsageError
 from paratrain.formatting import rate, size
 from paratrain.plan.devices import NODE_DEVICES, Device, get_device
-from paratrain.plan.links import DEFAULT_INTER_NODE, Link, commbench_link, custom_link, get_link, shm_link
+from paratrain.plan.links import (
+    DEFAULT_INTER_NODE,
+    Link,
+    commbench_link,
+    custom_link,
+    get_link,
+    gloo_link,
+    shm_link,
+)
 from paratrain.plan.memory import USABLE_FRACTION, Layout, memory_per_device
 from paratrain.plan.profile import ModelProfile, profile_model, profile_tensor_parallel
 from paratrain.plan.step_time import Efficiency, Topology, bubble_fraction, step_time
@@ -196,6 +204,7 @@ def _device_json(device: Device, precision: str, eff: Efficiency, per_node: int,
         "per_node": per_node,
         "intra_node_link": _link_json(topo.intra),
         "inter_node_link": _link_json(topo.inter),
+        **({"gloo_link": _link_json(topo.gloo)} if topo.gloo is not None else {}),
         "sources": device.sources,
     }
 
@@ -327,7 +336,7 @@ def _topology(cfg: PlanConfig, device: Device, per_node: int, gradient_bytes: fl
         intra = custom_link("intra-node", cfg.intra_node_gbps)
     if cfg.inter_node_gbps is not None:
         inter = custom_link("inter-node", cfg.inter_node_gbps)
-    return Topology(per_node, intra, inter)
+    return Topology(per_node, intra, inter, gloo_link() if device.intra_node_link == "shm" else None)
 
 
 def _link_json(link: Link) -> dict[str, Any]:

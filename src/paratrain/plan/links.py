@@ -65,6 +65,14 @@ LINKS: dict[str, Link] = {
 # (docs/benchmarks.md, benchmarks/allreduce_latency.py), charged once per collective.
 SHM_LATENCY_S = 0.17e-3
 SHM_SOURCE = "measured here: benchmarks/allreduce_latency.py, docs/benchmarks.md (0.16-0.18 ms after compute)"
+# Every other collective of CPU ranks (FSDP's gathers and reduce-scatters, tensor parallelism's all-reduces,
+# the pipeline's sends, hybrid's DDP) is torch.distributed's own, on gloo over the loopback: an all-reduce
+# between 2 ranks of this host, a core each, measured (benchmarks/gloo_link.py, 3 runs 2026-11-27: alpha
+# 0.285-0.299 ms, beta 1.25-1.42 GB/s; the medians), charged once per collective. A fifth of the shared-memory
+# average's bandwidth here, and twice its latency.
+GLOO_LATENCY_S = 0.296e-3
+GLOO_BANDWIDTH = 1.34 * GB
+GLOO_SOURCE = "measured here: benchmarks/gloo_link.py (2 ranks, a core each: 0.285-0.299 ms, 1.25-1.42 GB/s)"
 DEFAULT_INTER_NODE = "ib-hdr"
 
 
@@ -83,6 +91,10 @@ def shm_link(memory_bandwidth: float) -> Link:
         f"reads its peers' gradients and writes the average); latency: {SHM_SOURCE}",
         base_latency=SHM_LATENCY_S,
     )
+
+
+def gloo_link() -> Link:
+    return Link("gloo", GLOO_BANDWIDTH, 0.0, GLOO_SOURCE, base_latency=GLOO_LATENCY_S)
 
 
 def custom_link(name: str, gbits: float) -> Link:

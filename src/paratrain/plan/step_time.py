@@ -15,6 +15,8 @@
   all-gather and reduce-scatter: base + (n−1)·latency + (n−1)/n · S / bandwidth (S the whole);
   across nodes, hierarchical: reduce-scatter inside each node, all-reduce of the node's 1/g share
   across nodes, all-gather inside the node (the inter-node link carries 1/g of the bytes).
+- CPU ranks of one host: ddp's and zero1's gradient average over shared memory (paratrain's own path), every
+  other layout's collectives over gloo on the loopback (measured: links.py).
 - Overlap: where the device communicates beside compute (GPUs: NCCL runs on its own stream), DDP's
   all-reduce hides behind backward except its last bucket (DDP's 25 MB), FSDP's all-gathers and
   reduce-scatters behind forward and backward except one unit's; CPU ranks here average once the
@@ -42,7 +44,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from paratrain.plan.devices import Device
@@ -53,6 +55,8 @@ from paratrain.plan.profile import ModelProfile, TensorParallelProfile
 BACKWARD_SHARE = 2 / 3
 DDP_BUCKET_BYTES = 25 * 2**20
 OPTIMIZER_TRAFFIC = {"sgd": 5, "lars": 5, "adam": 7, "adamw": 7, "lamb": 7}
+# the layouts whose collectives on CPU ranks go through paratrain's shared-memory average (engine/strategies/ddp.py)
+SHARED_MEMORY_AVERAGED = ("single", "ddp", "zero1")
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,9 @@ class Topology:
     per_node: int
     intra: Link
     inter: Link
+    # CPU ranks: the link of torch.distributed's own collectives (gloo), where the gradient average of ddp and
+    # zero1 takes another path (paratrain's shared memory: `intra`). None on GPUs: NCCL carries everything.
+    gloo: Link | None = None
 
 
 def ring_allreduce_s(size: float, ranks: int, link: Link) -> float:
@@ -140,6 +147,8 @@ def step_time(
     eff: Efficiency,
 ) -> dict[str, Any]:
     """Seconds per optimizer step and where they go."""
+    if topo.gloo is not None and layout.strategy not in SHARED_MEMORY_AVERAGED:
+        topo = replace(topo, intra=topo.gloo)
     speed = device.peak(precision) * eff.compute_for(layout.devices)
     n = layout.data_parallel
     grads = float(profile.param_bytes)

@@ -1,0 +1,125 @@
+"""Predicted against measured step time of the layouts beyond ddp on this machine: fsdp and tensor parallelism
+(with and without sequence parallelism) of gpt-tiny on 2 workers (one core each), planned by
+`paratrain plan --device cpu` calibrated from single and ddp runs only (docs/planner.md).
+
+The calibration (`--calibrate`) is planner_accuracy.py's: runs on 1 and 2 workers at two batch sizes give
+the compute efficiency, the fixed compute a step, the per-step overhead and the synchronisation wait. What
+the layouts add, their collectives (FSDP's gathers and reduce-scatters, tensor parallelism's all-reduces of
+activations or its gathers and reduce-scatters) and their split compute, is predicted from the plan's
+model alone, and checked here on runs at two other batch sizes. Runs alternate the layouts within a repeat
+so drift hits all alike; the table gives the median of --repeats. About 5 minutes a repeat here; it takes
+both cores, so run it on a quiet machine.
+
+    .venv/bin/python benchmarks/planner_layouts.py --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from planner_accuracy import BIN, ROOT, train
+
+WORKLOAD = "gpt-tiny"
+FLAGS = ["--samples-per-epoch", "384", "--eval-samples", "32", "--epochs", "2", "--optimizer", "adam"]
+CALIBRATE = (6, 16)  # the batches of the single and ddp runs the plan is calibrated from
+BATCHES = (8, 32)  # the batches each layout is predicted and measured at (per worker; tp: per group)
+# layout -> (its train flags on 2 workers, its plan flags, the plan row's strategy, replicas). `train
+# --batch-size` is per replica (a tensor-parallel group is one), `plan --batch-size` per device: the plan
+# is given the global batch of the run it predicts.
+LAYOUTS = {
+    "ddp": (["--strategy", "ddp"], ["--strategy", "ddp"], "ddp", 2),
+    "fsdp": (["--strategy", "fsdp"], ["--strategy", "fsdp"], "fsdp", 2),
+    "tp": (["--tp", "2"], ["--strategy", "ddp", "--tp", "2"], "tp", 1),
+    "tp, sequence parallel": (
+        ["--tp", "2", "--sequence-parallel"],
+        ["--strategy", "ddp", "--tp", "2", "--sequence-parallel"],
+        "tp",
+        1,
+    ),
+}
+
+
+def plan(global_batch: int, flags: list[str], calibration: list[Path]) -> tuple[dict, str]:
+    cmd = [str(BIN / "paratrain"), "plan", "--workload", WORKLOAD, "--device", "cpu", "--gpus", "2"]
+    cmd += ["--global-batch", str(global_batch), "--optimizer", "adam", *flags]
+    cmd += ["--calibrate", *map(str, calibration)]
+    proc = subprocess.run([*cmd, "--json"], capture_output=True, text=True, cwd=ROOT)
+    if proc.returncode != 0:
+        sys.exit(f"failed: {' '.join(cmd)}\n{proc.stderr.strip()}")
+    return json.loads(proc.stdout), " ".join(cmd[1:])
+
+
+def run(workers: int, batch: int, flags: list[str], run_dir: Path, measured: bool) -> dict:
+    """train's summary of the run, or with `measured` the one an earlier run left in `run_dir`."""
+    if not measured:
+        return train(WORKLOAD, workers, batch, flags, run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    summary["command"] = f"(measured in {run_dir})"
+    return summary
+
+
+def step_s(summary: dict) -> float:
+    return summary["global_batch_size"] / summary["samples_per_s"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=3, help="runs of every point, in turn; the median counts")
+    parser.add_argument("--out", type=Path, help="keep the run directories here (default: a temporary directory)")
+    parser.add_argument("--measured", type=Path, help="predict the runs an earlier --out kept, training nothing")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = args.measured or args.out or Path(tmp)
+        calibration: list[Path] = []
+        measured: dict[tuple[str, int], list[dict]] = {}
+        commands: list[str] = []
+        for repeat in range(args.repeats):
+            for batch in CALIBRATE:
+                for workers in (1, 2):
+                    run_dir = out / f"calibrate-w{workers}-b{batch}-r{repeat}"
+                    summary = run(workers, batch, FLAGS, run_dir, args.measured is not None)
+                    calibration.append(run_dir)
+                    commands += [summary["command"]] if repeat == 0 else []
+            for batch in BATCHES:
+                for name, (train_flags, *_) in LAYOUTS.items():
+                    run_dir = out / f"{name.replace(', ', '-').replace(' ', '-')}-b{batch}-r{repeat}"
+                    summary = run(2, batch, [*FLAGS, *train_flags], run_dir, args.measured is not None)
+                    measured.setdefault((name, batch), []).append(summary)
+                    commands += [summary["command"]] if repeat == 0 else []
+                    print(f"repeat {repeat + 1} {name} b{batch}: {step_s(summary) * 1e3:.2f} ms", file=sys.stderr)
+        header = (
+            "layout, 2 workers | batch | predicted step (ms) | measured step (ms), median (runs) | error | contended"
+        )
+        print(f"| {header} |")
+        print("|---|---|---|---|---|---|")
+        worst = 0.0
+        for batch in BATCHES:
+            for name, (_, plan_flags, strategy, replicas) in LAYOUTS.items():
+                predicted, plan_command = plan(batch * replicas, plan_flags, calibration)
+                commands.append(plan_command)
+                row = next(r for r in predicted["rows"] if r["devices"] == 2 and r["strategy"] == strategy)
+                runs = measured[(name, batch)]
+                steps = [step_s(s) for s in runs]
+                median = statistics.median(steps)
+                error = (row["step_time_s"] - median) / median
+                worst = max(worst, abs(error))
+                shown = ", ".join(f"{t * 1e3:.2f}" for t in steps)
+                contended = "yes" if any(s["machine_load"]["contended"] for s in runs) else ""
+                print(
+                    f"| {name} | {batch} | {row['step_time_s'] * 1e3:.2f} | {median * 1e3:.2f} ({shown}) | "
+                    f"{error:+.1%} | {contended} |"
+                )
+        print(f"\nlargest error: {worst:.1%}, {args.repeats} repeat(s)")
+        print("\ncommands (RUNS: the run directories above):")
+        for command in commands:
+            print(f"    paratrain {command.replace(str(out), 'RUNS')}")
+
+
+if __name__ == "__main__":
+    main()
