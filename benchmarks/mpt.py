@@ -75,14 +75,13 @@ class Mpt(nn.Module):
         return F.linear(self.norm_f(x), self.wte.weight)
 
 
-def _factory(name: str):
-    def build(seq_len: int = 2048) -> Mpt:
-        return Mpt(SHAPES[name], seq_len)
-
-    build.__name__ = name
-    return build
+def mpt_7b(seq_len: int = 2048) -> Mpt:
+    return Mpt(SHAPES["mpt_7b"], seq_len)
 
 
-mpt_7b = _factory("mpt_7b")
-mpt_13b = _factory("mpt_13b")
-mpt_30b = _factory("mpt_30b")
+def mpt_13b(seq_len: int = 2048) -> Mpt:
+    return Mpt(SHAPES["mpt_13b"], seq_len)
+
+
+def mpt_30b(seq_len: int = 2048) -> Mpt:
+    return Mpt(SHAPES["mpt_30b"], seq_len)

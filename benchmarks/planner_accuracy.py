@@ -68,26 +68,10 @@ def train(workload: str, workers: int, batch: int, flags: list[str], out: Path) 
     return summary
 
 
-def plan(workload: str, batch: int, optimizer: str, calibration: list[Path]) -> tuple[dict, str]:
-    cmd = [
-        str(BIN / "paratrain"),
-        "plan",
-        "--workload",
-        workload,
-        "--device",
-        "cpu",
-        "--gpus",
-        "2",
-        "--batch-size",
-        str(batch),
-        "--strategy",
-        "ddp",
-        "--optimizer",
-        optimizer,
-        "--calibrate",
-        *map(str, calibration),
-        "--json",
-    ]
+def plan(workload: str, optimizer: str, calibration: list[Path], flags: list[str]) -> tuple[dict, str]:
+    """`paratrain plan --device cpu --gpus 2` of the workload with `flags`, calibrated from the runs."""
+    cmd = [str(BIN / "paratrain"), "plan", "--workload", workload, "--device", "cpu", "--gpus", "2", *flags]
+    cmd += ["--optimizer", optimizer, "--calibrate", *map(str, calibration), "--json"]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if proc.returncode != 0:
         sys.exit(f"failed: {' '.join(cmd)}\n{proc.stderr.strip()}")
@@ -128,7 +112,8 @@ def main() -> None:
             optimizer = flags[flags.index("--optimizer") + 1]
             calibration = [s["_dir"] for b in calibrate_batches for w in (1, 2) for s in measured[(workload, w, b)]]
             for batch in batches:
-                predicted, plan_command = plan(workload, batch, optimizer, calibration)
+                flags = ["--batch-size", str(batch), "--strategy", "ddp"]
+                predicted, plan_command = plan(workload, optimizer, calibration, flags)
                 commands.append(plan_command.replace(str(out), "RUNS"))
                 by_devices = {r["devices"]: r for r in predicted["rows"]}
                 for workers in (1, 2):

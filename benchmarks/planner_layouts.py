@@ -18,12 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from planner_accuracy import BIN, ROOT, train
+from planner_accuracy import plan, train
 
 WORKLOAD = "gpt-tiny"
 FLAGS = ["--samples-per-epoch", "384", "--eval-samples", "32", "--epochs", "2", "--optimizer", "adam"]
@@ -43,16 +42,6 @@ LAYOUTS = {
         1,
     ),
 }
-
-
-def plan(global_batch: int, flags: list[str], calibration: list[Path]) -> tuple[dict, str]:
-    cmd = [str(BIN / "paratrain"), "plan", "--workload", WORKLOAD, "--device", "cpu", "--gpus", "2"]
-    cmd += ["--global-batch", str(global_batch), "--optimizer", "adam", *flags]
-    cmd += ["--calibrate", *map(str, calibration)]
-    proc = subprocess.run([*cmd, "--json"], capture_output=True, text=True, cwd=ROOT)
-    if proc.returncode != 0:
-        sys.exit(f"failed: {' '.join(cmd)}\n{proc.stderr.strip()}")
-    return json.loads(proc.stdout), " ".join(cmd[1:])
 
 
 def run(workers: int, batch: int, flags: list[str], run_dir: Path, measured: bool) -> dict:
@@ -101,7 +90,8 @@ def main() -> None:
         worst = 0.0
         for batch in BATCHES:
             for name, (_, plan_flags, strategy, replicas) in LAYOUTS.items():
-                predicted, plan_command = plan(batch * replicas, plan_flags, calibration)
+                flags = ["--global-batch", str(batch * replicas), *plan_flags]
+                predicted, plan_command = plan(WORKLOAD, "adam", calibration, flags)
                 commands.append(plan_command)
                 row = next(r for r in predicted["rows"] if r["devices"] == 2 and r["strategy"] == strategy)
                 runs = measured[(name, batch)]

@@ -33,7 +33,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from paratrain.config import TrainConfig
 from paratrain.config.parallelism import TensorParallelOptions
-from paratrain.engine.flops import convolution_flops, flop_counter
+from paratrain.engine.flops import DTYPES, convolution_flops, flop_counter
 from paratrain.errors import UsageError
 from paratrain.plan.depth import Stack, find_stack, fold_stack, measure_deep, shallow_copy, unfold_stack
 
@@ -446,7 +446,6 @@ def _model_flops(
 # Memory traffic by model, counted once per process as the FLOPs are (activation checkpointing left out: its
 # recompute is drawn from the blocks' share)
 _TRAFFIC: dict[str, tuple[float, float]] = {}
-SIXTEEN_BITS = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def _model_memory_traffic(cfg: TrainConfig, model: nn.Module, objective: Any, data: Any) -> tuple[float, float]:
@@ -457,7 +456,7 @@ def _model_memory_traffic(cfg: TrainConfig, model: nn.Module, objective: Any, da
     compute it."""
     key = cfg.model_dump_json(exclude=set(_CHECKPOINTING_FIELDS))
     if key not in _TRAFFIC:
-        dtype = SIXTEEN_BITS.get(cfg.precision)
+        dtype = DTYPES[cfg.precision] if cfg.precision != "32" else None
         small, large = 1, 2
 
         def measure(counted: nn.Module) -> dict[str, int]:
