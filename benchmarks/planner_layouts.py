@@ -1,14 +1,16 @@
 """Predicted against measured step time of the layouts beyond ddp on this machine: fsdp and tensor parallelism
 (with and without sequence parallelism) of gpt-tiny on 2 workers (one core each), planned by
-`paratrain plan --device cpu` calibrated from single and ddp runs only (docs/planner.md).
+`paratrain plan --device cpu`, calibrated two ways (docs/planner.md):
 
-The calibration (`--calibrate`) is planner_accuracy.py's: runs on 1 and 2 workers at two batch sizes give
-the compute efficiency, the fixed compute a step, the per-step overhead and the synchronisation wait. What
-the layouts add, their collectives (FSDP's gathers and reduce-scatters, tensor parallelism's all-reduces of
-activations or its gathers and reduce-scatters) and their split compute, is predicted from the plan's
-model alone, and checked here on runs at two other batch sizes. Runs alternate the layouts within a repeat
-so drift hits all alike; the table gives the median of --repeats. About 5 minutes a repeat here; it takes
-both cores, so run it on a quiet machine.
+- from single and ddp runs only: planner_accuracy.py's calibration. Runs on 1 and 2 workers at two batch sizes
+  give the compute efficiency, the fixed compute a step, the per-step overhead and the synchronisation wait;
+  what the layouts add, their collectives and their split compute, is predicted from the plan's model alone;
+- with the layout's own runs too, at the same two batch sizes: the plan fits the layout's cost beyond its model
+  of it (a fixed part a step and a part a sample: calibrate.py's LayoutCost).
+
+Each is checked on runs at two other batch sizes. Runs alternate the layouts within a repeat so drift hits all
+alike; the table gives the median of --repeats. About 6 minutes a repeat here; it takes both cores, so run it on
+a quiet machine.
 
     .venv/bin/python benchmarks/planner_layouts.py --repeats 3
 """
@@ -57,6 +59,10 @@ def step_s(summary: dict) -> float:
     return summary["global_batch_size"] / summary["samples_per_s"]
 
 
+def run_name(layout: str, batch: int, repeat: int) -> str:
+    return f"{layout.replace(', ', '-').replace(' ', '-')}-b{batch}-r{repeat}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3, help="runs of every point, in turn; the median counts")
@@ -66,6 +72,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out = args.measured or args.out or Path(tmp)
         calibration: list[Path] = []
+        own: dict[str, list[Path]] = {name: [] for name in LAYOUTS}  # each layout's runs at the calibration batches
         measured: dict[tuple[str, int], list[dict]] = {}
         commands: list[str] = []
         for repeat in range(args.repeats):
@@ -75,37 +82,47 @@ def main() -> None:
                     summary = run(workers, batch, FLAGS, run_dir, args.measured is not None)
                     calibration.append(run_dir)
                     commands += [summary["command"]] if repeat == 0 else []
+                for name, (train_flags, *_) in LAYOUTS.items():
+                    if name == "ddp":  # its runs at these batches are the calibration's own
+                        continue
+                    run_dir = out / run_name(name, batch, repeat)
+                    summary = run(2, batch, [*FLAGS, *train_flags], run_dir, args.measured is not None)
+                    own[name].append(run_dir)
+                    commands += [summary["command"]] if repeat == 0 else []
             for batch in BATCHES:
                 for name, (train_flags, *_) in LAYOUTS.items():
-                    run_dir = out / f"{name.replace(', ', '-').replace(' ', '-')}-b{batch}-r{repeat}"
+                    run_dir = out / run_name(name, batch, repeat)
                     summary = run(2, batch, [*FLAGS, *train_flags], run_dir, args.measured is not None)
                     measured.setdefault((name, batch), []).append(summary)
                     commands += [summary["command"]] if repeat == 0 else []
                     print(f"repeat {repeat + 1} {name} b{batch}: {step_s(summary) * 1e3:.2f} ms", file=sys.stderr)
-        header = (
-            "layout, 2 workers | batch | predicted step (ms) | measured step (ms), median (runs) | error | contended"
+        print(
+            "| layout, 2 workers | batch | measured step (ms), median (runs) | predicted from single and ddp "
+            "| error | predicted with the layout's own runs | error | contended |"
         )
-        print(f"| {header} |")
-        print("|---|---|---|---|---|---|")
-        worst = 0.0
+        print("|---|---|---|---|---|---|---|---|")
+        worst = {"plain": 0.0, "own": 0.0}
         for batch in BATCHES:
             for name, (_, plan_flags, strategy, replicas) in LAYOUTS.items():
-                flags = ["--global-batch", str(batch * replicas), *plan_flags]
-                predicted, plan_command = plan(WORKLOAD, "adam", calibration, flags)
-                commands.append(plan_command)
-                row = next(r for r in predicted["rows"] if r["devices"] == 2 and r["strategy"] == strategy)
                 runs = measured[(name, batch)]
                 steps = [step_s(s) for s in runs]
                 median = statistics.median(steps)
-                error = (row["step_time_s"] - median) / median
-                worst = max(worst, abs(error))
-                shown = ", ".join(f"{t * 1e3:.2f}" for t in steps)
+                cells = []
+                for kind, runs_used in (("plain", calibration), ("own", calibration + own[name])):
+                    flags = ["--global-batch", str(batch * replicas), *plan_flags]
+                    predicted, plan_command = plan(WORKLOAD, "adam", runs_used, flags)
+                    commands.append(plan_command)
+                    row = next(r for r in predicted["rows"] if r["devices"] == 2 and r["strategy"] == strategy)
+                    error = (row["step_time_s"] - median) / median
+                    worst[kind] = max(worst[kind], abs(error))
+                    cells += [f"{row['step_time_s'] * 1e3:.1f} ms", f"{error:+.1%}"]
+                shown = ", ".join(f"{t * 1e3:.1f}" for t in steps)
                 contended = "yes" if any(s["machine_load"]["contended"] for s in runs) else ""
-                print(
-                    f"| {name} | {batch} | {row['step_time_s'] * 1e3:.2f} | {median * 1e3:.2f} ({shown}) | "
-                    f"{error:+.1%} | {contended} |"
-                )
-        print(f"\nlargest error: {worst:.1%}, {args.repeats} repeat(s)")
+                print(f"| {name} | {batch} | {median * 1e3:.1f} ms ({shown}) | {' | '.join(cells)} | {contended} |")
+        print(
+            f"\nlargest error: {worst['plain']:.1%} from single and ddp, "
+            f"{worst['own']:.1%} with the layouts' own runs; {args.repeats} repeat(s)"
+        )
         print("\ncommands (RUNS: the run directories above):")
         for command in commands:
             print(f"    paratrain {command.replace(str(out), 'RUNS')}")

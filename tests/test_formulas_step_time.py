@@ -14,17 +14,19 @@ import pytest
 
 from paratrain.errors import UsageError
 from paratrain.plan import calibrate
-from paratrain.plan.calibrate import _compute_line
+from paratrain.plan.calibrate import _compute_line, _cost_line
 from paratrain.plan.devices import Device
 from paratrain.plan.links import Link
 from paratrain.plan.memory import Layout
-from paratrain.plan.profile import ModelProfile
+from paratrain.plan.profile import ModelProfile, TensorParallelProfile
 from paratrain.plan.step_time import (
     Efficiency,
+    LayoutCost,
     Topology,
     allgather_s,
     allreduce_s,
     bubble_fraction,
+    layout_key,
     ring_allgather_s,
     ring_allreduce_s,
     step_time,
@@ -167,6 +169,18 @@ def test_fsdp_gathers_twice_with_resharding_and_hides_all_but_two_units_on_gpus(
     assert overlapped["exposed_comm_s"] == pytest.approx(2 * 0.0061, rel=1e-12)
 
 
+def test_a_calibrated_layout_cost_is_added_to_its_layouts_overhead_only():
+    # fsdp's measured 30 ms a step + 0.1 ms a sample (whole("fsdp", 2): 100 samples a rank) on top of the 5 ms
+    costs = (LayoutCost("fsdp", 2, 0.03, 1e-4), LayoutCost("hsdp", 2, 1.0, 0.0))
+    calibrated = replace(EFF, layout_costs=costs)
+    plain = step_time(profile(), whole("fsdp", 2), device(False), "fp32", "sgd", TWO_PER_NODE, EFF)
+    t = step_time(profile(), whole("fsdp", 2), device(False), "fp32", "sgd", TWO_PER_NODE, calibrated)
+    assert t["overhead_s"] == pytest.approx(0.005 + 0.03 + 0.01, rel=1e-12)
+    assert t["step_time_s"] == pytest.approx(plain["step_time_s"] + 0.04, rel=1e-12)
+    ddp = step_time(profile(), whole("ddp", 2), device(False), "fp32", "sgd", TWO_PER_NODE, calibrated)
+    assert ddp["overhead_s"] == pytest.approx(0.005, rel=1e-12)
+
+
 def test_hsdp_collects_over_its_shard_group_and_all_reduces_its_shard_across_replicas():
     """--dp-replicate 2 --dp-shard 2 (torch's HSDP): fsdp's collectives over the 2 ranks of a shard group, then
     the all-reduce of each rank's half of the gradients between the 2 replicas."""
@@ -271,9 +285,12 @@ def run(
     optimizer: float = 0.0,
     grad_accum: int = 1,
     name: str = "r",
+    **fields,
 ) -> dict:
-    """A summary.json of a run of a model of 1 MFLOP a sample on a 1 GFLOP/s device."""
+    """A summary.json of a run of a model of 1 MFLOP a sample on a 1 GFLOP/s device (`fields`: its strategy,
+    its layout)."""
     return {
+        **fields,
         "status": "completed",
         "workers": workers,
         "batch_size": batch,
@@ -296,7 +313,7 @@ def plan_says(summary: Summary) -> dict:
 
 def fit(summaries: list[dict], predicted) -> Efficiency:
     """calibrate.fit on these summary.json contents, read as the records `read_runs` gives it."""
-    return calibrate.fit([Summary.model_validate(s) for s in summaries], predicted)
+    return calibrate.fit([Summary.model_validate(s) for s in summaries], lambda summary, _: predicted(summary))
 
 
 def test_calibration_fits_efficiency_fixed_cost_and_overhead_per_rank_count():
@@ -384,11 +401,96 @@ def test_a_run_without_grad_accum_counts_its_batch_once_and_is_named():
     )
 
 
+def plan_under(summary: Summary, eff: Efficiency) -> dict:
+    """A plan whose step is 1 ms a sample at the efficiency (+ 5 ms of exposed communication on 2 ranks, 4 ms
+    of optimizer), naming the layout by the run's strategy and tensor-parallel degree."""
+    tp = (summary.layout or {}).get("tp", 1)
+    exposed = 5e-3 if summary.workers > 1 else 0.0
+    compute = 1e-3 * summary.batch_size / eff.compute_for(summary.workers)
+    layout = summary.strategy + (f" (tp {tp})" if tp > 1 else "")
+    return {"exposed_comm_s": exposed, "optimizer_s": 4e-3, "step_time_s": compute + exposed + 4e-3, "layout": layout}
+
+
+def test_a_layouts_own_runs_fit_its_cost_beyond_the_plan_and_leave_the_efficiency_to_the_plain_runs():
+    # ddp on 2 ranks: 100 samples at 0.1 s at the peak, busy 0.2 -> efficiency 0.5, the plan's step at it
+    # 1e-3 x 100 / 0.5 + 5 + 4 ms = 0.209 s
+    ddp = run(2, 100, 0.20, name="ddp", strategy="ddp")
+    # fsdp at 50 and 100 samples (2x apart: a line): measured 50 ms + 0.4 ms a sample beyond the calibrated
+    # plan's 1e-3 x samples / 0.5 + 9 ms. Its compute alone (0.3 s, 0.4 s) would have slowed the efficiency.
+    fsdp = [
+        run(2, batch, 0.002 * batch + 0.009 + 0.05 + 4e-4 * batch, name=f"fsdp{batch}", strategy="fsdp")
+        for batch in (50, 100)
+    ]
+    # tp 2 at one batch (a median, no per-sample term): 30 ms beyond the plan's 0.1 + 9 ms, measured as comm
+    tp = run(2, 50, 0.1, comm=0.009 + 0.03, name="tp", strategy="tp", layout={"tp": 2, "dp_shard": 1})
+    eff = calibrate.fit([Summary.model_validate(s) for s in (ddp, *fsdp, tp)], plan_under)
+    assert flat(eff.by_devices) == pytest.approx([2, 0.5], rel=1e-9)
+    assert [(c.layout, c.devices) for c in eff.layout_costs] == [("fsdp", 2), ("tp (tp 2)", 2)]
+    assert [c.fixed_s for c in eff.layout_costs] == pytest.approx([0.05, 0.03], rel=1e-9)
+    assert [c.per_sample_s for c in eff.layout_costs] == pytest.approx([4e-4, 0.0], abs=1e-12)
+    assert eff.layout_cost_s("fsdp", 2, 75) == pytest.approx(0.05 + 0.03, rel=1e-9)
+    assert eff.source.startswith("calibrated from 1 run(s) measured here (ddp): compute efficiency 0.500")
+    assert eff.source.endswith(
+        "; beyond it, measured (fsdp50, fsdp100, tp): fsdp on 2 rank(s) +50.00 ms a step +0.400 ms a sample, "
+        "tp (tp 2) on 2 rank(s) +30.00 ms a step"
+    )
+    # without plain runs, fsdp's runs are the efficiency's (as before layouts were calibrated apart)
+    alone = calibrate.fit([Summary.model_validate(s) for s in fsdp], plan_under)
+    assert alone.layout_costs == () and alone.compute_for(2) != pytest.approx(0.5)
+
+
+def test_tensor_parallel_runs_alone_cannot_calibrate():
+    tp = run(2, 50, 0.1, strategy="tp", layout={"tp": 2})
+    with pytest.raises(UsageError, match="tensor-parallel runs are calibrated against the plan of whole-model runs"):
+        calibrate.fit([Summary.model_validate(tp)], plan_under)
+
+
+def test_cost_line_by_least_squares_and_its_fallbacks():
+    # 1.5x apart: the line through (2, 5) and (3, 7): 1 + 2 a sample
+    assert _cost_line([(2.0, 5.0), (3.0, 7.0)]) == pytest.approx((1.0, 2.0), rel=1e-12)
+    # a negative intercept is kept (the line holds where it was measured): (2, 1), (4, 5) -> -3 + 2 a sample
+    assert _cost_line([(2.0, 1.0), (4.0, 5.0)]) == pytest.approx((-3.0, 2.0), rel=1e-12)
+    # a cost that falls with the batch is no model of it: the median, as under 1.5x apart
+    assert _cost_line([(2.0, 5.0), (4.0, 3.0)]) == pytest.approx((4.0, 0.0), rel=1e-12)
+    assert _cost_line([(2.0, 5.0), (2.9, 7.0), (2.5, -1.0)]) == pytest.approx((5.0, 0.0), rel=1e-12)
+    # repeats: the line runs through each batch's median, (2, 5.2) and (4, 9), whatever one slow run measured:
+    # 1.9 a sample, 5.2 - 3.8 = 1.4 a step (least squares over the four runs: 1.3 a sample, 3.8 a step)
+    assert _cost_line([(2.0, 5.0), (2.0, 9.0), (4.0, 9.0), (2.0, 5.2)]) == pytest.approx((1.4, 1.9), rel=1e-12)
+
+
+def test_a_layout_cost_applies_to_its_own_layout_from_its_own_device_count():
+    eff = Efficiency(
+        1.0,
+        layout_costs=(
+            LayoutCost("fsdp", 4, 0.2, 0.0),
+            LayoutCost("fsdp", 2, 0.1, 0.01),
+            LayoutCost("tp (tp 2)", 2, 1, 0),
+        ),
+    )
+    assert eff.layout_cost_s("fsdp", 2, 10) == pytest.approx(0.2)  # 0.1 + 0.01 x 10
+    assert eff.layout_cost_s("fsdp", 3, 10) == pytest.approx(0.2)  # the largest count <= 3: 2's
+    assert eff.layout_cost_s("fsdp", 64, 10) == pytest.approx(0.2)  # 4's: 0.2 whatever the batch
+    assert eff.layout_cost_s("fsdp", 1, 10) == 0.0  # measured on 2 and 4 only
+    assert eff.layout_cost_s("hsdp", 4, 10) == 0.0  # another layout's cost is not its
+
+
+def test_layout_keys_tell_the_splits_apart():
+    split = TensorParallelProfile(2, 0, 0, 0.0, 0.0, 0, 0.0, 0.5)
+    assert layout_key(Layout("fsdp", 4, 4, 1, 1, 8, shard=2), None) == "hsdp"
+    assert layout_key(Layout("tp", 2, 1, 1, 1, 8, tp=2), split) == "tp (tp 2)"
+    sequence = replace(split, gather_scatters=4, loss_split=2)
+    assert (
+        layout_key(Layout("fsdp+tp", 4, 2, 1, 1, 8, tp=2), sequence)
+        == "fsdp+tp (tp 2, sequence parallel, loss parallel)"
+    )
+
+
 @pytest.mark.parametrize(
     "change,why",
     [
         ({"status": "failed"}, "the run did not complete (status 'failed')"),
-        ({"strategy": "pipeline"}, "strategy 'pipeline' splits the model"),
+        ({"strategy": "pipeline"}, "runs of strategy 'pipeline' do not calibrate the plan"),
+        ({"strategy": "async-ps"}, "runs of strategy 'async-ps' do not calibrate the plan"),
         ({"flops_per_sample": None}, "the run has no FLOPs per sample or device peak"),
         ({"mfu_peak": {}}, "the run has no FLOPs per sample or device peak"),
     ],
@@ -399,6 +501,7 @@ def test_runs_that_cannot_calibrate_say_why(change, why):
     summary = {**run(1, 100, 0.25), "status": "completed", "strategy": "ddp", **change}
     assert _unusable(Summary.model_validate(summary)).startswith(why)
     assert _unusable(Summary.model_validate({**run(1, 100, 0.25), "strategy": "zero1"})) == ""
+    assert _unusable(Summary.model_validate({**run(2, 100, 0.25), "strategy": "tp"})) == ""
 
 
 def test_read_runs_keeps_usable_runs_in_order_and_refuses_the_rest(tmp_path):

@@ -47,7 +47,10 @@ SPAWNED = {
     "fsdp": dict(GPT, workers=2, strategy="fsdp", batch_size=4),
     # the cut the FLOP-balanced plan makes too: embed, blocks.0, blocks.1 | blocks.2, blocks.3, head
     "pipeline": dict(GPT, workers=2, strategy="pipeline", batch_size=8, microbatches=4, split="blocks.2"),
+    "tp": dict(GPT, workers=2, tp=2, batch_size=4),
 }
+# the layouts whose memory the plan is checked against below (tensor parallelism's: test_strategies_tensor.py)
+MEMORY_CHECKED = ("single", "ddp", "zero1", "fsdp", "pipeline")
 FIGURES = ("parameters_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes")
 
 
@@ -92,7 +95,7 @@ def _predicted(overrides: dict) -> dict:
     return memory_per_device(profile, layout, "adam", "fp32")
 
 
-@pytest.mark.parametrize("name", ["single", *SPAWNED])
+@pytest.mark.parametrize("name", MEMORY_CHECKED)
 def test_memory_per_strategy_is_within_10_percent_of_the_measured_block(runs, name):
     """Parameters, gradients, optimizer state and the activations' peak, predicted from the model
     measured on the meta device, against what the largest rank held in the real run."""
@@ -155,6 +158,32 @@ def test_calibration_from_real_runs_predicts_their_own_compute(runs, capsys):
     assert rows[4][2]["time"]["compute_s"] == pytest.approx(ddp["breakdown"]["compute_s"] + waiting, rel=1e-3)
 
 
+def _plan_rows(capsys, calibration: list[Path], *flags: str) -> dict[str, dict]:
+    """`paratrain plan` of gpt-tiny on 2 CPU devices calibrated from the runs: its 2-device rows by strategy."""
+    command = ["plan", "--workload", "gpt-tiny", "--seq-len", "64", "--device", "cpu", "--gpus", "2", *flags]
+    assert main([*command, "--optimizer", "adam", "--calibrate", *map(str, calibration), "--json"]) == 0
+    return {r["strategy"]: r for r in json.loads(capsys.readouterr().out)["rows"] if r["devices"] == 2}
+
+
+def test_a_layouts_own_runs_calibrate_its_step_and_leave_the_others_alone(runs, capsys):
+    """Calibrated from the single and ddp runs and fsdp's and tp's own (one batch size each), the plan gives fsdp
+    and tp at those runs' batches the steps they measured; ddp's row is the same as without them: the plain
+    layouts alone fit the efficiency."""
+    plain = [runs / "single", runs / "ddp"]
+    measured = {
+        name: sum(json.loads((runs / name / "summary.json").read_text())["breakdown"].values())
+        for name in ("fsdp", "tp")
+    }
+    both = _plan_rows(capsys, [*plain, runs / "fsdp", runs / "tp"], "--strategy", "ddp,fsdp", "--batch-size", "4")
+    assert both["fsdp"]["step_time_s"] == pytest.approx(measured["fsdp"], rel=1e-6)
+    alone = _plan_rows(capsys, plain, "--strategy", "ddp,fsdp", "--batch-size", "4")
+    assert both["ddp"]["step_time_s"] == pytest.approx(alone["ddp"]["step_time_s"], rel=1e-12)
+    assert alone["fsdp"]["step_time_s"] != pytest.approx(measured["fsdp"], rel=0.01)
+    # the tp run's 4 samples are its group's: the plan's global batch
+    split = _plan_rows(capsys, [*plain, runs / "tp"], "--strategy", "ddp", "--tp", "2", "--global-batch", "4")
+    assert split["tp"]["step_time_s"] == pytest.approx(measured["tp"], rel=1e-6)
+
+
 def test_runs_at_two_batch_sizes_split_the_compute_into_a_fixed_cost_and_an_efficiency():
     """Compute seconds = 2 ms + FLOPs / (0.25 x peak) (x 1.2 on two ranks), at 16 and 64 samples a
     rank: the fit gives both back; the 0.4 ms two ranks wait beyond the predicted communication
@@ -184,12 +213,12 @@ def test_runs_at_two_batch_sizes_split_the_compute_into_a_fixed_cost_and_an_effi
         )
 
     planned = {"exposed_comm_s": 1e-4, "optimizer_s": 1e-4}
-    eff = calibrate.fit([summary(w, b) for w in (1, 2) for b in (16, 64)], lambda _: planned)
+    eff = calibrate.fit([summary(w, b) for w in (1, 2) for b in (16, 64)], lambda *_: planned)
     assert eff.fixed_compute_s(1) == pytest.approx(2e-3) and eff.compute_for(1) == pytest.approx(0.25)
     assert eff.fixed_compute_s(2) == pytest.approx(2.4e-3) and eff.compute_for(2) == pytest.approx(0.25 / 1.2)
     assert eff.overhead_for(1) == pytest.approx(3e-4) and eff.overhead_for(2) == pytest.approx(5e-4)
     assert eff.overhead_for(8) == pytest.approx(5e-4)  # the largest count measured
-    one = calibrate.fit([summary(1, 16)], lambda _: planned)
+    one = calibrate.fit([summary(1, 16)], lambda *_: planned)
     assert one.fixed_compute_s(1) == 0.0
     assert one.compute_for(1) == pytest.approx(flops * 16 / peak / summary(1, 16).breakdown.compute_s)
 
@@ -384,11 +413,24 @@ def test_the_pareto_bend_is_where_more_devices_stop_paying():
 
 
 FACTORIES = """
+import torch
 from torch import nn
 
 
 def needs_a_missing_file(num_classes=10):
     return open('/nonexistent/weights.pt')
+
+
+class Float32Only(nn.Linear):
+    # a model written for float32 alone: it runs for the plan's FLOPs, and fails in 16 bits
+    def forward(self, x):
+        if self.weight.dtype != torch.float32:
+            raise TypeError(f"expects float32 weights, not {self.weight.dtype}")
+        return super().forward(x.flatten(1))
+
+
+def float32_only(num_classes=10):
+    return Float32Only(3 * 32 * 32, num_classes)
 
 
 def wide_mlp(num_classes=10):
@@ -613,6 +655,11 @@ BAD = {
     "factory that fails": (
         ["--model", "plan_factories:needs_a_missing_file", "--device", "a100", "--gpus", "2"],
         "fails to build",
+    ),
+    "a model that fails in 16 bits": (
+        ["--model", "plan_factories:float32_only", "--device", "a100", "--gpus", "2", "--precision", "bf16"],
+        "the model fails on the meta device in bf16, where the plan counts the bytes of its memory-bound operators "
+        "(TypeError: expects float32 weights, not torch.bfloat16); make it run in bf16, or plan with --precision fp32",
     ),
     "indivisible global batch": (
         ["--workload", "gpt-tiny", "--device", "a100", "--gpus", "3", "--global-batch", "64"],

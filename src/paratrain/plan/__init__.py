@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +34,9 @@ from paratrain.plan.links import (
     shm_link,
 )
 from paratrain.plan.memory import USABLE_FRACTION, Layout, memory_per_device
-from paratrain.plan.profile import ModelProfile, profile_model, profile_tensor_parallel
-from paratrain.plan.step_time import Efficiency, Topology, bubble_fraction, step_time
+from paratrain.plan.profile import ModelProfile, TensorParallelProfile, profile_model, profile_tensor_parallel
+from paratrain.plan.step_time import Efficiency, Topology, bubble_fraction, layout_key, step_time
+from paratrain.runs import RunDir
 from paratrain.runs.records import Plan, Summary, checked
 
 GPUS_PER_NODE = 8  # a DGX/HGX node: the default when --gpus-per-node is not given
@@ -71,7 +73,8 @@ def run_plan(cfg: PlanConfig) -> dict[str, Any]:
     momentum = TrainConfig.model_fields["momentum"].default
     eff = _published_efficiency(device, cfg.precision, profile.kind)
     if runs:
-        eff = calibrate.fit(runs, lambda s: _run_timing(profile, s, device, cfg, topo))
+        splits: dict[str, TensorParallelProfile] = {}  # the tensor-parallel runs' splits, measured once each
+        eff = calibrate.fit(runs, lambda run, fitted: _run_timing(profile, run, device, cfg, topo, fitted, splits))
 
     stages, units = (cfg.mesh[3] if cfg.mesh else 1), len(profile.units)
     if stages > 1 and stages > units:
@@ -200,6 +203,11 @@ def _device_json(device: Device, precision: str, eff: Efficiency, per_node: int,
                 "overhead_s": eff.overhead_for(n),
             }
             for n, share in eff.by_devices
+        ],
+        # each layout measured beyond the plain ones: its own cost a step, fixed and per sample of a replica
+        "calibrated_layouts": [
+            {"layout": c.layout, "devices": c.devices, "fixed_s": c.fixed_s, "per_sample_s": c.per_sample_s}
+            for c in eff.layout_costs
         ],
         "per_node": per_node,
         "intra_node_link": _link_json(topo.intra),
@@ -350,14 +358,43 @@ def _link_json(link: Link) -> dict[str, Any]:
 
 
 def _run_timing(
-    profile: ModelProfile, summary: Summary, device: Device, cfg: PlanConfig, topo: Topology
-) -> dict[str, float]:
-    """The plan's step for a measured run's layout, uncalibrated: the communication and optimizer
-    time that calibration compares the run's with."""
-    n = summary.workers
-    shards = summary.layout["dp_shard"] if summary.layout and summary.strategy == "fsdp" else None  # HSDP's
-    layout = Layout(summary.strategy, n, n, 1, 1, summary.batch_size, shard=shards)
-    return step_time(profile, layout, device, cfg.precision, cfg.optimizer, topo, Efficiency(1.0))
+    profile: ModelProfile,
+    summary: Summary,
+    device: Device,
+    cfg: PlanConfig,
+    topo: Topology,
+    eff: Efficiency,
+    splits: dict[str, TensorParallelProfile],
+) -> dict[str, Any]:
+    """The plan's step for a measured run's layout under `eff`, and the layout's key (step_time.layout_key): what
+    calibration compares the run's with."""
+    n, mesh = summary.workers, summary.layout or {}
+    t, shards = mesh.get("tp", 1), mesh.get("dp_shard", 1)
+    samples = summary.batch_size * (summary.grad_accum or 1)
+    if t > 1:
+        name = "fsdp+tp" if shards > 1 else "tp"
+        layout = Layout(name, n, n // t, 1, 1, samples, tp=t, shard=shards if shards > 1 else None)
+        profile = replace(profile, tensor_parallel=_run_split(cfg, summary, t, splits))
+    else:
+        shard = shards if summary.layout and summary.strategy == "fsdp" else None  # HSDP's
+        layout = Layout(summary.strategy, n, n, 1, 1, samples, shard=shard)
+    timing = step_time(profile, layout, device, cfg.precision, cfg.optimizer, topo, eff)
+    return {**timing, "layout": layout_key(layout, profile.tensor_parallel)}
+
+
+def _run_split(
+    cfg: PlanConfig, summary: Summary, degree: int, splits: dict[str, TensorParallelProfile]
+) -> TensorParallelProfile:
+    """The model split as the run split it (its degree and its tensor-parallel options in config.json), measured
+    once for all the runs split alike (`splits`)."""
+    ran = RunDir(Path(summary.run_dir or ".")).read_config()
+    options = TensorParallelOptions(
+        tp=degree, **{k: ran[k] for k in ("tp_plan", "sequence_parallel", "loss_parallel") if ran.get(k) is not None}
+    )
+    key = options.model_dump_json()
+    if key not in splits:
+        splits[key] = profile_tensor_parallel(_train_config(cfg), options)
+    return splits[key]
 
 
 class _Planner:

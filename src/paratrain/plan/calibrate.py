@@ -16,20 +16,34 @@ layout, uncalibrated, is the yardstick for the rest. Fitted:
   plus the optimizer time beyond the plan's memory-traffic estimate (a small model's step is mostly
   the optimizer's own per-tensor work), which no FLOP or byte count predicts; two CPU ranks share
   the host's memory bandwidth, so their optimizer steps are slower than one rank's.
+- per layout beyond the plain ones, from its own runs (fsdp, hsdp, tp, fsdp+tp: `LayoutCost`): the
+  measured step less the step the plan calibrated so far gives for the run's layout, per number of
+  ranks, as a line over the samples a replica steps (two batch sizes at least 1.5x apart) or its
+  median: what the layout's own machinery costs that no FLOP or byte count gives (FSDP2's and
+  DTensor's Python work a step, tensor-parallel matrices too narrow to run at the whole ones' share of
+  the peak). The figures above are then fitted from the plain layouts' runs alone (single, ddp,
+  zero1) where any are given, so that one layout's machinery does not slow every layout's plan.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from paratrain.errors import UsageError
-from paratrain.plan.step_time import Efficiency
+from paratrain.plan.step_time import Efficiency, LayoutCost
 from paratrain.runs import RunDir
 from paratrain.runs.records import Summary
 
 WHOLE_MODEL = ("single", "ddp", "zero1", "fsdp")
+# the layouts whose step the plan prices from FLOPs, bytes and links alone: the efficiency is fitted to theirs
+PLAIN = ("single", "ddp", "zero1")
+# what calibrates: the whole-model layouts and tensor parallelism (a run's strategy `tp`, or `fsdp` with a tp
+# in its mesh); not a pipeline's stages and bubble, nor async-ps's updates
+CALIBRATED_LAYOUTS = (*WHOLE_MODEL, "tp")
 
 
 def read_runs(paths: Sequence[Path]) -> list[Summary]:
@@ -54,10 +68,10 @@ def read_runs(paths: Sequence[Path]) -> list[Summary]:
 def _unusable(summary: Summary) -> str:
     if summary.status != "completed":
         return f"the run did not complete (status {summary.status!r}); calibrate from completed runs"
-    if summary.strategy not in WHOLE_MODEL:
+    if summary.strategy not in CALIBRATED_LAYOUTS:
         return (
-            f"strategy {summary.strategy!r} splits the model, so its compute time is not the model's; "
-            f"calibrate from runs of {', '.join(WHOLE_MODEL)}"
+            f"runs of strategy {summary.strategy!r} do not calibrate the plan (it prices their stages or updates by "
+            f"its own model); calibrate from runs of {', '.join(CALIBRATED_LAYOUTS)}"
         )
     if not summary.flops_per_sample or not (summary.mfu_peak and summary.mfu_peak.per_device):
         return (
@@ -67,12 +81,37 @@ def _unusable(summary: Summary) -> str:
     return ""
 
 
-def fit(runs: list[Summary], predicted: Callable[[Summary], dict[str, float]]) -> Efficiency:
-    """The efficiency, fixed compute and overhead fitted to `runs`.
+def fit(runs: list[Summary], predicted: Callable[[Summary, Efficiency], dict[str, Any]]) -> Efficiency:
+    """The efficiency, fixed compute and overhead fitted to `runs`, and each other layout's own cost.
 
-    `predicted(summary)` is the plan's uncalibrated step for that run's layout (`exposed_comm_s`,
-    `optimizer_s`): what it leaves out of the measured communication and optimizer time is fitted.
+    `predicted(summary, eff)` is the plan's step for that run's layout under `eff` (`step_time_s`,
+    `exposed_comm_s`, `optimizer_s`, and `layout`, the layout as step_time.layout_key names it): uncalibrated
+    (an efficiency of 1), what it leaves out of the plain runs' communication and optimizer time is fitted;
+    calibrated, what it leaves out of the other layouts' steps is their own cost.
     """
+    tensor_parallel = [s for s in runs if (s.layout or {}).get("tp", 1) > 1]
+    plain = [s for s in runs if s.strategy in PLAIN] or [s for s in runs if s not in tensor_parallel]
+    if not plain:
+        raise UsageError(
+            "--calibrate: tensor-parallel runs are calibrated against the plan of whole-model runs; add runs of "
+            f"{', '.join(WHOLE_MODEL)} of the same model"
+        )
+    eff = _fit_plain(plain, lambda summary: predicted(summary, Efficiency(1.0)))
+    others = [s for s in runs if s not in plain]
+    if not others:
+        return eff
+    costs = _layout_costs(others, lambda summary: predicted(summary, eff))
+    shown = ", ".join(
+        f"{c.layout} on {c.devices} rank(s) {c.fixed_s * 1e3:+.2f} ms a step"
+        + (f" {c.per_sample_s * 1e3:+.3f} ms a sample" if c.per_sample_s else "")
+        for c in costs
+    )
+    names = ", ".join(Path(s.run_dir or "?").name for s in others)
+    return replace(eff, layout_costs=costs, source=f"{eff.source}; beyond it, measured ({names}): {shown}")
+
+
+def _fit_plain(runs: list[Summary], predicted: Callable[[Summary], dict[str, Any]]) -> Efficiency:
+    """The efficiency, fixed compute and overhead per rank count (the module's docstring)."""
     overheads: dict[int, list[float]] = {}  # per rank count
     # per rank count: (seconds the step's FLOPs would take at the peak, measured busy seconds)
     by_workers: dict[int, list[tuple[float, float]]] = {}
@@ -111,6 +150,36 @@ def fit(runs: list[Summary], predicted: Callable[[Summary], dict[str, float]]) -
         source=f"calibrated from {len(runs)} run(s) measured here ({names}): compute efficiency "
         f"{shown} of the peak (waiting for other ranks included), per-step overhead {shown_overhead}",
     )
+
+
+def _layout_costs(runs: list[Summary], predicted: Callable[[Summary], dict[str, Any]]) -> tuple[LayoutCost, ...]:
+    """Per layout and rank count, the measured step (the breakdown's sum) less the calibrated plan's, as a line
+    over the samples a replica steps, or their median (`_cost_line`)."""
+    points: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    for summary in runs:
+        plan, b = predicted(summary), summary.breakdown
+        measured = b.data_s + b.compute_s + b.comm_s + b.optimizer_s + b.other_s
+        samples = summary.batch_size * (summary.grad_accum or 1)
+        points.setdefault((plan["layout"], summary.workers), []).append((samples, measured - plan["step_time_s"]))
+    return tuple(LayoutCost(layout, workers, *_cost_line(line)) for (layout, workers), line in sorted(points.items()))
+
+
+def _cost_line(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """(seconds a step, seconds a sample) of a layout's own cost from (samples, seconds beyond the plan) of its
+    runs: per batch size the median of its runs (repeats: one slow run does not tilt the line), then a
+    least-squares line through them where they span batch sizes (at least 1.5x apart) and it grows with them;
+    else the median of all a step. The median may be negative: the plan can overrate a layout's cost too."""
+    by_batch: dict[float, list[float]] = {}
+    for x, y in points:
+        by_batch.setdefault(x, []).append(y)
+    medians = [(x, statistics.median(ys)) for x, ys in by_batch.items()]
+    samples = [x for x, _ in medians]
+    if max(samples) >= 1.5 * min(samples):
+        mean_x, mean_y = statistics.fmean(samples), statistics.fmean(y for _, y in medians)
+        slope = sum((x - mean_x) * (y - mean_y) for x, y in medians) / sum((x - mean_x) ** 2 for x in samples)
+        if slope >= 0:
+            return mean_y - slope * mean_x, slope
+    return statistics.median(y for _, y in points), 0.0
 
 
 def _compute_line(points: list[tuple[float, float]]) -> tuple[float, float]:

@@ -462,7 +462,9 @@ def _model_memory_traffic(cfg: TrainConfig, model: nn.Module, objective: Any, da
         def measure(counted: nn.Module) -> dict[str, int]:
             _in_precision(counted, dtype)
             return {
-                str(size): _count_memory_traffic(counted, objective, *_batch(cfg, data, size, dtype))
+                str(size): _count_memory_traffic(
+                    counted, objective, *_batch(cfg, data, size, dtype), cfg.precision if dtype else "fp32"
+                )
                 for size in (small, large)
             }
 
@@ -483,11 +485,19 @@ def _float32_output(_: nn.Module, __: Any, output: Any) -> Any:
     return output.float() if isinstance(output, torch.Tensor) and output.is_floating_point() else output
 
 
-def _count_memory_traffic(model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Tensor) -> int:
+def _count_memory_traffic(
+    model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Tensor, precision: str = "fp32"
+) -> int:
     traffic = _MemoryTraffic()
     try:
         with traffic, _FusedAttention():
             objective(model, x, y)[0].backward()
+    except Exception as exc:  # it ran in float32 for its FLOPs: what fails here is the 16-bit copy
+        raise UsageError(
+            f"the model fails on the meta device in {precision}, where the plan counts the bytes of its "
+            f"memory-bound operators ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+            f"make it run in {precision}, or plan with --precision fp32"
+        ) from None
     finally:
         _drop_grads(model)
     return traffic.bytes

@@ -100,6 +100,30 @@ def allgather_s(size: float, ranks: int, per_node: int, topo: Topology) -> float
 
 
 @dataclass(frozen=True)
+class LayoutCost:
+    """A layout's own cost a step beyond the plan's model of it, fitted from its runs (calibrate.py): its
+    machinery's per-step work that no FLOP, byte or link count gives (FSDP2's and DTensor's Python on every
+    step), and per sample of a replica's batch (tensor-parallel matrices too narrow for the whole ones' share
+    of the peak)."""
+
+    layout: str  # as layout_key names it
+    devices: int
+    fixed_s: float
+    per_sample_s: float
+
+
+def layout_key(layout: Layout, split: TensorParallelProfile | None) -> str:
+    """The layout as calibration tells layouts apart: a plan row's name, and for split models their degree and
+    which collectives the split issues (sequence parallelism's gathers, a vocabulary-split loss)."""
+    if layout.tp == 1 or split is None:
+        return layout.name
+    kinds = [f"tp {layout.tp}"]
+    kinds += ["sequence parallel"] if split.gather_scatters else []
+    kinds += ["loss parallel"] if split.loss_split > 1 else []
+    return f"{layout.name} ({', '.join(kinds)})"
+
+
+@dataclass(frozen=True)
 class Efficiency:
     """What the compute reaches, and the per-step costs a model of FLOPs and bytes leaves out."""
 
@@ -121,6 +145,8 @@ class Efficiency:
     # apart, at the device's memory bandwidth (the model's bytes, profile.py). A share measured on the whole
     # step of this model (calibrated) or carried over whole (a CNN's) holds their time already.
     memory_bound_apart: bool = False
+    # Calibrated: each layout measured beyond the plain ones, its own cost per device count
+    layout_costs: tuple[LayoutCost, ...] = ()
 
     def compute_for(self, devices: int) -> float:
         return _at_most(self.by_devices, devices, self.compute)
@@ -130,6 +156,14 @@ class Efficiency:
 
     def overhead_for(self, devices: int) -> float:
         return _at_most(self.overhead_by_devices, devices, self.overhead_s)
+
+    def layout_cost_s(self, layout: str, devices: int, samples: float) -> float:
+        """The layout's own cost a step at `samples` a replica, as measured on the largest count <= `devices`."""
+        measured = [c for c in self.layout_costs if c.layout == layout and c.devices <= devices]
+        if not measured:
+            return 0.0
+        cost = max(measured, key=lambda c: c.devices)
+        return cost.fixed_s + cost.per_sample_s * samples
 
 
 def _at_most(by_count: tuple[tuple[int, float], ...], devices: int, default: float) -> float:
@@ -170,6 +204,7 @@ def step_time(
         optimizer_s = traffic * grads / shard / device.memory_bandwidth
         comm, exposed = _data_parallel_comm(profile, layout, device, topo, compute, backward, precision)
     overhead = eff.overhead_for(layout.devices)
+    overhead += eff.layout_cost_s(layout_key(layout, profile.tensor_parallel), layout.devices, layout.replica_batch)
     total = compute + exposed + optimizer_s + overhead
     return {
         "step_time_s": total,
