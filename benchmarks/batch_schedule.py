@@ -20,12 +20,13 @@ A tiny budget to check that it runs (the bundled subset, 1 seed, 2 epochs):
 
     .venv/bin/python benchmarks/batch_schedule.py --out /tmp/bs-tiny --seeds 1 --epochs 2 -- --limit-train 2000
 
-On text (gpt-small, held-out bits per byte, Adam with its square-root LR rule):
+On text (gpt-small, held-out bits per byte, Adam with its square-root LR rule; docs/batch-size.md's table,
+about 8 minutes a run here):
 
     .venv/bin/python benchmarks/batch_schedule.py --out runs/batch-schedule-gpt --workload gpt-small \\
-        --metric bits-per-byte --fixed 8,16,32,64 --start 8 --max-batch-size 32 --max-global-batch 128 \\
-        --optimizer adamw --lr-scaling sqrt --lr 1e-3 --base-batch-size 16 -- --samples-per-epoch 928 \\
-        --eval-samples 256
+        --metric bits-per-byte --fixed 8,16,32 --start 8 --max-batch-size 32 --max-global-batch 128 \\
+        --ramp-epochs 0 --seeds 3 --epochs 5 --optimizer adamw --lr-scaling sqrt --lr 1e-3 \\
+        --base-batch-size 16 -- --samples-per-epoch 928 --eval-samples 256
 """
 
 from __future__ import annotations
