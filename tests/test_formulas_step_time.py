@@ -406,7 +406,7 @@ def plan_under(summary: Summary, eff: Efficiency) -> dict:
     of optimizer), naming the layout by the run's strategy and tensor-parallel degree."""
     tp = (summary.layout or {}).get("tp", 1)
     exposed = 5e-3 if summary.workers > 1 else 0.0
-    compute = 1e-3 * summary.batch_size / eff.compute_for(summary.workers)
+    compute = 1e-3 * summary.batch_size * (summary.grad_accum or 1) / eff.compute_for(summary.workers)
     layout = summary.strategy + (f" (tp {tp})" if tp > 1 else "")
     return {"exposed_comm_s": exposed, "optimizer_s": 4e-3, "step_time_s": compute + exposed + 4e-3, "layout": layout}
 
@@ -439,6 +439,28 @@ def test_a_layouts_own_runs_fit_its_cost_beyond_the_plan_and_leave_the_efficienc
     assert alone.layout_costs == () and alone.compute_for(2) != pytest.approx(0.5)
 
 
+def test_a_layouts_cost_is_its_whole_step_beyond_the_plan_at_its_accumulated_samples():
+    """The measured step is the breakdown's sum (data, compute, communication, optimizer, other); a replica's
+    samples a step count its accumulated forwards (1 when the summary has no grad_accum); a run read from no
+    directory is named by a question mark."""
+
+    def fsdp(batch: int, accum: int | None) -> dict:
+        samples = batch * (accum or 1)
+        step = 0.002 * samples + 0.009 + 0.010 + 1e-4 * samples  # the plan's at 0.5, and 10 ms + 0.1 ms a sample
+        summary = run(2, batch, step - 0.010, data=1e-3, comm=2e-3, optimizer=3e-3, other=4e-3, strategy="fsdp")
+        if accum is None:
+            del summary["grad_accum"], summary["run_dir"]
+        else:
+            summary["grad_accum"] = accum
+        return summary
+
+    runs = [run(2, 100, 0.20, name="ddp", strategy="ddp"), fsdp(25, 2), fsdp(200, None)]  # 50 and 200 samples
+    eff = calibrate.fit([Summary.model_validate(s) for s in runs], plan_under)
+    (cost,) = eff.layout_costs
+    assert (cost.fixed_s, cost.per_sample_s) == pytest.approx((0.010, 1e-4), rel=1e-9)
+    assert "beyond it, measured (r, ?)" in eff.source
+
+
 def test_tensor_parallel_runs_alone_cannot_calibrate():
     tp = run(2, 50, 0.1, strategy="tp", layout={"tp": 2})
     with pytest.raises(UsageError, match="tensor-parallel runs are calibrated against the plan of whole-model runs"):
@@ -456,6 +478,8 @@ def test_cost_line_by_least_squares_and_its_fallbacks():
     # repeats: the line runs through each batch's median, (2, 5.2) and (4, 9), whatever one slow run measured:
     # 1.9 a sample, 5.2 - 3.8 = 1.4 a step (least squares over the four runs: 1.3 a sample, 3.8 a step)
     assert _cost_line([(2.0, 5.0), (2.0, 9.0), (4.0, 9.0), (2.0, 5.2)]) == pytest.approx((1.4, 1.9), rel=1e-12)
+    # a flat line is a line: through (2, 1), (3, 2), (4, 1) it is 4/3 a step (the median of all would be 1)
+    assert _cost_line([(2.0, 1.0), (3.0, 2.0), (4.0, 1.0)]) == pytest.approx((4 / 3, 0.0), rel=1e-12)
 
 
 def test_a_layout_cost_applies_to_its_own_layout_from_its_own_device_count():
