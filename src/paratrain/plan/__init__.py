@@ -73,7 +73,8 @@ def run_plan(cfg: PlanConfig) -> dict[str, Any]:
     momentum = TrainConfig.model_fields["momentum"].default
     eff = _published_efficiency(device, cfg.precision, profile.kind)
     if runs:
-        splits: dict[str, TensorParallelProfile] = {}  # the tensor-parallel runs' splits, measured once each
+        # the tensor-parallel runs' splits, measured once each; the plan's own is measured already
+        splits = {_split(cfg, cfg.tp).model_dump_json(): profile.tensor_parallel} if profile.tensor_parallel else {}
         eff = calibrate.fit(runs, lambda run, fitted: _run_timing(profile, run, device, cfg, topo, fitted, splits))
 
     stages, units = (cfg.mesh[3] if cfg.mesh else 1), len(profile.units)
