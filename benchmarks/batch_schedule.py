@@ -42,6 +42,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from paratrain.reporting.verdict import batch_schedule_line
+
 ROOT = Path(__file__).resolve().parents[1]
 PARATRAIN = str(Path(sys.executable).parent / "paratrain")
 
@@ -99,6 +101,7 @@ def run(cmd: list[str], run_dir: Path, metric: str) -> dict[str, Any]:
         "final_global_batch": (summary.get("batch_schedule") or {}).get("final_global_batch")
         or summary["global_batch_size"],
         "curve": curve,
+        "batch_schedule": summary.get("batch_schedule"),  # a growing batch's last reading: why it stopped
     }
     record.write_text(json.dumps(result))
     return result
@@ -116,6 +119,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument(
+        "--first-seed", type=int, default=0, help="the seeds run are --first-seed, ... (to add seeds to a measurement)"
+    )
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--workload", default="cifar10-cnn")
@@ -155,7 +161,8 @@ def main() -> None:
     chosen = configurations(args)
     names = list(chosen)
     results: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
-    for seed in range(args.seeds):
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    for seed in seeds:
         order = names[seed % len(names) :] + names[: seed % len(names)]  # rotated: drift falls on all alike
         for name in order:
             run_dir = args.out / name.replace(" ", "-") / f"seed{seed}"
@@ -170,7 +177,7 @@ def main() -> None:
     margin = args.target_margin if args.target_margin is not None else (1.0 if accuracy else 0.02)
     target = args.target or (finals[best] - margin / 100 if accuracy else finals[best] + margin)
     shown = f"{target:.2%}" if accuracy else f"{target:.3f} bits/byte"
-    print(f"{args.seeds} seeds, {args.epochs} epochs; the best fixed batch: {best}; target {shown}\n")
+    print(f"seeds {seeds.start}-{seeds.stop - 1}, {args.epochs} epochs; the best fixed batch: {best}; target {shown}\n")
     print(
         f"| configuration | final global batch | held-out {args.metric} | wall time | training time to target "
         "| reached |"
@@ -186,6 +193,24 @@ def main() -> None:
             f"| {spread([r['wall_time_s'] for r in rows], '.0f', ' s')} | {spread(reach, '.0f', ' s')} "
             f"| {len(reach)} of {len(rows)} |"
         )
+    # Seed by seed, so that seeds measured on another day can join these in a median (each seed's runs share
+    # an hour of the machine; its configurations compare within it).
+    print("\n| seed | " + " | ".join(names) + " |\n|---|" + "---:|" * len(names))
+    for index, seed in enumerate(seeds):
+        cells = []
+        for name in names:
+            r = results[name][index]
+            reached = time_to_reach(r["curve"], target, args.metric)
+            cells.append(
+                f"{format(scale * r['final'], fmt)}, {r['wall_time_s']:.0f} s, "
+                + ("-" if reached is None else f"{reached:.0f} s")
+            )
+        print(f"| {seed} | " + " | ".join(cells) + " |")
+    for name in names:
+        for seed, r in zip(seeds, results[name]):
+            said = batch_schedule_line(r.get("batch_schedule"))  # records of earlier versions have none
+            if said:
+                print(f"{name}, seed {seed}: {said}")
     print("\ncommon flags: " + shlex.join(common))
     for name in names:
         print(f"{name}: " + shlex.join(chosen[name]))

@@ -46,6 +46,7 @@ def events(run, kind: str) -> list[dict]:
 def test_the_adaptive_batch_grows_while_it_raises_the_goodput_and_the_lr_follows(tmp_path, layout):
     run = tmp_path / "adaptive"
     flags = ["--epochs", "3", *layout, "--log-every", "5", "--batch-schedule", "adaptive", "--max-batch-size", "64"]
+    flags += ["--tensorboard", str(tmp_path / "tb")]
     subprocess.run([*CLI, *SMALL, *flags, "--max-global-batch", "256", "--run-dir", str(run)], check=True)
     summary = json.loads((run / "summary.json").read_text())
     changes = events(run, "batch")
@@ -69,9 +70,27 @@ def test_the_adaptive_batch_grows_while_it_raises_the_goodput_and_the_lr_follows
     after = [s for s in events(run, "step") if s["step"] > first["step"]]
     before = [s for s in events(run, "step") if s["step"] <= first["step"]]
     assert after[0]["lr"] == pytest.approx(before[-1]["lr"] * first["lr_factor"], rel=1e-9)
-    # the run's page draws the batch over the run
+    # every log point's reading is a `noise` event, the batch it read at and what the next doubling promised;
+    # a change comes right after the reading that made it, with its figures
+    readings = events(run, "noise")
+    assert [r["step"] for r in readings] == sorted(read_at)
+    assert all(r["noise_scale_stderr"] >= 0 for r in readings[1:] if "noise_scale" in r)  # known from two readings
+    for change in changes:
+        made = next(r for r in readings if r["step"] == change["step"])
+        assert made["next_global_batch"] == change["global_batch"] == 2 * made["global_batch"]
+        assert (made["goodput_gain"], made["noise_scale"]) == (change["goodput_gain"], change["noise_scale"])
+    assert {"noise_scale_stderr", "goodput_gain", "min_goodput_gain"} <= set(block)
+    # TensorBoard gets the batch and the readings beside the loss
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board = EventAccumulator(str(tmp_path / "tb"))
+    board.Reload()
+    assert [s.value for s in board.Scalars("batch/global_batch")] == batches[1:]
+    assert len(board.Scalars("batch/noise_scale")) == sum("noise_scale" in r for r in readings)
+    # the run's page draws the batch over the run and says where it went
     subprocess.run([sys.executable, "-m", "paratrain", "report", str(run)], check=True, capture_output=True)
-    assert "alt='batch schedule'" in (run / "report.html").read_text()
+    page = (run / "report.html").read_text()
+    assert "alt='batch schedule'" in page and f"the global batch grew from 32 to {batches[-1]}" in page
 
 
 def test_a_warmup_ramp_killed_midway_resumes_at_the_batch_it_had_reached(tmp_path):
@@ -164,8 +183,15 @@ def test_a_script_that_lets_paratrain_set_its_batch_grows_it_adaptively(tmp_path
     assert summary["reported"]["lr"] == pytest.approx(0.01 * batches[-1] / 8, rel=1e-9)
     # each rank's norms, as `paratrain noise-scale` reads a built-in run's
     assert sorted(p.name for p in (run / "grad_noise").iterdir()) == ["rank0.jsonl", "rank1.jsonl"]
+    # every log point's reading, from rank 0 alone (512 steps at most, a reading every 5)
+    readings = events(run, "noise")
+    assert [r["step"] for r in readings] == list(range(5, int(summary["reported"]["steps"]) + 1, 5))
+    for change in changes:
+        made = next(r for r in readings if r["step"] == change["step"])
+        assert made["goodput_gain"] == change["goodput_gain"] and made["next_global_batch"] == change["global_batch"]
     subprocess.run([sys.executable, "-m", "paratrain", "report", str(run)], check=True, capture_output=True)
-    assert "alt='batch schedule'" in (run / "report.html").read_text()
+    page = (run / "report.html").read_text()
+    assert "alt='batch schedule'" in page and "--batch-schedule adaptive: the global batch grew from 8 to" in page
 
 
 def test_a_scripts_warmup_ramp_doubles_at_the_samples_the_rule_gives(tmp_path):

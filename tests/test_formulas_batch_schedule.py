@@ -506,11 +506,21 @@ def test_a_one_process_scripts_adaptive_schedule_reads_its_own_steps_and_records
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         made.step_done()
-    changes = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    events = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    changes = [e for e in events if e["event"] == "batch"]
     assert [(c["event"], c["global_batch"], c["grad_accum"], c["lr_factor"]) for c in changes] == [
         ("batch", 16, 4, 2.0)
     ]
     change = changes[0]
+    # a `noise` event at every reading, the batch it read at and what the next doubling promised, written
+    # before the change it led to; at the largest batch (16) there is no doubling left to weigh
+    readings = [e for e in events if e["event"] == "noise"]
+    assert [r["step"] for r in readings] == list(range(2, 61, 2))
+    assert events.index(change) == events.index(next(r for r in readings if r["step"] == change["step"])) + 1
+    assert {r["global_batch"] for r in readings if r["step"] <= change["step"]} == {8}
+    assert all(r["global_batch"] == 16 and "goodput_gain" not in r for r in readings if r["step"] > change["step"])
+    moved = next(r for r in readings if r["step"] == change["step"])
+    assert (moved["goodput_gain"], moved["noise_scale"]) == (change["goodput_gain"], change["noise_scale"])
     # read at a log point once the average holds EMA_STEPS' worth (weight 1 - 0.95^n >= 1 - 1/e: n >= 20), the
     # second reading above
     assert change["step"] % 2 == 0 and 20 <= change["step"] <= 30 and change["samples"] == 8 * change["step"]
@@ -524,3 +534,106 @@ def test_a_one_process_scripts_adaptive_schedule_reads_its_own_steps_and_records
     assert [n["step"] for n in norms_file] == list(range(1, 61))  # every step's pair, at the readings
     assert {(n["small_batch"], n["big_batch"]) for n in norms_file[: change["step"]]} == {(4, 8)}
     assert {(n["small_batch"], n["big_batch"]) for n in norms_file[change["step"] :]} == {(4, 16)}
+
+
+def test_the_noise_scales_error_is_noise_scales_delta_method_over_the_readings():
+    # Readings of one step each weigh as `paratrain noise-scale` weighs its steps: folded in one at a time, the
+    # average and its standard error equal that command's, computed over the whole list at once.
+    from paratrain.batch.noise_scale import _ratio_with_error
+
+    adapt = schedule("adaptive")
+    assert adapt.noise_scale_stderr() is None  # nothing read
+    readings = [norms(noise, 32, 64, g2=g2) for noise, g2 in ((50.0, 1.0), (80.0, 0.7), (65.0, 1.3), (120.0, 0.5))]
+    adapt.noise_read(*readings[0], steps=1, speedup=None)
+    assert adapt.noise_scale() == pytest.approx(50.0) and adapt.noise_scale_stderr() is None  # one reading: no scatter
+    for reading in readings[1:]:
+        adapt.noise_read(*reading, steps=1, speedup=None)
+    g2s, traces = zip(*(two_batch_estimates(*r) for r in readings))
+    beta = 1 - 1 / EMA_STEPS
+    weights = [(1 - beta) * beta ** (len(readings) - 1 - i) for i in range(len(readings))]
+    ratio, error = _ratio_with_error(list(traces), list(g2s), weights)
+    assert adapt.noise_scale() == pytest.approx(ratio, rel=1e-12)
+    assert adapt.noise_scale_stderr() == pytest.approx(error, rel=1e-9) and error > 5
+    # the same reading over and over scatters not at all
+    steady = schedule("adaptive")
+    for _ in range(3):
+        steady.noise_read(*norms(64.0, 32, 64), steps=7, speedup=None)
+    assert steady.noise_scale_stderr() == pytest.approx(0.0, abs=1e-9)
+
+
+def test_every_log_points_reading_is_kept_once_with_what_it_weighed_before_it_doubled():
+    adapt = schedule("adaptive", max_global_batch=1024)
+    adapt.noise_read(*norms(1000.0, 32, 64), steps=EMA_STEPS, speedup=None)  # an epoch's end: folded in, no reading
+    assert adapt.take_reading() is None
+    assert adapt.noise_read(*norms(1000.0, 32, 64), steps=EMA_STEPS, speedup=GAIN) is None
+    first = adapt.take_reading()
+    assert first is not None and adapt.take_reading() is None  # once
+    assert first["global_batch"] == 32 and first["next_global_batch"] == 64 and first["samples"] == 0
+    assert first["noise_scale"] == pytest.approx(1000.0) and first["noise_scale_stderr"] == pytest.approx(0.0, abs=1e-6)
+    assert first["goodput_gain"] == pytest.approx(1.4 * 1032 / 1064)
+    assert adapt.noise_read(*norms(1000.0, 32, 64), steps=EMA_STEPS, speedup=GAIN) == 64
+    second = adapt.take_reading()
+    assert second["global_batch"] == 32 and adapt.global_batch == 64  # the batch it read at, not the one it made
+    # at the largest batch there is no next doubling, and no gain to promise
+    top = schedule("adaptive", max_global_batch=64)
+    for _ in range(3):  # above, doubled to the largest, then read there
+        top.noise_read(*norms(1000.0, top.global_batch, 2 * top.global_batch), steps=EMA_STEPS, speedup=GAIN)
+    reading = top.take_reading()
+    assert reading["global_batch"] == 64 and "next_global_batch" not in reading and "goodput_gain" not in reading
+    # before the noise scale is known: the batch alone
+    unknown = schedule("adaptive")
+    unknown.noise_read(3.0, 1.0, 32, 64, steps=5, speedup=GAIN)  # |G|² below zero
+    assert unknown.take_reading() == {"samples": 0, "global_batch": 32, "next_global_batch": 64}
+
+
+def test_an_adaptive_summary_says_why_the_batch_stayed_and_warmups_does_not_pretend_to():
+    adapt = schedule("adaptive", max_global_batch=1024)
+    for _ in range(3):
+        adapt.noise_read(*norms(16.0, 32, 64), steps=EMA_STEPS, speedup=GAIN)  # 1.4 x 48/80 = 0.84: never grows
+    block = adapt.summary()
+    assert block["final_global_batch"] == 32 and block["noise_scale"] == pytest.approx(16.0)
+    assert block["goodput_gain"] == pytest.approx(1.4 * 48 / 80) and block["min_goodput_gain"] == 1.05
+    assert block["noise_scale_stderr"] == pytest.approx(0.0, abs=1e-6)
+    assert (block["readings_above"], block["readings_needed"], block["average_settled"]) == (0, 2, True)
+    assert not {"goodput_gain", "noise_scale_stderr", "min_goodput_gain"} & set(schedule("warmup").summary())
+
+
+def test_the_run_says_in_words_where_the_batch_went_and_why_it_stopped():
+    from paratrain.reporting.verdict import batch_schedule_line
+
+    assert batch_schedule_line(None) is None
+    held = schedule("adaptive", max_global_batch=1024)
+    for _ in range(3):
+        held.noise_read(*norms(16.0, 32, 64), steps=EMA_STEPS, speedup=GAIN)
+    assert batch_schedule_line(held.summary()) == (
+        "--batch-schedule adaptive: the global batch stayed at 32: at the last reading a doubling to 64 promised "
+        "0.84x the goodput (1.40x the throughput, times 0.60 for the noise scale of 16 ± 0), below the 1.05x it "
+        "doubles at"
+    )
+    # above the bar at the run's last reading: the line says what the doubling waited for
+    waiting = schedule("adaptive", max_global_batch=1024)
+    waiting.noise_read(*norms(1000.0, 32, 64), steps=EMA_STEPS, speedup=GAIN)
+    assert batch_schedule_line(waiting.summary()).endswith(
+        "above the 1.05x it doubles at, but the run ended first: 1 reading(s) in a row said so of the 2 it waits for"
+    )
+    unsettled = schedule("adaptive", max_global_batch=1024)
+    unsettled.noise_read(*norms(1000.0, 32, 64), steps=3, speedup=GAIN)
+    assert batch_schedule_line(unsettled.summary()).endswith(
+        "but the run ended first: the noise scale's average had not yet settled"
+    )
+    grown = schedule("adaptive", max_global_batch=128)
+    for _ in range(6):
+        grown.noise_read(*norms(1e4, grown.global_batch, 2 * grown.global_batch), steps=EMA_STEPS, speedup=GAIN)
+    assert batch_schedule_line(grown.summary()) == (
+        "--batch-schedule adaptive: the global batch grew from 32 to 128, its largest (--max-global-batch 128)"
+    )
+    unknown = schedule("adaptive")
+    unknown.noise_read(3.0, 1.0, 32, 64, steps=EMA_STEPS, speedup=GAIN)
+    assert "stayed at 32: at the last reading the gradient's norm could not be told" in batch_schedule_line(
+        unknown.summary()
+    )
+    earlier = {**held.summary(), "goodput_gain": None, "noise_scale_stderr": None}  # an earlier release's summary
+    assert batch_schedule_line(earlier).endswith("stayed at 32; the noise scale read 16 at the end")
+    ramp = schedule("warmup", batch_ramp_epochs=2.0, max_global_batch=128)
+    ramp.step_done(40)  # 1,280 samples of the 2,000 the ramp takes: into its second third, one doubling of two
+    assert batch_schedule_line(ramp.summary()) == "--batch-schedule warmup: the global batch grew from 32 to 64"

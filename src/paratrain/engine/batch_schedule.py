@@ -80,6 +80,12 @@ class BatchState:
     ema_trace: float = 0.0
     ema_weight: float = 0.0  # the averages' bias correction (their weights sum to this)
     above: int = 0  # log points in a row at which the next batch promised more goodput
+    # The noise scale's standard error (noise-scale's delta method, each reading one observation weighted as in
+    # the averages): the sums of the squared weights times tr(Σ)², tr(Σ)|G|² and |G|⁴, and the readings folded in.
+    sq_trace: float = 0.0
+    sq_cross: float = 0.0
+    sq_g2: float = 0.0
+    readings: int = 0
 
 
 class BatchSchedule:
@@ -98,6 +104,7 @@ class BatchSchedule:
         self.lr_scaling = cfg.lr_scaling
         self.state = BatchState(accum=self.start)
         self.last_gain: float | None = None  # adaptive: the goodput the next doubling promised at the last reading
+        self._reading: dict[str, Any] | None = None  # the last log point's, until take_reading()
 
     @property
     def accum(self) -> int:
@@ -146,11 +153,17 @@ class BatchSchedule:
         s.ema_g2 = keep * s.ema_g2 + (1 - keep) * g2
         s.ema_trace = keep * s.ema_trace + (1 - keep) * trace
         s.ema_weight = keep * s.ema_weight + (1 - keep)
+        weight_sq, keep_sq = (1 - keep) ** 2, keep**2
+        s.sq_trace = keep_sq * s.sq_trace + weight_sq * trace * trace
+        s.sq_cross = keep_sq * s.sq_cross + weight_sq * trace * g2
+        s.sq_g2 = keep_sq * s.sq_g2 + weight_sq * g2 * g2
+        s.readings += 1
         if speedup is None:
             return None
         noise, grown = self.noise_scale(), self._next()
         self.last_gain = None if noise is None or grown is None else self.goodput_gain(*grown, speedup(*grown), noise)
         s.above = s.above + 1 if self.last_gain is not None and self.last_gain >= MIN_GOODPUT_GAIN else 0
+        self._reading = self._reading_fields(grown)
         if s.ema_weight < MIN_WEIGHT or s.above < CONFIRMATIONS:
             return None
         s.above = 0
@@ -185,7 +198,7 @@ class BatchSchedule:
 
     def change_event(self) -> dict[str, Any]:
         """The fields of metrics.jsonl's `batch` event, after the global batch moved."""
-        noise = self.noise_scale()
+        noise, error = self.noise_scale(), self.noise_scale_stderr()
         return {
             "samples": self.state.samples,
             "global_batch": self.global_batch,
@@ -193,6 +206,27 @@ class BatchSchedule:
             "grad_accum": self.accum,
             "lr_factor": self.lr_factor(),
             **({"noise_scale": noise} if noise is not None else {}),
+            **({"noise_scale_stderr": error} if error is not None else {}),
+            **({"goodput_gain": self.last_gain} if self.last_gain is not None else {}),
+        }
+
+    def take_reading(self) -> dict[str, Any] | None:
+        """adaptive: the fields of metrics.jsonl's `noise` event for the last log point's reading, once (None when
+        no reading was taken since the last call)."""
+        reading, self._reading = self._reading, None
+        return reading
+
+    def _reading_fields(self, grown: tuple[int, int] | None) -> dict[str, Any]:
+        """What a reading saw, before any doubling it led to: the global batch, the smoothed noise scale with its
+        standard error, and the next doubling with the goodput it promised (absent where not known, or at the
+        largest batch)."""
+        noise, error = self.noise_scale(), self.noise_scale_stderr()
+        return {
+            "samples": self.state.samples,
+            "global_batch": self.global_batch,
+            **({"noise_scale": noise} if noise is not None else {}),
+            **({"noise_scale_stderr": error} if error is not None else {}),
+            **({"next_global_batch": grown[0] * grown[1] * self.per_chunk} if grown is not None else {}),
             **({"goodput_gain": self.last_gain} if self.last_gain is not None else {}),
         }
 
@@ -210,6 +244,17 @@ class BatchSchedule:
             return None
         return s.ema_trace / s.ema_g2
 
+    def noise_scale_stderr(self) -> float | None:
+        """The smoothed noise scale's standard error by the delta method (as `paratrain noise-scale` gives it):
+        var(R) ≈ Σ w² (t − R g)² / (Σ w g)² over the readings, with the averages' weights w. It is the scatter from
+        one reading to the next (each the mean of its steps), so a lower bound while training moves fast; None
+        with no noise scale, or from a single reading, whose scatter cannot be told."""
+        noise, s = self.noise_scale(), self.state
+        if noise is None or s.readings < 2:
+            return None
+        variance = s.sq_trace - 2 * noise * s.sq_cross + noise * noise * s.sq_g2
+        return math.sqrt(max(0.0, variance)) / s.ema_g2
+
     def state_dict(self) -> dict[str, Any]:
         return asdict(self.state)
 
@@ -218,7 +263,8 @@ class BatchSchedule:
 
     def summary(self) -> dict[str, Any]:
         """summary.json's `batch_schedule`: the kind, where the global batch started, ended and could go,
-        and the per-rank batch it ended at."""
+        and the per-rank batch it ended at; adaptive, also the last reading (the noise scale with its error,
+        the goodput the next doubling promised) and the gain a doubling must promise, which say why it stopped."""
         return {
             "kind": self.kind,
             "start_global_batch": self.start * self.per_chunk,
@@ -227,6 +273,20 @@ class BatchSchedule:
             "final_per_rank_batch": self.per_rank_batch,
             "largest_per_rank_batch": self.max_merge * self.batch_size,
             "noise_scale": self.noise_scale(),
+            **(
+                {
+                    "noise_scale_stderr": self.noise_scale_stderr(),
+                    "goodput_gain": self.last_gain,
+                    "min_goodput_gain": MIN_GOODPUT_GAIN,
+                    # A gain above the bar doubles the batch only when confirmed: so many readings in a row above
+                    # it, with the average settled (holding about EMA_STEPS steps' worth).
+                    "readings_above": self.state.above,
+                    "readings_needed": CONFIRMATIONS,
+                    "average_settled": self.state.ema_weight >= MIN_WEIGHT,
+                }
+                if self.kind == "adaptive"
+                else {}
+            ),
         }
 
     def _ramp_units(self) -> int:

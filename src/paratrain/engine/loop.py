@@ -560,11 +560,13 @@ class Trainer:
             return ctx.sum(torch.tensor(values, dtype=torch.float64, device=ctx.device)).tolist()
 
         measured_batches = self.grad_noise.batches(batches.per_rank_batch, batches.accum)
-        self._batch_changed(
-            batches.noise_read_of_ranks(
-                measured, measured_batches, self.grad_noise.ranks, total, ctx.world_size, speedup
-            )
+        grown = batches.noise_read_of_ranks(
+            measured, measured_batches, self.grad_noise.ranks, total, ctx.world_size, speedup
         )
+        reading = batches.take_reading()
+        if reading is not None:  # every log point's, so that a batch that stays put says why
+            self._event("noise", step=self.state.step, **reading)
+        self._batch_changed(grown)
 
     def _doubling_speedup(self, merge: int, accum: int) -> float:
         """adaptive: the throughput at a per-rank batch of merge x --batch-size and `accum` forwards a step over

@@ -181,9 +181,13 @@ class ScriptBatchSchedule:
         measured = self.recorder.flush()
         batches = self.recorder.batches(self.cfg.batch_size, self.accum)
         speedup = self._doubling_speedup if self.step_s else None
-        self._changed(
-            self.schedule.noise_read_of_ranks(measured, batches, self.recorder.ranks, self._total, self.world, speedup)
+        grown = self.schedule.noise_read_of_ranks(
+            measured, batches, self.recorder.ranks, self._total, self.world, speedup
         )
+        reading = self.schedule.take_reading()
+        if reading is not None and self.events is not None:
+            self.events.write("noise", step=self.step, **reading)
+        self._changed(grown)
         self.inner_s, self.last_s, self.step_s = [], [], []
         self._write_state()
 

@@ -164,14 +164,24 @@ def curves_plots(runs: list[RunDir], labels: list[str], out: Path, prefix: str) 
 
 
 def batch_plot(events: list[dict[str, Any]], start: int, path: Path) -> Path:
-    """--batch-schedule: the global batch against the optimizer step (a step at each `batch` event), and
-    the noise scale that moved it (adaptive)."""
+    """--batch-schedule: the global batch against the optimizer step (a step at each `batch` event) and,
+    adaptive, the noise scale read at every log point with its standard error (`noise` events), and the
+    noise scale that moved the batch."""
     changes = [e for e in events if e["event"] == "batch"]
     last = max((e["step"] for e in events if "step" in e), default=0)
     steps = [0, *(c["step"] for c in changes), last]
     batches = [start, *(c["global_batch"] for c in changes)]
     fig, ax = plt.subplots(figsize=(6.5, 3.4))
     ax.step(steps, [*batches, batches[-1]], where="post", label="global batch")
+    readings = [e for e in events if e["event"] == "noise" and e.get("noise_scale")]
+    if readings:
+        at = [r["step"] for r in readings]
+        noise = [r["noise_scale"] for r in readings]
+        error = [r.get("noise_scale_stderr") or 0.0 for r in readings]
+        ax.plot(at, noise, color="tab:gray", linewidth=1, label="gradient noise scale (± standard error)")
+        # The band's floor stays above 0: the axis is logarithmic.
+        low = [max(n - e, n / 10) for n, e in zip(noise, error)]
+        ax.fill_between(at, low, [n + e for n, e in zip(noise, error)], color="tab:gray", alpha=0.2, linewidth=0)
     noisy = [c for c in changes if c.get("noise_scale") is not None]
     if noisy:
         ax.plot([c["step"] for c in noisy], [c["noise_scale"] for c in noisy], "x", label="noise scale that moved it")

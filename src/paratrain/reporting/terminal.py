@@ -15,6 +15,7 @@ from rich.table import Table
 
 from paratrain.formatting import ms
 from paratrain.reporting import comparison_table, plan_table, study_headline, study_notes, study_table, sweep_notes
+from paratrain.reporting.verdict import batch_schedule_line
 from paratrain.runs.records import Breakdown, ParetoFront, Plan, Study, Summary, SweepResult
 
 
@@ -35,6 +36,7 @@ def show_train(summary: dict[str, Any]) -> None:
             f"{s.global_batch_size} ({s.global_batch_size // (s.batch_size * accum)} x "
             f"{s.batch_size}{' x ' + str(accum) if accum > 1 else ''})",
         ),
+        *[("batch schedule", grown) for grown in [batch_schedule_line(s.batch_schedule)] if grown],
         ("learning rate", f"{s.lr:.4g} ({s.lr_scaling} from {s.base_lr:.4g})"),
         (
             "epoch time",

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from paratrain.errors import UsageError
-from paratrain.formatting import human, seconds
+from paratrain.formatting import human, rate, seconds
 from paratrain.runs.records import ParetoFront, ScalingRow, Study, Summary, SweepResult
 
 # "Pays off": at least this much faster than the alternative, losing at most this many points of
@@ -49,6 +49,47 @@ def _accuracy_text(points: float | None) -> str:
     return "accuracy not reported" if points is None else f"accuracy {points:+.1f} points"
 
 
+def batch_schedule_line(block: dict[str, Any] | None) -> str | None:
+    """A growing batch's outcome in words (summary.json's `batch_schedule`): where the global batch went and,
+    adaptive, why it stopped where it did, from the last reading of the noise and the throughput."""
+    if not block:
+        return None
+    start, final, largest = block["start_global_batch"], block["final_global_batch"], block["largest_global_batch"]
+    line = f"--batch-schedule {block['kind']}: the global batch " + (
+        f"grew from {start} to {final}" if final > start else f"stayed at {start}"
+    )
+    if final >= largest:
+        return f"{line}, its largest (--max-global-batch {largest})"
+    if block["kind"] != "adaptive":
+        return line
+    noise, error, gain = block.get("noise_scale"), block.get("noise_scale_stderr"), block.get("goodput_gain")
+    if noise is None:
+        return (
+            f"{line}: at the last reading the gradient's norm could not be told from its noise (|G|² read 0 or less), "
+            "and with no noise scale it does not grow"
+        )
+    noise_text = rate(noise) + (f" ± {rate(error)}" if error is not None else "")
+    if gain is None:  # a summary of an earlier release, or no reading with the throughput timed
+        return f"{line}; the noise scale read {noise_text} at the end"
+    following = min(2 * final, largest)
+    worth = (noise + final) / (noise + following)  # the samples' worth at the next batch (McCandlish et al. 2018)
+    needed = block.get("min_goodput_gain")  # this and the readings: absent in a summary of an earlier release
+    promised = (
+        f"{line}: at the last reading a doubling to {following} promised {gain:.2f}x the goodput "
+        f"({gain / worth:.2f}x the throughput, times {worth:.2f} for the noise scale of {noise_text})"
+    )
+    if not needed:
+        return promised
+    if gain < needed:
+        return f"{promised}, below the {needed:.2f}x it doubles at"
+    if not block.get("average_settled", True):
+        unconfirmed = "the noise scale's average had not yet settled"
+    else:
+        above, needed_readings = block.get("readings_above"), block.get("readings_needed")
+        unconfirmed = f"{above} reading(s) in a row said so of the {needed_readings} it waits for"
+    return f"{promised}, above the {needed:.2f}x it doubles at, but the run ended first: {unconfirmed}"
+
+
 # -- headlines ---------------------------------------------------------------------------------
 
 
@@ -63,7 +104,11 @@ def run_verdict(summary: Summary | None, config: dict[str, Any]) -> list[str]:
         )
         if summary.samples_per_s is not None:
             line += f", {summary.samples_per_s:,.0f} samples/s reported"
-        return [line + ("" if summary.status == "completed" else f": {summary.error or ''}")]
+        grown = batch_schedule_line(summary.batch_schedule)
+        return [
+            line + ("" if summary.status == "completed" else f": {summary.error or ''}"),
+            *([grown] if grown else []),
+        ]
     if summary.status != "completed":
         return [f"the run {summary.status}: {summary.error or ''}"]
     n = summary.workers or 1
@@ -73,6 +118,9 @@ def run_verdict(summary: Summary | None, config: dict[str, Any]) -> list[str]:
         f"{n} worker(s) ({summary.strategy}{each}): {summary.samples_per_s:,.0f} samples/s, epoch "
         f"{seconds(summary.epoch_time_s)}, {summary.val_split or 'test'} accuracy {summary.val_accuracy:.1%}"
     ]
+    grown = batch_schedule_line(summary.batch_schedule)
+    if grown:
+        lines.append(grown)
     if n > 1:
         lines.append(
             f"whether {n} workers pay off needs a baseline this run does not have: paratrain scale --workers "

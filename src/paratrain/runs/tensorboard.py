@@ -40,6 +40,12 @@ class TensorBoardSink:
         elif event == "eval":
             self.writer.add_scalar(f"{fields['split']}/loss", fields["loss"], step)
             self.writer.add_scalar(f"{fields['split']}/accuracy", fields["accuracy"], step)
+        elif event == "batch":
+            self.writer.add_scalar("batch/global_batch", fields["global_batch"], step)
+        elif event == "noise":  # adaptive's reading at every log point: what the batch's next doubling weighed
+            for key in ("noise_scale", "goodput_gain"):
+                if key in fields:
+                    self.writer.add_scalar(f"batch/{key}", fields[key], step)
         self.writer.flush()
 
     def close(self) -> None:
