@@ -1,6 +1,6 @@
-"""Predicted against measured step time of the layouts beyond ddp on this machine: fsdp and tensor parallelism
-(with and without sequence parallelism) of gpt-tiny on 2 workers (one core each), planned by
-`paratrain plan --device cpu`, calibrated two ways (docs/planner.md):
+"""Predicted against measured step time of the layouts beyond ddp on this machine: fsdp, tensor parallelism
+(with and without sequence parallelism) and a pipeline of 2 stages of gpt-tiny on 2 workers (one core each),
+planned by `paratrain plan --device cpu`, calibrated two ways (docs/planner.md):
 
 - from single and ddp runs only: planner_accuracy.py's calibration. Runs on 1 and 2 workers at two batch sizes
   give the compute efficiency, the fixed compute a step, the per-step overhead and the synchronisation wait;
@@ -13,6 +13,8 @@ alike; the table gives the median of --repeats. About 6 minutes a repeat here; i
 a quiet machine.
 
     .venv/bin/python benchmarks/planner_layouts.py --repeats 3
+
+`--layouts pipeline` measures one of them (the single and ddp runs are always run: they calibrate).
 """
 
 from __future__ import annotations
@@ -43,6 +45,13 @@ LAYOUTS = {
         "tp",
         1,
     ),
+    # 2 stages of 2 micro-batches (every batch above divides by 2); the plan is told the runs' micro-batches
+    "pipeline": (
+        ["--strategy", "pipeline", "--microbatches", "2"],
+        ["--strategy", "pipeline", "--microbatches", "2"],
+        "pipeline",
+        1,
+    ),
 }
 
 
@@ -68,11 +77,18 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="runs of every point, in turn; the median counts")
     parser.add_argument("--out", type=Path, help="keep the run directories here (default: a temporary directory)")
     parser.add_argument("--measured", type=Path, help="predict the runs an earlier --out kept, training nothing")
+    parser.add_argument(
+        "--layouts", type=lambda s: s.split(","), default=list(LAYOUTS), help=f"of {', '.join(LAYOUTS)}"
+    )
     args = parser.parse_args()
+    unknown = set(args.layouts) - set(LAYOUTS)
+    if unknown:
+        parser.error(f"unknown layout(s): {', '.join(sorted(unknown))}")
+    layouts = {name: LAYOUTS[name] for name in args.layouts}
     with tempfile.TemporaryDirectory() as tmp:
         out = args.measured or args.out or Path(tmp)
         calibration: list[Path] = []
-        own: dict[str, list[Path]] = {name: [] for name in LAYOUTS}  # each layout's runs at the calibration batches
+        own: dict[str, list[Path]] = {name: [] for name in layouts}  # each layout's runs at the calibration batches
         measured: dict[tuple[str, int], list[dict]] = {}
         commands: list[str] = []
         for repeat in range(args.repeats):
@@ -82,7 +98,7 @@ def main() -> None:
                     summary = run(workers, batch, FLAGS, run_dir, args.measured is not None)
                     calibration.append(run_dir)
                     commands += [summary["command"]] if repeat == 0 else []
-                for name, (train_flags, *_) in LAYOUTS.items():
+                for name, (train_flags, *_) in layouts.items():
                     if name == "ddp":  # its runs at these batches are the calibration's own
                         continue
                     run_dir = out / run_name(name, batch, repeat)
@@ -90,7 +106,7 @@ def main() -> None:
                     own[name].append(run_dir)
                     commands += [summary["command"]] if repeat == 0 else []
             for batch in BATCHES:
-                for name, (train_flags, *_) in LAYOUTS.items():
+                for name, (train_flags, *_) in layouts.items():
                     run_dir = out / run_name(name, batch, repeat)
                     summary = run(2, batch, [*FLAGS, *train_flags], run_dir, args.measured is not None)
                     measured.setdefault((name, batch), []).append(summary)
@@ -103,7 +119,7 @@ def main() -> None:
         print("|---|---|---|---|---|---|---|---|")
         worst = {"plain": 0.0, "own": 0.0}
         for batch in BATCHES:
-            for name, (_, plan_flags, strategy, replicas) in LAYOUTS.items():
+            for name, (_, plan_flags, strategy, replicas) in layouts.items():
                 runs = measured[(name, batch)]
                 steps = [step_s(s) for s in runs]
                 median = statistics.median(steps)

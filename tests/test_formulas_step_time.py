@@ -403,11 +403,13 @@ def test_a_run_without_grad_accum_counts_its_batch_once_and_is_named():
 
 def plan_under(summary: Summary, eff: Efficiency) -> dict:
     """A plan whose step is 1 ms a sample at the efficiency (+ 5 ms of exposed communication on 2 ranks, 4 ms
-    of optimizer), naming the layout by the run's strategy and tensor-parallel degree."""
-    tp = (summary.layout or {}).get("tp", 1)
+    of optimizer), naming the layout by the run's strategy, tensor-parallel degree and pipeline."""
+    tp, stages = (summary.layout or {}).get("tp", 1), (summary.layout or {}).get("pp", 1)
     exposed = 5e-3 if summary.workers > 1 else 0.0
     compute = 1e-3 * summary.batch_size * (summary.grad_accum or 1) / eff.compute_for(summary.workers)
     layout = summary.strategy + (f" (tp {tp})" if tp > 1 else "")
+    if stages > 1:
+        layout += f" ({stages} stages, {summary.pipeline['microbatches']} micro-batches)"
     return {"exposed_comm_s": exposed, "optimizer_s": 4e-3, "step_time_s": compute + exposed + 4e-3, "layout": layout}
 
 
@@ -437,6 +439,15 @@ def test_a_layouts_own_runs_fit_its_cost_beyond_the_plan_and_leave_the_efficienc
     # without plain runs, fsdp's runs are the efficiency's (as before layouts were calibrated apart)
     alone = calibrate.fit([Summary.model_validate(s) for s in fsdp], plan_under)
     assert alone.layout_costs == () and alone.compute_for(2) != pytest.approx(0.5)
+    # a pipeline's run is never the efficiency's, whatever else there is: its step (bubble, sends) is its own
+    # cost beyond the plan's for its stages and micro-batches; 2 stages of 4 micro-batches, 20 ms beyond
+    staged = {"layout": {"pp": 2}, "pipeline": {"microbatches": 4}, "strategy": "pipeline"}
+    pipe = run(2, 50, 0.1, comm=0.009 + 0.02, name="pipe", **staged)
+    with_pipe = calibrate.fit([Summary.model_validate(s) for s in (*fsdp, pipe)], plan_under)
+    assert with_pipe.compute_for(2) == pytest.approx(alone.compute_for(2), rel=1e-12)
+    assert [c.layout for c in with_pipe.layout_costs] == ["pipeline (2 stages, 4 micro-batches)"]
+    beside = calibrate.fit([Summary.model_validate(s) for s in (ddp, pipe)], plan_under)
+    assert (beside.layout_costs[0].fixed_s, beside.layout_costs[0].per_sample_s) == pytest.approx((0.02, 0.0))
 
 
 def test_a_layouts_cost_is_its_whole_step_beyond_the_plan_at_its_accumulated_samples():
@@ -461,10 +472,12 @@ def test_a_layouts_cost_is_its_whole_step_beyond_the_plan_at_its_accumulated_sam
     assert "beyond it, measured (r, ?)" in eff.source
 
 
-def test_tensor_parallel_runs_alone_cannot_calibrate():
+def test_tensor_parallel_and_pipeline_runs_alone_cannot_calibrate():
     tp = run(2, 50, 0.1, strategy="tp", layout={"tp": 2})
-    with pytest.raises(UsageError, match="tensor-parallel runs are calibrated against the plan of whole-model runs"):
-        calibrate.fit([Summary.model_validate(tp)], plan_under)
+    pipe = run(2, 50, 0.1, strategy="pipeline", layout={"pp": 2}, pipeline={"microbatches": 2})
+    for alone in ([tp], [pipe], [tp, pipe]):
+        with pytest.raises(UsageError, match="tensor-parallel and pipeline runs are calibrated against the plan of"):
+            calibrate.fit([Summary.model_validate(s) for s in alone], plan_under)
 
 
 def test_cost_line_by_least_squares_and_its_fallbacks():
@@ -507,13 +520,18 @@ def test_layout_keys_tell_the_splits_apart():
         layout_key(Layout("fsdp+tp", 4, 2, 1, 1, 8, tp=2), sequence)
         == "fsdp+tp (tp 2, sequence parallel, loss parallel)"
     )
+    # pipelines by their stages and micro-batches, whatever their schedule (the plan has none)
+    assert layout_key(Layout("pipeline", 2, 1, 2, 4, 8), None) == "pipeline (2 stages, 4 micro-batches)"
+    assert layout_key(Layout("pipeline", 2, 1, 2, 4, 8, "gpipe"), None) == "pipeline (2 stages, 4 micro-batches)"
+    assert layout_key(Layout("hybrid", 4, 2, 2, 8, 8), None) == "hybrid (2 stages, 8 micro-batches)"
+    assert layout_key(Layout("pp+tp", 4, 1, 2, 4, 8, tp=2), split) == "pp+tp (tp 2, 2 stages, 4 micro-batches)"
 
 
 @pytest.mark.parametrize(
     "change,why",
     [
         ({"status": "failed"}, "the run did not complete (status 'failed')"),
-        ({"strategy": "pipeline"}, "runs of strategy 'pipeline' do not calibrate the plan"),
+        ({"strategy": "model-parallel"}, "runs of strategy 'model-parallel' do not calibrate the plan"),
         ({"strategy": "async-ps"}, "runs of strategy 'async-ps' do not calibrate the plan"),
         ({"flops_per_sample": None}, "the run has no FLOPs per sample or device peak"),
         ({"mfu_peak": {}}, "the run has no FLOPs per sample or device peak"),
@@ -526,6 +544,8 @@ def test_runs_that_cannot_calibrate_say_why(change, why):
     assert _unusable(Summary.model_validate(summary)).startswith(why)
     assert _unusable(Summary.model_validate({**run(1, 100, 0.25), "strategy": "zero1"})) == ""
     assert _unusable(Summary.model_validate({**run(2, 100, 0.25), "strategy": "tp"})) == ""
+    for staged in ("pipeline", "hybrid"):
+        assert _unusable(Summary.model_validate({**run(2, 100, 0.25), "strategy": staged})) == ""
 
 
 def test_read_runs_keeps_usable_runs_in_order_and_refuses_the_rest(tmp_path):

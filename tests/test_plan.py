@@ -166,13 +166,13 @@ def _plan_rows(capsys, calibration: list[Path], *flags: str) -> dict[str, dict]:
 
 
 def test_a_layouts_own_runs_calibrate_its_step_and_leave_the_others_alone(runs, capsys):
-    """Calibrated from the single and ddp runs and fsdp's and tp's own (one batch size each), the plan gives fsdp
-    and tp at those runs' batches the steps they measured; ddp's row is the same as without them: the plain
-    layouts alone fit the efficiency."""
+    """Calibrated from the single and ddp runs and fsdp's, tp's and the pipeline's own (one batch size each), the
+    plan gives fsdp, tp and the pipeline at those runs' batches the steps they measured; ddp's row is the same as
+    without them: the plain layouts alone fit the efficiency."""
     plain = [runs / "single", runs / "ddp"]
     measured = {
         name: sum(json.loads((runs / name / "summary.json").read_text())["breakdown"].values())
-        for name in ("fsdp", "tp")
+        for name in ("fsdp", "tp", "pipeline")
     }
     both = _plan_rows(capsys, [*plain, runs / "fsdp", runs / "tp"], "--strategy", "ddp,fsdp", "--batch-size", "4")
     assert both["fsdp"]["step_time_s"] == pytest.approx(measured["fsdp"], rel=1e-6)
@@ -182,6 +182,15 @@ def test_a_layouts_own_runs_calibrate_its_step_and_leave_the_others_alone(runs, 
     # the tp run's 4 samples are its group's: the plan's global batch
     split = _plan_rows(capsys, [*plain, runs / "tp"], "--strategy", "ddp", "--tp", "2", "--global-batch", "4")
     assert split["tp"]["step_time_s"] == pytest.approx(measured["tp"], rel=1e-6)
+    # the pipeline run's 8 samples in 4 micro-batches on 2 stages: the plan's global batch and --microbatches
+    piped = [*plain, runs / "pipeline"]
+    staged = ("--strategy", "ddp,pipeline", "--global-batch", "8")
+    assert _plan_rows(capsys, piped, *staged, "--microbatches", "4")["pipeline"]["step_time_s"] == pytest.approx(
+        measured["pipeline"], rel=1e-6
+    )
+    # at 8 micro-batches the pipeline's own cost was not measured: the plan's model of it alone, as uncalibrated
+    eight = _plan_rows(capsys, piped, *staged, "--microbatches", "8")["pipeline"]["step_time_s"]
+    assert eight == pytest.approx(_plan_rows(capsys, plain, *staged, "--microbatches", "8")["pipeline"]["step_time_s"])
 
 
 def test_runs_at_two_batch_sizes_split_the_compute_into_a_fixed_cost_and_an_efficiency():

@@ -220,8 +220,9 @@ class PlanConfig(CheckpointingFlags):
     )
     calibrate: list[Path] = Field(
         default_factory=list,
-        description="run directories measured here (single, ddp, zero1, fsdp, tp) whose compute efficiency, overhead "
-        "and synchronisation the plan uses; runs of fsdp or tp also give that layout's own cost a step",
+        description="run directories measured here (single, ddp, zero1, fsdp, tp, pipeline, hybrid) whose compute "
+        "efficiency, overhead and synchronisation the plan uses; runs of fsdp, tp or pipelines also give that layout's "
+        "own cost a step (a pipeline's at its stages and micro-batches)",
         json_schema_extra=cli(nargs="+", metavar="RUN_DIR"),
     )
     out: Path | None = Field(None, description="also write plan.json, the plots and report.html into this directory")

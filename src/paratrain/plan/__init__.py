@@ -371,16 +371,32 @@ def _run_timing(
     calibration compares the run's with."""
     n, mesh = summary.workers, summary.layout or {}
     t, shards = mesh.get("tp", 1), mesh.get("dp_shard", 1)
+    stages = mesh.get("pp") or (summary.pipeline or {}).get("stages", 1)  # a summary from before `layout`: its block's
     samples = summary.batch_size * (summary.grad_accum or 1)
     if t > 1:
+        profile = replace(profile, tensor_parallel=_run_split(cfg, summary, t, splits))
+    if stages > 1:  # the run's pipeline as the plan lays it out: its stages, replicas and micro-batches
+        replicated, ran = mesh.get("dp_replicate", 1), summary.pipeline or {}
+        name = staged_layout_name(replicated, shards, t)
+        microbatches, schedule = ran.get("microbatches", stages), ran.get("schedule", "1f1b")
+        shard = shards if shards > 1 else None
+        layout = Layout(name, n, replicated * shards, stages, microbatches, samples, schedule, shard=shard, tp=t)
+    elif t > 1:
         name = "fsdp+tp" if shards > 1 else "tp"
         layout = Layout(name, n, n // t, 1, 1, samples, tp=t, shard=shards if shards > 1 else None)
-        profile = replace(profile, tensor_parallel=_run_split(cfg, summary, t, splits))
     else:
         shard = shards if summary.layout and summary.strategy == "fsdp" else None  # HSDP's
         layout = Layout(summary.strategy, n, n, 1, 1, samples, shard=shard)
     timing = step_time(profile, layout, device, cfg.precision, cfg.optimizer, topo, eff)
     return {**timing, "layout": layout_key(layout, profile.tensor_parallel)}
+
+
+def staged_layout_name(replicas: int, shards: int, tp: int) -> str:
+    """The plan's name of a pipeline laid out on a mesh of `replicas` x `shards` x `tp` x stages."""
+    name = "pp+fsdp" if shards > 1 else "hybrid" if replicas > 1 else "pipeline"
+    if tp > 1:  # hybrid's replicas over split stages are refused (PlanConfig): FSDP's, not DDP's
+        name = {"pp+fsdp": "pp+fsdp+tp", "pipeline": "pp+tp"}[name]
+    return name
 
 
 def _run_split(
@@ -457,9 +473,7 @@ class _Planner:
         replicas = r * s
         shard = s if s > 1 else None
         if p > 1:
-            name = "pp+fsdp" if s > 1 else "hybrid" if r > 1 else "pipeline"
-            if t > 1:  # hybrid's replicas over split stages are refused (PlanConfig): FSDP's, not DDP's
-                name = {"pp+fsdp": "pp+fsdp+tp", "pipeline": "pp+tp"}[name]
+            name = staged_layout_name(r, s, t)
             return Layout(name, n, replicas, p, max(self.cfg.microbatches, p), g // replicas, shard=shard, tp=t)
         if s > 1:
             return Layout("fsdp+tp" if t > 1 else "fsdp", n, replicas, 1, 1, g // replicas, shard=shard, tp=t)

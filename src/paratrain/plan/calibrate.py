@@ -16,13 +16,15 @@ layout, uncalibrated, is the yardstick for the rest. Fitted:
   plus the optimizer time beyond the plan's memory-traffic estimate (a small model's step is mostly
   the optimizer's own per-tensor work), which no FLOP or byte count predicts; two CPU ranks share
   the host's memory bandwidth, so their optimizer steps are slower than one rank's.
-- per layout beyond the plain ones, from its own runs (fsdp, hsdp, tp, fsdp+tp: `LayoutCost`): the
-  measured step less the step the plan calibrated so far gives for the run's layout, per number of
-  ranks, as a line over the samples a replica steps (two batch sizes at least 1.5x apart) or its
-  median: what the layout's own machinery costs that no FLOP or byte count gives (FSDP2's and
-  DTensor's Python work a step, tensor-parallel matrices too narrow to run at the whole ones' share of
-  the peak). The figures above are then fitted from the plain layouts' runs alone (single, ddp,
-  zero1) where any are given, so that one layout's machinery does not slow every layout's plan.
+- per layout beyond the plain ones, from its own runs (fsdp, hsdp, tp, fsdp+tp, and pipelines: pipeline,
+  hybrid, pp+fsdp, pp+tp, told apart by their stages and micro-batches: `LayoutCost`): the measured
+  step less the step the plan calibrated so far gives for the run's layout, per number of ranks, as a
+  line over the samples a replica steps (two batch sizes at least 1.5x apart) or its median: what the
+  layout's own machinery costs that no FLOP or byte count gives (FSDP2's and DTensor's Python work a
+  step, tensor-parallel matrices too narrow to run at the whole ones' share of the peak, a pipeline's
+  sends, receives and schedule a micro-batch, and the stages' imbalance beyond the plan's). The figures
+  above are then fitted from the plain layouts' runs alone (single, ddp, zero1) where any are given, so
+  that one layout's machinery does not slow every layout's plan.
 """
 
 from __future__ import annotations
@@ -41,9 +43,11 @@ from paratrain.runs.records import Summary
 WHOLE_MODEL = ("single", "ddp", "zero1", "fsdp")
 # the layouts whose step the plan prices from FLOPs, bytes and links alone: the efficiency is fitted to theirs
 PLAIN = ("single", "ddp", "zero1")
-# what calibrates: the whole-model layouts and tensor parallelism (a run's strategy `tp`, or `fsdp` with a tp
-# in its mesh); not a pipeline's stages and bubble, nor async-ps's updates
-CALIBRATED_LAYOUTS = (*WHOLE_MODEL, "tp")
+# what calibrates: the whole-model layouts, tensor parallelism (a run's strategy `tp`, or `fsdp` with a tp in its
+# mesh) and pipelines (`pipeline`, `hybrid`, with their shards or splits); not model-parallel, a pipeline of one
+# micro-batch that the plan has no row of, nor async-ps's updates
+STAGED = ("pipeline", "hybrid")
+CALIBRATED_LAYOUTS = (*WHOLE_MODEL, "tp", *STAGED)
 
 
 def read_runs(paths: Sequence[Path]) -> list[Summary]:
@@ -89,12 +93,12 @@ def fit(runs: list[Summary], predicted: Callable[[Summary, Efficiency], dict[str
     (an efficiency of 1), what it leaves out of the plain runs' communication and optimizer time is fitted;
     calibrated, what it leaves out of the other layouts' steps is their own cost.
     """
-    tensor_parallel = [s for s in runs if (s.layout or {}).get("tp", 1) > 1]
-    plain = [s for s in runs if s.strategy in PLAIN] or [s for s in runs if s not in tensor_parallel]
+    whole = [s for s in runs if s.strategy not in STAGED and (s.layout or {}).get("tp", 1) == 1]
+    plain = [s for s in whole if s.strategy in PLAIN] or whole
     if not plain:
         raise UsageError(
-            "--calibrate: tensor-parallel runs are calibrated against the plan of whole-model runs; add runs of "
-            f"{', '.join(WHOLE_MODEL)} of the same model"
+            "--calibrate: tensor-parallel and pipeline runs are calibrated against the plan of whole-model runs; add "
+            f"runs of {', '.join(WHOLE_MODEL)} of the same model"
         )
     eff = _fit_plain(plain, lambda summary: predicted(summary, Efficiency(1.0)))
     others = [s for s in runs if s not in plain]

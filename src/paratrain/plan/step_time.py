@@ -113,14 +113,18 @@ class LayoutCost:
 
 
 def layout_key(layout: Layout, split: TensorParallelProfile | None) -> str:
-    """The layout as calibration tells layouts apart: a plan row's name, and for split models their degree and
-    which collectives the split issues (sequence parallelism's gathers, a vocabulary-split loss)."""
-    if layout.tp == 1 or split is None:
-        return layout.name
-    kinds = [f"tp {layout.tp}"]
-    kinds += ["sequence parallel"] if split.gather_scatters else []
-    kinds += ["loss parallel"] if split.loss_split > 1 else []
-    return f"{layout.name} ({', '.join(kinds)})"
+    """The layout as calibration tells layouts apart: a plan row's name; for split models their degree and
+    which collectives the split issues (sequence parallelism's gathers, a vocabulary-split loss); for pipelines
+    their stages and micro-batches (a pipeline's own cost is paid per micro-batch and stage: its sends and
+    receives, its schedule's Python)."""
+    kinds = []
+    if layout.tp > 1 and split is not None:
+        kinds.append(f"tp {layout.tp}")
+        kinds += ["sequence parallel"] if split.gather_scatters else []
+        kinds += ["loss parallel"] if split.loss_split > 1 else []
+    if layout.stages > 1:
+        kinds.append(f"{layout.stages} stages, {layout.microbatches} micro-batches")
+    return f"{layout.name} ({', '.join(kinds)})" if kinds else layout.name
 
 
 @dataclass(frozen=True)
