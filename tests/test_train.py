@@ -89,8 +89,13 @@ def test_gradient_accumulation_on_two_ranks_equals_the_global_batch(tmp_path):
     )
     assert two["global_batch_size"] == 64 and two["steps"] == 2 * 5
     a, b = _model_state(tmp_path / "one"), _model_state(tmp_path / "acc")
-    for key in a:
-        torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-6)
+    # Measured as the whole model's relative difference: on an AVX-512 CPU the two agreed element by element
+    # to 1e-6; on an AVX2-only one (2026-11-27) they differ by 1.2e-5 after the first epoch's short step and
+    # 1.6e-4 after the second (the rounding, which training amplifies about 10x an epoch; without the short
+    # step, 256 samples, they agree to 4e-8, not yet explained). A short step weighted as half of one (its
+    # loss divided by --grad-accum) differs by 2-3e-3.
+    flat = [torch.cat([t.flatten() for k, t in s.items() if t.is_floating_point()]) for s in (a, b)]
+    assert (flat[0] - flat[1]).norm() / flat[0].norm() < 5e-4
 
 
 @pytest.mark.parametrize("rule, factor", [("linear", 2.0), ("sqrt", math.sqrt(2.0))])
