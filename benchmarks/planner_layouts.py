@@ -14,7 +14,8 @@ a quiet machine.
 
     .venv/bin/python benchmarks/planner_layouts.py --repeats 3
 
-`--layouts pipeline` measures one of them (the single and ddp runs are always run: they calibrate).
+`--layouts pipeline` measures one of them (the single and ddp runs are always run: they calibrate). The pipeline
+of 4 micro-batches calibrates its own cost at batches 4 and 16 (6 does not divide into 4).
 """
 
 from __future__ import annotations
@@ -52,7 +53,16 @@ LAYOUTS = {
         "pipeline",
         1,
     ),
+    # the same with a smaller bubble (1/5 against 1/3): a check of the pipeline's model at another schedule shape
+    "pipeline of 4 micro-batches": (
+        ["--strategy", "pipeline", "--microbatches", "4"],
+        ["--strategy", "pipeline", "--microbatches", "4"],
+        "pipeline",
+        1,
+    ),
 }
+# a layout's own runs at other batches than CALIBRATE's, where those do not divide into its micro-batches
+OWN_CALIBRATE = {"pipeline of 4 micro-batches": (4, 16)}
 
 
 def run(workers: int, batch: int, flags: list[str], run_dir: Path, measured: bool) -> dict:
@@ -91,15 +101,17 @@ def main() -> None:
         own: dict[str, list[Path]] = {name: [] for name in layouts}  # each layout's runs at the calibration batches
         measured: dict[tuple[str, int], list[dict]] = {}
         commands: list[str] = []
+        own_batches = {name: OWN_CALIBRATE.get(name, CALIBRATE) for name in layouts}
         for repeat in range(args.repeats):
-            for batch in CALIBRATE:
-                for workers in (1, 2):
+            for batch in sorted({*CALIBRATE, *(b for batches in own_batches.values() for b in batches)}):
+                for workers in (1, 2) if batch in CALIBRATE else ():
                     run_dir = out / f"calibrate-w{workers}-b{batch}-r{repeat}"
                     summary = run(workers, batch, FLAGS, run_dir, args.measured is not None)
                     calibration.append(run_dir)
                     commands += [summary["command"]] if repeat == 0 else []
                 for name, (train_flags, *_) in layouts.items():
-                    if name == "ddp":  # its runs at these batches are the calibration's own
+                    # ddp's runs at these batches are the calibration's own
+                    if name == "ddp" or batch not in own_batches[name]:
                         continue
                     run_dir = out / run_name(name, batch, repeat)
                     summary = run(2, batch, [*FLAGS, *train_flags], run_dir, args.measured is not None)

@@ -390,6 +390,13 @@ def test_compute_line_keeps_a_slope_below_one_and_any_point_order():
     assert _compute_line([(4.0, 9.0), (1.0, 3.0), (2.0, 5.0)]) == pytest.approx((0.5, 1.0), rel=1e-12)
 
 
+def test_compute_line_runs_through_each_batch_size_median():
+    # repeats: one slow run of three at ideal 2 (9 against 5 and 5.2) leaves the line through (2, 5.2) and (4, 9):
+    # slope 1.9, fixed 1.4; through every run it would be slope 1.3 and a fixed cost of 3.8, which a pipeline
+    # pays in every slot's share
+    assert _compute_line([(2.0, 5.0), (2.0, 9.0), (4.0, 9.0), (2.0, 5.2)]) == pytest.approx((1 / 1.9, 1.4), rel=1e-12)
+
+
 def test_a_run_without_grad_accum_counts_its_batch_once_and_is_named():
     one = run(1, 100, 0.25, name="first")
     del one["grad_accum"]

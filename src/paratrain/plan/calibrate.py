@@ -8,10 +8,10 @@ layout, uncalibrated, is the yardstick for the rest. Fitted:
   peak. Busy time is the compute plus the communication the link model does not predict (on CPU
   ranks mostly waiting for the slower rank, which grows with the step: docs/planner.md). With one
   batch size per count: efficiency = the median of ideal / busy. With two or more (1.5x apart at
-  least): a least-squares line busy = fixed + ideal / efficiency, whose intercept is the fixed
-  compute per step (dispatching operators, launching kernels) that one batch size cannot tell from
-  the efficiency. A plan for N devices takes the figures of the largest count measured that is at
-  most N.
+  least): a least-squares line busy = fixed + ideal / efficiency through each batch size's median,
+  whose intercept is the fixed compute per step (dispatching operators, launching kernels) that one
+  batch size cannot tell from the efficiency. A plan for N devices takes the figures of the largest
+  count measured that is at most N.
 - per-step overhead, per number of ranks: the median of data_s + other_s (loading, bookkeeping)
   plus the optimizer time beyond the plan's memory-traffic estimate (a small model's step is mostly
   the optimizer's own per-tensor work), which no FLOP or byte count predicts; two CPU ranks share
@@ -170,32 +170,36 @@ def _layout_costs(runs: list[Summary], predicted: Callable[[Summary], dict[str, 
 
 def _cost_line(points: list[tuple[float, float]]) -> tuple[float, float]:
     """(seconds a step, seconds a sample) of a layout's own cost from (samples, seconds beyond the plan) of its
-    runs: per batch size the median of its runs (repeats: one slow run does not tilt the line), then a
-    least-squares line through them where they span batch sizes (at least 1.5x apart) and it grows with them;
+    runs: the line through each batch size's median (`_line_through_medians`) where it grows with the batch;
     else the median of all a step. The median may be negative: the plan can overrate a layout's cost too."""
-    by_batch: dict[float, list[float]] = {}
-    for x, y in points:
-        by_batch.setdefault(x, []).append(y)
-    medians = [(x, statistics.median(ys)) for x, ys in by_batch.items()]
-    samples = [x for x, _ in medians]
-    if max(samples) >= 1.5 * min(samples):
-        mean_x, mean_y = statistics.fmean(samples), statistics.fmean(y for _, y in medians)
-        slope = sum((x - mean_x) * (y - mean_y) for x, y in medians) / sum((x - mean_x) ** 2 for x in samples)
-        if slope >= 0:
-            return mean_y - slope * mean_x, slope
+    line = _line_through_medians(points)
+    if line is not None and line[1] >= 0:
+        return line
     return statistics.median(y for _, y in points), 0.0
 
 
 def _compute_line(points: list[tuple[float, float]]) -> tuple[float, float]:
     """(efficiency, fixed seconds) from (ideal seconds, busy seconds) of runs at one rank count:
-    busy = fixed + ideal / efficiency by least squares when the runs span batch sizes (at least
-    1.5x apart, or the line is all noise) and the line is a model (a positive slope, no negative
-    fixed cost); else the median ratio and no fixed cost."""
-    ideals = [x for x, _ in points]
-    if max(ideals) >= 1.5 * min(ideals):
-        mean_x, mean_y = statistics.fmean(ideals), statistics.fmean(y for _, y in points)
-        slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / sum((x - mean_x) ** 2 for x in ideals)
-        intercept = mean_y - slope * mean_x
-        if slope > 0 and intercept >= 0:
-            return 1 / slope, intercept
+    busy = fixed + ideal / efficiency through each batch size's median (`_line_through_medians`) where the
+    line is a model (a positive slope, no negative fixed cost); else the median ratio and no fixed cost."""
+    line = _line_through_medians(points)
+    if line is not None and line[1] > 0 and line[0] >= 0:
+        return 1 / line[1], line[0]
     return statistics.median(x / y for x, y in points), 0.0
+
+
+def _line_through_medians(points: list[tuple[float, float]]) -> tuple[float, float] | None:
+    """(intercept, slope) of the least-squares line through the median y of each x, or None where the x span
+    less than 1.5x (the line would be all noise). Medians, so that one slow repeat (a busy machine) does not
+    tilt the line: through every run, one of three repeats 27 % slow at the small batch raised a 2-rank fixed
+    cost from 12 to 56 ms a step, and a 2-stage pipeline's plan from 11 % to 27 % too slow (docs/planner.md)."""
+    by_x: dict[float, list[float]] = {}
+    for x, y in points:
+        by_x.setdefault(x, []).append(y)
+    medians = [(x, statistics.median(ys)) for x, ys in by_x.items()]
+    xs = [x for x, _ in medians]
+    if max(xs) < 1.5 * min(xs):
+        return None
+    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(y for _, y in medians)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in medians) / sum((x - mean_x) ** 2 for x in xs)
+    return mean_y - slope * mean_x, slope
