@@ -194,6 +194,34 @@ def test_a_script_that_lets_paratrain_set_its_batch_grows_it_adaptively(tmp_path
     assert "alt='batch schedule'" in page and "--batch-schedule adaptive: the global batch grew from 8 to" in page
 
 
+def noise_records(run: Path, rank: int) -> list[dict]:
+    return [json.loads(line) for line in (run / "grad_noise" / f"rank{rank}.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("wrap,ranks", [("fsdp", 2), ("hsdp", 4)])
+def test_a_scripts_fsdp_and_hsdp_read_the_noise_its_ddp_reads(tmp_path, wrap, ranks):
+    """The example script's model fully_shard-ed (over all ranks; HSDP: over pairs of ranks, replicated across the
+    pairs) reads each step's two squared norms from FSDP's reduce-scatter and the averaged shards: the same, rank
+    by rank and step by step, as under DDP's comm hook, up to the first batch change (which each run decides from
+    its own timings). HSDP runs 4 ranks on 2 cores: a correctness test."""
+    runs = {}
+    for wrapped in ("ddp", wrap):
+        runs[wrapped] = tmp_path / wrapped
+        launch = [*LAUNCH[:5], str(ranks), *LAUNCH[6:], "--allow-oversubscribe", "--run-dir", str(runs[wrapped])]
+        flags = ["--batch-schedule", "adaptive", "--max-global-batch", str(16 * ranks)]
+        # 80 steps of 4 samples a rank
+        script = ["--epochs", "1", "--samples", str(320 * ranks), "--batch-size", "4", "--log-every", "5"]
+        subprocess.run([*launch, *flags, SCHEDULED_SCRIPT, *script, "--wrap", wrapped], check=True, capture_output=True)
+    until = min([change["step"] for run in runs.values() for change in events(run, "batch")], default=80)
+    for rank in range(ranks):
+        ddp, sharded = ([r for r in noise_records(runs[w], rank) if r["step"] <= until] for w in ("ddp", wrap))
+        assert [r["step"] for r in sharded] == [r["step"] for r in ddp] == list(range(1, until + 1))
+        for name in ("small_sq", "big_sq"):
+            assert [r[name] for r in sharded] == pytest.approx([r[name] for r in ddp], rel=1e-4)
+        assert {(r["small_batch"], r["big_batch"]) for r in sharded} == {(4, 4 * ranks)}
+    assert json.loads((runs[wrap] / "summary.json").read_text())["status"] == "completed"
+
+
 def test_a_scripts_warmup_ramp_doubles_at_the_samples_the_rule_gives(tmp_path):
     """warmup from 8 to 32 over one epoch of 4,096 samples: two doublings, at a third and two thirds of the
     ramp by samples trained on (engine/batch_schedule.py). By hand: 8 a step reaches 4096/3 = 1365.3 after

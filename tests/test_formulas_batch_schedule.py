@@ -403,6 +403,29 @@ def test_a_scripts_micro_steps_skip_ddps_synchronisation_but_the_last():
         dist.destroy_process_group()
 
 
+def test_a_scripts_fsdp_replicas_are_read_from_its_parameters_placements():
+    """One rank's gloo group: a 1-D mesh holds each shard once; HSDP's 2-D mesh (Replicate, Shard) as many times as
+    its first dimension; FSDP over tensor-parallel pieces (Shard, Shard) has no reading (adaptive refuses it)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+    from paratrain.engine.script_schedule import _replicas_of_shards
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        assert _replicas_of_shards(fully_shard(torch.nn.Linear(2, 2), mesh=init_device_mesh("cpu", (1,)))) == 1
+        grid = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "tp"))
+        hsdp = fully_shard(torch.nn.Linear(2, 2), mesh=grid)
+        assert [type(p).__name__ for p in next(hsdp.parameters()).placements] == ["Replicate", "Shard"]
+        assert _replicas_of_shards(hsdp) == 1
+        split = parallelize_module(torch.nn.Linear(2, 2), grid["tp"], ColwiseParallel())
+        assert _replicas_of_shards(fully_shard(split, mesh=grid["dp"])) is None
+    finally:
+        dist.destroy_process_group()
+
+
 def test_a_scripts_warmup_moves_its_lr_with_the_batch_and_resumes_where_it_was(monkeypatch):
     """One process, warmup from 4 to 16 over an epoch of 64 samples: doublings once a third (22 samples) and two
     thirds (43) are trained on, the optimizer's LR doubled at each; a schedule loaded from its state_dict is at

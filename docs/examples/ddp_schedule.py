@@ -3,10 +3,13 @@
 ddp_mlp.py's training, with one change: each optimizer step runs the micro-steps that
 `paratrain.batch_schedule(...)` hands it, dividing each loss by `schedule.accum`, and tells the
 schedule when the step is done. Under torchrun or plain `python` nothing sets a schedule, and it
-trains at --grad-accum micro-steps a step throughout.
+trains at --grad-accum micro-steps a step throughout. `--wrap fsdp` shards the same model with FSDP2's
+`fully_shard` over all ranks, `--wrap hsdp` over pairs of ranks, replicated across the pairs (HSDP); the
+loop is the same.
 
     paratrain launch -n 2 --batch-schedule adaptive --max-global-batch 1024 docs/examples/ddp_schedule.py
     paratrain launch -n 2 --batch-schedule warmup --max-global-batch 256 docs/examples/ddp_schedule.py
+    paratrain launch -n 2 --batch-schedule adaptive --max-global-batch 1024 docs/examples/ddp_schedule.py --wrap fsdp
 """
 
 import argparse
@@ -14,6 +17,8 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import paratrain
@@ -25,6 +30,7 @@ parser.add_argument("--batch-size", type=int, default=16, help="samples a rank a
 parser.add_argument("--grad-accum", type=int, default=1, help="micro-steps a step to start at")
 parser.add_argument("--lr", type=float, default=0.01, help="the LR at the starting batch")
 parser.add_argument("--log-every", type=int, default=10, help="steps between the schedule's readings")
+parser.add_argument("--wrap", choices=["ddp", "fsdp", "hsdp"], default="ddp", help="DDP, FSDP2, or FSDP2 over pairs")
 args = parser.parse_args()
 
 dist.init_process_group("gloo")
@@ -36,12 +42,19 @@ mine = slice(rank * args.samples // world, (rank + 1) * args.samples // world)  
 inputs, labels = inputs[mine], labels[mine]
 
 torch.manual_seed(0)
-model = DDP(
-    torch.nn.Sequential(
-        torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024), torch.nn.ReLU(),
-        torch.nn.Linear(1024, 10),
-    )
+model = torch.nn.Sequential(
+    torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024), torch.nn.ReLU(),
+    torch.nn.Linear(1024, 10),
 )
+if args.wrap == "ddp":
+    model = DDP(model)
+else:  # each linear layer its own FSDP unit, the rest with the root
+    shape, names = ((world,), ("shard",)) if args.wrap == "fsdp" else ((world // 2, 2), ("replicate", "shard"))
+    mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    model = fully_shard(model, mesh=mesh)
 optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
 schedule = paratrain.batch_schedule(
     model, optimizer, batch_size=args.batch_size, grad_accum=args.grad_accum, samples_per_epoch=args.samples,

@@ -20,7 +20,9 @@ made of the script's figures), so a script's schedule grows by the same rule as 
 - It grows by accumulation only: the per-rank batch is the script's loader's.
 - adaptive reads the gradient noise where the run averages its gradients (engine/grad_noise.py): a comm
   hook on a DistributedDataParallel model (DDP's own all-reduce hook, wrapped), FSDP2's reduce-scatter on a
-  `fully_shard`ed one (1-D mesh), the first micro-step against the whole step in one process.
+  `fully_shard`ed one (a 1-D mesh, or HSDP's 2-D mesh of replicas and shards: its parameters Replicate then
+  Shard), the first micro-step against the whole step in one process. Shards of tensor-parallel pieces
+  (FSDP over TP) are refused for adaptive: a rank's reduce-scatter holds its piece's gradient, not its batch's.
 - Its throughput model needs no extra pass: a micro-step is timed from the moment `micro_steps()` hands it
   to the script to the moment the script asks for the next one (loading, forward, backward: all of what
   doubles when the accumulation doubles), and a step from its first micro-step to `step_done()`. The rest
@@ -52,6 +54,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.nn.parallel import DistributedDataParallel
 
 from paratrain.config import TrainConfig, validate
@@ -102,6 +105,8 @@ class ScriptBatchSchedule:
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.sharded = [m for m in model.modules() if isinstance(m, FSDPModule)]
+        # how many replicas hold each FSDP shard (HSDP's); None where the noise cannot be read (module docstring)
+        self.replicas = _replicas_of_shards(model) if self.sharded else 1
         strategy = "fsdp" if self.sharded else "ddp" if isinstance(model, DistributedDataParallel) else "single"
         if self.world > 1 and strategy == "single":
             raise UsageError(
@@ -123,6 +128,7 @@ class ScriptBatchSchedule:
                     "batch_size": batch_size,
                     "grad_accum": grad_accum,
                     "batch_schedule": kind,
+                    **({"dp_replicate": self.replicas} if self.replicas and self.replicas > 1 else {}),
                     **{k: v for k, v in chosen.items() if k != "kind"},
                 },
             )
@@ -214,13 +220,13 @@ class ScriptBatchSchedule:
                     "gradient noise through its own, so call batch_schedule before register_comm_hook, or drop it"
                 ) from None
         elif strategy == "fsdp":
-            mesh = next(self.model.parameters()).device_mesh
-            if mesh.ndim != 1:
+            if self.replicas is None:
                 raise UsageError(
-                    f"paratrain.batch_schedule(): adaptive reads FSDP's gradient noise on a 1-D mesh, and this "
-                    f"model's is {mesh.ndim}-D; shard it over one mesh dimension, or use --batch-schedule warmup"
+                    "paratrain.batch_schedule(): adaptive reads FSDP's gradient noise on a 1-D mesh or HSDP's 2-D "
+                    "(replicate, shard) one, and this model's parameters are laid out otherwise (tensor-parallel "
+                    "pieces); shard it over data-parallel dimensions only, or use --batch-schedule warmup"
                 )
-            norms = ShardNorms(replicas=1)
+            norms = ShardNorms(replicas=self.replicas)
             for module in self.model.modules():
                 if isinstance(module, FSDPModule):
                     module.set_custom_reduce_scatter(MeasuredReduceScatter(norms))
@@ -285,3 +291,18 @@ class ScriptBatchSchedule:
     def _write_state(self) -> None:
         if self.run_dir is not None and self.rank == 0:
             write_json(self.run_dir / STATE_FILE, self.schedule.summary())
+
+
+def _replicas_of_shards(model: nn.Module) -> int | None:
+    """How many replicas hold each shard of a fully_shard-ed model: 1 on a 1-D mesh; on HSDP's 2-D mesh, whose
+    parameters are Replicate over its first dimension and Shard over its second, the first's size; None for
+    any other layout (FSDP over tensor-parallel pieces, whose second placement splits the parameter)."""
+    placed = [p for p in model.parameters() if isinstance(p, DTensor)]
+    if not placed or placed[0].device_mesh.ndim == 1:
+        return 1
+    mesh = placed[0].device_mesh
+    hsdp = all(
+        p.device_mesh.ndim == 2 and isinstance(p.placements[0], Replicate) and isinstance(p.placements[1], Shard)
+        for p in placed
+    )
+    return mesh.size(0) if hsdp else None
