@@ -69,8 +69,10 @@ def train(workload: str, workers: int, batch: int, flags: list[str], out: Path) 
 
 
 def plan(workload: str, optimizer: str, calibration: list[Path], flags: list[str]) -> tuple[dict, str]:
-    """`paratrain plan --device cpu --gpus 2` of the workload with `flags`, calibrated from the runs."""
-    cmd = [str(BIN / "paratrain"), "plan", "--workload", workload, "--device", "cpu", "--gpus", "2", *flags]
+    """`paratrain plan --device cpu --gpus 2` of the workload with `flags`, calibrated from the runs; a workload
+    of the form `--model FACTORY` plans that model."""
+    model = workload.split() if workload.startswith("--model") else ["--workload", workload]
+    cmd = [str(BIN / "paratrain"), "plan", *model, "--device", "cpu", "--gpus", "2", *flags]
     cmd += ["--optimizer", optimizer, "--calibrate", *map(str, calibration), "--json"]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if proc.returncode != 0:

@@ -15,7 +15,11 @@ a quiet machine.
     .venv/bin/python benchmarks/planner_layouts.py --repeats 3
 
 `--layouts pipeline` measures one of them (the single and ddp runs are always run: they calibrate). The pipeline
-of 4 micro-batches calibrates its own cost at batches 4 and 16 (6 does not divide into 4).
+of 4 micro-batches calibrates its own cost at batches 4 and 16 (6 does not divide into 4). `--model FACTORY` takes
+a user's own nn.Module factory instead, trained on synthetic 3 x 32 x 32 images (1,536 an epoch, SGD), calibrated
+at 32 and 128 a worker and predicted at 48 and 96:
+
+    PYTHONPATH=tests .venv/bin/python benchmarks/planner_layouts.py --model user_factories:wide_mlp --layouts pipeline
 """
 
 from __future__ import annotations
@@ -25,14 +29,46 @@ import json
 import statistics
 import sys
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from planner_accuracy import plan, train
 
-WORKLOAD = "gpt-tiny"
-FLAGS = ["--samples-per-epoch", "384", "--eval-samples", "32", "--epochs", "2", "--optimizer", "adam"]
-CALIBRATE = (6, 16)  # the batches of the single and ddp runs the plan is calibrated from
-BATCHES = (8, 32)  # the batches each layout is predicted and measured at (per worker; tp: per group)
+
+@dataclass(frozen=True)
+class Workload:
+    """What is trained and planned: the train flags of every run, the plan's model flags, the optimizer, the
+    batches (per worker) the single and ddp runs calibrate at and each layout is predicted and measured at
+    (tp: per group), and a layout's own calibration batches where the common ones do not divide into its
+    micro-batches."""
+
+    name: str
+    flags: list[str]
+    plan_model: str
+    optimizer: str
+    calibrate: tuple[int, ...]
+    batches: tuple[int, ...]
+    own_calibrate: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+
+GPT_TINY = Workload(
+    "gpt-tiny",
+    ["--samples-per-epoch", "384", "--eval-samples", "32", "--epochs", "2", "--optimizer", "adam"],
+    "gpt-tiny",
+    "adam",
+    (6, 16),
+    (8, 32),
+    {"pipeline of 4 micro-batches": (4, 16)},  # 6 does not divide into 4
+)
+
+
+def user_model(factory: str) -> Workload:
+    """A user's model on synthetic images (the workload gives the data, the model replaces its network), at
+    batches where its step is more than overhead; 32 and 128 divide into 4 micro-batches."""
+    flags = ["--model", factory, "--synthetic-samples", "1536", "--epochs", "2", "--optimizer", "sgd"]
+    return Workload("synthetic-cnn", flags, f"--model {factory}", "sgd", (32, 128), (48, 96))
+
+
 # layout -> (its train flags on 2 workers, its plan flags, the plan row's strategy, replicas). `train
 # --batch-size` is per replica (a tensor-parallel group is one), `plan --batch-size` per device: the plan
 # is given the global batch of the run it predicts.
@@ -61,14 +97,12 @@ LAYOUTS = {
         1,
     ),
 }
-# a layout's own runs at other batches than CALIBRATE's, where those do not divide into its micro-batches
-OWN_CALIBRATE = {"pipeline of 4 micro-batches": (4, 16)}
 
 
-def run(workers: int, batch: int, flags: list[str], run_dir: Path, measured: bool) -> dict:
+def run(workload: str, workers: int, batch: int, flags: list[str], run_dir: Path, measured: bool) -> dict:
     """train's summary of the run, or with `measured` the one an earlier run left in `run_dir`."""
     if not measured:
-        return train(WORKLOAD, workers, batch, flags, run_dir)
+        return train(workload, workers, batch, flags, run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())
     summary["command"] = f"(measured in {run_dir})"
     return summary
@@ -90,7 +124,9 @@ def main() -> None:
     parser.add_argument(
         "--layouts", type=lambda s: s.split(","), default=list(LAYOUTS), help=f"of {', '.join(LAYOUTS)}"
     )
+    parser.add_argument("--model", help="a user's model factory (module:function) instead of gpt-tiny")
     args = parser.parse_args()
+    work = user_model(args.model) if args.model else GPT_TINY
     unknown = set(args.layouts) - set(LAYOUTS)
     if unknown:
         parser.error(f"unknown layout(s): {', '.join(sorted(unknown))}")
@@ -101,12 +137,12 @@ def main() -> None:
         own: dict[str, list[Path]] = {name: [] for name in layouts}  # each layout's runs at the calibration batches
         measured: dict[tuple[str, int], list[dict]] = {}
         commands: list[str] = []
-        own_batches = {name: OWN_CALIBRATE.get(name, CALIBRATE) for name in layouts}
+        own_batches = {name: work.own_calibrate.get(name, work.calibrate) for name in layouts}
         for repeat in range(args.repeats):
-            for batch in sorted({*CALIBRATE, *(b for batches in own_batches.values() for b in batches)}):
-                for workers in (1, 2) if batch in CALIBRATE else ():
+            for batch in sorted({*work.calibrate, *(b for batches in own_batches.values() for b in batches)}):
+                for workers in (1, 2) if batch in work.calibrate else ():
                     run_dir = out / f"calibrate-w{workers}-b{batch}-r{repeat}"
-                    summary = run(workers, batch, FLAGS, run_dir, args.measured is not None)
+                    summary = run(work.name, workers, batch, work.flags, run_dir, args.measured is not None)
                     calibration.append(run_dir)
                     commands += [summary["command"]] if repeat == 0 else []
                 for name, (train_flags, *_) in layouts.items():
@@ -114,13 +150,13 @@ def main() -> None:
                     if name == "ddp" or batch not in own_batches[name]:
                         continue
                     run_dir = out / run_name(name, batch, repeat)
-                    summary = run(2, batch, [*FLAGS, *train_flags], run_dir, args.measured is not None)
+                    summary = run(work.name, 2, batch, [*work.flags, *train_flags], run_dir, args.measured is not None)
                     own[name].append(run_dir)
                     commands += [summary["command"]] if repeat == 0 else []
-            for batch in BATCHES:
+            for batch in work.batches:
                 for name, (train_flags, *_) in layouts.items():
                     run_dir = out / run_name(name, batch, repeat)
-                    summary = run(2, batch, [*FLAGS, *train_flags], run_dir, args.measured is not None)
+                    summary = run(work.name, 2, batch, [*work.flags, *train_flags], run_dir, args.measured is not None)
                     measured.setdefault((name, batch), []).append(summary)
                     commands += [summary["command"]] if repeat == 0 else []
                     print(f"repeat {repeat + 1} {name} b{batch}: {step_s(summary) * 1e3:.2f} ms", file=sys.stderr)
@@ -130,7 +166,7 @@ def main() -> None:
         )
         print("|---|---|---|---|---|---|---|---|")
         worst = {"plain": 0.0, "own": 0.0}
-        for batch in BATCHES:
+        for batch in work.batches:
             for name, (_, plan_flags, strategy, replicas) in layouts.items():
                 runs = measured[(name, batch)]
                 steps = [step_s(s) for s in runs]
@@ -138,7 +174,7 @@ def main() -> None:
                 cells = []
                 for kind, runs_used in (("plain", calibration), ("own", calibration + own[name])):
                     flags = ["--global-batch", str(batch * replicas), *plan_flags]
-                    predicted, plan_command = plan(WORKLOAD, "adam", runs_used, flags)
+                    predicted, plan_command = plan(work.plan_model, work.optimizer, runs_used, flags)
                     commands.append(plan_command)
                     row = next(r for r in predicted["rows"] if r["devices"] == 2 and r["strategy"] == strategy)
                     error = (row["step_time_s"] - median) / median

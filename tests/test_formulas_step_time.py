@@ -251,6 +251,19 @@ def test_pipeline_slots_sends_and_the_heaviest_stage():
     assert gpu["exposed_comm_s"] == pytest.approx(2 * 0.0111, rel=1e-12)
 
 
+def test_a_pipelines_slots_take_the_efficiency_calibrated_without_the_wait():
+    eff = replace(EFF, without_waiting_by_devices=((1, 0.6, 0.0), (2, 0.5, 2e-3)))
+    layout = Layout("pipeline", 2, 1, 2, 4, 8)  # 2 stages, 4 micro-batches of 2
+    t = step_time(profile(), layout, device(False), "fp32", "sgd", TWO_PER_NODE, eff)
+    # a slot: 2 ms / 2 stages + 2e6 x 2 / (1e9 x 0.5) = 1 + 8 ms (with the wait: 1.5 + 10 ms, above); 5 slots
+    assert t["compute_s"] == pytest.approx(5 * 0.009, rel=1e-12)
+    # a whole-step layout keeps the efficiency with the wait in
+    ddp = whole("ddp", 2)
+    assert step_time(profile(), ddp, device(False), "fp32", "sgd", TWO_PER_NODE, eff) == step_time(
+        profile(), ddp, device(False), "fp32", "sgd", TWO_PER_NODE, EFF
+    )
+
+
 def test_hybrid_adds_the_stage_all_reduce_across_replicas():
     layout = Layout("hybrid", 4, 2, 2, 4, 8)  # 2 replicas of 2 stages
     t = step_time(profile(), layout, device(False), "fp32", "sgd", FOUR_PER_NODE, EFF)
@@ -342,7 +355,14 @@ def test_calibration_fits_efficiency_fixed_cost_and_overhead_per_rank_count():
     assert eff.source == (
         "calibrated from 5 run(s) measured here (r, r, r, r, r): compute efficiency "
         "0.400 on 1 rank(s) + 0.00 ms a step, 0.500 on 2 rank(s) + 10.00 ms a step of the peak "
-        "(waiting for other ranks included), per-step overhead 8.00 ms on 1 rank(s), 2.00 ms on 2 rank(s)"
+        "(waiting for other ranks included; without it, a pipeline's stages: 0.496 on 2 rank(s)), per-step "
+        "overhead 8.00 ms on 1 rank(s), 2.00 ms on 2 rank(s)"
+    )
+    # without the wait, the compute alone: one rank as above; two ranks through (0.1, 0.2) and (0.3, 0.61), slope
+    # 2.05 and a fixed cost of -5 ms, no model: the median of 0.1 / 0.2 and 0.3 / 0.61
+    assert eff.without_waiting_by_devices == (
+        (1, pytest.approx(0.4, rel=1e-9), 0.0),
+        (2, pytest.approx((0.5 + 0.3 / 0.61) / 2, rel=1e-9), 0.0),
     )
 
 
@@ -354,7 +374,8 @@ def test_calibration_from_one_batch_size_has_no_fixed_cost():
     # no fixed cost anywhere: none is shown
     assert eff.source == (
         "calibrated from 2 run(s) measured here (r, r): compute efficiency 0.400 on 1 rank(s), 0.455 on 2 rank(s) of "
-        "the peak (waiting for other ranks included), per-step overhead 0.00 ms on 1 rank(s), 0.00 ms on 2 rank(s)"
+        "the peak (waiting for other ranks included; without it, a pipeline's stages: 0.500 on 2 rank(s)), "
+        "per-step overhead 0.00 ms on 1 rank(s), 0.00 ms on 2 rank(s)"
     )
 
 

@@ -202,6 +202,9 @@ def _device_json(device: Device, precision: str, eff: Efficiency, per_node: int,
                 "efficiency": share,
                 "fixed_compute_s": eff.fixed_compute_s(n),
                 "overhead_s": eff.overhead_for(n),
+                # a pipeline's stages: the compute without the wait for the other ranks
+                "pipeline_efficiency": eff.pipeline_compute(n)[0],
+                "pipeline_fixed_compute_s": eff.pipeline_compute(n)[1],
             }
             for n, share in eff.by_devices
         ],

@@ -11,7 +11,8 @@ layout, uncalibrated, is the yardstick for the rest. Fitted:
   least): a least-squares line busy = fixed + ideal / efficiency through each batch size's median,
   whose intercept is the fixed compute per step (dispatching operators, launching kernels) that one
   batch size cannot tell from the efficiency. A plan for N devices takes the figures of the largest
-  count measured that is at most N.
+  count measured that is at most N. The same line through the compute alone, the wait left out,
+  prices a pipeline's stages, whose waits (the bubble, the slowest stage) the plan prices apart.
 - per-step overhead, per number of ranks: the median of data_s + other_s (loading, bookkeeping)
   plus the optimizer time beyond the plan's memory-traffic estimate (a small model's step is mostly
   the optimizer's own per-tensor work), which no FLOP or byte count predicts; two CPU ranks share
@@ -117,8 +118,10 @@ def fit(runs: list[Summary], predicted: Callable[[Summary, Efficiency], dict[str
 def _fit_plain(runs: list[Summary], predicted: Callable[[Summary], dict[str, Any]]) -> Efficiency:
     """The efficiency, fixed compute and overhead per rank count (the module's docstring)."""
     overheads: dict[int, list[float]] = {}  # per rank count
-    # per rank count: (seconds the step's FLOPs would take at the peak, measured busy seconds)
+    # per rank count: (seconds the step's FLOPs would take at the peak, measured busy seconds), and the same
+    # with the compute alone (the wait for the other ranks left out: what a pipeline's slots take)
     by_workers: dict[int, list[tuple[float, float]]] = {}
+    alone: dict[int, list[tuple[float, float]]] = {}
     for summary in runs:
         b, plan = summary.breakdown, predicted(summary)
         per_rank = summary.batch_size * (summary.grad_accum or 1)
@@ -126,6 +129,7 @@ def _fit_plain(runs: list[Summary], predicted: Callable[[Summary], dict[str, Any
         if b.compute_s > 0:
             ideal = summary.flops_per_sample * per_rank / summary.mfu_peak.per_device
             by_workers.setdefault(summary.workers, []).append((ideal, b.compute_s + waiting))
+            alone.setdefault(summary.workers, []).append((ideal, b.compute_s))
         overheads.setdefault(summary.workers, []).append(
             b.data_s + b.other_s + max(b.optimizer_s - plan["optimizer_s"], 0.0)
         )
@@ -138,11 +142,17 @@ def _fit_plain(runs: list[Summary], predicted: Callable[[Summary], dict[str, Any
         if any(f for _, f in fitted.values())
         else ()
     )
+    without_waiting = tuple((workers, *_compute_line(points)) for workers, points in sorted(alone.items()))
     overhead = tuple((workers, statistics.median(values)) for workers, values in sorted(overheads.items()))
     names = ", ".join(Path(s.run_dir or "?").name for s in runs)
     shown = ", ".join(
         f"{share:.3f} on {workers} rank(s)" + (f" + {fixed_s * 1e3:.2f} ms a step" if fixed else "")
         for workers, (share, fixed_s) in fitted.items()
+    )
+    shown_alone = ", ".join(
+        f"{share:.3f} on {workers} rank(s)" + (f" + {fixed_s * 1e3:.2f} ms a step" if fixed_s else "")
+        for workers, share, fixed_s in without_waiting
+        if workers > 1
     )
     shown_overhead = ", ".join(f"{seconds * 1e3:.2f} ms on {workers} rank(s)" for workers, seconds in overhead)
     return Efficiency(
@@ -151,8 +161,11 @@ def _fit_plain(runs: list[Summary], predicted: Callable[[Summary], dict[str, Any
         by_devices=per_count,
         fixed_by_devices=fixed,
         overhead_by_devices=overhead,
+        without_waiting_by_devices=without_waiting,
         source=f"calibrated from {len(runs)} run(s) measured here ({names}): compute efficiency "
-        f"{shown} of the peak (waiting for other ranks included), per-step overhead {shown_overhead}",
+        f"{shown} of the peak (waiting for other ranks included"
+        + (f"; without it, a pipeline's stages: {shown_alone}" if shown_alone else "")
+        + f"), per-step overhead {shown_overhead}",
     )
 
 

@@ -31,8 +31,10 @@
   device, profile.py; in 16 bits under a 16-bit --precision) exposed: a layer waits for its sum;
   with sequence parallelism, all-gathers and reduce-scatters in their place;
 - Pipelines: (M + K − 1) slots of one micro-batch on the slowest stage (the bubble (K−1)/(M+K−1)
-  of GPipe and 1F1B), plus the activations and their gradients sent between stages (exposed on
-  CPU, only in the fill and drain where the device overlaps); `hybrid` adds the all-reduce of a
+  of GPipe and 1F1B), computed at the calibrated efficiency without the wait for other ranks that whole-step
+  layouts fold into theirs (the bubble and the slowest stage are the pipeline's waits), plus the
+  activations and their gradients sent between stages (exposed on CPU, only in the fill and drain
+  where the device overlaps); `hybrid` adds the all-reduce of a
   stage's gradients across its replicas, after the last micro-batch; `pp+fsdp` instead gathers the
   stage's parameters for every micro-batch's backward and the first one's forward (FSDP reshards
   after forward; torch's PipelineStage keeps them gathered from a backward to the next forward), M + 1
@@ -145,6 +147,12 @@ class Efficiency:
     # which share the host's memory bandwidth (a 2.6 M-parameter MLP's SGD step: 2.7 ms on one rank
     # alone, 3-4 ms on each of two).
     overhead_by_devices: tuple[tuple[int, float], ...] = ()
+    # Calibrated per device count with the wait for the other ranks left out (the runs' compute alone):
+    # (devices, share of the peak, fixed seconds a step). A pipeline's stages wait for each other in its bubble
+    # and behind its slowest stage, both priced apart, so its slots take these (docs/planner.md: with the wait
+    # in, pipelines of gpt-tiny and of an MLP were planned up to 23 % slow, without it up to 14 % fast).
+    # Empty: the figures above.
+    without_waiting_by_devices: tuple[tuple[int, float, float], ...] = ()
     # The share is the matrix products' alone, derived net of the memory-bound operators' time: those run
     # apart, at the device's memory bandwidth (the model's bytes, profile.py). A share measured on the whole
     # step of this model (calibrated) or carried over whole (a CNN's) holds their time already.
@@ -157,6 +165,12 @@ class Efficiency:
 
     def fixed_compute_s(self, devices: int) -> float:
         return _at_most(self.fixed_by_devices, devices, 0.0)
+
+    def pipeline_compute(self, devices: int) -> tuple[float, float]:
+        """(share of the peak, fixed seconds a step) of a pipeline's stages: without the wait for the other
+        ranks where calibrated so, else as every layout's."""
+        measured = [(share, fixed) for count, share, fixed in self.without_waiting_by_devices if count <= devices]
+        return measured[-1] if measured else (self.compute_for(devices), self.fixed_compute_s(devices))
 
     def overhead_for(self, devices: int) -> float:
         return _at_most(self.overhead_by_devices, devices, self.overhead_s)
@@ -187,11 +201,15 @@ def step_time(
     """Seconds per optimizer step and where they go."""
     if topo.gloo is not None and layout.strategy not in SHARED_MEMORY_AVERAGED:
         topo = replace(topo, intra=topo.gloo)
-    speed = device.peak(precision) * eff.compute_for(layout.devices)
+    share, fixed = (
+        eff.pipeline_compute(layout.devices)
+        if layout.stages > 1
+        else (eff.compute_for(layout.devices), eff.fixed_compute_s(layout.devices))
+    )
+    speed = device.peak(precision) * share
     n = layout.data_parallel
     grads = float(profile.param_bytes)
     traffic = OPTIMIZER_TRAFFIC[optimizer]
-    fixed = eff.fixed_compute_s(layout.devices)
     if eff.memory_bound_apart:  # each FLOP of work brings its memory-bound operators' bytes
         speed = 1 / (1 / speed + profile.memory_bound_bytes_per_flop / device.memory_bandwidth)
         fixed += profile.memory_bound_bytes_fixed / device.memory_bandwidth
