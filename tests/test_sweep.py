@@ -30,7 +30,11 @@ SCRIPT = textwrap.dedent("""\
     p.add_argument("--sleep", type=float, default=0.0)
     p.add_argument("--steps", type=int, default=0)
     p.add_argument("--batch_size", type=float, default=0.0)
+    p.add_argument("--wait-for", default=None, help="a file to wait for (at most 2 minutes) before training")
     a, _ = p.parse_known_args()
+    deadline = time.time() + 120
+    while a.wait_for and not os.path.exists(a.wait_for) and time.time() < deadline:
+        time.sleep(0.05)
     assert json.loads(os.environ["PARATRAIN_PARAMS"]).get("x", 0.0) == a.x, "argv and PARATRAIN_PARAMS disagree"
     score = 10 * (a.x + a.batch_size)
     for step in range(a.steps):
@@ -465,23 +469,36 @@ def test_postgresql_storage_shared_by_two_drivers(tmp_path, script, postgres):
             str(script),
             "--quiet",
             "--",
-            "--sleep",
-            "0.8",
+            "--wait-for",
+            str(tmp_path / "go"),
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
     )
+    # The first driver's trials wait for "go", which is given once the second driver has a trial of its own:
+    # with a fixed sleep instead, the first finished all four before a slow machine's second driver had joined.
     deadline = time.time() + 60
     while not (tmp_path / "a" / "trials").exists() and time.time() < deadline:
         time.sleep(0.1)
-    second = sweep("--join", postgres, "--out", tmp_path / "b", "--quiet")
+    joined = subprocess.Popen(
+        [*PARATRAIN, "--join", postgres, "--out", str(tmp_path / "b"), "--quiet"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.time() + 120
+    while not (tmp_path / "b" / "trials").exists() and time.time() < deadline:
+        time.sleep(0.1)
+    (tmp_path / "go").touch()
     assert first.wait(timeout=120) == 0, first.stderr.read()
+    _, joined_stderr = joined.communicate(timeout=120)
+    assert joined.returncode == 0, joined_stderr
     trials = results(tmp_path / "a")["trials"]
     assert sorted(t["params"]["x"] for t in trials) == [0, 1, 2, 3] and all(t["state"] == "COMPLETE" for t in trials)
     dirs = {Path(t["run_dir"]).parent.parent.name for t in trials}
     assert dirs == {"a", "b"}, "both drivers ran trials, each into its own --out"
-    assert "storage" in results(tmp_path / "b") and "postgresql://postgres@" in second.stderr + json.dumps(
+    assert "storage" in results(tmp_path / "b") and "postgresql://postgres@" in joined_stderr + json.dumps(
         results(tmp_path / "b")
     )
 
