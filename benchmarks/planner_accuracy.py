@@ -68,10 +68,10 @@ def train(workload: str, workers: int, batch: int, flags: list[str], out: Path) 
     return summary
 
 
-def plan(workload: str, optimizer: str, calibration: list[Path], flags: list[str]) -> tuple[dict, str]:
-    """`paratrain plan --device cpu --gpus 2` of the workload with `flags`, calibrated from the runs; a workload
-    of the form `--model FACTORY` plans that model."""
-    model = workload.split() if workload.startswith("--model") else ["--workload", workload]
+def plan(workload: str | list[str], optimizer: str, calibration: list[Path], flags: list[str]) -> tuple[dict, str]:
+    """`paratrain plan --device cpu --gpus 2` of the workload with `flags`, calibrated from the runs; a list is the
+    plan's model flags themselves (`--model FACTORY`)."""
+    model = workload if isinstance(workload, list) else ["--workload", workload]
     cmd = [str(BIN / "paratrain"), "plan", *model, "--device", "cpu", "--gpus", "2", *flags]
     cmd += ["--optimizer", optimizer, "--calibrate", *map(str, calibration), "--json"]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)

@@ -44,7 +44,7 @@ class Workload:
 
     name: str
     flags: list[str]
-    plan_model: str
+    plan_model: list[str]  # the plan's model flags
     optimizer: str
     calibrate: tuple[int, ...]
     batches: tuple[int, ...]
@@ -54,7 +54,7 @@ class Workload:
 GPT_TINY = Workload(
     "gpt-tiny",
     ["--samples-per-epoch", "384", "--eval-samples", "32", "--epochs", "2", "--optimizer", "adam"],
-    "gpt-tiny",
+    ["--workload", "gpt-tiny"],
     "adam",
     (6, 16),
     (8, 32),
@@ -66,7 +66,7 @@ def user_model(factory: str) -> Workload:
     """A user's model on synthetic images (the workload gives the data, the model replaces its network), at
     batches where its step is more than overhead; 32 and 128 divide into 4 micro-batches."""
     flags = ["--model", factory, "--synthetic-samples", "1536", "--epochs", "2", "--optimizer", "sgd"]
-    return Workload("synthetic-cnn", flags, f"--model {factory}", "sgd", (32, 128), (48, 96))
+    return Workload("synthetic-cnn", flags, ["--model", factory], "sgd", (32, 128), (48, 96))
 
 
 # layout -> (its train flags on 2 workers, its plan flags, the plan row's strategy, replicas). `train

@@ -222,6 +222,33 @@ def test_a_scripts_fsdp_and_hsdp_read_the_noise_its_ddp_reads(tmp_path, wrap, ra
     assert json.loads((runs[wrap] / "summary.json").read_text())["status"] == "completed"
 
 
+SPLIT_SCRIPT = """\
+import torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+import paratrain
+dist.init_process_group("gloo")
+grid = init_device_mesh("cpu", (1, 2), mesh_dim_names=("dp", "tp"))
+model = fully_shard(parallelize_module(torch.nn.Linear(4, 4), grid["tp"], ColwiseParallel()), mesh=grid["dp"])
+paratrain.batch_schedule(model, torch.optim.SGD(model.parameters(), lr=0.1), batch_size=4)
+"""
+
+
+def test_a_scripts_fsdp_over_tensor_parallel_pieces_is_refused_for_adaptive_with_one_line(tmp_path):
+    """A rank's reduce-scatter holds its piece's gradient, not its batch's: the ranks end with one line saying what
+    to do, exit 1 (the script's failure), before any step."""
+    script = tmp_path / "split.py"
+    script.write_text(SPLIT_SCRIPT)
+    run = tmp_path / "run"
+    flags = ["--batch-schedule", "adaptive", "--max-global-batch", "64", "--run-dir", str(run)]
+    done = subprocess.run([*LAUNCH, *flags, str(script)], capture_output=True, text=True)
+    assert done.returncode == 1
+    told = done.stderr.strip().splitlines()
+    assert len(told) == 1 and "not on tensor-parallel pieces" in told[0] and "warmup" in told[0]
+    assert not (run / "metrics.jsonl").exists()
+
+
 def test_a_scripts_warmup_ramp_doubles_at_the_samples_the_rule_gives(tmp_path):
     """warmup from 8 to 32 over one epoch of 4,096 samples: two doublings, at a third and two thirds of the
     ramp by samples trained on (engine/batch_schedule.py). By hand: 8 a step reaches 4096/3 = 1365.3 after

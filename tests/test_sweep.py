@@ -457,41 +457,29 @@ def postgres(tmp_path):
 
 def test_postgresql_storage_shared_by_two_drivers(tmp_path, script, postgres):
     cfg = space(tmp_path / "space.json", {"x": {"type": "discrete", "values": list(range(4))}})
-    first = subprocess.Popen(
-        [
-            *PARATRAIN,
-            str(cfg),
-            "--out",
-            str(tmp_path / "a"),
-            "--storage",
-            postgres,
-            "--script",
-            str(script),
-            "--quiet",
-            "--",
-            "--wait-for",
-            str(tmp_path / "go"),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+
+    def driver(*args) -> subprocess.Popen:
+        return subprocess.Popen(
+            [*PARATRAIN, *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+
+    def wait_for(path: Path, seconds: float) -> None:
+        deadline = time.time() + seconds
+        while not path.exists() and time.time() < deadline:
+            time.sleep(0.1)
+
     # The first driver's trials wait for "go", which is given once the second driver has a trial of its own:
     # with a fixed sleep instead, the first finished all four before a slow machine's second driver had joined.
-    deadline = time.time() + 60
-    while not (tmp_path / "a" / "trials").exists() and time.time() < deadline:
-        time.sleep(0.1)
-    joined = subprocess.Popen(
-        [*PARATRAIN, "--join", postgres, "--out", str(tmp_path / "b"), "--quiet"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    go = tmp_path / "go"
+    first = driver(
+        cfg, "--out", tmp_path / "a", "--storage", postgres, "--script", script, "--quiet", "--", "--wait-for", go
     )
-    deadline = time.time() + 120
-    while not (tmp_path / "b" / "trials").exists() and time.time() < deadline:
-        time.sleep(0.1)
-    (tmp_path / "go").touch()
-    assert first.wait(timeout=120) == 0, first.stderr.read()
+    wait_for(tmp_path / "a" / "trials", 60)
+    joined = driver("--join", postgres, "--out", tmp_path / "b", "--quiet")
+    wait_for(tmp_path / "b" / "trials", 120)
+    go.touch()
+    _, first_stderr = first.communicate(timeout=120)
+    assert first.returncode == 0, first_stderr
     _, joined_stderr = joined.communicate(timeout=120)
     assert joined.returncode == 0, joined_stderr
     trials = results(tmp_path / "a")["trials"]

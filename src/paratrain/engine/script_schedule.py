@@ -222,9 +222,9 @@ class ScriptBatchSchedule:
         elif strategy == "fsdp":
             if self.replicas is None:
                 raise UsageError(
-                    "paratrain.batch_schedule(): adaptive reads FSDP's gradient noise on a 1-D mesh or HSDP's 2-D "
-                    "(replicate, shard) one, and this model's parameters are laid out otherwise (tensor-parallel "
-                    "pieces); shard it over data-parallel dimensions only, or use --batch-schedule warmup"
+                    "paratrain.batch_schedule(): adaptive reads FSDP's gradient noise on a 1-D or HSDP (replicate, "
+                    "shard) mesh, not on tensor-parallel pieces; shard over data-parallel dimensions only, or use "
+                    "--batch-schedule warmup"
                 )
             norms = ShardNorms(replicas=self.replicas)
             for module in self.model.modules():
