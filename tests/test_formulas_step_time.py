@@ -379,6 +379,22 @@ def test_calibration_from_one_batch_size_has_no_fixed_cost():
     )
 
 
+def test_the_pipelines_efficiency_is_shown_for_every_count_above_one_and_only_then():
+    # 4 ranks at two batches 3x apart, busy 0.25 and 0.65 s for 0.1 and 0.3 s at the peak: slope 2, fixed 50 ms
+    runs = [run(1, 100, 0.25), run(2, 100, 0.20), run(4, 100, 0.25), run(4, 300, 0.65)]
+    assert fit(runs, plan_says).source == (
+        "calibrated from 4 run(s) measured here (r, r, r, r): compute efficiency 0.400 on 1 rank(s) + 0.00 ms a "
+        "step, 0.500 on 2 rank(s) + 0.00 ms a step, 0.500 on 4 rank(s) + 50.00 ms a step of the peak (waiting for "
+        "other ranks included; without it, a pipeline's stages: 0.500 on 2 rank(s), 0.500 on 4 rank(s) + 50.00 ms "
+        "a step), per-step overhead 0.00 ms on 1 rank(s), 0.00 ms on 2 rank(s), 0.00 ms on 4 rank(s)"
+    )
+    # one rank alone has no other ranks to wait for: nothing to say for a pipeline
+    assert fit([run(1, 100, 0.25)], plan_says).source == (
+        "calibrated from 1 run(s) measured here (r): compute efficiency 0.400 on 1 rank(s) of the peak (waiting "
+        "for other ranks included), per-step overhead 0.00 ms on 1 rank(s)"
+    )
+
+
 def test_a_run_read_from_no_directory_is_named_by_a_question_mark():
     unnamed = run(1, 100, 0.25)
     del unnamed["run_dir"]

@@ -6,7 +6,7 @@ import pytest
 
 from paratrain.cli import main
 from paratrain.errors import UsageError
-from paratrain.plan.search import CHECKPOINTING, _why, describe, search, tensor_parallel_degrees
+from paratrain.plan.search import CHECKPOINTING, _why, close_call, describe, search, tensor_parallel_degrees
 
 GIB = 2**30
 
@@ -76,6 +76,9 @@ def test_the_fastest_that_fits_wins_and_the_runner_up_is_another_layout():
     )
     assert found["runner_up"]["layout"] == {"dp_replicate": 1, "dp_shard": 4, "tp": 2, "pp": 1}
     assert "; 3% faster than the runner-up" in found["why"]  # 82.65 / 80 = 1.033
+    # within 5 %: nearer than the plan ranks published layouts rightly, said so
+    assert found["close_call"] is True
+    assert "(80 samples/s, 40 GiB): a close call (within 5%, nearer than the plan ranks reliably)" in found["why"]
     # ddp without checkpointing is the fastest of all, at 120 GiB
     assert "the fastest of all, ddp (8 replicas), checkpointing nothing, would need 120 GiB" in found["why"]
     # every layout of every checkpointing choice and degree was priced: 2 whole-model rows and 3 degrees x 1
@@ -105,6 +108,12 @@ def test_layouts_are_named_as_a_person_names_them():
     assert describe({**pipeline, "checkpointing": "none"}) == "hybrid (2 x 2 stages, M = 4), checkpointing nothing"
     split = {**row("fsdp+tp", 1, 1, 2, data_parallel=4, tp=2), "checkpointing": "every block"}
     assert describe(split) == "fsdp+tp (4 x tp 2), checkpointing every block"
+    split_stages = {**row("pp+tp", 1, 1, 2, data_parallel=1, tp=2), "stages": 2, "microbatches": 8}
+    named = "pp+tp (1 x 2 stages x tp 2, M = 8), checkpointing nothing"
+    assert describe({**split_stages, "checkpointing": "none"}) == named
+    hsdp = {**row("hsdp", 1, 1, 2, data_parallel=8), "checkpointing": "none"}
+    hsdp["layout"] = {"dp_replicate": 2, "dp_shard": 4, "tp": 1, "pp": 1}
+    assert describe(hsdp) == "hsdp (2 replicas x 4 shards), checkpointing nothing"
 
 
 def test_why_names_only_faster_layouts_that_do_not_fit():
@@ -118,6 +127,14 @@ def test_why_names_only_faster_layouts_that_do_not_fit():
         "ddp (8 replicas), checkpointing nothing: 100 samples/s in 10 GiB of 60 GiB usable; 11% faster than the "
         "runner-up, fsdp (8 replicas), checkpointing nothing (90 samples/s, 10 GiB)"
     )
+
+
+def test_a_close_call_is_a_lead_under_five_percent():
+    slower = row("fsdp", 100, 10, 60)
+    assert close_call(row("ddp", 104.9, 10, 60), slower)
+    assert not close_call(row("ddp", 105.1, 10, 60), slower)
+    wide = toy_search(refuse=(2, 4, 8))  # ddp every block (75) against fsdp every 2nd block (82.65): 10 % apart
+    assert wide["close_call"] is False and "close call" not in wide["why"]
 
 
 def test_the_same_layout_checkpointed_otherwise_is_no_runner_up():
@@ -163,3 +180,28 @@ def test_search_measures_each_choice_and_degree_of_a_real_model(capsys, tmp_path
     # the runner-up is another layout, not the same one checkpointed differently
     shape = ("strategy", "data_parallel", "stages", "tp")
     assert [found["runner_up"][k] for k in shape] != [found["best"][k] for k in shape]
+
+
+def test_the_recommendation_names_sharded_layouts_within_five_percent_as_a_close_call():
+    from paratrain.plan import _Planner
+    from paratrain.plan.devices import get_device
+
+    class Rows(_Planner):  # the recommendation's rule over given rows, without profiling a model
+        def __init__(self, rows):
+            self.device, self.given = get_device("a100"), rows
+
+        def rows(self, n):
+            return self.given
+
+    def planned(strategy, samples, fits):
+        return {**row(strategy, samples, 10 if fits else 90, 60), "devices": 8, "efficiency": 0.9}
+
+    no_ddp = planned("ddp", 120, fits=False)
+    rec = Rows([no_ddp, planned("fsdp", 100, True), planned("zero1", 96, True), planned("pipeline", 90, True)])
+    assert rec.recommend(8)["strategy"] == "fsdp"
+    # zero1 is 4.2 % behind: a close call; the pipeline, 11 % behind, is not
+    assert rec.recommend(8)["reason"].endswith(
+        "; zero1 within 5% of it, a close call the plan does not rank reliably: run a few steps of each"
+    )
+    apart = Rows([no_ddp, planned("fsdp", 100, True), planned("zero1", 94, True)]).recommend(8)
+    assert apart["strategy"] == "fsdp" and "close call" not in apart["reason"]

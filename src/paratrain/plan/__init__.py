@@ -35,6 +35,7 @@ from paratrain.plan.links import (
 )
 from paratrain.plan.memory import USABLE_FRACTION, Layout, memory_per_device
 from paratrain.plan.profile import ModelProfile, TensorParallelProfile, profile_model, profile_tensor_parallel
+from paratrain.plan.search import CLOSE_CALL, Checkpointing, close_call, search
 from paratrain.plan.step_time import Efficiency, Topology, bubble_fraction, layout_key, step_time
 from paratrain.runs import RunDir
 from paratrain.runs.records import Plan, Summary, checked
@@ -129,7 +130,6 @@ def _search(
 ) -> dict[str, Any]:
     """plan --search (search.py): each checkpointing choice and tensor-parallel degree measured as the table's
     own, every layout priced by the same planner."""
-    from paratrain.plan.search import Checkpointing, search
 
     def variant(choice: Checkpointing) -> PlanConfig:
         return cfg.model_copy(update={flag: value for flag, value in choice._asdict().items() if flag != "label"})
@@ -586,13 +586,20 @@ class _Planner:
         if sharded:
             best = max(sharded, key=lambda r: r["samples_per_s"])
             others = ", ".join(f"{r['strategy']} {rate(r['samples_per_s'])}" for r in sharded if r is not best)
+            near = [r["strategy"] for r in sharded if r is not best and close_call(best, r)]
             return self._pick(
                 best,
                 f"{too_big}: shard, split the layers or pipeline; {best['strategy']} fits "
                 f"({size(need[best['strategy']])}) "
                 f"and is the fastest that does ({rate(best['samples_per_s'])} samples/s"
                 + (f"; {others}" if others else "")
-                + ")",
+                + ")"
+                + (
+                    f"; {' and '.join(near)} within {CLOSE_CALL:.0%} of it, a close call the plan does not rank "
+                    "reliably: run a few steps of each"
+                    if near
+                    else ""
+                ),
             )
         hybrid = rows.get("hybrid")
         if hybrid is not None and hybrid["fits"]:

@@ -415,6 +415,8 @@ class PlanSearch(Record):
     best: dict[str, Any] | None = None
     why: str = ""
     skipped_tp: dict[int, str] = {}
+    # the runner-up within 5 % of the best, nearer than the plan ranks reliably (False in an older plan)
+    close_call: bool = False
 
 
 class Plan(Record):
