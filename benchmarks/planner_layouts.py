@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import tempfile
@@ -122,7 +123,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="keep the run directories here (default: a temporary directory)")
     parser.add_argument("--measured", type=Path, help="predict the runs an earlier --out kept, training nothing")
     parser.add_argument(
-        "--layouts", type=lambda s: s.split(","), default=list(LAYOUTS), help=f"of {', '.join(LAYOUTS)}"
+        "--layouts",
+        type=lambda s: re.split(r",(?! )", s),  # "tp, sequence parallel" is one name: a comma and a space inside it
+        default=list(LAYOUTS),
+        help=f"comma-separated, of: {'; '.join(LAYOUTS)}",
     )
     parser.add_argument("--model", help="a user's model factory (module:function) instead of gpt-tiny")
     args = parser.parse_args()

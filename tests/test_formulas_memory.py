@@ -291,15 +291,16 @@ def test_backwards_transients_are_held_for_the_samples_a_rank_runs_at_once():
     assert first["parameters_bytes"] == 3e6 and first["transient_bytes"] == 0.0  # stage 0, the heaviest
 
 
-def test_loss_parallelism_splits_the_losss_backward_over_the_group():
-    """--loss-parallel: a rank of a group of 2 holds half of the loss's [tokens x vocabulary] gradients, for the
-    group's whole batch (tp) or a replica's (fsdp+tp); without it, all of them."""
+def test_a_split_model_holds_the_losss_backward_its_own_measurement_gives():
+    """With tensor parallelism a rank holds the loss's backward as the split model measured it (with
+    --loss-parallel its piece of the [tokens x vocabulary] gradients; profile_tensor_parallel), for the group's
+    whole batch (tp) or a replica's (fsdp+tp); the whole model's reading counts only without a split."""
     toy = transient_profile()
-    toy.tensor_parallel = split_profile().tensor_parallel
-    plain = memory_per_device(toy, Layout("tp", 2, 1, 1, 1, 100, tp=2), "sgd", "fp32")
-    assert plain["transient_bytes"] == 2e4 + 3e3 * 100
-    toy.tensor_parallel = dataclasses.replace(toy.tensor_parallel, loss_split=2)
+    toy.tensor_parallel = dataclasses.replace(
+        split_profile().tensor_parallel, loss_split=2, transient_bytes_fixed=1e4, transient_bytes_per_sample=1.6e3
+    )
     split = memory_per_device(toy, Layout("tp", 2, 1, 1, 1, 100, tp=2), "sgd", "fp32")
-    assert split["transient_bytes"] == (2e4 + 3e3 * 100) / 2
+    assert split["transient_bytes"] == 1e4 + 1.6e3 * 100
     sharded = memory_per_device(toy, Layout("fsdp+tp", 4, 2, 1, 1, 50, tp=2), "sgd", "fp32")
-    assert sharded["transient_bytes"] == (2e4 + 3e3 * 50) / 2
+    assert sharded["transient_bytes"] == 1e4 + 1.6e3 * 50
+    assert memory_per_device(toy, whole("fsdp", 2, batch=50), "sgd", "fp32")["transient_bytes"] == 2e4 + 3e3 * 50

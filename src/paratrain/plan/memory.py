@@ -98,11 +98,11 @@ def sixteen_bit_activations(per_sample: float, loss: float, scale: float) -> flo
 def transient_bytes(profile: ModelProfile, samples: float, layout: Layout) -> float:
     """What backward holds beyond the saved tensors at its peak, for `samples` samples at once (profile.py's
     MemTracker reading): taken whole in 16 bits too, as the loss's (autocast computes the loss and the first
-    of its gradients in float32; the rest of them, in 16 bits, are overestimated 2x). The loss's tensors are
-    [tokens x vocabulary]: split by vocabulary (--loss-parallel), a rank holds 1/T of them."""
-    split = profile.tensor_parallel if layout.tp > 1 else None
-    whole = profile.transient_bytes_fixed + profile.transient_bytes_per_sample * samples
-    return whole / split.loss_split if split is not None else whole
+    of its gradients in float32; the rest of them, in 16 bits, are overestimated 2x). With tensor parallelism,
+    the split model's reading: split by vocabulary (--loss-parallel), a rank holds its piece of the loss's
+    [tokens x vocabulary] tensors."""
+    measured = profile.tensor_parallel if layout.tp > 1 else profile
+    return measured.transient_bytes_fixed + measured.transient_bytes_per_sample * samples
 
 
 def gathered_scale(precision: str) -> float:

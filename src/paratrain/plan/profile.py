@@ -21,6 +21,7 @@ drawn to its full depth along the line they make (depth.py): a plan answers in s
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -108,6 +109,10 @@ class TensorParallelProfile:
     unit_split_flops_per_sample: tuple[float, ...] = ()
     # the ranks the loss's [tokens x vocabulary] tensors are split over: the degree with --loss-parallel
     loss_split: int = 1
+    # ModelProfile's transient, measured on the split model: with --loss-parallel the loss's backward runs on
+    # the rank's piece of the logits (torch's loss_parallel), without it on the whole logits
+    transient_bytes_per_sample: float = 0.0
+    transient_bytes_fixed: float = 0.0
 
 
 def profile_tensor_parallel(cfg: TrainConfig, split: TensorParallelOptions) -> TensorParallelProfile:
@@ -159,6 +164,7 @@ def profile_tensor_parallel(cfg: TrainConfig, split: TensorParallelOptions) -> T
         mesh = init_device_mesh("cpu", (degree,), mesh_dim_names=("tp",))
         measured, _ = measure_deep(whole, _checkpoint_period(cfg), measure)
         # Splitting the whole model on the meta device only lays out shapes: the rank's share of each unit.
+        transient_per_sample, transient_fixed = _loss_transients(cfg, whole, objective, data, (mesh, split))
         apply_tensor_parallel(whole, mesh, split)
         unit_bytes = tuple(float(_local_bytes(whole, u.modules)) for u in units)
     except UsageError:
@@ -186,6 +192,8 @@ def profile_tensor_parallel(cfg: TrainConfig, split: TensorParallelOptions) -> T
         unit_param_bytes=unit_bytes,
         unit_split_flops_per_sample=unit_split_flops,
         loss_split=degree if split.loss_parallel else 1,
+        transient_bytes_per_sample=transient_per_sample,
+        transient_bytes_fixed=transient_fixed,
     )
 
 
@@ -346,19 +354,35 @@ def profile_model(cfg: TrainConfig) -> ModelProfile:
     )
 
 
-def _loss_transients(cfg: TrainConfig, model: nn.Module, objective: Any, data: Any) -> tuple[float, float]:
+def _loss_transients(
+    cfg: TrainConfig, model: nn.Module, objective: Any, data: Any, split: tuple[Any, Any] | None = None
+) -> tuple[float, float]:
     """_loss_transient per sample and per step whatever the batch. The loss's backward does not change with the
     depth: measured on the shallowest copy, where the model's forward runs on one (a forward may need all its
-    blocks: then on the model)."""
+    blocks: then on a copy of the model). With `split` (a tensor-parallel mesh and its options), the copy is
+    split as engine/strategies/tensor.py splits it, and the loss runs as the engine runs it (under torch's
+    loss_parallel with --loss-parallel, on the rank's piece of the logits)."""
+    from paratrain.engine.strategies.tensor import apply_tensor_parallel, loss_context
+
     small, large = 2, 4
     stack = find_stack(model)
+
+    def measured(copied: nn.Module, samples: int) -> float:
+        if split is None:
+            return _loss_transient(copied, objective, *_batch(cfg, data, samples))
+        with loss_context(split[1]):
+            return _loss_transient(copied, objective, *_batch(cfg, data, samples))
+
+    def prepared(copied: nn.Module) -> nn.Module:
+        return apply_tensor_parallel(copied, *split) if split is not None else copied
+
     try:
-        on = shallow_copy(model, stack, 1) if stack is not None else model
-        transient_small = _loss_transient(on, objective, *_batch(cfg, data, small))
+        on = prepared(shallow_copy(model, stack, 1) if stack is not None else copy.deepcopy(model))
+        transient_small = measured(on, small)
     except Exception:
-        on = model
-        transient_small = _loss_transient(on, objective, *_batch(cfg, data, small))
-    transient_large = _loss_transient(on, objective, *_batch(cfg, data, large))
+        on = prepared(copy.deepcopy(model))
+        transient_small = measured(on, small)
+    transient_large = measured(on, large)
     per_sample = max(transient_large - transient_small, 0.0) / (large - small)
     return per_sample, max(transient_small - per_sample * small, 0.0)
 

@@ -34,8 +34,8 @@ class TensorParallelOptions(BaseModel):
     loss_parallel: bool = Field(
         False,
         description="--tp: also split the output layer by vocabulary and compute the cross-entropy on the split "
-        "logits (torch's loss_parallel): each rank holds 1/T of the logits and of the loss's backward (the model's "
-        "plan has a loss-parallel form; gpt's does)",
+        "logits (torch's loss_parallel): each rank holds 1/T of the logits, and in the loss's backward four of its "
+        "pieces against three whole logits unsplit (the model's plan has a loss-parallel form; gpt's does)",
     )
 
 

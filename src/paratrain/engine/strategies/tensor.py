@@ -98,7 +98,8 @@ STYLES: dict[str, Callable[[nn.Module], ParallelStyle]] = {
     "sequence-output": lambda _: PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(1)),
     # Loss parallelism (--loss-parallel): the head split by vocabulary keeps its logits split (a DTensor sharded on
     # the last dimension), and torch's loss_parallel computes the cross-entropy on the pieces: each rank holds
-    # 1/T of the logits and of the loss's backward, the largest tensors of a language model's step. An embedding
+    # 1/T of the logits, the largest tensors of a language model's step, and its backward holds four such pieces
+    # where the whole loss's holds three whole logits (4/(3T) of it: plan/profile.py measures it). An embedding
     # tied to that head is split by vocabulary too (each rank looks up the words it holds; an all-reduce sums them).
     "vocab-head": lambda _: ColwiseParallel(output_layouts=Shard(-1), use_local_output=False),
     "vocab-embedding": lambda _: RowwiseParallel(input_layouts=Replicate()),
