@@ -54,7 +54,8 @@ def configurations(args: argparse.Namespace) -> dict[str, list[str]]:
     grown = ["--batch-size", per_rank(args.start), "--max-global-batch", str(args.max_global_batch)]
     grown += ["--max-batch-size", str(args.max_batch_size)]
     chosen = {f"fixed {b}": ["--batch-size", per_rank(b)] for b in args.fixed}
-    chosen["adaptive"] = [*grown, "--batch-schedule", "adaptive"]
+    if args.adaptive:
+        chosen["adaptive"] = [*grown, "--batch-schedule", "adaptive"]
     if args.ramp_epochs:
         chosen["warmup"] = [*grown, "--batch-schedule", "warmup", "--batch-ramp-epochs", str(args.ramp_epochs)]
     for variant in args.variant:  # NAME=FLAGS: later flags override the common ones
@@ -127,6 +128,12 @@ def main() -> None:
     parser.add_argument("--workload", default="cifar10-cnn")
     parser.add_argument("--fixed", type=lambda s: [int(b) for b in s.split(",")], default=[64, 128, 256, 512])
     parser.add_argument("--start", type=int, default=64, help="the growing runs' starting global batch")
+    parser.add_argument(
+        "--no-adaptive",
+        dest="adaptive",
+        action="store_false",
+        help="no adaptive runs: the fixed batches (and any --variant) only, to add a batch to a sweep",
+    )
     parser.add_argument("--max-global-batch", type=int, default=1024)
     parser.add_argument("--max-batch-size", type=int, default=256, help="the growing runs' largest per-rank batch")
     parser.add_argument("--ramp-epochs", type=float, default=2.0, help="the warmup ramp (0: no warmup runs)")
