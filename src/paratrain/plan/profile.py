@@ -163,8 +163,8 @@ def profile_tensor_parallel(cfg: TrainConfig, split: TensorParallelOptions) -> T
     try:
         mesh = init_device_mesh("cpu", (degree,), mesh_dim_names=("tp",))
         measured, _ = measure_deep(whole, _checkpoint_period(cfg), measure)
-        # Splitting the whole model on the meta device only lays out shapes: the rank's share of each unit.
         transient_per_sample, transient_fixed = _loss_transients(cfg, whole, objective, data, (mesh, split))
+        # Splitting the whole model on the meta device only lays out shapes: the rank's share of each unit.
         apply_tensor_parallel(whole, mesh, split)
         unit_bytes = tuple(float(_local_bytes(whole, u.modules)) for u in units)
     except UsageError:
