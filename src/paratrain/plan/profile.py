@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -368,9 +369,7 @@ def _loss_transients(
     stack = find_stack(model)
 
     def measured(copied: nn.Module, samples: int) -> float:
-        if split is None:
-            return _loss_transient(copied, objective, *_batch(cfg, data, samples))
-        with loss_context(split[1]):
+        with loss_context(split[1]) if split is not None else nullcontext():
             return _loss_transient(copied, objective, *_batch(cfg, data, samples))
 
     def prepared(copied: nn.Module) -> nn.Module:
