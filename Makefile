@@ -30,7 +30,7 @@ test: install
 	$(BIN)/ruff check src tests scripts benchmarks
 	$(BIN)/ruff format --check src tests scripts benchmarks
 	bash scripts/test-deps.sh
-	$(BIN)/python -m pytest -q -p no:logging --durations=25
+	$(BIN)/python -m pytest -q -p no:logging --durations=25 --junit-xml=build/test-times.xml
 
 bench: install
 	$(BIN)/python benchmarks/anchor_ddp.py --repeats 5

@@ -312,6 +312,42 @@ def test_a_sweep_whose_best_batch_is_below_the_throughput_knee(tmp_path):
     assert "below the throughput knee (64)" in found[0]["finding"] and "3.22x faster" in found[0]["predicted_gain"]
 
 
+def test_a_sweep_whose_best_batch_is_the_smallest_it_tried_is_told_to_look_beyond(tmp_path):
+    """sweep.json as `paratrain sweep` writes it (its space as SearchSpace.to_dict gives it): bits/byte, lower
+    is better, best at batch 8, the smallest of 8, 16 and 32. The doctor names the edge and a value beyond."""
+    from paratrain.sweep.space import parse_space
+
+    space = parse_space(
+        {
+            "algorithm": "grid",
+            "spec": {"metric": "val_bits_per_byte", "objective": "minimize"},
+            "parameters": {"batch_size": {"type": "discrete", "values": [8, 16, 32]}},
+        }
+    )
+    trials = [
+        {"number": n, "state": "COMPLETE", "params": {"batch_size": b}, "value": v, "metrics": {"val_bits_per_byte": v}}
+        for n, (b, v) in enumerate([(8, 3.59), (16, 3.76), (32, 4.06)])
+    ]
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "sweep.json").write_text(
+        json.dumps(
+            {
+                "name": "batch",
+                "trials": trials,
+                "best": trials[0],
+                "metric": ["val_bits_per_byte"],
+                "objective": ["minimize"],
+                "space": space.to_dict(),
+            }
+        )
+    )
+    found = diagnose(sweep)["findings"]
+    assert [f["check"] for f in found] == ["best_at_edge"]
+    assert found[0]["finding"] == "the best trial's batch_size, 8, is at the smallest end of the space"
+    assert "(e.g. 4)" in found[0]["remedy"] and found[0]["severity"] == "advice"
+
+
 def test_headlines_say_against_what_and_whether_it_pays_off():
     from paratrain.reporting.verdict import judge, study_verdict, sweep_verdict
     from paratrain.runs.records import SweepResult

@@ -300,6 +300,92 @@ def test_batch_knee_is_the_smallest_batch_within_five_percent_of_the_best(tmp_pa
     assert checks.batch_knee(trials[:2], _best(batch_size=8)) is None  # two batches: no knee
 
 
+def _scored(number: int, value: float, **params: Any) -> Trial:
+    return Trial(number=number, state="COMPLETE", params=params, value=value)
+
+
+BATCHES = {"algorithm": "grid", "parameters": {"batch_size": {"type": "discrete", "values": [16, 8, 32]}}}
+
+
+def test_a_best_value_at_either_end_of_a_list_of_numbers_is_at_the_edge():
+    """The gpt-small study of docs/batch-size.md: bits/byte at batches 8, 16, 32 (lower is better), best at 8,
+    the smallest; the next value by the list's own ratio is 4."""
+    trials = [_scored(0, 3.5, batch_size=8), _scored(1, 3.7, batch_size=8), _scored(2, 3.8, batch_size=16)]
+    trials += [_scored(3, 4.1, batch_size=32)]
+    [found] = checks.best_at_edge(BATCHES, trials, trials[0], "val_bits_per_byte")
+    assert found.check == "best_at_edge" and found.saving is None and found.severity == "advice"
+    assert found.finding == "the best trial's batch_size, 8, is at the smallest end of the space"
+    # the means over each value's trials, in the values' order: 8's two trials give 3.6
+    assert found.evidence == (
+        "batch_size searched over 8, 16, 32; val_bits_per_byte by batch_size: 8: 3.600, 16: 3.800, 32: 4.100"
+    )
+    assert found.remedy == (
+        "add batch_size values beyond 8 (e.g. 4) to the config file and rerun the same command: the grid is "
+        "extended, its finished trials kept"
+    )
+    [largest] = checks.best_at_edge(BATCHES, trials, _scored(3, 4.1, batch_size=32), "val_bits_per_byte")
+    assert "largest end" in largest.finding and "(e.g. 64)" in largest.remedy
+    assert checks.best_at_edge(BATCHES, trials, _scored(2, 3.8, batch_size=16), "val_bits_per_byte") == []
+    # two values: the best is always at one end, which says nothing
+    two = {"parameters": {"batch_size": {"type": "discrete", "values": [8, 16]}}}
+    assert checks.best_at_edge(two, trials, trials[0], "val_bits_per_byte") == []
+    assert checks.best_at_edge(BATCHES, trials, None, "val_bits_per_byte") == []
+
+
+def test_the_next_value_follows_the_lists_step_and_keeps_its_kind():
+    evenly = {"parameters": {"dropout": {"type": "discrete", "values": [0.1, 0.2, 0.3]}}}
+    [found] = checks.best_at_edge(evenly, [], _scored(0, 0.6, dropout=0.3), "val_accuracy")
+    assert "beyond 0.3 (e.g. 0.4)" in found.remedy
+    # 1, 3, 5 below 1 by its step of 2 is -1: not offered for a list of positive numbers
+    odd = {"parameters": {"layers": {"type": "integer", "values": [1, 3, 5]}}}
+    [found] = checks.best_at_edge(odd, [], _scored(0, 0.6, layers=1), "val_accuracy")
+    # not a grid: only a grid's lists of numbers can be extended in place
+    assert found.remedy == (
+        "add layers values beyond 1 to the config file and sweep again with a new --out (only a grid's lists of "
+        "numbers can be extended in place)"
+    )
+    # 2, 4, 8 below 2 by its ratio is 1; 1, 2, 4 below 1 would be a half: not offered for integers
+    assert (
+        "(e.g. 1)"
+        in checks.best_at_edge(
+            {"parameters": {"b": {"type": "discrete", "values": [2, 4, 8]}}}, [], _scored(0, 0.6, b=2), "val_accuracy"
+        )[0].remedy
+    )
+    assert (
+        "e.g."
+        not in checks.best_at_edge(
+            {"parameters": {"b": {"type": "discrete", "values": [1, 2, 4]}}}, [], _scored(0, 0.6, b=1), "val_accuracy"
+        )[0].remedy
+    )
+
+
+def test_a_best_value_in_the_outer_tenth_of_a_range_is_at_the_edge():
+    # 1e-4 to 1e-1 in log space: 3 decades, a tenth of them 0.3; 1.5e-4 is 0.18 decades from the bottom
+    lr = {"parameters": {"lr": {"type": "float", "scaling": "loguniform", "low": 1e-4, "high": 0.1}}}
+    [found] = checks.best_at_edge(lr, [], _scored(0, 0.6, lr=1.5e-4), "val_accuracy")
+    assert found.finding == "the best trial's lr, 0.00015, is at the smallest end of the space"
+    assert found.evidence == (
+        "lr searched from 0.0001 to 0.1 in log space; the best trial's 0.00015 is within the lowest 10% of it"
+    )
+    assert found.remedy == "move lr's min beyond 0.00015 and sweep again with a new --out"
+    assert checks.best_at_edge(lr, [], _scored(0, 0.6, lr=2.1e-4), "val_accuracy") == []  # 0.32 decades up
+    assert "largest end" in checks.best_at_edge(lr, [], _scored(0, 0.6, lr=0.06), "val_accuracy")[0].finding
+    # uniform: the outer tenth of 0 to 0.5 is above 0.45
+    uniform = {"parameters": {"dropout": {"type": "float", "scaling": "uniform", "low": 0.0, "high": 0.5}}}
+    assert checks.best_at_edge(uniform, [], _scored(0, 0.6, dropout=0.46), "val_accuracy")[0].remedy == (
+        "move dropout's max beyond 0.46 and sweep again with a new --out"
+    )
+    assert checks.best_at_edge(uniform, [], _scored(0, 0.6, dropout=0.44), "val_accuracy") == []
+
+
+def test_no_edge_without_an_order_or_bounds():
+    words = {"parameters": {"optimizer": {"type": "categorical", "values": ["sgd", "adam", "adamw"]}}}
+    assert checks.best_at_edge(words, [], _scored(0, 0.6, optimizer="sgd"), "val_accuracy") == []
+    prior = {"parameters": {"lr": {"type": "float", "scaling": "lognormal", "mu": -5.0, "sigma": 1.0}}}
+    assert checks.best_at_edge(prior, [], _scored(0, 0.6, lr=1e-6), "val_accuracy") == []
+    assert checks.best_at_edge({}, [], _scored(0, 0.6, lr=1e-6), "val_accuracy") == []
+
+
 def _study(rows, mode):
     """A scaling.json as its record, the fields these checks do not read filled in."""
     from paratrain.runs.records import Study

@@ -18,6 +18,7 @@ from typing import Any
 from paratrain.doctor.checks import (
     RUN_CHECKS,
     batch_knee,
+    best_at_edge,
     contended,
     first_epoch_overhead,
     idle_devices,
@@ -170,11 +171,12 @@ def _study_findings(path: Path) -> list[Finding]:
 
 
 def _sweep_findings(path: Path) -> list[Finding]:
-    """The batch knee across trials, then the run checks of the best trial (built-in trials are runs; a
-    probed script trial is read as a one-rank launched run)."""
+    """The batch knee across trials, the best value at the space's edge, then the run checks of the best trial
+    (built-in trials are runs; a probed script trial is read as a one-rank launched run)."""
     sweep = load_record(SweepResult, path / SWEEP_FILE, "sweep")
     best = sweep.best if isinstance(sweep.best, Trial) else None
     findings = [f for f in (batch_knee(sweep.trials, best),) if f]
+    findings += best_at_edge(sweep.space, sweep.trials, best, sweep.metric[0] if sweep.metric else "value")
     ev = _best_trial(sweep, best) if best is not None else None
     if ev is not None and ev.has_steps:
         for f in diagnose_run(ev):

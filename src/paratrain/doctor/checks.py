@@ -7,6 +7,7 @@ the step (or run) time the remedy removes: the findings are ranked by it.
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections.abc import Callable
@@ -14,7 +15,7 @@ from typing import Any
 
 from paratrain.doctor.evidence import IDLE_CPU_PERCENT, RunEvidence, idle_fractions, rerun_command
 from paratrain.doctor.finding import Finding, accumulation
-from paratrain.formatting import ms, pct, speedup
+from paratrain.formatting import human, ms, pct, speedup
 from paratrain.runs import steady_epoch_time
 from paratrain.runs.records import Study, Trial
 
@@ -34,6 +35,7 @@ STRAGGLER_DOMINANCE = 2  # ...and this many times as often as any other rank lea
 STRAGGLER_MIN_SAMPLES = (
     3  # ...and in at least this many samples: once in a short run is chance (a healthy run led once in 6)
 )
+EDGE_SHARE = 0.10  # a sampled range's best value this near either end (in log space for log scaling) is at its edge
 IDLE_DEVICE_SHARE = 0.2  # a GPU idle in this share of the monitor's samples (start-up and evaluation included)
 ALONE_SHARE = 0.15  # rank 0 busy while every other rank idles, for this share of the monitored time
 # Oversubscription model: a rank on its own cores computes at this fraction of the machine's measured
@@ -571,3 +573,108 @@ def batch_knee(trials: list[Trial], best: Trial | None) -> Finding | None:
         f"{speedup(saving)} per sample ({rates[knee]:,.0f} against {rates[chosen]:,.0f} samples/s, measured)",
         saving,
     )
+
+
+def best_at_edge(space: dict[str, Any], trials: list[Trial], best: Trial | None, metric: str) -> list[Finding]:
+    """The best trial's value of a numeric parameter at the end of what the space allows: a list of 3 or more
+    numbers at its smallest or largest, a range within EDGE_SHARE of either end. A sweep can only find the best
+    inside its space; at the edge the better values may lie beyond it (docs/batch-size.md: the best of batches
+    8, 16 and 32 was 8, and 4 trained better still)."""
+    if best is None:
+        return []
+    found = []
+    for name, spec in (space.get("parameters") or {}).items():
+        value = best.params.get(name)
+        if not _number(value):
+            continue
+        side = _edge_side(spec, value)
+        if side is None:
+            continue
+        if spec.get("values") is not None:
+            searched = ", ".join(human(name, v) for v in sorted(spec["values"]))
+            beyond = _next_value(sorted(spec["values"]), side, spec.get("type"))
+            means = _means_by_value(trials, name, metric)
+            evidence = f"{name} searched over {searched}; {metric} by {name}: " + ", ".join(
+                f"{human(name, v)}: {human(metric, m)}" for v, m in means.items()
+            )
+            kinds = {type(v) for v in spec["values"]}
+            extended = space.get("algorithm") == "grid" and kinds in ({int}, {float})
+            remedy = (
+                f"add {name} values beyond {human(name, value)}"
+                + (f" (e.g. {human(name, beyond)})" if beyond is not None else "")
+                + " to the config file and "
+                + (
+                    "rerun the same command: the grid is extended, its finished trials kept"
+                    if extended
+                    else "sweep again with a new --out (only a grid's lists of numbers can be extended in place)"
+                )
+            )
+        else:
+            scale = " in log space" if spec.get("scaling") in ("loguniform", "lognormal") else ""
+            evidence = (
+                f"{name} searched from {human(name, spec['low'])} to {human(name, spec['high'])}{scale}; the best "
+                f"trial's {human(name, value)} is within the {'lowest' if side == 'smallest' else 'highest'} "
+                f"{EDGE_SHARE:.0%} of it"
+            )
+            bound = "min" if side == "smallest" else "max"
+            remedy = f"move {name}'s {bound} beyond {human(name, value)} and sweep again with a new --out"
+        found.append(
+            Finding(
+                "best_at_edge",
+                f"the best trial's {name}, {human(name, value)}, is at the {side} end of the space",
+                evidence,
+                "a sweep finds the best inside the space it is given; at the edge of it, better values may lie beyond",
+                remedy,
+                "not predicted: the values beyond the edge are unmeasured",
+                None,
+            )
+        )
+    return found
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _edge_side(spec: dict[str, Any], value: float) -> str | None:
+    """'smallest' or 'largest' when `value` is at that end of the parameter's space, else None."""
+    values = spec.get("values")
+    if values is not None:
+        numbers = sorted({v for v in values if _number(v)})
+        if len(numbers) < 3 or len(numbers) < len(values):  # two values: the best is always at an end
+            return None
+        return "smallest" if value == numbers[0] else "largest" if value == numbers[-1] else None
+    low, high = spec.get("low"), spec.get("high")
+    if low is None or high is None or high <= low:
+        return None  # a normal prior without bounds has no edge
+    if spec.get("scaling") in ("loguniform", "lognormal") and low > 0:
+        low, high, value = math.log(low), math.log(high), math.log(min(max(value, low), high))
+    share = (value - low) / (high - low)
+    return "smallest" if share <= EDGE_SHARE else "largest" if share >= 1 - EDGE_SHARE else None
+
+
+def _next_value(values: list[float], side: str, kind: str | None) -> float | None:
+    """The next value beyond the end of an ordered list, by its own step: its ratio when the list is geometric
+    (8, 16, 32 -> 4 or 64), else the difference of its two end values. None when that leaves the list's kind:
+    an integer list's next value a fraction, a list of positive numbers' next value 0 or less."""
+    end, inner = (values[0], values[1]) if side == "smallest" else (values[-1], values[-2])
+    ratios = [b / a for a, b in itertools.pairwise(values)] if values[0] > 0 else []
+    if ratios and max(ratios) - min(ratios) <= 1e-9 * max(ratios) and ratios[0] != 1:
+        beyond = end * end / inner
+    else:
+        beyond = end + (end - inner)
+    if values[0] > 0 and beyond <= 0:
+        return None
+    whole = all(isinstance(v, int) for v in values) or kind == "integer"
+    if whole:
+        return int(beyond) if float(beyond).is_integer() else None
+    return beyond
+
+
+def _means_by_value(trials: list[Trial], name: str, metric: str) -> dict[Any, float]:
+    """The objective's mean over the completed trials at each value of `name`, in the values' order."""
+    by_value: dict[Any, list[float]] = {}
+    for t in trials:
+        if t.state == "COMPLETE" and isinstance(t.value, (int, float)) and name in t.params:
+            by_value.setdefault(t.params[name], []).append(float(t.value))
+    return {v: statistics.mean(by_value[v]) for v in sorted(by_value)}
