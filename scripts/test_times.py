@@ -12,6 +12,7 @@ not the files whose many middling tests add up, which is where most of the time 
 from __future__ import annotations
 
 import argparse
+import sys
 import xml.etree.ElementTree as ET
 from collections import defaultdict
 from pathlib import Path
@@ -20,8 +21,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def read(path: Path) -> tuple[float, list[tuple[str, str, float]]]:
-    """The run's seconds (collection and imports too), and (file, test, seconds) for every test case."""
-    root = ET.parse(path).getroot()
+    """The session's seconds as pytest reports them, and (file, test, seconds) for every test case."""
+    try:
+        root = ET.parse(path).getroot()
+    except ET.ParseError as exc:
+        print(f"test_times.py: {path} is not a JUnit XML report ({exc}); run `make test` again", file=sys.stderr)
+        sys.exit(2)
     suite = root if root.tag == "testsuite" else root.find("testsuite")
     cases = []
     for case in root.iter("testcase"):
@@ -45,7 +50,7 @@ def main() -> None:
     by_file: dict[str, list[float]] = defaultdict(list)
     for file, _, seconds in cases:
         by_file[file].append(seconds)
-    print(f"{len(cases)} tests: {total / 60:.1f} min in the tests, of the run's {run / 60:.1f} (the rest: collecting)")
+    print(f"{len(cases)} tests: {total / 60:.1f} min in the tests, of the run's {run / 60:.1f}")
     print()
     print("| file | tests | minutes | share |\n|---|---:|---:|---:|")
     ranked = sorted(by_file.items(), key=lambda item: -sum(item[1]))
