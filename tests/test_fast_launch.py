@@ -22,22 +22,31 @@ def recording_net(num_classes: int = 10) -> nn.Module:
 
 def test_forked_ranks_see_the_launchers_environment(tmp_path, monkeypatch):
     record = tmp_path / "record"
-    with forkserver.serving(True):
-        assert forkserver.start_method() == "forkserver"
-        monkeypatch.setenv("PARATRAIN_TEST_RECORD", str(record))  # after the server started
-        monkeypatch.setenv("PARATRAIN_TEST_STAMP", "now")
-        paratrain.train(
-            synthetic(
-                tmp_path,
-                workers=2,
-                epochs=1,
-                synthetic_samples=128,
-                synthetic_shape=(3, 8, 8),
-                model="test_fast_launch:recording_net",
-            )
+    assert forkserver.start_method() == "forkserver"  # the suite's server, started before this test (conftest)
+    monkeypatch.setenv("PARATRAIN_TEST_RECORD", str(record))  # after the server started
+    monkeypatch.setenv("PARATRAIN_TEST_STAMP", "now")
+    paratrain.train(
+        synthetic(
+            tmp_path,
+            workers=2,
+            epochs=1,
+            synthetic_samples=128,
+            synthetic_shape=(3, 8, 8),
+            model="test_fast_launch:recording_net",
         )
+    )
     assert sorted(set(record.read_text().splitlines())) == [
         "0 now True",
         "1 now True",
     ]  # rank 0 builds it again for the FLOP count
-    assert forkserver.start_method() == "spawn"  # outside the CLI command: spawned, as before
+
+
+def test_a_python_caller_spawns_its_ranks_outside_a_serving_block(monkeypatch):
+    monkeypatch.setattr(forkserver, "_serving", False)  # outside the suite's block: a notebook's train()
+    assert forkserver.start_method() == "spawn"
+    with forkserver.serving(True):  # the CLI's train and scale
+        assert forkserver.start_method() == "forkserver"
+        with forkserver.serving(False):  # a nested command that does not want one leaves it serving
+            assert forkserver.start_method() == "forkserver"
+        assert forkserver.start_method() == "forkserver"
+    assert forkserver.start_method() == "spawn"

@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
-from conftest import free_port, synthetic, train_spawned
+from conftest import free_port, start_ranks, synthetic, train_spawned
 
 import paratrain
 from paratrain.errors import RunFailed, UsageError
@@ -127,7 +126,7 @@ def fake_gpu_host(monkeypatch):
 def test_node_0_of_a_two_node_gpu_run_monitors_its_own_four_ranks(tmp_path, monkeypatch, fake_gpu_host):
     """--nodes 2 --workers 8 on a node whose ranks see CUDA_VISIBLE_DEVICES=0,1: the monitor opens
     node 0's devices only (not 8), in PCI order, and the ranks are started with PCI_BUS_ID order."""
-    import paratrain.launch as launch
+    import paratrain.launch.builtin as launch
     from paratrain.config import TrainConfig
     from paratrain.engine.distributed import Placement
     from paratrain.launch.local import RanksFailed
@@ -265,9 +264,7 @@ def spawned(tmp_path_factory):
     out = tmp_path_factory.mktemp("spawned")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PARATRAIN_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
-        ranks = mp.start_processes(
-            _spawned_rank, args=(str(out), [free_port(), free_port()]), nprocs=2, join=False, start_method="spawn"
-        )
+        ranks = start_ranks(_spawned_rank, (str(out), [free_port(), free_port()]), nprocs=2, join=False)
         while not ranks.join():
             pass
     return out

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import start_ranks
 from test_strategies_sharded import _copy_first_checkpoint
 
 import paratrain
@@ -196,10 +197,8 @@ def test_loss_parallel_ranks_train_gpt_as_one_process_does_holding_half_the_voca
 
 
 def _transients_on_two_ranks(tmp_path: Path, samples: int) -> dict[bool, float]:
-    import torch.multiprocessing as mp
-
     out = tmp_path / "transients.json"
-    mp.spawn(_transients_on_rank, args=(f"file://{tmp_path / 'transient-store'}", str(out), samples), nprocs=2)
+    start_ranks(_transients_on_rank, (f"file://{tmp_path / 'transient-store'}", str(out), samples), nprocs=2)
     return {key == "true": value for key, value in json.loads(out.read_text()).items()}
 
 
@@ -273,9 +272,7 @@ def test_the_words_logits_split_by_vocabulary_predict_are_found_across_the_ranks
     """Two gloo ranks each holding half of the vocabulary's logits find the same words argmax finds on the whole,
     the first of equal scores on a tie (the run's accuracy rests on it: gpt's text rarely has its best word in the
     upper half of the bytes, so a run alone would not notice the second rank's words misnumbered)."""
-    import torch.multiprocessing as mp
-
-    mp.spawn(_predict_on_rank, args=(f"file://{tmp_path / 'store'}",), nprocs=2)
+    start_ranks(_predict_on_rank, (f"file://{tmp_path / 'store'}",), nprocs=2)
 
 
 def test_fsdp_over_two_tensor_parallel_groups_trains_gpt_as_one_process_does(runs, tmp_path):

@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 import torch.nn.functional as F
-from conftest import free_port, synthetic, train_spawned
+from conftest import free_port, start_ranks, synthetic, train_spawned
 from torch import nn
 
 import paratrain
@@ -66,9 +65,7 @@ def runs(tmp_path_factory):
         patch.setenv("PARATRAIN_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
         # One rank in this process first: it also decodes the text corpus into the cache the ranks read.
         paratrain.train(synthetic(out, run_dir=out / "single", workers=1, batch_size=8, **GPT))
-        spawned = mp.start_processes(
-            _spawned_rank, args=(str(out), [free_port() for _ in SPAWNED]), nprocs=2, join=False, start_method="spawn"
-        )
+        spawned = start_ranks(_spawned_rank, (str(out), [free_port() for _ in SPAWNED]), nprocs=2, join=False)
         while not spawned.join():
             pass
     return out

@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from conftest import start_ranks
 
 from paratrain.config import TrainConfig
 from paratrain.engine import shm_allreduce
@@ -67,7 +67,7 @@ def test_ranks_get_the_exact_mean_in_every_chunk_and_dtype(tmp_path, world):
     """Many calls with fresh data each time: a rank overwriting a slot another still reads would show.
     World 3 has more ranks than this machine's cores: the waits must yield, not starve a peer."""
     # A rank that fails raises here, with its traceback.
-    mp.start_processes(_rank, args=(world, f"file://{tmp_path / 'store'}", 40), nprocs=world, start_method="spawn")
+    start_ranks(_rank, (world, f"file://{tmp_path / 'store'}", 40), nprocs=world)
     assert not [f for f in os.listdir("/dev/shm") if f.startswith("paratrain-allreduce-")], "segment left behind"
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
+from conftest import start_ranks
 
 import paratrain
 import paratrain.workloads
@@ -114,7 +114,7 @@ def _spawn(world: int, jobs: list) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_rank, args=(world, port, [(_jsonable(cfg), resume) for cfg, resume in jobs]), nprocs=world)
+    start_ranks(_rank, (world, port, [(_jsonable(cfg), resume) for cfg, resume in jobs]), nprocs=world)
 
 
 def _jsonable(cfg: dict) -> dict:

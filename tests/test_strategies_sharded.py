@@ -20,8 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
-from conftest import free_port, synthetic, train_spawned
+from conftest import free_port, start_ranks, synthetic, train_spawned
 
 import paratrain
 from paratrain.cli import main
@@ -138,7 +137,7 @@ def runs(tmp_path_factory):
 
 def _run_all(out: Path) -> None:
     ports = [free_port() for _ in range(len(SPAWNED) + 1)]
-    spawned = mp.start_processes(_spawned_rank, args=(str(out), ports), nprocs=2, join=False, start_method="spawn")
+    spawned = start_ranks(_spawned_rank, (str(out), ports), nprocs=2, join=False)
     # A 101 M-parameter gpt (2 blocks 2048 wide; 403 MB of float32 weights) on a few tokens: the weights
     # fit under 1G beside the interpreter's ~300 MiB, the gradients do not.
     limited = subprocess.Popen(

@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
-from conftest import free_port, train_spawned
+from conftest import free_port, start_ranks, train_spawned
 
 from paratrain.cli import main
 from paratrain.commbench import TOLERANCE, fit_alpha_beta, fit_regimes, regime_for
@@ -96,7 +95,7 @@ def runs(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PARATRAIN_CACHE", str(cache))
         ports = [free_port() for _ in range(len(SPAWNED) + 1)]
-        spawned = mp.start_processes(_spawned_rank, args=(str(out), ports), nprocs=2, join=False, start_method="spawn")
+        spawned = start_ranks(_spawned_rank, (str(out), ports), nprocs=2, join=False)
         # 1 server + 2 workers on 2 cores, stale-synchronous with S = 0: a worker one update ahead waits.
         # A linear model (tests/user_factories.py): the loss falls within the run's 32 updates.
         async_ps = subprocess.run(

@@ -34,17 +34,21 @@ _serving = False
 @contextmanager
 def serving(wanted: bool) -> Iterator[None]:
     """Start the fork server now when `wanted` (from the main thread, before importing torch: it
-    imports on its own meanwhile), and let launches inside the block fork their ranks from it."""
+    imports on its own meanwhile), and let launches inside the block fork their ranks from it.
+
+    Blocks nest: one that does not want the server leaves an enclosing block's serving (the test
+    suite serves its whole session, so its Python-API runs start their ranks as the CLI's do)."""
     global _server_environ, _serving
     if wanted and _server_environ is None and not _started_elsewhere():
         multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
         forkserver.ensure_running()
         _server_environ = dict(os.environ)
-    _serving = wanted
+    enclosing = _serving
+    _serving = enclosing or wanted
     try:
         yield
     finally:
-        _serving = False
+        _serving = enclosing
 
 
 def start_method() -> str:
@@ -61,6 +65,15 @@ def environ_changes() -> dict[str, str | None]:
     changes: dict[str, str | None] = {k: v for k, v in now.items() if _server_environ.get(k) != v}
     changes.update({k: None for k in _server_environ if k not in now})
     return changes
+
+
+def apply_environ_changes(changes: dict[str, str | None]) -> None:
+    """In a forked rank, first thing: `environ_changes()` as the launcher computed them."""
+    for name, value in changes.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def _started_elsewhere() -> bool:

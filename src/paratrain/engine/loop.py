@@ -47,6 +47,7 @@ from paratrain.engine.progress import EpochProgress
 from paratrain.engine.strategies import Strategy, build_strategy
 from paratrain.engine.timing import Clock, StepBreakdown
 from paratrain.errors import TrainingDiverged
+from paratrain.forkserver import apply_environ_changes
 from paratrain.runs import MetricsWriter, RunDir, steady_epoch_time, steady_epochs
 from paratrain.workloads import build_model, load_data
 from paratrain.workloads.datasets import default_cache_dir
@@ -66,11 +67,7 @@ def run_rank(
     rank forked from the CLI's fork server has the environment the server started with, and the
     launcher's may have changed since (paratrain/forkserver.py).
     """
-    for name, value in (environ or {}).items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+    apply_environ_changes(environ or {})
     cfg = TrainConfig.model_validate(config)
     if cfg.memory_limit is not None:
         limit_rank_memory(cfg.memory_limit_bytes)  # launch runs such ranks in processes of their own
