@@ -59,7 +59,7 @@ memory = importlib.import_module("paratrain.plan.memory")
 SRC = Path(paratrain.__file__).resolve().parent
 
 
-# Refusals at launch: the checks that need the model or the device, as launch/__init__.py calls them.
+# Refusals at launch: the checks that need the model or the device, as launch/builtin.py calls them.
 def _split_a_layer_four_ways(cfg: TrainConfig) -> None:
     import torch
 

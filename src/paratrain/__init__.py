@@ -19,7 +19,7 @@ def __getattr__(name: str) -> Any:
     # torch loads on first use of the engine, not on `import paratrain`: a sweep's trial script
     # that only calls paratrain.report() and the CLI's --help stay fast.
     if name == "train":
-        from paratrain.launch import train
+        from paratrain.launch.builtin import train
 
         return train
     if name == "batch_schedule":

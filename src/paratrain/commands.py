@@ -57,7 +57,7 @@ def train(values: dict[str, Any] | TrainConfig, *, fork_server: bool = False) ->
     """`paratrain train`: one run into its run directory; returns summary.json's contents."""
     workers = values.workers if isinstance(values, TrainConfig) else values.get("workers", 1)
     with _fork_server(fork_server and workers != 1):
-        from paratrain.launch import train as run
+        from paratrain.launch.builtin import train as run
 
         return run(values)
 

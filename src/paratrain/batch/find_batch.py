@@ -216,7 +216,7 @@ def _probe(values: dict[str, Any], steps: int, run_dir: Path, on_cpu: bool) -> P
     batch = cfg.batch_size
     try:
         if on_cpu:
-            from paratrain.launch import train as run_training
+            from paratrain.launch.builtin import train as run_training
 
             run_training(cfg)
         else:

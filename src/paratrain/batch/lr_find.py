@@ -112,7 +112,7 @@ def find_lr(
     )
     run = RunDir(cfg.run_dir)
     clear_measurement_run(run.path)
-    from paratrain.launch import train as run_training
+    from paratrain.launch.builtin import train as run_training
 
     try:
         run_training(cfg)

@@ -160,7 +160,7 @@ def measure_noise_scale(train: dict[str, Any], out: Path, steps: int, ema_steps:
         values, steps + _short_steps(run_config(values), steps), grad_noise=True, quiet=True, run_dir=run_dir
     )
     clear_measurement_run(run_dir)
-    from paratrain.launch import train as run_training
+    from paratrain.launch.builtin import train as run_training
 
     try:
         run_training(cfg)

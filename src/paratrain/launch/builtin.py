@@ -1,4 +1,5 @@
-"""`paratrain.train`: validate, prepare the run directory, launch the ranks, write the summary.
+"""`paratrain.train`: validate, prepare the run directory, launch the ranks of paratrain's own
+training loop, write the summary (script.py launches a user's script).
 
 Everything that can be wrong with the input is checked here, before the run directory is touched
 and before any rank starts, so bad input leaves nothing behind.

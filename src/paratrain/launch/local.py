@@ -2,7 +2,8 @@
 
 The same machinery as `torchrun --standalone`: a c10d rendezvous on a free local port, one agent
 supervising N worker processes, a failure of any rank tearing the others down. Workers are spawned
-(not forked), so this works from scripts and from notebooks alike. Across nodes (--nodes) each
+(not forked from the caller), so this works from scripts and from notebooks alike; the CLI's train
+and scale fork them from a server that imported torch beforehand (paratrain/forkserver.py). Across nodes (--nodes) each
 node's agent starts its share of the ranks and the agents meet at node 0's rendezvous, as torchrun
 does; with --max-restarts the agents restart every rank when one dies (docs/cluster.md).
 """
@@ -32,10 +33,13 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 from paratrain import forkserver
 from paratrain.config import TrainConfig
 from paratrain.engine.distributed import Placement, address_towards
-from paratrain.engine.loop import logged_failure_time, run_rank
 from paratrain.engine.memory import LIMITED_RANK_ENV
 from paratrain.errors import RunFailed, UsageError
 from paratrain.runs import RunDir
+
+# paratrain.engine.loop (the training loop: FSDP2, DTensor, about 2 s of imports beyond torch) is
+# imported by the functions that start or read built-in ranks, not here: a script's launcher uses
+# this module too and needs none of it.
 
 
 class RanksFailed(RunFailed):
@@ -114,6 +118,8 @@ def root_failure(exc: ChildFailedError, rank_log: Callable[[int], Path] | None =
         if not error_file.is_file():
             return -math.inf  # killed before it could write: first
         # The log's last failure belongs to this attempt: this attempt's error.json follows it.
+        from paratrain.engine.loop import logged_failure_time
+
         logged = logged_failure_time(rank_log(local_rank)) if rank_log else None
         return logged if logged is not None else error_file.stat().st_mtime
 
@@ -128,6 +134,8 @@ def root_failure(exc: ChildFailedError, rank_log: Callable[[int], Path] | None =
 
 def launch_local(cfg: TrainConfig, placement: Placement, run_dir: Path) -> dict[str, Any] | None:
     """Run `cfg` on `cfg.workers` local ranks; returns rank 0's summary."""
+    from paratrain.engine.loop import run_rank
+
     # A memory limit bounds a process of the rank's own, never the caller's; restarts need an agent.
     if cfg.workers == 1 and cfg.memory_limit is None and cfg.max_restarts == 0:
         return _run_here(cfg, placement, run_dir)
@@ -284,6 +292,8 @@ def _run_here(cfg: TrainConfig, placement: Placement, run_dir: Path) -> dict[str
     dominated short runs and sweep trials. The rank pins this thread and sizes torch's pool; both
     are put back afterwards so a notebook calling `paratrain.train` keeps its own settings.
     """
+    from paratrain.engine.loop import run_rank
+
     affinity, threads = os.sched_getaffinity(0), torch.get_num_threads()
     try:
         with scoped_environ(thread_env(placement.threads_per_worker)):

@@ -202,7 +202,7 @@ def run_study(
 
     `on_start` is called once the whole study has been validated, `on_point` after each run.
     """
-    from paratrain.launch import train
+    from paratrain.launch.builtin import train
     from paratrain.launch.script import launch_script
 
     points = plan(study)

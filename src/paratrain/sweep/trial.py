@@ -39,7 +39,7 @@ VAL_METRICS = ("val_loss", "val_accuracy", "val_bits_per_byte")  # a built-in tr
 # Modules the fork server imports once for built-in trials; torch._dynamo is imported lazily by
 # the first optimizer torch builds (over 2 s), so it is loaded here too.
 GUARD = "paratrain.sweep.guard"
-PRELOAD = [GUARD, "torch", "torch._dynamo", "paratrain.launch", "paratrain.engine.loop", "paratrain.workloads"]
+PRELOAD = [GUARD, "torch", "torch._dynamo", "paratrain.launch.builtin", "paratrain.engine.loop", "paratrain.workloads"]
 
 
 # -- devices ----------------------------------------------------------------------------------
@@ -393,7 +393,7 @@ def _trial_main(cores: Sequence[int], env: dict[str, str], stdout: str, stderr: 
         _run_script(what, Path(env["PARATRAIN_TRIAL_DIR"]) / SYSTEM_FILE)
     sys.stdout = open(1, "w", buffering=1, closefd=False)
     sys.stderr = open(2, "w", buffering=1, closefd=False)
-    from paratrain.launch import train
+    from paratrain.launch.builtin import train
 
     try:
         train(what)
