@@ -1,7 +1,10 @@
 """Ranks forked from the CLI's fork server: they start with torch already imported, and they see the
-launcher's environment as it is when they start, not as it was when the server started."""
+launcher's environment as it is when they start, not as it was when the server started. And what
+`paratrain launch` and `paratrain doctor` import before they do anything."""
 
+import json
 import os
+import subprocess
 import sys
 
 from conftest import synthetic
@@ -50,3 +53,16 @@ def test_a_python_caller_spawns_its_ranks_outside_a_serving_block(monkeypatch):
             assert forkserver.start_method() == "forkserver"
         assert forkserver.start_method() == "forkserver"
     assert forkserver.start_method() == "spawn"
+
+
+def test_a_scripts_launcher_and_the_doctor_import_no_engine():
+    """`paratrain launch` starts a script's ranks after its own imports, and the doctor only reads files:
+    neither needs the training loop, FSDP2 or DTensor (about 2 s beyond torch), nor the doctor torch (6 s)."""
+    probe = (
+        "import json, sys, paratrain.doctor; doctor = sorted(sys.modules);"
+        "import paratrain.launch.script; print(json.dumps([doctor, sorted(sys.modules)]))"
+    )
+    doctor, launcher = json.loads(subprocess.run([sys.executable, "-c", probe], capture_output=True, check=True).stdout)
+    assert "torch" not in doctor
+    assert "torch.distributed.elastic.agent.server.api" in launcher  # what it does need: the elastic agent
+    assert not {"paratrain.engine.loop", "torch.distributed.fsdp", "torch.distributed.tensor"} & set(launcher)
