@@ -118,9 +118,11 @@ def root_failure(exc: ChildFailedError, rank_log: Callable[[int], Path] | None =
         if not error_file.is_file():
             return -math.inf  # killed before it could write: first
         # The log's last failure belongs to this attempt: this attempt's error.json follows it.
-        from paratrain.engine.loop import logged_failure_time
+        logged = None
+        if rank_log:  # a built-in rank's log; a script's ranks log where the script says
+            from paratrain.engine.loop import logged_failure_time
 
-        logged = logged_failure_time(rank_log(local_rank)) if rank_log else None
+            logged = logged_failure_time(rank_log(local_rank))
         return logged if logged is not None else error_file.stat().st_mtime
 
     # Once a rank fails the agent sends SIGTERM to the rest, and torch (2.13) lists those ranks among the
