@@ -2,7 +2,8 @@
 
 A toy profile with round numbers: 4 MB of float32 parameters in 10 tensors, 1 kB of buffers,
 activations of 50 kB fixed + 10 kB a sample, the largest FSDP unit 1 MB; four pipeline units of
-1 MFLOP a sample each. Every expected figure is worked out in the comments.
+1 MFLOP a sample each, each saving a quarter of the activations. Every expected figure is worked out in the
+comments.
 """
 
 import dataclasses
@@ -17,7 +18,14 @@ RUNTIME = 3e8
 
 def profile(unit_params=(1e6, 2e6, 5e5, 5e5)) -> ModelProfile:
     units = [
-        dict(name=f"u{i}", param_bytes=p, flops_per_sample=1e6, output_bytes_per_sample=0)
+        dict(
+            name=f"u{i}",
+            param_bytes=p,
+            flops_per_sample=1e6,
+            output_bytes_per_sample=0,
+            saved_bytes_per_sample=2.5e3,
+            input_saved_bytes_per_sample=0,
+        )
         for i, p in enumerate(unit_params)
     ]
     return ModelProfile("toy", 10**6, 4 * 10**6, 10, 1000, 4 * 10**6, 1e4, 5e4, 10**6, units)
@@ -109,7 +117,7 @@ def test_stage_bounds_cut_by_flops():
 
 def test_1f1b_pipeline_reports_the_heaviest_stage():
     m = memory(Layout("pipeline", 2, 1, 2, 4, 8))  # 2 stages, 4 micro-batches of 2
-    # stage 0 (units 0-1): 3 MB of parameters, half the FLOPs; 1F1B keeps min(M, K - 0) = 2 micro-batches:
+    # stage 0 (units 0-1): 3 MB of parameters, half the saved bytes; 1F1B keeps min(M, K - 0) = 2 micro-batches:
     # activations 0.5 x (50 kB + 10 kB x 2 samples x 2) = 45 kB. Stage 1 (1 MB) is lighter.
     assert (m["parameters_bytes"], m["gradients_bytes"], m["optimizer_bytes"]) == (3e6, 3e6, 3e6)
     assert m["activations_bytes"] == pytest.approx(4.5e4, rel=1e-12)
@@ -129,6 +137,29 @@ def test_gpipe_keeps_every_micro_batch_and_the_last_stage_can_be_heaviest():
     assert late["parameters_bytes"] == 3e6
     assert late["runtime_bytes"] == 0.0  # nothing given, nothing counted
     assert late["activations_bytes"] == pytest.approx(3.5e4, rel=1e-12)
+
+
+def test_a_stage_holds_what_its_units_save_and_the_last_stage_the_losss_too():
+    """A stage's activations are what its units saved as measured (profile.py), not its share of the FLOPs: a
+    tensor two neighbouring units save (one's output, the next one's input) is held once inside a stage and by
+    both stages a cut between them makes; the loss's saved tensors are the last stage's alone."""
+    toy = profile()
+    toy.loss_activation_bytes_per_sample = 2e3  # of the 10 kB a sample: the model's own 8 kB
+    for unit, saved, shared in zip(toy.units, (0, 6e3, 2e3, 2e3), (0, 0, 1e3, 1e3)):
+        unit["saved_bytes_per_sample"], unit["input_saved_bytes_per_sample"] = saved, shared
+    # the model saves 10 - 2 = 8 kB a sample (u2's and u3's inputs held once); stages cut by FLOPs: u0-u1 | u2-u3.
+    # Stage 0 saves 6 kB (0.75 of the model's) for 2 micro-batches of 2 in flight (1F1B): 0.75 x 50 kB + 0.75 x 8
+    # kB x 2 x 2; it holds 3 MB of parameters, the heaviest
+    first = memory_per_device(toy, Layout("pipeline", 2, 1, 2, 4, 8), "sgd", "fp32")
+    assert first["parameters_bytes"] == 3e6
+    assert first["activations_bytes"] == pytest.approx(0.75 * 5e4 + 0.75 * 8e3 * 2 * 2, rel=1e-12)
+    # stage 1 saves 2 + 2 - 1 = 3 kB (0.375: u2's input, u1's output, is held on both sides of the cut) and the
+    # loss's 2 kB a sample, for its one micro-batch in flight (1F1B's last stage), or all 4 (GPipe)
+    toy.units[3]["param_bytes"] = 4e6  # now the heaviest, the one reported
+    last = memory_per_device(toy, Layout("pipeline", 2, 1, 2, 4, 8), "sgd", "fp32")
+    assert last["activations_bytes"] == pytest.approx(0.375 * 5e4 + (0.375 * 8e3 + 2e3) * 2 * 1, rel=1e-12)
+    gpipe = memory_per_device(toy, Layout("pipeline", 2, 1, 2, 4, 8, schedule="gpipe"), "sgd", "fp32")
+    assert gpipe["activations_bytes"] == pytest.approx(0.375 * 5e4 + (0.375 * 8e3 + 2e3) * 2 * 4, rel=1e-12)
 
 
 def test_hsdp_holds_its_shard_groups_share_whatever_its_replicas():
@@ -251,7 +282,7 @@ def split_stages_profile():
 def test_split_pipeline_stages_hold_each_units_piece_and_the_split_models_activations():
     m = memory_per_device(split_stages_profile(), Layout("pp+tp", 4, 1, 2, 4, 8, tp=2), "sgd", "fp32", RUNTIME)
     # stage 0 (units 0-1 by FLOPs): unit 0 whole, 1 MB, and unit 1's half, 1 MB; momentum as much; the split
-    # model's activations, half of them (its share of the FLOPs), for its 2 micro-batches of 2 in flight (1F1B):
+    # model's activations, half of them (what its units save), for its 2 micro-batches of 2 in flight (1F1B):
     # 0.5 x (50 kB + 6 kB x 2 x 2); the buffers over the 2 stages
     assert (m["parameters_bytes"], m["gradients_bytes"], m["optimizer_bytes"]) == (2e6,) * 3
     assert m["activations_bytes"] == pytest.approx(0.5 * (5e4 + 6e3 * 4), rel=1e-12)

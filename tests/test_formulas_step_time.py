@@ -45,10 +45,14 @@ def device(overlap: bool) -> Device:
     return Device("test", {"fp32": 1e9}, 1e10, 1e9, "intra", {"fp32": 0.5}, overlap=overlap)
 
 
+# each pipeline unit saving as much for backward as the others (what a stage's activations are a share of)
+SAVED_ALIKE = dict(saved_bytes_per_sample=1e3, input_saved_bytes_per_sample=0)
+
+
 def profile(param_bytes: float = 4e6) -> ModelProfile:
     # Four pipeline units of 1 MFLOP a sample each; the second's output is what a 2-stage cut hands on.
     units = [
-        dict(name=f"u{i}", param_bytes=p, flops_per_sample=1e6, output_bytes_per_sample=o)
+        dict(name=f"u{i}", param_bytes=p, flops_per_sample=1e6, output_bytes_per_sample=o, **SAVED_ALIKE)
         for i, (p, o) in enumerate([(1e6, 100), (2e6, 5e5), (5e5, 300), (5e5, 400)])
     ]
     return ModelProfile("toy", int(param_bytes / 4), int(param_bytes), 10, 0, int(1e6), 0.0, 0.0, int(1e6), units)

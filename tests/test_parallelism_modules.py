@@ -634,10 +634,14 @@ def test_every_registered_strategy_is_in_the_map():
 # 4. Planner cost
 
 
+# each pipeline unit saving as much for backward as the others (what a stage's activations are a share of)
+SAVED_ALIKE = dict(saved_bytes_per_sample=1e3, input_saved_bytes_per_sample=0)
+
+
 def hand_profile() -> ModelProfile:
     """Four pipeline units of 1 MFLOP a sample, and the model split two ways (as test_formulas_step_time's)."""
     units = [
-        dict(name=f"u{i}", param_bytes=p, flops_per_sample=1e6, output_bytes_per_sample=1e3)
+        dict(name=f"u{i}", param_bytes=p, flops_per_sample=1e6, output_bytes_per_sample=1e3, **SAVED_ALIKE)
         for i, p in enumerate([1e6, 2e6, 5e5, 5e5])
     ]
     toy = ModelProfile("toy", 1_000_000, 4_000_000, 10, 0, 4_000_000, 1e3, 0.0, 2_000_000, units)

@@ -48,7 +48,7 @@ SPAWNED = {
     "pipeline": dict(GPT, workers=2, strategy="pipeline", batch_size=8, microbatches=4, split="blocks.2"),
     "tp": dict(GPT, workers=2, tp=2, batch_size=4),
 }
-# the layouts whose memory the plan is checked against below (tensor parallelism's: test_strategies_tensor.py)
+# the layouts whose memory the plan is checked against below (the others: test_layouts.py, test_strategies_pipeline.py)
 MEMORY_CHECKED = ("single", "ddp", "zero1", "fsdp", "pipeline")
 FIGURES = ("parameters_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes")
 

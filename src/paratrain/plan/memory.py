@@ -17,7 +17,9 @@ What a rank holds, as paratrain's strategies hold it (docs/strategies.md):
 - HSDP (`--dp-replicate R --dp-shard S`, and with --tp or --pp): fsdp's split over the S ranks of a
   shard group, whatever the R replicas of it;
 - activations: the saved tensors of the rank's share of the batch (profile.py measures bytes per
-  sample); a 1F1B pipeline stage i keeps min(M, K − i) micro-batches in flight, GPipe all M. With
+  sample); a pipeline stage holds its units' share of the model's (each unit's saved bytes measured
+  apart, profile.py), the last stage also the loss's, for each micro-batch in flight: min(M, K − i)
+  for stage i of 1F1B, all M for GPipe. With
   16-bit precisions the model's saved activations are taken as half (autocast saves most in 16 bits;
   the fp32 ones it keeps inside the model, norms and softmax, make this an underestimate), the
   loss's as measured (autocast computes it in float32);
@@ -29,7 +31,7 @@ What a rank holds, as paratrain's strategies hold it (docs/strategies.md):
   it saves for the group's batch; `fsdp+tp` splits that model state over the data-parallel ranks;
   `pp+tp` and `pp+fsdp+tp` (`--pp K --tp T [--dp-shard S]`): the pipeline's stages, each unit's
   parameters as a rank of the split unit holds them (measured unit by unit), the split model's
-  activations by the stage's share of the FLOPs;
+  activations by the stage's share of the whole model's saved bytes;
 - `runtime_bytes`: what the process holds before any model (a CPU rank's interpreter, ~300 MiB).
 A device fits when the total is at most USABLE_FRACTION of its memory.
 """
@@ -160,8 +162,9 @@ def memory_per_device(
                 split.activation_bytes_per_sample, split.loss_activation_bytes_per_sample, act_scale
             )
             fixed = split.activation_bytes_fixed * act_scale
+        loss = (split or profile).loss_activation_bytes_per_sample
         figures, buffers = _largest_stage(
-            profile, layout, optimizer, per_sample, fixed, momentum, gathered_scale(precision)
+            profile, layout, optimizer, per_sample - loss, loss, fixed, momentum, gathered_scale(precision)
         )
     elif layout.tp > 1:
         figures = _tensor_parallel(profile, layout, optimizer, act_scale, momentum, gathered_scale(precision))
@@ -240,11 +243,23 @@ def _largest_stage(
     layout: Layout,
     optimizer: str,
     per_sample: float,
+    loss_per_sample: float,
     fixed: float,
     momentum: float,
     gather_scale: float,
 ) -> tuple[dict[str, float], float]:
-    total_flops = sum(max(u["flops_per_sample"], 1) for u in profile.units) or 1
+    """The heaviest stage's figures and its share of the buffers. A stage holds what its units save of the model's
+    saved tensors (measured unit by unit: profile.py) for each micro-batch in flight, and the last stage also
+    what the loss saves."""
+    saved = [float(u["saved_bytes_per_sample"]) for u in profile.units]
+    shared = [float(u["input_saved_bytes_per_sample"]) for u in profile.units]  # with the unit before
+
+    def saved_by(start: int, end: int) -> float:
+        """What units [start, end) save together: a tensor two neighbours save (one's output, the other's
+        input) once within a stage, and in each of two stages that they are cut between."""
+        return sum(saved[start:end]) - sum(shared[start + 1 : end])
+
+    whole_model = saved_by(0, len(saved)) or 1.0
     micro = layout.replica_batch / layout.microbatches
     held = unit_param_bytes(profile, layout)
     best: dict[str, float] = {}
@@ -252,7 +267,8 @@ def _largest_stage(
         units = profile.units[start:end]
         whole = float(sum(u["param_bytes"] for u in units))
         params = float(sum(held[start:end]))
-        share = sum(max(u["flops_per_sample"], 1) for u in units) / total_flops  # activations follow FLOPs
+        share = saved_by(start, end) / whole_model
+        last = index == layout.stages - 1
         in_flight = (
             layout.microbatches if layout.schedule == "gpipe" else min(layout.microbatches, layout.stages - index)
         )
@@ -261,10 +277,10 @@ def _largest_stage(
             "parameters_bytes": params,
             "gradients_bytes": params,
             "optimizer_bytes": optimizer_bytes(params, tensors, optimizer, momentum),
-            "activations_bytes": share * (fixed + per_sample * micro * in_flight),
+            "activations_bytes": share * fixed + (share * per_sample + last * loss_per_sample) * micro * in_flight,
             "gathered_bytes": 0.0,
             # the loss runs on the last stage, one micro-batch's backward at a time
-            "transient_bytes": transient_bytes(profile, micro, layout) if index == layout.stages - 1 else 0.0,
+            "transient_bytes": transient_bytes(profile, micro, layout) if last else 0.0,
         }
         if layout.shards > 1:  # pp+fsdp: the stage sharded over its replicas
             stage = _sharded(stage, layout.shards, 2 * max(held[start:end]) * gather_scale)

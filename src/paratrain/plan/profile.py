@@ -51,7 +51,8 @@ class ModelProfile:
     activation_bytes_per_sample: float
     activation_bytes_fixed: float  # saved tensors that do not grow with the batch
     largest_unit_bytes: int  # the largest FSDP unit's parameters (the root counts as one)
-    units: list[dict[str, Any]]  # pipeline units: name, param_bytes, flops_per_sample, output_bytes_per_sample
+    # pipeline units: name, param_bytes, flops_per_sample, output_bytes_per_sample, saved_bytes_per_sample
+    units: list[dict[str, Any]]
     recompute_flops_per_sample: int = 0  # --checkpoint-activations: the blocks' forward, run again in backward
     convolution_flops_per_sample: int = 0  # of flops_per_sample, those of convolutions (the rest: matrix products)
     tensor_parallel: TensorParallelProfile | None = None  # plan --tp T: the model split T ways, measured
@@ -756,8 +757,8 @@ def _drop_grads(model: nn.Module) -> None:
 
 
 def _pipeline_units(model: nn.Module, per_module: dict[str, int], x: torch.Tensor) -> list[dict[str, Any]]:
-    """Each pipeline unit's parameters, FLOPs per sample and the bytes it hands on per sample (the bytes
-    run on a copy with one block of the stack, where the model has one: the blocks hand on alike)."""
+    """Each pipeline unit's parameters, FLOPs per sample, and the bytes it hands on and saves for backward per
+    sample (the bytes run on a copy with one block of the stack, where the model has one: the blocks alike)."""
     from paratrain.engine.strategies.pipeline_split import model_units
 
     units = model_units(model)
@@ -780,7 +781,9 @@ def _pipeline_units(model: nn.Module, per_module: dict[str, int], x: torch.Tenso
                 "name": unit.name,
                 "param_bytes": sum(seen.values()),
                 "flops_per_sample": flops,
-                "output_bytes_per_sample": outputs[_as_first(unit.modules, stack)],
+                "output_bytes_per_sample": outputs[_as_first(unit.modules, stack)][0],
+                "saved_bytes_per_sample": outputs[_as_first(unit.modules, stack)][1],
+                "input_saved_bytes_per_sample": outputs[_as_first(unit.modules, stack)][2],
             }
         )
     return rows
@@ -790,34 +793,52 @@ def _as_first(modules: tuple[str, ...], stack: Stack | None) -> tuple[str, ...]:
     return tuple(stack.as_first(m) for m in modules) if stack is not None else modules
 
 
-def _unit_outputs(model: nn.Module, x: torch.Tensor) -> dict[tuple[str, ...], int] | None:
-    """The bytes per sample each unit of the model's chain hands on, by the unit's modules; None where the
-    chain is not the model."""
+def _unit_outputs(model: nn.Module, x: torch.Tensor) -> dict[tuple[str, ...], tuple[int, int, int]] | None:
+    """The bytes per sample each unit of the model's chain hands on, those it saves for backward (a pipeline
+    stage holds its units' saved tensors: a layer that activates saves much for few FLOPs), and of those, the
+    ones the unit before saved too, by the unit's modules; None where the chain is not the model."""
     from paratrain.engine.strategies.pipeline_split import model_units, run_units
 
     units = model_units(model)
     outputs: list[int] = []
+    saved: list[int] = []  # bytes each unit saved (a tensor saved by two of its operators: once)
+    shared: list[int] = []  # of those, bytes the unit before saved too (its input, which a stage of its own also holds)
+    savers: dict[int, set[int]] = {}  # storage -> the units that saved it (kept alive by the graph: never reused)
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        if not (isinstance(tensor, nn.Parameter) or isinstance(tensor._base, nn.Parameter)):
+            storage, unit = tensor.untyped_storage(), len(saved) - 1
+            by = savers.setdefault(storage._cdata, set())
+            if unit not in by:
+                saved[unit] += storage.nbytes()
+                shared[unit] += storage.nbytes() if unit - 1 in by else 0
+                by.add(unit)
+        return tensor
 
     def record(unit: Any) -> Callable[..., Any]:
         def call(root: nn.Module, value: torch.Tensor) -> torch.Tensor:
+            saved.append(0)
+            shared.append(0)
             out = unit.run(root, value)
             outputs.append(out.numel() * out.element_size() // max(x.shape[0], 1))
             return out
 
         return call
 
-    with torch.no_grad():
-        try:
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), _FusedAttention():
             chained = run_units(model, [type(u)(u.name, u.modules, record(u)) for u in units], x)
+        with torch.no_grad():
             whole = model(x)
-        except Exception:
-            chained = whole = None
+    except Exception:
+        chained = whole = None
     # The units are pipeline stages only when applied in order they give the model's output; a
     # forward that does more than call its children (flattens, adds, loops with extra inputs) cannot
     # be pipelined, and the plan then offers no pipeline layout for it.
     if not isinstance(chained, torch.Tensor) or not isinstance(whole, torch.Tensor) or chained.shape != whole.shape:
         return None
-    return {unit.modules: output for unit, output in zip(units, outputs)}
+    n = max(x.shape[0], 1)
+    return {u.modules: (out, kept // n, both // n) for u, out, kept, both in zip(units, outputs, saved, shared)}
 
 
 def _inside(counted: str, module: str) -> bool:
