@@ -1,6 +1,6 @@
 """Ranks forked from the CLI's fork server: they start with torch already imported, and they see the
 launcher's environment as it is when they start, not as it was when the server started. And what
-`paratrain launch` and `paratrain doctor` import before they do anything."""
+`paratrain launch` and `paratrain doctor` import before they do anything, and what a mistyped workload waits for."""
 
 import json
 import os
@@ -66,3 +66,16 @@ def test_a_scripts_launcher_and_the_doctor_import_no_engine():
     assert "torch" not in doctor
     assert "torch.distributed.elastic.agent.server.api" in launcher  # what it does need: the elastic agent
     assert not {"paratrain.engine.loop", "torch.distributed.fsdp", "torch.distributed.tensor"} & set(launcher)
+
+
+def test_a_mistyped_workload_is_refused_before_torch_is_imported():
+    """The workloads' names live in the config layer, so `--workload` with a name that is not one is refused in a
+    fraction of a second, not after the seconds torch takes to import."""
+    probe = (
+        "import sys; from paratrain.cli import main; code = main(['train', '--workload', 'imagenet-vit']);"
+        "print(code, 'torch' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["2", "False"], done
+    assert done.stderr.count("\n") == 1 and "unknown workload; choose from cifar10-cnn," in done.stderr
+    assert "(got 'imagenet-vit')" in done.stderr

@@ -81,12 +81,15 @@ class Command:
 
 def _train(values: dict[str, Any], args: argparse.Namespace) -> int:
     from paratrain import commands
+    from paratrain.config import TrainConfig, validate
 
     if args.config_file:
         from paratrain.config import load_config_file
 
         values = {**load_config_file(args.config_file), **values}
-    # Unvalidated: the fork server starts before this process imports torch (forkserver.py).
+    # Checked here, before torch is imported (seconds): a mistake is one line at once. The fork server still
+    # starts before this process imports torch (forkserver.py).
+    validate(TrainConfig, values)
     summary = commands.train(values, fork_server=True)
     from paratrain.reporting import terminal
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -10,6 +11,41 @@ from pydantic import BaseModel, Field, field_validator
 
 if TYPE_CHECKING:
     from paratrain.config.train import TrainConfig
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A named workload: the names of its model and dataset (resolved by paratrain.workloads)."""
+
+    model: str
+    dataset: str
+    description: str
+
+
+# Here, not beside the models, so that a mistyped name is refused before torch is imported (seconds).
+WORKLOADS: dict[str, Workload] = {
+    "cifar10-cnn": Workload("cifar10-cnn", "cifar10", "the small CNN of PyTorch's CIFAR-10 tutorial on CIFAR-10"),
+    "cifar10-resnet18": Workload("resnet18", "cifar10", "ResNet-18 (CIFAR stem) on CIFAR-10"),
+    "cifar10-resnet50v2": Workload("resnet50v2", "cifar10", "pre-activation ResNet-50 (v2) on CIFAR-10"),
+    "cifar10-resnet152v2": Workload("resnet152v2", "cifar10", "pre-activation ResNet-152 (v2) on CIFAR-10"),
+    "synthetic-cnn": Workload("cifar10-cnn", "synthetic", "the tutorial CNN on random images: throughput work"),
+    "synthetic-resnet50v2": Workload(
+        "resnet50v2", "synthetic", "ResNet-50 v2 on random images (set --synthetic-shape 3,128,128)"
+    ),
+    "gpt-tiny": Workload(
+        "gpt-tiny", "text", "GPT, 4 x 128, context 256 (0.86 M parameters) on Python's own sources, bytes"
+    ),
+    "gpt-small": Workload("gpt-small", "text", "GPT, 6 x 384, context 256 (10.8 M) on Python's own sources, bytes"),
+    "gpt-medium": Workload(
+        "gpt-medium", "text", "GPT, 12 x 768, context 1024 (86 M; GPT-2 small's shape) on Python's sources"
+    ),
+    "gpt-large": Workload(
+        "gpt-large", "text", "GPT, 24 x 1024, context 1024 (304 M; GPT-2 medium's shape) on Python's sources"
+    ),
+    "gpt-xl": Workload(
+        "gpt-xl", "text", "GPT, 36 x 1280, context 1024 (710 M; GPT-2 large's shape): needs sharding on 24 GiB"
+    ),
+}
 
 
 class WorkloadOptions(BaseModel):
@@ -64,6 +100,13 @@ class WorkloadOptions(BaseModel):
         description="the loss as pkg.module:fn, called fn(output, target) -> scalar tensor (default: the workload's; a "
         "model whose forward takes targets returns its own)",
     )
+
+    @field_validator("workload")
+    @classmethod
+    def _registered(cls, value: str) -> str:
+        if value not in WORKLOADS:
+            raise ValueError(f"unknown workload; choose from {', '.join(WORKLOADS)} or pass --model/--dataset")
+        return value
 
     @field_validator("model", "dataset", "loss", mode="before")
     @classmethod

@@ -21,40 +21,10 @@ import torch
 from torch import nn
 
 from paratrain.config import TrainConfig
+from paratrain.config.workload import WORKLOADS, Workload
 from paratrain.errors import UsageError
 from paratrain.workloads import datasets, gpt, models, text
 
-
-@dataclass(frozen=True)
-class Workload:
-    model: str
-    dataset: str
-    description: str
-
-
-WORKLOADS: dict[str, Workload] = {
-    "cifar10-cnn": Workload("cifar10-cnn", "cifar10", "the small CNN of PyTorch's CIFAR-10 tutorial on CIFAR-10"),
-    "cifar10-resnet18": Workload("resnet18", "cifar10", "ResNet-18 (CIFAR stem) on CIFAR-10"),
-    "cifar10-resnet50v2": Workload("resnet50v2", "cifar10", "pre-activation ResNet-50 (v2) on CIFAR-10"),
-    "cifar10-resnet152v2": Workload("resnet152v2", "cifar10", "pre-activation ResNet-152 (v2) on CIFAR-10"),
-    "synthetic-cnn": Workload("cifar10-cnn", "synthetic", "the tutorial CNN on random images: throughput work"),
-    "synthetic-resnet50v2": Workload(
-        "resnet50v2", "synthetic", "ResNet-50 v2 on random images (set --synthetic-shape 3,128,128)"
-    ),
-    "gpt-tiny": Workload(
-        "gpt-tiny", "text", "GPT, 4 x 128, context 256 (0.86 M parameters) on Python's own sources, bytes"
-    ),
-    "gpt-small": Workload("gpt-small", "text", "GPT, 6 x 384, context 256 (10.8 M) on Python's own sources, bytes"),
-    "gpt-medium": Workload(
-        "gpt-medium", "text", "GPT, 12 x 768, context 1024 (86 M; GPT-2 small's shape) on Python's sources"
-    ),
-    "gpt-large": Workload(
-        "gpt-large", "text", "GPT, 24 x 1024, context 1024 (304 M; GPT-2 medium's shape) on Python's sources"
-    ),
-    "gpt-xl": Workload(
-        "gpt-xl", "text", "GPT, 36 x 1280, context 1024 (710 M; GPT-2 large's shape): needs sharding on 24 GiB"
-    ),
-}
 DEFAULT_SEQ_LEN = 256  # text windows for models that are not gpt presets
 
 
@@ -76,12 +46,7 @@ class TrainingData:
 
 
 def workload_of(config: TrainConfig) -> Workload:
-    try:
-        base = WORKLOADS[config.workload]
-    except KeyError:
-        raise UsageError(
-            f"unknown workload {config.workload!r}; choose from {', '.join(WORKLOADS)} or pass --model/--dataset"
-        ) from None
+    base = WORKLOADS[config.workload]  # a registered name: the config checked it
     return Workload(config.model or base.model, config.dataset or base.dataset, base.description)
 
 
