@@ -702,11 +702,13 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, case,
     assert not out.exists() and captured.out == ""
 
 
-@pytest.mark.parametrize("factory,pipelined", [("layered_net", True), ("flattening_layered_net", False)])
-def test_a_model_whose_blocks_are_a_module_list_is_planned(capsys, factory, pipelined):
-    """The nanoGPT/torchtitan layout (`self.layers = nn.ModuleList`, looped over in forward): the
-    list's items are pipeline units; a forward that does more than chain its children is planned
-    with data parallelism only, without a traceback."""
+@pytest.mark.parametrize(
+    "factory,pipelined", [("layered_net", True), ("dict_layered_net", True), ("flattening_layered_net", False)]
+)
+def test_a_model_whose_blocks_are_a_module_list_or_dict_is_planned(capsys, factory, pipelined):
+    """The nanoGPT layout (`self.layers = nn.ModuleList`, looped over in forward) and torchtitan's (an
+    `nn.ModuleDict` keyed "0", "1", ...): the container's items are pipeline units; a forward that does more
+    than chain its children is planned with data parallelism only, without a traceback."""
     argv = [
         "plan",
         "--model",

@@ -67,6 +67,12 @@ def _profiles(cfg: TrainConfig, tp: int | None, monkeypatch) -> tuple[dict, dict
         pytest.param(
             dict(GPT, checkpoint_activations=True, checkpoint_activations_ops=True), None, id="gpt-by-operator"
         ),
+        # torchtitan's layout: the blocks in an nn.ModuleDict
+        pytest.param(
+            dict(model="user_factories:deep_dict_layered_net", dataset="user_factories:float_pairs"),
+            None,
+            id="user-model-module-dict",
+        ),
         # a user's model (blocks taking a second input) split 2 ways, every 2nd of 17 blocks checkpointed
         pytest.param(
             dict(TEXT, model="user_factories:deep_tabled_net", **EVERY_2ND),
@@ -83,7 +89,8 @@ def test_a_deep_model_measured_at_shallow_depths_gives_the_numbers_of_measuring_
     drawn = [s for s in stacks[: len(stacks) // 2] if s is not None]  # the plan's calls, not the whole ones
     # the FLOP count, the saved-tensor peaks and (measuring the whole model) the memory traffic were drawn
     # along the stack of blocks
-    assert len(drawn) == (2 if tp else 3) and {s.path for s in drawn} == {"blocks"}
+    stack = "layers" if overrides.get("model", "").endswith("dict_layered_net") else "blocks"
+    assert len(drawn) == (2 if tp else 3) and {s.path for s in drawn} == {stack}
 
 
 @pytest.mark.parametrize("factory", ["alternating_net", "counted_net"])
@@ -126,6 +133,12 @@ def test_the_stack_is_the_heaviest_container_of_alike_blocks():
     cut = depth.shallow_copy(model, stack, 2)
     assert len(cut.trunk.layers) == 2 and len(model.trunk.layers) == 3  # the model itself is left whole
     assert depth.find_stack(nn.Sequential(nn.Linear(2, 2))) is None
+    # torchtitan keeps its blocks in a ModuleDict keyed "0", "1", ...: a stack too, cut to its first items
+    model.blocks = nn.ModuleDict({str(i): nn.Linear(16, 16) for i in range(4)})
+    stack = depth.find_stack(model)
+    assert stack == depth.Stack("blocks", ("0", "1", "2", "3"))
+    cut = depth.shallow_copy(model, stack, 3)
+    assert list(cut.blocks) == ["0", "1", "2"] and isinstance(cut.blocks, nn.ModuleDict) and len(model.blocks) == 4
 
 
 def test_alike_means_the_same_classes_and_tensors_and_ties_go_to_the_first_stack():

@@ -462,6 +462,22 @@ def test_a_bad_split_is_one_line_and_exit_status_2(tmp_path, capsys):
     assert not (tmp_path / "run").exists()
 
 
+def test_a_model_whose_blocks_are_a_module_dict_is_split_along_them(tmp_path):
+    """torchtitan keeps its blocks in an nn.ModuleDict keyed "0", "1", ..., looped over in forward: its items
+    are the pipeline's units, as a ModuleList's are (the dict itself has no forward, and as one unit the whole
+    stack would be one stage's). 2 stages reach the parameters of one process."""
+    common = dict(SMALL, model="user_factories:dict_layered_net", dataset="user_factories:float_pairs")
+    common["batch_size"] = 32
+    paratrain.train(dict(common, run_dir=tmp_path / "one", workers=1))
+    paratrain.train(dict(common, run_dir=tmp_path / "two", workers=2, strategy="pipeline", split="layers.1"))
+    summary = json.loads((tmp_path / "two" / "summary.json").read_text())
+    assert summary["pipeline"]["split"] == [["stem", "layers.0"], ["layers.1", "layers.2", "head"]]
+    one, two = (torch.load(tmp_path / run / "checkpoint.pt", weights_only=True)["model"] for run in ("one", "two"))
+    assert one.keys() == two.keys() and "layers.2.fc.weight" in one
+    for key in one:
+        torch.testing.assert_close(two[key], one[key], rtol=1e-4, atol=1e-6)
+
+
 def test_a_model_that_declares_its_chain_is_split_along_it(tmp_path):
     """NotAChain's forward flattens between its children, so they do not chain; declaring its units
     (pipeline_units, the flatten in the first) makes it a pipeline on 2 ranks that reaches the parameters

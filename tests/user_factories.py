@@ -144,6 +144,31 @@ def layered_net(num_classes: int = 10) -> nn.Module:
     return LayeredNet(num_classes)
 
 
+class DictLayeredNet(nn.Module):
+    """torchtitan's layout: blocks in an nn.ModuleDict keyed "0", "1", ... that forward() loops over."""
+
+    def __init__(self, num_classes: int, depth: int = 3):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 32))
+        self.layers = nn.ModuleDict({str(i): Block(32) for i in range(depth)})
+        self.head = nn.Linear(32, num_classes)
+
+    def forward(self, x):
+        x = self.stem(x)
+        for layer in self.layers.values():
+            x = layer(x)
+        return self.head(x)
+
+
+def dict_layered_net(num_classes: int = 10) -> nn.Module:
+    return DictLayeredNet(num_classes)
+
+
+def deep_dict_layered_net(num_classes: int = 10) -> nn.Module:
+    """Deep enough (7 blocks) that the plan measures it at shallow depths (plan/depth.py)."""
+    return DictLayeredNet(num_classes, depth=7)
+
+
 class FlatteningLayeredNet(LayeredNet):
     """The same blocks, but forward flattens before the stem: its children applied in order fail."""
 

@@ -26,11 +26,13 @@ from typing import Any
 from torch import nn
 
 MIN_STACK = 2  # a container of fewer alike items is not a stack
+CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)  # what holds a stack of blocks
 
 
 @dataclass(frozen=True)
 class Stack:
-    """The model's repeated blocks: an nn.ModuleList or nn.Sequential of structurally identical items."""
+    """The model's repeated blocks: an nn.ModuleList, nn.ModuleDict or nn.Sequential of structurally identical
+    items."""
 
     path: str  # the container's path in the model ("layers", "model.decoder.layers")
     items: tuple[str, ...]  # its children's names, in order ("0", "1", ...)
@@ -56,9 +58,9 @@ def find_stack(model: nn.Module) -> Stack | None:
     """The container of alike blocks holding the most parameters, if the model has one."""
     best: tuple[int, Stack] | None = None
     for path, module in model.named_modules():
-        if not path or not isinstance(module, (nn.ModuleList, nn.Sequential)) or len(module) < MIN_STACK:
+        if not path or not isinstance(module, CONTAINERS) or len(module) < MIN_STACK:
             continue
-        if len({_signature(item) for item in module}) != 1:
+        if len({_signature(item) for item in module._modules.values()}) != 1:
             continue
         weight = sum(p.numel() for p in module.parameters())
         if best is None or weight > best[0]:
@@ -87,7 +89,12 @@ def shallow_copy(model: nn.Module, stack: Stack, depth: int) -> nn.Module:
     parent_path, _, name = stack.path.rpartition(".")
     parent = model.get_submodule(parent_path)
     container = parent.get_submodule(name)
-    setattr(parent, name, container[:depth])
+    cut = (
+        type(container)(dict(itertools.islice(container.items(), depth)))
+        if isinstance(container, nn.ModuleDict)
+        else container[:depth]
+    )
+    setattr(parent, name, cut)
     try:
         return copy.deepcopy(model)
     finally:

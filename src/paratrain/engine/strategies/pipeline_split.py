@@ -7,8 +7,9 @@ previous one's output, and a stage is a run of consecutive units.
   for each link: gpt (`embed`, `blocks.0` ... `blocks.<L-1>`, `head`), the ResNets (`stem`, the
   blocks, `head_norm` with pooling and `fc`) and the tutorial CNN (`conv1`, `conv2`, `fc1` ... `fc3`,
   each with the functional calls its forward makes after it) declare theirs (workloads/);
-- any other model: its top-level children in registration order, the items of a ModuleList child one
-  by one (`layers.0`, `layers.1`, ...). That is only the model when its
+- any other model: its top-level children in registration order, the items of a ModuleList or ModuleDict
+  child one by one (`layers.0`, `layers.1`, ...; torchtitan keeps its blocks in a ModuleDict keyed "0",
+  "1", ... so that a stage can drop some and keep the others' names). That is only the model when its
   forward chains its children (an nn.Sequential does); launch checks it on the meta device and
   refuses a model whose children in order do not give its output's shape, or that holds parameters
   outside its children.
@@ -51,12 +52,14 @@ def model_units(model: nn.Module) -> list[Unit]:
     declared = getattr(model, "pipeline_units", None)
     if callable(declared):
         return [Unit(name, tuple(modules), run) for name, modules, run in declared()]
-    # A ModuleList has no forward of its own: its items are the links (the nanoGPT/torchtitan
-    # layout, `self.layers = nn.ModuleList(...)` looped over in forward).
+    # A ModuleList or ModuleDict has no forward of its own: its items are the links (nanoGPT's layout,
+    # `self.layers = nn.ModuleList(...)`, and torchtitan's, `nn.ModuleDict`, looped over in forward).
     return [
         Unit(path, (path,), _call(path))
         for name, child in model.named_children()
-        for path in ([f"{name}.{i}" for i in range(len(child))] if isinstance(child, nn.ModuleList) else [name])
+        for path in (
+            [f"{name}.{key}" for key in child._modules] if isinstance(child, (nn.ModuleList, nn.ModuleDict)) else [name]
+        )
     ]
 
 
