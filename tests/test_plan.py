@@ -175,7 +175,9 @@ def test_a_layouts_own_runs_calibrate_its_step_and_leave_the_others_alone(runs, 
     assert both["fsdp"]["step_time_s"] == pytest.approx(measured["fsdp"], rel=1e-6)
     alone = _plan_rows(capsys, plain, "--strategy", "ddp,fsdp", "--batch-size", "4")
     assert both["ddp"]["step_time_s"] == pytest.approx(alone["ddp"]["step_time_s"], rel=1e-12)
-    assert alone["fsdp"]["step_time_s"] != pytest.approx(measured["fsdp"], rel=0.01)
+    # without fsdp's own run the row is the plan's model of it: a different number (a model that lands within 1 %
+    # of a timed step by chance is no failure, so the test asks only that the own run moved the row)
+    assert alone["fsdp"]["step_time_s"] != both["fsdp"]["step_time_s"]
     # the tp run's 4 samples are its group's: the plan's global batch
     split = _plan_rows(capsys, [*plain, runs / "tp"], "--strategy", "ddp", "--tp", "2", "--global-batch", "4")
     assert split["tp"]["step_time_s"] == pytest.approx(measured["tp"], rel=1e-6)
