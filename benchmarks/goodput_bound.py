@@ -7,8 +7,10 @@ schedule at batch B makes progress at throughput(B) / (1 + B / B_noise) a second
     r = max over B of throughput(B) / throughput(b) x (B_noise + b) / (B_noise + B)
 times the progress of the run's batch b. A schedule that took the best batch at every reading (an oracle that knew
 B_noise exactly and paid nothing to change) would spend 1 / r of the time between readings, so it could reach the
-run's end at most N / sum(1 / r_i) times sooner (readings evenly spaced in steps at a fixed batch). If that is below
-a goal, no schedule reaches the goal on these devices at this budget, whatever its rule.
+run's end at most sum(t_i) / sum(t_i / r_i) times sooner, t_i the compared batch's time for the progress made
+between reading i - 1 and i. If that is below a goal, no schedule reaches the goal on these devices at this budget,
+whatever its rule. With `--against B` the oracle is compared with a fixed batch B instead of the run's own batch at
+each reading (the readings taken as the noise scale at that point of training, whatever batch measured it).
 
 The throughput at each batch comes from fixed-batch runs (`--fixed RUN_DIR...`: summary.json's global batch and
 samples per second, epochs after the first); runs at the same batch are taken at their median.
@@ -46,12 +48,31 @@ def best_gain(batch: int, noise: float, speed: dict[int, float]) -> tuple[float,
     return gains[best], best
 
 
+def fixed_seconds(points: list[dict], against: int | None, speed: dict[int, float]) -> list[float]:
+    """The time the compared batch takes for the progress the run made up to each reading from the one before: the
+    samples of the interval at the run's batch b, which a batch F needs (B_noise + F) / (B_noise + b) times of, at F's
+    throughput (equal spans when the run stayed at F, as a run compared with its own batch does)."""
+    spans, last = [], 0
+    for point in points:
+        batch, noise = point["global_batch"], point["noise_scale"]
+        compared = against or batch
+        samples = (point["step"] - last) * batch * (noise + compared) / (noise + batch)
+        spans.append(samples / speed[compared])
+        last = point["step"]
+    return spans
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fixed", type=Path, nargs="+", required=True, help="fixed-batch runs: the throughput")
+    parser.add_argument(
+        "--against", type=int, default=None, help="a fixed global batch to compare with (default: each reading's own)"
+    )
     parser.add_argument("runs", type=Path, nargs="+", help="runs whose noise readings to read")
     args = parser.parse_args()
     speed = throughputs(args.fixed)
+    if args.against is not None and args.against not in speed:
+        parser.error(f"--against {args.against}: no fixed run at that global batch (measured: {sorted(speed)})")
     base = min(speed)
     print(
         "throughput: " + ", ".join(f"batch {b}: {s:.2f} samples/s ({s / speed[base]:.2f}x)" for b, s in speed.items())
@@ -61,9 +82,10 @@ def main() -> None:
         if not points:
             print(f"{run}: no noise readings at a batch with a measured throughput")
             continue
-        gains = [best_gain(r["global_batch"], r["noise_scale"], speed) for r in points]
+        gains = [best_gain(args.against or r["global_batch"], r["noise_scale"], speed) for r in points]
         ratios = [max(gain, 1.0) for gain, _ in gains]
-        bound = len(ratios) / sum(1 / r for r in ratios)
+        spans = fixed_seconds(points, args.against, speed)
+        bound = sum(spans) / sum(span / r for span, r in zip(spans, ratios))
         noise = statistics.median(r["noise_scale"] for r in points)
         top, at = max(gains)
         print(

@@ -31,6 +31,13 @@ def test_warmup_ramps_linearly_from_the_unscaled_lr():
     assert s.lr_at(99) == pytest.approx(0.4)
 
 
+def test_a_batch_below_the_base_one_starts_at_its_scaled_lr_not_above_it():
+    """Scaled down (a global batch below --base-batch-size), the LR is never above the scaled one: the
+    warm-up had ramped from the unscaled --lr down to it, a first epoch at up to base/batch times the LR."""
+    s = _schedule(base_lr=0.4, peak_lr=0.1)
+    assert [s.lr_at(step) for step in (0, 10, 19, 20)] == pytest.approx([0.1] * 4)
+
+
 @pytest.mark.parametrize(
     "schedule, step, expected",
     [

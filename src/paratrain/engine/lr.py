@@ -36,10 +36,11 @@ def scaled_lr(base_lr: float, global_batch: int, base_batch: int, rule: str) -> 
 
 @dataclass(frozen=True)
 class LRSchedule:
-    """The LR of every optimizer step: warmup from `base_lr` to `peak_lr`, then `schedule`.
+    """The LR of every optimizer step: warmup from `base_lr` up to `peak_lr`, then `schedule`.
 
     With no scaling (`base_lr == peak_lr`) the warmup is a flat ramp, i.e. a no-op, exactly as
-    Goyal et al.'s rule gives. After warmup the schedule runs on epochs counted from the end of
+    Goyal et al.'s rule gives; so it is when the global batch is below the base one (`peak_lr` below
+    `base_lr`): the warmup ramps up, never down. After warmup the schedule runs on epochs counted from the end of
     warmup (fractional epochs, so exp and inverse-time decay smoothly; step decays in whole steps);
     cosine and poly reach `min_lr` at the last step, range-test `end_lr` (scaled as `peak_lr` is);
     `max_steps` ends the run, and so the schedule, early.
@@ -81,7 +82,10 @@ class LRSchedule:
         """LR for optimizer step `step` (0-based)."""
         warmup = self.warmup_steps
         if step < warmup:
-            return self.base_lr + (self.peak_lr - self.base_lr) * step / warmup
+            # Goyal et al. warm up because the scaled LR is too large for the initial weights; a batch
+            # below the base one scales the LR down, and a "warm-up" from --lr would start above it.
+            start = min(self.base_lr, self.peak_lr)
+            return start + (self.peak_lr - start) * step / warmup
         after = step - warmup
         remaining = max(self.total_steps - warmup, 1)
         epochs_after = after / self.steps_per_epoch

@@ -608,6 +608,11 @@ def _count_flops(model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Ten
     return int(counter.get_total_flops()), per_module, convolution_flops(counter)
 
 
+def _is_activation(tensor: torch.Tensor) -> bool:
+    """A tensor autograd saves is an activation unless it is a parameter or a view of one (held anyway)."""
+    return not (isinstance(tensor, nn.Parameter) or isinstance(tensor._base, nn.Parameter))
+
+
 def _saved_peak(model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float, int]:
     """Peak bytes of the tensors autograd saves for backward over one forward + backward (meta tensors:
     the storage of each saved tensor once; parameters and views of them are not activations), and of those
@@ -637,7 +642,7 @@ def _saved_peak(model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Tens
                 del live[self.key]
 
     def pack(tensor: torch.Tensor) -> Any:
-        if isinstance(tensor, nn.Parameter) or isinstance(tensor._base, nn.Parameter):
+        if not _is_activation(tensor):
             return tensor
         # Under tensor parallelism: the rank's own piece of a DTensor
         local = tensor._local_tensor if type(tensor).__name__ == "DTensor" else tensor
@@ -806,7 +811,7 @@ def _unit_outputs(model: nn.Module, x: torch.Tensor) -> dict[tuple[str, ...], tu
     savers: dict[int, set[int]] = {}  # storage -> the units that saved it (kept alive by the graph: never reused)
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
-        if not (isinstance(tensor, nn.Parameter) or isinstance(tensor._base, nn.Parameter)):
+        if _is_activation(tensor):
             storage, unit = tensor.untyped_storage(), len(saved) - 1
             by = savers.setdefault(storage._cdata, set())
             if unit not in by:
