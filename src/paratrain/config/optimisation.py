@@ -33,7 +33,7 @@ class OptimisationOptions(BaseModel):
         None, gt=0, description="the global batch --lr is meant for (default: --batch-size, i.e. one worker)"
     )
     warmup_epochs: float = Field(
-        0.0, ge=0, description="ramp the LR linearly from --lr to the scaled LR over these epochs"
+        0.0, ge=0, description="ramp the LR linearly from --lr up to the scaled LR over these epochs (up only)"
     )
     schedule: Schedule = Field("constant", description="LR schedule after warmup")
     lr_step_size: float = Field(30.0, gt=0, description="epochs between decays for --schedule step")
