@@ -7,10 +7,17 @@ every faulty run (`paratrain doctor RUN --json`) and its top finding gives the c
 gain (`predicted_speedup`). The table quotes medians over the rounds; "within 30 %" compares the two
 medians (|predicted - measured| <= 0.3 x measured). The raw figures go to OUT/catalogue.json.
 
+`--dir` runs another folder of such scripts (benchmarks/doctor_heldout/, the faults written without reading
+the doctor, with its expected.json: the table then says whether the top finding names the expected cause's
+keywords). `--busy` keeps one core busy (a Python loop pinned to core 1, `taskset`) through every run: "the
+machine half busy". `--pythonpath DIR` runs launch and the doctor from another checkout's src/ (the code as it
+was before a change). Each faulty run's diagnosis is kept beside it (RUN/doctor.json).
+
 `--overhead` measures the probe instead: healthy.py with and without `launch --no-probe`, alternating,
 and the ratio of the median throughputs.
 
     .venv/bin/python benchmarks/doctor_catalogue.py --out runs/catalogue [--faults data_wait,straggler] [--repeats 3]
+    .venv/bin/python benchmarks/doctor_catalogue.py --dir benchmarks/doctor_heldout --out runs/heldout [--busy]
     .venv/bin/python benchmarks/doctor_catalogue.py --overhead --out runs/overhead --repeats 5
 """
 
@@ -18,12 +25,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shlex
 import shutil
 import statistics
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 from rich.progress import Progress
@@ -46,7 +55,17 @@ FAULTS = [
     "checkpoint_heavy",
     "host_sync",
     "loader_workers",
+    # issue #56's mistakes outside the first catalogue, the cases the doctor's causes were tuned on
+    "duplicate_data",
+    "tiny_buckets",
+    "forward_collectives",
+    "float64",
+    "gc_every_step",
+    "needless_checkpointing",
+    "decode_full_cores",
+    "big_allreduce",
 ]
+ENV = dict(os.environ)  # --pythonpath sets PYTHONPATH here, for launch and the doctor alike
 
 
 def command(fault: str, launch_args: list[str], fix: bool, run_dir: Path | None = None) -> list[str]:
@@ -70,7 +89,7 @@ def throughput(fault: str, launch_args: list[str], fix: bool, run_dir: Path) -> 
     cmd = [str(PARATRAIN), *command(fault, launch_args, fix, run_dir)[1:]]
     for attempt in (1, 2):
         shutil.rmtree(run_dir, ignore_errors=True)
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=ENV)
         found = (
             re.findall(r"^THROUGHPUT ([0-9.]+)$", (run_dir / "logs" / "rank0.log").read_text(), re.M)
             if (run_dir / "logs" / "rank0.log").exists()
@@ -84,17 +103,34 @@ def throughput(fault: str, launch_args: list[str], fix: bool, run_dir: Path) -> 
     raise SystemExit(f"run failed twice: {shlex.join(cmd)}")
 
 
-def diagnose(run_dir: Path) -> tuple[str, float | None]:
-    """The doctor's top finding on a run: its check and predicted speed-up (None when it gives none)."""
-    proc = subprocess.run([str(PARATRAIN), "doctor", str(run_dir), "--json"], capture_output=True, text=True)
+def diagnose(run_dir: Path) -> tuple[str, float | None, str]:
+    """The doctor's top finding on a run: its check, predicted speed-up (None when it gives none) and text; the
+    whole diagnosis is kept in RUN/doctor.json."""
+    proc = subprocess.run([str(PARATRAIN), "doctor", str(run_dir), "--json"], capture_output=True, text=True, env=ENV)
     if proc.returncode != 0:
-        return f"doctor exit {proc.returncode}", None
+        return f"doctor exit {proc.returncode}", None, proc.stderr
+    (run_dir / "doctor.json").write_text(proc.stdout)
     findings = json.loads(proc.stdout)["findings"]
     if not findings:
-        return "none", None
+        return "none", None, ""
     top = findings[0]
     speedup = top.get("predicted_speedup")
-    return top["check"], float(speedup) if isinstance(speedup, (int, float)) else None
+    text = " ".join(str(top.get(k, "")) for k in ("finding", "evidence", "cause", "remedy", "where")).lower()
+    return top["check"], float(speedup) if isinstance(speedup, (int, float)) else None, text
+
+
+@contextmanager
+def busy_core(on: bool):
+    """Another process on core 1 for the whole catalogue, as `--busy` asks: the machine half busy."""
+    if not on:
+        yield
+        return
+    hog = subprocess.Popen(["taskset", "-c", "1", sys.executable, "-c", "while True: pass"])
+    try:
+        yield
+    finally:
+        hog.kill()
+        hog.wait()
 
 
 def median_or_none(values: list[float | None]) -> float | None:
@@ -103,12 +139,19 @@ def median_or_none(values: list[float | None]) -> float | None:
 
 
 def catalogue(args: argparse.Namespace, launch_args: list[str]) -> None:
-    faults = args.faults.split(",") if args.faults else FAULTS
+    listed = (
+        FAULTS
+        if FAULTS_DIR.name == "doctor_faults"
+        else sorted(p.stem for p in FAULTS_DIR.glob("*.py") if p.stem != "common")
+    )
+    faults = args.faults.split(",") if args.faults else listed
     unknown = [f for f in faults if not (FAULTS_DIR / f"{f}.py").exists()]
     if unknown:
-        raise SystemExit(f"no such fault script: {', '.join(unknown)} (choose from {', '.join(FAULTS)})")
-    results = {f: {"faulty": [], "fixed": [], "checks": [], "predicted": []} for f in faults}
-    with Progress() as progress:
+        raise SystemExit(f"no such fault script: {', '.join(unknown)} (choose from {', '.join(listed)})")
+    expected_file = FAULTS_DIR / "expected.json"
+    expected = json.loads(expected_file.read_text()) if expected_file.exists() else {}
+    results = {f: {"faulty": [], "fixed": [], "checks": [], "predicted": [], "named": []} for f in faults}
+    with busy_core(args.busy), Progress() as progress:
         task = progress.add_task("catalogue", total=len(faults) * args.repeats * 2)
         for r in range(1, args.repeats + 1):
             for fault in faults:
@@ -118,21 +161,25 @@ def catalogue(args: argparse.Namespace, launch_args: list[str]) -> None:
                     progress.update(task, description=f"{run_dir.name}")
                     row["fixed" if fix else "faulty"].append(throughput(fault, launch_args, fix, run_dir))
                     progress.advance(task)
-                check, predicted = diagnose(args.out / f"{fault}-{r}-fault")
+                check, predicted, text = diagnose(args.out / f"{fault}-{r}-fault")
                 row["checks"].append(check)
                 row["predicted"].append(predicted)
+                keywords = expected.get(fault, {}).get("keywords", [])
+                row["named"].append([k for k in keywords if k.lower() in text])
     (args.out / "catalogue.json").write_text(json.dumps(results, indent=1) + "\n")
 
     print(f"\n{args.repeats} round(s), medians; raw figures in {args.out / 'catalogue.json'}\n")
-    print("| fault | top finding | predicted gain | measured gain | within 30 % | command |")
-    print("|---|---|---|---|---|---|")
+    print("| fault | top finding | expected keywords named | predicted gain | measured gain | within 30 % | command |")
+    print("|---|---|---|---|---|---|---|")
     for fault, row in results.items():
         measured = statistics.median(fixed / faulty for fixed, faulty in zip(row["fixed"], row["faulty"]))
         predicted = median_or_none(row["predicted"])
         checks = sorted(set(row["checks"]), key=row["checks"].count, reverse=True)
         within = "n/a" if predicted is None else ("yes" if abs(predicted - measured) <= 0.3 * measured else "no")
+        keywords = expected.get(fault, {}).get("keywords")
+        named = "-" if not keywords else " / ".join(", ".join(n) or "none" for n in row["named"])
         print(
-            f"| {fault} | {' / '.join(checks)} | {'n/a' if predicted is None else f'{predicted:.2f}x'} | "
+            f"| {fault} | {' / '.join(checks)} | {named} | {'n/a' if predicted is None else f'{predicted:.2f}x'} | "
             f"{measured:.2f}x | {within} | `{shlex.join(command(fault, launch_args, False))} [--fix]` |"
         )
 
@@ -166,7 +213,14 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3, help="rounds of faulty and fixed runs, alternating")
     p.add_argument("--launch-args", default="", help="extra `paratrain launch` flags, e.g. '--no-probe'")
     p.add_argument("--overhead", action="store_true", help="healthy.py with and without --no-probe instead")
+    p.add_argument("--dir", type=Path, default=None, help="the folder of fault scripts (and expected.json)")
+    p.add_argument("--busy", action="store_true", help="keep core 1 busy with another process through every run")
+    p.add_argument("--pythonpath", help="run launch and the doctor from this src/ (another checkout's code)")
     args = p.parse_args()
+    global FAULTS_DIR
+    FAULTS_DIR = (args.dir or FAULTS_DIR).resolve()
+    if args.pythonpath:
+        ENV["PYTHONPATH"] = str(Path(args.pythonpath).resolve())
     if args.repeats < 1:
         p.error("--repeats must be at least 1")
     args.out = args.out.resolve()

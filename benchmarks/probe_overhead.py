@@ -4,8 +4,10 @@ alternating, inside one launch.
 End-to-end runs with and without `launch --no-probe` (benchmarks/doctor_catalogue.py --overhead) differ by
 the VM's run-to-run noise (±15-20 % per run here) more than by a few per cent of probe. So this script runs
 under `paratrain launch -n 2 --no-probe` and installs the probe itself, exactly as launch's boot stage does
-(launch/probe.py, loaded by path): every hook (optimizer, DataLoader, autograd.backward, module hooks,
-collectives, torch.save) and DDP's all-reduce through the probe's timed comm hook. It trains two copies of
+(launch/probe/hooks.py install): every hook (optimizer, DataLoader, autograd.backward, module hooks,
+checkpointing's recompute, collectives, torch.save, gc callbacks) and DDP's all-reduce through the probe's timed
+comm hook; the profiler window's steps fall in the first (warm-up) block, which is not timed, as they are kept
+out of a launched run's figures. It trains two copies of
 the model in blocks of `--steps` steps, alternating: one DDP built before the probe was installed, its
 blocks run with the probe removed; one built under the probe, its blocks run with the probe installed (and
 its global module hooks narrowing to the outermost modules after the first step, as in a launched run).
@@ -23,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib.util
 import os
 import statistics
 import sys
@@ -41,10 +42,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks" / "doctor_faults"))
 from common import SmallCNN, synthetic_cifar  # noqa: E402
 
-# The probe as launch loads it: by path, outside the paratrain package.
-spec = importlib.util.spec_from_file_location("paratrain_probe", ROOT / "src" / "paratrain" / "launch" / "probe.py")
-probe_module = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(probe_module)
+from paratrain.launch.probe import hooks  # noqa: E402
+from paratrain.launch.probe.clock import Probe  # noqa: E402
 
 
 def deep_linear() -> nn.Module:
@@ -74,11 +73,11 @@ def main() -> None:
     loader = DataLoader(dataset, batch_size=32, sampler=sampler, drop_last=True)
     batches, epoch = iter(()), 0
     scratch = tempfile.mkdtemp(prefix="probe-overhead-")
-    probe = probe_module.Probe(os.path.join(scratch, f"rank{dist.get_rank()}.jsonl"), dist.get_rank())
+    probe = Probe(os.path.join(scratch, f"rank{dist.get_rank()}.jsonl"), dist.get_rank())
 
     def install() -> None:
         probe.restore.clear()
-        probe.install(torch)
+        hooks.install(probe, torch)
 
     def remove() -> None:
         for undo in reversed(probe.restore):

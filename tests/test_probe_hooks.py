@@ -1,4 +1,4 @@
-"""The probe's hooks in one process (launch/probe.py): what it counts per step once the global module
+"""The probe's hooks in one process (launch/probe/): what it counts per step once the global module
 hooks have given way to hooks on the outermost modules, which is what keeps its cost per step low."""
 
 import json
@@ -9,12 +9,14 @@ from torch import nn
 from torch.nn.modules import module as module_hooks
 
 from paratrain.launch import probe as probe_module
+from paratrain.launch.probe import hooks, workers
+from paratrain.launch.probe.clock import Probe
 
 
 @pytest.fixture
 def probe(tmp_path):
-    installed = probe_module.Probe(str(tmp_path / "rank0.jsonl"), 0)
-    installed.install(torch)
+    installed = Probe(str(tmp_path / "rank0.jsonl"), 0)
+    hooks.install(installed, torch)
     yield installed
     for undo in reversed(installed.restore):
         undo()
@@ -78,8 +80,8 @@ def test_device_times_come_from_events_read_once_the_device_has_passed_them(tmp_
 
     monkeypatch.setenv(probe_module.DEVICE_EVENTS_ENV, "cpu")
     monkeypatch.setenv(probe_module.SYNC_DEVICE_ENV, "cpu")
-    probe = probe_module.Probe(str(tmp_path / "rank0.jsonl"), 0)
-    probe.install(torch)
+    probe = Probe(str(tmp_path / "rank0.jsonl"), 0)
+    hooks.install(probe, torch)
     try:
         model = nn.Sequential(nn.Linear(4, 64), nn.ReLU(), nn.Linear(64, 3))
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -153,7 +155,7 @@ def test_loader_workers_are_stopped_in_due_steps_and_every_batch_still_arrives(p
     model = nn.Linear(4, 3)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     loader = torch.utils.data.DataLoader(Augmented(), batch_size=8, num_workers=2, persistent_workers=True)
-    due = [probe_module.PAUSE_FIRST_STEP + 1 + k * probe_module.PAUSE_EVERY for k in range(probe_module.PAUSES)]
+    due = [workers.PAUSE_FIRST_STEP + 1 + k * workers.PAUSE_EVERY for k in range(workers.PAUSES)]
     due = [step for step in due if step <= 128]  # 2 epochs of 64 steps
     seen, states = [], {}
     for _ in range(2):
@@ -191,7 +193,7 @@ def test_a_batch_prepared_in_the_rank_leaves_every_random_stream_as_it_was():
 
     import numpy
 
-    pause = probe_module.WorkerPause()
+    pause = workers.WorkerPause()
 
     class Drawing(Augmented):
         def __getitem__(self, i):

@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from paratrain.doctor.causes import CAUSES
 from paratrain.doctor.checks import (
     RUN_CHECKS,
     batch_knee,
@@ -27,8 +28,10 @@ from paratrain.doctor.checks import (
 )
 from paratrain.doctor.evidence import RunEvidence, idle_fractions, read_run, system_samples
 from paratrain.doctor.finding import Finding
+from paratrain.doctor.ledger import unexplained
 from paratrain.doctor.script_checks import SCRIPT_CHECKS, probe_status
 from paratrain.errors import UsageError
+from paratrain.formatting import pct
 from paratrain.launch import probe_summary
 from paratrain.launch.probe_summary import PROBE_DIR
 from paratrain.runs import SCALING_FILE, SWEEP_FILE, RunDir
@@ -73,7 +76,7 @@ def diagnose_run(ev: RunEvidence) -> list[Finding]:
     # A probed script: its per-rank phases replace the monitor-based straggler guess; rank 0 working
     # alone after the last step (a final evaluation) is in no step, so the monitor still looks for it.
     checks = (
-        (contended, *SCRIPT_CHECKS, rank0_alone, first_epoch_overhead, idle_devices)
+        (contended, *SCRIPT_CHECKS, *CAUSES, rank0_alone, first_epoch_overhead, idle_devices)
         if ev.probe_ranks
         else (*RUN_CHECKS, probe_status)
     )
@@ -81,76 +84,110 @@ def diagnose_run(ev: RunEvidence) -> list[Finding]:
     for check in checks:
         if (f := check(ev)) is not None:
             findings.setdefault(f.check, f)  # the probe's figure before the monitor's, for one cause
-    return list(findings.values())
+    # What no finding accounts for is a finding too, with where the time went (doctor/ledger.py).
+    return [*findings.values(), *unexplained(ev, list(findings.values()))]
 
 
-# Problems that distort every other timing, fixed (or ruled out) first whatever their own saving:
-# oversubscribed ranks (torch's threads, or DataLoader workers, beyond their cores) slow every phase and
-# make ranks wait for each other; so does other work on the run's cores.
-ROOT_CAUSES = ("oversubscription", "loader_workers", "contended")
+# Problems that distort every other timing, fixed first whatever their own saving: oversubscribed ranks
+# (torch's threads, or DataLoader workers, beyond their cores) slow every phase and make ranks wait for
+# each other.
+ROOT_CAUSES = ("oversubscription", "loader_workers")
 # Then faults whose remedy is exact (the same training, no LR or batch change) and whose cost is counted
-# inside the all-reduce that other checks read: an all-reduce on every micro-step, and
-# find_unused_parameters (its used-parameter map is all-reduced every step, after the last bucket).
-# Until they are fixed, the exposed-communication and small-batch findings count their time too.
-EXACT_FIRST = ("no_sync_missing", "find_unused_parameters")
+# inside the all-reduce that other checks read: an all-reduce on every micro-step, find_unused_parameters
+# (its used-parameter map is all-reduced every step, after the last bucket), DDP's buckets far below their
+# default size. Until they are fixed, the exposed-communication and small-batch findings count their time too.
+EXACT_FIRST = ("no_sync_missing", "find_unused_parameters", "ddp_buckets")
 # Causes in the machine rather than the run (one core or device running the same work slower): no change
 # to the script or its flags removes them, and the next run may not meet them, so they come after the
 # run's own findings, whatever their saving.
 MACHINE_CAUSES = ("slow_rank",)
+# Findings read from time a rank spent waiting for others (an all-reduce, a straggler, a lone rank): other
+# work on the machine that deschedules one rank makes the others wait just the same, so on a contended
+# machine such a finding stands only where its share of the step is more than the contention could explain.
+# Findings of a rank's own work (its collections, its dtype, its data preparation, its recompute, its data
+# read twice) keep their rank: other work slows every phase alike, and leaves their shares as they are.
+WAITING = (
+    "exposed_communication",
+    "straggler",
+    "slow_rank",
+    "rank0_alone",
+    "host_sync_stalls",
+    "model_collectives",
+    "ddp_buckets",
+)
 
 
 def tempered(findings: Sequence[Finding]) -> list[Finding]:
-    """Timings taken while other work held the run's cores overstate waiting (a descheduled rank makes
-    its peers wait in the all-reduce, a busy core slows the loader): when the contention finding is
-    among them, no finding read from those timings is marked high. The contention finding, ranked
-    first, says to measure again on a quiet machine; the run's own misconfigurations keep theirs."""
-    if not any(f.check == "contended" for f in findings):
+    """On a contended machine (the `contended` finding is present) the contention is a caveat, not a mask:
+    a finding stands above it when contention cannot explain it (it is no waiting, or its share is larger
+    than the share of the cores other work took); the others rank after the caveat and are marked medium at
+    most. A waiting finding's gain gets a range: at the low end, the contention made as much of the wait as
+    it could (the saving less the other work's share, of the step without it)."""
+    caveat = next((f for f in findings if f.check == "contended"), None)
+    if caveat is None:
         return list(findings)
-    return [
-        replace(f, severity="medium") if f.severity == "high" and f.check not in ROOT_CAUSES else f for f in findings
-    ]
+    other = caveat.share or 0.0
+    out = []
+    for f in findings:
+        if f is caveat or f.saving is None:
+            out.append(f)
+            continue
+        if f.check not in WAITING:
+            out.append(replace(f, above_contention=True))
+            continue
+        stands = max(f.saving, f.share or 0.0) > other
+        low = 1 / (1 - max(0.0, f.saving - other) / (1 - other))
+        gain = f"{f.predicted_gain} (at least {low:.2f}x if other work's {pct(other)} of the cores made the rest)"
+        severity = f.severity if stands or f.severity != "high" else "medium"
+        out.append(replace(f, predicted_gain=gain, severity=severity, above_contention=stands))
+    return out
 
 
 def rank(findings: Sequence[Finding]) -> list[Finding]:
     """Root causes first, then exact remedies whose cost hides in the all-reduce, then the run's time
-    findings by predicted saving, largest first, then the machine's; then advice (accuracy, measurement)."""
+    findings by predicted saving, largest first (on a contended machine: those the contention cannot explain,
+    then the caveat, then the rest), then the machine's; then advice (accuracy, measurement)."""
     order = (*ROOT_CAUSES, *EXACT_FIRST)
 
-    def key(f: Finding) -> tuple[int, bool, float]:
+    def key(f: Finding) -> tuple[int, int, bool, float]:
         first = order.index(f.check) if f.check in order else len(order)
-        return first, f.check in MACHINE_CAUSES, -f.saving if f.saving is not None else 1.0
+        tier = 1 if f.check == "contended" else 0 if f.above_contention else 2
+        return first, tier, f.check in MACHINE_CAUSES, -f.saving if f.saving is not None else 1.0
 
     return sorted(findings, key=key)
 
 
 def verdict(findings: Sequence[Finding]) -> str:
     if not findings:
-        return "nothing to fix: no check found a problem"
+        return "nothing to fix: every phase of the step is accounted for"
     timed = [f for f in findings if f.saving is not None]
     top = findings[0]
+    caveat = next((f for f in findings if f.check == "contended"), None)
+    read = f"; read with care: {caveat.finding}" if caveat is not None and top is not caveat else ""
+    if top.check == "contended":
+        others = [f for f in timed if f is not top]
+        return f"read with care: {top.finding} (the timings below were measured in that state)" + (
+            f"; {len(others)} more problem(s) costing time below" if others else ""
+        )
     if top.check in ROOT_CAUSES:
         others = [f for f in timed if f is not top]
-        why = (
-            f"predicted: {top.predicted_gain.split(':')[0]}"
-            if top.saving is not None
-            else "the timings below were measured in that state"
-        )
-        first = "fix first" if top.saving is not None else "read with care"
-        return f"{first}: {top.finding} ({why})" + (
-            f"; {len(others)} more problem(s) costing time below" if others else ""
+        return (
+            f"fix first: {top.finding} (predicted: {top.predicted_gain.split(':')[0]})"
+            + (f"; {len(others)} more problem(s) costing time below" if others else "")
+            + read
         )
     if top.check in EXACT_FIRST and len(timed) > 1:
         return (
             f"{len(timed)} problem(s) costing time; fix first: {top.finding} (predicted: "
             f"{top.predicted_gain.split(':')[0]}): an exact remedy, and its cost is counted in the all-reduce "
-            "the findings below read"
+            "the findings below read" + read
         )
     if timed:
         return (
             f"{len(timed)} problem(s) costing time; the biggest: {timed[0].finding} "
-            f"(predicted: {timed[0].predicted_gain.split(':')[0]})"
+            f"(predicted: {timed[0].predicted_gain.split(':')[0]})" + read
         )
-    return f"no time to gain; {len(findings)} piece(s) of advice on accuracy or measurement below"
+    return f"no time to gain; {len(findings)} piece(s) of advice on accuracy or measurement below" + read
 
 
 def _study_findings(path: Path) -> list[Finding]:

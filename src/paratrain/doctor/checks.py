@@ -461,6 +461,7 @@ def contended(ev: RunEvidence) -> Finding | None:
         "unknown: the run's own speed could not be measured",
         None,
         "advice",
+        share=load.other_fraction or 0.0,
     )
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
@@ -19,10 +19,23 @@ class Finding:
     # When the remedy is a paratrain flag: the configuration changes it makes (rerun_command's), which
     # `doctor --verify` applies; None for a code change or advice.
     rerun: dict[str, Any] | None = None
+    # Where the time goes: the line of code, the layer or the setting that spends it.
+    where: str | None = None
+    # The measured share of the step the cause takes. Severity follows it where it is larger than the saving
+    # (a remedy whose size is unknown saves a bound, not less of the time).
+    share: float | None = None
+    # The gain is an upper bound ("up to 4.8x if data preparation were free"), not a prediction.
+    bound: bool = False
+    # Seconds per step of each probe phase this finding accounts for (doctor/ledger.py): what no finding
+    # accounts for is reported as unexplained.
+    explains: dict[str, float] = field(default_factory=dict)
+    # On a contended machine: whether the contention could not explain this finding (doctor.tempered), so
+    # it ranks above the contention caveat.
+    above_contention: bool = False
 
     def __post_init__(self) -> None:
         if not self.severity:
-            s = self.saving
+            s = self.saving if self.share is None or self.saving is None else max(self.saving, self.share)
             self.severity = "advice" if s is None else "high" if s >= 0.3 else "medium" if s >= 0.1 else "low"
 
     @property

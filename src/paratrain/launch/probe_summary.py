@@ -1,10 +1,11 @@
-"""The probe's files (RUN_DIR/probe/rank<R>.jsonl, written by launch/probe.py) as summary.json blocks.
+"""The probe's files (RUN_DIR/probe/rank<R>.jsonl, written by launch/probe/) as summary.json blocks.
 
 `breakdown` has the same five keys, in seconds per optimizer step, as a built-in run's, so one set
-of doctor checks reads both: compute is forward + backward, and evaluation and checkpoints, which
-a built-in run does between epochs, count as `other`. The `probe` block keeps what only the probe
-sees, per rank: every phase, the threads torch used, DataLoader workers, DDP's settings, samples
-and all-reduce rounds per step.
+of doctor checks reads both: compute is forward + backward (and checkpointing's recompute), and
+evaluation and checkpoints, which a built-in run does between epochs, count as `other`. The `probe`
+block keeps what only the probe sees, per rank: every phase, the threads torch used, DataLoader
+workers, DDP's settings, samples and all-reduce rounds per step, the facts of launch/probe/facts.py, and
+what the profiled steps' trace says (launch/trace_summary.py).
 
 Per-step figures are means over the steady steps, not medians: an evaluation or checkpoint every
 k steps is time the run spends, and the doctor's predicted gains are shares of that time.
@@ -16,10 +17,31 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from paratrain.launch.probe import DEVICE_PHASES, PHASES
+from paratrain.launch.probe import DEVICE_PHASES, PHASES, TRACE_FILE
+from paratrain.launch.trace_summary import summarise_file
 from paratrain.runs import json_records
 
 PROBE_DIR = "probe"
+# Per-step counts a rank's record gives as means over its steady steps (launch/probe/clock.py end_step).
+COUNTS = (
+    "samples",
+    "micro",
+    "rounds",
+    "buckets",
+    "bucket_bytes",
+    "inner_calls",
+    "inner_bytes",
+    "model_calls",
+    "model_comm_s",
+    "recomputes",
+    "syncs",
+    "gc_s",
+    "gc_n",
+    "compiles",
+    "compile_s",
+)
+BUCKET_LOGS = 8  # steps whose buckets were timed one by one, kept per rank
+GC_SITES = 3
 # Steps that pay for start-up (allocations, first kernels, DDP's bucket rebuild after the first
 # step) are left out, like a built-in run's first epoch: the first WARMUP_SHARE of the steps, and
 # at least WARMUP_MIN of them while as many remain.
@@ -52,10 +74,7 @@ def rank_record(rank: int, records: list[dict[str, Any]]) -> dict[str, Any]:
             step_s=wall / n,
             wall_s=wall,
             phases_s={p: sum(s.get(p, 0.0) for s in used) / n for p in PHASES},
-            samples_per_step=sum(s["samples"] for s in used) / n,
-            micro_per_step=sum(s["micro"] for s in used) / n,
-            rounds_per_step=sum(s["rounds"] for s in used) / n,
-            syncs_per_step=sum(s.get("syncs", 0) for s in used) / n,
+            **{f"{c}_per_step": sum(s.get(c, 0) for s in used) / n for c in COUNTS},
             sync_wait_s=sum(s.get("sync_wait", 0.0) for s in used) / n,
             data_cpu_s=sum(s["data_cpu"] for s in used) / n,
             eval_steps=sum(s["eval"] > 0 for s in used),
@@ -67,13 +86,40 @@ def rank_record(rank: int, records: list[dict[str, Any]]) -> dict[str, Any]:
         )
         out.update(device_record(records, {s["step"] for s in used}))
         out.update(worker_pause_record(steps, used))
+        out.update(gc_sites(used))
+        issuers: dict[str, int] = {}
+        for s in used:
+            for who, calls in s.get("model_issuers", {}).items():
+                issuers[who] = issuers.get(who, 0) + calls
+        if issuers:
+            out["model_issuers"] = [
+                [who, calls / n] for who, calls in sorted(issuers.items(), key=lambda kv: -kv[1])[:3]
+            ]
+        logs = [{"buckets": s["bucket_log"], "backward_s": s["backward_span"]} for s in used if s.get("bucket_log")]
+        if logs:
+            out["bucket_logs"] = logs[:BUCKET_LOGS]
     return out
+
+
+def gc_sites(used: list[dict[str, Any]]) -> dict[str, Any]:
+    """The code that triggered the steady steps' long collections, by seconds per step, the most first."""
+    total: dict[str, float] = {}
+    for s in used:
+        for where, seconds in s.get("gc_sites", {}).items():
+            total[where] = total.get(where, 0.0) + seconds
+    ranked = sorted(total.items(), key=lambda kv: -kv[1])[:GC_SITES]
+    return {"gc_sites": [[where, seconds / len(used)] for where, seconds in ranked]} if ranked else {}
 
 
 def used_steps(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The steady steps a rank's figures are means of. A step run with the loader workers stopped
-    (launch/probe.py WorkerPause) is the counterfactual, not the run: it is kept apart."""
-    return [s for s in steady([r for r in records if r.get("kind") == "step"]) if "loader_id" not in s]
+    (launch/probe/workers.py) is the counterfactual, not the run, and a profiled step runs slower
+    (launch/probe/window.py): both are kept apart."""
+    return [
+        s
+        for s in steady([r for r in records if r.get("kind") == "step"])
+        if "loader_id" not in s and not s.get("profiled")
+    ]
 
 
 def own_time_s(ranks_steps: list[list[dict[str, Any]]], phase: str) -> float | None:
@@ -83,7 +129,11 @@ def own_time_s(ranks_steps: list[list[dict[str, Any]]], phase: str) -> float | N
     machine, where any rank can lose its core for a while in any step, every rank's mean has waits in it (a
     healthy run then looked as if its all-reduce took a third of the step), and a barrier after rank 0's
     evaluation is all wait for the other ranks."""
-    by_step = [{s["step"]: s.get(phase, 0.0) for s in steps} for steps in ranks_steps]
+    # A layer's own collectives inside forward and backward are comm too, but not DDP's: they are taken out.
+    by_step = [
+        {s["step"]: s.get(phase, 0.0) - (s.get("model_comm_s", 0.0) if phase == "comm" else 0.0) for s in steps}
+        for steps in ranks_steps
+    ]
     common = set.intersection(*(set(steps) for steps in by_step)) if len(by_step) > 1 else set()
     if not common:
         return None
@@ -118,7 +168,7 @@ def worker_pause_record(steps: list[dict[str, Any]], used: list[dict[str, Any]])
 
 
 def device_record(records: list[dict[str, Any]], steps: set[int]) -> dict[str, Any]:
-    """The device's own time per steady step and phase (CUDA events: launch/probe.py DeviceTimeline)."""
+    """The device's own time per steady step and phase (CUDA events: launch/probe/device.py)."""
     device = [r for r in records if r.get("kind") == "device" and r["step"] in steps]
     if not device:
         return {}
@@ -151,6 +201,10 @@ def summarise(run_dir: Path) -> dict[str, Any]:
         return {"probe": {"status": "no data", "reason": "no rank wrote probe records (did the script import torch?)"}}
     records = [json_records(p) for p in files]
     ranks = [rank_record(int(p.stem[4:]), r) for p, r in zip(files, records, strict=True)]
+    for rank in ranks:
+        trace = summarise_file(run_dir / PROBE_DIR / TRACE_FILE.format(rank=rank["rank"]))
+        if trace is not None:
+            rank["trace"] = trace
     fell_back = [r for r in ranks if "fallback" in r]
     probe: dict[str, Any] = {"status": "on", "ranks": ranks}
     if fell_back:
@@ -177,7 +231,7 @@ def summarise(run_dir: Path) -> dict[str, Any]:
             probe[key] = own
     breakdown = {
         "data_s": phases["data"],
-        "compute_s": phases["forward"] + phases["backward"],
+        "compute_s": phases["forward"] + phases["backward"] + phases["recompute"],
         "comm_s": phases["comm"] + phases["collective"],
         "optimizer_s": phases["optimizer"],
         "other_s": phases["other"] + phases["eval"] + phases["checkpoint"],

@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from paratrain.errors import UsageError
+from paratrain.launch.probe import RUN_DIR_ENV
+from paratrain.launch.probe import command as probe_command
 from paratrain.measure.monitor import DEFAULT_HZ, SYSTEM_FILE, Monitor
 from paratrain.runs import RunDir
 from paratrain.script_client import PARAMS_ENV, REPORT_FILE_ENV
@@ -117,11 +119,9 @@ def visible_devices(gpus: Sequence[int], inherited: str | None) -> str:
 
 # -- what a trial runs ------------------------------------------------------------------------
 
-# The probe's file (launch/probe.py), found by path: importing paratrain.launch would import torch into the
-# sweep driver and the script trials' fork server, which stay light. A probed trial starts as launch's
-# ranks do (probe.command()): `python PROBE_FILE SCRIPT ARGS...`, its records in TRIAL_DIR/probe/.
-PROBE_FILE = Path(__file__).resolve().parents[1] / "launch" / "probe.py"
-PROBE_RUN_DIR_ENV = "PARATRAIN_RUN_DIR"  # launch/probe.py's RUN_DIR_ENV
+# A probed trial starts as launch's ranks do (probe.command(): `python -m paratrain.launch.probe SCRIPT
+# ARGS...`), its records in TRIAL_DIR/probe/. The probe package imports no torch, so neither do the sweep
+# driver and the script trials' fork server.
 
 
 @dataclass(frozen=True)
@@ -140,7 +140,7 @@ class ScriptCommand:
 
     def argv(self, params: dict[str, Any]) -> list[str]:
         if self.script.endswith(".py"):
-            prefix = [sys.executable, str(PROBE_FILE), self.script] if self.probe else [sys.executable, self.script]
+            prefix = probe_command(self.script) if self.probe else [sys.executable, self.script]
         else:
             prefix = [self.script]
         return prefix + list(self.args) + param_arguments(params, self.param_style)
@@ -252,7 +252,7 @@ class TrialProcess:
             env["CUDA_VISIBLE_DEVICES"] = visible_devices(slot.gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
         if isinstance(command, ScriptCommand):
             if command.probed:
-                env[PROBE_RUN_DIR_ENV] = str(trial_dir)
+                env[RUN_DIR_ENV] = str(trial_dir)
             what: Any = command.argv(params)
             (trial_dir / "command.txt").write_text(shlex.join(what) + "\n")
         else:

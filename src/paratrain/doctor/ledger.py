@@ -1,0 +1,104 @@
+"""The step's account: what the findings explain, phase by phase, and what is left.
+
+A step's time is the model's own work (forward, backward, recompute), communication, the optimizer, data
+loading, evaluation and checkpoints, and `other`: the script's Python between them. Each finding says which
+phase time it accounts for (`Finding.explains`). The model's work, its all-reduce and its optimizer step are
+the step's purpose; what no finding explains there is that work. `other` has no purpose of its own: what no
+finding explains there, and an optimizer step out of proportion, are reported as unexplained, with where the
+profiled steps spent them (the trace: launch/trace_summary.py). "Nothing to fix" is said only when every
+phase is accounted for this way.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+from paratrain.doctor.causes import trace_top
+from paratrain.doctor.evidence import RunEvidence
+from paratrain.doctor.finding import Finding
+from paratrain.formatting import ms, pct, speedup
+
+UNEXPLAINED_SHARE = 0.10  # time in `other` that no finding explains, of the step
+OPTIMIZER_SHARE = 0.25  # an optimizer step this large a share of the step is out of proportion
+PYTHON_SHARE = 0.15  # the user's own Python inside forward and backward (not operators), of the step
+
+
+def explained(findings: Sequence[Finding]) -> dict[str, float]:
+    """Seconds per step each phase's time is accounted for by the findings."""
+    out: dict[str, float] = {}
+    for f in findings:
+        for phase, seconds in f.explains.items():
+            out[phase] = out.get(phase, 0.0) + seconds
+    return out
+
+
+def _phase(ev: RunEvidence, phase: str) -> float:
+    return statistics.mean(r["phases_s"].get(phase, 0.0) for r in ev.probe_ranks)
+
+
+def _places(ev: RunEvidence, phase: str) -> tuple[str, str]:
+    """The profiled steps' largest entries of a phase: what ran, and where in the user's code."""
+    what = trace_top(ev, phase, "what")[:3]
+    where = trace_top(ev, phase, "where")[:2]
+    total = sum(s for _, s in trace_top(ev, phase, "what")) or 1.0
+    ran = ", ".join(f"{name} ({pct(s / total)})" for name, s in what)
+    return ran, ", ".join(name for name, _ in where)
+
+
+def unexplained(ev: RunEvidence, findings: Sequence[Finding]) -> list[Finding]:
+    """Time in a phase that should be small and that no finding explains, each with where it went."""
+    if not ev.probe_ranks:
+        return []
+    step = statistics.mean(r["step_s"] for r in ev.probe_ranks)
+    done = explained(findings)
+    out = []
+    left = {
+        "other": _phase(ev, "other") - done.get("other", 0.0),
+        "optimizer": _phase(ev, "optimizer") - done.get("optimizer", 0.0),
+    }
+    if left["other"] / step >= UNEXPLAINED_SHARE:
+        out.append(_unexplained(ev, "other", left["other"], step, "between the phases: the script's own Python"))
+    if left["optimizer"] / step >= OPTIMIZER_SHARE:
+        out.append(_unexplained(ev, "optimizer", left["optimizer"], step, "inside optimizer.step()"))
+    python = _user_python(ev)
+    if python / step >= PYTHON_SHARE:
+        out.append(_unexplained(ev, "forward", python, step, "in the user's own Python inside forward, not operators"))
+    return out
+
+
+def _user_python(ev: RunEvidence) -> float:
+    """Seconds per step the model's forward spent in the user's own Python functions' bytecode (not operators,
+    not torch's code), scaled from the profiled steps to the measured forward."""
+    from paratrain.launch.trace_summary import is_library
+
+    for r in ev.probe_ranks:
+        entry = (r.get("trace") or {}).get("phases", {}).get("forward")
+        if not entry or not entry.get("s"):
+            continue
+        own = sum(s for name, s in entry.get("what", []) if "(" in name and not is_library(name))
+        return own / entry["s"] * r["phases_s"]["forward"]
+    return 0.0
+
+
+def _unexplained(ev: RunEvidence, phase: str, seconds: float, step: float, what: str) -> Finding:
+    ran, where = _places(ev, phase)
+    share = seconds / step
+    return Finding(
+        f"unexplained_{phase}",
+        f"{pct(share)} of every step goes {what}, and no check explains it",
+        f"step {ms(step)}; {ms(seconds)} a step {what}"
+        + (f"; in the profiled steps: {ran}" if ran else "; no trace was recorded (the profiler was off or failed)")
+        + (f", called from {where}" if where else ""),
+        "time the step spends outside the model's own work, in code the doctor has no model for",
+        f"code change in {ev.config.get('script', 'the script')}: look at "
+        + (where or "the loop's code between optimizer steps")
+        + (f" ({ran.split(' (')[0]})" if ran else "")
+        + "; remove it from the step, do it less often, or move it out of the loop",
+        f"up to {speedup(share)} if that time were free (a bound)",
+        share,
+        where=where or None,
+        share=share,
+        bound=True,
+        explains={phase: seconds},
+    )

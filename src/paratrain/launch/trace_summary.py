@@ -1,0 +1,296 @@
+"""What the profiled steps' trace says (RUN_DIR/probe/trace-rank<R>.json.gz, launch/probe/window.py): where
+each phase's time went, in operators, Python functions, modules and lines of the user's code.
+
+The trace is torch.profiler's Chrome trace: on the rank's main thread, `python_function` events (every
+Python call, with its parent), `cpu_op` events (aten operators, with their input types and shapes) and
+`user_annotation` ranges, among them the probe's `paratrain:<phase>`; on gloo's threads, the collectives'
+own work. Every event on the main thread has an exclusive time (its duration less its children's), and
+every exclusive second is charged to:
+    the phase       the innermost `paratrain:` range around it (none: `other`)
+    what ran        an operator with its first input's dtype (`aten::mkldnn_convolution float`), a built-in
+                    function (`<built-in function collect>`), a Python function's own bytecode
+    where           the innermost frame of the user's own code above it (`train.py(41): <module>`), the
+                    module it ran in (`nn.Module: Sequential_0/Conv2d_1`)
+HolisticTraceAnalysis reads the same traces, but for GPU kernels (idle time, kernel breakdown, overlap of
+communication with computation): on a CPU trace its analyses have nothing to read, and it needs pandas.
+This reads what a CPU rank's trace holds, in the standard library only. Figures are per profiled step.
+"""
+
+from __future__ import annotations
+
+import bisect
+import gzip
+import importlib.util
+import itertools
+import json
+import re
+import sys
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+PREFIX = "paratrain:"
+TOP = 6  # entries kept per table
+MIN_SHARE = 0.01  # entries below this share of their phase are left out
+DTYPE_BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long int": 8, "int": 4}
+LIBRARY_ROOTS = ("torch", "paratrain", "functorch", "triton")
+
+
+@lru_cache(maxsize=4096)
+def is_library(name: str) -> bool:
+    """A Python function of a library (torch, an installed package, the standard library), not the user's
+    code: the trace names files relative to their sys.path entry, so the first part is a top-level module."""
+    if name.startswith("<") or name.startswith("nn.Module:"):
+        return True
+    first = name.split("(", 1)[0].split("/", 1)[0].removesuffix(".py")
+    if first in LIBRARY_ROOTS or first in sys.stdlib_module_names:
+        return True
+    try:
+        spec = importlib.util.find_spec(first)
+    except (ImportError, ValueError):
+        return False
+    origin = (spec and spec.origin) or ""
+    return "site-packages" in origin or "dist-packages" in origin or origin in ("built-in", "frozen")
+
+
+def _dtype(event: dict[str, Any]) -> str | None:
+    for kind in event.get("args", {}).get("Input type", []):
+        if kind in DTYPE_BYTES and kind not in ("long int", "int"):
+            return kind
+    return None
+
+
+ADDRESS = re.compile(r" of (?:pybind11_builtins\.\S+|\S+) object at 0x[0-9a-f]+| at 0x[0-9a-f]+")
+
+
+def _what(event: dict[str, Any]) -> str:
+    if event.get("cat") == "cpu_op":
+        dtype = _dtype(event)
+        return f"{event['name']} {dtype}" if dtype else event["name"]
+    return ADDRESS.sub("", event["name"])
+
+
+def _bytes(event: dict[str, Any]) -> int:
+    """Bytes of a collective's tensors, from its input dims and types."""
+    args = event.get("args", {})
+    total = 0
+    for dims, kind in zip(args.get("Input Dims", []), args.get("Input type", [])):
+        tensors = dims if dims and isinstance(dims[0], list) else [dims]
+        size = DTYPE_BYTES.get(kind, 4) if kind != "TensorList" else 4
+        for shape in tensors:
+            if shape:
+                n = 1
+                for d in shape:
+                    n *= d
+                total += n * size
+    return total
+
+
+def read_trace(path: Path) -> list[dict[str, Any]]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        return json.load(f).get("traceEvents", [])
+
+
+def summarise_trace(events: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Per profiled step: each phase's seconds, and the tables of what ran and where (see the module's doc).
+    None when the trace holds no probe phases (a script that never stepped inside the window)."""
+    timed = [e for e in events if e.get("ph") == "X" and "dur" in e and "ts" in e]
+    main = _main_thread(timed)
+    if main is None:
+        return None
+    mine = sorted((e for e in timed if e.get("tid") == main), key=lambda e: (e["ts"], -e["dur"]))
+    steps = sum(1 for e in mine if e["name"] == PREFIX + "optimizer")
+    if not steps:
+        return None
+    # The probe's phase ranges open in one hook and close in another, so they do not nest with the Python
+    # calls: they are laid out on their own, as a timeline of the innermost phase at each instant.
+    timeline = PhaseTimeline([e for e in mine if e["name"].startswith(PREFIX)])
+    calls = [e for e in mine if not e["name"].startswith(PREFIX)]
+    tables: dict[str, dict[str, dict[str, float]]] = {}
+    collectives: dict[tuple[str, str, str], list[float]] = {}
+
+    def charge(phase: str, seconds: float, event: dict[str, Any], ancestors: list[dict[str, Any]]) -> None:
+        table = tables.setdefault(phase, {"what": {}, "where": {}, "module": {}})
+        table["what"][_what(event)] = table["what"].get(_what(event), 0.0) + seconds
+        frames = [*ancestors, event]
+        where = next(
+            (a["name"] for a in reversed(frames) if a.get("cat") == "python_function" and not is_library(a["name"])),
+            None,
+        )
+        if where:
+            table["where"][where] = table["where"].get(where, 0.0) + seconds
+        modules = _modules(frames)
+        if modules:
+            table["module"][modules] = table["module"].get(modules, 0.0) + seconds
+
+    outside = [0.0]  # seconds before the first phase range or after the last: `other` too
+
+    def close(event: dict[str, Any], children: list[tuple[float, float]], ancestors: list[dict[str, Any]]) -> None:
+        begin, end = event["ts"], event["ts"] + event["dur"]
+        for a, b in _gaps(begin, end, children):
+            for phase, seconds in timeline.split(a, b):
+                charge(phase, seconds, event, ancestors)
+            outside[0] += (max(0.0, min(b, timeline.begin) - a) + max(0.0, b - max(a, timeline.end))) / 1e6
+        if event.get("cat") == "cpu_op" and event["name"].startswith("c10d::"):
+            phase = timeline.at(begin)
+            frames = [*ancestors, event]
+            issuer = _modules(frames).rsplit("/", 1)[-1] or next(
+                (
+                    a["name"]
+                    for a in reversed(frames)
+                    if a.get("cat") == "python_function" and not is_library(a["name"])
+                ),
+                "",
+            )
+            entry = collectives.setdefault((event["name"].removeprefix("c10d::").rstrip("_"), phase, issuer), [0, 0])
+            entry[0] += 1
+            entry[1] += _bytes(event)
+
+    stack: list[tuple[dict[str, Any], list[tuple[float, float]]]] = []  # open calls and their children's spans
+    for event in calls:
+        while stack and stack[-1][0]["ts"] + stack[-1][0]["dur"] <= event["ts"] + 1e-3:
+            done, children = stack.pop()
+            close(done, children, [s[0] for s in stack])
+        if stack:
+            parent_end = stack[-1][0]["ts"] + stack[-1][0]["dur"]
+            if event["ts"] + event["dur"] > parent_end:  # timestamps a little off: clip to the parent
+                event = {**event, "dur": parent_end - event["ts"]}
+            stack[-1][1].append((event["ts"], event["ts"] + event["dur"]))
+        stack.append((event, []))
+    while stack:
+        done, children = stack.pop()
+        close(done, children, [s[0] for s in stack])
+    phases = {}
+    totals = timeline.totals()
+    totals["other"] = totals.get("other", 0.0) + outside[0]
+    for phase, total in totals.items():
+        table = tables.get(phase, {"what": {}, "where": {}, "module": {}})
+        untraced = total - sum(table["what"].values())
+        if untraced > 0:
+            table["what"]["(no Python call or operator: C++ work, or waiting)"] = untraced
+        phases[phase] = {
+            "s": total / steps,
+            **{key: _top(table[key], total, steps) for key in ("what", "where", "module")},
+        }
+    return {
+        "steps": steps,
+        "phases": phases,
+        "dtypes_s": _dtype_seconds(calls, steps),
+        "collectives": [
+            {"name": name, "phase": phase, "issuer": issuer, "calls": n / steps, "bytes": size / steps}
+            for (name, phase, issuer), (n, size) in sorted(collectives.items(), key=lambda kv: -kv[1][0])
+        ][:TOP],
+        "link": _link(timed, main),
+    }
+
+
+class PhaseTimeline:
+    """The probe's nested phase ranges flattened into consecutive spans, each labelled with its innermost
+    phase; outside every range (between steps' phases) the phase is `other`. Times in the trace's µs."""
+
+    def __init__(self, ranges: list[dict[str, Any]]):
+        points = sorted({r["ts"] for r in ranges} | {r["ts"] + r["dur"] for r in ranges})
+        self.starts: list[float] = []
+        self.labels: list[str] = []
+        for a, b in itertools.pairwise(points):
+            middle = (a + b) / 2
+            inner = [r for r in ranges if r["ts"] <= middle < r["ts"] + r["dur"]]
+            label = max(inner, key=lambda r: r["ts"])["name"][len(PREFIX) :] if inner else "other"
+            self.starts.append(a)
+            self.labels.append(label)
+        self.end = points[-1] if points else 0.0
+        self.begin = points[0] if points else 0.0
+
+    def at(self, t: float) -> str:
+        i = bisect.bisect_right(self.starts, t) - 1
+        return self.labels[i] if 0 <= i and t < self.end else "other"
+
+    def split(self, a: float, b: float) -> list[tuple[str, float]]:
+        """Seconds of [a, b) in each phase."""
+        out: list[tuple[str, float]] = []
+        i = max(0, bisect.bisect_right(self.starts, a) - 1)
+        t = a
+        while t < b:
+            if t < self.begin or t >= self.end or i >= len(self.starts):
+                nxt = self.begin if t < self.begin else b
+                label = "other"
+            else:
+                nxt = self.starts[i + 1] if i + 1 < len(self.starts) else self.end
+                label = self.labels[i]
+                i += 1
+            nxt = min(max(nxt, t), b)
+            if nxt == t:
+                nxt = b
+            out.append((label, (nxt - t) / 1e6))
+            t = nxt
+        return out
+
+    def totals(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        bounds = [*self.starts, self.end]
+        for i, label in enumerate(self.labels):
+            out[label] = out.get(label, 0.0) + (bounds[i + 1] - bounds[i]) / 1e6
+        return out
+
+
+def _gaps(begin: float, end: float, children: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The parts of [begin, end) that no child covers: the event's own time."""
+    out, t = [], begin
+    for a, b in sorted(children):
+        if a > t:
+            out.append((t, a))
+        t = max(t, b)
+    if end > t:
+        out.append((t, end))
+    return out
+
+
+def _modules(frames: list[dict[str, Any]]) -> str:
+    return "/".join(a["name"].removeprefix("nn.Module: ") for a in frames if a["name"].startswith("nn.Module:"))
+
+
+def _main_thread(timed: list[dict[str, Any]]) -> Any:
+    """The thread that ran the probe's phases."""
+    counts: dict[Any, int] = {}
+    for e in timed:
+        if e["name"].startswith(PREFIX):
+            counts[e.get("tid")] = counts.get(e.get("tid"), 0) + 1
+    return max(counts, key=counts.get) if counts else None
+
+
+def _top(table: dict[str, float], total: float, steps: int) -> list[list[Any]]:
+    ranked = sorted(table.items(), key=lambda kv: -kv[1])
+    return [[name, round(s / steps, 6)] for name, s in ranked[:TOP] if total > 0 and s >= MIN_SHARE * total]
+
+
+def _dtype_seconds(mine: list[dict[str, Any]], steps: int) -> dict[str, float]:
+    """Seconds per step of the outermost operators, by their first floating input's dtype."""
+    out: dict[str, float] = {}
+    end = -1.0
+    for e in mine:
+        if e.get("cat") != "cpu_op" or e["ts"] < end:
+            continue  # nested inside the operator before it
+        end = e["ts"] + e["dur"]
+        dtype = _dtype(e)
+        if dtype:
+            out[dtype] = out.get(dtype, 0.0) + e["dur"] / 1e6 / steps
+    return {k: round(v, 6) for k, v in out.items()}
+
+
+def _link(timed: list[dict[str, Any]], main: Any) -> list[list[float]]:
+    """The collectives' own work on the backend's threads (gloo runs them there): [bytes, seconds] each, the
+    link's latency and bandwidth as this run met them."""
+    return [
+        [float(_bytes(e)), round(e["dur"] / 1e6, 6)]
+        for e in timed
+        if e.get("tid") != main and e["name"].startswith(("gloo:", "nccl:"))
+    ][:200]
+
+
+def summarise_file(path: Path) -> dict[str, Any] | None:
+    """The trace's summary, or None when the file is missing or unreadable (a rank killed mid-write)."""
+    try:
+        return summarise_trace(read_trace(path))
+    except (OSError, ValueError, EOFError, KeyError, TypeError):
+        return None

@@ -1,0 +1,318 @@
+"""The doctor's causes beyond the phase checks (doctor/causes.py), its account of the step (doctor/ledger.py)
+and the profiled steps' trace (launch/trace_summary.py), on hand-made records: each case is computed by hand,
+so a changed term or threshold fails it."""
+
+import gzip
+import json
+
+import pytest
+from test_formulas_doctor import probed_run
+
+from paratrain.doctor import diagnose
+from paratrain.doctor.causes import default_buckets, link_fit
+from paratrain.launch.trace_summary import PhaseTimeline, summarise_trace
+
+
+def findings(run):
+    return {f["check"]: f for f in diagnose(run)["findings"]}
+
+
+def step(phases, **extra):
+    return {"phases_s": phases, **extra}
+
+
+LOADER = {
+    "dataset": "Images",
+    "dataset_code": "data.py:12",
+    "iterable": False,
+    "length": 4096,
+    "sampler": "RandomSampler",
+    "sampler_replicas": None,
+    "batch_size": 32,
+    "batches_per_epoch": 128,
+    "workers": 0,
+    "world": 2,
+    "batches": 100,
+    "first_batch_sum": 1.5,
+    "dataset_sum": 0.25,
+}
+
+
+def test_duplicate_data_when_each_rank_reads_the_whole_dataset_and_not_when_sharded(tmp_path):
+    phases = {"forward": 0.02, "backward": 0.02, "comm": 0.005}
+    whole = probed_run(tmp_path / "whole", [step(phases, loaders=[LOADER])] * 2)
+    found = findings(whole)["duplicate_data"]
+    assert found["saving"] == pytest.approx(0.5)  # 2 ranks: an epoch in half the steps
+    assert found["where"] == "data.py:12" and "DistributedSampler" in found["remedy"]
+    sharded = {**LOADER, "sampler": "DistributedSampler", "sampler_replicas": 2, "batches_per_epoch": 64}
+    assert "duplicate_data" not in findings(probed_run(tmp_path / "sharded", [step(phases, loaders=[sharded])] * 2))
+    # a rank's own half of the indices (a SubsetRandomSampler per rank): each epoch reads half the dataset
+    halves = [
+        step(
+            phases,
+            loaders=[
+                {**LOADER, "sampler": "SubsetRandomSampler", "batches_per_epoch": 64, "first_batch_sum": float(i)}
+            ],
+        )
+        for i in range(2)
+    ]
+    assert "duplicate_data" not in findings(probed_run(tmp_path / "halves", halves))
+    # each rank its own shard (a Subset of other indices), read whole: its own dataset, not the same one
+    own = [step(phases, loaders=[{**LOADER, "dataset_sum": float(i), "first_batch_sum": float(i)}]) for i in range(2)]
+    assert "duplicate_data" not in findings(probed_run(tmp_path / "own", own))
+    # an iterable dataset has no length: the same first batch on every rank gives it away; different ones do not
+    stream = {**LOADER, "iterable": True, "length": None, "batches_per_epoch": None, "sampler": None}
+    same = probed_run(tmp_path / "same", [step(phases, loaders=[stream])] * 2)
+    assert "islice" in findings(same)["duplicate_data"]["remedy"]
+    apart = [step(phases, loaders=[{**stream, "first_batch_sum": float(i)}]) for i in range(2)]
+    assert "duplicate_data" not in findings(probed_run(tmp_path / "apart", apart))
+    # 4 ranks: each epoch in a quarter of the steps
+    four = probed_run(tmp_path / "four", [step(phases, loaders=[{**LOADER, "world": 4}])] * 4)
+    assert findings(four)["duplicate_data"]["saving"] == pytest.approx(0.75)
+
+
+def test_the_training_loader_is_the_one_that_fed_the_most_batches(tmp_path):
+    held_out = {**LOADER, "dataset": "TestImages", "batches": 5}
+    sharded = {**LOADER, "sampler": "DistributedSampler", "sampler_replicas": 2, "batches_per_epoch": 64}
+    run = probed_run(tmp_path / "r", [step({"forward": 0.02}, loaders=[held_out, sharded])] * 2)
+    assert "duplicate_data" not in findings(run)
+
+
+def test_garbage_collection_at_its_line_explicit_or_a_bound(tmp_path):
+    # 100 ms step, 40 ms of it collecting, triggered by an explicit gc.collect()
+    phases = {"forward": 0.03, "backward": 0.02, "other": 0.05}
+    explicit = [
+        step(phases, gc_s_per_step=0.04, gc_n_per_step=1, gc_sites=[["train.py:40 (<module>): gc.collect()", 0.04]])
+    ]
+    found = findings(probed_run(tmp_path / "explicit", explicit * 2))["garbage_collection"]
+    assert found["saving"] == pytest.approx(0.4) and not found["bound"]
+    assert "remove the gc.collect() at train.py:40" in found["remedy"]
+    assert found["explains"] == {"other": pytest.approx(0.04)}
+    automatic = [step(phases, gc_s_per_step=0.04, gc_sites=[["model.py:9 (forward): h = [x]", 0.04]])]
+    found = findings(probed_run(tmp_path / "auto", automatic * 2))["garbage_collection"]
+    assert found["bound"] and "gc.freeze()" in found["remedy"] and "model.py:9" in found["remedy"]
+    small = [step(phases, gc_s_per_step=0.004)]  # 4 % of the step: below the 5 % line
+    assert "garbage_collection" not in findings(probed_run(tmp_path / "small", small * 2))
+
+
+def test_float64_from_the_layers_measured_ratio_and_half_the_optimizers_bytes(tmp_path):
+    # forward 30 + backward 50 ms at a measured 4x, optimizer 10 ms: saved 80 x 3/4 + 10 / 2 = 65 of 100 ms
+    phases = {"forward": 0.03, "backward": 0.05, "optimizer": 0.01, "other": 0.01}
+    rank = step(phases, float64_penalty=4.0, param_dtypes={"float64": 1000}, input_dtypes=["float64"])
+    found = findings(probed_run(tmp_path / "f64", [rank] * 2))["float64"]
+    assert found["saving"] == pytest.approx(0.65)
+    assert ".double()" in found["remedy"] and "float32" in found["remedy"]
+    same = step(phases, float64_penalty=1.0, param_dtypes={"float64": 1000})  # 1x: only the optimizer's 5 %
+    assert findings(probed_run(tmp_path / "same", [same] * 2))["float64"]["saving"] == pytest.approx(0.05)
+
+
+def test_needless_recompute_only_far_from_the_memory_limit(tmp_path):
+    phases = {"forward": 0.03, "backward": 0.04, "recompute": 0.02, "comm": 0.01}
+    roomy = step(phases, peak_memory_bytes=2 * 2**30, memory_limit_bytes=16 * 2**30, recomputes_per_step=8)
+    found = findings(probed_run(tmp_path / "roomy", [roomy] * 2))["needless_recompute"]
+    assert found["saving"] == pytest.approx(0.2) and found["explains"] == {"recompute": pytest.approx(0.02)}
+    tight = {**roomy, "peak_memory_bytes": 9 * 2**30}  # over half the limit: checkpointing may be needed
+    assert "needless_recompute" not in findings(probed_run(tmp_path / "tight", [tight] * 2))
+
+
+def test_model_collectives_by_their_issuer_with_the_batch_norm_remedy_at_a_large_enough_batch(tmp_path):
+    phases = {"forward": 0.03, "backward": 0.03, "comm": 0.04}
+    issuers = [["SyncBN (model.py:20)", 12.0], ["_AllReduce.backward (functional.py:535)", 12.0]]
+    rank = step(phases, model_comm_s_per_step=0.03, model_calls_per_step=24, model_issuers=issuers, samples_per_step=32)
+    found = findings(probed_run(tmp_path / "bn", [rank] * 2))["model_collectives"]
+    assert found["saving"] == pytest.approx(0.3) and found["where"] == "SyncBN (model.py:20)"
+    assert "nn.BatchNorm2d" in found["remedy"]
+    small = {**rank, "samples_per_step": 4}  # 4 samples a rank: the statistics need the other ranks
+    assert "BatchNorm2d" not in findings(probed_run(tmp_path / "small", [small] * 2))["model_collectives"]["remedy"]
+    other = {**rank, "model_issuers": [["Router (moe.py:5)", 24.0]]}
+    assert "less often" in findings(probed_run(tmp_path / "moe", [other] * 2))["model_collectives"]["remedy"]
+
+
+def test_default_buckets_and_the_link_fitted_to_the_least_time_per_size():
+    assert default_buckets(0.5 * 2**20) == 1  # all in the first, 1 MiB bucket
+    assert default_buckets(2**20 + 1) == 2
+    assert default_buckets(26 * 2**20) == 2
+    assert default_buckets(26 * 2**20 + 1) == 3
+
+    class Ev:
+        def __init__(self, links):
+            self.probe_ranks = [{"trace": {"link": link}} for link in links]
+
+    # minima per size: 1 MB in 2 ms, 3 MB in 4 ms: 1 ms latency and 1 ms per MB (1 GB/s); waits ignored
+    latency, bandwidth = link_fit(Ev([[[1e6, 0.002], [3e6, 0.009]], [[1e6, 0.005], [3e6, 0.004]]]))
+    assert latency == pytest.approx(0.001) and bandwidth == pytest.approx(1e9)
+    latency, bandwidth = link_fit(Ev([[[5e4, 0.0011], [5e4, 0.003]]]))  # one size: its least time, less 1 GB/s
+    assert latency == pytest.approx(0.0011 - 5e4 / 1e9) and bandwidth == 1e9
+
+
+def test_ddp_buckets_shrink_the_exposed_all_reduce_by_the_calls_it_saves(tmp_path):
+    # 2 MiB of gradients in 26 buckets a step (default: 2), 60 ms exposed of a 100 ms step. The link: one size
+    # of 80 kB at 1.08 ms: latency 1.0 ms at 1 GB/s. Now 26 x 1 + 2.097 ms, with the default 2 x 1 + 2.097:
+    # exposed 60 x (1 - 4.097 / 28.097) = 51.25 ms saved.
+    phases = {"forward": 0.01, "backward": 0.03, "comm": 0.06}
+    rank = step(
+        phases, buckets_per_step=26, gradient_bytes=2**21, bucket_cap_bytes=10485, trace={"link": [[8e4, 0.00108]]}
+    )
+    found = findings(probed_run(tmp_path / "tiny", [rank] * 2))["ddp_buckets"]
+    now, then = 26 * 0.001 + 2**21 / 1e9, 2 * 0.001 + 2**21 / 1e9
+    assert found["saving"] == pytest.approx(0.06 * (1 - then / now) / 0.1)
+    assert "bucket_cap_mb" in found["remedy"]
+    normal = {**rank, "buckets_per_step": 2}
+    assert "ddp_buckets" not in findings(probed_run(tmp_path / "normal", [normal] * 2))
+
+
+def test_data_preparation_on_full_cores_is_a_bound_and_silent_with_cores_to_spare(tmp_path):
+    phases = {"data": 0.06, "forward": 0.02, "backward": 0.02}
+    full = step(phases, data_cpu_s=0.05, loaders=[{**LOADER, "dataset_code": "data.py:30"}])
+    found = findings(probed_run(tmp_path / "full", [full] * 2))["data_preparation"]
+    assert found["saving"] == pytest.approx(0.5) and found["bound"]
+    assert found["predicted_gain"].startswith("up to 2.00x") and "data.py:30" in found["remedy"]
+    spare = {**full, "cpu_affinity": 2}  # a core beside torch's one thread: loader workers can hide it
+    assert "data_preparation" not in findings(probed_run(tmp_path / "spare", [spare] * 2))
+
+
+def test_recompilation_in_the_steady_steps(tmp_path):
+    phases = {"forward": 0.08, "backward": 0.02}
+    rank = step(phases, compiles_per_step=1.0, compile_s_per_step=0.05, compiled_frames=40, graph_breaks=0)
+    found = findings(probed_run(tmp_path / "re", [rank] * 2))["recompilation"]
+    assert found["saving"] == pytest.approx(0.5) and "mark_dynamic" in found["remedy"]
+    settled = {**rank, "compiles_per_step": 0.0, "compile_s_per_step": 0.0}
+    assert "recompilation" not in findings(probed_run(tmp_path / "settled", [settled] * 2))
+
+
+def trace_events(phases, calls, tid=1):
+    """A trace's events: the probe's phase ranges [(phase, start µs, end µs)] and calls [(cat, name, start,
+    end)] on one thread."""
+    out = [
+        {"ph": "X", "cat": "user_annotation", "name": f"paratrain:{p}", "ts": a, "dur": b - a, "tid": tid}
+        for p, a, b in phases
+    ]
+    out += [
+        {"ph": "X", "cat": cat, "name": name, "ts": a, "dur": b - a, "tid": tid, "args": {}}
+        for cat, name, a, b in calls
+    ]
+    return out
+
+
+def test_a_trace_charges_each_exclusive_microsecond_to_its_phase_what_and_where():
+    # One step: forward 0-100 µs, backward 100-250, optimizer 250-300, then 300-400 in no phase (other).
+    # The script's <module> runs throughout; forward's op runs 10-90 inside model.py's forward; a
+    # gc.collect() takes 310-390 in the loop.
+    phases = [("forward", 0, 100), ("backward", 100, 250), ("optimizer", 250, 300)]
+    calls = [
+        ("python_function", "train.py(10): <module>", 0, 400),
+        ("python_function", "model.py(5): forward", 5, 95),
+        ("cpu_op", "aten::addmm", 10, 90),
+        ("cpu_op", "autograd::engine", 110, 240),
+        ("python_function", "<built-in function collect>", 310, 390),
+    ]
+    summary = summarise_trace(trace_events(phases, calls))
+    p = summary["phases"]
+    assert summary["steps"] == 1
+    assert p["forward"]["s"] == pytest.approx(100e-6)
+    assert dict(p["forward"]["what"])["aten::addmm"] == pytest.approx(80e-6)
+    # model.py's own 10 µs (5-10, 90-95) and <module>'s 10 (0-5, 95-100): all under user frames
+    assert dict(p["forward"]["where"]) == {
+        "model.py(5): forward": pytest.approx(90e-6),
+        "train.py(10): <module>": pytest.approx(10e-6),
+    }
+    assert dict(p["other"]["what"])["<built-in function collect>"] == pytest.approx(80e-6)
+    assert p["other"]["s"] == pytest.approx(100e-6)  # 300-400: after the last phase
+    assert dict(p["backward"]["what"])["autograd::engine"] == pytest.approx(130e-6)
+
+
+def test_phase_ranges_flatten_to_the_innermost_phase():
+    ranges = [
+        {"name": "paratrain:backward", "ts": 0, "dur": 100},
+        {"name": "paratrain:recompute", "ts": 20, "dur": 30},
+        {"name": "paratrain:comm", "ts": 80, "dur": 20},
+    ]
+    timeline = PhaseTimeline(ranges)
+    assert timeline.totals() == pytest.approx({"backward": 50e-6, "recompute": 30e-6, "comm": 20e-6})
+    assert timeline.at(25) == "recompute" and timeline.at(60) == "backward" and timeline.at(150) == "other"
+    split = timeline.split(10, 120)
+    assert [label for label, _ in split] == ["backward", "recompute", "backward", "comm", "other"]
+    assert [seconds for _, seconds in split] == pytest.approx([10e-6, 30e-6, 30e-6, 20e-6, 20e-6])
+
+
+def test_collectives_their_issuing_module_bytes_and_the_links_own_times(tmp_path):
+    phases = [("forward", 0, 100), ("optimizer", 100, 110)]
+    calls = [
+        ("python_function", "nn.Module: Net_0", 0, 100),
+        ("python_function", "nn.Module: SyncBN_0", 10, 60),
+        ("cpu_op", "c10d::allreduce_", 20, 30),
+    ]
+    events = trace_events(phases, calls)
+    events[-1]["args"] = {"Input Dims": [[[16]]], "Input type": ["TensorList"]}
+    events.append(
+        {
+            "ph": "X",
+            "cat": "user_annotation",
+            "name": "gloo:all_reduce",
+            "ts": 21,
+            "dur": 500,
+            "tid": 7,
+            "args": {"Input Dims": [[16]], "Input type": ["float"]},
+        }
+    )
+    summary = summarise_trace(events)
+    assert summary["collectives"] == [
+        {"name": "allreduce", "phase": "forward", "issuer": "SyncBN_0", "calls": 1.0, "bytes": 64.0}
+    ]
+    assert summary["link"] == [[64.0, 0.0005]]
+    assert dict(summary["phases"]["forward"]["module"])["Net_0/SyncBN_0/c10d::allreduce_".rsplit("/", 1)[0]] > 0
+    path = tmp_path / "trace.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    from paratrain.launch.trace_summary import summarise_file
+
+    assert summarise_file(path) == summary
+    assert summarise_file(tmp_path / "missing.json.gz") is None
+
+
+def test_unexplained_time_in_other_is_a_finding_with_where_it_went_and_a_bound(tmp_path):
+    # 100 ms step: 30 ms in `other` that nothing explains; the trace says json.dumps from log.py
+    trace = {
+        "phases": {
+            "other": {
+                "s": 0.03,
+                "what": [["json/__init__.py(183): dumps", 0.02], ["aten::copy_", 0.01]],
+                "where": [["log.py(7): write_metrics", 0.03]],
+                "module": [],
+            }
+        }
+    }
+    rank = step({"forward": 0.04, "backward": 0.03, "other": 0.03}, trace=trace)
+    found = findings(probed_run(tmp_path / "left", [rank] * 2))["unexplained_other"]
+    assert found["saving"] == pytest.approx(0.3) and found["bound"]
+    assert "log.py(7): write_metrics" in found["remedy"] and "dumps" in found["evidence"]
+    assert found["predicted_gain"].startswith("up to 1.43x")
+    # the same 30 ms explained by the collections of a gc.collect(): no unexplained finding
+    explained = {**rank, "gc_s_per_step": 0.03, "gc_sites": [["train.py:3 (<module>): gc.collect()", 0.03]]}
+    assert "unexplained_other" not in findings(probed_run(tmp_path / "explained", [explained] * 2))
+    small = step({"forward": 0.06, "backward": 0.03, "other": 0.009})
+    assert not [c for c in findings(probed_run(tmp_path / "small", [small] * 2)) if c.startswith("unexplained")]
+
+
+def test_an_optimizer_out_of_proportion_and_python_in_forward_are_unexplained(tmp_path):
+    trace = {
+        "phases": {
+            "forward": {
+                "s": 0.05,
+                "what": [["model.py(12): forward", 0.03], ["aten::mm", 0.02]],
+                "where": [],
+                "module": [],
+            }
+        }
+    }
+    rank = step({"forward": 0.05, "backward": 0.02, "optimizer": 0.03}, trace=trace)
+    found = findings(probed_run(tmp_path / "r", [rank] * 2))
+    assert found["unexplained_optimizer"]["saving"] == pytest.approx(0.3)
+    # 3/5 of forward's 50 ms is model.py's own bytecode: 30 ms of a 100 ms step
+    assert found["unexplained_forward"]["saving"] == pytest.approx(0.3)
+
+
+def test_a_healthy_account_says_every_phase_is_accounted_for(tmp_path):
+    rank = step({"data": 0.001, "forward": 0.05, "backward": 0.04, "comm": 0.002, "optimizer": 0.003, "other": 0.004})
+    result = diagnose(probed_run(tmp_path / "ok", [rank] * 2))
+    assert result["findings"] == [] and result["verdict"] == "nothing to fix: every phase of the step is accounted for"
