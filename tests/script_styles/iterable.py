@@ -1,0 +1,156 @@
+"""Style: an IterableDataset that shards its own stream by rank, in a plain DDP loop (no paratrain import).
+
+The dataset reads RANK and WORLD_SIZE from the environment (and torch.utils.data.get_worker_info() for DataLoader
+workers) and yields every world-th sample of a per-epoch shuffled stream; a DataLoader with batch_size batches it
+(no sampler: an IterableDataset takes none). Small CNN on synthetic 3x32x32 images, 10 classes, DDP, SGD.
+
+Flags:
+  --steps N         optimizer steps to run (default 40)
+  --batch-size B    samples per rank per step (default 16)
+  --samples S       dataset length (default 2048)
+  --fault LIST      comma-separated planted faults (default none, healthy):
+                      gc          gc.collect() on every training step
+                      decode      __iter__ decodes a 192x192 PNG from memory with PIL (one of 32 random-noise PNGs
+                                  encoded at start-up) and resizes it to 32x32, ~1 ms a sample, num_workers=0;
+                                  healthy, it reads a tensor kept in memory
+                      float64     model and inputs in float64
+                      no_sampler  the dataset does not shard by rank: every rank iterates the whole stream
+
+Prints on rank 0 at the end: `SAMPLES_PER_STEP <n>` and `STEPS <n>`.
+
+Run:
+  paratrain launch -n 2 --run-dir DIR tests/script_styles/iterable.py --steps 20 --fault gc,decode
+  OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node 2 tests/script_styles/iterable.py --steps 10
+"""
+
+import argparse
+import gc
+import io
+import os
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from PIL import Image
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+FAULTS = ("gc", "decode", "float64", "no_sampler")
+PNG_SIZE, PNG_POOL = 192, 32
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description="IterableDataset sharded by rank, DDP training loop")
+    p.add_argument("--steps", type=int, default=40, help="optimizer steps to run")
+    p.add_argument("--batch-size", type=int, default=16, help="samples per rank per step")
+    p.add_argument("--samples", type=int, default=2048, help="dataset length")
+    p.add_argument("--fault", default="", help="comma-separated faults: " + ", ".join(FAULTS))
+    args = p.parse_args()
+    args.faults = {f for f in args.fault.split(",") if f}
+    if args.faults - set(FAULTS):
+        p.error(f"unknown fault(s) {sorted(args.faults - set(FAULTS))}; known: {', '.join(FAULTS)}")
+    return args
+
+
+def encode_pngs(n, size):
+    """A pool of random-noise PNGs, encoded once at start-up."""
+    rng = np.random.default_rng(0)
+    pngs = []
+    for _ in range(n):
+        buf = io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).save(buf, format="PNG")
+        pngs.append(buf.getvalue())
+    return pngs
+
+
+def decode_png(png):
+    img = Image.open(io.BytesIO(png)).convert("RGB").resize((32, 32), Image.BILINEAR)
+    return torch.from_numpy(np.array(img)).permute(2, 0, 1).float().div_(255)
+
+
+class ImageStream(IterableDataset):
+    """A stream of synthetic images, reshuffled every epoch (every call of __iter__), sharded by rank and worker."""
+
+    def __init__(self, n, decode=False, shard=True):
+        g = torch.Generator().manual_seed(0)
+        self.n, self.decode, self.shard, self.epoch = n, decode, shard, 0
+        self.labels = torch.randint(0, 10, (n,), generator=g)
+        if decode:
+            self.pngs = encode_pngs(PNG_POOL, PNG_SIZE)
+        else:
+            self.images = torch.randn(n, 3, 32, 32, generator=g)
+
+    def __iter__(self):
+        order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.epoch))
+        self.epoch += 1
+        if self.shard:
+            rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+            order = order[rank::world]
+        worker = get_worker_info()
+        if worker is not None:
+            order = order[worker.id :: worker.num_workers]
+        for i in order.tolist():
+            x = decode_png(self.pngs[i % len(self.pngs)]) if self.decode else self.images[i]
+            yield x, self.labels[i]
+
+
+def make_model():
+    return nn.Sequential(
+        nn.Conv2d(3, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(64 * 8 * 8, 128),
+        nn.ReLU(),
+        nn.Linear(128, 10),
+    )
+
+
+def main():
+    args = parse_args()
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    float64 = "float64" in args.faults
+
+    dataset = ImageStream(args.samples, decode="decode" in args.faults, shard="no_sampler" not in args.faults)
+    loader = DataLoader(dataset, batch_size=args.batch_size, drop_last=True)
+
+    model = make_model()
+    if float64:
+        model = model.double()
+    model = DDP(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+    step = 0
+    while step < args.steps:
+        steps_before = step
+        for x, y in loader:
+            if "gc" in args.faults:
+                gc.collect()
+            if float64:
+                x = x.double()
+            optimizer.zero_grad(set_to_none=True)
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+            step += 1
+            if step >= args.steps:
+                break
+        if step == steps_before:
+            raise SystemExit(f"--samples {args.samples} gives no full batch of {args.batch_size} per rank")
+
+    if rank == 0:
+        print(f"SAMPLES_PER_STEP {args.batch_size}", flush=True)
+        print(f"STEPS {step}", flush=True)
+    del model, optimizer
+    gc.collect()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
