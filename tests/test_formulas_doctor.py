@@ -57,6 +57,7 @@ def probed_run(tmp_path, ranks, config=None, probe=None):
 
 
 def test_predicted_gains_of_the_probed_checks_by_hand(tmp_path):
+    from paratrain.doctor import rank_checks as rc
     from paratrain.doctor import script_checks as sc
     from paratrain.doctor.evidence import read_run
 
@@ -98,7 +99,7 @@ def test_predicted_gains_of_the_probed_checks_by_hand(tmp_path):
     ev = read_run(
         probed_run(tmp_path / "d", [{"phases_s": {"forward": 0.05, "comm": 0.03}}, {"phases_s": {"forward": 0.08}}])
     )
-    assert sc.straggler(ev).saving == pytest.approx(0.03 / 0.08)
+    assert rc.straggler(ev).saving == pytest.approx(0.03 / 0.08)
     # the waiting rank ran its forward slower (60 ms against the straggler's 40): with equal work each phase
     # takes the fastest rank's time, 40 ms, plus the all-reduce's own 5 ms (the straggler's comm), against the
     # mean step of 98 ms.
@@ -111,12 +112,12 @@ def test_predicted_gains_of_the_probed_checks_by_hand(tmp_path):
             ],
         )
     )
-    assert sc.straggler(ev).saving == pytest.approx(1 - 0.045 / 0.098)
+    assert rc.straggler(ev).saving == pytest.approx(1 - 0.045 / 0.098)
     # the same with the probe's step-by-step all-reduce, 3 ms: 43 ms against 98
     d2 = json.loads((tmp_path / "d2" / "summary.json").read_text())
     d2["probe"]["all_reduce_s"] = 0.003
     (tmp_path / "d2" / "summary.json").write_text(json.dumps(d2))
-    assert sc.straggler(read_run(tmp_path / "d2")).saving == pytest.approx(1 - 0.043 / 0.098)
+    assert rc.straggler(read_run(tmp_path / "d2")).saving == pytest.approx(1 - 0.043 / 0.098)
     # ...but not when the other rank's own evaluation or checkpoint (here 12 ms of saving, against an excess of
     # 6 ms) explains why the waiting rank ran cold: the checkpoint check names that cause.
     ev = read_run(
@@ -128,7 +129,7 @@ def test_predicted_gains_of_the_probed_checks_by_hand(tmp_path):
             ],
         )
     )
-    assert sc.straggler(ev) is None
+    assert rc.straggler(ev) is None
     # rank 1 runs the same batch with forward (50 ms against 40) and backward (100 against 80) both 1.25x
     # slower: a slower core, not more work. The same model predicts the gain (40 + 80 + 5 ms of rank 1's
     # comm against the step of 155 ms); it is named slow_rank and ranked after the run's own findings.
@@ -141,7 +142,7 @@ def test_predicted_gains_of_the_probed_checks_by_hand(tmp_path):
             ],
         )
     )
-    slow = sc.straggler(ev)
+    slow = rc.straggler(ev)
     assert slow.check == "slow_rank" and "1.25x slower" in slow.finding
     assert slow.saving == pytest.approx(1 - 0.125 / 0.155)
     from paratrain.doctor import rank
@@ -160,7 +161,7 @@ def test_predicted_gains_of_the_probed_checks_by_hand(tmp_path):
                 [{"phases_s": {"forward": 0.04, "backward": 0.08, "comm": 0.035}, "samples_per_step": 32.0}, extra],
             )
         )
-        assert sc.straggler(ev).check == "straggler", name
+        assert rc.straggler(ev).check == "straggler", name
     # rank 0 evaluates 40 ms a step alone on 2 ranks: sharded, half of it goes -> 20/100.
     ev = read_run(
         probed_run(
@@ -407,7 +408,9 @@ def test_the_step_breakdown_in_the_evidence_and_the_code_change_remedy(tmp_path)
 
 
 def test_no_probed_check_speaks_without_a_working_probe(tmp_path):
+    from paratrain.doctor import rank_checks as rc
     from paratrain.doctor import script_checks as sc
+    from paratrain.doctor.causes import CAUSES
 
     # a probe that fell back has no per-rank figures: every check is silent (none divides by a zero step)
     ev = probed(
@@ -423,7 +426,8 @@ def test_no_probed_check_speaks_without_a_working_probe(tmp_path):
         * 2,
         status="fell back",
     )
-    assert [check(ev) for check in sc.SCRIPT_CHECKS] == [None] * len(sc.SCRIPT_CHECKS)
+    checks = (*sc.SCRIPT_CHECKS, *rc.RANK_CHECKS, *CAUSES)
+    assert [check(ev) for check in checks] == [None] * len(checks)
 
 
 def test_probe_status_says_what_the_diagnosis_rests_on(tmp_path):
@@ -766,10 +770,10 @@ def test_checkpoints_every_ten_times_rarer_or_every_100_steps_and_the_line(tmp_p
 
 
 def test_straggler_lines_and_when_it_is_silent(tmp_path):
-    from paratrain.doctor import script_checks as sc
+    from paratrain.doctor import rank_checks as rc
 
     def straggler(name, ranks):
-        return sc.straggler(probed(tmp_path, name, ranks))
+        return rc.straggler(probed(tmp_path, name, ranks))
 
     # rank 1 busy 600 ms against 500: exactly 1.2x, named. The step is 600 ms; with equal work 500 ms of forward
     # and no all-reduce of its own (rank 1's comm is 0) -> 1 - 500/600
@@ -807,15 +811,15 @@ def test_straggler_lines_and_when_it_is_silent(tmp_path):
 
 
 def test_slow_rank_samples_and_the_same_work_lines(tmp_path):
-    from paratrain.doctor import script_checks as sc
+    from paratrain.doctor import rank_checks as rc
 
     fast = {"phases_s": {"forward": 0.04, "backward": 0.08, "comm": 0.035}}
     slow = {"phases_s": {"forward": 0.05, "backward": 0.10, "comm": 0.005}}
     # forward and backward both 1.25x slower: the same work on a slower core even where the probe recorded no
     # samples (none on either rank is the same)...
-    assert sc.straggler(probed(tmp_path, "a", [fast, slow])).check == "slow_rank"
+    assert rc.straggler(probed(tmp_path, "a", [fast, slow])).check == "slow_rank"
     # ...and with 101 samples against 100, within 1 %
-    found = sc.straggler(
+    found = rc.straggler(
         probed(tmp_path, "b", [{**fast, "samples_per_step": 100.0}, {**slow, "samples_per_step": 101.0}])
     )
     assert found.check == "slow_rank"
@@ -827,23 +831,23 @@ def test_slow_rank_samples_and_the_same_work_lines(tmp_path):
         }
 
     # forward 1.25x and backward 1.0x: exactly the 1.25 spread allowed -> their mean, 1.125
-    assert sc._same_work_slower([rank(forward=0.5, backward=1.0), rank(forward=0.625, backward=1.0)], 1) == 1.125
+    assert rc._same_work_slower([rank(forward=0.5, backward=1.0), rank(forward=0.625, backward=1.0)], 1) == 1.125
     # 1.5 s of the 4.5 s excess in data, 3 s in forward and backward (both 1.5x): exactly 2/3 in compute -> 1.5
-    assert sc._same_work_slower([rank(forward=2.0, backward=4.0), rank(data=1.5, forward=3.0, backward=6.0)], 1) == 1.5
+    assert rc._same_work_slower([rank(forward=2.0, backward=4.0), rank(data=1.5, forward=3.0, backward=6.0)], 1) == 1.5
     # the excess in the loop's own Python ("other", where rank-specific work lands) is no slower core
-    assert sc._same_work_slower([rank(forward=2.0, backward=4.0), rank(other=1.5, forward=3.0, backward=6.0)], 1) == 1.5
+    assert rc._same_work_slower([rank(forward=2.0, backward=4.0), rank(other=1.5, forward=3.0, backward=6.0)], 1) == 1.5
     assert (
-        sc._same_work_slower([rank(forward=2.0, backward=4.0), rank(other=3.1, forward=3.0, backward=6.0)], 1) is None
+        rc._same_work_slower([rank(forward=2.0, backward=4.0), rank(other=3.1, forward=3.0, backward=6.0)], 1) is None
     )
     # no excess at all: not a slower rank
-    assert sc._same_work_slower([rank(forward=0.5, backward=1.0), rank(forward=0.5, backward=1.0)], 1) is None
+    assert rc._same_work_slower([rank(forward=0.5, backward=1.0), rank(forward=0.5, backward=1.0)], 1) is None
 
 
 def test_uneven_steps_at_its_line(tmp_path):
-    from paratrain.doctor import script_checks as sc
+    from paratrain.doctor import rank_checks as rc
 
     def uneven(name, steps):
-        return sc.uneven_steps(probed(tmp_path, name, [{"phases_s": {"forward": 0.1}, "steps": s} for s in steps]))
+        return rc.uneven_steps(probed(tmp_path, name, [{"phases_s": {"forward": 0.1}, "steps": s} for s in steps]))
 
     # 11 and 9 steps: the most is exactly 1.1x the mean of 10; with 10 each -> 1 - 10/11
     assert uneven("a", [11, 9]).saving == pytest.approx(1 - 10 / 11)
@@ -900,6 +904,7 @@ def test_find_unused_parameters_at_its_lines(tmp_path):
 def one_finding_per_check(tmp_path):
     """A case that fires each check (host_syncs twice: with and without device times; evaluation as
     evaluation_share and rank0_alone; straggler as straggler and slow_rank)."""
+    from paratrain.doctor import rank_checks as rc
     from paratrain.doctor import script_checks as sc
 
     small = {"samples_per_step": 2.0, "batch_slope_s": 0.001, "batch_slope_between": [2, 32]}
@@ -933,15 +938,15 @@ def one_finding_per_check(tmp_path):
         (sc.evaluation, [{"phases_s": {"forward": 0.07, "eval": 0.03}}] * 2),
         (sc.evaluation, [{"phases_s": {"forward": 0.06, "eval": 0.04}}, {"phases_s": {"forward": 0.06, "comm": 0.04}}]),
         (sc.checkpoints, [{"phases_s": {"forward": 0.08, "checkpoint": 0.02}, "checkpoint_steps": 45}] * 2),
-        (sc.straggler, [{"phases_s": {"forward": 0.05, "comm": 0.03}}, {"phases_s": {"forward": 0.08}}]),
+        (rc.straggler, [{"phases_s": {"forward": 0.05, "comm": 0.03}}, {"phases_s": {"forward": 0.08}}]),
         (
-            sc.straggler,
+            rc.straggler,
             [
                 {"phases_s": {"forward": 0.04, "backward": 0.08, "comm": 0.035}},
                 {"phases_s": {"forward": 0.05, "backward": 0.10, "comm": 0.005}},
             ],
         ),
-        (sc.uneven_steps, [{"phases_s": {"forward": 0.1}, "steps": 140}, {"phases_s": {"forward": 0.1}, "steps": 100}]),
+        (rc.uneven_steps, [{"phases_s": {"forward": 0.1}, "steps": 140}, {"phases_s": {"forward": 0.1}, "steps": 100}]),
         (
             sc.find_unused_parameters,
             [
@@ -1103,16 +1108,16 @@ def test_data_wait_counts_a_core_per_thread(tmp_path):
 
 
 def test_the_straggler_is_whichever_rank_works_longest(tmp_path):
-    from paratrain.doctor import script_checks as sc
+    from paratrain.doctor import rank_checks as rc
 
     # rank 0 works 80 ms, rank 1 50 ms and waits 30: the 30 ms go -> 30/80 (mean step 80 ms); rank 0 is named
-    found = sc.straggler(
+    found = rc.straggler(
         probed(tmp_path, "a", [{"phases_s": {"forward": 0.08}}, {"phases_s": {"forward": 0.05, "comm": 0.03}}])
     )
     assert found.saving == pytest.approx(0.03 / 0.08) and found.finding.startswith("rank 0 is a straggler")
     # of three ranks, rank 1 is slow (1.25x in forward and backward): it is the one named
     fast = {"phases_s": {"forward": 0.04, "backward": 0.08, "comm": 0.035}}
-    found = sc.straggler(
+    found = rc.straggler(
         probed(tmp_path, "b", [fast, {"phases_s": {"forward": 0.05, "backward": 0.10, "comm": 0.005}}, fast])
     )
     assert found.check == "slow_rank" and found.finding.startswith("rank 1 runs the same work 1.25x slower")

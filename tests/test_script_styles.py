@@ -16,6 +16,7 @@ from paratrain.doctor import diagnose
 from paratrain.runs import RunDir
 
 STYLES = Path(__file__).parent / "script_styles"
+LAUNCH = [sys.executable, "-m", "paratrain", "launch", "-n", "2"]
 # style, its extra flags, the planted faults and the doctor's checks that must name them. Two faults whose
 # shares of the step leave each other visible: a gc.collect() of 160 ms a step would hide a 16 ms decode.
 CASES = [
@@ -39,8 +40,7 @@ def test_each_style_is_probed_whole_and_both_planted_faults_are_named(tmp_path, 
         pytest.importorskip("accelerate")
     run = tmp_path / style
     done = subprocess.run(
-        [sys.executable, "-m", "paratrain", "launch", "-n", "2", "--run-dir", str(run), str(STYLES / f"{style}.py")]
-        + ["--steps", "30", "--fault", faults, *flags],
+        [*LAUNCH, "--run-dir", str(run), str(STYLES / f"{style}.py"), "--steps", "30", "--fault", faults, *flags],
         capture_output=True,
         text=True,
         timeout=280,

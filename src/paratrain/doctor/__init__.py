@@ -29,6 +29,7 @@ from paratrain.doctor.checks import (
 from paratrain.doctor.evidence import RunEvidence, idle_fractions, read_run, system_samples
 from paratrain.doctor.finding import Finding
 from paratrain.doctor.ledger import unexplained
+from paratrain.doctor.rank_checks import RANK_CHECKS
 from paratrain.doctor.script_checks import SCRIPT_CHECKS, probe_status
 from paratrain.errors import UsageError
 from paratrain.formatting import pct
@@ -76,7 +77,7 @@ def diagnose_run(ev: RunEvidence) -> list[Finding]:
     # A probed script: its per-rank phases replace the monitor-based straggler guess; rank 0 working
     # alone after the last step (a final evaluation) is in no step, so the monitor still looks for it.
     checks = (
-        (contended, *SCRIPT_CHECKS, *CAUSES, rank0_alone, first_epoch_overhead, idle_devices)
+        (contended, *SCRIPT_CHECKS, *RANK_CHECKS, *CAUSES, rank0_alone, first_epoch_overhead, idle_devices)
         if ev.probe_ranks
         else (*RUN_CHECKS, probe_status)
     )

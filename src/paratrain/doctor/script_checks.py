@@ -25,13 +25,6 @@ SYNC_SHARE = 0.05  # what removing them would save, of the step, before it is na
 COLLECTIVE_SHARE = 0.10  # the script's own blocking collectives (logging a global loss), of the step
 EVAL_SHARE = 0.20  # evaluation, of the run's step time
 CHECKPOINT_SHARE = 0.10  # torch.save, of the step
-STRAGGLER_EXCESS = 0.10  # one rank's extra busy time, of the step, that the others wait for...
-STRAGGLER_RATIO = 1.2  # ...and this much busier than the median of the others
-# A straggler whose excess is this share in forward and backward, both slower by factors within this
-# spread of each other, runs the same work on a slower core or device (slow_rank), not more work.
-SLOW_CORE_COMPUTE_SHARE = 2 / 3
-SLOW_CORE_SPREAD = 1.25
-UNEVEN_STEPS = 1.10  # the rank with the most steps against the mean
 FIXED_STEP_SHARE = 0.5  # step time that does not grow with the batch, of the step
 BATCH_TARGET_FIXED = 0.25  # the remedy's batch: the fewest doublings that bring a step's fixed costs under this
 MAX_BATCH_FACTOR = 32
@@ -112,6 +105,15 @@ def threads(ev: RunEvidence) -> Finding | None:
         f"optimizer and evaluation ({ms(rest)}) {penalty:.1f}x, the rest as measured",
         saving,
         rerun={"threads_per_worker": fair, "allow_oversubscribe": None} if used == launched_threads else None,
+        where=f"torch.set_num_threads({used})" if used != launched_threads else f"--threads-per-worker {used}",
+        explains={
+            **{
+                p: _mean(ev.rank_phase(p)) * (1 - 1 / layer_penalty)
+                for p in ("forward", "backward")
+                if layer_penalty > 1
+            },
+            **{p: _mean(ev.rank_phase(p)) * (1 - 1 / penalty) for p in ("optimizer", "eval") if penalty > 1},
+        },
     )
 
 
@@ -146,6 +148,8 @@ def data_wait(ev: RunEvidence) -> Finding | None:
         f"{speedup(saving)}: the {'whole data time' if spare else 'waiting part of the data time'} ({ms(hidden)}) "
         "overlaps with the step",
         saving,
+        where="the DataLoader (num_workers=0)" if not workers else f"the DataLoader (num_workers={workers})",
+        explains={"data": hidden},
     )
 
 
@@ -207,6 +211,8 @@ def loader_workers(ev: RunEvidence) -> Finding | None:
         f"{speedup(saving)}: forward and backward {ms(stall)} a step shorter, the data phase ({ms(data)}) replaced by "
         f"{how}, the rest as measured",
         saving,
+        where=f"DataLoader(num_workers={workers})",
+        explains={"data": data, "forward": stall},
     )
 
 
@@ -236,6 +242,8 @@ def exposed_communication(ev: RunEvidence) -> Finding | None:
         f"{speedup(saving)} per sample: {k} micro-steps share one all-reduce ({ms(new_step)} per {k} "
         f"micro-steps against {ms(k * step)})",
         saving,
+        where="DistributedDataParallel's gradient all-reduce",
+        explains={"comm": comm},
     )
 
 
@@ -285,6 +293,9 @@ def small_batch(ev: RunEvidence) -> Finding | None:
         f"{speedup(saving)} per sample: a step of {k * batch:.0f} samples takes {ms(new_step)} against "
         f"{ms(k * step)} for {k} steps now",
         saving,
+        where=f"batch_size={batch:.0f} per rank",
+        # the step's fixed part: per-call overheads in forward and backward, the all-reduce, the optimizer
+        explains={"optimizer": _mean(ev.rank_phase("optimizer")), "comm": _mean(ev.rank_phase("comm"))},
     )
 
 
@@ -311,6 +322,8 @@ def all_reduce_every_micro_step(ev: RunEvidence) -> Finding | None:
         ),
         f"{speedup(saving)}: {rounds - 1:.0f} of {rounds:.0f} exposed all-reduces ({ms(comm)} a step) go",
         saving,
+        where="the micro-steps before the last, outside model.no_sync()",
+        explains={"comm": comm * (1 - 1 / rounds)},
     )
 
 
@@ -333,6 +346,8 @@ def script_collectives(ev: RunEvidence) -> Finding | None:
         ),
         f"{speedup(saving)}: {COLLECTIVE_EVERY}x fewer of those collectives",
         saving,
+        where="the script's own torch.distributed calls between the phases",
+        explains={"collective": collective},
     )
 
 
@@ -370,6 +385,8 @@ def host_syncs(ev: RunEvidence) -> Finding | None:
             "not predicted: the device's own phase times (CUDA events) were not recorded",
             None,
             "advice",
+            where=".item(), .tolist(), .cpu(), .numpy() or torch.cuda.synchronize() in the step",
+            explains={"other": wait},
         )
     device = _mean([sum(r["device_phases_s"].values()) for r in timed])
     new_step = max(step - wait, device)
@@ -385,6 +402,8 @@ def host_syncs(ev: RunEvidence) -> Finding | None:
         f"{speedup(saving)}: the host ({ms(step - wait)} of its own work a step) queues ahead of the device "
         f"({ms(device)}), so a step takes the longer of the two, {ms(new_step)}, against {ms(step)}",
         saving,
+        where=".item(), .tolist(), .cpu(), .numpy() or torch.cuda.synchronize() in the step",
+        explains={"other": wait},
     )
 
 
@@ -417,6 +436,8 @@ def evaluation(ev: RunEvidence) -> Finding | None:
             ),
             f"{speedup(saving)}: the evaluation split over {n} ranks takes 1/{n} of the time",
             saving,
+            where=f"evaluation on rank {ranks[who]['rank']} only",
+            explains={"eval": _mean(evals)},
         )
     share = _mean(evals) / step
     saving = _mean(costs) / step * (1 - 1 / EVAL_FRACTION)
@@ -432,6 +453,8 @@ def evaluation(ev: RunEvidence) -> Finding | None:
         ),
         f"{speedup(saving)}: evaluation takes 1/{EVAL_FRACTION} of its time",
         saving,
+        where="evaluation in the training loop",
+        explains={"eval": _mean(evals)},
     )
 
 
@@ -456,121 +479,8 @@ def checkpoints(ev: RunEvidence) -> Finding | None:
         _code_change(f"save every {new_every:.0f} steps (or use torch.distributed.checkpoint.async_save)", ev),
         f"{speedup(saving)}: {new_every / every:.0f}x fewer saves",
         saving,
-    )
-
-
-def straggler(ev: RunEvidence) -> Finding | None:
-    """The rank whose own work (data, forward, backward, optimizer, Python) is longest: the others wait for it.
-    With equal work, each phase would take what the fastest rank took for it (a rank that waits runs its
-    own phases slower afterwards, its caches cold and its core idled) plus the all-reduce's own time (the
-    least-waiting rank's): that is the predicted step."""
-    ranks = ev.probe_ranks
-    # Ranks with different step counts are not comparable per step (under join() a rank that ran out
-    # shadows the others' all-reduces, which reads as busy time): uneven_steps names that cause.
-    if len(ranks) < 2 or _uneven(ranks):
-        return None
-    own = ("data", "forward", "backward", "optimizer", "other")
-    busy = [sum(r["phases_s"][p] for p in own) for r in ranks]
-    slow = max(range(len(ranks)), key=lambda i: busy[i])
-    others = statistics.median(b for i, b in enumerate(busy) if i != slow)
-    excess, step = busy[slow] - others, _step(ev)
-    if excess / step < STRAGGLER_EXCESS or busy[slow] < STRAGGLER_RATIO * others:
-        return None
-    # A rank that waited for another's evaluation or checkpoint runs its own phases slower afterwards
-    # (cold): when that exclusive work is as large as the excess, it explains it, and the evaluation or
-    # checkpoint check names the cause.
-    exclusive = max(r["phases_s"]["eval"] + r["phases_s"]["checkpoint"] for i, r in enumerate(ranks) if i != slow)
-    if exclusive >= excess:
-        return None
-    shared = sum(min(r["phases_s"][p] for r in ranks) for p in own)
-    new_step = shared + ev.all_reduce_s
-    saving = 1 - new_step / step
-    predicted = (
-        f"{speedup(saving)}: a step of {ms(new_step)}, each phase as fast as the fastest rank ran it "
-        f"({ms(shared)} of own work) plus the all-reduce's own time"
-    )
-    evidence = f"{_steps_text(ev)}; each rank's own work per step: " + ", ".join(
-        f"rank {r['rank']} {ms(b)}" for r, b in zip(ranks, busy)
-    )
-    factor = _same_work_slower(ranks, slow)
-    if factor is not None:
-        who = ranks[slow]["rank"]
-        return Finding(
-            "slow_rank",
-            f"rank {who} runs the same work {factor:.2f}x slower: the others wait {ms(excess)} for it every step",
-            evidence + f"; the same samples per step, and its forward and backward each "
-            f"about {factor:.2f}x the others'",
-            "the ranks do the same work, but one core (or device) runs it slower: shared with other work, throttled, "
-            "or a fail-slow part; synchronous training goes at the pace of the slowest rank",
-            f"not in the script: see what else runs on rank {who}'s core or device (top, nvidia-smi) and whether it "
-            "is slower again in the next run; if it is, leave that node or device out",
-            predicted,
-            saving,
-        )
-    return Finding(
-        "straggler",
-        f"rank {ranks[slow]['rank']} is a straggler: the others wait {ms(excess)} for it every step",
-        evidence,
-        f"rank {ranks[slow]['rank']} has more work per step (an uneven shard, work under `if rank == ...`, a slower "
-        "or shared core); synchronous training goes at the pace of the slowest rank",
-        _code_change(
-            "give every rank the same work per step (equal shards from a DistributedSampler, no "
-            "rank-specific work in the loop)",
-            ev,
-        ),
-        predicted,
-        saving,
-    )
-
-
-def _same_work_slower(ranks: list[dict[str, Any]], slow: int) -> float | None:
-    """The factor by which the slow rank ran the others' work, when its excess looks like a slower core
-    rather than more work: the same samples per step, the excess in forward and backward (not in data or
-    the loop's own Python, where rank-specific work lands) and both slower by about one factor. Extra work
-    inside the model's forward slows forward alone; a bigger batch shows in the samples. None otherwise."""
-    others = [r for i, r in enumerate(ranks) if i != slow]
-    mine = ranks[slow]
-    samples = [r.get("samples_per_step", 0.0) for r in others]
-    if not all(abs(s - mine.get("samples_per_step", 0.0)) <= 0.01 * max(s, 1e-9) for s in samples):
-        return None
-
-    def phase(p: str) -> float:
-        return statistics.median(r["phases_s"][p] for r in others)
-
-    compute = ("forward", "backward")
-    excess = sum(mine["phases_s"][p] - phase(p) for p in ("data", *compute, "optimizer", "other"))
-    in_compute = sum(mine["phases_s"][p] - phase(p) for p in compute)
-    if excess <= 0 or in_compute < SLOW_CORE_COMPUTE_SHARE * excess or min(phase(p) for p in compute) <= 0:
-        return None
-    ratios = [mine["phases_s"][p] / phase(p) for p in compute]
-    if max(ratios) > SLOW_CORE_SPREAD * min(ratios):
-        return None
-    return statistics.mean(ratios)
-
-
-def _uneven(ranks: list[dict[str, Any]]) -> bool:
-    steps = [r["steps"] for r in ranks]
-    return len(ranks) >= 2 and max(steps) >= UNEVEN_STEPS * _mean(steps)
-
-
-def uneven_steps(ev: RunEvidence) -> Finding | None:
-    ranks = ev.probe_ranks
-    steps = [r["steps"] for r in ranks]
-    if not _uneven(ranks):
-        return None
-    # The run lasts as long as the rank with the most steps; equal shards give every rank the mean.
-    saving = 1 - _mean(steps) / max(steps)
-    return Finding(
-        "uneven_shards",
-        f"the ranks took different numbers of steps ({', '.join(map(str, steps))})",
-        "optimizer steps per rank: " + ", ".join(f"rank {r['rank']} {r['steps']}" for r in ranks),
-        "uneven data shards: ranks that finish early wait (or, under DDP's join(), shadow the others' all-reduces) "
-        "while the rank with the most data trains on",
-        _code_change(
-            "split the data evenly: a DistributedSampler (drop_last=True if the ranks must match exactly)", ev
-        ),
-        f"{speedup(saving)}: every rank takes the mean number of steps, {_mean(steps):.0f}",
-        saving,
+        where=f"torch.save every {every:.0f} steps",
+        explains={"checkpoint": _mean(saves)},
     )
 
 
@@ -620,8 +530,6 @@ SCRIPT_CHECKS: tuple[Callable[[RunEvidence], Finding | None], ...] = (
     host_syncs,
     evaluation,
     checkpoints,
-    straggler,
-    uneven_steps,
     find_unused_parameters,
 )
 

@@ -1,0 +1,160 @@
+"""The doctor's checks that compare a probed script's ranks (summary.json `probe`, per rank): a straggler, whose
+extra work the others wait for, a slow rank running the same work slower, and ranks taking different numbers
+of steps. Split from script_checks.py, whose helpers they share."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+from paratrain.doctor.evidence import RunEvidence
+from paratrain.doctor.finding import Finding
+from paratrain.doctor.script_checks import _code_change, _mean, _step, _steps_text
+from paratrain.formatting import ms, speedup
+
+STRAGGLER_EXCESS = 0.10  # one rank's extra busy time, of the step, that the others wait for...
+STRAGGLER_RATIO = 1.2  # ...and this much busier than the median of the others
+UNEVEN_STEPS = 1.10  # the rank with the most steps against the mean
+# A straggler whose excess is this share in forward and backward, both slower by factors within this
+# spread of each other, runs the same work on a slower core or device (slow_rank), not more work.
+SLOW_CORE_COMPUTE_SHARE = 2 / 3
+SLOW_CORE_SPREAD = 1.25
+
+
+def straggler(ev: RunEvidence) -> Finding | None:
+    """The rank whose own work (data, forward, backward, optimizer, Python) is longest: the others wait for it.
+    With equal work, each phase would take what the fastest rank took for it (a rank that waits runs its
+    own phases slower afterwards, its caches cold and its core idled) plus the all-reduce's own time (the
+    least-waiting rank's): that is the predicted step."""
+    ranks = ev.probe_ranks
+    # Ranks with different step counts are not comparable per step (under join() a rank that ran out
+    # shadows the others' all-reduces, which reads as busy time): uneven_steps names that cause.
+    if len(ranks) < 2 or _uneven(ranks):
+        return None
+    own = ("data", "forward", "backward", "optimizer", "other")
+    busy = [sum(r["phases_s"][p] for p in own) for r in ranks]
+    slow = max(range(len(ranks)), key=lambda i: busy[i])
+    others = statistics.median(b for i, b in enumerate(busy) if i != slow)
+    excess, step = busy[slow] - others, _step(ev)
+    if excess / step < STRAGGLER_EXCESS or busy[slow] < STRAGGLER_RATIO * others:
+        return None
+    # A rank that waited for another's evaluation or checkpoint runs its own phases slower afterwards
+    # (cold): when that exclusive work is as large as the excess, it explains it, and the evaluation or
+    # checkpoint check names the cause.
+    exclusive = max(r["phases_s"]["eval"] + r["phases_s"]["checkpoint"] for i, r in enumerate(ranks) if i != slow)
+    if exclusive >= excess:
+        return None
+    shared = sum(min(r["phases_s"][p] for r in ranks) for p in own)
+    new_step = shared + ev.all_reduce_s
+    saving = 1 - new_step / step
+    predicted = (
+        f"{speedup(saving)}: a step of {ms(new_step)}, each phase as fast as the fastest rank ran it "
+        f"({ms(shared)} of own work) plus the all-reduce's own time"
+    )
+    evidence = f"{_steps_text(ev)}; each rank's own work per step: " + ", ".join(
+        f"rank {r['rank']} {ms(b)}" for r, b in zip(ranks, busy)
+    )
+    # In the ranks' mean phases, the slow rank's extra work per phase: its share of the mean.
+    extra = {
+        p: max(
+            0.0,
+            ranks[slow]["phases_s"][p] - statistics.median(r["phases_s"][p] for i, r in enumerate(ranks) if i != slow),
+        )
+        / len(ranks)
+        for p in own
+    }
+    factor = _same_work_slower(ranks, slow)
+    if factor is not None:
+        who = ranks[slow]["rank"]
+        return Finding(
+            "slow_rank",
+            f"rank {who} runs the same work {factor:.2f}x slower: the others wait {ms(excess)} for it every step",
+            evidence + f"; the same samples per step, and its forward and backward each "
+            f"about {factor:.2f}x the others'",
+            "the ranks do the same work, but one core (or device) runs it slower: shared with other work, throttled, "
+            "or a fail-slow part; synchronous training goes at the pace of the slowest rank",
+            f"not in the script: see what else runs on rank {who}'s core or device (top, nvidia-smi) and whether it "
+            "is slower again in the next run; if it is, leave that node or device out",
+            predicted,
+            saving,
+            where=f"rank {who}'s core or device",
+            explains=extra,
+        )
+    return Finding(
+        "straggler",
+        f"rank {ranks[slow]['rank']} is a straggler: the others wait {ms(excess)} for it every step",
+        evidence,
+        f"rank {ranks[slow]['rank']} has more work per step (an uneven shard, work under `if rank == ...`, a slower "
+        "or shared core); synchronous training goes at the pace of the slowest rank",
+        _code_change(
+            "give every rank the same work per step (equal shards from a DistributedSampler, no "
+            "rank-specific work in the loop)",
+            ev,
+        ),
+        predicted,
+        saving,
+        where=_slow_rank_where(ranks[slow], max(extra, key=lambda p: extra[p])),
+        explains=extra,
+    )
+
+
+def _slow_rank_where(rank: dict[str, Any], phase: str) -> str:
+    """Where the straggler's extra work is: the user code its profiled steps spent that phase in."""
+    entry = (rank.get("trace") or {}).get("phases", {}).get(phase, {})
+    places = entry.get("where") or entry.get("what") or []
+    return f"rank {rank['rank']}'s {phase}" + (f", in {places[0][0]}" if places else "")
+
+
+def _same_work_slower(ranks: list[dict[str, Any]], slow: int) -> float | None:
+    """The factor by which the slow rank ran the others' work, when its excess looks like a slower core
+    rather than more work: the same samples per step, the excess in forward and backward (not in data or
+    the loop's own Python, where rank-specific work lands) and both slower by about one factor. Extra work
+    inside the model's forward slows forward alone; a bigger batch shows in the samples. None otherwise."""
+    others = [r for i, r in enumerate(ranks) if i != slow]
+    mine = ranks[slow]
+    samples = [r.get("samples_per_step", 0.0) for r in others]
+    if not all(abs(s - mine.get("samples_per_step", 0.0)) <= 0.01 * max(s, 1e-9) for s in samples):
+        return None
+
+    def phase(p: str) -> float:
+        return statistics.median(r["phases_s"][p] for r in others)
+
+    compute = ("forward", "backward")
+    excess = sum(mine["phases_s"][p] - phase(p) for p in ("data", *compute, "optimizer", "other"))
+    in_compute = sum(mine["phases_s"][p] - phase(p) for p in compute)
+    if excess <= 0 or in_compute < SLOW_CORE_COMPUTE_SHARE * excess or min(phase(p) for p in compute) <= 0:
+        return None
+    ratios = [mine["phases_s"][p] / phase(p) for p in compute]
+    if max(ratios) > SLOW_CORE_SPREAD * min(ratios):
+        return None
+    return statistics.mean(ratios)
+
+
+def _uneven(ranks: list[dict[str, Any]]) -> bool:
+    steps = [r["steps"] for r in ranks]
+    return len(ranks) >= 2 and max(steps) >= UNEVEN_STEPS * _mean(steps)
+
+
+def uneven_steps(ev: RunEvidence) -> Finding | None:
+    ranks = ev.probe_ranks
+    steps = [r["steps"] for r in ranks]
+    if not _uneven(ranks):
+        return None
+    # The run lasts as long as the rank with the most steps; equal shards give every rank the mean.
+    saving = 1 - _mean(steps) / max(steps)
+    return Finding(
+        "uneven_shards",
+        f"the ranks took different numbers of steps ({', '.join(map(str, steps))})",
+        "optimizer steps per rank: " + ", ".join(f"rank {r['rank']} {r['steps']}" for r in ranks),
+        "uneven data shards: ranks that finish early wait (or, under DDP's join(), shadow the others' all-reduces) "
+        "while the rank with the most data trains on",
+        _code_change(
+            "split the data evenly: a DistributedSampler (drop_last=True if the ranks must match exactly)", ev
+        ),
+        f"{speedup(saving)}: every rank takes the mean number of steps, {_mean(steps):.0f}",
+        saving,
+    )
+
+
+RANK_CHECKS: tuple[Callable[[RunEvidence], Finding | None], ...] = (straggler, uneven_steps)
