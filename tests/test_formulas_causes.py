@@ -316,3 +316,27 @@ def test_a_healthy_account_says_every_phase_is_accounted_for(tmp_path):
     rank = step({"data": 0.001, "forward": 0.05, "backward": 0.04, "comm": 0.002, "optimizer": 0.003, "other": 0.004})
     result = diagnose(probed_run(tmp_path / "ok", [rank] * 2))
     assert result["findings"] == [] and result["verdict"] == "nothing to fix: every phase of the step is accounted for"
+
+
+def test_ddps_own_forward_work_is_unexplained_unless_find_unused_parameters_accounts_for_it(tmp_path):
+    # DDP's forward took 25 ms beyond the model's, of a 100 ms step; the trace saw it broadcast its buffers
+    trace = {
+        "collectives": [
+            {
+                "name": "broadcast",
+                "phase": "forward",
+                "issuer": "DistributedDataParallel_0",
+                "calls": 2.0,
+                "bytes": 2**20,
+            }
+        ]
+    }
+    phases = {"forward": 0.05, "backward": 0.04, "comm": 0.01}
+    rank = step(phases, ddp_overhead_s=0.025, broadcast_buffers=True, find_unused_parameters=False, trace=trace)
+    found = findings(probed_run(tmp_path / "buffers", [rank] * 2))["unexplained_ddp_forward"]
+    assert found["saving"] == pytest.approx(0.25) and found["bound"]
+    assert "broadcast_buffers=False" in found["remedy"] and "2 broadcast a step (1.00 MiB)" in found["evidence"]
+    # the same overhead from find_unused_parameters with nothing unused: that finding accounts for it
+    searching = {**rank, "find_unused_parameters": True, "unused_parameter_bytes": 0}
+    named = findings(probed_run(tmp_path / "search", [searching] * 2))
+    assert "find_unused_parameters" in named and "unexplained_ddp_forward" not in named

@@ -4,9 +4,10 @@ A step's time is the model's own work (forward, backward, recompute), communicat
 loading, evaluation and checkpoints, and `other`: the script's Python between them. Each finding says which
 phase time it accounts for (`Finding.explains`). The model's work, its all-reduce and its optimizer step are
 the step's purpose; what no finding explains there is that work. `other` has no purpose of its own: what no
-finding explains there, and an optimizer step out of proportion, are reported as unexplained, with where the
-profiled steps spent them (the trace: launch/trace_summary.py). "Nothing to fix" is said only when every
-phase is accounted for this way.
+finding explains there, an optimizer step out of proportion, the user's own Python inside forward and DDP's
+own work in forward (around the model it wraps: broadcasting buffers, searching the graph) are reported as
+unexplained, with where the profiled steps spent them (the trace: launch/trace_summary.py). "Nothing to fix"
+is said only when every phase is accounted for this way.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from paratrain.formatting import ms, pct, speedup
 UNEXPLAINED_SHARE = 0.10  # time in `other` that no finding explains, of the step
 OPTIMIZER_SHARE = 0.25  # an optimizer step this large a share of the step is out of proportion
 PYTHON_SHARE = 0.15  # the user's own Python inside forward and backward (not operators), of the step
+DDP_FORWARD_SHARE = 0.10  # DDP's own work in forward, around the model it wraps, of the step
 
 
 def explained(findings: Sequence[Finding]) -> dict[str, float]:
@@ -64,7 +66,41 @@ def unexplained(ev: RunEvidence, findings: Sequence[Finding]) -> list[Finding]:
     python = _user_python(ev)
     if python / step >= PYTHON_SHARE:
         out.append(_unexplained(ev, "forward", python, step, "in the user's own Python inside forward, not operators"))
+    ddp = statistics.mean(r.get("ddp_overhead_s", 0.0) for r in ev.probe_ranks) - done.get("ddp_forward", 0.0)
+    if ddp / step >= DDP_FORWARD_SHARE:
+        out.append(_ddp_forward(ev, ddp, step))
     return out
+
+
+def _ddp_forward(ev: RunEvidence, seconds: float, step: float) -> Finding:
+    """DDP's forward beyond the wrapped model's: with broadcast_buffers (the default) it broadcasts every buffer
+    from rank 0 before each forward, with find_unused_parameters it searches the graph after it."""
+    rank = ev.probe_ranks[0]
+    calls = [
+        c
+        for c in (rank.get("trace") or {}).get("collectives", [])
+        if c["phase"] == "forward" and c["issuer"].startswith("DistributedDataParallel")
+    ]
+    settings = ", ".join(f"{k}={rank.get(k)}" for k in ("broadcast_buffers", "find_unused_parameters"))
+    seen = "; ".join(f"{c['calls']:.0f} {c['name']} a step ({c['bytes'] / 2**20:.2f} MiB)" for c in calls)
+    share = seconds / step
+    return Finding(
+        "unexplained_ddp_forward",
+        f"{pct(share)} of every step is DistributedDataParallel's own work in forward, outside the model",
+        f"step {ms(step)}; DDP's forward took {ms(seconds)} a step beyond the wrapped model's ({settings})"
+        + (f"; in the profiled steps DDP issued {seen}" if seen else ""),
+        "before each forward DDP broadcasts the model's buffers from rank 0 when broadcast_buffers=True (the "
+        "default), and after it searches the autograd graph when find_unused_parameters=True",
+        f"code change in {ev.config.get('script', 'the script')}: "
+        "DistributedDataParallel(..., broadcast_buffers=False) when the buffers need no syncing every step (they "
+        "are the same on every rank, or each rank's own running statistics are fine)",
+        f"up to {speedup(share)} if that work were free (a bound)",
+        share,
+        where="DistributedDataParallel(broadcast_buffers=...)",
+        share=share,
+        bound=True,
+        explains={"ddp_forward": seconds},
+    )
 
 
 def _user_python(ev: RunEvidence) -> float:

@@ -516,6 +516,8 @@ def find_unused_parameters(ev: RunEvidence) -> Finding | None:
         f"{speedup(saving)}: DDP's graph search in forward ({ms(overhead)}) goes; the marking in backward and the "
         "map's all-reduce also go, but are not timed, so the gain may be larger",
         saving,
+        where="DistributedDataParallel(find_unused_parameters=True)",
+        explains={"ddp_forward": overhead},
     )
 
 
