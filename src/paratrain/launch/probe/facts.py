@@ -208,7 +208,9 @@ def describe_loader(torch: Any, loader: Any) -> dict[str, Any]:
         "dataset_code": where,
         "iterable": iterable,
         "length": _length(dataset),
-        "dataset_sum": None if iterable else _first_sample_sum(torch, dataset),
+        # Read in the rank's own process only where the loader reads there anyway: a dataset that opens files
+        # lazily in __getitem__ (h5py) must not open them before its workers fork.
+        "dataset_sum": None if iterable or loader.num_workers else _first_sample_sum(torch, dataset),
         "sampler": type(sampler).__name__ if sampler is not None else None,
         "sampler_replicas": getattr(sampler, "num_replicas", None),
         "batch_size": loader.batch_size,
