@@ -1,12 +1,14 @@
 """A plain torchrun-style DDP script (no paratrain import) with one planted fault, chosen by argv[1]:
 healthy, data, threads, straggler, rank0-eval, eval, checkpoint, no-sync, collective, uneven,
-find-unused, comm, small-batch, host-sync, loader-workers, broken-loader; and two healthy ones wrapped
+find-unused, comm, small-batch, host-sync, loader-workers, broken-loader, buckets, model-collective, recompute,
+json-log; and two healthy ones wrapped
 otherwise: fsdp (FSDP2's
 fully_shard instead of DDP) and bare (no wrapper, one rank). tests/test_doctor_probe.py launches it and checks the
 doctor's top finding."""
 
 import contextlib
 import gc
+import json
 import os
 import sys
 import time
@@ -89,6 +91,48 @@ elif fault == "threads":  # the catalogue's CNN at 32x32: its backward really ru
         nn.Flatten(),
         nn.Linear(64 * 16, 10),
     )
+elif fault == "buckets":  # 44 gradients, each in a bucket of its own under bucket_cap_mb=0.001
+    net = nn.Sequential(
+        nn.Flatten(),
+        nn.Linear(768, 64),
+        *(m for _ in range(20) for m in (nn.Linear(64, 64), nn.ReLU())),
+        nn.Linear(64, 10),
+    )
+elif fault == "model-collective":  # a batch norm synchronised by hand: two all-reduces in forward, two in backward
+    from torch.distributed.nn.functional import all_reduce
+
+    class SyncedNorm(nn.BatchNorm2d):
+        def forward(self, x):
+            mean = all_reduce(x.mean(dim=(0, 2, 3))) / world
+            var = all_reduce((x * x).mean(dim=(0, 2, 3))) / world - mean * mean
+            x = (x - mean[None, :, None, None]) / torch.sqrt(var[None, :, None, None] + self.eps)
+            return x * self.weight[None, :, None, None] + self.bias[None, :, None, None]
+
+    net = nn.Sequential(
+        *(m for c in (3, 16, 16, 16) for m in (nn.Conv2d(c, 16, 3, padding=1), SyncedNorm(16), nn.ReLU())),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(16, 10),
+    )
+elif fault == "recompute":  # every block checkpointed, in a run nowhere near its memory limit
+
+    class Checkpointed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Linear(768, 256)
+            self.blocks = nn.ModuleList(
+                nn.Sequential(nn.LayerNorm(256), nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 256))
+                for _ in range(4)
+            )
+            self.head = nn.Linear(256, 10)
+
+        def forward(self, x):
+            x = self.stem(x.flatten(1))
+            for block in self.blocks:
+                x = x + torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+            return self.head(x)
+
+    net = Checkpointed()
 elif fault == "small-batch":  # little work per sample: a step's fixed costs dominate at 2 samples
     net = nn.Sequential(
         nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10)
@@ -117,7 +161,9 @@ if fault == "fsdp":  # FSDP2 on a CPU mesh: each conv and the head sharded, then
 elif fault == "bare":
     model = net
 else:
-    model = nn.parallel.DistributedDataParallel(net, find_unused_parameters=fault == "find-unused")
+    model = nn.parallel.DistributedDataParallel(
+        net, find_unused_parameters=fault == "find-unused", bucket_cap_mb=0.001 if fault == "buckets" else None
+    )
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 batch = 32 if fault == "comm" else 2 if fault == "small-batch" else 32
 train = Images((2 * STEPS * batch * world) if fault != "uneven" else 2 * STEPS * batch, slow=fault == "data")
@@ -130,6 +176,7 @@ elif fault == "loader-workers":  # 4 workers a rank on the one core launch gave 
 else:
     loader = DataLoader(train, batch_size=batch, sampler=DistributedSampler(train))
 held_out = Images(256)
+history = []
 accumulate = 4 if fault == "no-sync" else 1
 iterator = iter(loader)
 if fault == "broken-loader":
@@ -146,6 +193,9 @@ with model.join() if fault == "uneven" else contextlib.nullcontext():
             continue
         opt.step()
         opt.zero_grad()
+        if fault == "json-log":  # every step, the whole run's history written out as JSON
+            history.append({"step": i, "loss": [float(v) for v in range(3000)], "lr": 0.01})
+            json.dumps(history)
         if fault == "host-sync":
             logged = [loss.item(), loss.detach().tolist(), x.mean().item()]  # three host reads a step
         if fault == "collective":

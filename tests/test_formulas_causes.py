@@ -340,3 +340,23 @@ def test_ddps_own_forward_work_is_unexplained_unless_find_unused_parameters_acco
     searching = {**rank, "find_unused_parameters": True, "unused_parameter_bytes": 0}
     named = findings(probed_run(tmp_path / "search", [searching] * 2))
     assert "find_unused_parameters" in named and "unexplained_ddp_forward" not in named
+
+
+def test_the_probes_own_time_is_its_bookkeeping_not_what_passes_through_its_wrappers():
+    phases = [("backward", 0, 100), ("optimizer", 100, 200)]
+    calls = [
+        ("python_function", "paratrain/launch/probe/__main__.py(20): run", 0, 200),  # the runner, above the script
+        ("python_function", "train.py(9): <module>", 0, 200),
+        ("python_function", "torch/_tensor.py(566): backward", 0, 100),
+        ("python_function", "paratrain/launch/probe/hooks.py(155): through_backward", 2, 98),
+        ("cpu_op", "aten::mm", 10, 90),
+        ("python_function", "torch/optim/optimizer.py(509): wrapper", 100, 200),
+        ("python_function", "paratrain/launch/probe/clock.py(130): end_step", 150, 190),
+        ("python_function", "<built-in function perf_counter>", 160, 170),
+    ]
+    p = summarise_trace(trace_events(phases, calls))["phases"]
+    assert dict(p["backward"]["what"])["aten::mm"] == pytest.approx(80e-6)  # the user's backward, not the probe's
+    assert dict(p["backward"]["call"])["torch/_tensor.py(566): backward"] == pytest.approx(84e-6)
+    # the wrapper's own bytecode (2-10 and 90-98) is the probe's; so are end_step and its clock
+    assert dict(p["backward"]["what"])["(the probe's own hooks)"] == pytest.approx(16e-6)
+    assert dict(p["optimizer"]["what"])["(the probe's own hooks)"] == pytest.approx(40e-6)

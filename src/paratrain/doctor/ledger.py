@@ -19,6 +19,7 @@ from paratrain.doctor.causes import trace_top
 from paratrain.doctor.evidence import RunEvidence
 from paratrain.doctor.finding import Finding
 from paratrain.formatting import ms, pct, speedup
+from paratrain.launch.trace_summary import PROBE_LABEL
 
 UNEXPLAINED_SHARE = 0.10  # time in `other` that no finding explains, of the step
 OPTIMIZER_SHARE = 0.25  # an optimizer step this large a share of the step is out of proportion
@@ -40,11 +41,15 @@ def _phase(ev: RunEvidence, phase: str) -> float:
 
 
 def _places(ev: RunEvidence, phase: str) -> tuple[str, str]:
-    """The profiled steps' largest entries of a phase: what ran, and where in the user's code."""
-    what = trace_top(ev, phase, "what")[:3]
-    where = trace_top(ev, phase, "where")[:2]
-    total = sum(s for _, s in trace_top(ev, phase, "what")) or 1.0
-    ran = ", ".join(f"{name} ({pct(s / total)})" for name, s in what)
+    """The profiled steps' largest entries of a phase: what the user's code called there (else what ran), and
+    where in the user's code; the probe's own hooks left out."""
+    calls = [(n, s) for n, s in trace_top(ev, phase, "call") or trace_top(ev, phase, "what") if n != PROBE_LABEL]
+    where = [(n, s) for n, s in trace_top(ev, phase, "where") if n != PROBE_LABEL][:2]
+    entry = next(
+        (r["trace"]["phases"][phase] for r in ev.probe_ranks if phase in (r.get("trace") or {}).get("phases", {})), None
+    )
+    total = entry["s"] if entry and entry.get("s") else sum(s for _, s in calls) or 1.0
+    ran = ", ".join(f"{name} ({pct(s / total)})" for name, s in calls[:3])
     return ran, ", ".join(name for name, _ in where)
 
 

@@ -9,8 +9,10 @@ every exclusive second is charged to:
     the phase       the innermost `paratrain:` range around it (none: `other`)
     what ran        an operator with its first input's dtype (`aten::mkldnn_convolution float`), a built-in
                     function (`<built-in function collect>`), a Python function's own bytecode
-    where           the innermost frame of the user's own code above it (`train.py(41): <module>`), the
-                    module it ran in (`nn.Module: Sequential_0/Conv2d_1`)
+    where           the innermost frame of the user's own code above it (`train.py(41): <module>`)
+    call            what that frame called (`json/__init__.py(231): dumps`, `<built-in function collect>`)
+    module          the module it ran in (`nn.Module: Sequential_0/Conv2d_1`)
+The probe's own hooks (slower in the profiled steps) are charged to themselves.
 HolisticTraceAnalysis reads the same traces, but for GPU kernels (idle time, kernel breakdown, overlap of
 communication with computation): on a CPU trace its analyses have nothing to read, and it needs pandas.
 This reads what a CPU rank's trace holds, in the standard library only. Figures are per profiled step.
@@ -30,6 +32,9 @@ from pathlib import Path
 from typing import Any
 
 PREFIX = "paratrain:"
+TABLES = ("what", "where", "call", "module")
+PROBE_CODE = "paratrain/launch/probe/"  # the probe's own Python, as the trace names it
+PROBE_LABEL = "(the probe's own hooks)"
 TOP = 6  # entries kept per table
 MIN_SHARE = 0.01  # entries below this share of their phase are left out
 DTYPE_BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long int": 8, "int": 4}
@@ -111,18 +116,28 @@ def summarise_trace(events: list[dict[str, Any]]) -> dict[str, Any] | None:
     collectives: dict[tuple[str, str, str], list[float]] = {}
 
     def charge(phase: str, seconds: float, event: dict[str, Any], ancestors: list[dict[str, Any]]) -> None:
-        table = tables.setdefault(phase, {"what": {}, "where": {}, "module": {}})
-        table["what"][_what(event)] = table["what"].get(_what(event), 0.0) + seconds
+        table = tables.setdefault(phase, {key: {} for key in TABLES})
         frames = [*ancestors, event]
-        where = next(
-            (a["name"] for a in reversed(frames) if a.get("cat") == "python_function" and not is_library(a["name"])),
-            None,
-        )
-        if where:
-            table["where"][where] = table["where"].get(where, 0.0) + seconds
-        modules = _modules(frames)
-        if modules:
-            table["module"][modules] = table["module"].get(modules, 0.0) + seconds
+        python = [a for a in frames if a.get("cat") == "python_function"]
+        mine = [i for i, a in enumerate(python) if not is_library(a["name"])]
+        # The probe's own time: what runs below its innermost frame, unless that frame is a wrapper the user's
+        # call passes through (`through_*`: backward, a collective, a batch's loading run below those).
+        # (The probe's runner, above the script's own frames, is no hook.)
+        under = python[mine[-1] + 1 :] if mine else python
+        probe = [a for a in under if a["name"].startswith(PROBE_CODE)]
+        if event["name"].startswith(PROBE_CODE) or (
+            probe and not probe[-1]["name"].split(": ", 1)[-1].startswith("through_")
+        ):
+            what = where = call = PROBE_LABEL
+        else:
+            below = [a for a in under if not a["name"].startswith(PROBE_CODE)]
+            where = python[mine[-1]]["name"] if mine else None
+            # what the user's code called: the first frame below its innermost one (json.dumps, gc.collect)
+            call = ADDRESS.sub("", below[0]["name"]) if mine and below else None
+            what = _what(event)
+        for key, name in (("what", what), ("where", where), ("call", call), ("module", _modules(frames))):
+            if name:
+                table[key][name] = table[key].get(name, 0.0) + seconds
 
     outside = [0.0]  # seconds before the first phase range or after the last: `other` too
 
@@ -165,13 +180,13 @@ def summarise_trace(events: list[dict[str, Any]]) -> dict[str, Any] | None:
     totals = timeline.totals()
     totals["other"] = totals.get("other", 0.0) + outside[0]
     for phase, total in totals.items():
-        table = tables.get(phase, {"what": {}, "where": {}, "module": {}})
+        table = tables.get(phase, {key: {} for key in TABLES})
         untraced = total - sum(table["what"].values())
         if untraced > 0:
             table["what"]["(no Python call or operator: C++ work, or waiting)"] = untraced
         phases[phase] = {
             "s": total / steps,
-            **{key: _top(table[key], total, steps) for key in ("what", "where", "module")},
+            **{key: _top(table[key], total, steps) for key in TABLES},
         }
     return {
         "steps": steps,

@@ -355,7 +355,7 @@ class Probe:
         """`original` timed as `phase`; its own exceptions pass through unchanged."""
         probe, compiling = self, self.torch.compiler.is_compiling
 
-        def timed(*args: Any, **kwargs: Any) -> Any:
+        def through_call(*args: Any, **kwargs: Any) -> Any:
             if compiling() or probe.broken or probe.paused:
                 return original(*args, **kwargs)
             # A collective outside forward and backward is the script's own; so is the Work.wait()
@@ -377,7 +377,7 @@ class Probe:
                     probe.model_comm_s += ended - started
                     probe.model_issuers[issuer] = probe.model_issuers.get(issuer, 0) + 1
 
-        return timed
+        return through_call
 
 
 # Collectives called from these parts of torch are a parallelism's own communication (FSDP2 gathering and

@@ -1,5 +1,8 @@
 """The probe's hooks into torch, each installed by one function of (probe, torch) and undone by the probe's
-`restore` list. They drive the phase clocks of clock.py and count what a step did."""
+`restore` list. They drive the phase clocks of clock.py and count what a step did.
+
+A wrapper that stands in for a torch function and calls it through is named `through_*`: in a profiled step's
+trace the time below it is the user's work, not the probe's (launch/trace_summary.py)."""
 
 from __future__ import annotations
 
@@ -132,7 +135,7 @@ def _on_mode_switch(probe: Probe, original: Callable[..., Any]) -> Callable[...,
     to eval later (a separate evaluation or EMA model) gets hooks, so its calls count as evaluation."""
     inside = [False]
 
-    def train(module: Any, *args: Any, **kwargs: Any) -> Any:
+    def through_train(module: Any, *args: Any, **kwargs: Any) -> Any:
         if inside[0] or probe.broken or probe.global_hooks:
             return original(module, *args, **kwargs)
         inside[0] = True  # train() recurses into the children: only the outermost call counts
@@ -147,12 +150,12 @@ def _on_mode_switch(probe: Probe, original: Callable[..., Any]) -> Callable[...,
         finally:
             inside[0] = False
 
-    return train
+    return through_train
 
 
 def backward(probe: Probe, torch: Any) -> None:
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
-        def run_backward(*args: Any, **kwargs: Any) -> Any:
+        def through_backward(*args: Any, **kwargs: Any) -> Any:
             if probe.broken or probe.paused:
                 return original(*args, **kwargs)
             if "backward" in probe.stack:  # a reentrant checkpoint's backward inside the step's own
@@ -175,7 +178,7 @@ def backward(probe: Probe, torch: Any) -> None:
                     probe.times["backward"] -= tail
                     probe.times["comm"] += tail
 
-        return run_backward
+        return through_backward
 
     probe.patch(torch.autograd, "backward", make)
 
@@ -190,12 +193,12 @@ def recompute(probe: Probe, torch: Any) -> None:
 
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
-        def checkpoint(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        def through_checkpoint(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
             if probe.broken or torch.compiler.is_compiling():
                 return original(function, *args, **kwargs)
 
             @functools.wraps(function)
-            def timed(*inner: Any, **inner_kwargs: Any) -> Any:
+            def through_recompute(*inner: Any, **inner_kwargs: Any) -> Any:
                 if probe.broken or probe.paused or in_backward() == -1:
                     return function(*inner, **inner_kwargs)
                 probe.recomputes += 1
@@ -206,9 +209,9 @@ def recompute(probe: Probe, torch: Any) -> None:
                     probe.leave("recompute")
 
             probe.note(activation_checkpointing=True)
-            return original(timed, *args, **kwargs)
+            return original(through_recompute, *args, **kwargs)
 
-        return checkpoint
+        return through_checkpoint
 
     probe.patch(checkpointing, "checkpoint", make)
 
@@ -219,7 +222,7 @@ def loader(probe: Probe, torch: Any) -> None:
     def make_next(original: Callable[..., Any]) -> Callable[..., Any]:
         timed = probe.phase_call("data", original)
 
-        def next_batch(iterator: Any) -> Any:
+        def through_next(iterator: Any) -> Any:
             if probe.broken:
                 return original(iterator)
             try:
@@ -244,7 +247,7 @@ def loader(probe: Probe, torch: Any) -> None:
                 probe.fail("data", exc)
             return batch
 
-        return next_batch
+        return through_next
 
     def make_init(original: Callable[..., Any]) -> Callable[..., Any]:
         def init(iterator: Any, loader: Any, *args: Any, **kwargs: Any) -> None:
@@ -285,7 +288,7 @@ def ddp(probe: Probe, torch: Any) -> None:
     def timed_hook(hook: Callable[..., Any]) -> Callable[..., Any]:
         # wraps: DDP checks the hook's signature (and logs its name); inspect follows __wrapped__.
         @functools.wraps(hook)
-        def hook_and_time(state: Any, bucket: Any) -> Any:
+        def through_hook(state: Any, bucket: Any) -> Any:
             if probe.broken:
                 return hook(state, bucket)
             now = probe.clock()
@@ -314,7 +317,7 @@ def ddp(probe: Probe, torch: Any) -> None:
                 return future.then(done)
             return future
 
-        return hook_and_time
+        return through_hook
 
     # The wrappers take DDP's own arguments as they come: scripts and frameworks pass them by keyword
     # (Lightning builds DistributedDataParallel(module=model, ...), registers hooks with state=, hook=).
@@ -383,7 +386,7 @@ def host_syncs(probe: Probe, torch: Any) -> None:
     device = os.environ.get(SYNC_DEVICE_ENV, "cuda")
 
     def counted(original: Callable[..., Any]) -> Callable[..., Any]:
-        def read(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        def through_read(tensor: Any, *args: Any, **kwargs: Any) -> Any:
             if probe.broken or probe.paused or tensor.device.type != device:
                 return original(tensor, *args, **kwargs)
             probe.syncs += 1
@@ -393,14 +396,14 @@ def host_syncs(probe: Probe, torch: Any) -> None:
             finally:
                 probe.sync_wait += probe.clock() - started
 
-        return read
+        return through_read
 
     for name in HOST_READS:
         probe.patch(torch.Tensor, name, counted)
     if device == "cuda":
 
         def synchronize(original: Callable[..., Any]) -> Callable[..., Any]:
-            def counted_synchronize(*args: Any, **kwargs: Any) -> Any:
+            def through_synchronize(*args: Any, **kwargs: Any) -> Any:
                 if probe.broken or probe.paused:
                     return original(*args, **kwargs)
                 probe.syncs += 1
@@ -410,7 +413,7 @@ def host_syncs(probe: Probe, torch: Any) -> None:
                 finally:
                     probe.sync_wait += probe.clock() - started
 
-            return counted_synchronize
+            return through_synchronize
 
         probe.patch(torch.cuda, "synchronize", synchronize)
 
