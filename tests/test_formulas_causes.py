@@ -360,3 +360,14 @@ def test_the_probes_own_time_is_its_bookkeeping_not_what_passes_through_its_wrap
     # the wrapper's own bytecode (2-10 and 90-98) is the probe's; so are end_step and its clock
     assert dict(p["backward"]["what"])["(the probe's own hooks)"] == pytest.approx(16e-6)
     assert dict(p["optimizer"]["what"])["(the probe's own hooks)"] == pytest.approx(40e-6)
+
+
+def test_without_a_trace_the_unexplained_time_says_what_is_missing(tmp_path):
+    rank = step({"forward": 0.04, "backward": 0.03, "other": 0.03})  # no `trace`: the profiler was off or failed
+    found = findings(probed_run(tmp_path / "untraced", [rank] * 2))["unexplained_other"]
+    assert "no trace was recorded" in found["evidence"] and found["saving"] == pytest.approx(0.3)
+    damaged = tmp_path / "trace-rank0.json.gz"
+    damaged.write_bytes(b"\x1f\x8b not a whole gzip file")  # a rank killed while writing it
+    from paratrain.launch.trace_summary import summarise_file
+
+    assert summarise_file(damaged) is None
