@@ -327,7 +327,7 @@ PARALLELISMS: dict[str, Parallelism] = {
                 read_in={
                     "engine/strategies/pipeline.py": "runs hybrid's DDP stage's shape-inferring forward in no_sync",
                     "engine/script_schedule.py": "recognises a user's script's DDP model to hook its all-reduce",
-                    "launch/probe.py": "times the all-reduce of a user's script's DDP model without changing it",
+                    "launch/probe/hooks.py": "times the all-reduce of a user's script's DDP model without changing it",
                 },
             ),
             Api(
@@ -602,7 +602,7 @@ def test_the_torch_api_that_applies_a_parallelism_is_used_only_in_its_engine_mod
         ("import torch\ntorch.distributed.fsdp.fully_shard(m)", True, True),
         ("from torch.distributed.fsdp import *", True, False),
         ("from torch.distributed.fsdp import FSDPModule\nisinstance(m, FSDPModule)", False, False),
-        # an attribute of the API called: the API read, not applied (as launch/probe.py patches DDP's methods)
+        # an attribute of the API called: the API read, not applied (as launch/probe/hooks.py patches DDP's methods)
         ("from torch.distributed import fsdp\nfsdp.fully_shard.state(m)", True, False),
     ],
 )

@@ -207,7 +207,7 @@ def needless_recompute(ev: RunEvidence) -> Finding | None:
     used = max(p / limit for p, limit in peaks)
     if used >= MEMORY_HEADROOM:
         return None
-    where = trace_top(ev, "recompute") or trace_top(ev, "recompute", "module")
+    where = trace_top(ev, "recompute", "module") or trace_top(ev, "recompute")  # the blocks run again
     return Finding(
         "needless_recompute",
         f"activation checkpointing recomputes {pct(recompute / step)} of every step, with memory to spare",

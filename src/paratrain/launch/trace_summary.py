@@ -27,6 +27,7 @@ import itertools
 import json
 import re
 import sys
+from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -110,13 +111,67 @@ def summarise_trace(events: list[dict[str, Any]]) -> dict[str, Any] | None:
         return None
     # The probe's phase ranges open in one hook and close in another, so they do not nest with the Python
     # calls: they are laid out on their own, as a timeline of the innermost phase at each instant.
-    timeline = PhaseTimeline([e for e in mine if e["name"].startswith(PREFIX)])
+    account = Account(PhaseTimeline([e for e in mine if e["name"].startswith(PREFIX)]))
     calls = [e for e in mine if not e["name"].startswith(PREFIX)]
-    tables: dict[str, dict[str, dict[str, float]]] = {}
-    collectives: dict[tuple[str, str, str], list[float]] = {}
+    for event, children, ancestors in nested(calls):
+        account.close(event, children, ancestors)
+    return {
+        "steps": steps,
+        "phases": account.phases(steps),
+        "dtypes_s": _dtype_seconds(calls, steps),
+        "collectives": [
+            {"name": name, "phase": phase, "issuer": issuer, "calls": n / steps, "bytes": size / steps}
+            for (name, phase, issuer), (n, size) in sorted(account.collectives.items(), key=lambda kv: -kv[1][0])
+        ][:TOP],
+        "link": _link(timed, main),
+    }
 
-    def charge(phase: str, seconds: float, event: dict[str, Any], ancestors: list[dict[str, Any]]) -> None:
-        table = tables.setdefault(phase, {key: {} for key in TABLES})
+
+def nested(calls: list[dict[str, Any]]) -> Iterator[tuple[dict[str, Any], list[tuple[float, float]], list[Any]]]:
+    """Each call once it has ended, with its children's spans and its open ancestors (outermost first). The
+    calls come sorted by start, longest first; one that outlasts its parent by a rounding is clipped to it."""
+    stack: list[tuple[dict[str, Any], list[tuple[float, float]]]] = []  # open calls and their children's spans
+    for event in calls:
+        while stack and stack[-1][0]["ts"] + stack[-1][0]["dur"] <= event["ts"] + 1e-3:
+            done, children = stack.pop()
+            yield done, children, [s[0] for s in stack]
+        if stack:
+            parent_end = stack[-1][0]["ts"] + stack[-1][0]["dur"]
+            if event["ts"] + event["dur"] > parent_end:
+                event = {**event, "dur": parent_end - event["ts"]}
+            stack[-1][1].append((event["ts"], event["ts"] + event["dur"]))
+        stack.append((event, []))
+    while stack:
+        done, children = stack.pop()
+        yield done, children, [s[0] for s in stack]
+
+
+class Account:
+    """Each call's exclusive time, split by the phase timeline and charged to the tables; the collectives."""
+
+    def __init__(self, timeline: PhaseTimeline):
+        self.timeline = timeline
+        self.tables: dict[str, dict[str, dict[str, float]]] = {}
+        self.collectives: dict[tuple[str, str, str], list[float]] = {}
+        self.outside = 0.0  # seconds before the first phase range or after the last: `other` too
+
+    def close(self, event: dict[str, Any], children: list[tuple[float, float]], ancestors: list[Any]) -> None:
+        begin, end, timeline = event["ts"], event["ts"] + event["dur"], self.timeline
+        for a, b in _gaps(begin, end, children):
+            for phase, seconds in timeline.split(a, b):
+                self.charge(phase, seconds, event, ancestors)
+            self.outside += (max(0.0, min(b, timeline.begin) - a) + max(0.0, b - max(a, timeline.end))) / 1e6
+        if event.get("cat") == "cpu_op" and event["name"].startswith("c10d::"):
+            frames = [*ancestors, event]
+            users = [a["name"] for a in frames if a.get("cat") == "python_function" and not is_library(a["name"])]
+            issuer = _modules(frames).rsplit("/", 1)[-1] or (users[-1] if users else "")
+            key = (event["name"].removeprefix("c10d::").rstrip("_"), timeline.at(begin), issuer)
+            entry = self.collectives.setdefault(key, [0, 0])
+            entry[0] += 1
+            entry[1] += _bytes(event)
+
+    def charge(self, phase: str, seconds: float, event: dict[str, Any], ancestors: list[dict[str, Any]]) -> None:
+        table = self.tables.setdefault(phase, {key: {} for key in TABLES})
         frames = [*ancestors, event]
         python = [a for a in frames if a.get("cat") == "python_function"]
         mine = [i for i, a in enumerate(python) if not is_library(a["name"])]
@@ -139,65 +194,19 @@ def summarise_trace(events: list[dict[str, Any]]) -> dict[str, Any] | None:
             if name:
                 table[key][name] = table[key].get(name, 0.0) + seconds
 
-    outside = [0.0]  # seconds before the first phase range or after the last: `other` too
-
-    def close(event: dict[str, Any], children: list[tuple[float, float]], ancestors: list[dict[str, Any]]) -> None:
-        begin, end = event["ts"], event["ts"] + event["dur"]
-        for a, b in _gaps(begin, end, children):
-            for phase, seconds in timeline.split(a, b):
-                charge(phase, seconds, event, ancestors)
-            outside[0] += (max(0.0, min(b, timeline.begin) - a) + max(0.0, b - max(a, timeline.end))) / 1e6
-        if event.get("cat") == "cpu_op" and event["name"].startswith("c10d::"):
-            phase = timeline.at(begin)
-            frames = [*ancestors, event]
-            issuer = _modules(frames).rsplit("/", 1)[-1] or next(
-                (
-                    a["name"]
-                    for a in reversed(frames)
-                    if a.get("cat") == "python_function" and not is_library(a["name"])
-                ),
-                "",
-            )
-            entry = collectives.setdefault((event["name"].removeprefix("c10d::").rstrip("_"), phase, issuer), [0, 0])
-            entry[0] += 1
-            entry[1] += _bytes(event)
-
-    stack: list[tuple[dict[str, Any], list[tuple[float, float]]]] = []  # open calls and their children's spans
-    for event in calls:
-        while stack and stack[-1][0]["ts"] + stack[-1][0]["dur"] <= event["ts"] + 1e-3:
-            done, children = stack.pop()
-            close(done, children, [s[0] for s in stack])
-        if stack:
-            parent_end = stack[-1][0]["ts"] + stack[-1][0]["dur"]
-            if event["ts"] + event["dur"] > parent_end:  # timestamps a little off: clip to the parent
-                event = {**event, "dur": parent_end - event["ts"]}
-            stack[-1][1].append((event["ts"], event["ts"] + event["dur"]))
-        stack.append((event, []))
-    while stack:
-        done, children = stack.pop()
-        close(done, children, [s[0] for s in stack])
-    phases = {}
-    totals = timeline.totals()
-    totals["other"] = totals.get("other", 0.0) + outside[0]
-    for phase, total in totals.items():
-        table = tables.get(phase, {key: {} for key in TABLES})
-        untraced = total - sum(table["what"].values())
-        if untraced > 0:
-            table["what"]["(no Python call or operator: C++ work, or waiting)"] = untraced
-        phases[phase] = {
-            "s": total / steps,
-            **{key: _top(table[key], total, steps) for key in TABLES},
-        }
-    return {
-        "steps": steps,
-        "phases": phases,
-        "dtypes_s": _dtype_seconds(calls, steps),
-        "collectives": [
-            {"name": name, "phase": phase, "issuer": issuer, "calls": n / steps, "bytes": size / steps}
-            for (name, phase, issuer), (n, size) in sorted(collectives.items(), key=lambda kv: -kv[1][0])
-        ][:TOP],
-        "link": _link(timed, main),
-    }
+    def phases(self, steps: int) -> dict[str, dict[str, Any]]:
+        """Per phase, seconds per step and its tables' largest entries; time in a phase that no event covers
+        is C++ outside any operator, or waiting."""
+        totals = self.timeline.totals()
+        totals["other"] = totals.get("other", 0.0) + self.outside
+        out = {}
+        for phase, total in totals.items():
+            table = self.tables.get(phase, {key: {} for key in TABLES})
+            untraced = total - sum(table["what"].values())
+            if untraced > 0:
+                table["what"]["(no Python call or operator: C++ work, or waiting)"] = untraced
+            out[phase] = {"s": total / steps, **{key: _top(table[key], total, steps) for key in TABLES}}
+        return out
 
 
 class PhaseTimeline:

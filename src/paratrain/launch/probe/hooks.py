@@ -285,40 +285,6 @@ def ddp(probe: Probe, torch: Any) -> None:
 
     hooked: weakref.WeakSet[Any] = weakref.WeakSet()
 
-    def timed_hook(hook: Callable[..., Any]) -> Callable[..., Any]:
-        # wraps: DDP checks the hook's signature (and logs its name); inspect follows __wrapped__.
-        @functools.wraps(hook)
-        def through_hook(state: Any, bucket: Any) -> Any:
-            if probe.broken:
-                return hook(state, bucket)
-            now = probe.clock()
-            size = bucket.buffer().numel() * bucket.buffer().element_size()
-            probe.buckets += 1
-            probe.bucket_bytes += size
-            if bucket.is_last():
-                probe.rounds += 1
-                probe.backward_launch = now
-            probe.in_ddp_hook = True
-            try:
-                future = hook(state, bucket)
-            finally:
-                probe.in_ddp_hook = False
-            log = probe.bucket_log
-            if log is not None:
-                entry = [now - probe.backward_started, float(size), -1.0]
-                log.append(entry)
-                started = probe.backward_started
-
-                def done(fut: Any) -> Any:
-                    entry[2] = probe.clock() - started
-                    return fut.value()
-
-                # DDP waits on what the hook returns: chained, the time is read before the bucket counts as done
-                return future.then(done)
-            return future
-
-        return through_hook
-
     # The wrappers take DDP's own arguments as they come: scripts and frameworks pass them by keyword
     # (Lightning builds DistributedDataParallel(module=model, ...), registers hooks with state=, hook=).
     def make_register(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -327,9 +293,9 @@ def ddp(probe: Probe, torch: Any) -> None:
                 return original(ddp, *args, **kwargs)
             hooked.add(ddp)
             if "hook" in kwargs:
-                kwargs["hook"] = timed_hook(kwargs["hook"])
+                kwargs["hook"] = timed_hook(probe, kwargs["hook"])
             else:
-                args = (*args[:1], timed_hook(args[1]), *args[2:])
+                args = (*args[:1], timed_hook(probe, args[1]), *args[2:])
             return original(ddp, *args, **kwargs)
 
         return register_comm_hook
@@ -373,6 +339,44 @@ def ddp(probe: Probe, torch: Any) -> None:
     probe.patch(DDP, "register_comm_hook", make_register)
     probe.patch(DDP, "_register_builtin_comm_hook", make_builtin)
     probe.patch(DDP, "__init__", make_init)
+
+
+def timed_hook(probe: Probe, hook: Callable[..., Any]) -> Callable[..., Any]:
+    """A DDP comm hook counted and timed: every bucket's bytes, the last bucket's hand-over (the exposed
+    all-reduce is backward's tail after it), and in BUCKET_STEPS each bucket's all-reduce's end."""
+
+    # wraps: DDP checks the hook's signature (and logs its name); inspect follows __wrapped__.
+    @functools.wraps(hook)
+    def through_hook(state: Any, bucket: Any) -> Any:
+        if probe.broken:
+            return hook(state, bucket)
+        now = probe.clock()
+        size = bucket.buffer().numel() * bucket.buffer().element_size()
+        probe.buckets += 1
+        probe.bucket_bytes += size
+        if bucket.is_last():
+            probe.rounds += 1
+            probe.backward_launch = now
+        probe.in_ddp_hook = True
+        try:
+            future = hook(state, bucket)
+        finally:
+            probe.in_ddp_hook = False
+        log = probe.bucket_log
+        if log is not None:
+            entry = [now - probe.backward_started, float(size), -1.0]
+            log.append(entry)
+            started = probe.backward_started
+
+            def done(fut: Any) -> Any:
+                entry[2] = probe.clock() - started
+                return fut.value()
+
+            # DDP waits on what the hook returns: chained, the time is read before the bucket counts as done
+            return future.then(done)
+        return future
+
+    return through_hook
 
 
 def save(probe: Probe, torch: Any) -> None:
