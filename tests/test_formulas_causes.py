@@ -147,16 +147,20 @@ def test_default_buckets_and_the_link_fitted_to_the_least_time_per_size():
 
 def test_ddp_buckets_shrink_the_exposed_all_reduce_by_the_calls_it_saves(tmp_path):
     # 2 MiB of gradients in 26 buckets a step (default: 2), 60 ms exposed of a 100 ms step. The link: one size
-    # of 80 kB at 1.08 ms: latency 1.0 ms at 1 GB/s. Now 26 x 1 + 2.097 ms, with the default 2 x 1 + 2.097:
-    # exposed 60 x (1 - 4.097 / 28.097) = 51.25 ms saved.
+    # of 80 kB at 1.08 ms at least: latency 1.0 ms at 1 GB/s. A bucket costs this run (60 - 2.097) / 26 =
+    # 2.227 ms (more than the latency); with the default buckets 2 x 2.227 + 2.097 = 6.551 ms are exposed.
     phases = {"forward": 0.01, "backward": 0.03, "comm": 0.06}
-    rank = step(
-        phases, buckets_per_step=26, gradient_bytes=2**21, bucket_cap_bytes=10485, trace={"link": [[8e4, 0.00108]]}
-    )
+    link = {"link": [[8e4, 0.00108]]}
+    rank = step(phases, buckets_per_step=26, gradient_bytes=2**21, bucket_cap_bytes=10485, trace=link)
     found = findings(probed_run(tmp_path / "tiny", [rank] * 2))["ddp_buckets"]
-    now, then = 26 * 0.001 + 2**21 / 1e9, 2 * 0.001 + 2**21 / 1e9
-    assert found["saving"] == pytest.approx(0.06 * (1 - then / now) / 0.1)
+    transfer = 2**21 / 1e9
+    per_bucket = (0.06 - transfer) / 26
+    assert found["saving"] == pytest.approx((0.06 - (2 * per_bucket + transfer)) / 0.1)
     assert "bucket_cap_mb" in found["remedy"]
+    # 20 ms exposed: 0.69 ms a bucket, less than the link's latency, which it then costs: 2 x 1 + 2.097 ms
+    low = step({"forward": 0.04, "backward": 0.04, "comm": 0.02}, **{k: v for k, v in rank.items() if k != "phases_s"})
+    found = findings(probed_run(tmp_path / "low", [low] * 2))["ddp_buckets"]
+    assert found["saving"] == pytest.approx((0.02 - (2 * 0.001 + transfer)) / 0.1)
     normal = {**rank, "buckets_per_step": 2}
     assert "ddp_buckets" not in findings(probed_run(tmp_path / "normal", [normal] * 2))
 

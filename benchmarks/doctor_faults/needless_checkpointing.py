@@ -1,6 +1,6 @@
-"""Needless activation checkpointing: every block of a residual MLP runs under torch.utils.checkpoint, copied
-from a large-model recipe, though this model's activations take a few MiB of a machine with gigabytes free.
-Backward then runs every block's forward again. Fix (`--fix`): no checkpointing.
+"""Needless activation checkpointing: every block of a small residual CNN runs under torch.utils.checkpoint,
+copied from a large-model recipe, though this model's activations take a few MiB of a machine with gigabytes
+free. Backward then runs every block's forward again. Fix (`--fix`): no checkpointing.
 
     paratrain launch -n 2 benchmarks/doctor_faults/needless_checkpointing.py [--fix] [--steps N] [--seconds S]
 """
@@ -18,26 +18,30 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 
 class Block(nn.Module):
-    def __init__(self, width: int):
+    def __init__(self, channels: int):
         super().__init__()
         self.net = nn.Sequential(
-            nn.LayerNorm(width), nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width)
+            nn.Conv2d(channels, channels, 3, padding=1),
+            nn.BatchNorm2d(channels),
+            nn.ReLU(),
+            nn.Conv2d(channels, channels, 3, padding=1),
+            nn.BatchNorm2d(channels),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.net(x)
+        return torch.relu(x + self.net(x))
 
 
-class ResidualMLP(nn.Module):
-    def __init__(self, recompute: bool, width: int = 256, depth: int = 8):
+class ResidualCNN(nn.Module):
+    def __init__(self, recompute: bool, channels: int = 32, depth: int = 6):
         super().__init__()
         self.recompute = recompute
-        self.embed = nn.Linear(3 * 32 * 32, width)
-        self.blocks = nn.ModuleList(Block(width) for _ in range(depth))
-        self.head = nn.Linear(width, 10)
+        self.stem = nn.Sequential(nn.Conv2d(3, channels, 3, padding=1), nn.BatchNorm2d(channels), nn.ReLU())
+        self.blocks = nn.ModuleList(Block(channels) for _ in range(depth))
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, 10))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.embed(x.flatten(1))
+        x = self.stem(x)
         for block in self.blocks:
             x = checkpoint(block, x, use_reentrant=False) if self.recompute else block(x)
         return self.head(x)
@@ -51,7 +55,7 @@ sampler = DistributedSampler(dataset, shuffle=True, seed=0)
 loader = DataLoader(dataset, batch_size=32, sampler=sampler, drop_last=True)
 
 torch.manual_seed(0)
-model = DDP(ResidualMLP(recompute=not args.fix))
+model = DDP(ResidualCNN(recompute=not args.fix))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
 meter = Meter(args)
 for epoch in itertools.count():

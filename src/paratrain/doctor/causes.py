@@ -267,9 +267,10 @@ def default_buckets(gradient_bytes: float) -> int:
 
 def ddp_buckets(ev: RunEvidence) -> Finding | None:
     """DDP buckets far below the default (bucket_cap_mb set tiny): each all-reduce pays the link's latency and
-    DDP's per-bucket work. The exposed all-reduce is latency-bound at such sizes, so with the default buckets
-    it shrinks with the count of calls: exposed x (default count x latency + bytes / bandwidth) / (count now x
-    latency + bytes / bandwidth), the latency and bandwidth fitted to the run's own collectives (the trace)."""
+    DDP's per-bucket work. With the default buckets the exposed all-reduce is the default count of those per-
+    bucket costs plus the bytes' transfer: the bandwidth fitted to the run's own collectives (the trace), the
+    cost per bucket what this run's exposed time less that transfer gives per bucket (at least the link's
+    latency)."""
     ranks = [r for r in ev.probe_ranks if r.get("ddp")]
     if len(ranks) < 2 or len(ranks) != len(ev.probe_ranks):
         return None
@@ -279,10 +280,12 @@ def ddp_buckets(ev: RunEvidence) -> Finding | None:
     if buckets < BUCKET_EXCESS * default or buckets <= default + 2:
         return None
     latency, bandwidth = link_fit(ev)
-    now = buckets * latency + gradients / bandwidth
-    then = default * latency + gradients / bandwidth
     exposed, step = ev.all_reduce_s, _step(ev)
-    saved = exposed * (1 - then / now)
+    # What a bucket costs this run: the link's own latency, or more (DDP's and gloo's work per bucket on a
+    # busy core): the exposed time less the bytes' transfer, per bucket.
+    per_bucket = max(latency, (exposed - gradients / bandwidth) / buckets)
+    then = min(exposed, default * per_bucket + gradients / bandwidth)
+    saved = exposed - then
     if saved / step < BUCKET_SAVING:
         return None
     cap = ranks[0].get("bucket_cap_bytes", 0)
@@ -290,8 +293,8 @@ def ddp_buckets(ev: RunEvidence) -> Finding | None:
         "ddp_buckets",
         f"DDP all-reduces its gradients in {buckets:.0f} buckets a step, where its default makes {default}",
         f"step {ms(step)}: exposed all-reduce {ms(exposed)}; {gradients / 2**20:.1f} MiB of gradients in buckets of "
-        f"at most {cap / 2**20:.2f} MiB (bucket_cap_mb); the link: {latency * 1e3:.2f} ms a call and "
-        f"{bandwidth / 1e9:.2f} GB/s (fitted to this run's collectives)",
+        f"at most {cap / 2**20:.2f} MiB (bucket_cap_mb): {ms(per_bucket)} a bucket; the link: {latency * 1e3:.2f} ms a "
+        f"call at least and {bandwidth / 1e9:.2f} GB/s (fitted to this run's collectives)",
         "each bucket is one all-reduce, paying the link's latency and DDP's own work per bucket; tiny buckets turn "
         "one transfer into many latency-bound calls that backward cannot hide",
         f"code change in {_script(ev)}: DistributedDataParallel(model) with the default bucket_cap_mb (25), or "
