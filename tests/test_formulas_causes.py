@@ -375,3 +375,23 @@ def test_without_a_trace_the_unexplained_time_says_what_is_missing(tmp_path):
     from paratrain.launch.trace_summary import summarise_file
 
     assert summarise_file(damaged) is None
+
+
+def test_a_ranks_own_work_stands_above_the_contention_caveat_whatever_its_share(tmp_path):
+    """Other work slows every phase alike: a collection's share of the step is what it is. So 20 % of gc ranks
+    above a caveat of 60 % contention, keeps its severity, and its gain is not widened (no wait to discount)."""
+    phases = {"forward": 0.05, "backward": 0.03, "other": 0.02}
+    rank = step(phases, gc_s_per_step=0.02, gc_sites=[["train.py:3 (<module>): gc.collect()", 0.02]])
+    run = probed_run(tmp_path / "busy", [rank] * 2)
+    summary = json.loads((run / "summary.json").read_text())
+    summary["machine_load"] = {"cores": 2, "other_fraction": 0.6, "contended": True}
+    (run / "summary.json").write_text(json.dumps(summary))
+    result = diagnose(run)
+    checks = [f["check"] for f in result["findings"]]
+    assert checks.index("garbage_collection") < checks.index("contended")
+    gc = result["findings"][checks.index("garbage_collection")]
+    assert gc["severity"] == "medium" and "at least" not in gc["predicted_gain"]
+    assert result["verdict"].startswith("1 problem(s) costing time; the biggest: Python's garbage collection")
+    assert result["verdict"].endswith(
+        "read with care: other work took 60% of the run's cores: its timings are unreliable"
+    )
