@@ -138,29 +138,38 @@ def test_default_buckets_and_the_link_fitted_to_the_least_time_per_size():
         def __init__(self, links):
             self.probe_ranks = [{"trace": {"link": link}} for link in links]
 
-    # minima per size: 1 MB in 2 ms, 3 MB in 4 ms: 1 ms latency and 1 ms per MB (1 GB/s); waits ignored
-    latency, bandwidth = link_fit(Ev([[[1e6, 0.002], [3e6, 0.009]], [[1e6, 0.005], [3e6, 0.004]]]))
-    assert latency == pytest.approx(0.001) and bandwidth == pytest.approx(1e9)
-    latency, bandwidth = link_fit(Ev([[[5e4, 0.0011], [5e4, 0.003]]]))  # one size: its least time, less 1 GB/s
-    assert latency == pytest.approx(0.0011 - 5e4 / 1e9) and bandwidth == 1e9
+    # minima per size: 2 MB in 3 ms, 6 MB in 7 ms: 1 ms per MB (1 GB/s); the latency is the smallest message's
+    # least time less its transfer (50 kB: 1.1 - 0.05 ms); waits (the longer times) ignored
+    latency, bandwidth = link_fit(Ev([[[2e6, 0.003], [6e6, 0.009], [5e4, 0.0011]], [[2e6, 0.005], [6e6, 0.007]]]))
+    assert bandwidth == pytest.approx(1e9) and latency == pytest.approx(0.0011 - 5e4 / 1e9)
+    # messages under a MiB show the calls' cost, not the bandwidth: none is fitted from them
+    latency, bandwidth = link_fit(Ev([[[5e4, 0.0011], [5e4, 0.003], [5e5, 0.004]]]))
+    assert latency == pytest.approx(0.0011) and bandwidth is None
 
 
 def test_ddp_buckets_shrink_the_exposed_all_reduce_by_the_calls_it_saves(tmp_path):
-    # 2 MiB of gradients in 26 buckets a step (default: 2), 60 ms exposed of a 100 ms step. The link: one size
-    # of 80 kB at 1.08 ms at least: latency 1.0 ms at 1 GB/s. A bucket costs this run (60 - 2.097) / 26 =
-    # 2.227 ms (more than the latency); with the default buckets 2 x 2.227 + 2.097 = 6.551 ms are exposed.
+    # 2 MiB of gradients in 26 buckets a step (default: 2), 60 ms exposed of a 100 ms step. The link: 80 kB at
+    # 1.08 ms at least, 2 and 6 MB at 3 and 7 ms: 1 GB/s, latency 1.0 ms. A bucket costs this run
+    # (60 - 2.097) / 26 = 2.227 ms (more than the latency); with the default buckets 2 x 2.227 + 2.097 = 6.551 ms
+    # are exposed.
     phases = {"forward": 0.01, "backward": 0.03, "comm": 0.06}
-    link = {"link": [[8e4, 0.00108]]}
+    link = {"link": [[8e4, 0.00108], [2e6, 0.003], [6e6, 0.007]]}
     rank = step(phases, buckets_per_step=26, gradient_bytes=2**21, bucket_cap_bytes=10485, trace=link)
     found = findings(probed_run(tmp_path / "tiny", [rank] * 2))["ddp_buckets"]
     transfer = 2**21 / 1e9
     per_bucket = (0.06 - transfer) / 26
-    assert found["saving"] == pytest.approx((0.06 - (2 * per_bucket + transfer)) / 0.1)
+    assert found["saving"] == pytest.approx((0.06 - (2 * per_bucket + transfer)) / 0.1) and not found["bound"]
     assert "bucket_cap_mb" in found["remedy"]
     # 20 ms exposed: 0.69 ms a bucket, less than the link's latency, which it then costs: 2 x 1 + 2.097 ms
     low = step({"forward": 0.04, "backward": 0.04, "comm": 0.02}, **{k: v for k, v in rank.items() if k != "phases_s"})
     found = findings(probed_run(tmp_path / "low", [low] * 2))["ddp_buckets"]
     assert found["saving"] == pytest.approx((0.02 - (2 * 0.001 + transfer)) / 0.1)
+    # only small messages: no bandwidth to price the transfer at; the 60 ms over 26 buckets, 2 of them remain,
+    # and the gain is a bound
+    small = {**rank, "trace": {"link": [[8e4, 0.00108]]}}
+    found = findings(probed_run(tmp_path / "small", [small] * 2))["ddp_buckets"]
+    assert found["saving"] == pytest.approx((0.06 - 2 * 0.06 / 26) / 0.1) and found["bound"]
+    assert "up to" in found["predicted_gain"]
     normal = {**rank, "buckets_per_step": 2}
     assert "ddp_buckets" not in findings(probed_run(tmp_path / "normal", [normal] * 2))
 

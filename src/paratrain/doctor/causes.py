@@ -268,9 +268,10 @@ def default_buckets(gradient_bytes: float) -> int:
 def ddp_buckets(ev: RunEvidence) -> Finding | None:
     """DDP buckets far below the default (bucket_cap_mb set tiny): each all-reduce pays the link's latency and
     DDP's per-bucket work. With the default buckets the exposed all-reduce is the default count of those per-
-    bucket costs plus the bytes' transfer: the bandwidth fitted to the run's own collectives (the trace), the
-    cost per bucket what this run's exposed time less that transfer gives per bucket (at least the link's
-    latency)."""
+    bucket costs plus the bytes' transfer: the bandwidth fitted to the run's own large collectives (the trace),
+    the cost per bucket what this run's exposed time less that transfer gives per bucket (at least the link's
+    latency). A run with no large message has no bandwidth to price the transfer at: the gain is then a bound
+    (the transfer taken as free)."""
     ranks = [r for r in ev.probe_ranks if r.get("ddp")]
     if len(ranks) < 2 or len(ranks) != len(ev.probe_ranks):
         return None
@@ -281,51 +282,70 @@ def ddp_buckets(ev: RunEvidence) -> Finding | None:
         return None
     latency, bandwidth = link_fit(ev)
     exposed, step = ev.all_reduce_s, _step(ev)
+    transfer = gradients / bandwidth if bandwidth else 0.0
     # What a bucket costs this run: the link's own latency, or more (DDP's and gloo's work per bucket on a
     # busy core): the exposed time less the bytes' transfer, per bucket.
-    per_bucket = max(latency, (exposed - gradients / bandwidth) / buckets)
-    then = min(exposed, default * per_bucket + gradients / bandwidth)
+    per_bucket = max(latency, (exposed - transfer) / buckets)
+    then = min(exposed, default * per_bucket + transfer)
     saved = exposed - then
     if saved / step < BUCKET_SAVING:
         return None
     cap = ranks[0].get("bucket_cap_bytes", 0)
+    link = (
+        f"{bandwidth / 1e9:.2f} GB/s (fitted to this run's collectives of 1 MiB or more)"
+        if bandwidth
+        else "its bandwidth unmeasured (no collective of 1 MiB or more)"
+    )
+    gain = (
+        f"{speedup(saved / step)}: the exposed all-reduce shrinks from {ms(exposed)} to {ms(exposed - saved)}"
+        if bandwidth
+        else f"up to {speedup(saved / step)} (a bound: the bytes' transfer taken as free): the exposed all-reduce "
+        f"shrinks from {ms(exposed)} to at least {ms(exposed - saved)}"
+    )
     return Finding(
         "ddp_buckets",
         f"DDP all-reduces its gradients in {buckets:.0f} buckets a step, where its default makes {default}",
         f"step {ms(step)}: exposed all-reduce {ms(exposed)}; {gradients / 2**20:.1f} MiB of gradients in buckets of "
         f"at most {cap / 2**20:.2f} MiB (bucket_cap_mb): {ms(per_bucket)} a bucket; the link: {latency * 1e3:.2f} ms a "
-        f"call at least and {bandwidth / 1e9:.2f} GB/s (fitted to this run's collectives)",
+        f"call at least, {link}",
         "each bucket is one all-reduce, paying the link's latency and DDP's own work per bucket; tiny buckets turn "
         "one transfer into many latency-bound calls that backward cannot hide",
         f"code change in {_script(ev)}: DistributedDataParallel(model) with the default bucket_cap_mb (25), or "
         "larger; drop bucket_cap_mb={:g}".format(cap / 2**20),
-        f"{speedup(saved / step)}: the exposed all-reduce shrinks from {ms(exposed)} to {ms(exposed - saved)} "
-        f"({default} calls instead of {buckets:.0f}, the same bytes)",
+        f"{gain} ({default} calls instead of {buckets:.0f}, the same bytes)",
         saved / step,
         where=f"DistributedDataParallel(bucket_cap_mb={cap / 2**20:g})",
+        bound=not bandwidth,
         explains={"comm": saved},
     )
 
 
-def link_fit(ev: RunEvidence) -> tuple[float, float]:
-    """Latency (s) and bandwidth (bytes/s) of the collectives the trace recorded on the backend's threads: the
-    least time seen per message size is the link's own (longer ones waited for a rank); a line through those
-    minima by least squares, or, with one size only, that size's minimum as latency and a bandwidth of
-    1 GB/s (loopback's order, so bytes cost little beside it)."""
+# Below a MiB a collective's time is the link's latency and the backend's work per call; its bandwidth only
+# shows in larger messages (tiny buckets' 10 kB messages fitted 0.4 GB/s where 3 MiB moved at several GB/s).
+LINK_FIT_BYTES = 2**20
+
+
+def link_fit(ev: RunEvidence) -> tuple[float, float | None]:
+    """Latency (s) and bandwidth (bytes/s, None when unmeasured) of the collectives the trace recorded on the
+    backend's threads. The least time seen per message size is the link's own (longer ones waited for a rank):
+    the latency is the smallest message's least time; the bandwidth the slope of a least-squares line through
+    the minima of messages of 1 MiB or more, when they span at least a factor 2 in size."""
     points: dict[float, float] = {}
     for r in ev.probe_ranks:
         for size, seconds in (r.get("trace") or {}).get("link", []):
             points[size] = min(points.get(size, math.inf), seconds)
     sizes = sorted(points)
     if not sizes:
-        return 1e-4, 1e9
-    if len(sizes) < 2 or sizes[-1] < 2 * sizes[0]:
-        return max(points[sizes[0]] - sizes[0] / 1e9, 1e-6), 1e9
-    xs, ys = sizes, [points[x] for x in sizes]
-    mx, my = _mean(xs), _mean(ys)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-    slope = max(slope, 1e-12)
-    return max(my - slope * mx, 1e-6), 1 / slope
+        return 1e-4, None
+    large = [size for size in sizes if size >= LINK_FIT_BYTES]
+    bandwidth = None
+    if len(large) >= 2 and large[-1] >= 2 * large[0]:
+        ys = [points[x] for x in large]
+        mx, my = _mean(large), _mean(ys)
+        slope = sum((x - mx) * (y - my) for x, y in zip(large, ys)) / sum((x - mx) ** 2 for x in large)
+        bandwidth = 1 / max(slope, 1e-12)
+    smallest = sizes[0]
+    return max(points[smallest] - (smallest / bandwidth if bandwidth else 0.0), 1e-6), bandwidth
 
 
 def data_preparation(ev: RunEvidence) -> Finding | None:
