@@ -404,3 +404,14 @@ def test_a_ranks_own_work_stands_above_the_contention_caveat_whatever_its_share(
     assert result["verdict"].endswith(
         "read with care: other work took 60% of the run's cores: its timings are unreliable"
     )
+
+
+def test_uneven_shards_accounts_for_the_early_ranks_time_outside_its_steps(tmp_path):
+    # the catalogue's uneven_shards run: rank 0 (half the steps) spends 11.7 ms a step in 'other' (shadowing
+    # rank 1's all-reduces under join() once its batches ran out), rank 1 0.5 ms. uneven_shards accounts for
+    # the 11.2 ms above rank 1's (5.6 ms of the ranks' mean 6.1), so no unexplained time is reported beside it.
+    early = step({"forward": 0.008, "backward": 0.006, "comm": 0.002, "other": 0.0117}, steps=384)
+    late = step({"forward": 0.007, "backward": 0.004, "comm": 0.003, "other": 0.0005}, steps=768)
+    found = findings(probed_run(tmp_path / "uneven", [early, late]))
+    assert found["uneven_shards"]["explains"]["other"] == pytest.approx((0.0117 - 0.0005) / 2)
+    assert "unexplained_other" not in found

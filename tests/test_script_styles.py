@@ -1,6 +1,6 @@
 """The probe and the doctor on scripts in the styles people write (tests/script_styles/, no paratrain import):
-a plain DDP loop, torch.compile with fullgraph=True, torch.utils.checkpoint, bf16 autocast, the user's own FSDP2,
-an IterableDataset, Hugging Face Accelerate, Lightning Fabric and the Lightning Trainer. Each runs under
+a plain DDP loop, torch.compile (default and fullgraph=True), torch.utils.checkpoint, bf16 autocast, the user's
+own FSDP2, an IterableDataset, Hugging Face Accelerate, Lightning Fabric and the Lightning Trainer. Each runs under
 `paratrain launch -n 2` with two planted faults: the probe must work (no fallback), every second of each
 rank's steps must be charged to one phase, the samples per optimizer step must be the script's own count, and
 the doctor must name both faults."""
@@ -21,6 +21,7 @@ LAUNCH = [sys.executable, "-m", "paratrain", "launch", "-n", "2"]
 # shares of the step leave each other visible: a gc.collect() of 160 ms a step would hide a 16 ms decode.
 CASES = [
     ("plain_ddp", [], "no_sampler,gc", {"duplicate_data", "garbage_collection"}),
+    ("compiled", [], "gc,float64", {"garbage_collection", "float64"}),
     ("compiled", ["--fullgraph"], "decode,no_sampler", {"data_preparation", "duplicate_data"}),
     ("checkpointed", [], "float64,gc", {"float64", "garbage_collection"}),
     ("autocast_bf16", [], "decode,no_sampler", {"data_preparation", "duplicate_data"}),
@@ -32,7 +33,9 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("style, flags, faults, checks", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    "style, flags, faults, checks", CASES, ids=[c[0] + "".join(c[1]).replace("--", "-") for c in CASES]
+)
 def test_each_style_is_probed_whole_and_both_planted_faults_are_named(tmp_path, style, flags, faults, checks):
     if style in ("fabric_loop", "trainer"):
         pytest.importorskip("lightning")

@@ -143,6 +143,11 @@ def uneven_steps(ev: RunEvidence) -> Finding | None:
         return None
     # The run lasts as long as the rank with the most steps; equal shards give every rank the mean.
     saving = 1 - _mean(steps) / max(steps)
+    # A rank that ran out of batches spends the rest of the epoch outside its steps' phases (shadowing the
+    # others' all-reduces under join(), or waiting in its next collective): the probe charges that to the
+    # loop's own time ('other'), above what the rank with the most steps spends there.
+    most = max(ranks, key=lambda r: r["steps"])["phases_s"].get("other", 0.0)
+    waiting = _mean([max(0.0, r["phases_s"].get("other", 0.0) - most) for r in ranks])
     return Finding(
         "uneven_shards",
         f"the ranks took different numbers of steps ({', '.join(map(str, steps))})",
@@ -154,6 +159,8 @@ def uneven_steps(ev: RunEvidence) -> Finding | None:
         ),
         f"{speedup(saving)}: every rank takes the mean number of steps, {_mean(steps):.0f}",
         saving,
+        where="the data's split across ranks (the training loader's sampler)",
+        explains={"other": waiting},
     )
 
 
