@@ -281,6 +281,13 @@ def test_collectives_their_issuing_module_bytes_and_the_links_own_times(tmp_path
 
     assert summarise_file(path) == summary
     assert summarise_file(tmp_path / "missing.json.gz") is None
+    # the rank writes plain JSON; the launcher compresses it into the kept .json.gz and drops the plain file
+    from paratrain.launch.probe_summary import keep_trace
+
+    (tmp_path / "trace-rank1.json").write_text(json.dumps({"traceEvents": events}))
+    kept = keep_trace(tmp_path, 1)
+    assert kept.name == "trace-rank1.json.gz" and not (tmp_path / "trace-rank1.json").exists()
+    assert summarise_file(kept) == summary
 
 
 def test_unexplained_time_in_other_is_a_finding_with_where_it_went_and_a_bound(tmp_path):

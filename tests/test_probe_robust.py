@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from paratrain.launch.probe import TRACE_FILE, hooks
+from paratrain.launch.probe import RAW_TRACE_FILE, hooks
 from paratrain.launch.probe.clock import Probe
 from paratrain.launch.probe.device import HostEvent, device_timeline, tensor_device
 from paratrain.launch.trace_summary import summarise_file
@@ -212,7 +212,7 @@ def test_a_few_steps_are_profiled_kept_apart_and_their_trace_read(probe, tmp_pat
     steps = records(probe)
     profiled = [s["step"] for s in steps if s.get("profiled")]
     assert profiled == [6, 7, 8]
-    trace = summarise_file(tmp_path / TRACE_FILE.format(rank=0))
+    trace = summarise_file(tmp_path / RAW_TRACE_FILE.format(rank=0))  # the launcher compresses it later
     assert trace["steps"] == 3
     assert {"forward", "backward", "optimizer"} <= set(trace["phases"])
     assert any(name.startswith("aten::") for name, _ in trace["phases"]["forward"]["what"])

@@ -13,11 +13,13 @@ k steps is time the run spends, and the doctor's predicted gains are shares of t
 
 from __future__ import annotations
 
+import gzip
+import shutil
 import statistics
 from pathlib import Path
 from typing import Any
 
-from paratrain.launch.probe import DEVICE_PHASES, PHASES, TRACE_FILE
+from paratrain.launch.probe import DEVICE_PHASES, PHASES, RAW_TRACE_FILE, TRACE_FILE
 from paratrain.launch.trace_summary import summarise_file
 from paratrain.runs import json_records
 
@@ -194,6 +196,22 @@ def excess_s(used: list[dict[str, Any]]) -> dict[str, float]:
     }
 
 
+def keep_trace(probe_dir: Path, rank: int) -> Path:
+    """The rank's trace as kept: the plain JSON it wrote, compressed here into TRACE_FILE (after the run, so the
+    training never waits for it); the plain file when it cannot be compressed."""
+    raw, kept = probe_dir / RAW_TRACE_FILE.format(rank=rank), probe_dir / TRACE_FILE.format(rank=rank)
+    if not raw.exists():
+        return kept
+    try:
+        with open(raw, "rb") as source, gzip.open(kept, "wb", compresslevel=6) as target:
+            shutil.copyfileobj(source, target, 1 << 20)
+    except OSError:
+        kept.unlink(missing_ok=True)
+        return raw
+    raw.unlink()
+    return kept
+
+
 def summarise(run_dir: Path) -> dict[str, Any]:
     """`breakdown` and `probe` for summary.json; the probe block alone when no step was seen or it fell back."""
     files = sorted((run_dir / PROBE_DIR).glob("rank[0-9]*.jsonl"), key=lambda p: int(p.stem[4:]))
@@ -202,7 +220,7 @@ def summarise(run_dir: Path) -> dict[str, Any]:
     records = [json_records(p) for p in files]
     ranks = [rank_record(int(p.stem[4:]), r) for p, r in zip(files, records, strict=True)]
     for rank in ranks:
-        trace = summarise_file(run_dir / PROBE_DIR / TRACE_FILE.format(rank=rank["rank"]))
+        trace = summarise_file(keep_trace(run_dir / PROBE_DIR, rank["rank"]))
         if trace is not None:
             rank["trace"] = trace
     fell_back = [r for r in ranks if "fallback" in r]

@@ -66,7 +66,10 @@ DEVICE_PHASES = ("forward", "backward", "optimizer", "eval")
 SYNC_DEVICE_ENV = "PARATRAIN_PROBE_SYNC_DEVICE"
 # "0" turns the profiler window off (benchmarks/probe_overhead.py measures the hooks alone with it).
 TRACE_ENV = "PARATRAIN_PROBE_TRACE"
-TRACE_FILE = "trace-rank{rank}.json.gz"
+# The profiled steps' trace. The rank writes plain JSON: gzip (torch's export at level 9) stalled a rank whose
+# steps run much Python for 5-20 s after its profiled steps; the launcher compresses it after the run.
+RAW_TRACE_FILE = "trace-rank{rank}.json"
+TRACE_FILE = RAW_TRACE_FILE + ".gz"
 # Calibration: a per-device batch this small or smaller gets its forward and backward timed at a larger
 # batch once (the small-batch check's measured slope), on copies of the model's own layers; so do a
 # rank with more threads than cores, and a model in float64 (at float32 too).

@@ -16,9 +16,9 @@ from paratrain.launch.probe import (
     DEVICE_EVENTS_ENV,
     NARROW_AFTER_STEP,
     PHASES,
+    RAW_TRACE_FILE,
     SMALL_BATCH,
     TRACE_ENV,
-    TRACE_FILE,
 )
 from paratrain.launch.probe.device import DeviceTimeline, device_timeline
 from paratrain.launch.probe.facts import Facts, first_len
@@ -99,7 +99,7 @@ class Probe:
         self.fb_at, self.micro_at = 0.0, 0  # forward + backward seconds and micro-steps when they were stopped
         self.facts = Facts(self)
         self.window = TraceWindow(
-            os.path.join(os.path.dirname(path), TRACE_FILE.format(rank=rank)), os.environ.get(TRACE_ENV) != "0"
+            os.path.join(os.path.dirname(path), RAW_TRACE_FILE.format(rank=rank)), os.environ.get(TRACE_ENV) != "0"
         )
 
     # -- phase clocks ---------------------------------------------------------------------

@@ -5,7 +5,8 @@ After warm-up (the calibration and the narrowing of the module hooks done), the 
 (Kineto; CUDA kernels too where the script uses a GPU) with Python stacks, shapes and FLOPs, for
 TRACE_STEPS steps, or one step when a step is long. Its phases are marked in the trace as
 `paratrain:<phase>` ranges (torch.profiler.record_function), so each operator and Python call can be
-charged to the phase it ran in. The trace goes to RUN_DIR/probe/trace-rank<R>.json.gz, in the Chrome trace
+charged to the phase it ran in. The trace goes to RUN_DIR/probe/trace-rank<R>.json (plain JSON: compressing it
+here stalled the rank; the launcher compresses it to .json.gz after the run), in the Chrome trace
 format that Perfetto, TensorBoard's profiler and HolisticTraceAnalysis read; launch/trace_summary.py
 reads it for the doctor. The profiled steps run slower (Python calls are recorded): their records say
 `profiled` and no mean includes them.
