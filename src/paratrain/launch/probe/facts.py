@@ -12,6 +12,8 @@ import sys
 import weakref
 from typing import TYPE_CHECKING, Any
 
+from paratrain.launch.probe.workers import random_streams_kept
+
 if TYPE_CHECKING:
     from paratrain.launch.probe.clock import Probe
 
@@ -227,19 +229,11 @@ def _first_sample_sum(torch: Any, dataset: Any) -> float | None:
     """The checksum of the dataset's first sample: equal on two ranks when they hold the same dataset (not each
     its own shard, a Subset of other indices). Every random stream is restored, so a random augmentation in
     __getitem__ draws as it would have."""
-    import random
-
-    numpy = sys.modules.get("numpy")
-    states = (torch.get_rng_state(), random.getstate(), numpy.random.get_state() if numpy else None)
     try:
-        return _checksum(torch, dataset[0])
+        with random_streams_kept(torch):
+            return _checksum(torch, dataset[0])
     except Exception:
         return None
-    finally:
-        torch.set_rng_state(states[0])
-        random.setstate(states[1])
-        if numpy:
-            numpy.random.set_state(states[2])
 
 
 def _length(value: Any) -> int | None:

@@ -7,6 +7,8 @@ import signal
 import sys
 import time
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 # DataLoader workers that share the rank's cores with torch's threads: in a few steps the rank's workers are
@@ -15,6 +17,23 @@ from typing import Any
 PAUSE_FIRST_STEP = 10
 PAUSE_EVERY = 16
 PAUSES = 12
+
+
+@contextmanager
+def random_streams_kept(torch: Any) -> Iterator[None]:
+    """torch's, Python's and NumPy's random streams as they were before the block: what the probe reads from a
+    dataset in the rank (a batch, a sample) leaves the script's own draws unchanged."""
+    import random
+
+    numpy = sys.modules.get("numpy")
+    states = (torch.get_rng_state(), random.getstate(), numpy.random.get_state() if numpy else None)
+    try:
+        yield
+    finally:
+        torch.set_rng_state(states[0])
+        random.setstate(states[1])
+        if numpy:
+            numpy.random.set_state(states[2])
 
 
 class WorkerPause:
@@ -88,24 +107,16 @@ class WorkerPause:
             or isinstance(dataset, torch.utils.data.IterableDataset)
         ):
             return None
-        import random
-
-        numpy = sys.modules.get("numpy")
-        states = (torch.get_rng_state(), random.getstate(), numpy.random.get_state() if numpy else None)
         started = time.perf_counter()
         try:
-            size = len(dataset)
-            indices = [(self.taken * batch + j) % size for j in range(batch)]
-            fetch_many = getattr(dataset, "__getitems__", None)
-            collate(fetch_many(indices) if fetch_many else [dataset[i] for i in indices])
+            with random_streams_kept(torch):
+                size = len(dataset)
+                indices = [(self.taken * batch + j) % size for j in range(batch)]
+                fetch_many = getattr(dataset, "__getitems__", None)
+                collate(fetch_many(indices) if fetch_many else [dataset[i] for i in indices])
             return time.perf_counter() - started
         except Exception:
             return None
-        finally:
-            torch.set_rng_state(states[0])
-            random.setstate(states[1])
-            if numpy:
-                numpy.random.set_state(states[2])
 
     def resume(self) -> None:
         pids, self.stopped = self.stopped, []
