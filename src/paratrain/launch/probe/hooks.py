@@ -351,7 +351,8 @@ def timed_hook(probe: Probe, hook: Callable[..., Any]) -> Callable[..., Any]:
         if probe.broken:
             return hook(state, bucket)
         now = probe.clock()
-        size = bucket.buffer().numel() * bucket.buffer().element_size()
+        buffer = bucket.buffer()
+        size = buffer.numel() * buffer.element_size()
         probe.buckets += 1
         probe.bucket_bytes += size
         if bucket.is_last():
