@@ -197,51 +197,73 @@ def _probes(samples_per_s: dict[int, float]) -> list[dict]:
 KNEE_16 = _probes({1: 100, 2: 190, 4: 360, 8: 640, 16: 1000, 32: 1040, 64: 1050, 128: 1050, 256: 1050, 512: 1050})
 
 
-def test_recommend_never_chooses_a_batch_larger_than_a_ranks_training_samples(tmp_path):
-    """#27: recommend --workers 2 --limit-train 4000 found a knee of 2048 on one worker and then
-    stopped at its own noise-scale run: 2048 samples per rank against a rank's 2000."""
-    from paratrain.batch import run_config, train_samples
-    from paratrain.batch.recommend import recommend
+def test_full_step_rates_leave_out_the_steps_that_end_an_epoch_short():
+    """#57: find-batch's probe at 4,096 on a rank's 5,000 samples trains 4,096 then 904 an epoch; only the
+    full steps are the batch probed."""
+    from paratrain.batch.find_batch import full_step_rates
 
-    train = dict(workload="synthetic-cnn", device="cpu", synthetic_samples=4000, epochs=10, optimizer="sgd")
-    per_rank = train_samples(run_config(train)) // 2
-    assert per_rank < 2048
+    steps = [dict(samples=s, samples_per_s=r) for s, r in [(4096, 900), (5000, 300), (9096, 1000), (10000, 310)]]
+    assert full_step_rates(steps, 4096) == [900, 1000]
+    assert full_step_rates(steps[:2], 5000) == []
+
+
+@pytest.mark.parametrize(
+    "samples, workers, accum", [(5000, 2, 1), (4096, 2, 2), (100, 8, 1), (10**6, 64, 4), (39, 2, 1), (30, 2, 1)]
+)
+def test_the_steps_bound_leaves_twenty_optimizer_steps_an_epoch_or_says_why_not(samples, workers, accum):
+    from paratrain.batch.recommend import MIN_STEPS_PER_EPOCH, steps_bound
+
+    bound = steps_bound(samples, workers, accum)
+    steps = -(-samples // (workers * accum * bound.batch))
+    note = bound.note(samples, workers, accum)
+    if steps >= MIN_STEPS_PER_EPOCH:
+        assert (samples // (workers * accum * (bound.batch + 1))) < MIN_STEPS_PER_EPOCH
+        assert f"searched up to {bound.batch:,} a worker" in note
+    else:
+        assert bound.batch == 1 and f"only {steps} optimizer steps an epoch even at batch 1" in note
+
+
+def test_recommend_on_5000_samples_and_2_workers_trains_at_least_20_steps_an_epoch(tmp_path):
+    """#57: a small CNN on 5,000 samples with --workers 2 got 2,048 a worker, one step an epoch, after
+    32 minutes of measuring, with a note saying the global batch was within √N = 70. The search now stops
+    at 125 a worker (5,000 / (20 x 2)); where the knee stays above the √ cap, the source says so."""
+    from paratrain.batch.lr_find import RULE
+    from paratrain.batch.recommend import recommend, steps_bound
+
+    train = dict(workload="synthetic-cnn", device="cpu", synthetic_samples=5000, epochs=10, optimizer="sgd")
+    bound = steps_bound(5000, 2, 1)
+    assert bound.batch == 125
     written = {
+        # find-batch as recommend asks for it: stopped by the steps rule, the knee at its end
         "find_batch.json": (
             {**train, "workers": 1},
             dict(
-                knee_batch=2048,
-                safe_batch=4096,
+                knee_batch=125,
+                safe_batch=125,
                 margin=0.05,
-                probes=_probes({1024: 900, 2048: 1000, 4096: 1000}),
-                options={"max_batch": None},
+                limited_by=bound.reason,
+                probes=_probes({32: 500, 64: 800, 125: 1000}),
+                options={"max_batch": 125},
             ),
         ),
-        # the noise-scale run is reused only if made at the capped knee, as recommend must ask for
         "noise_scale.json": (
-            {**train, "workers": 2, "batch_size": per_rank},
+            {**train, "workers": 2, "batch_size": 125},
             dict(critical_batch=10**6, options={"steps": 200}),
+        ),
+        "lr_find.json": (
+            {**train, "workers": 1, "batch_size": 125},
+            dict(suggested_lr=0.05, global_batch_size=125, rule=RULE, options={"steps": 100, "rule": RULE}),
         ),
     }
     for name, (flags, result) in written.items():
         (tmp_path / name).write_text(json.dumps({"train": flags, **result}))
-    from paratrain.batch.lr_find import RULE
-
-    # lr-find made at the batch recommend settles on (a rank's samples), so that it is reused, not rerun
-    (tmp_path / "lr_find.json").write_text(
-        json.dumps(
-            {
-                "train": {**train, "workers": 1, "batch_size": per_rank},
-                "suggested_lr": 0.05,
-                "global_batch_size": per_rank,
-                "rule": RULE,
-                "options": {"steps": 100, "rule": RULE},
-            }
-        )
-    )
     r = recommend(train, workers=2, out=tmp_path)
-    assert r["per_worker_batch"]["value"] <= per_rank and r["global_batch"]["value"] <= 2 * per_rank
-    assert f"capped at a rank's {per_rank} training samples" in " ".join(r["notes"])
+    global_batch = r["global_batch"]["value"]
+    assert global_batch == 250 and -(-5000 // global_batch) >= 20
+    assert r["notes"][0].startswith("find-batch searched up to 125 a worker")
+    source = r["per_worker_batch"]["source"]
+    assert "above the √(training samples) 70, at the knee" in source and "within the √" not in source
+    assert "limited by at least 20 optimizer steps an epoch)" in source
 
 
 @pytest.mark.parametrize(
@@ -259,10 +281,11 @@ def test_recommend_stays_at_the_knee_unless_the_noise_scale_says_so_beyond_its_e
             {**train, "workers": 1},
             dict(
                 knee_batch=32,
-                safe_batch=512,
+                safe_batch=102,
                 margin=0.05,
                 probes=_probes({1: 40, 2: 80, 16: 640, 32: 1000, 512: 1000}),
-                options={"max_batch": None},
+                limited_by="at least 20 optimizer steps an epoch",
+                options={"max_batch": 102},  # 4,096 samples / (20 steps x 2 workers),
             ),
         ),
         "noise_scale.json": (
@@ -302,10 +325,11 @@ def test_recommend_combines_the_measurements_by_its_stated_rules(tmp_path, given
             {**train, "workers": 1},
             dict(
                 knee_batch=16,
-                safe_batch=512,
+                safe_batch=102,
                 margin=0.05,
                 probes=_probes({8: 640, 16: 1000, 32: 1050, 512: 1050}),
-                options={"max_batch": None},
+                limited_by="at least 20 optimizer steps an epoch",
+                options={"max_batch": 102},  # 4,096 samples / (20 steps x 2 workers),
             ),
         ),
         "noise_scale.json": (
@@ -326,12 +350,12 @@ def test_recommend_combines_the_measurements_by_its_stated_rules(tmp_path, given
     assert read_result(tmp_path / "lr_find.json", lr_flags, steps=100, rule="steepest descent") is None
     growing = given_schedule == "adaptive batch"
     given = {**train, **({"schedule": given_schedule} if given_schedule and not growing else {})}
-    if growing:  # measured at fixed batches as ever; the run starts at the batch chosen and may grow to 512 a rank
+    if growing:  # measured at fixed batches as ever; the run starts at the batch chosen and may grow to 102 a rank
         given |= {"batch_schedule": "adaptive", "max_global_batch": 4096}
         given_schedule = None
     r = recommend(given, workers=2, out=tmp_path)
     assert r["batch_schedule"]["value"] == ("adaptive" if growing else "fixed")
-    for flag in ("--batch-schedule adaptive", "--max-batch-size 512", "--max-global-batch 4096"):
+    for flag in ("--batch-schedule adaptive", "--max-batch-size 102", "--max-global-batch 4096"):
         assert (flag in r["command"]) == growing
     assert r["per_worker_batch"]["value"] == per_worker and r["global_batch"]["value"] == 2 * per_worker
     assert "√(training samples)" in r["global_batch"]["source"]
@@ -358,7 +382,14 @@ def test_recommend_compares_the_options_time_to_the_same_loss(tmp_path):
     written = {
         "find_batch.json": (
             {**train, "workers": 1},
-            dict(knee_batch=16, safe_batch=512, margin=0.05, probes=KNEE_16, options={"max_batch": None}),
+            dict(
+                knee_batch=16,
+                safe_batch=102,
+                margin=0.05,
+                probes=KNEE_16,
+                limited_by="at least 20 optimizer steps an epoch",
+                options={"max_batch": 102},  # 4,096 samples / (20 steps x 2 workers)
+            ),
         ),
         "noise_scale.json": (
             {**train, "workers": 2, "batch_size": 16},
@@ -421,6 +452,9 @@ def test_recommend_on_a_small_mlp_stays_inside_its_stated_bounds(tmp_path, capsy
     assert global_batch == workers * per_worker and 1 <= per_worker <= largest, (per_worker, knee, largest)
     if per_worker < knee:
         assert critical + 2 * stderr < workers * knee, (per_worker, knee, critical, stderr)
+    # #57: the search stops at the batch that leaves the 2 workers 20 optimizer steps an epoch
+    assert found["options"]["max_batch"] == MLP_SAMPLES // (20 * workers) and found["max_batch"] <= MLP_SAMPLES // 40
+    assert -(-MLP_SAMPLES // global_batch) >= 20
     cap = min(c for c in (critical, math.isqrt(MLP_SAMPLES)) if c)  # no noise scale measured: the √ rule alone
     assert global_batch <= cap or per_worker == knee, (global_batch, cap, knee)
     # the LR: lr-find's, measured at the batch recommended, scaled to the global batch

@@ -207,10 +207,11 @@ def test_find_batch_records_its_options_and_every_probe(tmp_path, monkeypatch):
         knee_within=0.2,
         on_probe=lambda kind, probe: events.append((kind, probe["batch"])),
     )
-    # 1, 2, 4 (out of memory), then 3: each with the limit, a report every third step (10 // 3), in a
-    # run directory of its own under one scratch directory, which is gone afterwards
+    # 1, 2, 4 (out of memory), then 3: each with the limit, a report every step (so that the short steps
+    # that end an epoch can be left out), in a run directory of its own under one scratch directory, which
+    # is gone afterwards
     assert [c[0] for c in calls] == [
-        {**TRAIN, "grad_accum": 2, "batch_size": b, "log_every": 3, "memory_limit": "4G"} for b in (1, 2, 4, 3)
+        {**TRAIN, "grad_accum": 2, "batch_size": b, "log_every": 1, "memory_limit": "4G"} for b in (1, 2, 4, 3)
     ]
     assert [(c[1], c[2].name, c[3]) for c in calls] == [(10, f"batch-{b}", True) for b in (1, 2, 4, 3)]
     assert len({c[2].parent for c in calls}) == 1 and not calls[0][2].parent.exists()
@@ -224,10 +225,6 @@ def test_find_batch_records_its_options_and_every_probe(tmp_path, monkeypatch):
     assert (result["max_batch"], result["first_failed"], result["safe_batch"], result["knee_batch"]) == (3, 4, 2, 3)
     assert [p["batch"] for p in result["probes"]] == [1, 2, 3, 4]
     assert json.loads((tmp_path / fb.RESULT_FILE).read_text()) == result
-    # few probe steps: a report every step, not every 0th
-    calls.clear()
-    fb.find_batch(TRAIN, tmp_path / "b", probe_steps=2, max_batch=2)
-    assert [c[0]["log_every"] for c in calls] == [1, 1]
 
 
 def test_the_training_set_caps_the_batch_per_accumulated_step(tmp_path, monkeypatch):
@@ -236,9 +233,8 @@ def test_the_training_set_caps_the_batch_per_accumulated_step(tmp_path, monkeypa
     # 512 samples, 3 micro-steps a step: at most 512 // 3 = 170 a micro-batch, a whole batch
     result = fb.find_batch({**TRAIN, "grad_accum": 3}, tmp_path)
     assert (result["max_batch"], result["limited_by"]) == (170, "the training set")
-    # the defaults recorded: 12 probe steps (a report every 4th)
+    # the defaults recorded: 12 probe steps
     assert result["options"] == {"margin": 0.05, "max_batch": None, "probe_steps": 12, "knee_within": 0.05}
-    assert {c[0]["log_every"] for c in calls} == {4}
 
 
 def test_find_batch_stops_probing_after_max_probes(tmp_path, monkeypatch):
@@ -328,7 +324,7 @@ def test_a_probe_that_fails_for_another_reason_keeps_its_run_directory(tmp_path,
 # -- recommend's choice, on measurements written by hand (nothing runs) --------------------------
 
 
-def _recommend_on(tmp_path, monkeypatch, *, critical, stderr, knee=32, safe=128, workers=2, samples=4096):
+def _recommend_on(tmp_path, monkeypatch, *, critical, stderr, knee=32, safe=102, workers=2, samples=4096):
     """recommend() with find-batch's, noise-scale's and lr-find's results already in OUT (as a rerun
     reuses them); a measurement it would start instead fails the test."""
     import json
@@ -357,7 +353,9 @@ def _recommend_on(tmp_path, monkeypatch, *, critical, stderr, knee=32, safe=128,
         json.dumps(
             {
                 "train": {**train, "workers": 1},
-                "options": {"max_batch": None},
+                # made as recommend asks for it: up to 20 optimizer steps an epoch, 4,096 / (20 x 2) = 102
+                "options": {"max_batch": samples // (20 * workers)},
+                "limited_by": "at least 20 optimizer steps an epoch",
                 "knee_batch": knee,
                 "safe_batch": safe,
                 "margin": 0.05,

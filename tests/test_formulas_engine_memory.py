@@ -126,6 +126,12 @@ def test_the_meter_measures_the_second_optimizer_step_or_the_only_one():
     assert MemoryMeter(first_step=0, last_step=10).step == 1
     assert MemoryMeter(first_step=5, last_step=7).step == 6  # a resumed run: its own second step
     assert MemoryMeter(first_step=5, last_step=6).step == 5  # one step: that one
+    # #57: 2 steps an epoch whose second is partial (5,000 samples at batch 4,096: 4,096 then 904): never
+    # the partial one while a full one follows (find-batch's activations fell from 361 to 159 MiB as the batch doubled)
+    assert MemoryMeter(first_step=0, last_step=10, steps_per_epoch=2, epochs_end_full=False).step == 2
+    assert MemoryMeter(first_step=0, last_step=10, steps_per_epoch=2, epochs_end_full=True).step == 1
+    assert MemoryMeter(first_step=0, last_step=10, steps_per_epoch=5, epochs_end_full=False).step == 1
+    assert MemoryMeter(first_step=0, last_step=2, steps_per_epoch=2, epochs_end_full=False).step == 0  # no full one
     meter = MemoryMeter(first_step=0, last_step=10)
     assert meter.figures()["parameters_bytes"] is None and meter.figures()["activations_peak_bytes"] is None
     model = nn.Linear(100, 10)

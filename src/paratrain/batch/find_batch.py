@@ -17,11 +17,14 @@ workers, and the result says so.
 The knee: the smallest probed batch whose samples/s is within 5 % of the best probe's. Below it
 the device is under-used; above it a larger batch buys memory use and a larger global batch (which
 may need more steps, see noise-scale) but little speed. Throughput is measured over the probe's
-steps after the first third (start-up excluded).
+full steps after the first third (start-up excluded): a batch that does not divide a rank's share of
+the training set ends each epoch with a smaller step, which is not the batch probed, and its time is
+left out, as the memory meter leaves it out (engine/memory.py).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import statistics
@@ -110,8 +113,11 @@ def find_batch(
     probe_steps: int = 12,
     knee_within: float = 0.05,
     on_probe: Callable[[str, Probe], None] = lambda kind, probe: None,
+    *,
+    max_batch_reason: str = "--max-batch",
 ) -> dict[str, Any]:
-    """Probe batch sizes of `train`'s workload; write OUT/find_batch.json and return it."""
+    """Probe batch sizes of `train`'s workload; write OUT/find_batch.json and return it. `max_batch_reason`
+    names what set `max_batch` (recommend bounds the search by its own rule)."""
     check_train_flags(train, "find-batch")
     if "batch_size" in train:
         raise UsageError("paratrain find-batch chooses --batch-size itself; drop it")
@@ -135,7 +141,7 @@ def find_batch(
         values = {
             **train,
             "batch_size": batch,
-            "log_every": max(1, probe_steps // 3),
+            "log_every": 1,  # every step's own rate: the partial steps that end epochs are left out
             **({"memory_limit": limit} if on_cpu else {}),
         }
         probes[batch] = _probe(values, probe_steps, scratch / f"batch-{batch}", on_cpu)
@@ -163,7 +169,7 @@ def find_batch(
         "memory_limit": limit if on_cpu else None,
         "memory_limit_source": limit_source if on_cpu else None,
         "probe_steps": probe_steps,
-        **_outcome(probes, largest, failed, max_batch, margin, knee_within),
+        **_outcome(probes, largest, failed, max_batch, max_batch_reason, margin, knee_within),
     }
     write_result(Path(out) / RESULT_FILE, result)
     return result
@@ -190,7 +196,13 @@ def _memory_limit(train: dict[str, Any], base: TrainConfig, on_cpu: bool) -> tup
 
 
 def _outcome(
-    probes: dict[int, Probe], largest: int, failed: int | None, max_batch: int | None, margin: float, knee_within: float
+    probes: dict[int, Probe],
+    largest: int,
+    failed: int | None,
+    max_batch: int | None,
+    max_batch_reason: str,
+    margin: float,
+    knee_within: float,
 ) -> dict[str, Any]:
     """find_batch.json's findings from the probes: the largest batch that fitted and why the search
     stopped there, the batch to use (less the margin when memory stopped it), the knee."""
@@ -202,7 +214,7 @@ def _outcome(
         "first_failed": failed,
         "limited_by": "memory"
         if failed is not None
-        else ("--max-batch" if max_batch is not None and largest == max_batch else "the training set"),
+        else (max_batch_reason if max_batch is not None and largest == max_batch else "the training set"),
         "safe_batch": max(1, int(largest * (1 - margin))) if failed is not None else largest,
         "knee_batch": knee(fitted, knee_within),
         "best_samples_per_s": max(rate for _, rate in fitted),
@@ -242,7 +254,8 @@ def _probe(values: dict[str, Any], steps: int, run_dir: Path, on_cpu: bool) -> P
             "peak_memory_bytes": None,
         }
     summary = RunDir(run_dir).summary_record()
-    rates = [e["samples_per_s"] for e in _events(run_dir, "step")][1:]
+    rates = full_step_rates(_events(run_dir, "step"), batch * cfg.data_parallel_size * cfg.grad_accum)
+    rates = rates[len(rates) // 3 :]  # start-up excluded
     return {
         "batch": batch,
         "fits": True,
@@ -251,6 +264,12 @@ def _probe(values: dict[str, Any], steps: int, run_dir: Path, on_cpu: bool) -> P
         "peak_memory_bytes": max(m or 0 for m in summary.peak_memory_bytes or []),
         "activations_peak_bytes": max(m or 0 for m in summary.memory.activations_peak_bytes),
     }
+
+
+def full_step_rates(steps: list[dict[str, Any]], global_batch: int) -> list[float]:
+    """samples/s of the logged steps (--log-every 1) that trained a full global batch, in order."""
+    trained = [later - earlier for earlier, later in itertools.pairwise([0] + [e["samples"] for e in steps])]
+    return [e["samples_per_s"] for e, n in zip(steps, trained) if n == global_batch]
 
 
 def _train_in_child(cfg: TrainConfig, run_dir: Path) -> None:

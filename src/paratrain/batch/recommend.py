@@ -2,7 +2,10 @@
 
 The three measurements run in this order (each reused from OUT when the same flags made it):
 1. find-batch on one worker: the largest per-worker batch that fits (less the safety margin) and the
-   throughput knee. The per-worker batch stays within [knee, largest].
+   throughput knee. The per-worker batch stays within [knee, largest]. The search stops at the batch
+   that leaves the N workers at least 20 optimizer steps an epoch: a larger batch would train a few
+   steps an epoch (warmup and the schedule would have nothing to act on), whatever its speed; it is
+   the one bound that also rules the knee out.
 2. noise-scale on the N workers at the knee batch: B_simple, which stands in for the critical batch
    (McCandlish et al. 2018); with the HPC rule of thumb of a global batch under √(training samples),
    it caps the global batch: beyond the cap more batch buys few fewer steps and may generalise worse
@@ -28,7 +31,7 @@ import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from paratrain.batch import check_out, check_train_flags, read_result, run_config, train_samples, write_result
 from paratrain.batch import find_batch as find_batch_module
@@ -43,6 +46,9 @@ FOR_THE_RUN = ("schedule", "batch_schedule", "max_global_batch", "batch_ramp_epo
 # How the run's ranks share the model, which the one-worker measurements (find-batch, lr-find) have no ranks for:
 # one worker holds the whole model (so its largest batch is a lower bound of a sharded rank's).
 MESH_ONLY = ("dp_replicate", "dp_shard")
+# The fewest optimizer steps an epoch recommend leaves: on 5,000 samples and 2 workers it once chose a batch
+# of 2,048 a worker, one step an epoch. With fewer, a run is a handful of updates whatever the batch's speed.
+MIN_STEPS_PER_EPOCH = 20
 GOYAL_MAX_RATIO = 32  # 8192 / 256: the largest batch ratio of Goyal et al. 2017
 GOYAL_WARMUP_FRACTION = 5 / 90  # 5 warmup epochs of their 90
 
@@ -69,19 +75,22 @@ def recommend(
     one = {**{k: v for k, v in train.items() if k not in MESH_ONLY}, "workers": 1}
     cfg = run_config(one)
     samples = train_samples(cfg)
+    bound = steps_bound(samples, workers, cfg.grad_accum)
+    search_max, reason = (max_batch, "--max-batch") if max_batch is not None and max_batch <= bound.batch else bound
 
     on_stage("find-batch")
     batches = read_result(
-        out / find_batch_module.RESULT_FILE, one, max_batch=max_batch
-    ) or find_batch_module.find_batch(one, out, max_batch=max_batch)
+        out / find_batch_module.RESULT_FILE, one, max_batch=search_max
+    ) or find_batch_module.find_batch(one, out, max_batch=search_max, max_batch_reason=reason)
 
     on_stage("noise-scale")
-    knee, _, _ = _within_a_ranks_share(batches, samples // workers)
-    noise_train = {**train, "workers": workers, "batch_size": knee}
+    noise_train = {**train, "workers": workers, "batch_size": batches["knee_batch"]}
     noise = read_result(
         out / noise_scale_module.RESULT_FILE, noise_train, steps=noise_steps
     ) or noise_scale_module.measure_noise_scale(noise_train, out, noise_steps)
     choice = BatchChoice.measured(batches, noise, workers, samples)
+    if batches["limited_by"] == bound.reason:
+        choice.notes.insert(0, bound.note(samples, workers, cfg.grad_accum))
 
     on_stage("lr-find")
     lr_train = {**one, "batch_size": choice.per_worker}
@@ -130,15 +139,29 @@ def _check(train: dict[str, Any], workers: int, out: Path, noise_steps: int, lr_
     check_out(out)
 
 
-def _within_a_ranks_share(batches: dict[str, Any], per_rank: int) -> tuple[int, int, str | None]:
-    """find-batch's knee and largest batch, and a note when they were capped. find-batch measures one
-    worker on all the training samples; with N workers a rank holds a 1/N share, and a step larger
-    than it cannot be run (the noise-scale run at the knee would refuse)."""
-    knee, largest = batches["knee_batch"], batches["safe_batch"]
-    if largest <= per_rank:
-        return knee, largest, None
-    note = f"find-batch's knee {knee} and largest batch {largest} capped at a rank's {per_rank} training samples"
-    return min(knee, per_rank), per_rank, note
+class StepsBound(NamedTuple):
+    """The largest per-worker batch that leaves MIN_STEPS_PER_EPOCH optimizer steps an epoch, and why."""
+
+    batch: int
+    reason: str
+
+    def note(self, samples: int, workers: int, accum: int) -> str:
+        steps = -(-samples // (workers * accum * self.batch))
+        if steps < MIN_STEPS_PER_EPOCH:
+            return (
+                f"{samples:,} training samples give {workers} workers only {steps} optimizer steps an epoch even at "
+                f"batch 1: fewer than {MIN_STEPS_PER_EPOCH}; more data, or fewer workers, would give the schedule "
+                "room"
+            )
+        return (
+            f"find-batch searched up to {self.batch:,} a worker: a larger batch would leave {workers} worker(s) fewer "
+            f"than {MIN_STEPS_PER_EPOCH} optimizer steps an epoch on {samples:,} training samples"
+        )
+
+
+def steps_bound(samples: int, workers: int, accum: int) -> StepsBound:
+    batch = max(1, samples // (MIN_STEPS_PER_EPOCH * workers * accum))
+    return StepsBound(batch, f"at least {MIN_STEPS_PER_EPOCH} optimizer steps an epoch")
 
 
 @dataclass
@@ -150,6 +173,7 @@ class BatchChoice:
     samples: int
     knee: int
     largest: int
+    largest_limited_by: str
     critical: float | None
     upper: float | None  # the critical batch plus two standard errors
     cap_name: str
@@ -162,8 +186,8 @@ class BatchChoice:
 
     @classmethod
     def measured(cls, batches: dict[str, Any], noise: dict[str, Any], workers: int, samples: int) -> BatchChoice:
-        knee, largest, capped = _within_a_ranks_share(batches, samples // workers)
-        notes = [capped] if capped else []
+        knee, largest = batches["knee_batch"], batches["safe_batch"]
+        notes: list[str] = []
         critical = noise["critical_batch"]
         caps = {"critical batch (noise scale)": critical, "√(training samples)": math.isqrt(samples)}
         cap_name, cap = min(((k, v) for k, v in caps.items() if v), key=lambda kv: kv[1])
@@ -186,6 +210,7 @@ class BatchChoice:
             samples=samples,
             knee=knee,
             largest=largest,
+            largest_limited_by=batches["limited_by"],
             critical=critical,
             upper=upper,
             cap_name=cap_name,
@@ -247,12 +272,19 @@ class BatchChoice:
         return {
             "per_worker_batch": {
                 "value": per_worker,
-                "source": f"find-batch: knee {self.knee}, largest that fits {self.largest} "
-                f"(margin {margin:.0%}); the global batch within the {self.cap_name}; "
+                "source": f"find-batch: knee {self.knee}, largest {self.largest} (limited by "
+                f"{self.largest_limited_by}"
+                + (f", less a {margin:.0%} margin" if self.largest_limited_by == "memory" else "")
+                + "); "
+                + (
+                    f"the global batch within the {self.cap_name} {self.cap:,.0f}; "
+                    if self.global_batch <= self.cap
+                    else f"the global batch above the {self.cap_name} {self.cap:,.0f}, at the knee (note); "
+                )
                 + (
                     "of the options, the shortest predicted time to the same loss (note)"
                     if times
-                    else "no noise scale to predict the time to a loss: the largest the cap allows"
+                    else "no noise scale to predict the time to a loss: the largest batch not ruled out"
                 ),
                 "options": [
                     {

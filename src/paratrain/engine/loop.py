@@ -336,7 +336,12 @@ class Trainer:
         self.timings = DoublingTimings()
         if cfg.resume or restartable:
             self._restore()
-        self.memory = MemoryMeter(self.state.step, self.steps_per_epoch * cfg.epochs)
+        self.memory = MemoryMeter(
+            self.state.step,
+            self.steps_per_epoch * cfg.epochs,
+            self.steps_per_epoch,
+            epochs_end_full=self.batches.per_rank % (cfg.batch_size * cfg.grad_accum) == 0,
+        )
         self.sinks = self._sinks() if ctx.is_main else []
 
     def _sinks(self) -> list[Any]:

@@ -201,11 +201,14 @@ class MemoryMeter:
     During that step's forward and backward (all its micro-steps) the saved tensors are watched;
     after its optimizer step, while the gradients still exist, the parameters, gradients and
     optimizer state are counted. The step is the second of the launch (the first creates the
-    optimizer's state), or the only one.
+    optimizer's state), or the only one; when an epoch ends in a step smaller than the batch (the batch
+    does not divide a rank's share of the data), never that step while a full one follows: its
+    activations are not the batch's, and find-batch's figures would fall as the batch grows.
     """
 
-    def __init__(self, first_step: int, last_step: int):
-        self.step = first_step + 1 if last_step - first_step > 1 else first_step
+    def __init__(self, first_step: int, last_step: int, steps_per_epoch: int = 1, epochs_end_full: bool = True):
+        full_steps = (s for s in range(first_step + 1, last_step) if epochs_end_full or (s + 1) % steps_per_epoch)
+        self.step = next(full_steps, first_step)
         self.activations = SavedTensorPeak()
         self.held: dict[str, int] | None = None
 
