@@ -272,6 +272,15 @@ def study_result(study: ScaleConfig, runs: list[RunDir]) -> dict[str, Any]:
                 "repeats_disagree": f"the repeats' samples/s differ by more than x{SPREAD_LIMIT} "
                 "(fastest / slowest = R)",
                 "includes_startup": "a run had a single epoch, so its time and samples/s include start-up",
+                **(
+                    {
+                        "unsynchronised": "the probe saw the ranks of a run never synchronise (no DDP or FSDP, no "
+                        "collective after the first step): N independent copies, whose samples/s add up without "
+                        "training one model faster, so the ratio is no speedup (summary.json probe.synchronised)"
+                    }
+                    if study.script
+                    else {}
+                ),
             },
             **({"strategy": study.strategy} if study.strategy else {}),
             "rows": scaling_rows(runs, study.strategy),
@@ -298,6 +307,11 @@ def collect_study(out: Path) -> dict[str, Any]:
     result = study_result(study, finished)
     write_json(out / SCALING_FILE, result)
     return result
+
+
+def unsynchronised(summary: Summary) -> bool:
+    """A launched script's ranks that never synchronised, as its probe saw them (launch/probe_summary.py)."""
+    return (summary.probe or {}).get("synchronised") is False
 
 
 def _finished(summary: Summary) -> bool:
@@ -410,6 +424,7 @@ def _row(
             ("contended", contended > 0),
             ("repeats_disagree", spread > SPREAD_LIMIT),
             ("includes_startup", epochs is not None and any(len(s.epoch_times_s) < 2 for s in summaries)),
+            ("unsynchronised", any(unsynchronised(s) for s in summaries)),
         )
         if raised
     ]
