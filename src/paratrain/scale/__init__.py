@@ -16,7 +16,9 @@ buy", not the question a user faces: is N workers faster than one process on all
 is what `paratrain train --workers 1` runs by default? So a CPU study also runs that process (the
 all-cores reference, alternated with the other points) and reports `speedup_vs_all_cores` beside
 `speedup`. Rows carry the noise too: the spread over repeats, runs measured while other work took
-the run's cores (summary.json `machine_load`), and single-epoch throughput that includes start-up.
+the run's cores (summary.json `machine_load`), and single-epoch throughput that includes start-up;
+and a script's ranks that never synchronised (`unsynchronised`: N independent copies, so no ratio
+of theirs is a speedup, which the verdict then says instead of one).
 
 `--script` studies the user's own torchrun-style script instead: each point is a `paratrain launch`
 of it (launch/script.py) and its throughput is what it reports (`paratrain.report(samples_per_s=...)`,
