@@ -1,5 +1,6 @@
 """A torchrun-style DDP script with planted problems, chosen by argv[1] (comma-separated):
-straggler (rank 1 works 3x as long per step), rank0-eval (rank 0 evaluates alone at the end);
+straggler (rank 1 works 3x as long per step), rank0-eval (rank 0 evaluates alone at the end),
+fail (rank 1 raises after its last step, as a run that fails late does);
 argv[2]: optimizer steps."""
 
 import sys
@@ -30,6 +31,8 @@ for _ in range(int(sys.argv[2])):
     model(torch.randn(8, 16)).sum().backward()  # DDP's all-reduce: ranks meet
     opt.step()
     opt.zero_grad()
+if "fail" in modes and rank == 1:
+    raise RuntimeError("planted failure after the last step")
 if "rank0-eval" in modes and rank == 0:
     spin(4.0)  # evaluation under `if rank == 0:` while the others wait at the barrier
 dist.barrier()

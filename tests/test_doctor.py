@@ -199,10 +199,43 @@ def test_doctor_refuses_what_it_cannot_diagnose(tmp_path):
     no_steps = tmp_path / "no-steps"
     no_steps.mkdir()
     (no_steps / "config.json").write_text(json.dumps({"workers": 2}))
-    (no_steps / "summary.json").write_text(json.dumps({"status": "failed", "workers": 2}))
+    (no_steps / "summary.json").write_text(json.dumps({"status": "completed", "workers": 2}))
     for path, message in ((tmp_path, "is not a paratrain run"), (no_steps, "has no steps to diagnose")):
         proc = subprocess.run([sys.executable, "-m", "paratrain", "doctor", str(path)], capture_output=True, text=True)
         assert proc.returncode == 2 and message in proc.stderr and proc.stderr.count("\n") == 1 and not proc.stdout
+
+
+FAILED = {"status": "failed", "error": "rank 1 failed: RuntimeError: out of memory (see run/logs/rank1.log)"}
+
+
+def test_a_failed_run_is_said_to_have_failed_first_with_its_cause_then_what_its_steps_show(tmp_path):
+    """A run whose rank 1 failed in its second epoch: the failure and its cause first, then the findings of the
+    epoch it finished (half of each step waiting for data); a launched script whose rank failed before any
+    step: the failure alone, not a refusal."""
+    config = {"workload": "cifar10-cnn", "workers": 2, "batch_size": 32, "resolved": {"device": "cpu"}}
+    run = _fake_run(tmp_path / "run", config, {**FAILED, "workers": 2})
+    waiting = {"data_s": 0.05, "compute_s": 0.04, "comm_s": 0.0, "optimizer_s": 0.005, "other_s": 0.005}
+    epoch = {"event": "epoch", "epoch": 1, "step": 40, "epoch_time_s": 4.0, "breakdown": waiting}
+    (run / "metrics.jsonl").write_text(json.dumps(epoch) + "\n")
+    diagnosis = diagnose(run)
+    first = diagnosis["findings"][0]
+    assert first["check"] == "run_failed" and first["severity"] == "high", diagnosis
+    assert first["finding"] == f"the run failed: {FAILED['error']}"
+    assert first["evidence"] == "summary.json: status failed; 1 epoch(s) finished before it ended"
+    assert first["remedy"].startswith("fix what the log its error names shows, then run it again: paratrain train ")
+    assert diagnosis["verdict"].startswith(f"the run failed: {FAILED['error']}; in the steps it finished: ")
+    assert "data_wait" in _checks(diagnosis)[1:]
+
+    launched = {**FAILED, "workers": 2, "exit_code": 1, "failed_rank": 1, "probe": {"status": "no data"}}
+    before = _fake_run(tmp_path / "before", {"script": "train.py", "workers": 2, "resolved": {}}, launched)
+    proc = subprocess.run([sys.executable, "-m", "paratrain", "doctor", str(before)], capture_output=True, text=True)
+    assert proc.returncode == 0 and not proc.stderr, proc.stderr
+    assert proc.stdout.splitlines()[0].endswith(
+        f"the run failed before any step finished: {FAILED['error']}; nothing else to diagnose"
+    )
+    assert (
+        f"remedy:    fix what {before}/logs/rank1.log shows, then run it again: paratrain launch -n 2 " in proc.stdout
+    )
 
 
 def test_the_run_report_opens_with_the_verdict_and_the_doctor_in_a_browser(runs, tmp_path):
@@ -265,6 +298,61 @@ def test_batch_and_learning_rate_rules_name_their_sources(tmp_path):
     assert "--batch-size 27" in found["global_batch_sqrt_n"]["remedy"]  # floor(sqrt(50000)) // 8
     assert "64x the base LR" in found["no_warmup"]["finding"] and "--warmup-epochs 0.25" in found["no_warmup"]["remedy"]
     assert all(f["saving"] is None for f in found.values())  # advice, ranked after time findings
+
+
+def test_remedies_that_move_the_global_batch_opposite_ways_speak_with_one_voice(tmp_path):
+    """The case seen: 2 workers x 128 on N = 5,000 samples, half of every step in the all-reduce. The
+    communication's --grad-accum 8 (8x the global batch) and the sqrt(N) rule's --batch-size 35 (under
+    sqrt(5,000) = 70) cannot both be taken: the remedy with a predicted gain stays, says what the other warned
+    of, and the other is listed as dropped, with why."""
+    from paratrain.doctor import format_text
+
+    half = {"data_s": 0.005, "compute_s": 0.04, "comm_s": 0.05, "optimizer_s": 0.004, "other_s": 0.001}
+    run = _fake_run(
+        tmp_path / "run",
+        {"workers": 2, "batch_size": 128, "resolved": {"global_batch_size": 256, "train_samples": 5000}},
+        {"workers": 2, "batch_size": 128, "global_batch_size": 256, "grad_accum": 1, "breakdown": half},
+    )
+    diagnosis = diagnose(run)
+    assert _checks(diagnosis) == ["exposed_communication"], diagnosis
+    kept = diagnosis["findings"][0]
+    assert "--grad-accum 8" in kept["remedy"] and "--batch-size 35" not in kept["remedy"].split("[one voice")[0]
+    assert (
+        "[one voice: global_batch_sqrt_n's remedy (--batch-size 35) would shrink the global batch instead, and is "
+        "dropped: exposed_communication predicts "
+    ) in kept["remedy"]
+    assert kept["remedy"].endswith("it said: global batch 256 exceeds the sqrt(N) = 71 guidance]")
+    [dropped] = diagnosis["dropped"]
+    assert dropped["check"] == "global_batch_sqrt_n" and dropped["dropped_for"] == "exposed_communication"
+    assert dropped["why"].endswith("global_batch_sqrt_n is advice with no predicted gain")
+    assert "dropped, contradicting exposed_communication's remedy: global batch 256 exceeds" in format_text(diagnosis)
+
+
+def test_one_voice_keeps_remedies_that_agree_and_drops_each_that_pulls_the_other_way():
+    from paratrain.doctor import one_voice
+    from paratrain.doctor.finding import Finding
+
+    def finding(check, factor, saving):
+        return Finding(
+            check, check, "", "", f"{check} remedy", f"{check} gain: ...", saving, global_batch_factor=factor
+        )
+
+    grow, other, also, shrink, less = (
+        finding("grow", 4.0, 0.4),
+        finding("other", None, 0.3),
+        finding("also", 2.0, 0.1),
+        finding("shrink", 0.5, 0.05),
+        finding("less", 0.25, None),
+    )
+    kept, dropped = one_voice([grow, other, also, shrink, less])
+    assert [f.check for f in kept] == ["grow", "other", "also"]
+    assert [(d["check"], d["why"]) for d in dropped] == [
+        ("shrink", "grow predicts grow gain against shrink gain for shrink"),
+        ("less", "grow predicts grow gain, less is advice with no predicted gain"),
+    ]
+    assert grow.remedy.count("[one voice: ") == 2 and "[one voice" not in also.remedy
+    # the first in rank order sets the direction, whichever it is
+    assert [f.check for f in one_voice([finding("s", 0.5, None), finding("g", 2.0, None)])[0]] == ["s"]
 
 
 def test_weak_scaling_without_lr_scaling_is_a_study_finding(tmp_path):

@@ -27,6 +27,7 @@ from paratrain.doctor.checks import (
     rank0_alone,
 )
 from paratrain.doctor.evidence import RunEvidence, idle_fractions, read_run, system_samples
+from paratrain.doctor.failure import BEFORE_ANY_STEP, failure
 from paratrain.doctor.finding import Finding
 from paratrain.doctor.ledger import unexplained
 from paratrain.doctor.rank_checks import RANK_CHECKS
@@ -55,12 +56,24 @@ def diagnose(path: Path) -> dict[str, Any]:
             f"{path} is not a paratrain run (config.json), scaling study (scaling.json) or sweep "
             "(sweep.json); pass the --run-dir of a run or the --out of a study"
         )
-    ranked = rank(findings)
-    return {"kind": kind, "path": str(path), "verdict": verdict(ranked), "findings": [f.as_dict() for f in ranked]}
+    ranked, dropped = one_voice(rank(findings))
+    return {
+        "kind": kind,
+        "path": str(path),
+        "verdict": verdict(ranked),
+        "findings": [f.as_dict() for f in ranked],
+        "dropped": dropped,
+    }
 
 
 def diagnose_run(ev: RunEvidence) -> list[Finding]:
+    """A run's findings; a run that failed says so first, then what the steps it finished show (the failure alone
+    when none did)."""
+    measured = ev.has_steps and not (ev.is_script and ev.probe.get("status") == "no steps")
+    failed = [f for f in (failure(ev, measured),) if f is not None]
     if ev.is_script and ev.probe.get("status") == "no steps":
+        if failed:
+            return failed
         seen = ", ".join(
             f"rank {r['rank']}: {r.get('threads', '?')} threads, {r.get('loader_workers', 0)} DataLoader workers"
             for r in ev.probe.get("ranks", [])
@@ -70,6 +83,8 @@ def diagnose_run(ev: RunEvidence) -> list[Finding]:
             "optimizer.step(): train with a torch.optim optimizer, or run long enough for a step to finish"
         )
     if not ev.has_steps:
+        if failed:
+            return failed
         raise UsageError(
             f"{ev.path}: the run has no steps to diagnose (no epoch in metrics.jsonl, no breakdown in "
             "summary.json, no monitor samples of its ranks); rerun it until at least one epoch finishes"
@@ -85,10 +100,18 @@ def diagnose_run(ev: RunEvidence) -> list[Finding]:
     for check in checks:
         if (f := check(ev)) is not None:
             findings.setdefault(f.check, f)  # the probe's figure before the monitor's, for one cause
+    if "unsynchronised" in findings:
+        findings = {name: f for name, f in findings.items() if name not in TOGETHER}
     # What no finding accounts for is a finding too, with where the time went (doctor/ledger.py).
-    return [*findings.values(), *unexplained(ev, list(findings.values()))]
+    return [*failed, *findings.values(), *unexplained(ev, list(findings.values()))]
 
 
+# Findings about ranks that train one model together: how they share the data, and waiting for each other. Ranks
+# that never synchronised wait for nobody, and each rightly reads the whole dataset for its own copy.
+TOGETHER = ("duplicate_data", "straggler", "slow_rank", "uneven_shards", "rank0_alone")
+# Said before anything else: a run that failed (the rest comes from the steps it finished), then ranks that never
+# synchronised (N independent copies: no timing of them says what parallel training costs).
+FIRST = ("run_failed", "unsynchronised")
 # Problems that distort every other timing, fixed first whatever their own saving: oversubscribed ranks
 # (torch's threads, or DataLoader workers, beyond their cores) slow every phase and make ranks wait for
 # each other.
@@ -145,10 +168,11 @@ def tempered(findings: Sequence[Finding]) -> list[Finding]:
 
 
 def rank(findings: Sequence[Finding]) -> list[Finding]:
-    """Root causes first, then exact remedies whose cost hides in the all-reduce, then the run's time
-    findings by predicted saving, largest first (on a contended machine: those the contention cannot explain,
-    then the caveat, then the rest), then the machine's; then advice (accuracy, measurement)."""
-    order = (*ROOT_CAUSES, *EXACT_FIRST)
+    """A failure and ranks that never synchronised first, then root causes, then exact remedies whose cost hides in
+    the all-reduce, then the run's time findings by predicted saving, largest first (on a contended machine: those
+    the contention cannot explain, then the caveat, then the rest), then the machine's; then advice (accuracy,
+    measurement)."""
+    order = (*FIRST, *ROOT_CAUSES, *EXACT_FIRST)
 
     def key(f: Finding) -> tuple[int, int, bool, float]:
         first = order.index(f.check) if f.check in order else len(order)
@@ -158,9 +182,62 @@ def rank(findings: Sequence[Finding]) -> list[Finding]:
     return sorted(findings, key=key)
 
 
+def one_voice(findings: Sequence[Finding]) -> tuple[list[Finding], list[dict[str, Any]]]:
+    """The ranked findings less the remedies that contradict a higher-ranked one, and those dropped with why.
+
+    Remedies that change the global batch (`Finding.global_batch_factor`) in opposite directions cannot both be
+    taken: the first in rank order (the larger predicted gain; a predicted gain before advice with none) sets the
+    direction, and a later one pulling the other way is dropped. The kept remedy says so, and what the dropped
+    finding warned of, so that one voice speaks and nothing it knew is lost."""
+    kept: list[Finding] = []
+    dropped: list[dict[str, Any]] = []
+    lead: Finding | None = None  # the highest-ranked remedy that changes the global batch
+    grows = False  # ...and whether it grows it
+    for f in findings:
+        factor = f.global_batch_factor
+        if factor is None or factor == 1:
+            kept.append(f)
+            continue
+        if lead is None:
+            lead, grows = f, factor > 1
+        if (factor > 1) == grows:
+            kept.append(f)
+            continue
+        why = _outranks(lead, f)
+        verb = "grow" if factor > 1 else "shrink"
+        change = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in (f.rerun or {}).items()) or "its code change"
+        lead.remedy += (
+            f" [one voice: {f.check}'s remedy ({change}) would {verb} the global batch instead, and is dropped: "
+            f"{why}; it said: {f.finding}]"
+        )
+        dropped.append(
+            {"check": f.check, "finding": f.finding, "remedy": f.remedy, "dropped_for": lead.check, "why": why}
+        )
+    return kept, dropped
+
+
+def _outranks(lead: Finding, other: Finding) -> str:
+    """Why `lead`'s remedy is kept over `other`'s, which moves the global batch the other way."""
+    gain = lead.predicted_gain.split(":")[0]
+    if lead.saving is not None and other.saving is not None:
+        return f"{lead.check} predicts {gain} against {other.predicted_gain.split(':')[0]} for {other.check}"
+    if lead.saving is not None:
+        return f"{lead.check} predicts {gain}, {other.check} is advice with no predicted gain"
+    return f"{lead.check} ranks first"
+
+
 def verdict(findings: Sequence[Finding]) -> str:
     if not findings:
         return "nothing to fix: every phase of the step is accounted for"
+    if findings[0].check == "run_failed":
+        if BEFORE_ANY_STEP in findings[0].finding:
+            return f"{findings[0].finding}; nothing else to diagnose"
+        return f"{findings[0].finding}; in the steps it finished: {verdict(findings[1:])}"
+    if findings[0].check == "unsynchronised":
+        others = [f for f in findings[1:] if f.saving is not None]
+        return f"fix first: {findings[0].finding}; their samples/s is no speedup" + (
+            f"; {len(others)} problem(s) in each copy's steps below" if others else ""
+        )
     timed = [f for f in findings if f.saving is not None]
     top = findings[0]
     caveat = next((f for f in findings if f.check == "contended"), None)
@@ -252,4 +329,6 @@ def format_text(diagnosis: dict[str, Any]) -> str:
             f"   remedy:    {f['remedy']}",
             f"   predicted: {f['predicted_gain']}",
         ]
+    for d in diagnosis.get("dropped", []):
+        lines.append(f"\ndropped, contradicting {d['dropped_for']}'s remedy: {d['finding']} ({d['why']})")
     return "\n".join(lines)

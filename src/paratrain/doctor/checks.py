@@ -135,6 +135,7 @@ def exposed_communication(ev: RunEvidence) -> Finding | None:
         f"against {ms(g * ev.step_s)})",
         saving,
         rerun={"grad_accum": accum * g},
+        global_batch_factor=g,
     )
 
 
@@ -353,6 +354,7 @@ def small_device_batch(ev: RunEvidence) -> Finding | None:
         change, flag = {"max_batch_size": limit}, f"--max-batch-size {grown.get('largest_per_rank_batch', batch)}"
     else:
         change, flag = {"batch_size": SMALL_BATCH}, f"--batch-size {batch}"
+    larger = max(change.values()) / batch  # the per-rank batch it allows, against where it stayed
     return Finding(
         "small_device_batch",
         f"per-device batch {batch} is small (heuristic: below {SMALL_BATCH})",
@@ -363,6 +365,7 @@ def small_device_batch(ev: RunEvidence) -> Finding | None:
         None,
         "advice",
         rerun=change,
+        global_batch_factor=larger,
     )
 
 
@@ -376,8 +379,10 @@ def global_batch_sqrt_n(ev: RunEvidence) -> Finding | None:
     made = f"{ev.replicas} replica(s) x {ev.batch_size}{f' x {ev.grad_accum} micro-steps' if ev.grad_accum > 1 else ''}"
     per_worker = max(1, int(math.sqrt(n_train)) // (ev.replicas * ev.grad_accum))
     change: dict[str, Any] = {"batch_size": per_worker}
+    smaller = per_worker * ev.replicas * ev.grad_accum / g
     if grown and start and 2 * start <= math.sqrt(n_train):  # the schedule grew past it: cap the growth
         change = {"max_global_batch": int(math.sqrt(n_train))}
+        smaller = int(math.sqrt(n_train)) / g
         made = f"--batch-schedule {grown['kind']} grew it from {start}, {made}"
     return Finding(
         "global_batch_sqrt_n",
@@ -390,6 +395,7 @@ def global_batch_sqrt_n(ev: RunEvidence) -> Finding | None:
         None,
         "advice",
         rerun=change,
+        global_batch_factor=smaller,
     )
 
 
@@ -417,6 +423,7 @@ def batch_growth_capped(ev: RunEvidence) -> Finding | None:
         None,
         "advice",
         rerun={"max_global_batch": raised},
+        global_batch_factor=raised / final,
     )
 
 
@@ -573,6 +580,7 @@ def batch_knee(trials: list[Trial], best: Trial | None) -> Finding | None:
         "accuracy is worth the time",
         f"{speedup(saving)} per sample ({rates[knee]:,.0f} against {rates[chosen]:,.0f} samples/s, measured)",
         saving,
+        global_batch_factor=knee / chosen,
     )
 
 

@@ -32,6 +32,9 @@ class Finding:
     # On a contended machine: whether the contention could not explain this finding (doctor.tempered), so
     # it ranks above the contention caveat.
     above_contention: bool = False
+    # What the remedy does to the global batch: 8.0 multiplies it by 8, 0.25 divides it by 4; None leaves it. Remedies
+    # moving it in opposite directions contradict each other (doctor.one_voice keeps the higher-ranked one).
+    global_batch_factor: float | None = None
 
     def __post_init__(self) -> None:
         if not self.severity:

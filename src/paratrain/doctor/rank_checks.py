@@ -1,6 +1,6 @@
-"""The doctor's checks that compare a probed script's ranks (summary.json `probe`, per rank): a straggler, whose
-extra work the others wait for, a slow rank running the same work slower, and ranks taking different numbers
-of steps. Split from script_checks.py, whose helpers they share."""
+"""The doctor's checks that compare a probed script's ranks (summary.json `probe`, per rank): ranks that never
+synchronised, a straggler, whose extra work the others wait for, a slow rank running the same work slower, and
+ranks taking different numbers of steps. Split from script_checks.py, whose helpers they share."""
 
 from __future__ import annotations
 
@@ -20,6 +20,59 @@ UNEVEN_STEPS = 1.10  # the rank with the most steps against the mean
 # spread of each other, runs the same work on a slower core or device (slow_rank), not more work.
 SLOW_CORE_COMPUTE_SHARE = 2 / 3
 SLOW_CORE_SPREAD = 1.25
+
+
+def unsynchronised(ev: RunEvidence) -> Finding | None:
+    """Ranks that never synchronised (launch/probe_summary.py synchronised): no DDP, and no collective in any step
+    after the first. Each rank trained its own copy of the model, so the run's samples/s is N trainings' added up,
+    not one training N times as fast. Named before anything else: every other finding about the ranks assumes
+    they train one model."""
+    ranks = ev.probe.get("ranks", [])
+    if ev.probe.get("synchronised") is not False:
+        return None
+    n = len(ranks)
+    frameworks = sorted({name for r in ranks for name in r.get("frameworks") or []})
+    group = max(r.get("process_group") or 0 for r in ranks)
+    joined = (
+        f"the ranks joined a process group of {group} but used it for nothing in their steps"
+        if group > 1
+        else "no rank joined a process group (torch.distributed.init_process_group was never called)"
+    )
+    loader = next((loaders[0] for loaders in (r.get("loaders") for r in ranks) if loaders), None)
+    whole = (
+        f"; every rank read the whole {loader['dataset']} ({loader.get('length') or '?'} samples, sampler "
+        f"{loader.get('sampler')})"
+        if loader and (loader.get("sampler_replicas") or 1) == 1
+        else ""
+    )
+    if "accelerate" in frameworks:
+        remedy = (
+            "Accelerator(cpu=True) on CPU ranks: a plain Accelerator() there joins the launcher's process group but "
+            "runs each rank as a single process (no DDP, no sharded DataLoader); on GPUs Accelerate distributes by "
+            "itself"
+        )
+        where = "Accelerator() (without cpu=True)"
+    else:
+        remedy = (
+            "torch.distributed.init_process_group() and DistributedDataParallel(model) (or FSDP), with a "
+            "DistributedSampler for the data; Lightning: Trainer(strategy='ddp', devices=int(os.environ['WORLD_SIZE']))"
+        )
+        where = "the model, never wrapped in DDP or FSDP"
+    return Finding(
+        "unsynchronised",
+        f"the {n} ranks never synchronised: they trained {n} independent copies of the model",
+        f"{n} ranks, {', '.join(str(r.get('steps', 0)) for r in ranks)} optimizer steps; no DDP or FSDP model and no "
+        f"collective in any step after the first (the probe counts every torch.distributed call); {joined}{whole}"
+        + (f"; frameworks imported: {', '.join(frameworks)}" if frameworks else ""),
+        "nothing averages the ranks' gradients, so each rank trains a model of its own on its own batches: the run's "
+        f"samples/s is {n} separate trainings added up, and no one model trains faster",
+        _code_change(remedy, ev),
+        f"none in speed: until the ranks synchronise, {n} ranks are no speedup whatever their samples/s (paratrain "
+        "scale refuses to call their ratio one); the findings below time each copy's steps",
+        None,
+        "high",
+        where=where,
+    )
 
 
 def straggler(ev: RunEvidence) -> Finding | None:
@@ -164,4 +217,4 @@ def uneven_steps(ev: RunEvidence) -> Finding | None:
     )
 
 
-RANK_CHECKS: tuple[Callable[[RunEvidence], Finding | None], ...] = (straggler, uneven_steps)
+RANK_CHECKS: tuple[Callable[[RunEvidence], Finding | None], ...] = (unsynchronised, straggler, uneven_steps)

@@ -244,6 +244,7 @@ def exposed_communication(ev: RunEvidence) -> Finding | None:
         saving,
         where="DistributedDataParallel's gradient all-reduce",
         explains={"comm": comm},
+        global_batch_factor=k,
     )
 
 
@@ -296,6 +297,7 @@ def small_batch(ev: RunEvidence) -> Finding | None:
         where=f"batch_size={batch:.0f} per rank",
         # the step's fixed part: per-call overheads in forward and backward, the all-reduce, the optimizer
         explains={"optimizer": _mean(ev.rank_phase("optimizer")), "comm": _mean(ev.rank_phase("comm"))},
+        global_batch_factor=k,
     )
 
 

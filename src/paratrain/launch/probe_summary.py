@@ -69,6 +69,9 @@ def rank_record(rank: int, records: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {"rank": rank, "steps": len(steps), "steady_steps": len(used), **state}
     if fallback:
         out["fallback"] = f"{fallback['where']}: {fallback['error']}"
+    if steps and all("collectives" in s for s in steps):  # a probe that counted them
+        # The first step holds the set-up's collectives (a barrier, the initial weights broadcast): not training's.
+        out["collectives_after_first_step"] = sum(s["collectives"] for s in steps[1:])
     if used:
         n = len(used)
         wall = sum(s["wall_s"] for s in used)
@@ -239,6 +242,7 @@ def summarise(run_dir: Path) -> dict[str, Any]:
             reason="no optimizer step was seen: the script never called optimizer.step() of a torch.optim optimizer",
         )
         return {"probe": probe}
+    probe["synchronised"] = synchronised(ranks)
     phases = {p: statistics.mean(r["phases_s"][p] for r in timed) for p in PHASES}
     probe["phases_s"] = phases
     probe["step_s"] = statistics.mean(r["step_s"] for r in timed)
@@ -260,6 +264,16 @@ def summarise(run_dir: Path) -> dict[str, Any]:
     if samples and wall:
         probe["samples_per_s"] = samples / wall
     return out
+
+
+def synchronised(ranks: list[dict[str, Any]]) -> bool | None:
+    """Whether the ranks of a multi-rank run trained one model together: a rank wrapped it in DDP, or called a
+    collective (its own, FSDP's, DDP's) in a step after the first. False: N independent copies, whose samples/s
+    add up without training anything faster. None: one rank, a rank with fewer than two steps, or records of
+    a probe that did not count collectives."""
+    if len(ranks) < 2 or any(r.get("steps", 0) < 2 or "collectives_after_first_step" not in r for r in ranks):
+        return None
+    return any(r.get("ddp") or r["collectives_after_first_step"] > 0 for r in ranks)
 
 
 def off(reason: str) -> dict[str, Any]:

@@ -177,12 +177,18 @@ def workers_what(row: ScalingRow) -> str:
 
 
 def cannot_tell(base: ScalingRow, top: ScalingRow, reference: ScalingRow | None) -> str | None:
-    """Why the table cannot back a verdict, for the verdict and the study's headline alike: a
-    comparison whose rows other work slowed (a 2-thread process collapses when its cores are taken,
-    so a contended all-cores reference reads as a large speedup), or the two comparisons pointing
-    different ways. It says what the clean comparison shows and the rerun that would decide; None
-    when the rows support a verdict."""
+    """Why the table cannot back a verdict, for the verdict and the study's headline alike: ranks that
+    never synchronised (independent copies: no ratio of theirs is a speedup), a comparison whose rows
+    other work slowed (a 2-thread process collapses when its cores are taken, so a contended all-cores
+    reference reads as a large speedup), or the two comparisons pointing different ways. It says what
+    the clean comparison shows and the rerun that would decide; None when the rows support a verdict."""
     base_what = workers_what(base)
+    if "unsynchronised" in top.flags:
+        return (
+            f"no speedup: the {top.workers} ranks never synchronised (no DDP or FSDP, no collective), so they "
+            f"trained {top.workers} independent copies of the model, whose samples/s add up without training one "
+            f"faster; make them train together (paratrain doctor {top.run_dir} says how) and rerun"
+        )
     vs_base = top.speedup / base.workers if top is not base else None
     vs_ref = top.speedup_vs_all_cores if reference else None
     ref_what = f"one process on all {cores_text(reference)} cores" if reference else ""

@@ -16,7 +16,9 @@ buy", not the question a user faces: is N workers faster than one process on all
 is what `paratrain train --workers 1` runs by default? So a CPU study also runs that process (the
 all-cores reference, alternated with the other points) and reports `speedup_vs_all_cores` beside
 `speedup`. Rows carry the noise too: the spread over repeats, runs measured while other work took
-the run's cores (summary.json `machine_load`), and single-epoch throughput that includes start-up.
+the run's cores (summary.json `machine_load`), and single-epoch throughput that includes start-up;
+and a script's ranks that never synchronised (`unsynchronised`: N independent copies, so no ratio
+of theirs is a speedup, which the verdict then says instead of one).
 
 `--script` studies the user's own torchrun-style script instead: each point is a `paratrain launch`
 of it (launch/script.py) and its throughput is what it reports (`paratrain.report(samples_per_s=...)`,
@@ -272,6 +274,15 @@ def study_result(study: ScaleConfig, runs: list[RunDir]) -> dict[str, Any]:
                 "repeats_disagree": f"the repeats' samples/s differ by more than x{SPREAD_LIMIT} "
                 "(fastest / slowest = R)",
                 "includes_startup": "a run had a single epoch, so its time and samples/s include start-up",
+                **(
+                    {
+                        "unsynchronised": "the probe saw the ranks of a run never synchronise (no DDP or FSDP, no "
+                        "collective after the first step): N independent copies, whose samples/s add up without "
+                        "training one model faster, so the ratio is no speedup (summary.json probe.synchronised)"
+                    }
+                    if study.script
+                    else {}
+                ),
             },
             **({"strategy": study.strategy} if study.strategy else {}),
             "rows": scaling_rows(runs, study.strategy),
@@ -298,6 +309,11 @@ def collect_study(out: Path) -> dict[str, Any]:
     result = study_result(study, finished)
     write_json(out / SCALING_FILE, result)
     return result
+
+
+def unsynchronised(summary: Summary) -> bool:
+    """A launched script's ranks that never synchronised, as its probe saw them (launch/probe_summary.py)."""
+    return (summary.probe or {}).get("synchronised") is False
 
 
 def _finished(summary: Summary) -> bool:
@@ -410,6 +426,7 @@ def _row(
             ("contended", contended > 0),
             ("repeats_disagree", spread > SPREAD_LIMIT),
             ("includes_startup", epochs is not None and any(len(s.epoch_times_s) < 2 for s in summaries)),
+            ("unsynchronised", any(unsynchronised(s) for s in summaries)),
         )
         if raised
     ]

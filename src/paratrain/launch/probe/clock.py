@@ -65,6 +65,7 @@ class Probe:
         self.bucket_log: list[list[float]] | None = None  # [handed over, bytes, done] per bucket, in BUCKET_STEPS
         self.backward_started = 0.0
         self.in_ddp_hook = False  # DDP's comm hook is running: its all-reduce is DDP's, not an inner collective
+        self.collectives = 0  # every collective called from Python in this step, whoever called it and wherever
         self.inner_calls = 0  # collectives called inside forward or backward (not DDP's buckets), and bytes
         self.inner_bytes = 0
         # Of those, the ones a layer of the model calls itself (a synchronised batch norm, say), not the
@@ -137,6 +138,8 @@ class Probe:
         threads = self.torch.get_num_threads()
         if threads != self.state.get("threads"):
             self.note(threads=threads)
+        if self.steps == 1:
+            self._note_world()
         record = {
             "kind": "step",
             "step": self.steps,
@@ -148,6 +151,7 @@ class Probe:
             "samples": self.samples,
             "micro": self.micro,
             "rounds": self.rounds,
+            "collectives": self.collectives,
             "buckets": self.buckets,
             "bucket_bytes": self.bucket_bytes,
             "inner_calls": self.inner_calls,
@@ -177,7 +181,7 @@ class Probe:
         self.times = dict.fromkeys(PHASES, 0.0)
         self.data_cpu = self.ddp_overhead = 0.0
         self.last_batch = self.samples // max(self.micro, 1)
-        self.samples = self.micro = self.rounds = self.syncs = self.buckets = self.bucket_bytes = 0
+        self.samples = self.micro = self.rounds = self.syncs = self.buckets = self.bucket_bytes = self.collectives = 0
         self.inner_calls = self.inner_bytes = self.recomputes = self.model_calls = 0
         self.model_comm_s, self.model_issuers = 0.0, {}
         self.sync_wait = 0.0
@@ -204,6 +208,14 @@ class Probe:
         self.step_started = now
         if now - self.flushed >= FLUSH_EVERY_S:
             self.flush()
+
+    def _note_world(self) -> None:
+        """At the first step: the process group the rank joined (0: none) and the frameworks the script imported.
+        Ranks that never synchronise are named with them: Accelerate joins the launcher's process group on CPU
+        ranks yet trains each alone unless told Accelerator(cpu=True)."""
+        dist = self.torch.distributed
+        group = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 0
+        self.note(process_group=group, frameworks=[name for name in FRAMEWORKS if name in sys.modules])
 
     def _narrow(self) -> None:
         """Global hooks run on every module call; from here on only the outermost modules are hooked."""
@@ -362,6 +374,8 @@ class Probe:
             # a blocking torch.distributed call makes inside it.
             now = "collective" if phase == "comm" and (not probe.stack or probe.stack[-1] == "collective") else phase
             issuer = None
+            if phase == "comm" and original.__name__ != "wait":
+                probe.collectives += 1
             if now == "comm" and not probe.in_ddp_hook and original.__name__ != "wait":
                 probe.inner_calls += 1
                 probe.inner_bytes += _tensor_bytes(args[:1], probe.torch)
@@ -379,6 +393,9 @@ class Probe:
 
         return through_call
 
+
+# Frameworks that set up the ranks' parallelism for the script, as sys.modules names them.
+FRAMEWORKS = ("accelerate", "lightning", "pytorch_lightning", "deepspeed")
 
 # Collectives called from these parts of torch are a parallelism's own communication (FSDP2 gathering and
 # reducing, tensor parallelism's, a pipeline's sends), not a layer of the model synchronising.
