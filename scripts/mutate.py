@@ -46,6 +46,7 @@ TESTS = {
     "launch/trace_summary.py": ["tests/test_formulas_causes.py"],
     "doctor/finding.py": ["tests/test_formulas_doctor.py"],
     "doctor/checks.py": ["tests/test_formulas_doctor_runs.py", "tests/test_formulas_epochs.py"],
+    "doctor/study_checks.py": ["tests/test_formulas_doctor_runs.py"],
     "engine/timing.py": ["tests/test_formulas_timing.py"],
     "engine/memory.py": ["tests/test_formulas_engine_memory.py"],
     "engine/batch_schedule.py": ["tests/test_formulas_batch_schedule.py"],

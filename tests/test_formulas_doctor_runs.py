@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from paratrain.doctor import checks
+from paratrain.doctor import checks, study_checks
 from paratrain.doctor.evidence import RunEvidence, read_run
 from paratrain.runs.records import Trial
 
@@ -293,11 +293,11 @@ def _best(**params: Any) -> Trial:
 def test_batch_knee_is_the_smallest_batch_within_five_percent_of_the_best(tmp_path):
     # 200 samples/s at best: the knee is 32 (196 >= 190), not 16 (180). From 16: 1 - 180/196 saved.
     trials = [_trial(8, 100), _trial(16, 180), _trial(16, 180), _trial(32, 196), _trial(64, 200)]
-    found = checks.batch_knee(trials, _best(batch_size=16))
+    found = study_checks.batch_knee(trials, _best(batch_size=16))
     assert found.finding == "the best trial's batch 16 is below the throughput knee (32)"
     assert found.saving == pytest.approx(1 - 180 / 196)
-    assert checks.batch_knee(trials, _best(batch_size=32)) is None
-    assert checks.batch_knee(trials[:2], _best(batch_size=8)) is None  # two batches: no knee
+    assert study_checks.batch_knee(trials, _best(batch_size=32)) is None
+    assert study_checks.batch_knee(trials[:2], _best(batch_size=8)) is None  # two batches: no knee
 
 
 def _scored(number: int, value: float, **params: Any) -> Trial:
@@ -312,7 +312,7 @@ def test_a_best_value_at_either_end_of_a_list_of_numbers_is_at_the_edge():
     the smallest; the next value by the list's own ratio is 4."""
     trials = [_scored(0, 3.5, batch_size=8), _scored(1, 3.7, batch_size=8), _scored(2, 3.8, batch_size=16)]
     trials += [_scored(3, 4.1, batch_size=32)]
-    [found] = checks.best_at_edge(BATCHES, trials, trials[0], "val_bits_per_byte")
+    [found] = study_checks.best_at_edge(BATCHES, trials, trials[0], "val_bits_per_byte")
     assert found.check == "best_at_edge" and found.saving is None and found.severity == "advice"
     assert found.finding == "the best trial's batch_size, 8, is at the smallest end of the space"
     # the means over each value's trials, in the values' order: 8's two trials give 3.6
@@ -323,22 +323,22 @@ def test_a_best_value_at_either_end_of_a_list_of_numbers_is_at_the_edge():
         "add batch_size values beyond 8 (e.g. 4) to the config file and rerun the same command: the grid is "
         "extended, its finished trials kept"
     )
-    [largest] = checks.best_at_edge(BATCHES, trials, _scored(3, 4.1, batch_size=32), "val_bits_per_byte")
+    [largest] = study_checks.best_at_edge(BATCHES, trials, _scored(3, 4.1, batch_size=32), "val_bits_per_byte")
     assert "largest end" in largest.finding and "(e.g. 64)" in largest.remedy
-    assert checks.best_at_edge(BATCHES, trials, _scored(2, 3.8, batch_size=16), "val_bits_per_byte") == []
+    assert study_checks.best_at_edge(BATCHES, trials, _scored(2, 3.8, batch_size=16), "val_bits_per_byte") == []
     # two values: the best is always at one end, which says nothing
     two = {"parameters": {"batch_size": {"type": "discrete", "values": [8, 16]}}}
-    assert checks.best_at_edge(two, trials, trials[0], "val_bits_per_byte") == []
-    assert checks.best_at_edge(BATCHES, trials, None, "val_bits_per_byte") == []
+    assert study_checks.best_at_edge(two, trials, trials[0], "val_bits_per_byte") == []
+    assert study_checks.best_at_edge(BATCHES, trials, None, "val_bits_per_byte") == []
 
 
 def test_the_next_value_follows_the_lists_step_and_keeps_its_kind():
     evenly = {"parameters": {"dropout": {"type": "discrete", "values": [0.1, 0.2, 0.3]}}}
-    [found] = checks.best_at_edge(evenly, [], _scored(0, 0.6, dropout=0.3), "val_accuracy")
+    [found] = study_checks.best_at_edge(evenly, [], _scored(0, 0.6, dropout=0.3), "val_accuracy")
     assert "beyond 0.3 (e.g. 0.4)" in found.remedy
     # 1, 3, 5 below 1 by its step of 2 is -1: not offered for a list of positive numbers
     odd = {"parameters": {"layers": {"type": "integer", "values": [1, 3, 5]}}}
-    [found] = checks.best_at_edge(odd, [], _scored(0, 0.6, layers=1), "val_accuracy")
+    [found] = study_checks.best_at_edge(odd, [], _scored(0, 0.6, layers=1), "val_accuracy")
     # not a grid: only a grid's lists of numbers can be extended in place
     assert found.remedy == (
         "add layers values beyond 1 to the config file and sweep again with a new --out (only a grid's lists of "
@@ -347,13 +347,13 @@ def test_the_next_value_follows_the_lists_step_and_keeps_its_kind():
     # 2, 4, 8 below 2 by its ratio is 1; 1, 2, 4 below 1 would be a half: not offered for integers
     assert (
         "(e.g. 1)"
-        in checks.best_at_edge(
+        in study_checks.best_at_edge(
             {"parameters": {"b": {"type": "discrete", "values": [2, 4, 8]}}}, [], _scored(0, 0.6, b=2), "val_accuracy"
         )[0].remedy
     )
     assert (
         "e.g."
-        not in checks.best_at_edge(
+        not in study_checks.best_at_edge(
             {"parameters": {"b": {"type": "discrete", "values": [1, 2, 4]}}}, [], _scored(0, 0.6, b=1), "val_accuracy"
         )[0].remedy
     )
@@ -362,28 +362,28 @@ def test_the_next_value_follows_the_lists_step_and_keeps_its_kind():
 def test_a_best_value_in_the_outer_tenth_of_a_range_is_at_the_edge():
     # 1e-4 to 1e-1 in log space: 3 decades, a tenth of them 0.3; 1.5e-4 is 0.18 decades from the bottom
     lr = {"parameters": {"lr": {"type": "float", "scaling": "loguniform", "low": 1e-4, "high": 0.1}}}
-    [found] = checks.best_at_edge(lr, [], _scored(0, 0.6, lr=1.5e-4), "val_accuracy")
+    [found] = study_checks.best_at_edge(lr, [], _scored(0, 0.6, lr=1.5e-4), "val_accuracy")
     assert found.finding == "the best trial's lr, 0.00015, is at the smallest end of the space"
     assert found.evidence == (
         "lr searched from 0.0001 to 0.1 in log space; the best trial's 0.00015 is within the lowest 10% of it"
     )
     assert found.remedy == "move lr's min beyond 0.00015 and sweep again with a new --out"
-    assert checks.best_at_edge(lr, [], _scored(0, 0.6, lr=2.1e-4), "val_accuracy") == []  # 0.32 decades up
-    assert "largest end" in checks.best_at_edge(lr, [], _scored(0, 0.6, lr=0.06), "val_accuracy")[0].finding
+    assert study_checks.best_at_edge(lr, [], _scored(0, 0.6, lr=2.1e-4), "val_accuracy") == []  # 0.32 decades up
+    assert "largest end" in study_checks.best_at_edge(lr, [], _scored(0, 0.6, lr=0.06), "val_accuracy")[0].finding
     # uniform: the outer tenth of 0 to 0.5 is above 0.45
     uniform = {"parameters": {"dropout": {"type": "float", "scaling": "uniform", "low": 0.0, "high": 0.5}}}
-    assert checks.best_at_edge(uniform, [], _scored(0, 0.6, dropout=0.46), "val_accuracy")[0].remedy == (
+    assert study_checks.best_at_edge(uniform, [], _scored(0, 0.6, dropout=0.46), "val_accuracy")[0].remedy == (
         "move dropout's max beyond 0.46 and sweep again with a new --out"
     )
-    assert checks.best_at_edge(uniform, [], _scored(0, 0.6, dropout=0.44), "val_accuracy") == []
+    assert study_checks.best_at_edge(uniform, [], _scored(0, 0.6, dropout=0.44), "val_accuracy") == []
 
 
 def test_no_edge_without_an_order_or_bounds():
     words = {"parameters": {"optimizer": {"type": "categorical", "values": ["sgd", "adam", "adamw"]}}}
-    assert checks.best_at_edge(words, [], _scored(0, 0.6, optimizer="sgd"), "val_accuracy") == []
+    assert study_checks.best_at_edge(words, [], _scored(0, 0.6, optimizer="sgd"), "val_accuracy") == []
     prior = {"parameters": {"lr": {"type": "float", "scaling": "lognormal", "mu": -5.0, "sigma": 1.0}}}
-    assert checks.best_at_edge(prior, [], _scored(0, 0.6, lr=1e-6), "val_accuracy") == []
-    assert checks.best_at_edge({}, [], _scored(0, 0.6, lr=1e-6), "val_accuracy") == []
+    assert study_checks.best_at_edge(prior, [], _scored(0, 0.6, lr=1e-6), "val_accuracy") == []
+    assert study_checks.best_at_edge({}, [], _scored(0, 0.6, lr=1e-6), "val_accuracy") == []
 
 
 def _study(rows, mode):
@@ -400,12 +400,12 @@ def test_lr_not_scaled_in_a_weak_study_that_grew_the_batch(tmp_path):
         {"workers": 2, "global_batch_size": 128, "lr": 0.1, "val_accuracy": 0.45, "run_dir": "b"},
     ]
     configs = {"a": {"lr_scaling": "none"}, "b": {"lr_scaling": "none"}}
-    found = checks.lr_not_scaled(_study(rows, "weak"), configs)
+    found = study_checks.lr_not_scaled(_study(rows, "weak"), configs)
     assert found.finding == "weak scaling grew the global batch 2x but not the LR"
     assert found.remedy.startswith("paratrain scale --workers 1,2 --lr-scaling linear")
-    assert checks.lr_not_scaled(_study(rows, "strong"), configs) is None
+    assert study_checks.lr_not_scaled(_study(rows, "strong"), configs) is None
     scaled = {"a": {"lr_scaling": "linear"}, "b": {"lr_scaling": "linear"}}
-    assert checks.lr_not_scaled(_study(rows, "weak"), scaled) is None
+    assert study_checks.lr_not_scaled(_study(rows, "weak"), scaled) is None
 
 
 # -- edges and branches (each case kills a plausible mistake: scripts/mutate.py doctor/checks.py) -----
@@ -634,14 +634,14 @@ def test_idle_devices_names_the_gpus_idle_a_fifth_of_the_run(tmp_path):
 
 def test_the_knee_among_complete_trials_with_a_rate_and_a_best_trial_with_a_batch(tmp_path):
     trials = [_trial(8, 100), _trial(16, 180), _trial(32, 190), _trial(64, 200)]  # 190 is exactly 95 %
-    assert "knee (32)" in checks.batch_knee(trials, _best(batch_size=16)).finding
+    assert "knee (32)" in study_checks.batch_knee(trials, _best(batch_size=16)).finding
     failed = _trial(128, 1000, state="FAIL")
     unmeasured = _trial(256, 0)
-    assert "knee (32)" in checks.batch_knee([*trials, failed, unmeasured], _best(batch_size=16)).finding
-    assert "knee (32)" in checks.batch_knee(trials[1:], _best(batch_size=16)).finding  # 3 batches suffice
-    assert checks.batch_knee(trials, _best(lr=0.1)) is None
-    assert checks.batch_knee(trials, _best()) is None
-    assert checks.batch_knee(trials, None) is None
+    assert "knee (32)" in study_checks.batch_knee([*trials, failed, unmeasured], _best(batch_size=16)).finding
+    assert "knee (32)" in study_checks.batch_knee(trials[1:], _best(batch_size=16)).finding  # 3 batches suffice
+    assert study_checks.batch_knee(trials, _best(lr=0.1)) is None
+    assert study_checks.batch_knee(trials, _best()) is None
+    assert study_checks.batch_knee(trials, None) is None
 
 
 def test_lr_not_scaled_reads_the_scaling_rows_from_first_to_last(tmp_path):
@@ -651,13 +651,13 @@ def test_lr_not_scaled_reads_the_scaling_rows_from_first_to_last(tmp_path):
     ]
     reference = {**rows[0], "point": "all_cores_reference", "run_dir": "ref"}
     configs = {r["run_dir"]: {"lr_scaling": "none"} for r in [*rows, reference]}
-    found = checks.lr_not_scaled(_study([*rows, reference], "weak"), configs)
+    found = study_checks.lr_not_scaled(_study([*rows, reference], "weak"), configs)
     assert found.finding == "weak scaling grew the global batch 4x but not the LR"
-    assert checks.lr_not_scaled(_study(rows, "weak"), {"1": {"lr_scaling": "none"}}) is None
+    assert study_checks.lr_not_scaled(_study(rows, "weak"), {"1": {"lr_scaling": "none"}}) is None
     moved = [*rows[:2], {**rows[2], "lr": 0.4}]
-    assert checks.lr_not_scaled(_study(moved, "weak"), configs) is None
+    assert study_checks.lr_not_scaled(_study(moved, "weak"), configs) is None
     flat = [{**r, "global_batch_size": 64} for r in rows]
-    assert checks.lr_not_scaled(_study(flat, "weak"), configs) is None
+    assert study_checks.lr_not_scaled(_study(flat, "weak"), configs) is None
 
 
 # -- a batch that grew (--batch-schedule) ----------------------------------------------------------------
@@ -760,14 +760,14 @@ def test_lr_not_scaled_names_the_accuracy_change_and_needs_both_global_batches(t
         {"workers": 2, "global_batch_size": 128, "lr": 0.1, "val_accuracy": 0.4, "run_dir": "b"},
     ]
     configs = {"a": {"lr_scaling": "none"}, "b": {"lr_scaling": "none"}}
-    found = checks.lr_not_scaled(_study(rows, "weak"), configs)
+    found = study_checks.lr_not_scaled(_study(rows, "weak"), configs)
     assert (
         found.evidence == "global batch 64 -> 128, LR 0.1 at every point (--lr-scaling none); accuracy 50.0% -> 40.0%"
     )
     for missing in ({"val_accuracy": None}, {}):
         unmeasured = [{**rows[0], **missing}, {**rows[1], "val_accuracy": None}]
-        found = checks.lr_not_scaled(_study(unmeasured, "weak"), configs)
+        found = study_checks.lr_not_scaled(_study(unmeasured, "weak"), configs)
         assert found.evidence.endswith("(--lr-scaling none)")
     # a script's study reports no global batch at its first point: nothing to compare
     first_unknown = [{**rows[0], "global_batch_size": None}, rows[1]]
-    assert checks.lr_not_scaled(_study(first_unknown, "weak"), configs) is None
+    assert study_checks.lr_not_scaled(_study(first_unknown, "weak"), configs) is None

@@ -16,22 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from paratrain.doctor.causes import CAUSES
-from paratrain.doctor.checks import (
-    RUN_CHECKS,
-    batch_knee,
-    best_at_edge,
-    contended,
-    first_epoch_overhead,
-    idle_devices,
-    lr_not_scaled,
-    rank0_alone,
-)
+from paratrain.doctor.checks import RUN_CHECKS, contended, first_epoch_overhead, idle_devices, rank0_alone
 from paratrain.doctor.evidence import RunEvidence, idle_fractions, read_run, system_samples
 from paratrain.doctor.failure import BEFORE_ANY_STEP, failure
 from paratrain.doctor.finding import Finding
 from paratrain.doctor.ledger import unexplained
 from paratrain.doctor.rank_checks import RANK_CHECKS
 from paratrain.doctor.script_checks import SCRIPT_CHECKS, probe_status
+from paratrain.doctor.study_checks import batch_knee, best_at_edge, lr_not_scaled
 from paratrain.errors import UsageError
 from paratrain.formatting import pct
 from paratrain.launch import probe_summary
