@@ -190,8 +190,11 @@ def launch_local(cfg: TrainConfig, placement: Placement, run_dir: Path) -> dict[
                 cfg.model_dump(mode="json"), placement.to_dict(), str(run_dir), changes
             )
     except SignalException as exc:
-        # SIGTERM or SIGHUP to the launcher (`kill`, a scheduler's time limit): the agent has already
-        # stopped the ranks; the run ends as a failed one, with its summary.
+        # The agent turns the signals it gets into this, having stopped the ranks. Ctrl-C (SIGINT) is the
+        # user stopping the run: an interruption, as Python raises it. SIGTERM or SIGHUP (`kill`, a
+        # scheduler's time limit): the run ends as a failed one, with its summary.
+        if exc.sigval == signal.SIGINT:
+            raise KeyboardInterrupt from None
         raise RanksFailed(f"stopped by {signal.Signals(exc.sigval).name}; the ranks were terminated") from None
     except ChildFailedError as exc:
         # The agent numbers ranks by the rendezvous; paratrain by --node-rank (engine/distributed.py).

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from paratrain.errors import UsageError
-from paratrain.formatting import human
+from paratrain.formatting import human, significant
 from paratrain.reporting.verdict import (
     cannot_tell,
     comparison_verdict,
@@ -180,7 +180,9 @@ PLAN_PLOTS = ("plan_scaling.png", "plan_memory.png", "plan_pareto.png")
 
 
 def plan_table(plan: Plan) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
-    """The plan's columns and cells, as the page and the terminal both show them."""
+    """The plan's columns and cells, as the page and the terminal both show them: predicted rates to
+    three significant figures, and tokens/s beside samples/s for a model of token sequences."""
+    tokens = plan.model.tokens_per_sample
     columns = (
         "devices",
         "strategy",
@@ -188,6 +190,7 @@ def plan_table(plan: Plan) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
         "global batch",
         "step time",
         "samples/s",
+        *(("tokens/s",) if tokens else ()),
         "speedup",
         "efficiency",
         "memory/device",
@@ -199,8 +202,9 @@ def plan_table(plan: Plan) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
             r.strategy,
             _plan_layout(r),
             str(r.global_batch),
-            f"{r.step_time_s * 1e3:,.2f} ms",
-            f"{r.samples_per_s:,.0f}",
+            f"{significant(r.step_time_s * 1e3)} ms",
+            significant(r.samples_per_s),
+            *((significant(r.samples_per_s * tokens),) if tokens else ()),
             f"{r.speedup:.2f}",
             f"{r.efficiency:.2f}",
             human("rss_peak_bytes", r.memory_per_device_bytes),
@@ -264,9 +268,23 @@ def _fmt(value: Any) -> str:
 
 
 def _config_table(config: dict[str, Any]) -> str:
-    shown = {k: v for k, v in config.items() if k != "resolved" and v not in (None, [], False)}
-    shown.update(config.get("resolved", {}))
-    return _table(("option", "value"), [(k, human(k, v)) for k, v in shown.items()])
+    """config.json as a run's page shows it: the options the run set and what the launcher resolved,
+    then, folded, the options it left at their defaults (a run that never compressed gradients lists
+    powersgd_rank there, not beside its own choices)."""
+    from paratrain.config import LaunchConfig, TrainConfig
+
+    model = LaunchConfig if "script" in config else TrainConfig  # a launched script's run, or paratrain's loop
+    defaults = model.model_construct().model_dump(mode="json", warnings=False)
+    options = {k: v for k, v in config.items() if k != "resolved"}
+    left = {k: v for k, v in options.items() if k in defaults and v == defaults[k]}
+    chosen = [(k, human(k, v)) for k, v in options.items() if k not in left]
+    resolved = [(k, human(k, v)) for k, v in config.get("resolved", {}).items()]
+    return (
+        _table(("option", "value"), chosen + resolved, "config")
+        + f"<details><summary>{len(left)} options at their defaults</summary>"
+        + _table(("option", "default"), [(k, human(k, v)) for k, v in left.items()], "defaults")
+        + "</details>"
+    )
 
 
 def _with_plots(render) -> str:
@@ -512,9 +530,15 @@ def _sweep_body(path: Path) -> str:
     return _with_plots(render)
 
 
+# What a run measured on its validation split: with none (`val_split` "test"), summary.json's val_*
+# figures are the test split's, which the test_* rows show.
+_VALIDATION_KEYS = ("val_loss", "val_bits_per_byte", "val_accuracy")
+
+
 def _summary_rows(summary: Summary | None) -> list[tuple[str, Any]]:
     if summary is None:
         return [("status", "running or interrupted")]
+    splits_not_held = _VALIDATION_KEYS if summary.val_split == "test" else ()
     keys = (
         "status",
         "workers",
@@ -533,10 +557,14 @@ def _summary_rows(summary: Summary | None) -> list[tuple[str, Any]]:
         "val_loss",
         "val_bits_per_byte",
         "val_accuracy",
+        "test_loss",
+        "test_bits_per_byte",
         "test_accuracy",
         "wall_time_s",
     )
-    return [(k, human(k, getattr(summary, k))) for k in keys if getattr(summary, k) is not None]
+    return [
+        (k, human(k, getattr(summary, k))) for k in keys if getattr(summary, k) is not None and k not in splits_not_held
+    ]
 
 
 def _run_body(run: RunDir) -> str:
@@ -616,31 +644,46 @@ def _memory_table(memory: Memory) -> str:
 
 
 def comparison_rows(runs: list[RunDir]) -> list[dict[str, Any]]:
-    """Final metrics, throughput and memory per rank of each run, with the ratio to the first run."""
+    """Final metrics, throughput and memory per rank of each run, with the ratio to the first run:
+    None where either did not complete (a failed run's missing figures are not zeros)."""
     rows = []
-    first = None
     for run in runs:
         if not run.summary.exists():
             raise UsageError(f"{run.path} has no summary.json: the run did not finish")
         s = run.summary_record()
-        first = first or s
+        load = s.machine_load
         rows.append(
             {
                 "run": str(run.path),
+                "status": s.status,
+                "error": s.error,
+                "contended": s.contended,
+                "other_load": load.other_fraction if load else None,
                 "workers": s.workers,
                 "strategy": s.strategy,
                 "global_batch_size": s.global_batch_size,
                 **memory_per_rank(s.memory),
                 "samples_per_s": s.samples_per_s,
-                "throughput_vs_first": (s.samples_per_s or 0) / first.samples_per_s,
                 "epoch_time_s": s.epoch_time_s,
                 "train_loss": s.train_loss,
                 "val_accuracy": s.val_accuracy,
-                "val_accuracy_diff": (s.val_accuracy or 0) - first.val_accuracy,
                 "wall_time_s": s.wall_time_s,
             }
         )
+    first = rows[0]
+    for row in rows:
+        row["throughput_vs_first"] = (
+            row["samples_per_s"] / first["samples_per_s"] if _comparable(row, first, "samples_per_s") else None
+        )
+        row["val_accuracy_diff"] = (
+            row["val_accuracy"] - first["val_accuracy"] if _comparable(row, first, "val_accuracy") else None
+        )
     return rows
+
+
+def _comparable(row: dict[str, Any], first: dict[str, Any], key: str) -> bool:
+    """Whether `key` of `row` can be set against the first run's: both completed and measured it."""
+    return all(r["status"] == "completed" and r[key] is not None for r in (row, first))
 
 
 def comparison_table(rows: list[dict[str, Any]], split: str) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
@@ -663,16 +706,16 @@ def comparison_table(rows: list[dict[str, Any]], split: str) -> tuple[tuple[str,
     )
     cells = [
         (
-            Path(r["run"]).name,
+            Path(r["run"]).name + ("" if r["status"] == "completed" else f" ({r['status']})"),
             r["strategy"] or "-",
-            str(r["workers"]),
-            str(r["global_batch_size"]),
+            human("workers", r["workers"]),
+            human("global_batch_size", r["global_batch_size"]),
             human("samples_per_s", r["samples_per_s"]),
-            f"{r['throughput_vs_first']:.2f}x",
+            "-" if r["throughput_vs_first"] is None else f"{r['throughput_vs_first']:.2f}x",
             human("epoch_time_s", r["epoch_time_s"]),
             human("train_loss", r["train_loss"]),
             human("val_accuracy", r["val_accuracy"]),
-            f"{r['val_accuracy_diff'] * 100:+.1f} points",
+            "-" if r["val_accuracy_diff"] is None else f"{r['val_accuracy_diff'] * 100:+.1f} points",
             human("model_state_bytes", r["model_state_bytes"]),
             human("activations_peak_bytes", r["activations_peak_bytes"]),
             human("rss_peak_bytes", r["rss_peak_bytes"]),

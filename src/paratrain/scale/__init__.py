@@ -258,7 +258,8 @@ def study_result(study: ScaleConfig, runs: list[RunDir]) -> dict[str, Any]:
             "workload": study.workload,
             "repeats": study.repeats,
             "timing": (
-                "samples/s is what the script reported; speedup = samples/s(N) / samples/s(base) x base, "
+                "samples/s is what the script reported (else what the probe measured); "
+                "speedup = samples/s(N) / samples/s(base) x base, "
                 "efficiency = speedup / N; speedup_vs_all_cores = samples/s(N) / samples/s(one process on all cores)"
                 if study.script
                 else "epoch time is the median over the epochs after the first of each run; "
