@@ -137,7 +137,8 @@ def report(cfg: ReportConfig) -> Path:
 
 def compare(cfg: CompareConfig) -> dict[str, Any]:
     """`paratrain compare`: one row per run against the first, the verdict, and the page with the overlaid curves."""
-    from paratrain.reporting import comparison_rows, held_out_split, write_report
+    from paratrain.reporting import write_report
+    from paratrain.reporting.comparison import comparison_rows, held_out_split
     from paratrain.reporting.verdict import comparison_verdict
     from paratrain.runs import open_run_dir
 

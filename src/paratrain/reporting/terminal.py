@@ -14,7 +14,8 @@ from rich.console import Console
 from rich.table import Table
 
 from paratrain.formatting import ms
-from paratrain.reporting import comparison_table, plan_table, study_headline, study_notes, study_table, sweep_notes
+from paratrain.reporting import plan_table, study_headline, study_notes, study_table, sweep_notes
+from paratrain.reporting.comparison import comparison_table
 from paratrain.reporting.verdict import batch_schedule_line, script_throughput
 from paratrain.runs.records import Breakdown, ParetoFront, Plan, Study, Summary, SweepResult
 
