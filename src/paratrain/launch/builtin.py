@@ -184,6 +184,11 @@ def _what_was_kept(cfg: TrainConfig, run: RunDir) -> str:
     done = f"interrupted after {epochs} of {cfg.epochs} epoch(s)"
     if (run.path / CHECKPOINT_NAME).exists():
         return f"{done}; its checkpoint keeps its work: the same command with --resume continues from it"
+    if cfg.checkpoint_every:
+        return (
+            f"{done}, before its first checkpoint (--checkpoint-every {cfg.checkpoint_every}): a shorter interval "
+            "keeps more, and the same command with --resume continues from it"
+        )
     return (
         f"{done}, with no checkpoint to continue from; --checkpoint-every 1 (or Nsteps) keeps one, and then "
         "the same command with --resume continues an interrupted run"
