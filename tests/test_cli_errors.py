@@ -1,7 +1,9 @@
 """Bad input: one line on stderr, exit status 2, no traceback, nothing written or overwritten."""
 
 import io
+import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -148,7 +150,9 @@ def test_existing_run_dir_is_refused_and_left_alone(tmp_path, capsys):
     run_dir.mkdir()
     (run_dir / "notes.txt").write_text("mine")
     code, err = _run_cli(capsys, ["train", "--run-dir", str(run_dir), "--workload", "synthetic-cnn"])
-    assert code == 2 and "--resume" in err and len(err.strip().splitlines()) == 1
+    # no run, no checkpoint: nothing --resume could continue
+    assert code == 2 and "choose a new --run-dir" in err and "--resume" not in err
+    assert len(err.strip().splitlines()) == 1
     assert [p.name for p in run_dir.iterdir()] == ["notes.txt"]
 
 
@@ -161,6 +165,25 @@ def finished_run(tmp_path_factory):
 
 def _snapshot(path: Path) -> dict:
     return {p.name: p.read_bytes() for p in path.rglob("*") if p.is_file()}
+
+
+def test_a_finished_run_dir_suggests_a_new_run_dir_and_resume_only_with_a_checkpoint(finished_run, tmp_path, capsys):
+    rerun = ["train", "--workload", "synthetic-cnn", "--synthetic-samples", "512", "--threads-per-worker", "1"]
+    before = _snapshot(finished_run)
+    code, err = _run_cli(capsys, [*rerun, "--run-dir", str(finished_run)])  # its checkpoint is of a finished run
+    assert code == 2 and err.strip().endswith("holds a finished run; choose a new --run-dir for this one")
+    assert "--resume" not in err and _snapshot(finished_run) == before
+    finished_only = tmp_path / "finished"
+    shutil.copytree(finished_run, finished_only)
+    (finished_only / "checkpoint.pt").unlink()
+    code, err = _run_cli(capsys, [*rerun, "--run-dir", str(finished_only), "--resume"])
+    assert code == 2 and "holds a finished run, with nothing to resume; choose a new --run-dir" in err
+    # a run that did not finish and left a checkpoint: --resume continues it
+    stopped = tmp_path / "stopped"
+    shutil.copytree(finished_run, stopped)
+    (stopped / "summary.json").write_text(json.dumps({"status": "failed", "error": "interrupted"}))
+    code, err = _run_cli(capsys, [*rerun, "--run-dir", str(stopped)])
+    assert code == 2 and "did not finish; pass --resume to continue it from its checkpoint" in err
 
 
 def test_resume_with_a_different_configuration_is_refused(finished_run, capsys):

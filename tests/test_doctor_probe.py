@@ -11,6 +11,8 @@ import pytest
 from test_formulas_doctor import probed_run  # the hand-written probe block (one place: the fast formula tests)
 
 from paratrain.doctor import diagnose
+from paratrain.reporting.verdict import run_verdict
+from paratrain.runs import RunDir
 
 SCRIPT = Path(__file__).parent / "probe_faults.py"
 PARATRAIN = [sys.executable, "-m", "paratrain"]
@@ -99,6 +101,8 @@ def test_a_healthy_script_gets_nothing_marked_high_and_its_breakdown_is_the_buil
     for r in ranks:
         assert sum(r["phases_s"].values()) == pytest.approx(r["step_s"], rel=1e-3)
     assert summary["samples_per_s"] == summary["probe"]["samples_per_s"] > 0  # the script reported none
+    record = RunDir(run).summary_record()  # so the run's page calls it measured, not reported
+    assert "samples/s measured by the probe" in run_verdict(record, RunDir(run).read_config())[0]
     assert not [f for f in diagnose(run)["findings"] if f["severity"] == "high"]
 
 

@@ -8,6 +8,8 @@ import pytest
 
 from paratrain.cli import main
 from paratrain.measure.monitor import SYSTEM_FILE
+from paratrain.reporting.verdict import run_verdict
+from paratrain.runs import RunDir
 
 # A plain DDP script as users write them for torchrun: gloo, a tiny Linear, a few steps; it knows
 # nothing of paratrain but report(). Rank FAIL_RANK exits 3 at the end.
@@ -68,6 +70,8 @@ def test_launch_runs_a_ddp_script_on_two_pinned_ranks(launched):
     # what the script reported: samples of one epoch over both ranks and the epoch times, read back
     assert summary["reported"]["samples"] == 640 and len(summary["epoch_times_s"]) == 3
     assert summary["samples_per_s"] == pytest.approx(640 / summary["epoch_time_s"])
+    run = RunDir(run_dir)  # the run's page says whose figure it is: the script's own
+    assert "samples/s reported" in run_verdict(run.summary_record(), run.read_config())[0]
     logs = {r: (run_dir / "logs" / f"rank{r}.log").read_text() for r in (0, 1)}
     # each rank: its own log, the script's arguments, its own core, one thread
     assert "argv ['--flag', 'value'] rank 0 local 0" in logs[0] and "rank 1 local 1" in logs[1]

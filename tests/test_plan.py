@@ -8,6 +8,7 @@ spawned ranks (each 2-rank launch costs ~10 s of start-up here; test_strategies_
 
 import functools
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,8 @@ from paratrain.plan.links import LINKS, Link
 from paratrain.plan.memory import Layout, memory_per_device
 from paratrain.plan.profile import profile_model
 from paratrain.plan.step_time import Topology, allgather_s, allreduce_s, ring_allgather_s, ring_allreduce_s
-from paratrain.runs.records import Summary
+from paratrain.reporting import plan_table
+from paratrain.runs.records import Plan, Summary
 
 # gpt-tiny (0.86 M parameters) on 64-byte windows, Adam; 4 optimizer steps (the memory meter measures the second).
 GPT = dict(
@@ -295,6 +297,7 @@ def test_eight_gpus_each_keep_the_published_share_of_one_gpus_speed(capsys):
         == 0
     )
     plan = json.loads(capsys.readouterr().out)
+    assert plan["model"]["tokens_per_sample"] is None and "tokens/s" not in plan_table(Plan.model_validate(plan))[0]
     compute = {r["devices"]: r["time"]["compute_s"] for r in plan["rows"]}
     assert compute[4] == pytest.approx(compute[1] / (1 - 0.159 * 3 / 7), rel=1e-3)
     assert compute[8] == pytest.approx(compute[1] / 0.841, rel=1e-3)
@@ -544,8 +547,18 @@ def test_out_writes_the_plan_its_three_plots_and_a_report(tmp_path, capsys):
         )
         == 0
     )
-    assert "recommendation: ddp on 16 device(s)" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "recommendation: ddp on 16 device(s)" in printed
     plan = json.loads((out / "plan.json").read_text())
+    # A language model's rows in tokens/s too (64 tokens a window), every rate to three significant figures
+    assert plan["model"]["tokens_per_sample"] == 64
+    columns, cells = plan_table(Plan.model_validate(plan))
+    assert columns[5:7] == ("samples/s", "tokens/s")
+    for row, cell in zip(plan["rows"], cells):
+        for shown, rate in ((cell[5], row["samples_per_s"]), (cell[6], row["samples_per_s"] * 64)):
+            assert float(shown.replace(",", "")) == pytest.approx(rate, rel=5e-3), (shown, rate)
+            assert len(re.sub(r"\D", "", shown).strip("0")) <= 3, shown
+            assert shown in printed
     assert plan["pareto"]["bend_devices"] in plan["pareto"]["frontier"]
     for name in ("plan_scaling.png", "plan_memory.png", "plan_pareto.png"):
         assert (out / name).stat().st_size > 10_000, name

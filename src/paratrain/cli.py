@@ -408,8 +408,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RunFailed as exc:
         print(f"paratrain {args.command}: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("paratrain: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        print(f"paratrain {args.command}: {str(exc) or 'interrupted'}", file=sys.stderr)
         return 130
     except BrokenPipeError:
         # The reader left (`paratrain doctor RUN | head`): what it read is all it wanted. Python's own

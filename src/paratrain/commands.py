@@ -136,13 +136,20 @@ def report(cfg: ReportConfig) -> Path:
 
 
 def compare(cfg: CompareConfig) -> dict[str, Any]:
-    """`paratrain compare`: one row per run against the first, and the page with the overlaid curves."""
-    from paratrain.reporting import comparison_rows, held_out_split, write_report
+    """`paratrain compare`: one row per run against the first, the verdict, and the page with the overlaid curves."""
+    from paratrain.reporting import write_report
+    from paratrain.reporting.comparison import comparison_rows, held_out_split
+    from paratrain.reporting.verdict import comparison_verdict
     from paratrain.runs import open_run_dir
 
     runs = [open_run_dir(p) for p in cfg.paths]
     rows = comparison_rows(runs)
-    return {"rows": rows, "held_out_split": held_out_split(runs), "report": str(write_report(cfg.paths, cfg.out))}
+    return {
+        "rows": rows,
+        "held_out_split": held_out_split(runs),
+        "verdict": comparison_verdict(rows),
+        "report": str(write_report(cfg.paths, cfg.out)),
+    }
 
 
 def doctor(cfg: DoctorConfig) -> dict[str, Any]:

@@ -7,6 +7,7 @@ can use it without importing another's module.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 
@@ -35,6 +36,16 @@ def ms(value: float) -> str:
 def rate(value: float) -> str:
     """A throughput: 1,234, 48.9, 0.93 (three figures below 100, none after the point above)."""
     return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
+def significant(value: float, figures: int = 3) -> str:
+    """A predicted figure to the precision a prediction has, `figures` significant ones: 16,800, 267,
+    1.23, 0.0456 (a rate measured is written by `rate`)."""
+    if value == 0:
+        return "0"
+    rounded = float(f"{value:.{figures}g}")
+    decimals = max(figures - 1 - math.floor(math.log10(abs(rounded))), 0)
+    return f"{rounded:,.{decimals}f}"
 
 
 def pct(fraction: float) -> str:

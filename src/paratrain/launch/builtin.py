@@ -22,13 +22,13 @@ from paratrain.engine.strategies import check_fsdp, check_strategy, check_tensor
 from paratrain.engine.strategies.async_ps import check_async_ps
 from paratrain.engine.strategies.ddp import check_synchronisation
 from paratrain.engine.strategies.pipeline_split import check_pipeline_split
-from paratrain.errors import TrainingDiverged, UsageError
+from paratrain.errors import Interrupted, TrainingDiverged, UsageError
 from paratrain.launch.load import LoadMeter
 from paratrain.launch.local import RanksFailed, RendezvousFailed
 from paratrain.launch.nodes import Tasks, adopt_tasks, default_run_dir, run_ranks, task_placement, writes_run_dir
 from paratrain.launch.placement import plan_placement
 from paratrain.measure.monitor import monitor_run, ranks_by_log
-from paratrain.runs import RunDir, write_json
+from paratrain.runs import RunDir, json_records, write_json
 from paratrain.runs.exports import check_exports, export_run
 from paratrain.runs.lock import run_dir_entries, run_dir_lock
 from paratrain.runs.records import Summary, checked
@@ -141,15 +141,18 @@ def _launch(
         ):
             summary = run_ranks(cfg, placement, run.path, tasks)
     except (RanksFailed, KeyboardInterrupt) as exc:
+        interrupted = isinstance(exc, KeyboardInterrupt)
         failed = {
             "status": "failed",
-            "error": str(exc) or type(exc).__name__,
+            "error": "interrupted" if interrupted else str(exc),
             "workers": cfg.workers,
             "strategy": cfg.strategy_name,
             "prepare_s": prepare_s,
             "wall_time_s": time.perf_counter() - command_started,
         }
         write_json(run.summary, checked(Summary, failed))
+        if interrupted:
+            raise Interrupted(_what_was_kept(cfg, run)) from None
         raise
     assert summary is not None, "rank 0 returned no summary"
     # wall_time_s is the whole command, data preparation (prepare_s: decoding, caching) included.
@@ -172,6 +175,24 @@ def _launch(
         summary.update(exported)
         write_json(run.summary, checked(Summary, summary))
     return summary
+
+
+def _what_was_kept(cfg: TrainConfig, run: RunDir) -> str:
+    """A run stopped with Ctrl-C: the epochs it finished and whether a checkpoint keeps them, and how
+    to keep them next time or continue now."""
+    epochs = sum(1 for event in json_records(run.metrics) if event.get("event") == "epoch")
+    done = f"interrupted after {epochs} of {cfg.epochs} epoch(s)"
+    if (run.path / CHECKPOINT_NAME).exists():
+        return f"{done}; its checkpoint keeps its work: the same command with --resume continues from it"
+    if cfg.checkpoint_every:
+        return (
+            f"{done}, before its first checkpoint (--checkpoint-every {cfg.checkpoint_every}): a shorter interval "
+            "keeps more, and the same command with --resume continues from it"
+        )
+    return (
+        f"{done}, with no checkpoint to continue from; --checkpoint-every 1 (or Nsteps) keeps one, and then "
+        "the same command with --resume continues an interrupted run"
+    )
 
 
 def _resolved_config(cfg: TrainConfig, placement: Placement, data: Any) -> dict[str, Any]:
@@ -231,6 +252,8 @@ def _prepare_run_dir(run: RunDir, cfg: TrainConfig, device_type: str, data: Any)
     if cfg.resume:
         if not run.is_run():
             raise UsageError(f"--resume: {path} holds no run to resume; run without --resume first")
+        if _finished(run) and not (path / CHECKPOINT_NAME).exists():
+            raise UsageError(f"--resume: {path} holds a finished run, with nothing to resume; choose a new --run-dir")
         ckpt = load_checkpoint(path / CHECKPOINT_NAME)
         before = run.read_config()
         # A sharded checkpoint, or a pipeline's (the whole model), also resumes at another layout of the same run
@@ -271,6 +294,23 @@ def _prepare_run_dir(run: RunDir, cfg: TrainConfig, device_type: str, data: Any)
             )
         return
     if path.exists() and (not path.is_dir() or run_dir_entries(path)):
-        raise UsageError(
-            f"{path} already exists and is not empty; pass --resume to continue that run or choose another --run-dir"
-        )
+        if _finished(run):
+            raise UsageError(f"{path} holds a finished run; choose a new --run-dir for this one")
+        if (path / CHECKPOINT_NAME).exists():
+            raise UsageError(
+                f"{path} holds a run that did not finish; pass --resume to continue it from its checkpoint, or "
+                "choose a new --run-dir"
+            )
+        if run.is_run():
+            raise UsageError(
+                f"{path} holds a run that did not finish, with no checkpoint to resume; choose a new --run-dir"
+            )
+        raise UsageError(f"{path} already exists and is not empty; choose a new --run-dir")
+
+
+def _finished(run: RunDir) -> bool:
+    """Whether the run directory holds a run that completed (a damaged summary.json: not known to)."""
+    try:
+        return run.summary.is_file() and run.read_summary().get("status") == "completed"
+    except (ValueError, AttributeError):
+        return False

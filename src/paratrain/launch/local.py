@@ -134,6 +134,15 @@ def root_failure(exc: ChildFailedError, rank_log: Callable[[int], Path] | None =
     )
 
 
+def _stopped_by(sigval: int) -> BaseException:
+    """What a signal to the launcher means, the agent having stopped the ranks: Ctrl-C (SIGINT) is the user
+    interrupting, as Python raises it; SIGTERM or SIGHUP (`kill`, a scheduler's time limit) end the run as a
+    failed one, with its summary."""
+    if sigval == signal.SIGINT:
+        return KeyboardInterrupt()
+    return RanksFailed(f"stopped by {signal.Signals(sigval).name}; the ranks were terminated")
+
+
 def launch_local(cfg: TrainConfig, placement: Placement, run_dir: Path) -> dict[str, Any] | None:
     """Run `cfg` on `cfg.workers` local ranks; returns rank 0's summary."""
     from paratrain.engine.loop import run_rank
@@ -190,9 +199,7 @@ def launch_local(cfg: TrainConfig, placement: Placement, run_dir: Path) -> dict[
                 cfg.model_dump(mode="json"), placement.to_dict(), str(run_dir), changes
             )
     except SignalException as exc:
-        # SIGTERM or SIGHUP to the launcher (`kill`, a scheduler's time limit): the agent has already
-        # stopped the ranks; the run ends as a failed one, with its summary.
-        raise RanksFailed(f"stopped by {signal.Signals(exc.sigval).name}; the ranks were terminated") from None
+        raise _stopped_by(exc.sigval) from None
     except ChildFailedError as exc:
         # The agent numbers ranks by the rendezvous; paratrain by --node-rank (engine/distributed.py).
         first_rank = (cfg.node_rank or 0) * cfg.workers_per_node

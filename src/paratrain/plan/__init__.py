@@ -166,6 +166,7 @@ def _model_json(profile: ModelProfile) -> dict[str, Any]:
         "flops_per_sample": profile.flops_per_sample,
         "convolution_flops_per_sample": profile.convolution_flops_per_sample,
         "kind": profile.kind,
+        "tokens_per_sample": profile.tokens_per_sample,
         "recompute_flops_per_sample": profile.recompute_flops_per_sample,
         "activation_bytes_per_sample": profile.activation_bytes_per_sample,
         "activation_bytes_fixed": profile.activation_bytes_fixed,

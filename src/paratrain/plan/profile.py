@@ -68,6 +68,8 @@ class ModelProfile:
     memory_bound_bytes_fixed: float = 0.0
     # --checkpoint-activations: those of the checkpointed blocks' forward, run again in backward
     recompute_memory_bound_bytes_per_sample: float = 0.0
+    # a model of token sequences (a sample is a row of token ids): its tokens per sample, for tokens/s
+    tokens_per_sample: int | None = None
 
     @property
     def kind(self) -> str:
@@ -301,7 +303,8 @@ def profile_model(cfg: TrainConfig) -> ModelProfile:
     params = list(model.parameters())
     param_bytes = sum(p.numel() * p.element_size() for p in params)
 
-    flops, per_module, convolution = _model_flops(cfg, model, objective, _batch(cfg, data, 1))
+    one = _batch(cfg, data, 1)
+    flops, per_module, convolution = _model_flops(cfg, model, objective, one)
     sharded = shard_units(model, cfg.shard_unit)
     recompute = 0
     if cfg.checkpoint_activations:
@@ -352,8 +355,15 @@ def profile_model(cfg: TrainConfig) -> ModelProfile:
         memory_bound_bytes_fixed=traffic_fixed,
         recompute_memory_bound_bytes_per_sample=recompute_traffic,
         largest_unit_bytes=max([*unit_bytes, root_bytes]),
-        units=_pipeline_units(model, per_module, _batch(cfg, data, 1)[0]),
+        units=_pipeline_units(model, per_module, one[0]),
+        tokens_per_sample=_tokens_per_sample(one[0]),
     )
+
+
+def _tokens_per_sample(inputs: torch.Tensor) -> int | None:
+    """A sample's tokens when it is a row of token ids (integers, [batch, sequence]); None for images,
+    vectors and anything else."""
+    return inputs.shape[1] if inputs.dim() == 2 and not inputs.is_floating_point() else None
 
 
 def _loss_transients(

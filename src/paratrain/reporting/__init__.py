@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from paratrain.errors import UsageError
-from paratrain.formatting import human
+from paratrain.formatting import human, significant
+from paratrain.reporting.comparison import MEMORY_FIGURES, comparison_rows, comparison_table, held_out_split
 from paratrain.reporting.verdict import (
     cannot_tell,
     comparison_verdict,
@@ -180,7 +181,9 @@ PLAN_PLOTS = ("plan_scaling.png", "plan_memory.png", "plan_pareto.png")
 
 
 def plan_table(plan: Plan) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
-    """The plan's columns and cells, as the page and the terminal both show them."""
+    """The plan's columns and cells, as the page and the terminal both show them: predicted rates to
+    three significant figures, and tokens/s beside samples/s for a model of token sequences."""
+    tokens = plan.model.tokens_per_sample
     columns = (
         "devices",
         "strategy",
@@ -188,6 +191,7 @@ def plan_table(plan: Plan) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
         "global batch",
         "step time",
         "samples/s",
+        *(("tokens/s",) if tokens else ()),
         "speedup",
         "efficiency",
         "memory/device",
@@ -199,8 +203,9 @@ def plan_table(plan: Plan) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
             r.strategy,
             _plan_layout(r),
             str(r.global_batch),
-            f"{r.step_time_s * 1e3:,.2f} ms",
-            f"{r.samples_per_s:,.0f}",
+            f"{significant(r.step_time_s * 1e3)} ms",
+            significant(r.samples_per_s),
+            *((significant(r.samples_per_s * tokens),) if tokens else ()),
             f"{r.speedup:.2f}",
             f"{r.efficiency:.2f}",
             human("rss_peak_bytes", r.memory_per_device_bytes),
@@ -264,9 +269,23 @@ def _fmt(value: Any) -> str:
 
 
 def _config_table(config: dict[str, Any]) -> str:
-    shown = {k: v for k, v in config.items() if k != "resolved" and v not in (None, [], False)}
-    shown.update(config.get("resolved", {}))
-    return _table(("option", "value"), [(k, human(k, v)) for k, v in shown.items()])
+    """config.json as a run's page shows it: the options the run set and what the launcher resolved,
+    then, folded, the options it left at their defaults (a run that never compressed gradients lists
+    powersgd_rank there, not beside its own choices)."""
+    from paratrain.config import LaunchConfig, TrainConfig
+
+    model = LaunchConfig if "script" in config else TrainConfig  # a launched script's run, or paratrain's loop
+    defaults = model.model_construct().model_dump(mode="json", warnings=False)
+    options = {k: v for k, v in config.items() if k != "resolved"}
+    left = {k: v for k, v in options.items() if k in defaults and v == defaults[k]}
+    chosen = [(k, human(k, v)) for k, v in options.items() if k not in left]
+    resolved = [(k, human(k, v)) for k, v in config.get("resolved", {}).items()]
+    return (
+        _table(("option", "value"), chosen + resolved, "config")
+        + f"<details><summary>{len(left)} options at their defaults</summary>"
+        + _table(("option", "default"), [(k, human(k, v)) for k, v in left.items()], "defaults")
+        + "</details>"
+    )
 
 
 def _with_plots(render) -> str:
@@ -512,9 +531,15 @@ def _sweep_body(path: Path) -> str:
     return _with_plots(render)
 
 
+# What a run measured on its validation split: with none (`val_split` "test"), summary.json's val_*
+# figures are the test split's, which the test_* rows show.
+_VALIDATION_KEYS = ("val_loss", "val_bits_per_byte", "val_accuracy")
+
+
 def _summary_rows(summary: Summary | None) -> list[tuple[str, Any]]:
     if summary is None:
         return [("status", "running or interrupted")]
+    splits_not_held = _VALIDATION_KEYS if summary.val_split == "test" else ()
     keys = (
         "status",
         "workers",
@@ -533,10 +558,14 @@ def _summary_rows(summary: Summary | None) -> list[tuple[str, Any]]:
         "val_loss",
         "val_bits_per_byte",
         "val_accuracy",
+        "test_loss",
+        "test_bits_per_byte",
         "test_accuracy",
         "wall_time_s",
     )
-    return [(k, human(k, getattr(summary, k))) for k in keys if getattr(summary, k) is not None]
+    return [
+        (k, human(k, getattr(summary, k))) for k in keys if getattr(summary, k) is not None and k not in splits_not_held
+    ]
 
 
 def _run_body(run: RunDir) -> str:
@@ -580,22 +609,6 @@ def _run_body(run: RunDir) -> str:
     return _with_plots(render)
 
 
-MEMORY_FIGURES = ("parameters_bytes", "gradients_bytes", "optimizer_bytes", "activations_peak_bytes", "rss_peak_bytes")
-
-
-def memory_per_rank(memory: Memory | None) -> dict[str, int | None]:
-    """The largest rank's figures: what must fit on each device. `model_state_bytes` is parameters +
-    gradients + optimizer state, the part that sharding divides."""
-    figures = {k: getattr(memory, k) if memory else [] for k in MEMORY_FIGURES}
-    worst = {k: max(v) if v else None for k, v in figures.items()}
-    states = (
-        [sum(v) for v in zip(*(figures[k] for k in MEMORY_FIGURES[:3]))]
-        if all(figures[k] for k in MEMORY_FIGURES[:3])
-        else []
-    )
-    return {"model_state_bytes": max(states) if states else None, **worst}
-
-
 def _memory_table(memory: Memory) -> str:
     figures = {k: getattr(memory, k) for k in MEMORY_FIGURES}
     ranks = max(map(len, figures.values()))
@@ -615,83 +628,9 @@ def _memory_table(memory: Memory) -> str:
     )
 
 
-def comparison_rows(runs: list[RunDir]) -> list[dict[str, Any]]:
-    """Final metrics, throughput and memory per rank of each run, with the ratio to the first run."""
-    rows = []
-    first = None
-    for run in runs:
-        if not run.summary.exists():
-            raise UsageError(f"{run.path} has no summary.json: the run did not finish")
-        s = run.summary_record()
-        first = first or s
-        rows.append(
-            {
-                "run": str(run.path),
-                "workers": s.workers,
-                "strategy": s.strategy,
-                "global_batch_size": s.global_batch_size,
-                **memory_per_rank(s.memory),
-                "samples_per_s": s.samples_per_s,
-                "throughput_vs_first": (s.samples_per_s or 0) / first.samples_per_s,
-                "epoch_time_s": s.epoch_time_s,
-                "train_loss": s.train_loss,
-                "val_accuracy": s.val_accuracy,
-                "val_accuracy_diff": (s.val_accuracy or 0) - first.val_accuracy,
-                "wall_time_s": s.wall_time_s,
-            }
-        )
-    return rows
-
-
-def comparison_table(rows: list[dict[str, Any]], split: str) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
-    """The comparison's columns and cells, as the page and the terminal both show them."""
-    columns = (
-        "run",
-        "strategy",
-        "workers",
-        "global batch",
-        "samples/s",
-        "x first",
-        "epoch time",
-        "train loss",
-        f"{split} accuracy",
-        "Δ accuracy",
-        "model state / rank",
-        "activations / rank",
-        "peak RSS / rank",
-        "wall time",
-    )
-    cells = [
-        (
-            Path(r["run"]).name,
-            r["strategy"] or "-",
-            str(r["workers"]),
-            str(r["global_batch_size"]),
-            human("samples_per_s", r["samples_per_s"]),
-            f"{r['throughput_vs_first']:.2f}x",
-            human("epoch_time_s", r["epoch_time_s"]),
-            human("train_loss", r["train_loss"]),
-            human("val_accuracy", r["val_accuracy"]),
-            f"{r['val_accuracy_diff'] * 100:+.1f} points",
-            human("model_state_bytes", r["model_state_bytes"]),
-            human("activations_peak_bytes", r["activations_peak_bytes"]),
-            human("rss_peak_bytes", r["rss_peak_bytes"]),
-            human("wall_time_s", r["wall_time_s"]),
-        )
-        for r in rows
-    ]
-    return columns, cells
-
-
 def _breakdown(run: RunDir) -> dict[str, float | None]:
     breakdown = run.summary_record().breakdown
     return breakdown.model_dump() if breakdown else {}
-
-
-def held_out_split(runs: list[RunDir]) -> str:
-    """What the runs' accuracy was measured on, for column titles: val, test, or val/test when mixed."""
-    splits = {run.summary_record().val_split or "test" for run in runs}
-    return splits.pop() if len(splits) == 1 else "val/test"
 
 
 def _compare_body(runs: list[RunDir]) -> str:

@@ -14,8 +14,9 @@ from rich.console import Console
 from rich.table import Table
 
 from paratrain.formatting import ms
-from paratrain.reporting import comparison_table, plan_table, study_headline, study_notes, study_table, sweep_notes
-from paratrain.reporting.verdict import batch_schedule_line
+from paratrain.reporting import plan_table, study_headline, study_notes, study_table, sweep_notes
+from paratrain.reporting.comparison import comparison_table
+from paratrain.reporting.verdict import batch_schedule_line, script_throughput
 from paratrain.runs.records import Breakdown, ParetoFront, Plan, Study, Summary, SweepResult
 
 
@@ -220,9 +221,12 @@ def study_progress(console: Console, study: Any) -> tuple[Any, Any]:
 def show_launch(summary: dict[str, Any]) -> None:
     s = Summary.model_validate(summary)
     reported = ", ".join(f"{k}={v:.4g}" for k, v in (s.reported or {}).items())
+    throughput = (
+        f"; {script_throughput(s)}" if s.samples_per_s is not None and "samples_per_s" not in (s.reported or {}) else ""
+    )
     print(
         f"{s.status}: {s.workers} rank(s), {s.wall_time_s:.1f} s, exit status "
-        f"{s.exit_code}{'; reported ' + reported if reported else ''}; run dir {s.run_dir}"
+        f"{s.exit_code}{'; reported ' + reported if reported else ''}{throughput}; run dir {s.run_dir}"
     )
 
 
@@ -234,6 +238,8 @@ def show_compare(result: dict[str, Any]) -> None:
     for row in cells:
         table.add_row(*row)
     wide_console().print(table)
+    for line in result["verdict"]:
+        print(line)
     print(f"overlays: {result['report']}")
 
 

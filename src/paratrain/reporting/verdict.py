@@ -25,6 +25,8 @@ from paratrain.runs.records import ParetoFront, ScalingRow, Study, Summary, Swee
 # held-out accuracy (differences below a point are within seed noise for the built-in workloads).
 PAYS_OFF_SPEEDUP = 1.10
 ACCURACY_TOLERANCE_POINTS = 1.0
+# Where a verdict withheld for other work on the machine points the user.
+OTHER_WORK_HINT = "paratrain doctor on a run shows what else took its cores"
 
 
 def judge(speedup: float, accuracy_points: float | None) -> str:
@@ -103,7 +105,7 @@ def run_verdict(summary: Summary | None, config: dict[str, Any]) -> list[str]:
             f"{summary.exit_code}, {seconds(summary.wall_time_s or 0.0)}"
         )
         if summary.samples_per_s is not None:
-            line += f", {summary.samples_per_s:,.0f} samples/s reported"
+            line += f", {script_throughput(summary)}"
         grown = batch_schedule_line(summary.batch_schedule)
         return [
             line + ("" if summary.status == "completed" else f": {summary.error or ''}"),
@@ -129,6 +131,13 @@ def run_verdict(summary: Summary | None, config: dict[str, Any]) -> list[str]:
     else:
         lines.append("one worker: paratrain scale --workers 1,2 with the same flags measures what a second would buy")
     return lines
+
+
+def script_throughput(summary: Summary) -> str:
+    """A launched script's samples/s and whose figure it is: the launcher takes the script's own,
+    else the probe's count of the samples it saw trained (launch/script.py)."""
+    probed = summary.samples_per_s == (summary.probe or {}).get("samples_per_s")
+    return f"{summary.samples_per_s:,.0f} samples/s {'measured by the probe' if probed else 'reported'}"
 
 
 def study_points(result: Study) -> Iterator[tuple[str, ScalingRow, ScalingRow, ScalingRow | None]]:
@@ -192,10 +201,7 @@ def cannot_tell(base: ScalingRow, top: ScalingRow, reference: ScalingRow | None)
     vs_base = top.speedup / base.workers if top is not base else None
     vs_ref = top.speedup_vs_all_cores if reference else None
     ref_what = f"one process on all {cores_text(reference)} cores" if reference else ""
-    rerun = (
-        "rerun paratrain scale with the same flags on an idle machine, with --repeats 3 "
-        "(paratrain doctor on a run shows what else took its cores)"
-    )
+    rerun = "rerun paratrain scale with the same flags on an idle machine, with --repeats 3"
     shown = "; ".join(
         f"against {what}: {ratio:.2f}x"
         for what, ratio, row in ((base_what, vs_base, base), (ref_what, vs_ref, reference))
@@ -207,19 +213,24 @@ def cannot_tell(base: ScalingRow, top: ScalingRow, reference: ScalingRow | None)
             for what, ratio in ((base_what, vs_base), (ref_what, vs_ref))
             if ratio is not None
         )
-        return f"can't tell: the {top.workers}-worker run was slowed by other work; measured {measured}; {rerun}"
+        return slowed_by_other_work(f"the {top.workers}-worker run was", f"measured {measured}", rerun)
     slowed = [what for what, row in ((base_what, base), (ref_what, reference)) if row is not top and _contended(row)]
     if slowed and (vs_ref is not None or vs_base is not None):
-        return (
-            f"can't tell: the reference {' and '.join(slowed)} was slowed by other work"
-            f"{'; ' + shown if shown else ''}; {rerun}"
-        )
+        return slowed_by_other_work(f"the reference {' and '.join(slowed)} was", shown, rerun)
     if vs_base is not None and vs_ref is not None and (vs_base >= 1) != (vs_ref >= 1):
         return (
             f"can't tell: the comparisons disagree (against {base_what}: {vs_base:.2f}x; against "
-            f"{ref_what}: {vs_ref:.2f}x); {rerun}"
+            f"{ref_what}: {vs_ref:.2f}x); {rerun} ({OTHER_WORK_HINT})"
         )
     return None
+
+
+def slowed_by_other_work(who: str, figures: str, rerun: str) -> str:
+    """A verdict withheld because other work took the cores of `who` ("the 2-worker run was"): a
+    ratio of a slowed run says nothing of the parallelism (a 2-thread process collapses when its
+    cores are taken). `figures`: what was measured anyway, or ''; `rerun`: what would decide. The one
+    wording of a scaling study's headline and of compare's."""
+    return f"can't tell: {who} slowed by other work{'; ' + figures if figures else ''}; {rerun} ({OTHER_WORK_HINT})"
 
 
 def _metric_text(metric: str, values: Sequence[float]) -> str:
@@ -278,16 +289,42 @@ def sweep_verdict(result: SweepResult) -> list[str]:
 
 
 def comparison_verdict(rows: list[dict[str, Any]]) -> list[str]:
+    """Each run against the first (comparison_rows): how many times its samples/s, its accuracy, and
+    whether it pays off; no verdict where either run was slowed by other work, and none, nor a
+    ratio, for a run that did not complete."""
     first = rows[0]
+    if first["status"] != "completed":
+        return [
+            f"{_failed_text(first)}: the first run is what the others are compared against; put a completed run first"
+        ]
     lines = []
     for r in rows[1:]:
+        pair = f"{_run_name(r)} ({r['workers']} worker(s)) against {_run_name(first)} ({first['workers']} worker(s))"
+        if r["status"] != "completed":
+            lines.append(f"{_failed_text(r)}: nothing to compare with {_run_name(first)}")
+            continue
         ratio = r["throughput_vs_first"]
         points = _points(r.get("val_accuracy"), first.get("val_accuracy"))
-        lines.append(
-            f"{Path(r['run']).name} ({r['workers']} worker(s)) against {Path(first['run']).name} ({first['workers']} "
-            f"worker(s)): {ratio:.2f}x the samples/s, {_accuracy_text(points)}: {judge(ratio, points)}"
-        )
+        measured = f"{ratio:.2f}x the samples/s, {_accuracy_text(points)}"
+        slowed = [
+            f"{_run_name(x)} ({x['other_load']:.0%} of its cores to other work)" for x in (first, r) if x["contended"]
+        ]
+        if slowed:
+            who = f"{' and '.join(slowed)} {'was' if len(slowed) == 1 else 'were'}"
+            lines.append(
+                f"{pair}: {slowed_by_other_work(who, f'measured {measured}', 'rerun both on an idle machine')}"
+            )
+        else:
+            lines.append(f"{pair}: {measured}: {judge(ratio, points)}")
     return lines
+
+
+def _run_name(row: dict[str, Any]) -> str:
+    return Path(row["run"]).name
+
+
+def _failed_text(row: dict[str, Any]) -> str:
+    return f"{_run_name(row)} {row['status']}" + (f" ({row['error']})" if row.get("error") else "")
 
 
 # -- HTML --------------------------------------------------------------------------------------

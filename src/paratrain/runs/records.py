@@ -341,6 +341,8 @@ class PlanModel(Record):
     params: int
     flops_per_sample: float
     kind: str | None = None
+    # a model of token sequences: tokens per sample (None for any other, and in a plan written before)
+    tokens_per_sample: int | None = None
 
 
 class PlanDevice(Record):

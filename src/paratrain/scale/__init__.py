@@ -39,7 +39,7 @@ from typing import Any
 
 from paratrain.config import SCRIPT_STUDY_FLAGS, LaunchConfig, ScaleConfig, TrainConfig, validate
 from paratrain.engine.strategies import check_strategy
-from paratrain.errors import RunFailed, UsageError
+from paratrain.errors import Interrupted, RunFailed, UsageError
 from paratrain.launch.load import CONTENDED_ABOVE
 from paratrain.launch.placement import available_cores, resolve_device
 from paratrain.runs import SCALING_FILE, RunDir, steady_epoch_time, write_json
@@ -234,7 +234,14 @@ def run_study(
                 continue
             if run.path.exists():
                 shutil.rmtree(run.path)  # an interrupted point starts over: its timing is incomplete
-            summary = launch_script(cfg) if study.script else train(cfg)
+            try:
+                summary = launch_script(cfg) if study.script else train(cfg)
+            except KeyboardInterrupt:
+                # Ctrl-C: a point is timed whole, so an interrupted one starts over rather than resumes.
+                raise Interrupted(
+                    f"interrupted during {run.path.name}; the points that finished are kept: the same command "
+                    "with --resume runs the rest"
+                ) from None
             if study.script and summary["status"] != "completed":
                 raise RunFailed(f"{run.path.name}: {summary['error']}")
             if study.script and summary.get("samples_per_s") is None:
@@ -260,7 +267,8 @@ def study_result(study: ScaleConfig, runs: list[RunDir]) -> dict[str, Any]:
             "workload": study.workload,
             "repeats": study.repeats,
             "timing": (
-                "samples/s is what the script reported; speedup = samples/s(N) / samples/s(base) x base, "
+                "samples/s is what the script reported (else what the probe measured); "
+                "speedup = samples/s(N) / samples/s(base) x base, "
                 "efficiency = speedup / N; speedup_vs_all_cores = samples/s(N) / samples/s(one process on all cores)"
                 if study.script
                 else "epoch time is the median over the epochs after the first of each run; "
