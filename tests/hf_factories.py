@@ -81,12 +81,14 @@ class Listed(Dataset):
 
 
 def sentences(samples: int, seed: int) -> list[dict]:
-    """Token ids whose class is whether the first one is above the middle of the vocabulary; a text field
-    a model cannot take, as tokenised datasets keep their text."""
-    ids = torch.randint(3, 64, (samples, 12), generator=torch.Generator().manual_seed(seed))
+    """Token ids whose class is whether the first one is above the middle of the vocabulary, padded (id 0,
+    masked) to 12 from 6 to 12 real tokens; and a text field a model cannot take, as tokenised datasets keep."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 64, (samples, 12), generator=generator)
+    mask = (torch.arange(12) < torch.randint(6, 13, (samples, 1), generator=generator)).long()
     return [
-        {"input_ids": row, "attention_mask": torch.ones_like(row), "label": int(row[0] > 33), "sentence": "..."}
-        for row in ids
+        {"input_ids": row * keep, "attention_mask": keep, "label": int(row[0] > 33), "sentence": "..."}
+        for row, keep in zip(ids, mask)
     ]
 
 
