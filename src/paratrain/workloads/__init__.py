@@ -158,13 +158,13 @@ TEST_FRACTION = 0.2
 def _generic_data(spec: str, result: Any, config: TrainConfig) -> TrainingData:
     if hf.is_hf_data(result):
         result = hf.as_torch(result, spec)
-    if (isinstance(result, torch.utils.data.Dataset) or hf.is_hf_data(result)) and hasattr(result, "__len__"):
-        # One Dataset: a seeded split, the same on every rank and every rerun with the same --seed.
+    one = isinstance(result, (torch.utils.data.Dataset, list)) or hf.is_hf_data(result)
+    if one and hasattr(result, "__len__"):
+        # One Dataset (or a list of samples): a seeded split, the same on every rank and every rerun with the
+        # same --seed.
         test_size = max(1, int(len(result) * TEST_FRACTION))
         if len(result) - test_size < 1:
-            raise UsageError(
-                f"dataset factory {spec!r} returned {len(result)} sample(s): too few to hold out a test split"
-            )
+            raise UsageError(f"dataset {spec!r} has {len(result)} sample(s): too few to hold out a test split")
         parts = torch.utils.data.random_split(
             result, [len(result) - test_size, test_size], generator=torch.Generator().manual_seed(config.seed)
         )
@@ -172,8 +172,8 @@ def _generic_data(spec: str, result: Any, config: TrainConfig) -> TrainingData:
         result = tuple(result.select(part.indices) if hf.is_hf_data(result) else part for part in parts)
     if not (isinstance(result, tuple) and len(result) == 2):
         raise UsageError(
-            f"dataset factory {spec!r} must return a torch Dataset, a (train, test) pair of them, "
-            "a Hugging Face datasets.Dataset or DatasetDict, or a paratrain Dataset"
+            f"dataset factory {spec!r} must return a torch Dataset (or a list of samples), a (train, test) pair of "
+            "them, a Hugging Face datasets.Dataset or DatasetDict, or a paratrain Dataset"
         )
     train, test = (hf.as_torch(part, spec) if hf.is_hf_data(part) else part for part in result)
     if config.limit_train is not None or config.val_split > 0:
@@ -222,6 +222,8 @@ def _keyword_data(train: Any, test: Any, config: TrainConfig) -> TrainingData:
     collate = samples.KeywordCollate(import_factory(config.collate, "--collate") if config.collate else None)
     train, test = samples.KeywordSamples(train, collate), samples.KeywordSamples(test, collate)
     inputs, _ = collate([train[i] for i in range(min(2, len(train)))])  # a batch that cannot be made fails here
+    if not inputs:
+        raise UsageError("dict samples hold labels and nothing else to feed the model; add its inputs (input_ids, ...)")
     first = train[0]
     tokens = samples.TOKENS if samples.TOKENS in first else None
     labels = next((key for key in samples.LABEL_KEYS if key in first), tokens)  # no labels: the input ids are
