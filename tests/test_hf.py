@@ -16,6 +16,7 @@ import hf_factories  # noqa: E402  (needs transformers: after the skip)
 
 from paratrain.config import TrainConfig  # noqa: E402
 from paratrain.engine.preflight import check_loss  # noqa: E402
+from paratrain.plan.profile import _shapes  # noqa: E402
 from paratrain.workloads import load_data  # noqa: E402
 from paratrain.workloads.objective import Objective  # noqa: E402
 from paratrain.workloads.samples import KeywordCollate, joined  # noqa: E402
@@ -127,6 +128,8 @@ def test_classes_are_read_from_the_labels_unless_given(tmp_path):
     data = read(dataset=str(tmp_path / "declared"))
     assert (data.num_classes, data.vocab_size, data.shape) == (4, 11, (2,))
     assert (len(data.train), len(data.test)) == (4, 1), "one Dataset: 20 % held out"
+    # the plan, which knows text's shapes without reading it, tells a factory its 256 bytes too
+    assert _shapes(TrainConfig(dataset="text", model="hf_factories:gpt2")).vocab_size == 256
 
 
 def test_dict_samples_are_padded_and_a_causal_lms_labels_are_its_input_ids():

@@ -390,16 +390,17 @@ def _loss_transients(
 
 def _shapes(cfg: TrainConfig) -> Any:
     """The data's shapes and classes, without loading the data where the workload's are known."""
+    from paratrain.config.workload import SYNTHETIC_CLASSES
     from paratrain.workloads import TrainingData, load_data, sequence_length, workload_of
     from paratrain.workloads.gpt import BYTE_VOCAB
 
     dataset = workload_of(cfg).dataset
     if dataset == "text":
-        return TrainingData(None, None, None, BYTE_VOCAB, (sequence_length(cfg),))
+        return TrainingData(None, None, None, BYTE_VOCAB, (sequence_length(cfg),), vocab_size=BYTE_VOCAB)
     if dataset == "cifar10":
         return TrainingData(None, None, None, 10, (3, 32, 32))
     if dataset == "synthetic":
-        return TrainingData(None, None, None, cfg.num_classes, tuple(cfg.synthetic_shape))
+        return TrainingData(None, None, None, cfg.num_classes or SYNTHETIC_CLASSES, tuple(cfg.synthetic_shape))
     return load_data(cfg)  # a user's dataset factory: its shapes are known once it is built
 
 
