@@ -15,6 +15,7 @@ datasets = pytest.importorskip("datasets")
 import hf_factories  # noqa: E402  (needs transformers: after the skip)
 
 from paratrain.config import TrainConfig  # noqa: E402
+from paratrain.errors import UsageError  # noqa: E402
 from paratrain.engine.preflight import check_loss  # noqa: E402
 from paratrain.plan.profile import _shapes  # noqa: E402
 from paratrain.workloads import load_data  # noqa: E402
@@ -148,6 +149,8 @@ def test_dict_samples_are_padded_and_a_causal_lms_labels_are_its_input_ids():
     inputs, labels = mine(samples)
     assert seen == [samples], "a user's collator gets the samples as they are"
     assert list(inputs) == ["input_ids"] and labels.tolist() == [0, 0]
+    with pytest.raises(UsageError, match="--collate returned tuple; return a dict of tensors"):
+        KeywordCollate(lambda batch: (torch.ones(2, 4), torch.zeros(2)))(samples)
 
     # pieces of batches padded to different lengths join (a forward that spans two loaded batches)
     both = joined(

@@ -48,8 +48,8 @@ def shifts_labels(model: nn.Module) -> bool:
 
 def is_hf_data(value: Any) -> bool:
     """A `datasets.Dataset` or `DatasetDict` (false without importing `datasets` when nothing has)."""
-    hf = sys.modules.get("datasets")
-    return hf is not None and isinstance(value, (hf.Dataset, hf.DatasetDict))
+    datasets = sys.modules.get("datasets")
+    return datasets is not None and isinstance(value, (datasets.Dataset, datasets.DatasetDict))
 
 
 def is_saved_dataset(spec: str) -> bool:
@@ -75,8 +75,7 @@ def load_saved(spec: str) -> Any:
 
 def as_torch(value: Any, spec: str) -> Any:
     """A Dataset in torch format, or a DatasetDict as its (train, held-out) pair of them."""
-    hf = sys.modules["datasets"]
-    if isinstance(value, hf.DatasetDict):
+    if isinstance(value, sys.modules["datasets"].DatasetDict):
         held_out = next((name for name in HELD_OUT_SPLITS if name in value), None)
         if "train" not in value or held_out is None:
             raise UsageError(
@@ -110,5 +109,6 @@ def declared_classes(dataset: Any, name: str) -> int | None:
 
 
 def is_hf_dataset(value: Any) -> bool:
-    hf = sys.modules.get("datasets")
-    return hf is not None and isinstance(value, hf.Dataset)
+    """A `datasets.Dataset` (its columns can be read whole: `column_stats`)."""
+    datasets = sys.modules.get("datasets")
+    return datasets is not None and isinstance(value, datasets.Dataset)

@@ -90,11 +90,15 @@ class KeywordCollate:
         self.user = user
 
     def __call__(self, samples: list[Mapping[str, Any]]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        if self.user is not None:
-            batch = {name: value for name, value in dict(self.user(samples)).items() if isinstance(value, torch.Tensor)}
-        else:
-            batch = padded_batch(samples)
-        return split_labels(batch)
+        if self.user is None:
+            return split_labels(padded_batch(samples))
+        batch = self.user(samples)
+        if not isinstance(batch, Mapping):
+            raise UsageError(
+                f"--collate returned {type(batch).__name__}; return a dict of tensors (input_ids, ..., labels), "
+                "as transformers' collators do"
+            )
+        return split_labels(numeric_fields(batch))
 
 
 def padded_batch(samples: list[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
