@@ -15,8 +15,8 @@ datasets = pytest.importorskip("datasets")
 import hf_factories  # noqa: E402  (needs transformers: after the skip)
 
 from paratrain.config import TrainConfig  # noqa: E402
-from paratrain.errors import UsageError  # noqa: E402
 from paratrain.engine.preflight import check_loss  # noqa: E402
+from paratrain.errors import UsageError  # noqa: E402
 from paratrain.plan.profile import _shapes  # noqa: E402
 from paratrain.workloads import load_data  # noqa: E402
 from paratrain.workloads.objective import Objective  # noqa: E402
