@@ -124,6 +124,14 @@ BAD = {
         ["train", "--dataset", "user_factories:vector_pairs", "--num-classes", "2"],
         "takes C,H,W images and the dataset's samples have shape (16,)",
     ),
+    "collate for pairs": (
+        ["train", "--dataset", "user_factories:vector_pairs", "--collate", "user_factories:mlp"],
+        "--collate batches dict samples",
+    ),
+    "dict samples without labels": (
+        ["train", "--model", "user_factories:mlp", "--dataset", "user_factories:unlabelled_dicts"],
+        "dict samples hold neither labels (labels, label, label_ids) nor input_ids",
+    ),
     # reading commands
     "report of a directory that is no run": (["report", "notes"], "not a paratrain run"),
     "compare one run": (["compare", "notes"], "at least two"),

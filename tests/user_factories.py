@@ -201,6 +201,11 @@ def one_vector_dataset():
     return TensorDataset(*_vectors(200))
 
 
+def unlabelled_dicts():
+    """Dict samples of features only: no labels, and no input_ids a causal LM's labels could be taken from."""
+    return [{"features": torch.randn(4)} for _ in range(10)]
+
+
 def mlp(in_features: int, num_classes: int = 2) -> nn.Module:
     return nn.Sequential(nn.Linear(in_features, 32), nn.ReLU(), nn.Linear(32, num_classes))
 

@@ -149,7 +149,7 @@ class PlanConfig(CheckpointingFlags):
     dataset: str | None = TrainConfig.model_fields["dataset"]
     image_size: int | None = TrainConfig.model_fields["image_size"]
     seq_len: int | None = TrainConfig.model_fields["seq_len"]
-    num_classes: int = Field(10, gt=1, description="classes of the model's output (image models)")
+    num_classes: int | None = TrainConfig.model_fields["num_classes"]
     device: str = Field(description="accelerator: p100, v100, a100, h100, l4, t4, or cpu (this machine, measured)")
     gpus: list[int] = Field(
         default_factory=list, description="device counts to plan, e.g. 8,64,1024 (on nodes of --gpus-per-node)"

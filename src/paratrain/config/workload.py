@@ -22,6 +22,8 @@ class Workload:
     description: str
 
 
+SYNTHETIC_CLASSES = 10  # the synthetic dataset's classes unless --num-classes says otherwise
+
 # Here, not beside the models, so that a mistyped name is refused before torch is imported (seconds).
 WORKLOADS: dict[str, Workload] = {
     "cifar10-cnn": Workload("cifar10-cnn", "cifar10", "the small CNN of PyTorch's CIFAR-10 tutorial on CIFAR-10"),
@@ -56,7 +58,9 @@ class WorkloadOptions(BaseModel):
         None, description="override the workload's model: a registered name or pkg.module:factory"
     )
     dataset: str | None = Field(
-        None, description="override the workload's dataset: cifar10, synthetic, text or pkg.module:factory"
+        None,
+        description="override the workload's dataset: cifar10, synthetic, text, pkg.module:factory, or a directory "
+        "a Hugging Face dataset was saved to (save_to_disk)",
     )
     data_dir: Path | None = Field(
         None,
@@ -72,7 +76,12 @@ class WorkloadOptions(BaseModel):
     )
     synthetic_samples: int = Field(10000, gt=0, description="training samples of the synthetic dataset")
     synthetic_shape: tuple[int, int, int] = Field((3, 32, 32), description="C,H,W of the synthetic dataset")
-    num_classes: int = Field(10, gt=1, description="classes of the synthetic dataset")
+    num_classes: int | None = Field(
+        None,
+        gt=1,
+        description=f"classes of the synthetic dataset (default {SYNTHETIC_CLASSES}); a user dataset's are read from "
+        "its labels unless given here",
+    )
     limit_train: int | None = Field(None, gt=0, description="train on a class-balanced subset of this many samples")
     val_split: float = Field(
         0.0, ge=0.0, lt=1.0, description="carve this fraction of the training set out as a validation set (e.g. 0.2)"
@@ -100,6 +109,11 @@ class WorkloadOptions(BaseModel):
         description="the loss as pkg.module:fn, called fn(output, target) -> scalar tensor (default: the workload's; a "
         "model whose forward takes targets returns its own)",
     )
+    collate: str | None = Field(
+        None,
+        description="dict samples (Hugging Face style): the collator as pkg.module:fn, called with a list of samples, "
+        "e.g. a transformers DataCollator (default: pad to the longest sample of the batch)",
+    )
 
     @field_validator("workload")
     @classmethod
@@ -108,7 +122,7 @@ class WorkloadOptions(BaseModel):
             raise ValueError(f"unknown workload; choose from {', '.join(WORKLOADS)} or pass --model/--dataset")
         return value
 
-    @field_validator("model", "dataset", "loss", mode="before")
+    @field_validator("model", "dataset", "loss", "collate", mode="before")
     @classmethod
     def _callable_to_spec(cls, value: Any) -> Any:
         """`paratrain.train(model=make_net)`: a function or class becomes its `module:qualname`, which
@@ -136,7 +150,7 @@ class WorkloadOptions(BaseModel):
 
 def check(config: TrainConfig) -> None:
     """A model, dataset or loss that spawned ranks cannot import is refused before they start."""
-    for name in ("model", "dataset", "loss"):
+    for name in ("model", "dataset", "loss", "collate"):
         spec = getattr(config, name)
         if (
             config.workers > 1

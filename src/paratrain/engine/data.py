@@ -21,9 +21,12 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from paratrain.engine.distributed import RankContext
 from paratrain.workloads.datasets import Split
+from paratrain.workloads.objective import Inputs
+from paratrain.workloads.samples import KeywordSamples, map_inputs
 from paratrain.workloads.text import TokenStream
 
-Batch = tuple[torch.Tensor, torch.Tensor]
+# The inputs are a tensor, or a dict of keyword inputs (dict samples: workloads/samples.py); the targets a tensor.
+Batch = tuple[Inputs, torch.Tensor]
 
 
 class BatchPreparer:
@@ -37,7 +40,9 @@ class BatchPreparer:
         self.image_size = image_size
         self.augment = augment
 
-    def __call__(self, x: torch.Tensor, train: bool) -> torch.Tensor:
+    def __call__(self, x: Inputs, train: bool) -> Inputs:
+        if isinstance(x, dict):
+            return x  # keyword inputs go to the model as the collate made them
         if x.dim() == 2 and not x.is_floating_point():
             return x.long()  # token ids [B, T] (text): nothing to convert
         images = x.dtype == torch.uint8
@@ -134,6 +139,7 @@ class LoaderBatches:
             batch_size=batch_size,
             sampler=self.sampler,
             num_workers=workers,
+            collate_fn=_collate(dataset),
             pin_memory=ctx.device.type == "cuda",
             persistent_workers=workers > 0,
         )
@@ -147,8 +153,17 @@ class LoaderBatches:
     def epoch(self, epoch: int, first: int = 0) -> Iterator[Batch]:
         self.sampler.set_epoch(epoch)
         for x, y in itertools.islice(self.loader, first, None):  # skipped batches are loaded, never prepared
-            x = x.to(self.ctx.device, non_blocking=True)
+            x = _to(x, self.ctx.device)
             yield self.prepare(x, train=True), y.to(self.ctx.device, non_blocking=True)
+
+
+def _to(x: Inputs, device: torch.device) -> Inputs:
+    return map_inputs(lambda t: t.to(device, non_blocking=True), x)
+
+
+def _collate(dataset: Any) -> Callable[[list[Any]], Any] | None:
+    """Dict samples' own collate; None: the DataLoader's default."""
+    return dataset.collate if isinstance(dataset, KeywordSamples) else None
 
 
 def eval_batches(
@@ -167,10 +182,11 @@ def eval_batches(
         batch_size=batch_size,
         sampler=range(ctx.rank, len(dataset), ctx.world_size),
         num_workers=workers,
+        collate_fn=_collate(dataset),
         pin_memory=ctx.device.type == "cuda",
     )
     for x, y in loader:
-        yield prepare(x.to(ctx.device, non_blocking=True), train=False), y.to(ctx.device, non_blocking=True)
+        yield prepare(_to(x, ctx.device), train=False), y.to(ctx.device, non_blocking=True)
 
 
 class SplitDataset(torch.utils.data.Dataset):

@@ -42,6 +42,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, conv_flop_count
 
+from paratrain.workloads.objective import Inputs
+from paratrain.workloads.samples import map_inputs
+
 log = logging.getLogger("paratrain.rank")
 
 # Data-sheet peaks in TFLOP/s, dense: (fp32, tf32, bf16, fp16); None where the GPU has no such unit.
@@ -113,8 +116,8 @@ def count_flops_per_sample(
 
 def count_flops(
     module: nn.Module,
-    objective: Callable[[Callable[..., Any], torch.Tensor, torch.Tensor], tuple[torch.Tensor, Any]],
-    x: torch.Tensor,
+    objective: Callable[[Callable[..., Any], Inputs, torch.Tensor], tuple[torch.Tensor, Any]],
+    x: Inputs,
     y: torch.Tensor,
 ) -> FlopCount | None:
     """FLOPs of forward + loss + backward for one sample (x, y have a batch dimension of 1).
@@ -134,7 +137,7 @@ def count_flops(
     counter = flop_counter()
     try:
         with counter:
-            objective(call, x.to("meta"), y.to("meta"))[0].backward()
+            objective(call, map_inputs(lambda t: t.to("meta"), x), y.to("meta"))[0].backward()
     except Exception as exc:  # a user model that needs real values: no FLOPs, no MFU
         log.warning("cannot count FLOPs on the meta device (%s: %s); no MFU for this run", type(exc).__name__, exc)
         return None

@@ -28,7 +28,7 @@ from paratrain.config import TrainConfig
 from paratrain.engine.augment import BatchAugment
 from paratrain.engine.batch_schedule import BatchSchedule, Speedup, largest_merge
 from paratrain.engine.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
-from paratrain.engine.data import BatchPreparer, eval_batches, training_batches
+from paratrain.engine.data import Batch, BatchPreparer, eval_batches, training_batches
 from paratrain.engine.distributed import Placement, RankContext, bound_collectives, init_rank, shutdown
 from paratrain.engine.flops import FlopCount, count_flops, cpu_peak, gpu_peak, mfu
 from paratrain.engine.grad_noise import GradNoiseRecorder
@@ -53,6 +53,7 @@ from paratrain.workloads import build_model, load_data
 from paratrain.workloads.datasets import default_cache_dir
 from paratrain.workloads.models import checkpoint_blocks
 from paratrain.workloads.objective import build_objective
+from paratrain.workloads.samples import joined, rows
 from paratrain.workloads.text import TokenStream
 
 log = logging.getLogger("paratrain.rank")
@@ -437,7 +438,7 @@ class Trainer:
             if sync and comm_start is not None:
                 breakdown.span("comm_s", comm_start, backward_end)
             if loss is not None:
-                tally.add(loss, self.objective.correct(out, y), len(y))
+                tally.add(loss, self.objective.correct(out, x, y), len(y))
             if sync:
                 step_end = self._optimizer_step(step_start)
                 progress.advance()
@@ -462,13 +463,13 @@ class Trainer:
         left = -(-(self.micro_steps - first) // self.batch_schedule.merge)
         return min(self.batch_schedule.accum, left)
 
-    def _forwards(self, epoch: int, first: int) -> Iterator[tuple[int, tuple[torch.Tensor, torch.Tensor]]]:
+    def _forwards(self, epoch: int, first: int) -> Iterator[tuple[int, Batch]]:
         """The epoch's forwards from --batch-size batch `first` on, each of the per-rank batch the schedule has
         reached (the last may be short), with the index of the last --batch-size batch it holds. The loaded
         batches are cut, or joined where a forward spans two of them (after the per-rank batch grew)."""
         b, per_load = self.cfg.batch_size, largest_merge(self.cfg)
         skip, taken = (first % per_load) * b, first * b  # a resumed epoch starts inside a loaded batch
-        pieces: list[tuple[torch.Tensor, torch.Tensor]] = []
+        pieces: list[Batch] = []
         held = 0
         for x, y in self.batches.epoch(epoch, first // per_load):
             if self.timings.last_load is None or len(y) == per_load * b:  # for timing: a full one where there is one
@@ -476,7 +477,7 @@ class Trainer:
             at, skip = skip, 0
             while at < len(y):
                 size = self.batch_schedule.per_rank_batch - held
-                pieces.append((x[at : at + size], y[at : at + size]))
+                pieces.append((rows(x, at, at + size), y[at : at + size]))
                 held += len(pieces[-1][1])
                 at += size
                 if held == self.batch_schedule.per_rank_batch:
@@ -598,9 +599,9 @@ class Trainer:
             return self.timings.forward_backward_s[pair]
         model, cuda = self.model, self.ctx.device.type == "cuda"
         assert self.timings.last_load is not None  # a log point comes after a loaded batch
-        inputs = [
-            tuple(t[: merge * self.cfg.batch_size] for t in self.timings.last_load) for merge in dict.fromkeys(pair)
-        ]
+        x, y = self.timings.last_load
+        sizes = [merge * self.cfg.batch_size for merge in dict.fromkeys(pair)]
+        inputs = [(rows(x, 0, n), y[:n]) for n in sizes]
         buffers = [b.detach().clone() for b in model.buffers()]
         seconds: list[list[float]] = [[] for _ in inputs]
         with self.strategy.no_sync(model):
@@ -715,7 +716,7 @@ class Trainer:
                 if loss is None:
                     continue
                 totals[0] += loss.float() * len(y)
-                totals[1] += self.objective.correct(out, y)
+                totals[1] += self.objective.correct(out, x, y)
                 totals[2] += len(y)  # a Python number: no host-to-device copy
             loss_sum, correct, n = self.ctx.sum(totals).tolist()
             results[name] = {"loss": loss_sum / n, "accuracy": correct / n, "samples": int(n)}
@@ -925,16 +926,16 @@ class DoublingTimings:
     forward and backward seconds at the two per-rank batches (over --batch-size) a doubling compares, and the
     step time over the last log interval."""
 
-    last_load: tuple[torch.Tensor, torch.Tensor] | None = None
+    last_load: Batch | None = None
     forward_backward_s: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict)
     step_s: float | None = None
 
 
-def _joined(pieces: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+def _joined(pieces: list[Batch]) -> Batch:
     """One forward's inputs and targets from consecutive pieces (no copy for a single piece)."""
     if len(pieces) == 1:
         return pieces[0]
-    return torch.cat([x for x, _ in pieces]), torch.cat([y for _, y in pieces])
+    return joined([x for x, _ in pieces]), joined([y for _, y in pieces])
 
 
 def lr_schedule(cfg: TrainConfig, steps_per_epoch: int) -> LRSchedule:

@@ -14,6 +14,7 @@ from paratrain.engine.distributed import RankContext
 from paratrain.errors import UsageError
 from paratrain.workloads import TrainingData, build_model, check_inputs, gpt, models, workload_of
 from paratrain.workloads.objective import build_objective, check_scalar
+from paratrain.workloads.samples import map_inputs
 
 
 def check_loss(config: TrainConfig, data: TrainingData) -> None:
@@ -36,7 +37,7 @@ def check_loss(config: TrainConfig, data: TrainingData) -> None:
             objective = build_objective(config.loss, model)
             if objective.in_nats:
                 return  # a user model under the built-in loss: its own errors surface in the ranks
-            loss, _ = objective(model, x.to(device), y.to(device))
+            loss, _ = objective(model, map_inputs(lambda t, device=device: t.to(device), x), y.to(device))
             break
         except UsageError:
             raise

@@ -38,6 +38,7 @@ from paratrain.config.parallelism import TensorParallelOptions
 from paratrain.engine.flops import DTYPES, convolution_flops, flop_counter
 from paratrain.errors import UsageError
 from paratrain.plan.depth import Stack, find_stack, fold_stack, measure_deep, shallow_copy, unfold_stack
+from paratrain.workloads.samples import map_inputs
 
 
 @dataclass
@@ -399,16 +400,17 @@ def _loss_transients(
 
 def _shapes(cfg: TrainConfig) -> Any:
     """The data's shapes and classes, without loading the data where the workload's are known."""
+    from paratrain.config.workload import SYNTHETIC_CLASSES
     from paratrain.workloads import TrainingData, load_data, sequence_length, workload_of
     from paratrain.workloads.gpt import BYTE_VOCAB
 
     dataset = workload_of(cfg).dataset
     if dataset == "text":
-        return TrainingData(None, None, None, BYTE_VOCAB, (sequence_length(cfg),))
+        return TrainingData(None, None, None, BYTE_VOCAB, (sequence_length(cfg),), vocab_size=BYTE_VOCAB)
     if dataset == "cifar10":
         return TrainingData(None, None, None, 10, (3, 32, 32))
     if dataset == "synthetic":
-        return TrainingData(None, None, None, cfg.num_classes, tuple(cfg.synthetic_shape))
+        return TrainingData(None, None, None, cfg.num_classes or SYNTHETIC_CLASSES, tuple(cfg.synthetic_shape))
     return load_data(cfg)  # a user's dataset factory: its shapes are known once it is built
 
 
@@ -418,7 +420,7 @@ def _batch(
     """A batch of `size` samples on the meta device, shaped as the loop would feed it (floating inputs in
     `dtype` where given)."""
     x, y = _float_batch(cfg, data, size)
-    return (x.to(dtype) if dtype is not None and x.is_floating_point() else x), y
+    return map_inputs(lambda t: t.to(dtype) if dtype is not None and t.is_floating_point() else t, x), y
 
 
 def _float_batch(cfg: TrainConfig, data: Any, size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -428,7 +430,7 @@ def _float_batch(cfg: TrainConfig, data: Any, size: int) -> tuple[torch.Tensor, 
 
         one = RankContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
         x, y = next(eval_batches(data.test, one, size, BatchPreparer(cfg.image_size)))
-        return x.to("meta"), y.to("meta")
+        return map_inputs(lambda t: t.to("meta"), x), y.to("meta")
     if len(data.shape) == 1:
         seq = data.shape[0]
         return (

@@ -150,6 +150,11 @@ def check_pipeline_split(cfg: TrainConfig, data: Any) -> None:
         named_starts(units, cfg.split, slots)
     one = RankContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
     x, _ = next(eval_batches(data.test, one, 2, BatchPreparer(cfg.image_size)))
+    if isinstance(x, dict):
+        raise UsageError(
+            f"--strategy {cfg.strategy_name} passes one input tensor from stage to stage, and the samples are dicts "
+            f"of keyword inputs ({', '.join(x)}); train them with ddp or fsdp"
+        )
     try:
         whole, chained = _whole_and_chained(model, units, x.to("meta"))
     except Exception:
