@@ -6,7 +6,7 @@ BIN     := $(VENV)/bin
 TORCH   ?= torch==2.13.0
 STAMP   := $(VENV)/.installed
 
-.PHONY: install demo test bench mutate flake clean
+.PHONY: install demo test test-fast bench mutate flake clean
 
 install: $(STAMP)
 
@@ -31,6 +31,10 @@ test: install
 	$(BIN)/ruff format --check src tests scripts benchmarks
 	bash scripts/test-deps.sh
 	$(BIN)/python -m pytest -q -p no:logging --durations=25 --junit-xml=build/test-times.xml
+
+# The inner loop (not a substitute for `make test`): the formula and property files, which run no training.
+test-fast: install
+	$(BIN)/python -m pytest -q -p no:logging tests/test_formulas_*.py tests/test_properties*.py
 
 bench: install
 	$(BIN)/python benchmarks/anchor_ddp.py --repeats 5

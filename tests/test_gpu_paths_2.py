@@ -393,8 +393,11 @@ def test_find_batch_bisects_through_cudnn_and_cublas_allocation_failures(tmp_pat
                 }
             )
         )
-        (run_dir / "metrics.jsonl").write_text(
-            "".join(json.dumps({"event": "step", "samples_per_s": 100.0 * batch}) + "\n" for _ in range(3))
+        (run_dir / "metrics.jsonl").write_text(  # one worker, a step of the batch logged each step
+            "".join(
+                json.dumps({"event": "step", "samples": batch * (step + 1), "samples_per_s": 100.0 * batch}) + "\n"
+                for step in range(3)
+            )
         )
         return types.SimpleNamespace(returncode=0, stderr="")
 

@@ -274,24 +274,7 @@ class Trainer:
         shard, shards = self.strategy.data_shard()
         self.data_ctx = replace(ctx, rank=shard, world_size=shards)
 
-        # The peak memory counts from the start of this run (reset above): built whole, the model is
-        # in it; built on meta and sharded (fsdp), only this rank's shards ever were.
-        module = self.strategy.build(lambda: build_model(cfg, self.data))
-        self.objective = build_objective(cfg.loss, module)
-        # torchtitan's order: the layers split (tensor parallelism), then checkpointed, then wrapped.
-        self.strategy.split(module)
-        if cfg.checkpoint_activations:
-            checkpoint_blocks(module, cfg.checkpoint_activations_every, cfg.checkpoint_activations_ops)
-        self.model = self.strategy.wrap(module)
-        # Built after wrapping: FSDP's parameters are shards, a pipeline stage has only its layers.
-        self.optimizer = self.strategy.build_optimizer(
-            self.model,
-            lambda m: build_optimizer(
-                cfg.optimizer, m, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
-            ),
-        )
-        if cfg.compile:
-            self.model = torch.compile(self.model)
+        self._build_model()
 
         augment = BatchAugment(cfg.augment, seed=cfg.seed * 1000 + ctx.rank, device=ctx.device) if cfg.augment else None
         self.augment = augment
@@ -344,6 +327,28 @@ class Trainer:
             epochs_end_full=self.batches.per_rank % (cfg.batch_size * cfg.grad_accum) == 0,
         )
         self.sinks = self._sinks() if ctx.is_main else []
+
+    def _build_model(self) -> None:
+        """The model, its objective and its optimizer, parallelised in torchtitan's order."""
+        cfg = self.cfg
+        # The peak memory counts from the start of this run (reset above): built whole, the model is
+        # in it; built on meta and sharded (fsdp), only this rank's shards ever were.
+        module = self.strategy.build(lambda: build_model(cfg, self.data))
+        self.objective = build_objective(cfg.loss, module)
+        # torchtitan's order: the layers split (tensor parallelism), then checkpointed, then wrapped.
+        self.strategy.split(module)
+        if cfg.checkpoint_activations:
+            checkpoint_blocks(module, cfg.checkpoint_activations_every, cfg.checkpoint_activations_ops)
+        self.model = self.strategy.wrap(module)
+        # Built after wrapping: FSDP's parameters are shards, a pipeline stage has only its layers.
+        self.optimizer = self.strategy.build_optimizer(
+            self.model,
+            lambda m: build_optimizer(
+                cfg.optimizer, m, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
+            ),
+        )
+        if cfg.compile:
+            self.model = torch.compile(self.model)
 
     def _sinks(self) -> list[Any]:
         """Where rank 0 records events: metrics.jsonl always (a resumed or restarted run's rewound to
