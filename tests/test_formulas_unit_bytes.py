@@ -4,8 +4,8 @@ pipeline_factories.forked_chain on 1x2x2 images, 3 classes: five units,
   u0 Flatten | u1 Linear(4, 4) | u2 ReLU | u3 Fork: trunk Linear(4, 3) read by two Linear(3, 2) heads, summed |
   u4 Linear(2, 3),
 measured by profile_model as `plan` measures it (meta device, float32: 4 bytes a number). Every expected figure
-is worked out in the comments, per sample unless said; none was copied from the code's output. Checked to the
-byte: a count off by a few bytes (a tensor counted twice, a cut's tensor held once) fails here.
+is worked out in the comments, per sample unless said. Checked to the byte: a count off by a few bytes (a tensor
+counted twice, a cut's tensor held once) fails here.
 """
 
 from fractions import Fraction

@@ -527,6 +527,7 @@ def test_the_search_picks_the_fastest_layout_that_fits_among_those_it_priced(
     if not others:
         assert runner_up is None and found["close_call"] is False
         return
+    assert runner_up["fits"] and runner_up["memory_per_device_bytes"] <= usable
     assert runner_up["samples_per_s"] == max(r["samples_per_s"] for r in others)
     assert found["close_call"] == (best["samples_per_s"] / runner_up["samples_per_s"] - 1 < CLOSE_CALL)
 
