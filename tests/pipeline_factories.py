@@ -39,3 +39,25 @@ class DeclaredChain(NotAChain):
             ("conv", ("conv",), lambda root, x: root.conv(x).relu().flatten(1)),
             ("fc", ("fc",), lambda root, x: root.fc(x)),
         ]
+
+
+class Fork(nn.Module):
+    """A trunk whose output two heads both read, summed: two operators of one unit save the same tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.trunk = nn.Linear(4, 3)
+        self.left = nn.Linear(3, 2)
+        self.right = nn.Linear(3, 2)
+
+    def forward(self, x):
+        h = self.trunk(x)
+        return self.left(h) + self.right(h)
+
+
+def forked_chain(num_classes: int = 3, in_channels: int = 1, image_size: int = 2) -> nn.Module:
+    """Five units small enough to count by hand (tests/test_formulas_unit_bytes.py): flatten a 1x2x2 image,
+    Linear(4, 4), ReLU, Fork, Linear(2, num_classes)."""
+    return nn.Sequential(
+        nn.Flatten(), nn.Linear(in_channels * image_size**2, 4), nn.ReLU(), Fork(), nn.Linear(2, num_classes)
+    )

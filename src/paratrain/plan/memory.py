@@ -156,16 +156,7 @@ def memory_per_device(
     )
     fixed = profile.activation_bytes_fixed * act_scale
     if layout.stages > 1:
-        split = profile.tensor_parallel if layout.tp > 1 else None
-        if split is not None:  # the activations a rank of the split stage saves
-            per_sample = sixteen_bit_activations(
-                split.activation_bytes_per_sample, split.loss_activation_bytes_per_sample, act_scale
-            )
-            fixed = split.activation_bytes_fixed * act_scale
-        loss = (split or profile).loss_activation_bytes_per_sample
-        figures, buffers = _largest_stage(
-            profile, layout, optimizer, per_sample - loss, loss, fixed, momentum, gathered_scale(precision)
-        )
+        figures, buffers = _largest_stage(profile, layout, optimizer, precision, momentum)
     elif layout.tp > 1:
         figures = _tensor_parallel(profile, layout, optimizer, act_scale, momentum, gathered_scale(precision))
         buffers = float(profile.buffer_bytes)
@@ -239,18 +230,29 @@ def _tensor_parallel(
 
 
 def _largest_stage(
-    profile: ModelProfile,
-    layout: Layout,
-    optimizer: str,
-    per_sample: float,
-    loss_per_sample: float,
-    fixed: float,
-    momentum: float,
-    gather_scale: float,
+    profile: ModelProfile, layout: Layout, optimizer: str, precision: str, momentum: float
 ) -> tuple[dict[str, float], float]:
-    """The heaviest stage's figures and its share of the buffers. A stage holds what its units save of the model's
-    saved tensors (measured unit by unit: profile.py) for each micro-batch in flight, and the last stage also
-    what the loss saves."""
+    """The heaviest stage's figures (the first of equals) and its share of the buffers."""
+    stages = stage_memory(profile, layout, optimizer, precision, momentum)
+    return max(stages, key=lambda stage: sum(stage.values())), float(profile.buffer_bytes) / layout.stages
+
+
+def stage_memory(
+    profile: ModelProfile, layout: Layout, optimizer: str, precision: str, momentum: float = 0.9
+) -> list[dict[str, float]]:
+    """Each pipeline stage's figures for a rank of it, in bytes, first stage first (memory_per_device reports the
+    heaviest). A stage holds what its units save of the model's saved tensors (measured unit by unit: profile.py)
+    for each micro-batch in flight, and the last stage also what the loss saves; with --tp, the split model's
+    activations by the stage's share of the whole model's saved bytes."""
+    act_scale = 0.5 if precision in ("bf16", "fp16") else 1.0
+    split = profile.tensor_parallel if layout.tp > 1 else None
+    measured = split or profile  # the activations a rank of the (split) stage saves
+    loss_per_sample = measured.loss_activation_bytes_per_sample
+    per_sample = (
+        sixteen_bit_activations(measured.activation_bytes_per_sample, loss_per_sample, act_scale) - loss_per_sample
+    )
+    fixed = measured.activation_bytes_fixed * act_scale
+    gather_scale = gathered_scale(precision)
     saved = [float(u["saved_bytes_per_sample"]) for u in profile.units]
     shared = [float(u["input_saved_bytes_per_sample"]) for u in profile.units]  # with the unit before
 
@@ -262,7 +264,7 @@ def _largest_stage(
     whole_model = saved_by(0, len(saved)) or 1.0
     micro = layout.replica_batch / layout.microbatches
     held = unit_param_bytes(profile, layout)
-    best: dict[str, float] = {}
+    stages = []
     for index, (start, end) in enumerate(stage_bounds(profile, layout.stages)):
         units = profile.units[start:end]
         whole = float(sum(u["param_bytes"] for u in units))
@@ -284,6 +286,5 @@ def _largest_stage(
         }
         if layout.shards > 1:  # pp+fsdp: the stage sharded over its replicas
             stage = _sharded(stage, layout.shards, 2 * max(held[start:end]) * gather_scale)
-        if sum(stage.values()) > sum(best.values()):
-            best = stage
-    return best, float(profile.buffer_bytes) / layout.stages
+        stages.append(stage)
+    return stages
