@@ -585,7 +585,7 @@ def test_first_epoch_overhead_one_epoch_two_epochs_and_a_quarter(tmp_path):
 def test_batch_sqrt_n_and_warmup_edges(tmp_path):
     script = built_run(tmp_path / "script", {"script": "train.py", "batch_size": 4}, {"batch_size": 4})
     assert checks.small_device_batch(script) is None
-    # sqrt(N) over 2 workers x 3 micro-steps: 100 // 6 = 16; over 16 micro-steps, at least 1.
+    # sqrt(N) over 2 workers x 3 micro-steps: 100 // 6 = 16.
     six = built_run(
         tmp_path / "six",
         {"grad_accum": 3, "resolved": {"train_samples": 10_000}},
@@ -598,7 +598,11 @@ def test_batch_sqrt_n_and_warmup_edges(tmp_path):
         {"grad_accum": 8, "resolved": {"train_samples": 100}},
         {"grad_accum": 8, "global_batch_size": 512},
     )
-    assert checks.global_batch_sqrt_n(many).rerun == {"batch_size": 1}
+    # ...and 2 replicas x 8 micro-steps alone exceed sqrt(100) = 10: the micro-steps go down to 10 // 2 = 5 (at a
+    # batch of 1 and 8 micro-steps the rerun's global batch of 16 would still exceed the bound).
+    fewer = checks.global_batch_sqrt_n(many)
+    assert fewer.rerun == {"batch_size": 1, "grad_accum": 5} and "--grad-accum 5" in fewer.remedy
+    assert fewer.global_batch_factor == 10 / 512
     unknown_n = built_run(tmp_path / "n", summary={"global_batch_size": 512})
     assert checks.global_batch_sqrt_n(unknown_n) is None
     # warmup: none without a global or a base batch; none for --lr-scaling none even at 64x; at most 5 epochs.
