@@ -713,6 +713,9 @@ def test_an_adaptive_batch_stopped_by_its_cap_while_the_noise_allows_more(tmp_pa
     found = checks.batch_growth_capped(capped)
     assert found.rerun == {"max_global_batch": 1024} and "--max-global-batch 1024" in found.remedy
     assert found.saving is None and "noise scale at 1100" in found.finding
+    # A cap off the powers of two (8 x 3 ranks x 8): its doublings under the noise, 192 x 2 = 384, not 256.
+    three = built_run(tmp_path / "three", {}, grown("adaptive", 24, 192, 192, (64, 64), noise=400.0))
+    assert checks.batch_growth_capped(three).rerun == {"max_global_batch": 384}
     # below twice the cap, short of the cap, or a fixed ramp: nothing
     assert (
         checks.batch_growth_capped(built_run(tmp_path / "a", {}, grown("adaptive", 64, 256, 256, (128, 128), 500.0)))

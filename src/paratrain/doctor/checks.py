@@ -411,7 +411,12 @@ def batch_growth_capped(ev: RunEvidence) -> Finding | None:
     final, largest, noise = grown["final_global_batch"], grown["largest_global_batch"], grown.get("noise_scale")
     if final < largest or not noise or noise < 2 * final:
         return None
-    raised = 2 ** int(math.log2(noise))  # the doublings' batch the noise reaches, at least twice the cap
+    # The cap's doublings, as far as the noise reaches: at least twice the cap (a power of two under the noise
+    # fell short of that for caps off the powers of two, as 8 x a 3-rank batch is). Doubled in integers: a
+    # logarithm of 31.999... rounds up to 5.
+    raised = 2 * final
+    while 2 * raised <= noise:
+        raised *= 2
     return Finding(
         "batch_growth_capped",
         f"the adaptive batch stopped at the cap {largest} with the noise scale at {noise:.0f}",
