@@ -150,6 +150,9 @@ def test_predicted_gains_of_the_probed_checks_by_hand(tmp_path):
 
     smaller = Finding("host_syncs", "", "", "", "", "", 0.05)
     assert [f.check for f in rank([slow, smaller])] == ["host_syncs", "slow_rank"]
+    # ...and before advice (docs/doctor.md's order), which had ranked above it.
+    advice = Finding("idle_devices", "", "", "", "", "", None, "advice")
+    assert [f.check for f in rank([advice, slow, smaller])] == ["host_syncs", "slow_rank", "idle_devices"]
     # ...but extra work in backward alone (forward as fast as the others'), or a bigger batch, is a straggler.
     for name, extra in (
         ("d5", {"phases_s": {"forward": 0.04, "backward": 0.11, "comm": 0.005}, "samples_per_step": 32.0}),

@@ -585,7 +585,7 @@ def test_first_epoch_overhead_one_epoch_two_epochs_and_a_quarter(tmp_path):
 def test_batch_sqrt_n_and_warmup_edges(tmp_path):
     script = built_run(tmp_path / "script", {"script": "train.py", "batch_size": 4}, {"batch_size": 4})
     assert checks.small_device_batch(script) is None
-    # sqrt(N) over 2 workers x 3 micro-steps: 100 // 6 = 16; over 16 micro-steps, at least 1.
+    # sqrt(N) over 2 workers x 3 micro-steps: 100 // 6 = 16.
     six = built_run(
         tmp_path / "six",
         {"grad_accum": 3, "resolved": {"train_samples": 10_000}},
@@ -598,7 +598,11 @@ def test_batch_sqrt_n_and_warmup_edges(tmp_path):
         {"grad_accum": 8, "resolved": {"train_samples": 100}},
         {"grad_accum": 8, "global_batch_size": 512},
     )
-    assert checks.global_batch_sqrt_n(many).rerun == {"batch_size": 1}
+    # ...and 2 replicas x 8 micro-steps alone exceed sqrt(100) = 10: the micro-steps go down to 10 // 2 = 5 (at a
+    # batch of 1 and 8 micro-steps the rerun's global batch of 16 would still exceed the bound).
+    fewer = checks.global_batch_sqrt_n(many)
+    assert fewer.rerun == {"batch_size": 1, "grad_accum": 5} and "--grad-accum 5" in fewer.remedy
+    assert fewer.global_batch_factor == 10 / 512
     unknown_n = built_run(tmp_path / "n", summary={"global_batch_size": 512})
     assert checks.global_batch_sqrt_n(unknown_n) is None
     # warmup: none without a global or a base batch; none for --lr-scaling none even at 64x; at most 5 epochs.
@@ -709,6 +713,9 @@ def test_an_adaptive_batch_stopped_by_its_cap_while_the_noise_allows_more(tmp_pa
     found = checks.batch_growth_capped(capped)
     assert found.rerun == {"max_global_batch": 1024} and "--max-global-batch 1024" in found.remedy
     assert found.saving is None and "noise scale at 1100" in found.finding
+    # A cap off the powers of two (8 x 3 ranks x 8): its doublings under the noise, 192 x 2 = 384, not 256.
+    three = built_run(tmp_path / "three", {}, grown("adaptive", 24, 192, 192, (64, 64), noise=400.0))
+    assert checks.batch_growth_capped(three).rerun == {"max_global_batch": 384}
     # below twice the cap, short of the cap, or a fixed ramp: nothing
     assert (
         checks.batch_growth_capped(built_run(tmp_path / "a", {}, grown("adaptive", 64, 256, 256, (128, 128), 500.0)))

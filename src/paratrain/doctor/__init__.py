@@ -166,10 +166,11 @@ def rank(findings: Sequence[Finding]) -> list[Finding]:
     measurement)."""
     order = (*FIRST, *ROOT_CAUSES, *EXACT_FIRST)
 
-    def key(f: Finding) -> tuple[int, int, bool, float]:
+    def key(f: Finding) -> tuple[int, int, bool, bool, float]:
         first = order.index(f.check) if f.check in order else len(order)
         tier = 1 if f.check == "contended" else 0 if f.above_contention else 2
-        return first, tier, f.check in MACHINE_CAUSES, -f.saving if f.saving is not None else 1.0
+        advice = f.saving is None  # after the machine's time findings too
+        return first, tier, advice, f.check in MACHINE_CAUSES, -f.saving if f.saving is not None else 1.0
 
     return sorted(findings, key=key)
 

@@ -375,9 +375,14 @@ def global_batch_sqrt_n(ev: RunEvidence) -> Finding | None:
     if not n_train or not g or g <= math.sqrt(n_train):
         return None
     made = f"{ev.replicas} replica(s) x {ev.batch_size}{f' x {ev.grad_accum} micro-steps' if ev.grad_accum > 1 else ''}"
-    per_worker = max(1, int(math.sqrt(n_train)) // (ev.replicas * ev.grad_accum))
+    bound = int(math.sqrt(n_train))
+    # Micro-steps beyond the bound's share of a replica go too: at a batch of 1 they alone would exceed it.
+    accum = max(1, min(ev.grad_accum, bound // ev.replicas))
+    per_worker = max(1, bound // (ev.replicas * accum))
     change: dict[str, Any] = {"batch_size": per_worker}
-    smaller = per_worker * ev.replicas * ev.grad_accum / g
+    if accum != ev.grad_accum:
+        change["grad_accum"] = accum
+    smaller = per_worker * ev.replicas * accum / g
     if grown and start and 2 * start <= math.sqrt(n_train):  # the schedule grew past it: cap the growth
         change = {"max_global_batch": int(math.sqrt(n_train))}
         smaller = int(math.sqrt(n_train)) / g
@@ -406,7 +411,12 @@ def batch_growth_capped(ev: RunEvidence) -> Finding | None:
     final, largest, noise = grown["final_global_batch"], grown["largest_global_batch"], grown.get("noise_scale")
     if final < largest or not noise or noise < 2 * final:
         return None
-    raised = 2 ** int(math.log2(noise))  # the doublings' batch the noise reaches, at least twice the cap
+    # The cap's doublings, as far as the noise reaches: at least twice the cap (a power of two under the noise
+    # fell short of that for caps off the powers of two, as 8 x a 3-rank batch is). Doubled in integers: a
+    # logarithm of 31.999... rounds up to 5.
+    raised = 2 * final
+    while 2 * raised <= noise:
+        raised *= 2
     return Finding(
         "batch_growth_capped",
         f"the adaptive batch stopped at the cap {largest} with the noise scale at {noise:.0f}",
