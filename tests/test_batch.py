@@ -369,6 +369,46 @@ def test_recommend_combines_the_measurements_by_its_stated_rules(tmp_path, given
     )
 
 
+def test_recommend_takes_a_knee_past_the_margin_as_the_largest_batch(tmp_path):
+    """#58: memory stopped find-batch at 100 (101 failed), 95 with the 5 % margin, while the throughput still rose:
+    the knee came out at 96. recommend chose 96 a worker, the batch the margin is there to avoid, and ruled 95 out
+    as below the knee. The knee it uses is 95: noise-scale measures there and the run gets it."""
+    from paratrain.batch.lr_find import RULE
+    from paratrain.batch.recommend import recommend
+
+    train = dict(workload="synthetic-cnn", device="cpu", synthetic_samples=4096, epochs=10, optimizer="sgd")
+    probes = _probes({32: 300, 64: 600, 96: 700, 100: 720})
+    written = {
+        "find_batch.json": (
+            {**train, "workers": 1},
+            dict(
+                knee_batch=96,
+                safe_batch=95,
+                margin=0.05,
+                probes=probes,
+                limited_by="memory",
+                options={"max_batch": 102},  # 4,096 samples / (20 steps x 2 workers)
+            ),
+        ),
+        # measured at the knee the run can use: recommend reuses it rather than measuring at 96
+        "noise_scale.json": (
+            {**train, "workers": 2, "batch_size": 95},
+            dict(critical_batch=10**6, b_simple_stderr=1.0, options={"steps": 200}),
+        ),
+        "lr_find.json": (
+            {**train, "workers": 1, "batch_size": 95},
+            dict(suggested_lr=0.05, global_batch_size=95, rule=RULE, options={"steps": 100, "rule": RULE}),
+        ),
+    }
+    for name, (flags, result) in written.items():
+        (tmp_path / name).write_text(json.dumps({"train": flags, **result}))
+    r = recommend(train, workers=2, out=tmp_path)
+    assert r["per_worker_batch"]["value"] == 95 and r["global_batch"]["value"] == 190
+    assert r["per_worker_batch"]["source"].startswith("find-batch: knee 95, largest 95 (limited by memory")
+    options = {o["batch"]: o["ruled_out"] for o in r["per_worker_batch"]["options"]}
+    assert options[95] is None and options[32].startswith("below the knee")  # 32: the √4,096 cap over 2 workers
+
+
 def test_recommend_compares_the_options_time_to_the_same_loss(tmp_path):
     """#27: the rationale weighs each option by its predicted time to the same loss: McCandlish et
     al.'s steps (1 + B_noise/B) times a step's time at find-batch's samples/s. By hand, B_noise 100 on

@@ -2,10 +2,10 @@
 
 The three measurements run in this order (each reused from OUT when the same flags made it):
 1. find-batch on one worker: the largest per-worker batch that fits (less the safety margin) and the
-   throughput knee. The per-worker batch stays within [knee, largest]. The search stops at the batch
-   that leaves the N workers at least 20 optimizer steps an epoch: a larger batch would train a few
-   steps an epoch (warmup and the schedule would have nothing to act on), whatever its speed; it is
-   the one bound that also rules the knee out.
+   throughput knee. The per-worker batch stays within [knee, largest] (a knee above the largest is the
+   largest). The search stops at the batch that leaves the N workers at least 20 optimizer steps an
+   epoch: a larger batch would train a few steps an epoch (warmup and the schedule would have nothing
+   to act on), whatever its speed; it is the one bound that also rules the knee out.
 2. noise-scale on the N workers at the knee batch: B_simple, which stands in for the critical batch
    (McCandlish et al. 2018); with the HPC rule of thumb of a global batch under √(training samples),
    it caps the global batch: beyond the cap more batch buys few fewer steps and may generalise worse
@@ -84,7 +84,7 @@ def recommend(
     ) or find_batch_module.find_batch(one, out, max_batch=search_max, max_batch_reason=reason)
 
     on_stage("noise-scale")
-    noise_train = {**train, "workers": workers, "batch_size": batches["knee_batch"]}
+    noise_train = {**train, "workers": workers, "batch_size": usable_knee(batches)}
     noise = read_result(
         out / noise_scale_module.RESULT_FILE, noise_train, steps=noise_steps
     ) or noise_scale_module.measure_noise_scale(noise_train, out, noise_steps)
@@ -139,6 +139,12 @@ def _check(train: dict[str, Any], workers: int, out: Path, noise_steps: int, lr_
     check_out(out)
 
 
+def usable_knee(batches: dict[str, Any]) -> int:
+    """find-batch's knee, at most its batch to use: a knee probed above the largest batch less the margin barely
+    fitted in the search, which is what the margin keeps a run away from."""
+    return min(batches["knee_batch"], batches["safe_batch"])
+
+
 class StepsBound(NamedTuple):
     """The largest per-worker batch that leaves MIN_STEPS_PER_EPOCH optimizer steps an epoch, and why."""
 
@@ -186,7 +192,7 @@ class BatchChoice:
 
     @classmethod
     def measured(cls, batches: dict[str, Any], noise: dict[str, Any], workers: int, samples: int) -> BatchChoice:
-        knee, largest = batches["knee_batch"], batches["safe_batch"]
+        knee, largest = usable_knee(batches), batches["safe_batch"]
         notes: list[str] = []
         critical = noise["critical_batch"]
         caps = {"critical batch (noise scale)": critical, "√(training samples)": math.isqrt(samples)}
