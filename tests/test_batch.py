@@ -409,6 +409,26 @@ def test_recommend_takes_a_knee_past_the_margin_as_the_largest_batch(tmp_path):
     assert options[95] is None and options[32].startswith("below the knee")  # 32: the √4,096 cap over 2 workers
 
 
+@pytest.mark.parametrize("knee", [1, 4])
+def test_recommend_on_more_workers_than_the_critical_batch_gives_each_one_sample(knee):
+    """#58: a sure noise scale of 5 on 8 workers: even 1 sample a worker makes a global batch of 8. Every option
+    was ruled out (the knee's global batch and the cap's 1 a worker alike exceed 5) and recommend ended in
+    "min() arg is an empty sequence". 1 a worker is the least there is: it is chosen, and the note says so."""
+    from paratrain.batch.recommend import BatchChoice
+
+    found = dict(knee_batch=knee, safe_batch=64, limited_by="memory", margin=0.05, probes=_probes({1: 10, 4: 40}))
+    choice = BatchChoice.measured(found, {"critical_batch": 5.0, "b_simple_stderr": 0.0}, workers=8, samples=4096)
+    assert (choice.per_worker, choice.global_batch) == (1, 8)
+    below = f", below the knee batch {knee}" if knee > 1 else ""
+    assert choice.notes[0] == (
+        f"8 workers exceed the critical batch 5 (+2 standard errors: 5) even at 1 sample a worker{below}: "
+        "5 worker(s) would stay within it"
+    )
+    at = "the knee" if knee == 1 else "1 a worker, the least"
+    source = choice.fields(0.05)["per_worker_batch"]["source"]
+    assert f"above the critical batch (noise scale) 5, at {at} (note)" in source
+
+
 def test_recommend_compares_the_options_time_to_the_same_loss(tmp_path):
     """#27: the rationale weighs each option by its predicted time to the same loss: McCandlish et
     al.'s steps (1 + B_noise/B) times a step's time at find-batch's samples/s. By hand, B_noise 100 on

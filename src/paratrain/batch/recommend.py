@@ -248,12 +248,19 @@ class BatchChoice:
     def ruled_out(self, batch: int) -> str | None:
         if batch < self.knee and not self.below_knee_allowed:
             return "below the knee, where a worker idles, and the noise scale does not rule out the knee's global batch"
-        if self.workers * batch > self.cap and (batch != self.knee or self.below_knee_allowed):
+        # A worker's batch of 1 is the least there is: N workers above the cap even there still get it.
+        if self.workers * batch > self.cap and batch > 1 and (batch != self.knee or self.below_knee_allowed):
             return f"its global batch {self.workers * batch:,} exceeds the {self.cap_name} {self.cap:,.0f}"
         return None
 
     def _cap_notes(self) -> list[str]:
         workers, knee, cap, upper = self.workers, self.knee, self.cap, self.upper
+        if self.global_batch > cap and self.below_knee_allowed:
+            return [
+                f"{workers} workers exceed the critical batch {self.critical:.0f} (+2 standard errors: {upper:.0f}) "
+                f"even at 1 sample a worker{f', below the knee batch {knee}' if knee > 1 else ''}: "
+                f"{max(1, int(cap))} worker(s) would stay within it"
+            ]
         if self.per_worker < knee:
             return [
                 f"{workers} workers x the knee batch {knee} exceed the critical batch {self.critical:.0f} "
@@ -285,7 +292,8 @@ class BatchChoice:
                 + (
                     f"the global batch within the {self.cap_name} {self.cap:,.0f}; "
                     if self.global_batch <= self.cap
-                    else f"the global batch above the {self.cap_name} {self.cap:,.0f}, at the knee (note); "
+                    else f"the global batch above the {self.cap_name} {self.cap:,.0f}, at "
+                    + ("the knee (note); " if per_worker == self.knee else "1 a worker, the least (note); ")
                 )
                 + (
                     "of the options, the shortest predicted time to the same loss (note)"
