@@ -11,6 +11,7 @@ import torch
 from batch_factories import PLANTED_GIB_PER_SAMPLE, exact_b_simple, regression_tensors
 
 from paratrain.batch.find_batch import binsearch, knee
+from paratrain.batch.noise_scale import read_norms
 from paratrain.cli import main
 from paratrain.reporting import write_report
 
@@ -72,6 +73,17 @@ def test_noise_scale_recovers_a_known_b_simple(tmp_path, capsys, layout):
     assert result["steps"] == 300
     assert result["curve"][0]["steps_vs_min"] == pytest.approx(1 + result["b_simple"])
     assert write_report([tmp_path]).read_text().count("<img") == 1  # noise scale over steps, and the curve
+
+
+def test_noise_scale_leaves_out_an_epochs_last_step_of_fewer_micro_steps(tmp_path, capsys):
+    """#58: 48 samples in batches of 16 are 3 micro-steps an epoch: one step of 2, then one of 1. That last step
+    was recorded as a small and a big batch of 16 alike, and the estimate divided by their difference, 0
+    (ZeroDivisionError). It is not recorded now (grad_noise.py), and noise-scale runs as many more steps."""
+    small = dict(workload="synthetic-cnn", synthetic_samples=48, synthetic_shape="3,16,16", batch_size=16)
+    result, _ = _run(capsys, "noise-scale", tmp_path, steps=20, device="cpu", threads_per_worker=1, **small)
+    norms = read_norms(tmp_path / "noise-scale-run")
+    assert [n["step"] for n in norms] == list(range(1, 40, 2))  # every epoch's first step, 20 epochs
+    assert {(n["small_batch"], n["big_batch"]) for n in norms} == {(16, 32)} and result["steps"] == 20
 
 
 def test_binsearch_finds_every_planted_limit_exactly_in_few_probes():
