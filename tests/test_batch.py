@@ -45,8 +45,17 @@ def _run(capsys, command, out, **flags):
         dict(workers=2, batch_size=32, strategy="fsdp"),
         # HSDP: 2 replicas of 2 shards (4 ranks on 2 cores: a correctness test).
         dict(workers=4, batch_size=16, strategy="fsdp", dp_replicate=2, allow_oversubscribe=True),
+        # #58: a rank's small batch is its 3 accumulated micro-batches (48), the big one the global 96; a rank's
+        # 256 micro-batches end each epoch in a step of one, which is not recorded
+        dict(workers=2, batch_size=16, grad_accum=3),
     ],
-    ids=["one-worker-accumulation", "two-ranks-comm-hook", "two-ranks-fsdp-reduce-scatter", "four-ranks-hsdp"],
+    ids=[
+        "one-worker-accumulation",
+        "two-ranks-comm-hook",
+        "two-ranks-fsdp-reduce-scatter",
+        "four-ranks-hsdp",
+        "two-ranks-accumulation",
+    ],
 )
 def test_noise_scale_recovers_a_known_b_simple(tmp_path, capsys, layout):
     result, printed = _run(capsys, "noise-scale", tmp_path, steps=300, ema_steps=300, **REGRESSION, **layout)
@@ -65,11 +74,19 @@ def test_noise_scale_recovers_a_known_b_simple(tmp_path, capsys, layout):
         assert summary["grad_noise"]["source"] == f"ddp comm hook around the {summary['allreduce']} average"
     if layout["workers"] > 1:
         workers = layout["workers"]
-        assert (result["small_batch"], result["big_batch"], result["ranks"]) == (64 // workers, 64, workers)
+        global_batch = workers * layout["batch_size"] * layout.get("grad_accum", 1)
+        assert (result["small_batch"], result["big_batch"], result["ranks"]) == (
+            global_batch // workers,
+            global_batch,
+            workers,
+        )
         assert len(list((tmp_path / "noise-scale-run" / "grad_noise").glob("rank*.jsonl"))) == workers
     else:
         assert summary["grad_noise"]["source"].startswith("gradient accumulation")
         assert (result["small_batch"], result["big_batch"]) == (16, 64)
+    # every step recorded is of the batches the estimate is told
+    recorded = {(n["small_batch"], n["big_batch"]) for n in read_norms(tmp_path / "noise-scale-run")}
+    assert recorded == {(result["small_batch"], result["big_batch"])}
     assert result["steps"] == 300
     assert result["curve"][0]["steps_vs_min"] == pytest.approx(1 + result["b_simple"])
     assert write_report([tmp_path]).read_text().count("<img") == 1  # noise scale over steps, and the curve

@@ -4,6 +4,7 @@ accumulation, recommend's choice against every bound it names, and lr-find's rul
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 import tempfile
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 
 from paratrain.batch.find_batch import _outcome, binsearch, knee
 from paratrain.batch.lr_find import DIVERGED_ABOVE, smooth, suggest
-from paratrain.batch.noise_scale import estimate, read_norms
+from paratrain.batch.noise_scale import estimate, read_norms, short_steps
 from paratrain.batch.recommend import MIN_STEPS_PER_EPOCH, BatchChoice, steps_bound
 from paratrain.config import TrainConfig
 from paratrain.engine.grad_noise import BucketNorms, GradNoiseRecorder
@@ -138,6 +139,32 @@ def test_the_noise_scale_does_not_depend_on_how_one_global_batch_is_split(
     assert found["b_simple"] == pytest.approx(noise, rel=1e-6) and found["b_simple_run"] == pytest.approx(
         noise, rel=1e-6
     )
+
+
+def recorded_steps(per_rank: int, batch: int, accum: int, total: int) -> list[bool]:
+    """Whether each of a run's first `total` steps is recorded, epoch after epoch as the loop runs them: a step of
+    `accum` whole micro-batches is; an epoch's last, short of micro-steps or of samples, is not."""
+    micro = [min(batch, per_rank - start) for start in range(0, per_rank, batch)]
+    groups = [micro[start : start + accum] for start in range(0, len(micro), accum)]
+    epoch = [len(group) == accum and all(n == batch for n in group) for group in groups]
+    return list(itertools.islice(itertools.cycle(epoch), total))
+
+
+@FEW
+@given(
+    per_rank=st.integers(1, 5000),
+    batch=st.integers(1, 256),
+    accum=st.integers(1, 8),
+    steps=st.integers(20, 400),
+)
+@example(per_rank=4096, batch=16, accum=3, steps=300)  # 2 ranks of the regression in tests/test_batch.py
+def test_noise_scale_runs_exactly_the_steps_that_record_the_full_steps_asked_for(per_rank, batch, accum, steps):
+    """Each epoch ends in steps that are not recorded (short of micro-steps or samples): the run takes as many
+    more as fall before the last full step asked for, so it records `steps` full ones and its last step is one."""
+    assume(per_rank >= batch * accum)  # else refused with a message
+    total = steps + short_steps(per_rank, batch, accum, steps)
+    recorded = recorded_steps(per_rank, batch, accum, total)
+    assert sum(recorded) == steps and recorded[-1]
 
 
 @settings(max_examples=25, deadline=None)
