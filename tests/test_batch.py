@@ -11,6 +11,7 @@ import torch
 from batch_factories import PLANTED_GIB_PER_SAMPLE, exact_b_simple, regression_tensors
 
 from paratrain.batch.find_batch import binsearch, knee
+from paratrain.batch.noise_scale import read_norms
 from paratrain.cli import main
 from paratrain.reporting import write_report
 
@@ -44,8 +45,17 @@ def _run(capsys, command, out, **flags):
         dict(workers=2, batch_size=32, strategy="fsdp"),
         # HSDP: 2 replicas of 2 shards (4 ranks on 2 cores: a correctness test).
         dict(workers=4, batch_size=16, strategy="fsdp", dp_replicate=2, allow_oversubscribe=True),
+        # #58: a rank's small batch is its 3 accumulated micro-batches (48), the big one the global 96; a rank's
+        # 256 micro-batches end each epoch in a step of one, which is not recorded
+        dict(workers=2, batch_size=16, grad_accum=3),
     ],
-    ids=["one-worker-accumulation", "two-ranks-comm-hook", "two-ranks-fsdp-reduce-scatter", "four-ranks-hsdp"],
+    ids=[
+        "one-worker-accumulation",
+        "two-ranks-comm-hook",
+        "two-ranks-fsdp-reduce-scatter",
+        "four-ranks-hsdp",
+        "two-ranks-accumulation",
+    ],
 )
 def test_noise_scale_recovers_a_known_b_simple(tmp_path, capsys, layout):
     result, printed = _run(capsys, "noise-scale", tmp_path, steps=300, ema_steps=300, **REGRESSION, **layout)
@@ -64,14 +74,33 @@ def test_noise_scale_recovers_a_known_b_simple(tmp_path, capsys, layout):
         assert summary["grad_noise"]["source"] == f"ddp comm hook around the {summary['allreduce']} average"
     if layout["workers"] > 1:
         workers = layout["workers"]
-        assert (result["small_batch"], result["big_batch"], result["ranks"]) == (64 // workers, 64, workers)
+        global_batch = workers * layout["batch_size"] * layout.get("grad_accum", 1)
+        assert (result["small_batch"], result["big_batch"], result["ranks"]) == (
+            global_batch // workers,
+            global_batch,
+            workers,
+        )
         assert len(list((tmp_path / "noise-scale-run" / "grad_noise").glob("rank*.jsonl"))) == workers
     else:
         assert summary["grad_noise"]["source"].startswith("gradient accumulation")
         assert (result["small_batch"], result["big_batch"]) == (16, 64)
+    # every step recorded is of the batches the estimate is told
+    recorded = {(n["small_batch"], n["big_batch"]) for n in read_norms(tmp_path / "noise-scale-run")}
+    assert recorded == {(result["small_batch"], result["big_batch"])}
     assert result["steps"] == 300
     assert result["curve"][0]["steps_vs_min"] == pytest.approx(1 + result["b_simple"])
     assert write_report([tmp_path]).read_text().count("<img") == 1  # noise scale over steps, and the curve
+
+
+def test_noise_scale_leaves_out_an_epochs_last_step_of_fewer_micro_steps(tmp_path, capsys):
+    """#58: 48 samples in batches of 16 are 3 micro-steps an epoch: one step of 2, then one of 1. That last step
+    was recorded as a small and a big batch of 16 alike, and the estimate divided by their difference, 0
+    (ZeroDivisionError). It is not recorded now (grad_noise.py), and noise-scale runs as many more steps."""
+    small = dict(workload="synthetic-cnn", synthetic_samples=48, synthetic_shape="3,16,16", batch_size=16)
+    result, _ = _run(capsys, "noise-scale", tmp_path, steps=20, device="cpu", threads_per_worker=1, **small)
+    norms = read_norms(tmp_path / "noise-scale-run")
+    assert [n["step"] for n in norms] == list(range(1, 40, 2))  # every epoch's first step, 20 epochs
+    assert {(n["small_batch"], n["big_batch"]) for n in norms} == {(16, 32)} and result["steps"] == 20
 
 
 def test_binsearch_finds_every_planted_limit_exactly_in_few_probes():
@@ -367,6 +396,66 @@ def test_recommend_combines_the_measurements_by_its_stated_rules(tmp_path, given
         and f"--schedule {given_schedule or 'cosine'}" in r["command"]
         and "--warmup-epochs 1.0" in r["command"]
     )
+
+
+def test_recommend_takes_a_knee_past_the_margin_as_the_largest_batch(tmp_path):
+    """#58: memory stopped find-batch at 100 (101 failed), 95 with the 5 % margin, while the throughput still rose:
+    the knee came out at 96. recommend chose 96 a worker, the batch the margin is there to avoid, and ruled 95 out
+    as below the knee. The knee it uses is 95: noise-scale measures there and the run gets it."""
+    from paratrain.batch.lr_find import RULE
+    from paratrain.batch.recommend import recommend
+
+    train = dict(workload="synthetic-cnn", device="cpu", synthetic_samples=4096, epochs=10, optimizer="sgd")
+    probes = _probes({32: 300, 64: 600, 96: 700, 100: 720})
+    written = {
+        "find_batch.json": (
+            {**train, "workers": 1},
+            dict(
+                knee_batch=96,
+                safe_batch=95,
+                margin=0.05,
+                probes=probes,
+                limited_by="memory",
+                options={"max_batch": 102},  # 4,096 samples / (20 steps x 2 workers)
+            ),
+        ),
+        # measured at the knee the run can use: recommend reuses it rather than measuring at 96
+        "noise_scale.json": (
+            {**train, "workers": 2, "batch_size": 95},
+            dict(critical_batch=10**6, b_simple_stderr=1.0, options={"steps": 200}),
+        ),
+        "lr_find.json": (
+            {**train, "workers": 1, "batch_size": 95},
+            dict(suggested_lr=0.05, global_batch_size=95, rule=RULE, options={"steps": 100, "rule": RULE}),
+        ),
+    }
+    for name, (flags, result) in written.items():
+        (tmp_path / name).write_text(json.dumps({"train": flags, **result}))
+    r = recommend(train, workers=2, out=tmp_path)
+    assert r["per_worker_batch"]["value"] == 95 and r["global_batch"]["value"] == 190
+    assert r["per_worker_batch"]["source"].startswith("find-batch: knee 95, largest 95 (limited by memory")
+    options = {o["batch"]: o["ruled_out"] for o in r["per_worker_batch"]["options"]}
+    assert options[95] is None and options[32].startswith("below the knee")  # 32: the √4,096 cap over 2 workers
+
+
+@pytest.mark.parametrize("knee", [1, 4])
+def test_recommend_on_more_workers_than_the_critical_batch_gives_each_one_sample(knee):
+    """#58: a sure noise scale of 5 on 8 workers: even 1 sample a worker makes a global batch of 8. Every option
+    was ruled out (the knee's global batch and the cap's 1 a worker alike exceed 5) and recommend ended in
+    "min() arg is an empty sequence". 1 a worker is the least there is: it is chosen, and the note says so."""
+    from paratrain.batch.recommend import BatchChoice
+
+    found = dict(knee_batch=knee, safe_batch=64, limited_by="memory", margin=0.05, probes=_probes({1: 10, 4: 40}))
+    choice = BatchChoice.measured(found, {"critical_batch": 5.0, "b_simple_stderr": 0.0}, workers=8, samples=4096)
+    assert (choice.per_worker, choice.global_batch) == (1, 8)
+    below = f", below the knee batch {knee}" if knee > 1 else ""
+    assert choice.notes[0] == (
+        f"8 workers exceed the critical batch 5 (+2 standard errors: 5) even at 1 sample a worker{below}: "
+        "5 worker(s) would stay within it"
+    )
+    at = "the knee" if knee == 1 else "1 a worker, the least"
+    source = choice.fields(0.05)["per_worker_batch"]["source"]
+    assert f"above the critical batch (noise scale) 5, at {at} (note)" in source
 
 
 def test_recommend_compares_the_options_time_to_the_same_loss(tmp_path):

@@ -40,8 +40,14 @@ def events(run, kind: str) -> list[dict]:
 
 @pytest.mark.parametrize(
     "layout",
-    [["--grad-accum", "2"], ["--workers", "2"], ["--workers", "2", "--strategy", "fsdp"]],
-    ids=["one-worker", "ddp", "fsdp"],
+    [
+        ["--grad-accum", "2"],
+        ["--workers", "2"],
+        ["--workers", "2", "--strategy", "fsdp"],
+        # #58: 2 ranks of 2 micro-batches of 8 (the same 32 to start): a rank's small batch counts both
+        ["--workers", "2", "--grad-accum", "2", "--batch-size", "8"],
+    ],
+    ids=["one-worker", "ddp", "fsdp", "ddp-accumulation"],
 )
 def test_the_adaptive_batch_grows_while_it_raises_the_goodput_and_the_lr_follows(tmp_path, layout):
     run = tmp_path / "adaptive"
@@ -80,6 +86,9 @@ def test_the_adaptive_batch_grows_while_it_raises_the_goodput_and_the_lr_follows
         assert made["next_global_batch"] == change["global_batch"] == 2 * made["global_batch"]
         assert (made["goodput_gain"], made["noise_scale"]) == (change["goodput_gain"], change["noise_scale"])
     assert {"noise_scale_stderr", "goodput_gain", "min_goodput_gain"} <= set(block)
+    if "--workers" in layout:  # each rank's step (its micro-batches, accumulated) against the global batch
+        recorded = [json.loads(line) for line in (run / "grad_noise" / "rank0.jsonl").read_text().splitlines()]
+        assert {(n["small_batch"], n["big_batch"]) for n in recorded} == {(b // 2, b) for b in batches}
     # TensorBoard gets the batch and the readings beside the loss
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

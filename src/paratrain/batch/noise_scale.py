@@ -37,7 +37,6 @@ from paratrain.batch import (
     train_samples,
     write_result,
 )
-from paratrain.config import TrainConfig
 from paratrain.engine.batch_schedule import two_batch_estimates
 from paratrain.errors import RunFailed, UsageError
 from paratrain.runs import RunDir
@@ -125,19 +124,19 @@ def batch_curve(b_noise: float) -> list[dict[str, float]]:
     return [{"batch": b, "steps_vs_min": 1 + b_noise / b, "examples_vs_min": 1 + b / b_noise} for b in batches]
 
 
-def _short_steps(cfg: TrainConfig, steps: int) -> int:
-    """Steps with a short batch (an epoch's last) among the first `steps` full ones: they are not
-    recorded, so the run takes that many more."""
-    per_rank = -(-train_samples(cfg) // cfg.data_parallel_size)
-    step_samples = cfg.batch_size * cfg.grad_accum
+def short_steps(per_rank: int, batch: int, accum: int, steps: int) -> int:
+    """The steps with a short batch (each epoch's last: short of whole micro-batches or of micro-steps) before the
+    `steps`-th full one, on `per_rank` samples a rank: they are not recorded, so the run takes that many more."""
+    step_samples = batch * accum
     full = per_rank // step_samples
     if full == 0:
         raise UsageError(
             f"a step of {step_samples} samples per rank (--batch-size x --grad-accum) is more than a rank's "
             f"{per_rank} training samples; lower --batch-size"
         )
-    per_epoch = math.ceil(math.ceil(per_rank / cfg.batch_size) / cfg.grad_accum)
-    return (per_epoch - full) * math.ceil(steps / full)
+    per_epoch = math.ceil(math.ceil(per_rank / batch) / accum)
+    # An epoch's full steps come first: the short ones end the epochs before the one the last full step is in.
+    return (per_epoch - full) * ((steps - 1) // full)
 
 
 def measure_noise_scale(train: dict[str, Any], out: Path, steps: int, ema_steps: int | None = None) -> dict[str, Any]:
@@ -156,9 +155,10 @@ def measure_noise_scale(train: dict[str, Any], out: Path, steps: int, ema_steps:
         # One worker compares a micro-batch with the whole step: two micro-batches are the fewest that do.
         values["grad_accum"] = 2
     run_dir = Path(out) / RUN_NAME
-    cfg = steps_run_config(
-        values, steps + _short_steps(run_config(values), steps), grad_noise=True, quiet=True, run_dir=run_dir
-    )
+    layout = run_config(values)
+    per_rank = -(-train_samples(layout) // layout.data_parallel_size)
+    more = short_steps(per_rank, layout.batch_size, layout.grad_accum, steps)
+    cfg = steps_run_config(values, steps + more, grad_noise=True, quiet=True, run_dir=run_dir)
     clear_measurement_run(run_dir)
     from paratrain.launch.builtin import train as run_training
 

@@ -2,10 +2,10 @@
 
 The three measurements run in this order (each reused from OUT when the same flags made it):
 1. find-batch on one worker: the largest per-worker batch that fits (less the safety margin) and the
-   throughput knee. The per-worker batch stays within [knee, largest]. The search stops at the batch
-   that leaves the N workers at least 20 optimizer steps an epoch: a larger batch would train a few
-   steps an epoch (warmup and the schedule would have nothing to act on), whatever its speed; it is
-   the one bound that also rules the knee out.
+   throughput knee. The per-worker batch stays within [knee, largest] (a knee above the largest is the
+   largest). The search stops at the batch that leaves the N workers at least 20 optimizer steps an
+   epoch: a larger batch would train a few steps an epoch (warmup and the schedule would have nothing
+   to act on), whatever its speed; it is the one bound that also rules the knee out.
 2. noise-scale on the N workers at the knee batch: B_simple, which stands in for the critical batch
    (McCandlish et al. 2018); with the HPC rule of thumb of a global batch under √(training samples),
    it caps the global batch: beyond the cap more batch buys few fewer steps and may generalise worse
@@ -84,7 +84,7 @@ def recommend(
     ) or find_batch_module.find_batch(one, out, max_batch=search_max, max_batch_reason=reason)
 
     on_stage("noise-scale")
-    noise_train = {**train, "workers": workers, "batch_size": batches["knee_batch"]}
+    noise_train = {**train, "workers": workers, "batch_size": usable_knee(batches)}
     noise = read_result(
         out / noise_scale_module.RESULT_FILE, noise_train, steps=noise_steps
     ) or noise_scale_module.measure_noise_scale(noise_train, out, noise_steps)
@@ -139,6 +139,12 @@ def _check(train: dict[str, Any], workers: int, out: Path, noise_steps: int, lr_
     check_out(out)
 
 
+def usable_knee(batches: dict[str, Any]) -> int:
+    """find-batch's knee, at most its batch to use: a knee probed above the largest batch less the margin barely
+    fitted in the search, which is what the margin keeps a run away from."""
+    return min(batches["knee_batch"], batches["safe_batch"])
+
+
 class StepsBound(NamedTuple):
     """The largest per-worker batch that leaves MIN_STEPS_PER_EPOCH optimizer steps an epoch, and why."""
 
@@ -186,7 +192,7 @@ class BatchChoice:
 
     @classmethod
     def measured(cls, batches: dict[str, Any], noise: dict[str, Any], workers: int, samples: int) -> BatchChoice:
-        knee, largest = batches["knee_batch"], batches["safe_batch"]
+        knee, largest = usable_knee(batches), batches["safe_batch"]
         notes: list[str] = []
         critical = noise["critical_batch"]
         caps = {"critical batch (noise scale)": critical, "√(training samples)": math.isqrt(samples)}
@@ -242,12 +248,19 @@ class BatchChoice:
     def ruled_out(self, batch: int) -> str | None:
         if batch < self.knee and not self.below_knee_allowed:
             return "below the knee, where a worker idles, and the noise scale does not rule out the knee's global batch"
-        if self.workers * batch > self.cap and (batch != self.knee or self.below_knee_allowed):
+        # A worker's batch of 1 is the least there is: N workers above the cap even there still get it.
+        if self.workers * batch > self.cap and batch > 1 and (batch != self.knee or self.below_knee_allowed):
             return f"its global batch {self.workers * batch:,} exceeds the {self.cap_name} {self.cap:,.0f}"
         return None
 
     def _cap_notes(self) -> list[str]:
         workers, knee, cap, upper = self.workers, self.knee, self.cap, self.upper
+        if self.global_batch > cap and self.below_knee_allowed:
+            return [
+                f"{workers} workers exceed the critical batch {self.critical:.0f} (+2 standard errors: {upper:.0f}) "
+                f"even at 1 sample a worker{f', below the knee batch {knee}' if knee > 1 else ''}: "
+                f"{max(1, int(cap))} worker(s) would stay within it"
+            ]
         if self.per_worker < knee:
             return [
                 f"{workers} workers x the knee batch {knee} exceed the critical batch {self.critical:.0f} "
@@ -279,7 +292,8 @@ class BatchChoice:
                 + (
                     f"the global batch within the {self.cap_name} {self.cap:,.0f}; "
                     if self.global_batch <= self.cap
-                    else f"the global batch above the {self.cap_name} {self.cap:,.0f}, at the knee (note); "
+                    else f"the global batch above the {self.cap_name} {self.cap:,.0f}, at "
+                    + ("the knee (note); " if per_worker == self.knee else "1 a worker, the least (note); ")
                 )
                 + (
                     "of the options, the shortest predicted time to the same loss (note)"

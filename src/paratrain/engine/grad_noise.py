@@ -178,7 +178,8 @@ class GradNoiseRecorder:
         self, model: nn.Module, index: int, sync: bool, batch_len: int, step: int, micro_batch: int, accum: int
     ) -> None:
         """After micro-step `index` (0-based within optimizer step `step`, 1-based, of `accum` micro-steps of
-        `micro_batch` samples) has run backward."""
+        `micro_batch` samples) has run backward. A step of fewer micro-steps (an epoch's last) is not recorded:
+        its batches are not `accum`'s, and on one worker a step of one micro-step has no small batch."""
         self.full = (self.full or index == 0) and batch_len == micro_batch
         if self.norms is None and index == 0:
             self.first = _gradient_squared_norm(model) * accum**2

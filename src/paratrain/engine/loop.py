@@ -433,8 +433,10 @@ class Trainer:
                 )
             backward_end = clock.stamp()
             if self.grad_noise is not None:
+                # The schedule's accumulation, not this step's forwards: an epoch's last step of fewer is not recorded.
+                batches = self.batch_schedule
                 self.grad_noise.micro_step(
-                    model, in_step, sync, len(y), self.state.step + 1, self.batch_schedule.per_rank_batch, forwards
+                    model, in_step, sync, len(y), self.state.step + 1, batches.per_rank_batch, batches.accum
                 )
             in_step += 1
             breakdown.span("data_s", data_start, data_ready)
