@@ -55,7 +55,8 @@ def main() -> None:
     parser.add_argument("folder", type=Path)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    # This checkout's code, not the installed one (the audit also runs in a worktree at an older commit).
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(ROOT / "src")}
     results = []
     for patch in sorted(args.folder.glob("*.patch")):
         files = touched(patch)

@@ -146,3 +146,40 @@ def test_the_adaptive_batchs_noise_scale_does_not_depend_on_how_the_global_batch
         batches = recorder.batches(adapt.per_rank_batch, adapt.accum)
     adapt.noise_read_of_ranks(measured[0], batches, ranks, total, ranks, speedup=None)
     assert adapt.noise_scale() == pytest.approx(noise, rel=1e-6)
+
+
+@FEW
+@given(
+    start=st.integers(1, 64),
+    doublings=st.integers(0, 6),
+    room=st.integers(1, 10**4),
+    noise=st.floats(0.5, 1e5),
+    gain=st.floats(0.5, 3.0),
+)
+def test_the_adaptive_outcome_names_a_next_batch_within_the_cap_and_prices_that_batch(
+    start, doublings, room, noise, gain
+):
+    """The audit's survivor class (#58, a cap of the other kind): the run's outcome line names the batch the next
+    doubling would reach. It can never pass --max-global-batch, and the noise scale's price is that batch's:
+    (B_noise + final) / (B_noise + next), McCandlish et al. 2018."""
+    import re
+
+    from paratrain.reporting.verdict import batch_schedule_line
+
+    final = start * 2**doublings
+    largest = final + room  # the run ended below its cap, anywhere below it
+    line = batch_schedule_line(
+        {
+            "kind": "adaptive",
+            "start_global_batch": start,
+            "final_global_batch": final,
+            "largest_global_batch": largest,
+            "noise_scale": noise,
+            "noise_scale_stderr": None,
+            "goodput_gain": gain,
+        }
+    )
+    following = int(re.search(r"a doubling to (\d+)", line).group(1))
+    assert final < following <= largest and following == min(2 * final, largest)
+    worth = float(re.search(r"times (\d+\.\d+) for the noise scale", line).group(1))
+    assert worth == pytest.approx((noise + final) / (noise + following), abs=0.005)

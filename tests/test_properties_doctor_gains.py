@@ -294,6 +294,39 @@ def test_oversubscriptions_prediction_counts_the_accumulated_batch(batch, accum,
 
 @FEW
 @given(
+    workers=st.integers(2, 16),
+    threads=st.integers(1, 8),
+    more=st.integers(2, 4),
+    cores=st.integers(2, 64),
+    compute=st.floats(0.1, 10.0),
+)
+def test_oversubscriptions_prediction_reads_the_peak_per_thread_it_was_measured_with(
+    workers, threads, more, cores, compute
+):
+    """The audit's survivor class (#58, a wrong base): the peak in the summary was measured on the rank's own
+    threads, so the rate a thread gets is peak / threads, whatever the machine's cores. A run with `more` times
+    the threads and a peak measured `more` times higher has the same rate per thread: the same prediction."""
+    assume(workers * threads > cores)
+
+    def saving(threads_per_worker: int, peak: float) -> float:
+        ev = built(
+            {"workers": workers, "batch_size": 32, "resolved": {"threads_per_worker": threads_per_worker}},
+            {
+                "workers": workers,
+                "batch_size": 32,
+                "flops_per_sample": 1e6,
+                "mfu_peak": {"per_device": peak},
+                "machine_load": {"cores": cores},
+                "breakdown": {"data_s": 0.0, "compute_s": compute, "comm_s": 0.0, "optimizer_s": 0.0, "other_s": 0.0},
+            },
+        )
+        return checks.oversubscription(ev).saving
+
+    assert saving(threads, 1e9 * threads) == pytest.approx(saving(threads * more, 1e9 * threads * more))
+
+
+@FEW
+@given(
     replicas=st.integers(1, 64),
     batch=st.integers(1, 256),
     accum=st.integers(1, 16),
