@@ -237,3 +237,17 @@ def test_a_factory_of_vectors_or_one_dataset_trains_on_two_workers(tmp_path, fac
     tested = next(e["samples"] for e in events if e["event"] == "eval" and e["split"] == "test")
     # the pair is 128 + 32; the one Dataset of 200 gives 20 % (40) to the test split
     assert (trained, tested) == ((128, 32) if factory == "vector_pairs" else (160, 40))
+
+
+def test_the_classes_of_a_dataset_that_keeps_targets_are_read_without_loading_its_samples():
+    """#57: a factory's dataset without --num-classes had every sample loaded (decoded, for images) to find its
+    largest label, in every rank. torchvision's datasets keep them in `targets`: read there, split or not."""
+    from user_factories import DecodedImages
+
+    from paratrain.config import TrainConfig
+    from paratrain.workloads import load_data
+
+    DecodedImages.loads = 0
+    data = load_data(TrainConfig(model="user_factories:mlp", dataset="user_factories:decoded_images"))
+    assert data.num_classes == 7
+    assert DecodedImages.loads == 1, "only the first sample, for the shape"

@@ -336,3 +336,24 @@ def gpt_plan_splitting_the_head_alone(model: nn.Module, degree: int, loss_parall
     plan = model.tensor_parallel_plan(degree, loss_parallel=loss_parallel)
     plan.pop("embed.wte", None)
     return plan
+
+
+class DecodedImages(torch.utils.data.Dataset):
+    """torchvision's convention: images made in __getitem__ (decoded, in a real dataset), labels kept in `targets`.
+    `loads` counts the samples made, so a test can tell that reading the classes made none."""
+
+    loads = 0
+
+    def __init__(self) -> None:
+        self.targets = [i % 7 for i in range(200)]  # classes 0-6: 7
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, index: int):
+        DecodedImages.loads += 1
+        return torch.rand(3, 8, 8), self.targets[index]
+
+
+def decoded_images() -> torch.utils.data.Dataset:
+    return DecodedImages()

@@ -224,6 +224,10 @@ def _read(dataset: Any, field: int | str, into: _Values) -> None:
     if isinstance(dataset, torch.utils.data.TensorDataset):
         into.add_rows(dataset.tensors[field])
         return
+    declared = _declared_targets(dataset) if field == 1 else None
+    if declared is not None:
+        into.add_rows(declared)
+        return
     if hf.is_hf_dataset(dataset):
         stats = hf.column_stats(dataset, field)
         if stats is not None:
@@ -234,3 +238,21 @@ def _read(dataset: Any, field: int | str, into: _Values) -> None:
         value = sample[field] if isinstance(field, int) or field in sample else None
         if value is not None and not isinstance(value, (str, bytes)):
             into.add_rows(torch.as_tensor(value)[None])
+
+
+def _declared_targets(dataset: Any) -> torch.Tensor | None:
+    """The labels a dataset keeps beside its samples, torchvision's convention (`targets`: CIFAR10, MNIST,
+    ImageFolder), read without loading a sample: the pass sample by sample would decode every image first."""
+    indices = None
+    if isinstance(dataset, torch.utils.data.Subset):  # a random_split of one dataset
+        dataset, indices = dataset.dataset, list(dataset.indices)
+    targets = getattr(dataset, "targets", None)
+    if targets is None or not hasattr(dataset, "__len__"):
+        return None
+    try:
+        labels = torch.as_tensor(targets)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    if labels.dim() != 1 or len(labels) != len(dataset):
+        return None
+    return labels[indices] if indices is not None else labels
