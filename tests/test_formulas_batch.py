@@ -207,11 +207,13 @@ def test_find_batch_records_its_options_and_every_probe(tmp_path, monkeypatch):
         knee_within=0.2,
         on_probe=lambda kind, probe: events.append((kind, probe["batch"])),
     )
-    # 1, 2, 4 (out of memory), then 3: each with the limit, a report every step (so that the short steps
-    # that end an epoch can be left out), in a run directory of its own under one scratch directory, which
-    # is gone afterwards
+    # 1, 2, 4 (out of memory), then 3: each with the limit, in a run directory of its own under one scratch
+    # directory, which is gone afterwards; a report every third step (10 // 3) where the batch divides the
+    # 512 samples into whole steps of 2 micro-batches, every step at 3 (512 % 6 = 2: each epoch ends short,
+    # and that step is left out alone)
     assert [c[0] for c in calls] == [
-        {**TRAIN, "grad_accum": 2, "batch_size": b, "log_every": 1, "memory_limit": "4G"} for b in (1, 2, 4, 3)
+        {**TRAIN, "grad_accum": 2, "batch_size": b, "log_every": every, "memory_limit": "4G"}
+        for b, every in ((1, 3), (2, 3), (4, 3), (3, 1))
     ]
     assert [(c[1], c[2].name, c[3]) for c in calls] == [(10, f"batch-{b}", True) for b in (1, 2, 4, 3)]
     assert len({c[2].parent for c in calls}) == 1 and not calls[0][2].parent.exists()

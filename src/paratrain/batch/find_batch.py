@@ -128,6 +128,7 @@ def find_batch(
     on_cpu = plan_placement(base).device_type == "cpu"
     limit, limit_source = _memory_limit(train, base, on_cpu)
     samples = train_samples(base)
+    share = -(-samples // base.data_parallel_size)  # a rank's samples an epoch (DistributedSampler pads)
     cap = samples // (base.data_parallel_size * base.grad_accum)
     if max_batch is not None:
         cap = min(cap, max_batch)
@@ -141,7 +142,9 @@ def find_batch(
         values = {
             **train,
             "batch_size": batch,
-            "log_every": 1,  # every step's own rate: the partial steps that end epochs are left out
+            # A log point is a host sync: one every step only where the short steps that end epochs must be left
+            # out one by one (the batch does not divide a rank's share of the data).
+            "log_every": 1 if share % (batch * base.grad_accum) else max(1, probe_steps // 3),
             **({"memory_limit": limit} if on_cpu else {}),
         }
         probes[batch] = _probe(values, probe_steps, scratch / f"batch-{batch}", on_cpu)
@@ -254,7 +257,8 @@ def _probe(values: dict[str, Any], steps: int, run_dir: Path, on_cpu: bool) -> P
             "peak_memory_bytes": None,
         }
     summary = RunDir(run_dir).summary_record()
-    rates = full_step_rates(_events(run_dir, "step"), batch * cfg.data_parallel_size * cfg.grad_accum)
+    per_log = cfg.log_every * batch * cfg.data_parallel_size * cfg.grad_accum
+    rates = full_step_rates(_events(run_dir, "step"), per_log)
     rates = rates[len(rates) // 3 :]  # start-up excluded
     return {
         "batch": batch,
@@ -267,7 +271,7 @@ def _probe(values: dict[str, Any], steps: int, run_dir: Path, on_cpu: bool) -> P
 
 
 def full_step_rates(steps: list[dict[str, Any]], global_batch: int) -> list[float]:
-    """samples/s of the logged steps (--log-every 1) that trained a full global batch, in order."""
+    """samples/s of the log points whose interval trained `global_batch` samples (full steps only), in order."""
     trained = [later - earlier for earlier, later in itertools.pairwise([0] + [e["samples"] for e in steps])]
     return [e["samples_per_s"] for e, n in zip(steps, trained) if n == global_batch]
 
