@@ -31,6 +31,21 @@ def launch(tmp_path, fault, *flags, env=None, ranks=2):
     return run
 
 
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """`launch`, once per fault and environment in this module: tests that only read a run share it (each
+    launch is ~8 s of the suite). A test that writes into its run directory launches its own."""
+    runs = {}
+
+    def cached(fault, env=None):
+        key = (fault, tuple(sorted((env or {}).items())))
+        if key not in runs:
+            runs[key] = launch(tmp_path_factory.mktemp(fault.replace("-", "_")), fault, env=env)
+        return runs[key]
+
+    return cached
+
+
 def top(diagnosis):
     """The first finding about the run itself (other work on a shared machine may rank before it)."""
     return next(f for f in diagnosis["findings"] if f["check"] != "contended")
@@ -58,8 +73,8 @@ def top(diagnosis):
         ("json-log", "unexplained_other"),
     ],
 )
-def test_a_planted_fault_is_the_top_finding_with_a_predicted_speedup(tmp_path, fault, check):
-    diagnosis = diagnose(launch(tmp_path, fault))
+def test_a_planted_fault_is_the_top_finding_with_a_predicted_speedup(launched, fault, check):
+    diagnosis = diagnose(launched(fault))
     found = top(diagnosis)
     assert found["check"] == check, json.dumps(diagnosis["findings"], indent=1)
     assert found["predicted_speedup"] > 1.05  # a time finding, ranked by its predicted saving
@@ -68,30 +83,30 @@ def test_a_planted_fault_is_the_top_finding_with_a_predicted_speedup(tmp_path, f
         assert "dumps" in found["evidence"] and "probe_faults.py" in found["remedy"], found
 
 
-def test_the_scripts_own_collectives_are_charged_to_them_whole(tmp_path):
+def test_the_scripts_own_collectives_are_charged_to_them_whole(launched):
     # A blocking torch.distributed call waits inside itself (Work.wait): that wait is the script's
     # collective too, not the gradient all-reduce's exposed time.
-    run = launch(tmp_path, "collective")
+    run = launched("collective")
     phases = json.loads((run / "summary.json").read_text())["probe"]["phases_s"]
     assert phases["collective"] > phases["comm"], phases
     assert "every 50 steps" in top(diagnose(run))["remedy"]
 
 
-def test_host_reads_are_counted_on_the_sync_device(tmp_path):
+def test_host_reads_are_counted_on_the_sync_device(launched):
     # A CPU stand-in for a GPU's host-device syncs: the probe counts host reads of tensors on the device
     # PARATRAIN_PROBE_SYNC_DEVICE names (cuda unless set), here the CPU's.
     stand_in = {"PARATRAIN_PROBE_SYNC_DEVICE": "cpu"}  # ranks inherit launch's environment
-    found = {f["check"]: f for f in diagnose(launch(tmp_path, "host-sync", env=stand_in))["findings"]}
+    found = {f["check"]: f for f in diagnose(launched("host-sync", env=stand_in))["findings"]}
     assert found["host_syncs"]["severity"] == "advice", json.dumps(found, indent=1)
     assert "3.0 reads of device tensors" in found["host_syncs"]["evidence"]
-    healthy = {f["check"] for f in diagnose(launch(tmp_path, "healthy", env=stand_in))["findings"]}
+    healthy = {f["check"] for f in diagnose(launched("healthy", env=stand_in))["findings"]}
     assert "host_syncs" not in healthy
     # on the default device (cuda, absent here) nothing is counted
-    assert "host_syncs" not in {f["check"] for f in diagnose(launch(tmp_path / "gpu", "host-sync"))["findings"]}
+    assert "host_syncs" not in {f["check"] for f in diagnose(launched("host-sync"))["findings"]}
 
 
-def test_a_healthy_script_gets_nothing_marked_high_and_its_breakdown_is_the_built_in_one(tmp_path):
-    run = launch(tmp_path, "healthy")
+def test_a_healthy_script_gets_nothing_marked_high_and_its_breakdown_is_the_built_in_one(launched):
+    run = launched("healthy")
     summary = json.loads((run / "summary.json").read_text())
     assert set(summary["breakdown"]) == {"data_s", "compute_s", "comm_s", "optimizer_s", "other_s"}
     ranks = summary["probe"]["ranks"]
@@ -161,20 +176,9 @@ def test_the_excess_of_steps_holding_an_evaluation_is_over_the_median_plain_step
     assert excess_s(steps) == pytest.approx({"eval_excess_s": 0.050 / 5, "checkpoint_excess_s": 0.020 / 5})
 
 
-def test_find_unused_parameters_is_named_when_ddp_found_every_parameter_used(tmp_path):
-    # The fault catalogue's script (256 small linear layers, 192 samples a rank): DDP's logging data, read by
-    # the probe, saw no unused parameter, so the flag is pure cost and named; with --fix it is off.
-    script = Path(__file__).parents[1] / "benchmarks" / "doctor_faults" / "find_unused.py"
-    runs = {}
-    for fix in ([], ["--fix"]):
-        run = tmp_path / ("fixed" if fix else "fault")
-        subprocess.run(
-            [*PARATRAIN, "launch", "-n", "2", "--run-dir", str(run), str(script), "--steps", "40", *fix],
-            check=True,
-            capture_output=True,
-            timeout=240,
-        )
-        runs[bool(fix)] = {f["check"]: f for f in diagnose(run)["findings"]}
-    found = runs[False]["find_unused_parameters"]
+def test_find_unused_parameters_is_named_when_ddp_found_every_parameter_used(launched):
+    # DDP's logging data, read by the probe, saw no unused parameter, so the flag is pure cost and named; the
+    # same script without the flag (the healthy one) gets no such finding.
+    found = {f["check"]: f for f in diagnose(launched("find-unused"))["findings"]}["find_unused_parameters"]
     assert "DDP found no unused parameter" in found["evidence"] and found["predicted_speedup"] > 1.0, found
-    assert "find_unused_parameters" not in runs[True]
+    assert "find_unused_parameters" not in {f["check"] for f in diagnose(launched("healthy"))["findings"]}
