@@ -218,10 +218,10 @@ def test_a_scripts_fsdp_and_hsdp_read_the_noise_its_ddp_reads(tmp_path, wrap, ra
         runs[wrapped] = tmp_path / wrapped
         launch = [*LAUNCH[:5], str(ranks), *LAUNCH[6:], "--allow-oversubscribe", "--run-dir", str(runs[wrapped])]
         flags = ["--batch-schedule", "adaptive", "--max-global-batch", str(16 * ranks)]
-        # 80 steps of 4 samples a rank
-        script = ["--epochs", "1", "--samples", str(320 * ranks), "--batch-size", "4", "--log-every", "5"]
+        # 40 steps of 4 samples a rank
+        script = ["--epochs", "1", "--samples", str(160 * ranks), "--batch-size", "4", "--log-every", "5"]
         subprocess.run([*launch, *flags, SCHEDULED_SCRIPT, *script, "--wrap", wrapped], check=True, capture_output=True)
-    until = min([change["step"] for run in runs.values() for change in events(run, "batch")], default=80)
+    until = min([change["step"] for run in runs.values() for change in events(run, "batch")], default=40)
     for rank in range(ranks):
         ddp, sharded = ([r for r in noise_records(runs[w], rank) if r["step"] <= until] for w in ("ddp", wrap))
         assert [r["step"] for r in sharded] == [r["step"] for r in ddp] == list(range(1, until + 1))
