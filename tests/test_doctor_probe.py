@@ -71,6 +71,8 @@ def top(diagnosis):
         ("model-collective", "model_collectives"),
         ("recompute", "needless_recompute"),
         ("json-log", "unexplained_other"),
+        # the model's work against its layers alone (doctor/expected.py)
+        ("anomaly", "model_work_excess"),
     ],
 )
 def test_a_planted_fault_is_the_top_finding_with_a_predicted_speedup(launched, fault, check):
@@ -112,6 +114,10 @@ def test_a_healthy_script_gets_nothing_marked_high_and_its_breakdown_is_the_buil
     ranks = summary["probe"]["ranks"]
     assert [r["steps"] for r in ranks] == [48, 48]  # every optimizer step seen on each rank
     assert all(r["samples_per_step"] == 32 and r["rounds_per_step"] == 1 and r["threads"] == 1 for r in ranks)
+    # the model's layers timed alone, every one of them: its forward and backward are no more than their work
+    assert all(r["twins_timed"] == r["twins_seen"] == 7 and r["anomaly_mode"] is False for r in ranks), ranks
+    assert all(r["layers_alone_s"] > 0 for r in ranks)
+    assert "model_work_excess" not in {f["check"] for f in diagnose(run)["findings"]}
     # The phases add up to the step: every second of it is charged to exactly one phase.
     for r in ranks:
         assert sum(r["phases_s"].values()) == pytest.approx(r["step_s"], rel=1e-3)

@@ -3,11 +3,12 @@
 A step's time is the model's own work (forward, backward, recompute), communication, the optimizer, data
 loading, evaluation and checkpoints, and `other`: the script's Python between them. Each finding says which
 phase time it accounts for (`Finding.explains`). The model's work, its all-reduce and its optimizer step are
-the step's purpose; what no finding explains there is that work. `other` has no purpose of its own: what no
-finding explains there, an optimizer step out of proportion, the user's own Python inside forward and DDP's
-own work in forward (around the model it wraps: broadcasting buffers, searching the graph) are reported as
-unexplained, with where the profiled steps spent them (the trace: launch/trace_summary.py). "Nothing to fix"
-is said only when every phase is accounted for this way.
+the step's purpose; what no finding explains there is that work, up to the model's expected cost: forward and
+backward far beyond what the model's layers take alone are reported too (doctor/expected.py). `other` has no
+purpose of its own: what no finding explains there, an optimizer step out of proportion, the user's own Python
+inside forward and DDP's own work in forward (around the model it wraps: broadcasting buffers, searching the
+graph) are reported as unexplained, with where the profiled steps spent them (the trace:
+launch/trace_summary.py). "Nothing to fix" is said only when every phase is accounted for this way.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Sequence
 
 from paratrain.doctor.causes import trace_top
 from paratrain.doctor.evidence import RunEvidence
+from paratrain.doctor.expected import model_work_excess
 from paratrain.doctor.finding import Finding
 from paratrain.formatting import ms, pct, speedup
 from paratrain.launch.trace_summary import PROBE_LABEL
@@ -71,10 +73,15 @@ def unexplained(ev: RunEvidence, findings: Sequence[Finding]) -> list[Finding]:
     python = _user_python(ev)
     if python / step >= PYTHON_SHARE:
         out.append(_unexplained(ev, "forward", python, step, "in the user's own Python inside forward, not operators"))
-    ddp = statistics.mean(r.get("ddp_overhead_s", 0.0) for r in ev.probe_ranks) - done.get("ddp_forward", 0.0)
+    ddp_overhead = statistics.mean(r.get("ddp_overhead_s", 0.0) for r in ev.probe_ranks)
+    ddp = ddp_overhead - done.get("ddp_forward", 0.0)
     if ddp / step >= DDP_FORWARD_SHARE:
         out.append(_ddp_forward(ev, ddp, step))
-    return out
+    # The model's work itself, against its expected cost: DDP's own work in forward is no part of either.
+    done = explained([*findings, *out])
+    beyond = {"forward": done.get("forward", 0.0) + ddp_overhead, "backward": done.get("backward", 0.0)}
+    excess = model_work_excess(ev, beyond)
+    return out + ([excess] if excess else [])
 
 
 def _ddp_forward(ev: RunEvidence, seconds: float, step: float) -> Finding:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from paratrain.doctor.evidence import RunEvidence, rerun_command
+from paratrain.doctor.expected import beyond_layers_s
 from paratrain.doctor.finding import Finding, accumulation
 from paratrain.formatting import ms, pct, speedup
 
@@ -265,7 +266,9 @@ def small_batch(ev: RunEvidence) -> Finding | None:
     # step (an epoch has k times fewer steps). The rest (per-call overheads, the all-reduce of the same
     # gradients, the optimizer) is paid once per step whatever the batch.
     grows = growing_compute + _mean(ev.rank_phase("data")) + _mean(ev.rank_phase("eval"))
-    fixed = step - grows
+    # Forward and backward far beyond the layers alone are no fixed cost of a step: a mode or dtype that slows
+    # every operator (doctor/expected.py), which a larger batch would not share out.
+    fixed = step - grows - beyond_layers_s(ev)
     if compute <= 0 or fixed / step < FIXED_STEP_SHARE:
         return None
     # No further than the probe timed the layers: the slope holds between its two batches.

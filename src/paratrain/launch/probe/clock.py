@@ -197,9 +197,7 @@ class Probe:
             now = self.mark = self.clock()  # the measurement is no part of any step
         if self.layers is not None:
             now = self._calibrate()
-        elif self.steps == CALIBRATION_STEP - 1 and (
-            0 < self.last_batch <= SMALL_BATCH or threads > fair or self.facts.float64_parameters()
-        ):
+        elif self.steps == CALIBRATION_STEP - 1:
             self.layers = []  # the next step's training forward records its leaf calls
         if self.layers is None and self.steps >= NARROW_AFTER_STEP and self.global_hooks:
             self._narrow()
@@ -270,7 +268,14 @@ class Probe:
         self.paused = True
         try:
             twins = LayerTwins(self.torch, layers, self.last_batch)
-            self.note(twins_timed=len(twins.twins), twins_seen=twins.layers)
+            # The model's own work, priced: its layers alone at the script's batch, forward and backward (the
+            # doctor's expected cost of the step's forward and backward, doctor/expected.py).
+            self.note(
+                twins_timed=len(twins.twins),
+                twins_seen=twins.layers,
+                layers_alone_s=round(twins.seconds(), 6),
+                anomaly_mode=bool(self.torch.is_anomaly_enabled()),
+            )
             if 0 < self.last_batch <= SMALL_BATCH:
                 slope = twins.batch_slope()
                 self.note(

@@ -9,6 +9,7 @@ small-batch check's slope), on other thread counts (the oversubscription check's
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from typing import Any
@@ -94,7 +95,9 @@ class LayerTwins:
                 shape = (shape[0] * grow, *shape[1:]) if shape and shape[0] == self.batch else shape
                 if kind == "tensor":
                     value = torch.randn(shape, dtype=dtype or spec_dtype, device=device)
-                    out.append(value.requires_grad_(s[4]))
+                    # a copy of a leaf, as a layer inside a model gets: in-place layers (ReLU(inplace=True))
+                    # cannot write into a leaf that requires grad
+                    out.append(value.requires_grad_().clone() if s[4] else value)
                 else:
                     out.append(torch.randint(0, max(1, s[4]), shape, dtype=spec_dtype, device=device))
             elif isinstance(s, torch.Tensor) and s.dim() and s.shape[0] == self.batch:
@@ -118,12 +121,18 @@ class LayerTwins:
     def seconds(self, grow: int = 1, threads: int | None = None, dtype: Any = None, repeats: int = 3) -> float:
         """Forward and backward of every layer that runs, the batch `grow` times larger, on `threads`
         threads, in `dtype` (layer and inputs): each layer warmed up once (a new shape allocates and picks
-        kernels), then the median."""
+        kernels), then the median. Each layer alone pays a backward pass of its own, which it shares inside
+        the model: as the model's expected cost, this errs high for many tiny layers, never low."""
         import copy
 
         torch, total = self.torch, 0.0
         before, rng = torch.get_num_threads(), torch.get_rng_state()
+        # The layers' own cost: without the modes a script may leave on around its steps (anomaly detection,
+        # autocast), which the doctor prices as the step's excess over this.
+        plain = contextlib.ExitStack()
         try:
+            plain.enter_context(torch.autograd.set_detect_anomaly(False))
+            plain.enter_context(torch.autocast("cuda" if self.cuda else "cpu", enabled=False))
             if threads is not None:
                 torch.set_num_threads(threads)
             for layer, specs in self.twins:
@@ -135,6 +144,7 @@ class LayerTwins:
                 except Exception:
                     continue
         finally:
+            plain.close()
             torch.set_num_threads(before)
             torch.set_rng_state(rng)
         return total

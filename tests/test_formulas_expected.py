@@ -1,0 +1,78 @@
+"""The model's work against its expected cost (doctor/expected.py), on hand-made probe records: forward and
+backward far beyond what the model's layers take alone are named, with the excess as a bound; each case is
+computed by hand, so a changed term or threshold fails it."""
+
+import pytest
+from test_formulas_doctor import probed_run
+
+from paratrain.doctor import diagnose
+from paratrain.doctor.expected import EXCESS_RATIO, EXCESS_SHARE
+
+# forward 60 + backward 100 ms of a 200 ms step; the layers alone take 40 ms: 4x, 120 ms (60 %) beyond them
+PHASES = {"forward": 0.06, "backward": 0.10, "comm": 0.02, "other": 0.02}
+PRICED = {"layers_alone_s": 0.04, "twins_timed": 10, "twins_seen": 10}
+
+
+def findings(run):
+    return {f["check"]: f for f in diagnose(run)["findings"]}
+
+
+def rank(phases=PHASES, **extra):
+    return {"phases_s": phases, **PRICED, **extra}
+
+
+def test_forward_and_backward_beyond_the_layers_alone_are_named_as_a_bound(tmp_path):
+    found = findings(probed_run(tmp_path / "slow", [rank()] * 2))["model_work_excess"]
+    assert found["saving"] == pytest.approx(0.6) and found["bound"] and found["predicted_speedup"] == pytest.approx(2.5)
+    assert found["explains"] == {"forward": pytest.approx(0.12)}
+    assert "4.0x what the model's layers take alone" in found["finding"] and "60%" in found["finding"]
+    assert "40.0 ms (timed in each rank, 10 of 10 layers)" in found["evidence"], found["evidence"]
+    assert found["predicted_gain"].startswith("up to 2.50x")
+
+
+def test_layers_timed_in_part_are_scaled_to_all_and_too_few_give_no_expected_cost(tmp_path):
+    # 8 of 10 layers timed in 32 ms: 40 ms for all 10, the same finding; 7 of 10 is under the 75 % needed
+    part = rank(layers_alone_s=0.032, twins_timed=8)
+    assert findings(probed_run(tmp_path / "part", [part] * 2))["model_work_excess"]["saving"] == pytest.approx(0.6)
+    few = rank(layers_alone_s=0.028, twins_timed=7)
+    assert "model_work_excess" not in findings(probed_run(tmp_path / "few", [few] * 2))
+    assert "model_work_excess" not in findings(probed_run(tmp_path / "unpriced", [{"phases_s": PHASES}] * 2))
+
+
+def test_below_either_threshold_nothing_is_said(tmp_path):
+    # 160 ms against 100 ms alone: 1.6x, under 1.75x, though 30 % of the step
+    assert EXCESS_RATIO == 1.75 and EXCESS_SHARE == 0.15
+    close = rank(layers_alone_s=0.1)
+    assert "model_work_excess" not in findings(probed_run(tmp_path / "close", [close] * 2))
+    # at exactly 1.75x (binary fractions): forward and backward 218.75 ms, the layers 125 ms, 93.75 ms of 468.75
+    edge = rank({"forward": 0.09375, "backward": 0.125, "other": 0.25}, layers_alone_s=0.125)
+    assert findings(probed_run(tmp_path / "edge", [edge] * 2))["model_work_excess"]["saving"] == pytest.approx(0.2)
+    # 4x the layers but 30 ms of a 240 ms step (12.5 %), under 15 %
+    small = rank({"forward": 0.02, "backward": 0.02, "other": 0.2}, layers_alone_s=0.01)
+    assert "model_work_excess" not in findings(probed_run(tmp_path / "small", [small] * 2))
+
+
+def test_what_other_findings_and_ddps_own_work_explain_is_not_counted_again(tmp_path):
+    # DDP's own work in forward, 30 ms, is no part of the model's: 90 ms beyond the layers, 45 %
+    found = findings(probed_run(tmp_path / "ddp", [rank(ddp_overhead_s=0.03)] * 2))["model_work_excess"]
+    assert found["saving"] == pytest.approx(0.45) and found["explains"] == {"forward": pytest.approx(0.09)}
+
+
+def test_the_probes_facts_name_anomaly_mode_and_float16_on_a_cpu(tmp_path):
+    anomaly = findings(probed_run(tmp_path / "anomaly", [rank(anomaly_mode=True)] * 2))["model_work_excess"]
+    assert "set_detect_anomaly(False)" in anomaly["remedy"] and "anomaly detection" in anomaly["cause"]
+    half = rank(trace={"steps": 2, "phases": {}, "dtypes_s": {"c10::Half": 0.1, "float": 0.02}})
+    found = findings(probed_run(tmp_path / "half", [half] * 2))["model_work_excess"]
+    assert "dtype=torch.bfloat16" in found["remedy"] and "float16" in found["where"]
+    # float16 a third of the operators' time: not named as the dtype
+    mixed = rank(trace={"steps": 2, "phases": {}, "dtypes_s": {"c10::Half": 0.05, "float": 0.1}})
+    assert "bfloat16" not in findings(probed_run(tmp_path / "mixed", [mixed] * 2))["model_work_excess"]["remedy"]
+
+
+def test_a_small_batchs_fixed_costs_leave_out_the_time_beyond_the_layers(tmp_path):
+    # 32 samples at a slope of 0.5 ms: 16 ms grows with the batch. Of the 200 ms step, 184 ms is fixed (92 %)
+    # without an expected cost; with it, the 120 ms beyond the layers is no fixed cost: 64 ms (32 %), under half
+    slope = {"batch_slope_s": 0.0005, "batch_slope_between": [32, 512], "samples_per_step": 32}
+    unpriced = {"phases_s": PHASES, **slope}
+    assert "92%" in findings(probed_run(tmp_path / "unpriced", [unpriced] * 2))["small_batch"]["finding"]
+    assert "small_batch" not in findings(probed_run(tmp_path / "priced", [rank(**slope)] * 2))
