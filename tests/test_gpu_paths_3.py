@@ -32,11 +32,9 @@ SRC = Path(paratrain.__file__).parent
 @pytest.fixture
 def fake_world():
     """This process as one rank of a world of `size` on torch's fake backend (collectives do nothing)."""
-    started = []
 
     def join(rank: int, size: int) -> None:
         dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=size)
-        started.append(rank)
 
     yield join
     if dist.is_initialized():
@@ -130,7 +128,8 @@ def test_init_weights_of_offloaded_shards_differs_between_shards(fake_world, mon
     halves = []
     for rank in (0, 1):
         fake_world(rank, 2)
-        strategy = fsdp.FullyShardedDataParallel(cfg, RankContext(rank, 2, rank, torch.device("cpu")), time.perf_counter)
+        ctx = RankContext(rank, 2, rank, torch.device("cpu"))
+        strategy = fsdp.FullyShardedDataParallel(cfg, ctx, time.perf_counter)
         model = strategy.wrap(strategy.build(lambda: gpt.GPT(gpt.PRESETS["gpt-tiny"])))
         weight = model.blocks[0].mlp.fc.weight.to_local()
         assert weight.device.type == "cpu" and weight.shape == (256, 128)
@@ -245,7 +244,8 @@ def test_cuda_events_are_let_go_at_each_log_point(tmp_path, monkeypatch):
         held.append(FakeEvent.alive)
 
     monkeypatch.setattr(loop.Trainer, "_log_point", counted)
-    summary = paratrain.train(synthetic(tmp_path, workers=1, synthetic_samples=256, batch_size=16, epochs=1, log_every=2))
+    cfg = synthetic(tmp_path, workers=1, synthetic_samples=256, batch_size=16, epochs=1, log_every=2)
+    summary = paratrain.train(cfg)
     assert len(held) == 8 and max(held) == held[0] <= 6, held
     assert summary["breakdown"]["compute_s"] > 0
 
