@@ -150,7 +150,10 @@ class PlanConfig(CheckpointingFlags):
     image_size: int | None = TrainConfig.model_fields["image_size"]
     seq_len: int | None = TrainConfig.model_fields["seq_len"]
     num_classes: int | None = TrainConfig.model_fields["num_classes"]
-    device: str = Field(description="accelerator: p100, v100, a100, h100, l4, t4, or cpu (this machine, measured)")
+    device: str = Field(
+        description="accelerator: p100, v100, a100, a100-40gb, h100, h200, gh200, l4, t4, "
+        "or cpu (this machine, measured)"
+    )
     gpus: list[int] = Field(
         default_factory=list, description="device counts to plan, e.g. 8,64,1024 (on nodes of --gpus-per-node)"
     )

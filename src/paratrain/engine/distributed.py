@@ -14,8 +14,14 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.distributed_c10d import _set_pg_timeout  # torch's own setter, used by its tests
 
 STARTUP_TIMEOUT_S = 600.0  # torch's own default for gloo collectives, for the waits before training
+
+# The process groups this rank made beside the default one (device meshes' dimensions, the pipeline's
+# groups): bound_collectives bounds them with the default group, and shutdown forgets them with it.
+_GROUPS: list[dist.ProcessGroup] = []
 
 
 @dataclass(frozen=True)
@@ -102,15 +108,11 @@ def init_rank(placement: Placement) -> RankContext:
     else:
         device = torch.device("cpu")
 
-    if (
-        world_size > 1
-        and placement.spans_hosts
-        and placement.backend == "gloo"
-        and "GLOO_SOCKET_IFNAME" not in os.environ
-    ):
+    if world_size > 1 and placement.spans_hosts and "GLOO_SOCKET_IFNAME" not in os.environ:
         # gloo listens on the address the host name resolves to, which may be one the other
         # machines cannot reach (Debian maps it to 127.0.1.1): use the interface that reaches rank
-        # 0's host instead (a GLOO_SOCKET_IFNAME set by the user wins).
+        # 0's host instead (a GLOO_SOCKET_IFNAME set by the user wins). Under NCCL too: the groups
+        # that keep object collectives in host memory are gloo's (host_group).
         interface = interface_of(address_towards(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])))
         if interface is not None:
             os.environ["GLOO_SOCKET_IFNAME"] = interface
@@ -119,9 +121,7 @@ def init_rank(placement: Placement) -> RankContext:
         # Until training starts, ranks may legitimately be far apart (loading data, building the
         # model on a busy machine): the start-up waits get at least STARTUP_TIMEOUT_S; the loop
         # then bounds every collective by --timeout (bound_collectives).
-        dist.init_process_group(
-            placement.backend, timeout=timedelta(seconds=max(placement.timeout_s, STARTUP_TIMEOUT_S)), **kwargs
-        )
+        dist.init_process_group(placement.backend, timeout=startup_timeout(placement.timeout_s), **kwargs)
 
     if placement.cpu_sets is not None:
         # Pin the compute thread (and the OpenMP threads it starts later) to this rank's cores, so
@@ -134,21 +134,74 @@ def init_rank(placement: Placement) -> RankContext:
     return RankContext(rank, world_size, local_rank, device, placement.allreduce, placement.timeout_s)
 
 
-def host_group() -> dist.ProcessGroup | None:
+def startup_timeout(seconds: float) -> timedelta:
+    """How long a collective may wait for a peer before training starts (init_rank); bound_collectives
+    then brings every group down to --timeout."""
+    return timedelta(seconds=max(seconds, STARTUP_TIMEOUT_S))
+
+
+def new_group(ctx: RankContext, ranks: list[int] | None = None, backend: str | None = None) -> dist.ProcessGroup:
+    """dist.new_group with the run's timeout: torch gives a new group its backend's default (10 minutes
+    for NCCL, 30 for gloo), not the default group's. Every rank calls it, in the same order."""
+    group = dist.new_group(ranks, timeout=startup_timeout(ctx.timeout_s), backend=backend)
+    if group is not dist.GroupMember.NON_GROUP_MEMBER:
+        _GROUPS.append(group)
+    return group
+
+
+def device_mesh(ctx: RankContext, shape: tuple[int, ...], names: tuple[str, ...] | None, seed: int) -> DeviceMesh:
+    """A device mesh of the rank's device type whose process groups wait as long as the default one
+    (torch's init_device_mesh gives each new group its backend's default), and DTensor's random
+    generator seeded over it (seed_dtensor_random). Every rank calls it, in the same order."""
+    mesh = init_device_mesh(ctx.device.type, shape, mesh_dim_names=names)
+    for group in mesh.get_all_groups():
+        _set_pg_timeout(startup_timeout(ctx.timeout_s), group)
+        _GROUPS.append(group)
+    seed_dtensor_random(mesh, seed, ctx.device)
+    return mesh
+
+
+def seed_dtensor_random(mesh: DeviceMesh, seed: int, device: torch.device) -> None:
+    """DTensor's random-number tracker, built now on every rank of the mesh, seeded alike, on this
+    rank's own device (torchtitan's set_determinism calls the same torch function).
+
+    Left to itself, DTensor builds the tracker at the first random op on a DTensor (dropout, an
+    initialisation) and broadcasts rank 0's generator state over the world group: where only some
+    ranks run such an op (pipeline stages under --tp with dropout), the others never join and the run
+    hangs. torch also puts the tracker on device (global rank % device count), which is another GPU
+    than the rank's own when a node runs fewer ranks than it has GPUs. CPU meshes have no tracker
+    (their random ops draw from each rank's own generator)."""
+    from torch.distributed.tensor import _random
+
+    if mesh.device_type == "cpu":
+        return
+    _random.manual_seed(seed, mesh)  # builds the tracker without the broadcast; torch.manual_seed(seed)
+    _random._rng_tracker._device = device  # the device it forks and sets the generator state of
+
+
+def host_group(ctx: RankContext) -> dist.ProcessGroup | None:
     """A process group of all ranks whose object collectives keep their buffers in host memory: None
     (the default group) when that is gloo, else a new gloo group. Every rank calls it, in the same order."""
     if dist.get_backend() == "gloo":
         return None
-    return dist.new_group(backend="gloo")
+    return new_group(ctx, backend="gloo")
+
+
+def group_device(group: dist.ProcessGroup | None = None) -> torch.device:
+    """Where a tensor handed to `group`'s collectives must be: on this rank's current GPU under NCCL
+    (where torch's own object collectives put theirs: torch.cuda.current_device(), which init_rank
+    set), in host memory otherwise."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def bound_collectives(seconds: float) -> None:
-    """From now on a collective of the default group waits at most `seconds` for a peer: one that
-    stops answering (killed, stopped, cut off) fails the waiting rank instead of hanging it."""
+    """From now on a collective of any group this rank made waits at most `seconds` for a peer: one
+    that stops answering (killed, stopped, cut off) fails the waiting rank instead of hanging it."""
     if dist.is_initialized():
-        from torch.distributed.distributed_c10d import _set_pg_timeout  # torch's own setter, used by its tests
-
-        _set_pg_timeout(timedelta(seconds=seconds))
+        for group in (None, *_GROUPS):
+            _set_pg_timeout(timedelta(seconds=seconds), group)
 
 
 def address_towards(host: str, port: int) -> str:
@@ -166,5 +219,6 @@ def interface_of(address: str) -> str | None:
 
 
 def shutdown() -> None:
+    _GROUPS.clear()
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -52,7 +52,12 @@ log = logging.getLogger("paratrain.rank")
 # matching row wins, so a variant comes before its family.
 GPU_PEAK_TFLOPS: list[tuple[str, tuple[float | None, float | None, float | None, float | None], str]] = [
     ("h100 pcie", (51.0, 378.0, 756.0, 756.0), "NVIDIA H100 Tensor Core GPU datasheet (PCIe)"),
+    # NVL: the sheet prints 835 TF32 and 1,671 bf16/fp16 TFLOP/s with sparsity, half that dense.
+    ("h100 nvl", (60.0, 417.5, 835.5, 835.5), "NVIDIA H100 Tensor Core GPU datasheet (H100 NVL)"),
     ("h100", (67.0, 494.7, 989.4, 989.4), "NVIDIA H100 Tensor Core GPU datasheet (SXM)"),
+    ("h200 nvl", (60.0, 417.5, 835.5, 835.5), "NVIDIA H200 Tensor Core GPU datasheet (H200 NVL)"),
+    ("h200", (67.0, 494.7, 989.4, 989.4), "NVIDIA H200 Tensor Core GPU datasheet (H200 SXM)"),
+    ("gh200", (67.0, 494.7, 989.4, 989.4), "NVIDIA GH200 Grace Hopper Superchip datasheet"),
     ("a100", (19.5, 156.0, 312.0, 312.0), "NVIDIA A100 Tensor Core GPU datasheet"),
     ("v100 pcie", (14.0, None, None, 112.0), "NVIDIA V100 Tensor Core GPU datasheet (PCIe)"),
     ("v100", (15.7, None, None, 125.0), "NVIDIA V100 Tensor Core GPU datasheet (SXM2)"),

@@ -39,6 +39,7 @@ from torch import nn
 from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 
 from paratrain.config import TrainConfig
+from paratrain.engine.distributed import group_device
 
 CommHook = Callable[[Any, dist.GradBucket], torch.futures.Future]
 
@@ -106,9 +107,11 @@ class ShardNorms:
         return local, torch.stack([squared_norm(shard) for shard in shards]).sum()
 
     def complete(self, averaged: torch.Tensor) -> torch.Tensor:
-        """The steps' |averaged gradient|²: every rank's shards summed, once per replica of them."""
-        dist.all_reduce(averaged)
-        return averaged / self.replicas
+        """The steps' |averaged gradient|²: every rank's shards summed, once per replica of them. Summed on the
+        group's device: --cpu-offload keeps the shards, and so their norms, in host memory, which NCCL refuses."""
+        summed = averaged.to(group_device())
+        dist.all_reduce(summed)
+        return summed / self.replicas
 
 
 # What measures a data-parallel step's two norms: DDP's buckets or FSDP's reduce-scatters.

@@ -242,9 +242,15 @@ class EpochTally:
             "time_start": self.time_start,
         }
 
-    def partial(self) -> dict[str, torch.Tensor]:
-        """This rank's sums so far, saved with a checkpoint taken in the epoch's middle."""
-        return {"totals": self.totals.clone(), "interval": self.interval.clone()}
+    def partial(self) -> dict[str, list[float]]:
+        """This rank's sums so far, saved with a checkpoint taken in the epoch's middle: plain numbers, for the
+        object gather that collects them (a GPU tensor would unpickle onto its sender's GPU on every rank)."""
+        return {"totals": self.totals.tolist(), "interval": self.interval.tolist()}
+
+    def resume(self, partial: dict[str, Any]) -> None:
+        """The sums of `partial` (checkpoints before these were plain numbers held them as tensors: either loads)."""
+        self.totals.copy_(torch.as_tensor(partial["totals"], dtype=torch.float64))
+        self.interval.copy_(torch.as_tensor(partial["interval"], dtype=torch.float64))
 
 
 @dataclass
@@ -316,7 +322,7 @@ class Trainer:
         restartable = cfg.max_restarts > 0 and not cfg.resume
         self.restarts = self._earlier_restarts() + 1 if restartable and ctx.is_main and run.metrics.exists() else 0
         self.resumed_from_step: int | None = None
-        self._partial: dict[str, torch.Tensor] | None = None  # this rank's sums of a checkpointed partial epoch
+        self._partial: dict[str, Any] | None = None  # this rank's sums of a checkpointed partial epoch
         self.timings = DoublingTimings()
         if cfg.resume or restartable:
             self._restore()
@@ -507,8 +513,7 @@ class Trainer:
         tally.samples, tally.time_start = position["epoch_samples"], position["time_start"]
         tally.started -= position["epoch_elapsed_s"]
         if self._partial is not None:
-            tally.totals.copy_(self._partial["totals"])
-            tally.interval.copy_(self._partial["interval"])
+            tally.resume(self._partial)
         return tally, position["micro"]
 
     def _optimizer_step(self, step_start: float) -> float:
@@ -559,6 +564,9 @@ class Trainer:
         )
         self.timings.step_s = (now - tally.interval_start) * self.batch_schedule.global_batch / n
         tally.next_interval(now)
+        # The sums above waited for the device: resolving the interval's CUDA events now costs next to no wait.
+        self.breakdown.resolve()
+        self.strategy.resolve_timings()
         if self.grad_noise is not None:
             self._noise_read(self.grad_noise.flush(), self._doubling_speedup)
 
@@ -744,7 +752,7 @@ class Trainer:
             state["cuda"] = torch.cuda.get_rng_state(self.ctx.device)
         return state
 
-    def _save(self, position: dict[str, Any] | None = None, partial: dict[str, torch.Tensor] | None = None) -> None:
+    def _save(self, position: dict[str, Any] | None = None, partial: dict[str, list[float]] | None = None) -> None:
         """Every rank calls it. `position` and `partial` (this rank's sums so far) for a checkpoint
         taken in the middle of an epoch."""
         with self.activity.doing(f"saving the checkpoint after step {self.state.step}"):

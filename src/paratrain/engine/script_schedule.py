@@ -59,6 +59,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from paratrain.config import TrainConfig, validate
 from paratrain.engine.batch_schedule import BatchSchedule
+from paratrain.engine.distributed import group_device
 from paratrain.engine.grad_noise import (
     BucketNorms,
     DataParallelNorms,
@@ -141,10 +142,7 @@ class ScriptBatchSchedule:
         self.recorder = self._measure_noise(strategy) if kind == "adaptive" else None
         self.events = MetricsWriter(self.run_dir / "metrics.jsonl") if self.run_dir and self.rank == 0 else None
         self.step = 0
-        device = next(model.parameters()).device
-        self.cuda = device.type == "cuda"
-        # Where the ranks' figures are summed: NCCL takes the device's tensors only, gloo the host's.
-        self.sum_device = device if self.world > 1 and dist.get_backend() == "nccl" else torch.device("cpu")
+        self.cuda = next(model.parameters()).device.type == "cuda"
         self.step_started: float | None = None
         self.inner_s: list[float] = []  # micro-steps that do not synchronise
         self.last_s: list[float] = []  # the synchronising one
@@ -273,7 +271,8 @@ class ScriptBatchSchedule:
         """The values summed over the ranks."""
         if self.world == 1:
             return values
-        summed = torch.tensor(values, dtype=torch.float64, device=self.sum_device)
+        # On the group's device, not the model's: FSDP's CPUOffloadPolicy keeps parameters in host memory under NCCL.
+        summed = torch.tensor(values, dtype=torch.float64, device=group_device())
         dist.all_reduce(summed)
         return summed.tolist()
 

@@ -1,8 +1,9 @@
 """The step-time breakdown: where each optimizer step's time goes.
 
 Phases are marked with timestamps: wall-clock reads on CPU, CUDA events on GPUs, so that timing
-never forces a host sync in the middle of a step; GPU events are resolved only when the means are
-read, once at the end of each epoch.
+never forces a host sync in the middle of a step; GPU events are resolved into seconds at the loop's
+log points, which wait for the device anyway (every --log-every steps), so that no more than a log
+interval's events are ever held.
 """
 
 from __future__ import annotations
@@ -65,12 +66,16 @@ class StepBreakdown:
     def step_done(self) -> None:
         self.steps += 1
 
-    def means(self) -> dict[str, float]:
+    def resolve(self) -> None:
+        """Add the pending CUDA events' spans to the totals and let the events go (module docstring)."""
         if self.pending:
             torch.cuda.synchronize()
             for phase, start, end in self.pending:
                 self.totals[phase] += self.clock.seconds(start, end)
             self.pending.clear()
+
+    def means(self) -> dict[str, float]:
+        self.resolve()
         n = max(self.steps, 1)
         t = {
             phase: self.totals.get(phase, 0.0) / n

@@ -29,7 +29,10 @@ TFLOPS = 1e12
 P100_DS = "NVIDIA Tesla P100 data sheet (SXM2, NVLink)"
 V100_DS = "NVIDIA Tesla V100 GPU data sheet (SXM2)"
 A100_DS = "NVIDIA A100 Tensor Core GPU data sheet (SXM4 80GB)"
+A100_40GB_DS = "NVIDIA A100 Tensor Core GPU data sheet (SXM4 40GB)"
 H100_DS = "NVIDIA H100 Tensor Core GPU data sheet (SXM5)"
+H200_DS = "NVIDIA H200 Tensor Core GPU data sheet (H200 SXM)"
+GH200_DS = "NVIDIA GH200 Grace Hopper Superchip data sheet (96GB HBM3; its GPU computes as H100 SXM)"
 L4_DS = "NVIDIA L4 Tensor Core GPU data sheet"
 T4_DS = "NVIDIA T4 Tensor Core GPU data sheet"
 
@@ -234,6 +237,60 @@ GPUS: dict[str, Device] = {
         _ASSUMED.format("A100", DLE_RESNET50_NODE),
         _H100_MATRIX,
         _H100_MATRIX_SOURCE,
+    ),
+    # The A100 of 40 GB: the 80 GB part's units at its lower memory bandwidth; measured shares assumed the same.
+    "a100-40gb": _gpu(
+        "a100-40gb",
+        A100_40GB_DS,
+        19.5,
+        156.0,
+        312.0,
+        312.0,
+        40,
+        1555,
+        "nvlink3",
+        dict(_A100_EFF),
+        _ASSUMED.format("A100 80GB", DLE_RESNET50),
+        dict(_A100_NODE),
+        _ASSUMED.format("A100 80GB", DLE_RESNET50_NODE),
+        dict(_A100_MATRIX),
+        _ASSUMED.format("A100 80GB", LLM_FOUNDRY_MPT),
+    ),
+    # H100 SXM's units with more, faster memory (HBM3e); no published training measurement of its own is used.
+    "h200": _gpu(
+        "h200",
+        H200_DS,
+        67.0,
+        494.7,
+        989.4,
+        989.4,
+        141,
+        4800,
+        "nvlink4",
+        dict(_A100_EFF),
+        _ASSUMED.format("A100", DLE_RESNET50),
+        dict(_A100_NODE),
+        _ASSUMED.format("A100", DLE_RESNET50_NODE),
+        dict(_H100_MATRIX),
+        _ASSUMED.format("H100", LLM_FOUNDRY_MPT),
+    ),
+    # One GPU per superchip; GPUs of several superchips join over NVLink (GH200 NVL2, NVLink Switch systems).
+    "gh200": _gpu(
+        "gh200",
+        GH200_DS,
+        67.0,
+        494.7,
+        989.4,
+        989.4,
+        96,
+        4000,
+        "nvlink4",
+        dict(_A100_EFF),
+        _ASSUMED.format("A100", DLE_RESNET50),
+        dict(_A100_NODE),
+        _ASSUMED.format("A100", DLE_RESNET50_NODE),
+        dict(_H100_MATRIX),
+        _ASSUMED.format("H100", LLM_FOUNDRY_MPT),
     ),
     "l4": _gpu(
         "l4",

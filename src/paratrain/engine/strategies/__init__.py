@@ -87,6 +87,10 @@ class Strategy(Protocol):
     def bytes_sent(self) -> int | None:
         """Bytes this rank handed to communication so far; None where the strategy does not count."""
 
+    def resolve_timings(self) -> None:
+        """Turn the clock stamps (CUDA events) kept across steps into seconds; the loop calls it at each log
+        point, which waits for the device anyway, so that no stamp is held longer than a log interval."""
+
     def unwrap(self, model: nn.Module) -> nn.Module:
         """The plain module."""
 

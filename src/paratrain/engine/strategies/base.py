@@ -100,6 +100,10 @@ class WholeModelStrategy:
         """Bytes this rank has handed to communication so far; None where the strategy does not count."""
         return None
 
+    def resolve_timings(self) -> None:
+        """Turn the clock stamps kept across steps into seconds (only the pipeline keeps any: its busy spans)."""
+        return None
+
     def unwrap(self, model: nn.Module) -> nn.Module:
         return model
 

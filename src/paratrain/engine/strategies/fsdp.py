@@ -45,9 +45,10 @@ keeping the averaged gradient of its own shard.
   whose constructor initialises its layers that way (the CNNs of PyTorch's tutorials, most small
   models), the weights equal those of the ordinary build for the same seed. A model with an
   initialisation of its own over the whole model defines `init_weights()` (torchtitan's name; gpt
-  and the ResNets do), which then runs on the shards: the same distributions, other draws (on CPU
-  meshes, where DTensor has no sharded random generator, each shard draws from a stream of its
-  own so that the shards differ, and HSDP's replicas of one shard draw the same). A model that
+  and the ResNets do), which then runs on the shards: the same distributions, other draws (where the
+  shards are in host memory, on CPU meshes or offloaded by --cpu-offload, DTensor's sharded random
+  generator does not apply: each shard draws from a stream of its own so that the shards differ,
+  and HSDP's replicas of one shard draw the same). A model that
   creates parameters or buffers no `reset_parameters` initialises is built whole on the host
   instead, as before, and the rank log says so.
 """
@@ -64,13 +65,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.distributed.tensor._random import is_rng_supported_mesh
 
 from paratrain.config import TrainConfig
-from paratrain.engine.distributed import RankContext
+from paratrain.engine.distributed import RankContext, device_mesh
 from paratrain.engine.grad_noise import MeasuredReduceScatter, ShardNorms
 from paratrain.engine.strategies.base import StepResult, WholeModelStrategy
 from paratrain.engine.strategies.sharded_checkpoint import ShardedCheckpoints
@@ -169,14 +170,12 @@ class FullyShardedDataParallel(WholeModelStrategy):
         # With --dp-replicate R, FSDP shards within each of R replicas and all-reduces across them (HSDP).
         if cfg.tp > 1 or cfg.dp_replicate > 1:
             shards = dist.get_world_size() // (cfg.dp_replicate * cfg.tp)
-            grid = init_device_mesh(
-                ctx.device.type, (cfg.dp_replicate, shards, cfg.tp), mesh_dim_names=("dp_replicate", "dp_shard", "tp")
-            )
+            grid = device_mesh(ctx, (cfg.dp_replicate, shards, cfg.tp), ("dp_replicate", "dp_shard", "tp"), cfg.seed)
             self.mesh = grid["dp_replicate", "dp_shard"] if cfg.dp_replicate > 1 else grid["dp_shard"]
             self.tp_mesh = grid["tp"]
             self.shard_index = grid["dp_shard"].get_local_rank()
         else:
-            self.mesh = init_device_mesh(ctx.device.type, (dist.get_world_size(),))
+            self.mesh = device_mesh(ctx, (dist.get_world_size(),), None, cfg.seed)
             self.shard_index = self.mesh.get_local_rank()
         replicas = f" + all-reduce over {cfg.dp_replicate} replicas" if cfg.dp_replicate > 1 else ""
         self.allreduce = f"reduce-scatter{replicas} ({dist.get_backend()})"
@@ -236,10 +235,13 @@ class FullyShardedDataParallel(WholeModelStrategy):
         init_weights = getattr(model, "init_weights", None)
         if not callable(init_weights):
             return
+        # Shards in host memory (a CPU mesh, or --cpu-offload's GPU mesh) draw from the host's generator, which
+        # DTensor's tracker does not govern and which every rank seeded alike: each shard of a weight would be the same.
+        on_host = any(p.to_local().device.type == "cpu" for p in model.parameters() if isinstance(p, DTensor))
         with warnings.catch_warnings():
             # DTensor warns at each random op on a CPU mesh; the separate streams below are the answer.
             warnings.filterwarnings("ignore", message="DTensor random operators may not have complete support")
-            if is_rng_supported_mesh(self.mesh):
+            if not on_host and is_rng_supported_mesh(self.mesh):
                 init_weights()  # DTensor's own generator gives each shard its part of one stream
             else:
                 # By shard, not by rank: HSDP's replicas of a shard must draw the same values.

@@ -37,13 +37,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.nn.parallel import DistributedDataParallel
 
 from paratrain.config import TrainConfig
-from paratrain.engine.distributed import RankContext, host_group
+from paratrain.engine.distributed import RankContext, device_mesh, host_group, new_group
 from paratrain.engine.strategies.base import OptimizerFactory, StepResult, WholeModelStrategy
 from paratrain.engine.strategies.pipeline_split import (
     StageModule,
@@ -64,12 +63,14 @@ SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": Schedu
 
 
 class BusyClock:
-    """Busy spans of this rank's stages within the current step, and (busy, step) per finished step."""
+    """Busy spans of this rank's stages within the current step, and (busy, step) seconds per finished step: kept
+    as the clock's stamps until `resolve` (CUDA events are resolved at the loop's log points, engine/timing.py)."""
 
     def __init__(self, stamp: Callable[[], Any]):
         self.stamp = stamp
         self.spans: list[tuple[Any, Any]] = []
-        self.steps: list[tuple[Any, Any, list[tuple[Any, Any]]]] = []
+        self.pending: list[tuple[Any, Any, list[tuple[Any, Any]]]] = []
+        self.seconds: list[tuple[float, float]] = []
 
     def timed(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         start = self.stamp()
@@ -80,13 +81,20 @@ class BusyClock:
 
     def step_done(self, start: Any, end: Any, keep: bool) -> None:
         if keep:
-            self.steps.append((start, end, self.spans))
+            self.pending.append((start, end, self.spans))
         self.spans = []
 
-    def busy_and_step_seconds(self) -> list[tuple[float, float]]:
-        if self.steps and not isinstance(self.steps[0][0], float):
+    def resolve(self) -> None:
+        """The finished steps' stamps turned into seconds, and the stamps (CUDA events) let go."""
+        if self.pending and not isinstance(self.pending[0][0], float):
             torch.cuda.synchronize()
-        return [(sum(_seconds(a, b) for a, b in spans), _seconds(start, end)) for start, end, spans in self.steps]
+        for start, end, spans in self.pending:
+            self.seconds.append((sum(_seconds(a, b) for a, b in spans), _seconds(start, end)))
+        self.pending.clear()
+
+    def busy_and_step_seconds(self) -> list[tuple[float, float]]:
+        self.resolve()
+        return self.seconds
 
 
 def _seconds(start: Any, end: Any) -> float:
@@ -145,11 +153,8 @@ class PipelineParallel(WholeModelStrategy):
         # consecutive, then the K stages of one pipeline; hybrid's D = replicas x shards pipelines read D data
         # shards (shards: 1 unless its stages are sharded; tp: 1 unless their layers are split).
         self.shards, self.tp = cfg.dp_shard or 1, cfg.tp
-        self.mesh = init_device_mesh(
-            ctx.device.type,
-            (self.dp // self.shards, self.shards, self.pp, self.tp),
-            mesh_dim_names=("dp_replicate", "dp_shard", "pp", "tp"),
-        )
+        shape = (self.dp // self.shards, self.shards, self.pp, self.tp)
+        self.mesh = device_mesh(ctx, shape, ("dp_replicate", "dp_shard", "pp", "tp"), cfg.seed)
         self.dp_rank = self.mesh.get_local_rank("dp_replicate") * self.shards + self.mesh.get_local_rank("dp_shard")
         self.pp_rank = self.mesh.get_local_rank("pp")
         self.tp_rank = self.mesh.get_local_rank("tp")
@@ -158,7 +163,7 @@ class PipelineParallel(WholeModelStrategy):
         self.pp_group = self.mesh.get_group("pp")
         # Checkpoints gather each stage's state as pickled bytes: over a host (gloo) group, never
         # NCCL, whose object gather would hold world size x the largest stage's state on rank 0's GPU.
-        self.object_group = host_group() if ctx.distributed else None
+        self.object_group = host_group(ctx) if ctx.distributed else None
         self.busy = BusyClock(stamp)
         self.schedules: dict[tuple[bool, int], tuple[Any, int]] = {}  # (train, batch size) -> (schedule, M)
         self.shaped: set[int] = set()  # batch sizes whose training schedule has inferred the stages' shapes
@@ -239,7 +244,7 @@ class PipelineParallel(WholeModelStrategy):
                 for d in range(self.dp):
                     for t in range(self.tp):
                         ranks = [int(by_pipeline[d, r, t]) for r in holders]
-                        created = dist.new_group(ranks)
+                        created = new_group(self.ctx, ranks)
                         if (d, t) == (self.dp_rank, self.tp_rank):
                             group = created
             copies: dict[int, nn.Parameter] = {}
@@ -365,6 +370,9 @@ class PipelineParallel(WholeModelStrategy):
                     p.grad = DTensor.from_local(mine, p.device_mesh, p.placements) if isinstance(p, DTensor) else mine
                 elif _local(p.grad) is not total:
                     _local(p.grad).copy_(total)
+
+    def resolve_timings(self) -> None:
+        self.busy.resolve()
 
     @torch.no_grad()
     def evaluate(

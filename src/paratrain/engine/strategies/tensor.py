@@ -45,7 +45,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
@@ -61,7 +61,7 @@ from torch.distributed.tensor.parallel import (
 from paratrain.config import TrainConfig
 from paratrain.config.flags import flag
 from paratrain.config.parallelism import TensorParallelOptions
-from paratrain.engine.distributed import RankContext
+from paratrain.engine.distributed import RankContext, device_mesh
 from paratrain.engine.strategies.base import StepResult, WholeModelStrategy
 from paratrain.engine.strategies.pipeline_split import tied_parameter_names
 from paratrain.engine.strategies.sharded_checkpoint import ShardedCheckpoints
@@ -358,7 +358,7 @@ class TensorParallel(WholeModelStrategy):
 
     def __init__(self, cfg: TrainConfig, ctx: RankContext, stamp: Callable[[], Any]):
         super().__init__(cfg, ctx, stamp)
-        self.mesh = init_device_mesh(ctx.device.type, (cfg.tp,), mesh_dim_names=("tp",))
+        self.mesh = device_mesh(ctx, (cfg.tp,), ("tp",), cfg.seed)
         self.allreduce = f"all-reduce in each split layer pair ({dist.get_backend()})"
         self.checkpoints = ShardedCheckpoints(ctx, cfg.run_dir)
 
