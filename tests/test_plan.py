@@ -822,6 +822,16 @@ def test_hsdp_holds_what_its_shard_group_holds_and_pays_the_replicas_all_reduce(
     table = [a for a in argv if a != "--json"]
     assert main([*table, "--dp-replicate", "2"]) == 0
     assert "2 x 4 shards" in capsys.readouterr().out  # the table's layout
+    # #59: fsdp's data-parallel ranks hold shards of one model, ddp's whole replicas
+    assert main(table) == 0
+    assert "4 shards" in capsys.readouterr().out
+    assert main(["plan", "--workload", "gpt-tiny", "--seq-len", "64", "--device", "a100", "--gpus", "4"]) == 0
+    rows = {
+        line.split("│")[2].strip(): line.split("│")[3].strip()
+        for line in capsys.readouterr().out.splitlines()
+        if "│       4 │" in line
+    }
+    assert (rows["ddp"], rows["zero1"], rows["fsdp"]) == ("4 replicas", "4 replicas", "4 shards"), rows
 
 
 def test_hsdp_is_planned_a_replica_a_node_beyond_one_node(capsys):

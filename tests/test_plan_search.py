@@ -67,7 +67,7 @@ def test_the_fastest_that_fits_wins_and_the_runner_up_is_another_layout():
     found = toy_search()
     # what fits 60 GiB, fastest first: fsdp every 2nd block (82.65 samples/s, 38.5 GiB), fsdp+tp without
     # checkpointing (80, 40 GiB; tp 2 first of three equal), ddp every block (75, 12 GiB), ...
-    assert found["best"]["description"] == "fsdp (8 replicas), checkpointing every 2nd block"
+    assert found["best"]["description"] == "fsdp (8 shards), checkpointing every 2nd block"
     assert found["best"]["samples_per_s"] == pytest.approx(95 * 0.87)
     assert found["runner_up"]["description"] == "fsdp+tp (4 x tp 2), checkpointing nothing"
     assert (found["best"]["activation_checkpointing"], found["runner_up"]["activation_checkpointing"]) == (
@@ -125,7 +125,7 @@ def test_why_names_only_faster_layouts_that_do_not_fit():
     ]
     assert _why(rows[0], rows[2], rows, 60 * GIB) == (
         "ddp (8 replicas), checkpointing nothing: 100 samples/s in 10 GiB of 60 GiB usable; 11% faster than the "
-        "runner-up, fsdp (8 replicas), checkpointing nothing (90 samples/s, 10 GiB)"
+        "runner-up, fsdp (8 shards), checkpointing nothing (90 samples/s, 10 GiB)"
     )
 
 
@@ -139,7 +139,7 @@ def test_a_close_call_is_a_lead_under_five_percent():
 
 def test_the_same_layout_checkpointed_otherwise_is_no_runner_up():
     found = toy_search(refuse=(2, 4, 8), only_fsdp=True)
-    assert found["best"]["description"] == "fsdp (8 replicas), checkpointing every 2nd block"
+    assert found["best"]["description"] == "fsdp (8 shards), checkpointing every 2nd block"
     assert found["runner_up"] is None and "runner-up" not in found["why"]
 
 

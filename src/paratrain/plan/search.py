@@ -118,6 +118,8 @@ def describe(row: dict[str, Any]) -> str:
         shape = f"{row['data_parallel']} x tp {row['tp']}"
     elif row["strategy"] == "hsdp":
         shape = f"{row['layout']['dp_replicate']} replicas x {row['layout']['dp_shard']} shards"
+    elif row["layout"]["dp_shard"] > 1:  # fsdp: shards of one model, not replicas
+        shape = f"{row['data_parallel']} shards"
     else:
         shape = f"{row['data_parallel']} replicas"
     checkpointing = row["checkpointing"]

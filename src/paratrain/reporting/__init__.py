@@ -224,7 +224,9 @@ def _plan_layout(row: PlanRow) -> str:
         return f"{row.data_parallel} x {row.stages} stages{split}, M={row.microbatches}"
     if mesh.get("dp_replicate", 1) > 1 and mesh.get("dp_shard", 1) > 1:
         return f"{mesh['dp_replicate']} x {mesh['dp_shard']} shards{split}"
-    return f"{row.data_parallel} replica(s){split}"
+    if mesh.get("dp_shard", 1) > 1:  # fsdp: the data-parallel ranks hold shards of one model, not replicas
+        return f"{mesh['dp_shard']} shards{split}"
+    return f"{row.data_parallel} {'replica' if row.data_parallel == 1 else 'replicas'}{split}"
 
 
 def _plan_body(path: Path) -> str:
