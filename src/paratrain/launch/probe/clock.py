@@ -197,7 +197,14 @@ class Probe:
             now = self.mark = self.clock()  # the measurement is no part of any step
         if self.layers is not None:
             now = self._calibrate()
-        elif self.steps == CALIBRATION_STEP - 1:
+        elif self.steps == CALIBRATION_STEP - 1 and (
+            # Every run's layers are priced (doctor/expected.py), but a compiled model's run inside its graphs:
+            # hooking them for one step would make torch.compile compile again, for layers it never calls.
+            not self.state.get("compiled")
+            or 0 < self.last_batch <= SMALL_BATCH
+            or threads > fair
+            or self.facts.float64_parameters()
+        ):
             self.layers = []  # the next step's training forward records its leaf calls
         if self.layers is None and self.steps >= NARROW_AFTER_STEP and self.global_hooks:
             self._narrow()
