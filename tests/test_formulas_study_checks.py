@@ -99,15 +99,16 @@ def test_the_next_value_of_lists_through_zero_geometric_ones_and_positive_ones_r
     assert "(e.g. 1e-15)" in remedy([1e-10, 1e-5, 1.0], 1e-10)
 
 
-def test_the_means_by_value_are_of_completed_trials_with_one_objective():
+def test_the_means_by_value_are_of_completed_trials_and_of_the_first_objective():
     # a failed trial and a pruned one (recorded without a value, sweep/driver.py) are no result of their batch
     trials = [scored(3.5, batch_size=8), scored(3.8, batch_size=16), scored(4.1, batch_size=32)]
     trials += [scored(None, "FAIL", batch_size=32), scored(None, "PRUNED", batch_size=16)]
     space = {"algorithm": "grid", "parameters": {"batch_size": {"type": "discrete", "values": [8, 16, 32]}}}
     [found] = study_checks.best_at_edge(space, trials, trials[0], "val_bits_per_byte")
     assert found.evidence.endswith("val_bits_per_byte by batch_size: 8: 3.500, 16: 3.800, 32: 4.100")
-    # a sweep of two objectives records a list per trial: no mean of one metric, the edge still named
+    # a sweep of two objectives records a list per trial: the means are of the first, the metric the doctor names
     trials = [scored([3.5, 900.0], batch_size=8), scored([3.8, 1200.0], batch_size=16)]
     [found] = study_checks.best_at_edge(space, trials, trials[0], "val_bits_per_byte")
     assert found.finding == "the best trial's batch_size, 8, is at the smallest end of the space"
     assert found.evidence.startswith("batch_size searched over 8, 16, 32;")
+    assert found.evidence.endswith("val_bits_per_byte by batch_size: 8: 3.500, 16: 3.800"), found.evidence

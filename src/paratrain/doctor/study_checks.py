@@ -97,7 +97,7 @@ def best_at_edge(space: dict[str, Any], trials: list[Trial], best: Trial | None,
         if spec.get("values") is not None:
             searched = ", ".join(human(name, v) for v in sorted(spec["values"]))
             beyond = _next_value(sorted(spec["values"]), side, spec.get("type"))
-            means = _means_by_value(trials, name, metric)
+            means = _means_by_value(trials, name)
             evidence = f"{name} searched over {searched}; {metric} by {name}: " + ", ".join(
                 f"{human(name, v)}: {human(metric, m)}" for v, m in means.items()
             )
@@ -175,10 +175,12 @@ def _next_value(values: list[float], side: str, kind: str | None) -> float | Non
     return beyond
 
 
-def _means_by_value(trials: list[Trial], name: str, metric: str) -> dict[Any, float]:
-    """The objective's mean over the completed trials at each value of `name`, in the values' order."""
+def _means_by_value(trials: list[Trial], name: str) -> dict[Any, float]:
+    """The objective's mean over the completed trials at each value of `name`, in the values' order (a
+    multi-objective sweep's first objective, the one the evidence names)."""
     by_value: dict[Any, list[float]] = {}
     for t in trials:
-        if t.state == "COMPLETE" and isinstance(t.value, (int, float)) and name in t.params:
-            by_value.setdefault(t.params[name], []).append(float(t.value))
+        value = t.value[0] if isinstance(t.value, (list, tuple)) and t.value else t.value
+        if t.state == "COMPLETE" and isinstance(value, (int, float)) and name in t.params:
+            by_value.setdefault(t.params[name], []).append(float(value))
     return {v: statistics.mean(by_value[v]) for v in sorted(by_value)}
