@@ -76,3 +76,34 @@ def test_a_small_batchs_fixed_costs_leave_out_the_time_beyond_the_layers(tmp_pat
     unpriced = {"phases_s": PHASES, **slope}
     assert "92%" in findings(probed_run(tmp_path / "unpriced", [unpriced] * 2))["small_batch"]["finding"]
     assert "small_batch" not in findings(probed_run(tmp_path / "priced", [rank(**slope)] * 2))
+
+
+def test_on_a_contended_machine_the_excess_stands_above_the_caveat_only_beyond_the_contention(tmp_path):
+    """The layers alone and the steady steps are timed at different moments: other work that slowed one more
+    than the other makes a gap too. The excess (60 % of the step) stands above the caveat at 30 % contention,
+    high; at 70 % it ranks after the caveat, medium at most."""
+    import json
+
+    def contended(name, other):
+        run = probed_run(tmp_path / name, [rank()] * 2)
+        summary = json.loads((run / "summary.json").read_text())
+        summary["machine_load"] = {
+            "cores": 2,
+            "wall_s": 10.0,
+            "run_cpu_s": 20 * (1 - other),
+            "other_cpu_s": 20 * other,
+            "steal_s": 0.0,
+            "other_fraction": other,
+            "contended": True,
+        }
+        (run / "summary.json").write_text(json.dumps(summary))
+        return diagnose(run)["findings"]
+
+    def order(found):
+        checks = [f["check"] for f in found]
+        return checks.index("model_work_excess") < checks.index("contended"), found[checks.index("model_work_excess")]
+
+    above, excess = order(contended("some", 0.3))
+    assert above and excess["severity"] == "high"
+    above, excess = order(contended("most", 0.7))
+    assert not above and excess["severity"] == "medium"

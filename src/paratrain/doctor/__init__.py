@@ -133,6 +133,12 @@ WAITING = (
 )
 
 
+# Findings comparing measurements taken at different moments (the model's layers timed alone at the calibration
+# step against the steady steps, doctor/expected.py): other work that slowed one moment more than the other makes
+# a gap just the same, so on a contended machine they are tempered as the waiting findings are.
+COMPARED_APART = ("model_work_excess",)
+
+
 def tempered(findings: Sequence[Finding]) -> list[Finding]:
     """On a contended machine (the `contended` finding is present) the contention is a caveat, not a mask:
     a finding stands above it when contention cannot explain it (it is no waiting, or its share is larger
@@ -148,7 +154,7 @@ def tempered(findings: Sequence[Finding]) -> list[Finding]:
         if f is caveat or f.saving is None:
             out.append(f)
             continue
-        if f.check not in WAITING:
+        if f.check not in WAITING + COMPARED_APART:
             out.append(replace(f, above_contention=True))
             continue
         stands = max(f.saving, f.share or 0.0) > other
