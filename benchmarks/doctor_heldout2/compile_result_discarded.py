@@ -28,7 +28,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "doctor_faults"))
 from common import Meter, arguments
 
-VOCAB, DIM, LAYERS = 256, 64, 4
+VOCAB, DIM, LAYERS = 256, 48, 4
 
 
 class RMSNorm(nn.Module):

@@ -66,14 +66,12 @@ class SpeakerNet(nn.Module):
     def __init__(self):
         super().__init__()
         self.convs = nn.Sequential(
-            nn.Conv1d(MELS, 128, 5, padding=2),
+            nn.Conv1d(MELS, 96, 5, padding=2),
             nn.ReLU(),
-            nn.Conv1d(128, 128, 5, padding=2),
-            nn.ReLU(),
-            nn.Conv1d(128, 128, 5, padding=2),
+            nn.Conv1d(96, 96, 5, padding=2),
             nn.ReLU(),
         )
-        self.head = nn.Linear(128, SPEAKERS)
+        self.head = nn.Linear(96, SPEAKERS)
 
     def forward(self, x):
         return self.head(self.convs(x).mean(-1))

@@ -5,13 +5,14 @@ dataset (the Hugging Face `padding="max_length"` habit), although most documents
 batch then runs attention and the MLPs over ~256 positions, most of them padding that the attention mask
 and the masked mean pooling throw away again.
 Source: https://ai.lefebvre-sarrut.eu/2020/05/20/divide-hugging-face-transformers-training-time-by-2-or-more-with-dynamic-padding-and-uniform-length-batching/
-("Divide Hugging Face Transformers training time by 2 or more with dynamic padding"), the Hugging Face
-course's dynamic-padding chapter (DataCollatorWithPadding) and
-https://github.com/huggingface/transformers/issues/9248-style reports of padding="max_length" runs.
+("Divide Hugging Face Transformers training time by 2 or more with dynamic padding": 4 h 38 min to
+1 h 01 min for max length 493) and the Hugging Face course's dynamic-padding chapter, whose notes
+(https://github.com/xue-qi-yao/HuggingFace_coures_learning_notebook) contrast padding="max_length" for
+the whole dataset with padding each batch to its longest sentence.
 Fix (--fix): pad each batch to its own longest document (dynamic padding). Padding positions are masked
 in attention and pooling, so the model computes the same function on the same data.
-Expected diagnosis: compute-bound forward and backward on mostly padding tokens: collate() pads to the
-dataset-wide maximum length; pad to the batch maximum.
+Expected diagnosis: compute-bound forward and backward on mostly padding tokens: Collate pads to the
+dataset-wide maximum length (Collate(pad_to=max_len) in main); pad to the batch maximum.
 """
 
 import gc
