@@ -50,7 +50,12 @@ TESTS = {
     ],
     "doctor/rank_checks.py": ["tests/test_formulas_doctor.py", "tests/test_properties_doctor.py"],
     "doctor/causes.py": ["tests/test_formulas_causes.py", "tests/test_properties_doctor_gains.py"],
-    "doctor/ledger.py": ["tests/test_formulas_causes.py", "tests/test_properties_doctor_gains.py"],
+    "doctor/ledger.py": [
+        "tests/test_formulas_ledger.py",
+        "tests/test_formulas_expected.py",
+        "tests/test_formulas_causes.py",
+        "tests/test_properties_doctor_gains.py",
+    ],
     "doctor/expected.py": ["tests/test_formulas_expected.py"],
     "launch/trace_summary.py": ["tests/test_formulas_causes.py", "tests/test_properties_probe_summary.py"],
     "doctor/finding.py": ["tests/test_formulas_doctor.py", "tests/test_properties_doctor_gains.py"],
