@@ -49,7 +49,11 @@ TESTS = {
         "tests/test_properties_doctor_gains.py",
     ],
     "doctor/rank_checks.py": ["tests/test_formulas_doctor.py", "tests/test_properties_doctor.py"],
-    "doctor/causes.py": ["tests/test_formulas_causes.py", "tests/test_properties_doctor_gains.py"],
+    "doctor/causes.py": [
+        "tests/test_formulas_causes.py",
+        "tests/test_formulas_causes_edges.py",
+        "tests/test_properties_doctor_gains.py",
+    ],
     "doctor/ledger.py": [
         "tests/test_formulas_ledger.py",
         "tests/test_formulas_expected.py",
