@@ -1,14 +1,24 @@
-"""Three of the doctor's causes (doctor/causes.py) at their edges, on hand-made probe records, each case computed
-by hand: float64's price with the recompute counted and a measured ratio at or under 1, DDP's buckets at exactly
-their lines (4x the default's count, 2 above it, 5 % of the step saved) with the setting quoted, and the link
-fitted only to messages that span a factor 2."""
+"""The doctor's causes (doctor/causes.py) at their edges, on hand-made probe records, each case computed
+by hand: float64's price with the recompute counted and a measured ratio under 1, DDP's buckets at exactly their
+lines (4x the default's count, 2 above it, 5 % of the step saved) with the setting quoted, the link fitted only
+to messages that span a factor 2, a whole dataset read at exactly 0.9 of it an epoch, and preparing batches at
+exactly 15 % of the step with no core to spare."""
 
 import json
 
 import pytest
 from test_formulas_doctor import probed_run
 
-from paratrain.doctor.causes import BUCKET_EXCESS, BUCKET_SAVING, ddp_buckets, float64, link_fit
+from paratrain.doctor.causes import (
+    BUCKET_EXCESS,
+    BUCKET_SAVING,
+    DATA_CPU_SHARE,
+    data_preparation,
+    ddp_buckets,
+    duplicate_data,
+    float64,
+    link_fit,
+)
 from paratrain.doctor.evidence import read_run
 
 
@@ -127,3 +137,68 @@ def test_the_bandwidth_is_fitted_only_to_large_messages_spanning_a_factor_2():
     # 1 and 1.5 MiB: too close in size to tell the bandwidth from the waits
     latency, bandwidth = link_fit(Traced({"link": [[2**20, 0.002], [1.5 * 2**20, 0.0025]]}))
     assert bandwidth is None and latency == pytest.approx(0.002)
+
+
+# -- every rank reading the whole dataset ----------------------------------------------------------------------------
+
+LOADER = {
+    "dataset": "Images",
+    "dataset_code": "data.py:12",
+    "iterable": False,
+    "length": 640,
+    "sampler": "RandomSampler",
+    "sampler_replicas": None,
+    "batch_size": 32,
+    "batches_per_epoch": 18,
+    "workers": 0,
+    "world": 2,
+    "batches": 100,
+    "dataset_sum": 0.25,
+}
+DATA_PHASES = {"forward": 0.5, "backward": 0.5}
+
+
+def duplicate(tmp_path, *loaders):
+    """duplicate_data on a run whose ranks each hold one of `loaders` (each rank its own first batch)."""
+    ranks = [
+        {"phases_s": DATA_PHASES, "loaders": [{**loader, "first_batch_sum": float(i)}]}
+        for i, loader in enumerate(loaders)
+    ]
+    return duplicate_data(evidence(tmp_path, ranks))
+
+
+def test_an_epoch_of_exactly_nine_tenths_of_the_dataset_reads_it_whole(tmp_path):
+    # 18 batches of 32: 576 samples an epoch, 0.9 of 640
+    found = duplicate(tmp_path / "edge", LOADER, LOADER)
+    assert found.saving == found.share == pytest.approx(0.5)
+    assert found.evidence == (
+        "the training DataLoader (Images, 640 samples, sampler RandomSampler) gives each of the 2 ranks 576 samples "
+        "an epoch: the whole dataset"
+    )
+    assert duplicate(tmp_path / "under", *[{**LOADER, "batches_per_epoch": 17}] * 2) is None
+    # a batch sampler (no batch size) or no count of batches: the samples an epoch are unknown, not the whole
+    assert duplicate(tmp_path / "sampler", *[{**LOADER, "batch_size": None, "batches_per_epoch": 640}] * 2) is None
+    assert duplicate(tmp_path / "uncounted", *[{**LOADER, "length": 32, "batches_per_epoch": None}] * 2) is None
+
+
+def test_the_world_is_the_loaders_own_else_the_ranks_recorded(tmp_path):
+    # this node's 2 ranks of a 4-rank world: each reads the whole dataset, an epoch in a quarter of the steps
+    assert duplicate(tmp_path / "four", *[{**LOADER, "world": 4}] * 2).saving == pytest.approx(0.75)
+    assert duplicate(tmp_path / "unknown", *[{**LOADER, "world": None}] * 2).saving == pytest.approx(0.5)
+
+
+# -- preparing batches in the rank itself ------------------------------------------------------------------------
+
+
+def test_data_preparation_at_exactly_fifteen_percent_with_no_core_to_spare(tmp_path):
+    assert DATA_CPU_SHARE == 0.15
+    rank = {"phases_s": {"data": 0.25, "forward": 0.5, "backward": 0.25}, "data_cpu_s": 0.15}
+    assert data_preparation(evidence(tmp_path / "edge", [rank] * 2)).share == pytest.approx(0.15)
+    # a record without the cores or the threads: one of each, no core to spare
+    older = evidence(tmp_path / "older", [rank] * 2, strip=("cpu_affinity", "threads"))
+    assert data_preparation(older).share == pytest.approx(0.15)
+    # 2 cores for a rank of 1 thread (the default when unrecorded): a worker could take it
+    spare = evidence(tmp_path / "spare", [{**rank, "cpu_affinity": 2}] * 2, strip=("threads",))
+    assert data_preparation(spare) is None
+    busy = {**rank, "cpu_affinity": 2, "threads": 2}
+    assert data_preparation(evidence(tmp_path / "busy", [busy] * 2)).share == pytest.approx(0.15)
