@@ -18,6 +18,7 @@ from paratrain.doctor.causes import (
     duplicate_data,
     float64,
     link_fit,
+    needless_recompute,
 )
 from paratrain.doctor.evidence import read_run
 
@@ -192,8 +193,12 @@ def test_the_world_is_the_loaders_own_else_the_ranks_recorded(tmp_path):
 
 def test_data_preparation_at_exactly_fifteen_percent_with_no_core_to_spare(tmp_path):
     assert DATA_CPU_SHARE == 0.15
-    rank = {"phases_s": {"data": 0.25, "forward": 0.5, "backward": 0.25}, "data_cpu_s": 0.15}
-    assert data_preparation(evidence(tmp_path / "edge", [rank] * 2)).share == pytest.approx(0.15)
+    # 75 ms of CPU in the loader of a 500 ms step
+    rank = {"phases_s": {"data": 0.125, "forward": 0.25, "backward": 0.125}, "data_cpu_s": 0.075}
+    found = data_preparation(evidence(tmp_path / "edge", [rank] * 2))
+    assert found.share == found.saving == pytest.approx(0.15) and found.explains == {"data": pytest.approx(0.075)}
+    # no trace and no loader recorded: the place is the DataLoader
+    assert found.where == "the DataLoader" and found.remedy.endswith("the dataset's __getitem__")
     # a record without the cores or the threads: one of each, no core to spare
     older = evidence(tmp_path / "older", [rank] * 2, strip=("cpu_affinity", "threads"))
     assert data_preparation(older).share == pytest.approx(0.15)
@@ -202,3 +207,39 @@ def test_data_preparation_at_exactly_fifteen_percent_with_no_core_to_spare(tmp_p
     assert data_preparation(spare) is None
     busy = {**rank, "cpu_affinity": 2, "threads": 2}
     assert data_preparation(evidence(tmp_path / "busy", [busy] * 2)).share == pytest.approx(0.15)
+
+
+def test_data_preparation_names_where_the_profiled_steps_prepared_the_batches(tmp_path):
+    data = {
+        "s": 0.1,
+        "where": [
+            ["data.py(30): __getitem__", 0.0625],
+            ["data.py(41): augment", 0.025],
+            ["train.py(9): <module>", 0.01],
+        ],
+        "what": [["PIL/Image.py(900): convert", 0.05], ["aten::copy_", 0.03], ["aten::stack", 0.01]],
+    }
+    rank = {
+        "phases_s": {"data": 0.125, "forward": 0.25, "backward": 0.125},
+        "data_cpu_s": 0.075,
+        "loaders": [{**LOADER, "dataset_code": "data.py:12"}],
+        "trace": {"steps": 2, "phases": {"data": data}},
+    }
+    found = data_preparation(evidence(tmp_path / "traced", [rank] * 2))
+    assert found.evidence == (
+        "step 500 ms: 75.0 ms of CPU a step inside the DataLoader (Images, 0 workers); every core runs a rank; in "
+        "the profiled steps it went to data.py(30): __getitem__, data.py(41): augment (PIL/Image.py(900): convert, "
+        "aten::copy_)"
+    )
+    assert found.where == "data.py(30): __getitem__" and found.remedy.endswith("the dataset's code: data.py:12")
+    # untraced: the dataset's code is the place
+    untraced = {k: v for k, v in rank.items() if k != "trace"}
+    assert data_preparation(evidence(tmp_path / "untraced", [untraced] * 2)).where == "data.py:12"
+
+
+def test_a_recompute_under_five_percent_of_the_step_is_not_needless_however_roomy_the_memory(tmp_path):
+    roomy = {"peak_memory_bytes": 2**30, "memory_limit_bytes": 16 * 2**30, "recomputes_per_step": 8}
+    small = {"phases_s": {"forward": 0.25, "backward": 0.23, "recompute": 0.02}, **roomy}  # 20 of 500 ms: 4 %
+    assert needless_recompute(evidence(tmp_path / "small", [small] * 2)) is None
+    large = {"phases_s": {"forward": 0.25, "backward": 0.2, "recompute": 0.05}, **roomy}  # 10 %
+    assert needless_recompute(evidence(tmp_path / "large", [large] * 2)).saving == pytest.approx(0.1)
