@@ -243,3 +243,24 @@ def test_a_recompute_under_five_percent_of_the_step_is_not_needless_however_room
     assert needless_recompute(evidence(tmp_path / "small", [small] * 2)) is None
     large = {"phases_s": {"forward": 0.25, "backward": 0.2, "recompute": 0.05}, **roomy}  # 10 %
     assert needless_recompute(evidence(tmp_path / "large", [large] * 2)).saving == pytest.approx(0.1)
+
+
+def test_needless_recompute_at_exactly_its_lines_named_by_the_module_it_runs_again(tmp_path):
+    # 25 ms of recompute in a 500 ms step: exactly 5 %; 2 of the 16 GiB a rank may hold
+    memory = {"peak_memory_bytes": 2 * 2**30, "memory_limit_bytes": 16 * 2**30, "recomputes_per_step": 8}
+    rank = {"phases_s": {"forward": 0.25, "backward": 0.225, "recompute": 0.025}, **memory}
+    found = needless_recompute(evidence(tmp_path / "edge", [rank] * 2))
+    assert found.share == found.saving == pytest.approx(0.05) and found.where == "torch.utils.checkpoint"
+    # the recompute's module (the checkpointed block) is named over the code it ran
+    recompute = {"s": 0.025, "module": [["Block (model.py:8)", 0.02]], "where": [["model.py(30): forward", 0.02]]}
+    traced = {**rank, "trace": {"steps": 2, "phases": {"recompute": recompute}}}
+    found = needless_recompute(evidence(tmp_path / "traced", [traced] * 2))
+    assert found.where == "Block (model.py:8)" and found.evidence.endswith("; recomputed in Block (model.py:8)")
+    by_code = {**rank, "trace": {"steps": 2, "phases": {"recompute": {**recompute, "module": []}}}}
+    assert needless_recompute(evidence(tmp_path / "code", [by_code] * 2)).where == "model.py(30): forward"
+    # at exactly half the memory a rank may hold, checkpointing may be what keeps it there
+    half = {**rank, "peak_memory_bytes": 8 * 2**30}
+    assert needless_recompute(evidence(tmp_path / "half", [half] * 2)) is None
+    # one rank's peak unknown: no claim of room to spare
+    unknown = [rank, {**rank, "peak_memory_bytes": None}]
+    assert needless_recompute(evidence(tmp_path / "unknown", unknown)) is None
