@@ -264,3 +264,11 @@ def test_needless_recompute_at_exactly_its_lines_named_by_the_module_it_runs_aga
     # one rank's peak unknown: no claim of room to spare
     unknown = [rank, {**rank, "peak_memory_bytes": None}]
     assert needless_recompute(evidence(tmp_path / "unknown", unknown)) is None
+
+
+def test_a_float64_ratio_under_1_accounts_for_none_of_forward_and_backward(tmp_path):
+    # layers measured faster in float64 (noise on tiny layers): no time of theirs is explained, none negative,
+    # which the ledger would add back to the model's excess over its layers
+    rank = {"phases_s": F64_PHASES, "float64_penalty": 0.5, "param_dtypes": {"float64": 1000}}
+    found = float64(evidence(tmp_path / "fast", [rank] * 2))
+    assert found.explains == {"forward": 0.0, "backward": 0.0}, found.explains
