@@ -88,6 +88,7 @@ TESTS = {
     ],
     "launch/probe_summary.py": [
         "tests/test_formulas_probe_summary.py",
+        "tests/test_formulas_probe_summary_edges.py",
         "tests/test_formulas_doctor.py",
         "tests/test_properties_probe_summary.py",
     ],
