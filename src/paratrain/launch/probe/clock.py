@@ -197,14 +197,7 @@ class Probe:
             now = self.mark = self.clock()  # the measurement is no part of any step
         if self.layers is not None:
             now = self._calibrate()
-        elif self.steps == CALIBRATION_STEP - 1 and (
-            # Every run's layers are priced (doctor/expected.py), but a compiled model's run inside its graphs:
-            # hooking them for one step would make torch.compile compile again, for layers it never calls.
-            not self.state.get("compiled")
-            or 0 < self.last_batch <= SMALL_BATCH
-            or threads > fair
-            or self.facts.float64_parameters()
-        ):
+        elif self.steps == CALIBRATION_STEP - 1 and self._prices_layers(threads > fair):
             self.layers = []  # the next step's training forward records its leaf calls
         if self.layers is None and self.steps >= NARROW_AFTER_STEP and self.global_hooks:
             self._narrow()
@@ -213,6 +206,17 @@ class Probe:
         self.step_started = now
         if now - self.flushed >= FLUSH_EVERY_S:
             self.flush()
+
+    def _prices_layers(self, oversubscribed: bool) -> bool:
+        """Whether the calibration times the model's layers alone. Every run's are priced (doctor/expected.py),
+        but a compiled model's run inside its graphs: hooking them for one step would make torch.compile compile
+        again, for layers it never calls. Its small batch, oversubscription or float64 still ask for them."""
+        return (
+            not self.state.get("compiled")
+            or 0 < self.last_batch <= SMALL_BATCH
+            or oversubscribed
+            or self.facts.float64_parameters()
+        )
 
     def _note_world(self) -> None:
         """At the first step: the process group the rank joined (0: none) and the frameworks the script imported.
