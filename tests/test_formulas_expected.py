@@ -107,3 +107,80 @@ def test_on_a_contended_machine_the_excess_stands_above_the_caveat_only_beyond_t
     assert above and excess["severity"] == "high"
     above, excess = order(contended("most", 0.7))
     assert not above and excess["severity"] == "medium"
+
+
+TRACE = {
+    "steps": 2,
+    "phases": {
+        "backward": {
+            "s": 0.1,
+            "what": [
+                ["aten::mm float", 0.04],
+                ["(the probe's own hooks)", 0.02],
+                ["DivBackward0 float", 0.01],
+                ["aten::add float", 0.005],
+            ],
+            "where": [["loss.py(51): ge2e", 0.05], ["(the probe's own hooks)", 0.02]],
+        },
+        "forward": {
+            "s": 0.06,
+            "what": [["aten::addmm float", 0.03], ["aten::tanh float", 0.002]],
+            "where": [["model.py(12): forward", 0.03], ["loss.py(51): ge2e", 0.01]],
+        },
+    },
+}
+
+
+def test_without_a_known_mode_the_evidence_and_remedy_name_what_the_profiled_steps_ran_and_where(tmp_path):
+    # backward's three largest operators, then forward's, the probe's own hooks left out; the places in the
+    # user's code, backward's first, each once
+    found = findings(probed_run(tmp_path / "traced", [rank(trace=TRACE)] * 2))["model_work_excess"]
+    assert found["evidence"].endswith(
+        "; in the profiled steps forward and backward ran aten::mm float (40.0 ms), DivBackward0 float (10.0 ms), "
+        "aten::addmm float (30.0 ms), aten::tanh float (2.0 ms)"
+    ), found["evidence"]
+    assert found["where"] == "loss.py(51): ge2e, model.py(12): forward"
+    assert found["remedy"].endswith(
+        "look at loss.py(51): ge2e, model.py(12): forward: vectorise work done in Python loops, "
+        "turn debugging modes off"
+    )
+    assert "debugging mode left on" in found["cause"]
+    # no trace: the model's forward is the place, and no operators are quoted
+    bare = findings(probed_run(tmp_path / "bare", [rank()] * 2))["model_work_excess"]
+    assert bare["where"] == "the model's forward" and "profiled steps" not in bare["evidence"]
+
+
+def test_the_lines_of_coverage_float16_and_a_small_batchs_fixed_part_are_met_exactly(tmp_path):
+    # 3 of 4 layers timed: exactly 75 %, priced (30 ms for 4); a count of layers timed missing: unpriced
+    three = rank(layers_alone_s=0.03, twins_timed=3, twins_seen=4)
+    assert findings(probed_run(tmp_path / "three", [three] * 2))["model_work_excess"]["saving"] == pytest.approx(0.6)
+    untimed = rank(twins_timed=None)
+    assert "model_work_excess" not in findings(probed_run(tmp_path / "untimed", [untimed] * 2))
+    # float16 exactly half the operators' time names the dtype; operators with no float16 at all do not
+    half = rank(trace={"steps": 2, "phases": {}, "dtypes_s": {"c10::Half": 0.05, "float": 0.05}})
+    assert "bfloat16" in findings(probed_run(tmp_path / "half", [half] * 2))["model_work_excess"]["remedy"]
+    plain = rank(trace={"steps": 2, "phases": {}, "dtypes_s": {"float": 0.05}})
+    assert "bfloat16" not in findings(probed_run(tmp_path / "plain", [plain] * 2))["model_work_excess"]["remedy"]
+    # forward and backward at 1.6x the layers: nothing beyond them is taken off a small batch's fixed part
+    # (32 samples at 0.5 ms: 16 of the 200 ms step grows, 184 ms fixed, 92 %)
+    slope = {"batch_slope_s": 0.0005, "batch_slope_between": [32, 512], "samples_per_step": 32}
+    close = rank(layers_alone_s=0.1, **slope)
+    assert "92%" in findings(probed_run(tmp_path / "close", [close] * 2))["small_batch"]["finding"]
+
+
+def test_what_is_explained_in_backward_is_taken_off_and_the_share_line_is_met_exactly(tmp_path):
+    from paratrain.doctor.evidence import read_run
+    from paratrain.doctor.expected import model_work_excess
+
+    ev = read_run(probed_run(tmp_path / "explained", [rank()] * 2))
+    # 120 ms beyond the layers, 30 ms of it explained in backward: 90 ms, 45 % of the 200 ms step
+    found = model_work_excess(ev, {"forward": 0.0, "backward": 0.03})
+    assert found.saving == pytest.approx(0.45) and found.explains == {"forward": pytest.approx(0.09)}
+    # exactly 15 % beyond (binary fractions: 0.09375 of 0.625): named; forward and backward 0.125 against 0.03125
+    edge = rank({"forward": 0.0625, "backward": 0.0625, "other": 0.5}, layers_alone_s=0.03125)
+    ev = read_run(probed_run(tmp_path / "edge", [edge] * 2))
+    assert model_work_excess(ev, {"forward": 0.0}).saving == pytest.approx(0.15)
+    # four operators in forward: three are quoted
+    trace = {"steps": 2, "phases": {"forward": {"s": 0.06, "what": [[f"op{i}", 0.01] for i in range(4)]}}}
+    ev = read_run(probed_run(tmp_path / "four", [rank(trace=trace)] * 2))
+    assert "op2 (10.0 ms)" in model_work_excess(ev, {}).evidence and "op3" not in model_work_excess(ev, {}).evidence
