@@ -184,3 +184,39 @@ def test_what_is_explained_in_backward_is_taken_off_and_the_share_line_is_met_ex
     trace = {"steps": 2, "phases": {"forward": {"s": 0.06, "what": [[f"op{i}", 0.01] for i in range(4)]}}}
     ev = read_run(probed_run(tmp_path / "four", [rank(trace=trace)] * 2))
     assert "op2 (10.0 ms)" in model_work_excess(ev, {}).evidence and "op3" not in model_work_excess(ev, {}).evidence
+
+
+def test_a_compiled_models_layers_are_priced_only_for_the_older_reasons(tmp_path):
+    """Hooking a compiled model's layers for a step makes torch.compile compile again, for layers its graphs never
+    call: its layers are timed alone only for a small batch, oversubscription or float64, as before #56."""
+    from paratrain.launch.probe.clock import Probe
+
+    probe = Probe(str(tmp_path / "rank0.jsonl"), 0)
+    probe.last_batch = 32
+    assert probe._prices_layers(oversubscribed=False)  # eager: every run's layers are priced
+    probe.note(compiled=True)
+    assert not probe._prices_layers(oversubscribed=False)
+    assert probe._prices_layers(oversubscribed=True)
+    probe.last_batch = 16
+    assert probe._prices_layers(oversubscribed=False)
+
+
+def test_the_layers_alone_run_without_the_scripts_anomaly_mode_and_autocast(tmp_path):
+    """The expected cost is the layers' own: a script's anomaly detection or autocast, on around the calibration,
+    is off while its layers are timed alone (and on again after)."""
+    import torch
+
+    from paratrain.launch.probe.twins import LayerTwins
+
+    seen = []
+
+    class Spy(torch.nn.Linear):
+        def forward(self, x):
+            seen.append((torch.is_anomaly_enabled(), torch.is_autocast_enabled("cpu")))
+            return super().forward(x)
+
+    twins = LayerTwins(torch, [(Spy(4, 4), (("tensor", (8, 4), torch.float32, torch.device("cpu"), True),))], 8)
+    with torch.autograd.set_detect_anomaly(True), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert twins.seconds() > 0
+        assert torch.is_anomaly_enabled() and torch.is_autocast_enabled("cpu")
+    assert seen and set(seen) == {(False, False)}, seen
