@@ -1,7 +1,7 @@
 """A plain torchrun-style DDP script (no paratrain import) with one planted fault, chosen by argv[1]:
 healthy, data, threads, straggler, rank0-eval, eval, checkpoint, no-sync, collective, uneven,
 find-unused, comm, small-batch, host-sync, loader-workers, broken-loader, buckets, model-collective, recompute,
-json-log; and two healthy ones wrapped
+json-log, anomaly; and two healthy ones wrapped
 otherwise: fsdp (FSDP2's
 fully_shard instead of DDP) and bare (no wrapper, one rank). tests/test_doctor_probe.py launches it and checks the
 doctor's top finding."""
@@ -65,9 +65,18 @@ rank, world = dist.get_rank(), dist.get_world_size()
 torch.manual_seed(0)
 if fault == "threads":
     torch.set_num_threads(4)  # on a rank that launch gave one core
+if fault == "anomaly":  # left on after debugging a NaN: every operator records its stack
+    torch.autograd.set_detect_anomaly(True)
 if fault == "comm":
     net = nn.Sequential(
         nn.Flatten(), nn.Linear(768, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 10)
+    )
+elif fault == "anomaly":  # many small layers: what anomaly mode adds to each operator is most of their time
+    net = nn.Sequential(
+        nn.Flatten(),
+        nn.Linear(768, 64),
+        *(m for _ in range(24) for m in (nn.Linear(64, 64), nn.Tanh())),
+        nn.Linear(64, 10),
     )
 elif fault == "find-unused":
     net = nn.Sequential(

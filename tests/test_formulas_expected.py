@@ -26,7 +26,7 @@ def test_forward_and_backward_beyond_the_layers_alone_are_named_as_a_bound(tmp_p
     assert found["saving"] == pytest.approx(0.6) and found["bound"] and found["predicted_speedup"] == pytest.approx(2.5)
     assert found["explains"] == {"forward": pytest.approx(0.12)}
     assert "4.0x what the model's layers take alone" in found["finding"] and "60%" in found["finding"]
-    assert "40.0 ms (timed in each rank, 10 of 10 layers)" in found["evidence"], found["evidence"]
+    assert "40.0 ms (timed in each rank, 10 of 10 layers, each less" in found["evidence"], found["evidence"]
     assert found["predicted_gain"].startswith("up to 2.50x")
 
 
@@ -37,6 +37,16 @@ def test_layers_timed_in_part_are_scaled_to_all_and_too_few_give_no_expected_cos
     few = rank(layers_alone_s=0.028, twins_timed=7)
     assert "model_work_excess" not in findings(probed_run(tmp_path / "few", [few] * 2))
     assert "model_work_excess" not in findings(probed_run(tmp_path / "unpriced", [{"phases_s": PHASES}] * 2))
+
+
+def test_each_layers_own_backward_pass_is_netted_out_down_to_a_tenth_of_their_time(tmp_path):
+    # 10 layers alone in 80 ms, each paying 4 ms of a backward pass of its own: 40 ms net, the first case again
+    net = rank(layers_alone_s=0.08, layer_launch_s=0.004)
+    assert findings(probed_run(tmp_path / "net", [net] * 2))["model_work_excess"]["saving"] == pytest.approx(0.6)
+    # a launch of 10 ms each would leave nothing: a tenth of the 80 ms is kept, 8 ms; 152 ms beyond it (76 %)
+    floor = rank(layers_alone_s=0.08, layer_launch_s=0.01)
+    found = findings(probed_run(tmp_path / "floor", [floor] * 2))["model_work_excess"]
+    assert found["saving"] == pytest.approx(0.76) and "20.0x" in found["finding"]
 
 
 def test_below_either_threshold_nothing_is_said(tmp_path):
@@ -166,6 +176,11 @@ def test_the_lines_of_coverage_float16_and_a_small_batchs_fixed_part_are_met_exa
     slope = {"batch_slope_s": 0.0005, "batch_slope_between": [32, 512], "samples_per_step": 32}
     close = rank(layers_alone_s=0.1, **slope)
     assert "92%" in findings(probed_run(tmp_path / "close", [close] * 2))["small_batch"]["finding"]
+    # 3x the layers, but 20 ms beyond them is 10 % of the step, under 15 %: left in the fixed part, 92 % again
+    # (a few samples' per-call costs the layers alone do not pay, which a larger batch shares out)
+    under = rank({"forward": 0.01, "backward": 0.02, "comm": 0.02, "other": 0.15}, layers_alone_s=0.01, **slope)
+    found = findings(probed_run(tmp_path / "under", [under] * 2))
+    assert "92%" in found["small_batch"]["finding"] and "model_work_excess" not in found
 
 
 def test_what_is_explained_in_backward_is_taken_off_and_the_share_line_is_met_exactly(tmp_path):

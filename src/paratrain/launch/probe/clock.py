@@ -285,6 +285,7 @@ class Probe:
                 twins_timed=len(twins.twins),
                 twins_seen=twins.layers,
                 layers_alone_s=round(twins.seconds(), 6),
+                layer_launch_s=round(twins.launch_s(), 9),
                 anomaly_mode=bool(self.torch.is_anomaly_enabled()),
             )
             if 0 < self.last_batch <= SMALL_BATCH:

@@ -118,36 +118,54 @@ class LayerTwins:
             self.torch.cuda.synchronize()
         return time.perf_counter() - started
 
+    def _plain(self, threads: int | None = None) -> contextlib.ExitStack:
+        """The layers' own cost: without the modes a script may leave on around its steps (anomaly detection,
+        autocast), which the doctor prices as the step's excess over this; on `threads` threads if given."""
+        torch, plain = self.torch, contextlib.ExitStack()
+        plain.enter_context(torch.autograd.set_detect_anomaly(False))
+        plain.enter_context(torch.autocast("cuda" if self.cuda else "cpu", enabled=False))
+        before = torch.get_num_threads()
+        plain.callback(torch.set_num_threads, before)
+        if threads is not None:
+            torch.set_num_threads(threads)
+        return plain
+
     def seconds(self, grow: int = 1, threads: int | None = None, dtype: Any = None, repeats: int = 3) -> float:
         """Forward and backward of every layer that runs, the batch `grow` times larger, on `threads`
         threads, in `dtype` (layer and inputs): each layer warmed up once (a new shape allocates and picks
         kernels), then the median. Each layer alone pays a backward pass of its own, which it shares inside
-        the model: as the model's expected cost, this errs high for many tiny layers, never low."""
+        the model (`launch_s`)."""
         import copy
 
-        torch, total = self.torch, 0.0
-        before, rng = torch.get_num_threads(), torch.get_rng_state()
-        # The layers' own cost: without the modes a script may leave on around its steps (anomaly detection,
-        # autocast), which the doctor prices as the step's excess over this.
-        plain = contextlib.ExitStack()
+        total, rng = 0.0, self.torch.get_rng_state()
         try:
-            plain.enter_context(torch.autograd.set_detect_anomaly(False))
-            plain.enter_context(torch.autocast("cuda" if self.cuda else "cpu", enabled=False))
-            if threads is not None:
-                torch.set_num_threads(threads)
-            for layer, specs in self.twins:
-                try:
-                    run = copy.deepcopy(layer).to(dtype) if dtype is not None else layer
-                    args = self._inputs(specs, grow, dtype)
-                    self._once(run, args)
-                    total += statistics.median(self._once(run, args) for _ in range(repeats))
-                except Exception:
-                    continue
+            with self._plain(threads):
+                for layer, specs in self.twins:
+                    try:
+                        run = copy.deepcopy(layer).to(dtype) if dtype is not None else layer
+                        args = self._inputs(specs, grow, dtype)
+                        self._once(run, args)
+                        total += statistics.median(self._once(run, args) for _ in range(repeats))
+                    except Exception:
+                        continue
         finally:
-            plain.close()
-            torch.set_num_threads(before)
-            torch.set_rng_state(rng)
+            self.torch.set_rng_state(rng)
         return total
+
+    def launch_s(self, repeats: int = 21) -> float:
+        """What each layer timed alone pays that it shares inside the model: a backward pass of its own
+        (autograd's engine started and finished, a loss reduced, the clock read), timed on a one-element layer
+        that computes nothing, on the layers' device. For many tiny layers this is most of their time alone
+        (a 64-wide Linear: 85 us alone, 34 of them this), so the doctor nets it out of `seconds()`."""
+        torch = self.torch
+        device = next(
+            (s[3] for _, specs in self.twins for s in specs if isinstance(s, tuple) and s and s[0] == "tensor"),
+            torch.device("cpu"),
+        )
+        with self._plain():
+            leaf = torch.ones(1, device=device, requires_grad=True)
+            times = [self._once(lambda x: x * 1.0, (leaf,)) for _ in range(repeats + 1)][1:]
+        return statistics.median(times)
 
     def batch_slope(self, factor: int = CALIBRATION_FACTOR) -> float | None:
         """Seconds of forward and backward per extra sample, between the script's batch and `factor`
