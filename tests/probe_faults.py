@@ -1,7 +1,7 @@
 """A plain torchrun-style DDP script (no paratrain import) with one planted fault, chosen by argv[1]:
 healthy, data, threads, straggler, rank0-eval, eval, checkpoint, no-sync, collective, uneven,
 find-unused, comm, small-batch, host-sync, loader-workers, broken-loader, buckets, model-collective, recompute,
-json-log, anomaly; and two healthy ones wrapped
+json-log, anomaly, frozen; and two healthy ones wrapped
 otherwise: fsdp (FSDP2's
 fully_shard instead of DDP) and bare (no wrapper, one rank). tests/test_doctor_probe.py launches it and checks the
 doctor's top finding."""
@@ -173,7 +173,8 @@ else:
     model = nn.parallel.DistributedDataParallel(
         net, find_unused_parameters=fault == "find-unused", bucket_cap_mb=0.001 if fault == "buckets" else None
     )
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
+# frozen: the convolutions were meant to be frozen, but only the head went to the optimizer
+opt = torch.optim.SGD(net[-1].parameters() if fault == "frozen" else model.parameters(), lr=0.01)
 batch = 2 if fault == "small-batch" else 32
 train = Images((2 * STEPS * batch * world) if fault != "uneven" else 2 * STEPS * batch, slow=fault == "data")
 if fault == "uneven":  # rank 1 gets twice rank 0's samples; join() keeps DDP from hanging

@@ -73,6 +73,8 @@ def top(diagnosis):
         ("json-log", "unexplained_other"),
         # the model's work against its layers alone, each less its own backward pass (doctor/expected.py)
         ("anomaly", "model_work_excess"),
+        # gradients of the parameters no optimizer holds: their layers' backward timed alone (doctor/causes.py)
+        ("frozen", "needless_gradients"),
     ],
 )
 def test_a_planted_fault_is_the_top_finding_with_a_predicted_speedup(launched, fault, check):

@@ -7,6 +7,7 @@ exactly 15 % of the step with no core to spare."""
 import json
 
 import pytest
+from test_formulas_causes import findings, step
 from test_formulas_doctor import probed_run
 
 from paratrain.doctor.causes import (
@@ -272,3 +273,37 @@ def test_a_float64_ratio_under_1_accounts_for_none_of_forward_and_backward(tmp_p
     rank = {"phases_s": F64_PHASES, "float64_penalty": 0.5, "param_dtypes": {"float64": 1000}}
     found = float64(evidence(tmp_path / "fast", [rank] * 2))
     assert found.explains == {"forward": 0.0, "backward": 0.0}, found.explains
+
+
+NEEDLESS = {"forward": 0.04, "backward": 0.08, "comm": 0.04, "other": 0.04}  # a 200 ms step
+# the link as the profiled steps saw it: 1 ms more per MiB from 1 to 2 MiB, 2**20 / 0.001 bytes a second
+LINK = {"trace": {"steps": 2, "phases": {}, "link": [[2**20, 0.002], [2**21, 0.003]]}}
+
+
+def test_gradients_no_optimizer_holds_are_priced_by_their_layers_backward_and_their_bytes_on_the_link(tmp_path):
+    # 3 of the 4 MiB of gradients are in no optimizer: their layers' backward 50 ms, their 3 MiB on the link 3 ms
+    # (under 3/4 of the 40 ms exposed); 53 ms of 200, up to 1.36x
+    held = {"needless_grad_params": 12, "needless_grad_bytes": 3 * 2**20, "graded_bytes": 4 * 2**20, **LINK}
+    found = findings(probed_run(tmp_path / "frozen", [step(NEEDLESS, needless_backward_s=0.05, **held)] * 2))
+    found = found["needless_gradients"]
+    assert found["saving"] == pytest.approx(0.265) and found["bound"]
+    assert found["explains"] == {"backward": pytest.approx(0.05), "comm": pytest.approx(0.003)}
+    assert "12 parameters (3.0 MiB, 75% of the gradients)" in found["evidence"], found["evidence"]
+    assert found["predicted_gain"].startswith("up to 1.36x")
+    # a slow link: 3 MiB would take 300 ms, more than their share of what is exposed, 30 ms: 80 ms of 200
+    slow = {**held, "trace": {"steps": 2, "phases": {}, "link": [[2**20, 0.2], [2**21, 0.3]]}}
+    capped = findings(probed_run(tmp_path / "slow", [step(NEEDLESS, needless_backward_s=0.05, **slow)] * 2))
+    assert capped["needless_gradients"]["saving"] == pytest.approx(0.4)
+    # no link measured: the backward alone; timed above the whole backward's 80 ms, it counts no more than that
+    unlinked = {k: v for k, v in held.items() if k != "trace"}
+    over = findings(probed_run(tmp_path / "over", [step(NEEDLESS, needless_backward_s=0.1, **unlinked)] * 2))
+    assert over["needless_gradients"]["saving"] == pytest.approx(0.4)
+    # 5.5 ms of backward more is 5.25 % of the step (1 MiB on the link: 1 ms), 4.5 ms is 4.75 %
+    few = {"needless_grad_params": 1, "needless_grad_bytes": 2**20, "graded_bytes": 8 * 2**20, **LINK}
+    named = findings(probed_run(tmp_path / "named", [step(NEEDLESS, needless_backward_s=0.0095, **few)] * 2))
+    assert named["needless_gradients"]["saving"] == pytest.approx(0.0525)
+    under = findings(probed_run(tmp_path / "under", [step(NEEDLESS, needless_backward_s=0.0085, **few)] * 2))
+    assert "needless_gradients" not in under
+    # no layer holding only those parameters ran alone: nothing to price
+    untimed = findings(probed_run(tmp_path / "untimed", [step(NEEDLESS, needless_backward_s=None, **held)] * 2))
+    assert "needless_gradients" not in untimed

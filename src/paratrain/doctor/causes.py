@@ -5,6 +5,7 @@ that time removed or repriced, as script_checks.py does for the phases.
     duplicate_data         every rank reads the whole dataset (no DistributedSampler), or the same samples
     garbage_collection     Python's collections: gc.collect() in the loop, or a heap it walks every step
     float64                the model in double precision: its layers timed in float32 give the price
+    needless_gradients     gradients of parameters no optimizer holds (a backbone meant to be frozen)
     needless_recompute     activation checkpointing's recompute in a run far from its memory limit
     model_collectives      a layer's own collectives inside forward and backward (a synchronised batch norm)
     ddp_buckets            DDP buckets far smaller than its default: many all-reduces a step, each at the
@@ -21,10 +22,11 @@ from typing import Any
 
 from paratrain.doctor.evidence import RunEvidence
 from paratrain.doctor.finding import Finding
-from paratrain.formatting import ms, pct, speedup
+from paratrain.formatting import ms, pct, size, speedup
 
 GC_SHARE = 0.05  # collections, of the step
 FLOAT64_SAVING = 0.05  # what float32 would save, of the step
+NEEDLESS_GRAD_SAVING = 0.05  # what freezing the parameters no optimizer holds could save, of the step
 RECOMPUTE_SHARE = 0.05  # checkpointing's recompute, of the step...
 MEMORY_HEADROOM = 0.5  # ...in a run whose peak memory is under this share of what the rank may hold
 MODEL_COMM_SHARE = 0.10  # a layer's own collectives, of the step
@@ -197,6 +199,48 @@ def float64(ev: RunEvidence) -> Finding | None:
     )
 
 
+def needless_gradients(ev: RunEvidence) -> Finding | None:
+    """Parameters that backward gives a gradient every step but that no optimizer holds: their layers' backward
+    (timed alone in each rank, forward and backward less forward) and their gradients' communication are spent
+    for nothing. A bound on the backward: a frozen layer between trainable ones still passes gradients through."""
+    ranks = [r for r in ev.probe_ranks if r.get("needless_grad_bytes") and r.get("needless_backward_s") is not None]
+    if not ranks:
+        return None
+    step = _step(ev)
+    backward = _mean([r["needless_backward_s"] for r in ranks])
+    share = _mean([r["needless_grad_bytes"] / max(r.get("graded_bytes", 0), r["needless_grad_bytes"]) for r in ranks])
+    # Their bytes at the link's measured bandwidth, no more than their share of the exposed communication: what
+    # is exposed is often a wait for the other ranks, which fewer bytes do not shorten (unmeasured: none).
+    _, bandwidth = link_fit(ev)
+    needless_bytes = _mean([r["needless_grad_bytes"] for r in ranks])
+    comm = min(_phase(ev, "comm") * share, needless_bytes / bandwidth) if bandwidth else 0.0
+    saved = min(backward, _phase(ev, "backward")) + comm
+    if saved / step < NEEDLESS_GRAD_SAVING:
+        return None
+    first = ranks[0]
+    return Finding(
+        "needless_gradients",
+        f"backward computes gradients no optimizer uses: {pct(saved / step)} of every step",
+        f"step {ms(step)}: backward {ms(_phase(ev, 'backward'))}, exposed gradient communication "
+        f"{ms(_phase(ev, 'comm'))}; {first['needless_grad_params']:,} parameters "
+        f"({size(first['needless_grad_bytes'])}, {pct(share)} of the gradients) get a gradient every "
+        f"step and are in no optimizer; the layers holding only them take {ms(backward)} in backward (timed "
+        "alone in each rank)",
+        "parameters left with requires_grad=True that the optimizer was not given (a backbone meant to be "
+        "frozen): backward computes their gradients and the data-parallel wrapper synchronises them, and "
+        "nothing reads them",
+        f"code change in {_script(ev)}: freeze them before wrapping the model, "
+        "`for p in backbone.parameters(): p.requires_grad_(False)` (or give them to the optimizer if they were "
+        "meant to train)",
+        f"up to {speedup(saved / step)} if their backward and their share of the communication were gone (a "
+        "bound: a frozen layer between trainable ones still passes gradients through)",
+        saved / step,
+        where="parameters with requires_grad=True in no optimizer",
+        bound=True,
+        explains={"backward": min(backward, _phase(ev, "backward")), "comm": comm},
+    )
+
+
 def needless_recompute(ev: RunEvidence) -> Finding | None:
     ranks = ev.probe_ranks
     step, recompute = _step(ev), _phase(ev, "recompute")
@@ -333,8 +377,8 @@ def link_fit(ev: RunEvidence) -> tuple[float, float | None]:
     the minima of messages of 1 MiB or more, when they span at least a factor 2 in size."""
     points: dict[float, float] = {}
     for r in ev.probe_ranks:
-        for size, seconds in (r.get("trace") or {}).get("link", []):
-            points[size] = min(points.get(size, math.inf), seconds)
+        for nbytes, seconds in (r.get("trace") or {}).get("link", []):
+            points[nbytes] = min(points.get(nbytes, math.inf), seconds)
     sizes = sorted(points)
     if not sizes:
         return 1e-4, None
@@ -412,6 +456,7 @@ CAUSES = (
     duplicate_data,
     garbage_collection,
     float64,
+    needless_gradients,
     needless_recompute,
     model_collectives,
     ddp_buckets,

@@ -288,6 +288,10 @@ class Probe:
                 layer_launch_s=round(twins.launch_s(), 9),
                 anomaly_mode=bool(self.torch.is_anomaly_enabled()),
             )
+            needless = self.facts.needless_gradients()
+            if needless:
+                spent = twins.needless_backward_s(needless)
+                self.note(needless_backward_s=None if spent is None else round(spent, 6))
             if 0 < self.last_batch <= SMALL_BATCH:
                 slope = twins.batch_slope()
                 self.note(

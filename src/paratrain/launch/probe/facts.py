@@ -57,6 +57,7 @@ class Facts:
         self.compiles, self.compile_s = 0, 0.0
         self.dtypes_seen = False
         self.float64 = False
+        self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()  # every torch optimizer that stepped
         self.loaders: dict[int, dict[str, Any]] = {}  # id(loader) -> what it reads
         self.iterators: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
 
@@ -136,6 +137,27 @@ class Facts:
 
     def float64_parameters(self) -> bool:
         return self.float64
+
+    def needless_gradients(self) -> set[int]:
+        """After an optimizer step: the parameters of the model that backward gave a gradient but that no
+        optimizer holds (a backbone meant to be frozen, left with requires_grad=True: backward computes their
+        gradients, DDP all-reduces them, nothing reads them). Noted as their count and bytes beside all
+        gradients' bytes; their ids returned, so the calibration can time the layers that hold only those."""
+        held = {id(p) for opt in list(self.optimizers) for group in opt.param_groups for p in group["params"]}
+        if not held:
+            return set()
+        graded: dict[int, Any] = {}
+        for module in list(self.probe.tops):
+            for p in module.parameters():
+                if p.requires_grad and p.grad is not None:
+                    graded[id(p)] = p
+        needless = {key: p for key, p in graded.items() if key not in held}
+        self.probe.note(
+            needless_grad_params=len(needless),
+            needless_grad_bytes=sum(p.numel() * p.element_size() for p in needless.values()),
+            graded_bytes=sum(p.numel() * p.element_size() for p in graded.values()),
+        )
+        return set(needless)
 
     # -- data ---------------------------------------------------------------------------------
     def new_epoch(self, iterator: Any, loader: Any) -> None:

@@ -6,6 +6,7 @@ trace the time below it is the user's work, not the probe's (launch/trace_summar
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.abc
 import importlib.machinery
@@ -52,12 +53,17 @@ COLLECTIVES = (
 def optimizer_hooks(probe: Probe, torch: Any) -> None:
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+    def before_step(optimizer: Any, *args: Any) -> None:
+        with contextlib.suppress(TypeError):  # an optimizer class without weak references is not looked at
+            probe.facts.optimizers.add(optimizer)
+        probe.enter("optimizer")
+
     def after_step(*args: Any) -> None:
         probe.leave("optimizer")
         probe.end_step()
 
     handles = [
-        register_optimizer_step_pre_hook(probe.guarded("optimizer", lambda *a: probe.enter("optimizer"))),
+        register_optimizer_step_pre_hook(probe.guarded("optimizer", before_step)),
         register_optimizer_step_post_hook(probe.guarded("optimizer", after_step)),
     ]
     probe.restore += [h.remove for h in handles]

@@ -70,6 +70,7 @@ class LayerTwins:
         import copy
 
         self.torch, self.batch, self.twins = torch, batch, []
+        self.params: list[set[int]] = []  # per twin: its original layer's parameters (ids)
         copied = 0
         self.layers = len(layers)
         for layer, specs in layers:
@@ -78,6 +79,7 @@ class LayerTwins:
                 continue
             try:
                 self.twins.append((copy.deepcopy(layer), specs))
+                self.params.append({id(p) for p in layer.parameters()})
                 copied += size
             except Exception:
                 continue
@@ -166,6 +168,32 @@ class LayerTwins:
             leaf = torch.ones(1, device=device, requires_grad=True)
             times = [self._once(lambda x: x * 1.0, (leaf,)) for _ in range(repeats + 1)][1:]
         return statistics.median(times)
+
+    def needless_backward_s(self, needless: set[int], repeats: int = 3) -> float | None:
+        """Backward of the layers whose parameters all get gradients nobody uses (`Facts.needless_gradients`):
+        each such layer forward and backward, less forward alone and less the backward pass of its own it pays
+        alone. What freezing them could save at most (a frozen backbone before every trainable layer needs no
+        backward at all; one between them still passes gradients through). None when no such layer ran alone."""
+        torch, total, timed, rng = self.torch, 0.0, 0, self.torch.get_rng_state()
+        launch = self.launch_s()
+        try:
+            with self._plain():
+                for (layer, specs), params in zip(self.twins, self.params):
+                    if not params or not params <= needless:
+                        continue
+                    try:
+                        args = self._inputs(specs, 1, None)
+                        self._once(layer, args)
+                        both = statistics.median(self._once(layer, args) for _ in range(repeats))
+                        with torch.no_grad():
+                            alone = statistics.median(self._once(layer, args) for _ in range(repeats))
+                    except Exception:
+                        continue
+                    total += max(0.0, both - alone - launch)
+                    timed += 1
+        finally:
+            torch.set_rng_state(rng)
+        return total if timed else None
 
     def batch_slope(self, factor: int = CALIBRATION_FACTOR) -> float | None:
         """Seconds of forward and backward per extra sample, between the script's batch and `factor`
