@@ -1331,3 +1331,45 @@ def test_contention_is_a_caveat_beside_the_causes_it_cannot_explain(tmp_path):
         ]
     )
     assert [f.severity for f in kept] == ["advice", "high"]
+
+
+def test_other_work_on_one_ranks_core_is_the_caveats_share(tmp_path):
+    """The exposed all-reduce of 50 % of a 100 ms step: with other work on 30 % of the run's cores it stands
+    above the caveat; when the monitor saw 60 % of rank 1's own core taken (its core busy 100 %, the rank and its
+    children 40 %), rank 1 ran at 40 % speed and rank 0's wait may be that: the caveat takes that share and the
+    all-reduce ranks after it. Other work on one core above 20 % marks a run contended whose average is under
+    10 %; ranks sharing their cores get no figure of their own."""
+    from paratrain.doctor import diagnose
+    from paratrain.measure.monitor import SYSTEM_FILE
+
+    comm = [{"phases_s": {"forward": 0.02, "backward": 0.03, "comm": 0.05}}] * 2
+
+    def run(name, other, tree, cores=([0], [1])):
+        path = probed_run(tmp_path / name, comm)
+        summary = json.loads((path / "summary.json").read_text())
+        summary["machine_load"] = {"cores": 2, "wall_s": 10.0, "other_fraction": other, "contended": other > 0.1}
+        (path / "summary.json").write_text(json.dumps(summary))
+        lines = []
+        for t in range(4):
+            lines.append({"time": t, "kind": "host", "cpu_percent": [100.0, 100.0]})
+            for r in (0, 1):
+                # half of each rank's CPU in its children (DataLoader workers): its own work all the same
+                sample = {"time": t, "kind": "rank", "rank": r, "cpu_percent": tree[r] / 2, "tree_cpu_percent": tree[r]}
+                lines.append({**sample, "cores": cores[r]})
+        (path / SYSTEM_FILE).write_text("".join(json.dumps(line) + "\n" for line in lines))
+        return diagnose(path)["findings"]
+
+    found = run("one", 0.3, (100.0, 40.0))
+    assert [f["check"] for f in found][:2] == ["contended", "exposed_communication"]
+    caveat = found[0]
+    assert "30% of the run's cores and 60% of rank 1's" in caveat["finding"], caveat["finding"]
+    assert "rank 0's 0.0%, rank 1's 60%" in caveat["evidence"], caveat["evidence"]
+    # every rank's tree 100 %: nothing else on their cores, the run's 30 % stays the bar
+    even = run("even", 0.3, (100.0, 100.0))
+    assert [f["check"] for f in even][:2] == ["exposed_communication", "contended"]
+    # 25 % of rank 1's core, the run's 8 %: contended; 20 % exactly is not
+    assert "contended" in {f["check"] for f in run("core", 0.08, (100.0, 75.0))}
+    assert "contended" not in {f["check"] for f in run("edge", 0.08, (100.0, 80.0))}
+    # both ranks on both cores: no rank's own cores to read
+    shared = run("shared", 0.08, (100.0, 50.0), cores=([0, 1], [0, 1]))
+    assert "contended" not in {f["check"] for f in shared}

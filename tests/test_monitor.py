@@ -56,6 +56,40 @@ def test_a_busy_child_is_sampled_as_psutil_measures_it(tmp_path):
     assert all(h["memory_used_bytes"] > 0 for h in hosts)
 
 
+def test_a_ranks_child_processes_count_in_its_tree_not_in_its_own_figure(tmp_path):
+    """A rank that sleeps while a child it started (as a DataLoader worker would be) spins: its own CPU figure
+    stays near 0 and its tree's carries the child's, within 10 % of psutil's reading of the child: the doctor
+    takes the tree off its cores' busy time, so a rank's workers are never read as other work on its core."""
+    core = available_cores()[-1]
+    env = {**os.environ, "RANK": "0", "TORCHELASTIC_RUN_ID": "tree-test"}
+    code = (
+        "import os, subprocess, sys, time\n"
+        f"os.sched_setaffinity(0, [{core}])\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'while True: pass'])\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    rank = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        child = psutil.Process(int(rank.stdout.readline()))
+        monitor = Monitor(tmp_path / SYSTEM_FILE, 4.0, ranks_by_environment("tree-test"))
+        with monitor:
+            before, started = child.cpu_times(), time.monotonic()
+            time.sleep(2.2)
+            after, ended = child.cpu_times(), time.monotonic()
+    finally:
+        for proc in psutil.Process(rank.pid).children(recursive=True):
+            proc.kill()
+        rank.kill()
+        rank.wait()
+    child_percent = 100 * (after.user + after.system - before.user - before.system) / (ended - started)
+    ranks = [r for r in _records(tmp_path / SYSTEM_FILE) if r["kind"] == "rank"]
+    assert len(ranks) >= 5 and {r["pid"] for r in ranks} == {rank.pid}, ranks
+    assert max(r["cpu_percent"] for r in ranks) < 10, ranks
+    tree = sum(r["tree_cpu_percent"] for r in ranks) / len(ranks)
+    assert abs(tree - child_percent) <= 0.10 * child_percent, (tree, child_percent)
+
+
 class _FakeNVML(types.SimpleNamespace):
     """A CPU stand-in for the `pynvml` module: two GPUs, the second without power readings."""
 

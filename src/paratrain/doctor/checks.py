@@ -36,6 +36,9 @@ STRAGGLER_MIN_SAMPLES = (
 EDGE_SHARE = 0.10  # a sampled range's best value this near either end (in log space for log scaling) is at its edge
 IDLE_DEVICE_SHARE = 0.2  # a GPU idle in this share of the monitor's samples (start-up and evaluation included)
 ALONE_SHARE = 0.15  # rank 0 busy while every other rank idles, for this share of the monitored time
+# Other work on one rank's own cores above this share marks the run contended even when the run's average is
+# under launch/load.py's 10 %: a rank slowed by a fifth makes every other rank wait that long.
+CORE_CONTENDED_ABOVE = 0.20
 # Oversubscription model: a rank on its own cores computes at this fraction of the machine's measured
 # matmul peak (summary mfu_peak). cifar10-cnn reached 13 % of it here and the gpt models 49-74 %
 # (docs/doctor.md, docs/workloads.md), so 10 % is the conservative end on a quiet machine; other work on
@@ -463,20 +466,29 @@ def no_warmup(ev: RunEvidence) -> Finding | None:
 
 
 def contended(ev: RunEvidence) -> Finding | None:
-    load = ev.machine_load
-    if not load.contended:
+    """Other work on the run's cores: over all of them (the launcher's reading), or on one rank's own cores (the
+    monitor's), which slows that rank alone and makes every other rank wait for it. The caveat's share is the
+    larger: the most of a step's waiting that the contention could explain (doctor.tempered)."""
+    load, per_rank = ev.machine_load, ev.core_contention
+    busiest = max(per_rank, key=per_rank.__getitem__, default=None)
+    on_one = per_rank[busiest] if busiest is not None else 0.0
+    if not load.contended and on_one <= CORE_CONTENDED_ABOVE:
         return None
+    cores = ", ".join(f"rank {r}'s {pct(share)}" for r, share in per_rank.items())
     return Finding(
         "contended",
-        f"other work took {pct(load.other_fraction or 0)} of the run's cores: its timings are unreliable",
+        f"other work took {pct(load.other_fraction or 0)} of the run's cores"
+        + (f" and {pct(on_one)} of rank {busiest}'s" if on_one > (load.other_fraction or 0) else "")
+        + ": its timings are unreliable",
         f"machine_load: {load.other_cpu_s or 0:.1f} CPU s of other work and {load.steal_s or 0:.1f} s stolen on "
-        f"{load.cores} core(s) over {load.wall_s or 0:.1f} s",
+        f"{load.cores} core(s) over {load.wall_s or 0:.1f} s"
+        + (f"; per rank's own cores (the monitor's samples, less the rank's own processes): {cores}" if cores else ""),
         "another process (or the hypervisor) ran on the run's cores while it trained",
         "rerun when the machine is quiet, or measure with repeats: paratrain scale --repeats 3 ...",
         "unknown: the run's own speed could not be measured",
         None,
         "advice",
-        share=load.other_fraction or 0.0,
+        share=max(load.other_fraction or 0.0, on_one),
     )
 
 

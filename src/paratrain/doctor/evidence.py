@@ -213,6 +213,27 @@ class RunEvidence:
         return dict(sorted(ranks.items()))
 
     @property
+    def core_contention(self) -> dict[int, float]:
+        """Per rank pinned to cores no other rank runs on: the share of those cores other work took over the
+        monitor's samples, their busy time less the rank's and its children's (its DataLoader workers are its own
+        work). One busy core slows its rank alone, which the run's average over all cores understates."""
+        hosts = {s["time"]: s["cpu_percent"] for s in self.system if s["kind"] == "host"}
+        samples = self.rank_samples
+        cores = {rank: tuple(s[-1].get("cores") or ()) for rank, s in samples.items()}
+        out = {}
+        for rank, mine in cores.items():
+            if not mine or any(set(mine) & set(theirs) for other, theirs in cores.items() if other != rank):
+                continue
+            shares = [
+                max(0.0, sum(hosts[s["time"]][c] for c in mine) - s["tree_cpu_percent"]) / (100 * len(mine))
+                for s in samples[rank]
+                if "tree_cpu_percent" in s and s["time"] in hosts and max(mine) < len(hosts[s["time"]])
+            ]
+            if shares:
+                out[rank] = min(1.0, sum(shares) / len(shares))
+        return out
+
+    @property
     def gpu_samples(self) -> dict[int, list[dict[str, Any]]]:
         gpus: dict[int, list[dict[str, Any]]] = {}
         for s in self.system:

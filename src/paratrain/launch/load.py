@@ -16,6 +16,7 @@ from typing import Any
 import psutil
 
 from paratrain.launch.placement import available_cores
+from paratrain.measure.monitor import tree_cpu_seconds
 
 # Other work above this share of the run's core capacity (cores x wall time) marks a run contended:
 # time taken from the run on that scale exceeds the few per cent by which repeats on a quiet machine
@@ -31,20 +32,6 @@ class LoadReading:
     tree_cpu_s: float  # this process and its descendants, including those already reaped
 
 
-def _tree_cpu_s() -> float:
-    # A process's CPU time lives in exactly one place: its own counters while it runs, its
-    # parent's children_* counters once reaped. Summing all four over the live tree counts each once.
-    me = psutil.Process()
-    total = 0.0
-    for proc in [me, *me.children(recursive=True)]:
-        try:
-            t = proc.cpu_times()
-        except psutil.Error:  # exited between the listing and the reading
-            continue
-        total += t.user + t.system + getattr(t, "children_user", 0.0) + getattr(t, "children_system", 0.0)
-    return total
-
-
 def read_load(cores: Sequence[int]) -> LoadReading:
     per_core = psutil.cpu_times(percpu=True)
     mine = [per_core[c] for c in cores if c < len(per_core)]
@@ -52,7 +39,7 @@ def read_load(cores: Sequence[int]) -> LoadReading:
     # left out: the kernel charges it to no process, and much of it is the run's own (loopback traffic).
     busy = sum(t.user + t.nice + t.system for t in mine)
     steal = sum(getattr(t, "steal", 0.0) for t in mine)
-    return LoadReading(time.perf_counter(), busy, steal, _tree_cpu_s())
+    return LoadReading(time.perf_counter(), busy, steal, tree_cpu_seconds(psutil.Process()))
 
 
 def machine_load(start: LoadReading, end: LoadReading, cores: int) -> dict[str, Any]:

@@ -3,6 +3,7 @@ and the GPUs were doing, into RUN_DIR/system.jsonl (one JSON object per line, fl
 
     {"time": unix s, "kind": "host", "cpu_percent": [per core], "memory_used_bytes": int}
     {"time": ..., "kind": "rank", "rank": r, "pid": p, "cpu_percent": 100 = one core busy,
+     "tree_cpu_percent": the same of the rank and its child processes (DataLoader workers),
      "rss_bytes": int, "num_threads": int, "cores": [the rank's CPU affinity]}
     {"time": ..., "kind": "gpu", "index": CUDA device number, "utilization_percent": ...,
      "memory_used_bytes": ..., "memory_total_bytes": ..., "power_w": ..., "sm_clock_mhz": ...}
@@ -171,6 +172,7 @@ class Monitor:
         self._exported: dict[str, str | None] | None = None  # what start() changed in os.environ
         self._handles: list[tuple[int, Any]] = []
         self._ranks: dict[int, tuple[int, psutil.Process]] = {}  # pid -> (rank, process), baseline taken
+        self._trees: dict[int, tuple[float, float]] = {}  # pid -> (when, CPU seconds of its process tree)
         self._cores_before: list[Any] = []  # the host's per-core baseline, read by start()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -251,6 +253,7 @@ class Monitor:
                             "rank": rank,
                             "pid": proc.pid,
                             "cpu_percent": round(proc.cpu_percent(), 1),
+                            "tree_cpu_percent": self._tree_percent(proc),
                             "rss_bytes": rss,
                             "num_threads": proc.num_threads(),
                             "cores": proc.cpu_affinity(),
@@ -259,6 +262,14 @@ class Monitor:
             except psutil.Error:  # it ended since it was listed
                 self._ranks.pop(proc.pid, None)
         return out
+
+    def _tree_percent(self, proc: psutil.Process) -> float:
+        """The rank's and its children's CPU since the last sample, in per cent of one core: what the doctor
+        takes off its cores' busy time to find other work on them (doctor/evidence.py core_contention)."""
+        now, spent = time.monotonic(), tree_cpu_seconds(proc)
+        then, before = self._trees.get(proc.pid, (now, spent))
+        self._trees[proc.pid] = (now, spent)
+        return round(100.0 * max(0.0, spent - before) / (now - then), 1) if now > then else 0.0
 
     def _find_ranks(self) -> list[tuple[int, psutil.Process]]:
         """Ranks whose baseline was taken in an earlier round; new ones get their baseline now."""
@@ -278,6 +289,7 @@ class Monitor:
                 if rank is None or rank in taken:
                     continue
                 proc.cpu_percent()  # the baseline: psutil's first reading is always 0.0
+                self._trees[proc.pid] = (time.monotonic(), tree_cpu_seconds(proc))
             except psutil.Error:
                 continue
             self._ranks[proc.pid] = (rank, proc)
@@ -351,6 +363,19 @@ def _started(proc: psutil.Process) -> float:
         return proc.create_time()
     except psutil.Error:
         return float("inf")
+
+
+def tree_cpu_seconds(proc: psutil.Process) -> float:
+    """CPU seconds of a process and its descendants. A process's time is in exactly one place: its own counters
+    while it runs, its parent's children_* once reaped, so the sum over the live tree counts each once."""
+    total = 0.0
+    for member in [proc, *proc.children(recursive=True)]:
+        try:
+            t = member.cpu_times()
+        except psutil.Error:  # ended between the listing and the reading
+            continue
+        total += t.user + t.system + getattr(t, "children_user", 0.0) + getattr(t, "children_system", 0.0)
+    return total
 
 
 def _busy_percent(before: Any, after: Any) -> float:
