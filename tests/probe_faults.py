@@ -1,7 +1,7 @@
 """A plain torchrun-style DDP script (no paratrain import) with one planted fault, chosen by argv[1]:
 healthy, data, threads, straggler, rank0-eval, eval, checkpoint, no-sync, collective, uneven,
 find-unused, comm, small-batch, host-sync, loader-workers, broken-loader, buckets, model-collective, recompute,
-json-log, anomaly, frozen; and two healthy ones wrapped
+json-log, anomaly, frozen, profiled; and two healthy ones wrapped
 otherwise: fsdp (FSDP2's
 fully_shard instead of DDP) and bare (no wrapper, one rank). tests/test_doctor_probe.py launches it and checks the
 doctor's top finding."""
@@ -193,7 +193,9 @@ if fault == "broken-loader":
     iterator._num_workers = "several"  # an iterator the probe cannot read: it must step aside
 # join() only where the shards are uneven: under it every DDP forward is a collective, so a rank
 # evaluating alone through the DDP model would wait for ranks that are not evaluating.
-with model.join() if fault == "uneven" else contextlib.nullcontext():
+# profiled: torch.profiler left on around the whole loop, as after a profiling session
+profiler = torch.profiler.profile() if fault == "profiled" else contextlib.nullcontext()
+with model.join() if fault == "uneven" else contextlib.nullcontext(), profiler:
     for i, (x, y) in enumerate(iterator):
         loss = nn.functional.cross_entropy(model(x), y) / accumulate
         loss.backward()  # with accumulation and no no_sync(): an all-reduce every micro-step

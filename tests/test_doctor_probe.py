@@ -190,3 +190,13 @@ def test_find_unused_parameters_is_named_when_ddp_found_every_parameter_used(lau
     found = {f["check"]: f for f in diagnose(launched("find-unused"))["findings"]}["find_unused_parameters"]
     assert "DDP found no unused parameter" in found["evidence"] and found["predicted_speedup"] > 1.0, found
     assert "find_unused_parameters" not in {f["check"] for f in diagnose(launched("healthy"))["findings"]}
+
+
+def test_a_script_that_profiles_itself_is_left_its_profiler_and_told(launched):
+    """The probe does not start a second profiler inside the script's (torch.profiler allows one): it writes no
+    trace, and the doctor says why, with the remedy."""
+    run = launched("profiled")
+    assert not list((run / "probe").glob("trace-rank*")), list((run / "probe").iterdir())
+    note = next(f for f in diagnose(run)["findings"] if f["check"] == "trace_missing")
+    assert "the script runs torch.profiler itself" in note["finding"], note
+    assert "remove the script's profiler" in note["remedy"]

@@ -1373,3 +1373,31 @@ def test_other_work_on_one_ranks_core_is_the_caveats_share(tmp_path):
     # both ranks on both cores: no rank's own cores to read
     shared = run("shared", 0.08, (100.0, 50.0), cores=([0, 1], [0, 1]))
     assert "contended" not in {f["check"] for f in shared}
+
+
+def test_what_the_probe_could_not_record_is_said_in_one_finding(tmp_path):
+    """A trace the probe could not take (the script profiles itself; torch.profiler failed) and a run directory
+    with no probe block are each named, with what to do; a rank that has its trace needs no such note."""
+    from paratrain.doctor import diagnose
+
+    phases = {"forward": 0.05, "backward": 0.05}
+    own = "the script runs torch.profiler itself at this step: the probe left it its profiler"
+    mine = diagnose(probed_run(tmp_path / "own", [{"phases_s": phases, "trace_missing": own}] * 2))["findings"]
+    note = next(f for f in mine if f["check"] == "trace_missing")
+    assert "the script runs torch.profiler itself" in note["finding"] and "rank 0: " + own in note["evidence"]
+    assert note["remedy"].startswith("code change in train.py: remove the script's profiler")
+    failed = "torch.profiler could not record or write the trace: OSError: disk full"
+    broke = diagnose(probed_run(tmp_path / "broke", [{"phases_s": phases, "trace_missing": failed}] * 2))
+    note = next(f for f in broke["findings"] if f["check"] == "trace_missing")
+    assert "torch.profiler failed" in note["finding"] and "OSError: disk full" in note["evidence"]
+    traced = {"phases_s": phases, "trace_missing": failed, "trace": {"steps": 2, "phases": {}}}
+    assert "trace_missing" not in {
+        f["check"] for f in diagnose(probed_run(tmp_path / "traced", [traced] * 2))["findings"]
+    }
+    # the probe block gone from summary.json
+    bare = probed_run(tmp_path / "bare", [{"phases_s": phases}] * 2)
+    summary = json.loads((bare / "summary.json").read_text())
+    del summary["probe"]
+    (bare / "summary.json").write_text(json.dumps(summary))
+    note = next(f for f in diagnose(bare)["findings"] if f["check"] == "probe_off")
+    assert note["finding"] == "no step breakdown: the probe is missing" and "no probe block" in note["evidence"]

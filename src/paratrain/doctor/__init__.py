@@ -84,7 +84,16 @@ def diagnose_run(ev: RunEvidence) -> list[Finding]:
     # A probed script: its per-rank phases replace the monitor-based straggler guess; rank 0 working
     # alone after the last step (a final evaluation) is in no step, so the monitor still looks for it.
     checks = (
-        (contended, *SCRIPT_CHECKS, *RANK_CHECKS, *CAUSES, rank0_alone, first_epoch_overhead, idle_devices)
+        (
+            contended,
+            *SCRIPT_CHECKS,
+            *RANK_CHECKS,
+            *CAUSES,
+            rank0_alone,
+            first_epoch_overhead,
+            idle_devices,
+            probe_status,
+        )
         if ev.probe_ranks
         else (*RUN_CHECKS, probe_status)
     )

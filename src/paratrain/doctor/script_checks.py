@@ -542,18 +542,50 @@ SCRIPT_CHECKS: tuple[Callable[[RunEvidence], Finding | None], ...] = (
 
 
 def probe_status(ev: RunEvidence) -> Finding | None:
-    """A launched script whose probe fell back or was off: say what the diagnosis rests on."""
+    """A launched script whose probe fell back, was off, left no records, or wrote no trace of its profiled
+    steps: say what the diagnosis rests on, and what is missing."""
     probe: dict[str, Any] = ev.probe
-    if not ev.is_script or probe.get("status") in (None, "on"):
+    if not ev.is_script:
         return None
+    status = probe.get("status")
+    if status == "on":
+        return _trace_missing(ev)
     return Finding(
         "probe_off",
-        f"no step breakdown: the probe is {probe['status']}",
-        probe.get("reason", ""),
+        f"no step breakdown: the probe is {status or 'missing'}",
+        probe.get("reason", "")
+        or ("summary.json holds no probe block: a run whose ranks ended before writing it" if status is None else ""),
         "the findings rest on the monitor's samples and wall time only",
         rerun_command(ev) + " (without --no-probe)"
-        if probe["status"] == "off"
+        if status in ("off", None)
         else "report the fallback's error; the run itself is unaffected",
+        "none: a measurement note",
+        None,
+        "advice",
+    )
+
+
+def _trace_missing(ev: RunEvidence) -> Finding | None:
+    """The probe ran but wrote no trace of its profiled steps: the findings that name operators and lines of
+    code have none to read. A script that profiles itself is told what its profiler costs it."""
+    reasons = {r["rank"]: r["trace_missing"] for r in ev.probe_ranks if r.get("trace_missing") and not r.get("trace")}
+    if not reasons:
+        return None
+    own = any("torch.profiler itself" in reason for reason in reasons.values())
+    return Finding(
+        "trace_missing",
+        "no trace of the profiled steps: "
+        + ("the script runs torch.profiler itself" if own else "torch.profiler failed")
+        + ", so no finding can name the operators or lines of code its time went to",
+        "; ".join(f"rank {rank}: {reason}" for rank, reason in sorted(reasons.items())),
+        "a profiler left on records every operator (and with with_stack, every Python call) of the steps it covers, "
+        "slowing them"
+        if own
+        else "torch.profiler raised while recording or writing the trace",
+        f"code change in {ev.config.get('script', 'the script')}: remove the script's profiler (or its schedule) once "
+        "done profiling, then run the doctor again"
+        if own
+        else "run the doctor again; if it recurs, report the error above",
         "none: a measurement note",
         None,
         "advice",

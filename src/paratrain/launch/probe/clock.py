@@ -203,6 +203,8 @@ class Probe:
             self._narrow()
         if self.window.step(self.torch, self.steps, now - started):
             now = self.mark = self.clock()  # starting or stopping the profiler is no part of any step
+        if self.window.missing:
+            self.note(trace_missing=self.window.missing)
         self.step_started = now
         if now - self.flushed >= FLUSH_EVERY_S:
             self.flush()

@@ -28,6 +28,7 @@ class TraceWindow:
         self.ranges: list[Any] = []
         self.left = 0
         self.active = False
+        self.missing: str | None = None  # why no trace was written, for the doctor to say
 
     def step(self, torch: Any, steps: int, last_step_s: float) -> bool:
         """At each step's end: start the profiler after WINDOW_AFTER_STEP, stop it after the profiled steps.
@@ -44,6 +45,7 @@ class TraceWindow:
         from torch.autograd.profiler import _is_profiler_enabled
 
         if _is_profiler_enabled:  # the script profiles itself: leave it its profiler
+            self.missing = "the script runs torch.profiler itself at this step: the probe left it its profiler"
             return False
         from torch.profiler import ProfilerActivity, profile
 
@@ -71,8 +73,11 @@ class TraceWindow:
         while self.ranges:
             self.ranges.pop().__exit__(None, None, None)
         self.active = False
-        self.profiler.stop()
-        self.profiler.export_chrome_trace(self.path)
+        try:
+            self.profiler.stop()
+            self.profiler.export_chrome_trace(self.path)
+        except Exception as exc:  # the trace is the doctor's, never worth the script's run
+            self.missing = f"torch.profiler could not record or write the trace: {type(exc).__name__}: {exc}"[:300]
         self.profiler = None
 
     def abandon(self) -> None:
