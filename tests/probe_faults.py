@@ -1,7 +1,7 @@
 """A plain torchrun-style DDP script (no paratrain import) with one planted fault, chosen by argv[1]:
 healthy, data, threads, straggler, rank0-eval, eval, checkpoint, no-sync, collective, uneven,
 find-unused, comm, small-batch, host-sync, loader-workers, broken-loader, buckets, model-collective, recompute,
-json-log, anomaly, frozen, profiled; and two healthy ones wrapped
+json-log, anomaly, frozen, profiled, fsdp-leaf (FSDP2 on every Linear of a 22-layer MLP); and two healthy ones wrapped
 otherwise: fsdp (FSDP2's
 fully_shard instead of DDP) and bare (no wrapper, one rank). tests/test_doctor_probe.py launches it and checks the
 doctor's top finding."""
@@ -100,7 +100,7 @@ elif fault == "threads":  # the catalogue's CNN at 32x32: its backward really ru
         nn.Flatten(),
         nn.Linear(64 * 16, 10),
     )
-elif fault == "buckets":  # 44 gradients, each in a bucket of its own under bucket_cap_mb=0.001
+elif fault in ("buckets", "fsdp-leaf"):  # 44 gradients, each in a bucket of its own under bucket_cap_mb=0.001
     net = nn.Sequential(
         nn.Flatten(),
         nn.Linear(768, 64),
@@ -158,7 +158,7 @@ else:
     )
     if fault == "loader-workers":
         net = nn.Sequential(nn.AvgPool2d(8), *net)  # its 128x128 samples down to the usual 16x16
-if fault == "fsdp":  # FSDP2 on a CPU mesh: each conv and the head sharded, then the root
+if fault in ("fsdp", "fsdp-leaf"):  # FSDP2 on a CPU mesh: each conv and the head sharded, then the root
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 

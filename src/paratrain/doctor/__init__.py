@@ -139,6 +139,7 @@ WAITING = (
     "host_sync_stalls",
     "model_collectives",
     "ddp_buckets",
+    "unexplained_comm",
 )
 
 

@@ -20,13 +20,14 @@ from paratrain.doctor.causes import trace_top
 from paratrain.doctor.evidence import RunEvidence
 from paratrain.doctor.expected import model_work_excess
 from paratrain.doctor.finding import Finding
-from paratrain.formatting import ms, pct, speedup
+from paratrain.formatting import ms, pct, size, speedup
 from paratrain.launch.trace_summary import PROBE_LABEL
 
 UNEXPLAINED_SHARE = 0.10  # time in `other` that no finding explains, of the step
 OPTIMIZER_SHARE = 0.25  # an optimizer step this large a share of the step is out of proportion
 PYTHON_SHARE = 0.15  # the user's own Python inside forward and backward (not operators), of the step
 DDP_FORWARD_SHARE = 0.10  # DDP's own work in forward, around the model it wraps, of the step
+COMM_SHARE = 0.20  # collectives inside forward and backward that no finding explains, of the step
 
 
 def explained(findings: Sequence[Finding]) -> dict[str, float]:
@@ -73,6 +74,9 @@ def unexplained(ev: RunEvidence, findings: Sequence[Finding]) -> list[Finding]:
     python = _user_python(ev)
     if python / step >= PYTHON_SHARE:
         out.append(_unexplained(ev, "forward", python, step, "in the user's own Python inside forward, not operators"))
+    comm = _phase(ev, "comm") - done.get("comm", 0.0)
+    if comm / step >= COMM_SHARE:
+        out.append(_collectives(ev, comm, step))
     ddp_overhead = statistics.mean(r.get("ddp_overhead_s", 0.0) for r in ev.probe_ranks)
     ddp = ddp_overhead - done.get("ddp_forward", 0.0)
     if ddp / step >= DDP_FORWARD_SHARE:
@@ -112,6 +116,37 @@ def _ddp_forward(ev: RunEvidence, seconds: float, step: float) -> Finding:
         share=share,
         bound=True,
         explains={"ddp_forward": seconds},
+    )
+
+
+def _collectives(ev: RunEvidence, seconds: float, step: float) -> Finding:
+    """Collectives inside forward and backward that no check prices (FSDP2's gathers and reductions, tensor
+    parallelism's): said with their count and size, since many small ones each pay the link's latency."""
+    calls = statistics.mean(
+        r.get("inner_calls_per_step", 0.0) - r.get("model_calls_per_step", 0.0) for r in ev.probe_ranks
+    )
+    moved = statistics.mean(r.get("inner_bytes_per_step", 0.0) for r in ev.probe_ranks)
+    ran, _ = _places(ev, "comm")
+    share = seconds / step
+    return Finding(
+        "unexplained_comm",
+        f"{pct(share)} of every step is collectives inside forward and backward that compute does not hide",
+        f"step {ms(step)}; {ms(seconds)} a step waiting on collectives in forward and backward: {calls:.0f} calls a "
+        f"step of {size(moved / max(calls, 1))} on average ({ms(seconds / max(calls, 1))} each)"
+        + (f"; in the profiled steps: {ran}" if ran else ""),
+        "the parallelism's own collectives (FSDP's all-gathers and reduce-scatters, tensor parallelism's) are "
+        "exposed: each sharded unit pays the link's latency two or three times a step, and a small per-rank batch "
+        "leaves little compute to hide them behind",
+        f"code change in {ev.config.get('script', 'the script')}: fewer, larger units (fully_shard each block, not "
+        "each layer), reshard_after_forward=False on the units (no second all-gather in backward, at the memory of "
+        "their unsharded parameters), or a larger per-rank batch",
+        f"up to {speedup(share)} if they were hidden or gone (a bound on the communication; fewer units also "
+        "remove their hooks' work in forward and backward, not priced here)",
+        share,
+        where="the parallelism's collectives in forward and backward",
+        share=share,
+        bound=True,
+        explains={"comm": seconds},
     )
 
 
