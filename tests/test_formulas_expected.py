@@ -71,6 +71,13 @@ def test_what_other_findings_and_ddps_own_work_explain_is_not_counted_again(tmp_
 def test_the_probes_facts_name_anomaly_mode_and_float16_on_a_cpu(tmp_path):
     anomaly = findings(probed_run(tmp_path / "anomaly", [rank(anomaly_mode=True)] * 2))["model_work_excess"]
     assert "set_detect_anomaly(False)" in anomaly["remedy"] and "anomaly detection" in anomaly["cause"]
+    # a checkpoint's debug mode; with anomaly mode on as well, anomaly mode is named (it slows every operator)
+    debug = findings(probed_run(tmp_path / "debug", [rank(checkpoint_debug=True)] * 2))["model_work_excess"]
+    assert (
+        "drop debug=True" in debug["remedy"] and debug["where"] == "torch.utils.checkpoint.checkpoint(..., debug=True)"
+    )
+    both = rank(checkpoint_debug=True, anomaly_mode=True)
+    assert "anomaly" in findings(probed_run(tmp_path / "both", [both] * 2))["model_work_excess"]["cause"]
     half = rank(trace={"steps": 2, "phases": {}, "dtypes_s": {"c10::Half": 0.1, "float": 0.02}})
     found = findings(probed_run(tmp_path / "half", [half] * 2))["model_work_excess"]
     assert "dtype=torch.bfloat16" in found["remedy"] and "float16" in found["where"]

@@ -208,3 +208,36 @@ def test_a_batch_prepared_in_the_rank_leaves_every_random_stream_as_it_was():
     assert torch.equal(after[0], untouched[0]) and after[1:] == untouched[1:]
     # an iterable dataset has no index to fetch: nothing is timed
     assert pause.inline_load_s(iter(torch.utils.data.DataLoader(Stream(), batch_size=8)), 8, torch) is None
+
+
+def test_a_checkpoints_debug_mode_is_noted(probe):
+    """checkpoint(debug=True) records every operator's stack: the probe notes it for the doctor's model_work_excess
+    (the anomaly-like cost of forward and recompute); plain checkpointing is noted without it."""
+    from torch.utils.checkpoint import checkpoint
+
+    block = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 3))
+    for debug in (False, True):
+        out = checkpoint(block, torch.randn(8, 4, requires_grad=True), use_reentrant=False, debug=debug)
+        out.sum().backward()
+        assert probe.state["activation_checkpointing"] is True and probe.state["checkpoint_debug"] is debug
+
+
+def test_gradients_no_optimizer_holds_are_counted_and_their_layers_backward_timed(probe):
+    """A backbone left with requires_grad=True but given to no optimizer: at the calibration step the probe counts
+    its parameters and bytes beside every graded parameter's, and times its layers' backward alone."""
+    backbone = nn.Sequential(nn.Linear(4, 64), nn.Tanh(), nn.Linear(64, 64))
+    head = nn.Linear(64, 3)
+    model = nn.Sequential(backbone, head)
+    optimizer = torch.optim.SGD(head.parameters(), lr=0.1)
+    train(model, optimizer, probe_module.CALIBRATION_STEP + 1)
+    state = probe.state
+    assert state["needless_grad_params"] == 4, state
+    assert state["needless_grad_bytes"] == 4 * (4 * 64 + 64 + 64 * 64 + 64)
+    assert state["graded_bytes"] == state["needless_grad_bytes"] + 4 * (64 * 3 + 3)
+    assert state["needless_backward_s"] > 0 and state["layer_launch_s"] > 0
+
+
+def test_an_optimizer_holding_every_parameter_leaves_none_needless(probe):
+    model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 3))
+    train(model, torch.optim.SGD(model.parameters(), lr=0.1), probe_module.CALIBRATION_STEP + 1)
+    assert probe.state["needless_grad_params"] == 0 and "needless_backward_s" not in probe.state

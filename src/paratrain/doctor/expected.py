@@ -100,8 +100,8 @@ def model_work_excess(ev: RunEvidence, explained: Mapping[str, float]) -> Findin
 
 
 def _signature(ev: RunEvidence, ranks: list[Mapping]) -> tuple[str, str, str]:
-    """The cause, remedy and place the probe's facts point at: anomaly mode, float16 on a CPU, or the code the
-    profiled steps ran in."""
+    """The cause, remedy and place the probe's facts point at: anomaly mode, a checkpoint's debug mode, float16 on
+    a CPU, or the code the profiled steps ran in."""
     if any(r.get("anomaly_mode") for r in ranks):
         return (
             "autograd's anomaly detection is on: every operator records its stack, and backward checks every "
@@ -109,6 +109,13 @@ def _signature(ev: RunEvidence, ranks: list[Mapping]) -> tuple[str, str, str]:
             "turn it off once debugging is done: torch.autograd.set_detect_anomaly(False) (Lightning: "
             "Trainer(detect_anomaly=False))",
             "torch.autograd.set_detect_anomaly(True)",
+        )
+    if any(r.get("checkpoint_debug") for r in ranks):
+        return (
+            "torch.utils.checkpoint runs with debug=True: every operator of the checkpointed blocks records its "
+            "stack, in forward and again in the recompute",
+            "drop debug=True from torch.utils.checkpoint.checkpoint(...) once the recompute is debugged",
+            "torch.utils.checkpoint.checkpoint(..., debug=True)",
         )
     dtypes = next((r["trace"].get("dtypes_s") for r in ranks if (r.get("trace") or {}).get("dtypes_s")), {})
     if ev.on_cpu and dtypes and dtypes.get(HALF, 0.0) >= HALF_SHARE * sum(dtypes.values()):

@@ -214,7 +214,8 @@ def recompute(probe: Probe, torch: Any) -> None:
                 finally:
                     probe.leave("recompute")
 
-            probe.note(activation_checkpointing=True)
+            # checkpoint(debug=True) records every operator's stack, in forward and in the recompute
+            probe.note(activation_checkpointing=True, checkpoint_debug=bool(kwargs.get("debug")))
             return original(through_recompute, *args, **kwargs)
 
         return through_checkpoint
