@@ -69,6 +69,7 @@ TESTS = {
     "doctor/finding.py": ["tests/test_formulas_doctor.py", "tests/test_properties_doctor_gains.py"],
     "doctor/checks.py": [
         "tests/test_formulas_doctor_runs.py",
+        "tests/test_formulas_doctor.py",
         "tests/test_formulas_epochs.py",
         "tests/test_properties_doctor.py",
     ],
