@@ -296,3 +296,27 @@ def test_plan_has_rows_for_h200(capsys):
     assert h200.memory_bytes == 141e9 and h200.memory_bandwidth == 4.8e12
     assert h200.peak_flops == GPUS["h100"].peak_flops and GPUS["gh200"].peak_flops == GPUS["h100"].peak_flops
     assert GPUS["a100-40gb"].memory_bytes == 40e9 and GPUS["a100-40gb"].peak_flops == GPUS["a100"].peak_flops
+
+
+def test_the_probes_layer_copies_on_a_gpu_take_at_most_a_quarter_of_its_free_memory():
+    """At its calibration step the probe copies the model's leaf layers to time them alone. On a GPU those copies
+    sit beside the script's tensors: they may take up to a quarter of the device memory free at that moment (and
+    never more than 256 MiB), so a model near the device's limit is timed in part rather than run out of memory.
+    Stand-in: torch itself, with a CUDA whose driver reports 2 MiB free; three 256 KiB layers whose inputs were on
+    cuda:0 (recorded as specs: no CUDA tensor is made)."""
+    from paratrain.launch.probe import twins
+
+    class WithSmallGpu:
+        cuda = types.SimpleNamespace(mem_get_info=lambda device: (2 * 2**20, 80 * 2**30), synchronize=lambda: None)
+
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+    layers = [torch.nn.Linear(256, 255) for _ in range(3)]  # 256 x 255 + 255 floats: 256 KiB each
+    on_gpu = ("tensor", (8, 256), torch.float32, torch.device("cuda", 0), True)
+    on_cpu = ("tensor", (8, 256), torch.float32, torch.device("cpu"), True)
+    assert twins.copy_budget(WithSmallGpu(), [(layer, (on_gpu,)) for layer in layers]) == 2**19
+    gpu = twins.LayerTwins(WithSmallGpu(), [(layer, (on_gpu,)) for layer in layers], 8)
+    assert len(gpu.twins) == 2 and gpu.layers == 3 and gpu.cuda
+    cpu = twins.LayerTwins(WithSmallGpu(), [(layer, (on_cpu,)) for layer in layers], 8)
+    assert len(cpu.twins) == 3 and not cpu.cuda

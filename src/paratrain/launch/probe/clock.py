@@ -280,37 +280,45 @@ class Probe:
         layers, self.layers = self.layers or [], None
         self.paused = True
         try:
-            twins = LayerTwins(self.torch, layers, self.last_batch)
-            # The model's own work, priced: its layers alone at the script's batch, forward and backward (the
-            # doctor's expected cost of the step's forward and backward, doctor/expected.py).
-            self.note(
-                twins_timed=len(twins.twins),
-                twins_seen=twins.layers,
-                layers_alone_s=round(twins.seconds(), 6),
-                layer_launch_s=round(twins.launch_s(), 9),
-                anomaly_mode=bool(self.torch.is_anomaly_enabled()),
-            )
-            needless = self.facts.needless_gradients()
-            if needless:
-                spent = twins.needless_backward_s(needless)
-                self.note(needless_backward_s=None if spent is None else round(spent, 6))
-            if 0 < self.last_batch <= SMALL_BATCH:
-                slope = twins.batch_slope()
-                self.note(
-                    batch_slope_s=None if slope is None else round(slope, 9),
-                    batch_slope_between=[self.last_batch, CALIBRATION_FACTOR * self.last_batch],
-                )
-            threads = self.torch.get_num_threads()
-            if threads > self.fair:
-                penalty = twins.thread_penalty(threads, self.fair)
-                self.note(layer_thread_penalty=None if penalty is None else round(penalty, 3))
-            if self.facts.float64_parameters():
-                penalty = twins.dtype_penalty(self.torch.float32)
-                self.note(float64_penalty=None if penalty is None else round(penalty, 3))
+            self._measure_layers(layers)
         finally:
             self.paused = False
+            if self.device is not None:
+                # the copies and their inputs, gone with _measure_layers' frame, go back to the device rather
+                # than staying in the caching allocator beside the script's blocks
+                self.torch.cuda.empty_cache()
         self.mark = self.clock()  # the measurement is no part of any step
         return self.mark
+
+    def _measure_layers(self, layers: list[tuple[Any, tuple[Any, ...]]]) -> None:
+        """The calibration's measurements on copies of the model's leaf layers (twins.py), noted for the doctor."""
+        twins = LayerTwins(self.torch, layers, self.last_batch)
+        # The model's own work, priced: its layers alone at the script's batch, forward and backward (the
+        # doctor's expected cost of the step's forward and backward, doctor/expected.py).
+        self.note(
+            twins_timed=len(twins.twins),
+            twins_seen=twins.layers,
+            layers_alone_s=round(twins.seconds(), 6),
+            layer_launch_s=round(twins.launch_s(), 9),
+            anomaly_mode=bool(self.torch.is_anomaly_enabled()),
+        )
+        needless = self.facts.needless_gradients()
+        if needless:
+            spent = twins.needless_backward_s(needless)
+            self.note(needless_backward_s=None if spent is None else round(spent, 6))
+        if 0 < self.last_batch <= SMALL_BATCH:
+            slope = twins.batch_slope()
+            self.note(
+                batch_slope_s=None if slope is None else round(slope, 9),
+                batch_slope_between=[self.last_batch, CALIBRATION_FACTOR * self.last_batch],
+            )
+        threads = self.torch.get_num_threads()
+        if threads > self.fair:
+            penalty = twins.thread_penalty(threads, self.fair)
+            self.note(layer_thread_penalty=None if penalty is None else round(penalty, 3))
+        if self.facts.float64_parameters():
+            penalty = twins.dtype_penalty(self.torch.float32)
+            self.note(float64_penalty=None if penalty is None else round(penalty, 3))
 
     # -- records --------------------------------------------------------------------------
     def note(self, **changes: Any) -> None:

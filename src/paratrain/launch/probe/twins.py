@@ -20,6 +20,9 @@ CALIBRATION_FACTOR = 16
 # Copies of layers beyond this many bytes of parameters are not made (a large model's layers are timed in
 # part: the checks use ratios of the timed layers, which a part estimates as well as the whole).
 TWIN_BYTES = 256 * 2**20
+# On a GPU the copies take device memory beside the script's: no more than this share of what is free then
+# (a model near the device's limit gets its layers timed in part, or none).
+GPU_FREE_SHARE = 0.25
 # An integer input (token ids, indices) this small is kept as it was, since its values index something;
 # floating inputs are drawn afresh.
 KEEP_INTEGER_NUMEL = 1 << 20
@@ -71,11 +74,11 @@ class LayerTwins:
 
         self.torch, self.batch, self.twins = torch, batch, []
         self.params: list[set[int]] = []  # per twin: its original layer's parameters (ids)
-        copied = 0
+        copied, budget = 0, copy_budget(torch, layers)
         self.layers = len(layers)
         for layer, specs in layers:
             size = sum(p.numel() * p.element_size() for p in layer.parameters())
-            if copied + size > TWIN_BYTES or _issues_collectives(layer):
+            if copied + size > budget or _issues_collectives(layer):
                 continue
             try:
                 self.twins.append((copy.deepcopy(layer), specs))
@@ -83,11 +86,7 @@ class LayerTwins:
                 copied += size
             except Exception:
                 continue
-        self.cuda = any(
-            isinstance(s, tuple) and s and s[0] in ("tensor", "integers") and s[3].type == "cuda"
-            for _, specs in self.twins
-            for s in specs
-        ) or any(isinstance(s, torch.Tensor) and s.is_cuda for _, specs in self.twins for s in specs)
+        self.cuda = _cuda_device(torch, self.twins) is not None
 
     def _inputs(self, specs: tuple[Any, ...], grow: int, dtype: Any) -> tuple[Any, ...]:
         torch, out = self.torch, []
@@ -211,6 +210,27 @@ class LayerTwins:
         """How much slower the layers run as they are than in `dtype` (float32 for a float64 model)."""
         now, then = self.seconds(), self.seconds(dtype=dtype)
         return None if then <= 0 else now / then
+
+
+def _cuda_device(torch: Any, layers: list[tuple[Any, tuple[Any, ...]]]) -> Any:
+    """The CUDA device the layers' inputs were on, if any."""
+    for _, specs in layers:
+        for s in specs:
+            if isinstance(s, tuple) and s and s[0] in ("tensor", "integers") and s[3].type == "cuda":
+                return s[3]
+            if isinstance(s, torch.Tensor) and s.is_cuda:
+                return s.device
+    return None
+
+
+def copy_budget(torch: Any, layers: list[tuple[Any, tuple[Any, ...]]]) -> int:
+    """Bytes of layer copies the calibration may make: TWIN_BYTES, and on a GPU no more than GPU_FREE_SHARE of the
+    device memory free now (torch.cuda.mem_get_info: the driver's count, the script's cached blocks included)."""
+    device = _cuda_device(torch, layers)
+    if device is None:
+        return TWIN_BYTES
+    free, _ = torch.cuda.mem_get_info(device)
+    return min(TWIN_BYTES, int(free * GPU_FREE_SHARE))
 
 
 def _issues_collectives(layer: Any) -> bool:
