@@ -236,3 +236,17 @@ def pytest_sessionfinish(session, exitstatus):
         red=True,
     )
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture
+def fake_world():
+    """This process as one rank of a world of `size` on torch's fake backend (collectives do nothing)."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    def join(rank: int, size: int) -> None:
+        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=size)
+
+    yield join
+    if dist.is_initialized():
+        dist.destroy_process_group()

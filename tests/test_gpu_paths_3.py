@@ -20,25 +20,12 @@ import pytest
 import torch
 import torch.distributed as dist
 from conftest import synthetic
-from torch.testing._internal.distributed.fake_pg import FakeStore
 
 import paratrain
 from paratrain.engine import distributed
 from paratrain.engine.distributed import Placement, RankContext
 
 SRC = Path(paratrain.__file__).parent
-
-
-@pytest.fixture
-def fake_world():
-    """This process as one rank of a world of `size` on torch's fake backend (collectives do nothing)."""
-
-    def join(rank: int, size: int) -> None:
-        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=size)
-
-    yield join
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
 # -- DTensor's random-number tracker ----------------------------------------------------------------

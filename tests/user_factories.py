@@ -115,6 +115,12 @@ def frozen_tower(num_classes: int = 10) -> nn.Module:
     return nn.Sequential(backbone, nn.Linear(2048, num_classes))
 
 
+def frozen_tower_plan(model: nn.Module, degree: int) -> dict[str, str]:
+    """--tp-plan for frozen_tower: its backbone's Linear layers split in pairs, the first of each by output
+    columns and the second by input rows (80 of its 81; the last and the head stay whole)."""
+    return {f"0.{i}": "colwise" if i % 2 else "rowwise" for i in range(1, 81)}
+
+
 class Block(nn.Module):
     def __init__(self, width: int):
         super().__init__()

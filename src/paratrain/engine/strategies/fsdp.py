@@ -34,28 +34,23 @@ keeping the averaged gradient of its own shard.
   gradients across the R replicas: memory per rank as fsdp on workers/R ranks, and the gathers stay
   within a replica (on a cluster: within a node).
 - `--tp T` (FSDP x TP): the ranks form a (workers/T, T) mesh; each layer is split over a row of T
-  ranks first (engine/strategies/tensor.py), then FSDP shards the splits over the column. The model
-  is then built whole on the host before it is split, so every layout starts from the weights one
-  process draws: on CPU meshes DTensor has no sharded random generator (see below).
-- No rank holds the whole model (torchtitan's idiom): the model is built on the meta device
-  (shapes, no memory), sharded, materialised with `to_empty` on the rank's device, then
-  initialised. Each module's own `reset_parameters` (FSDP's default initialisation of meta modules)
-  runs on a full-size copy of that one module on the host, drawing from the seeded CPU generator in
-  module order as the model's constructor did, and the rank keeps its shard of it: for a model
-  whose constructor initialises its layers that way (the CNNs of PyTorch's tutorials, most small
-  models), the weights equal those of the ordinary build for the same seed. A model with an
-  initialisation of its own over the whole model defines `init_weights()` (torchtitan's name; gpt
-  and the ResNets do), which then runs on the shards: the same distributions, other draws (where the
-  shards are in host memory, on CPU meshes or offloaded by --cpu-offload, DTensor's sharded random
-  generator does not apply: each shard draws from a stream of its own so that the shards differ,
-  and HSDP's replicas of one shard draw the same). A model that
-  creates parameters or buffers no `reset_parameters` initialises is built whole on the host
-  instead, as before, and the rank log says so.
+  ranks first (engine/strategies/tensor.py), then FSDP shards the splits over the column.
+- No rank holds the whole model (torchtitan's idiom, engine/strategies/meta_init.py): the model is
+  built on the meta device, split and sharded, materialised with `to_empty` on the rank's device,
+  then initialised: each module's own `reset_parameters` on a full-size host copy of that module,
+  the rank keeping its shard, so a model whose constructor initialises its layers that way gets the
+  ordinary build's weights for the same seed. A model with an initialisation of its own over the
+  whole model defines `init_weights()` (torchtitan's name; gpt and the ResNets do), which then runs on
+  the shards: the same distributions, other draws (where the shards are in host memory, on CPU
+  meshes or offloaded by --cpu-offload, DTensor's sharded random generator does not apply: each
+  shard draws from a stream of its own so that the shards differ, and HSDP's replicas of one shard
+  draw the same). With --tp such a model is built whole on the host before it is split, so every
+  layout starts from the weights one process draws; so is a model that creates parameters or
+  buffers no `reset_parameters` initialises, and the rank log says so.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 import warnings
 from collections.abc import Callable, Iterator
@@ -67,13 +62,14 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._random import is_rng_supported_mesh
 
 from paratrain.config import TrainConfig
 from paratrain.engine.distributed import RankContext, device_mesh
 from paratrain.engine.grad_noise import MeasuredReduceScatter, ShardNorms
 from paratrain.engine.strategies.base import StepResult, WholeModelStrategy
+from paratrain.engine.strategies.meta_init import FullSizeCopies, build_on_meta
 from paratrain.engine.strategies.sharded_checkpoint import ShardedCheckpoints
 from paratrain.engine.strategies.tensor import apply_tensor_parallel, loss_context, reported
 from paratrain.errors import UsageError
@@ -126,33 +122,6 @@ def shard_in_units(model: nn.Module, cfg: TrainConfig, mesh: DeviceMesh) -> None
     fully_shard(model, **options)
 
 
-def _resets(module: nn.Module) -> bool:
-    return callable(getattr(module, "reset_parameters", None))
-
-
-def _on_meta(model: nn.Module) -> bool:
-    return any(t.is_meta for t in (*model.parameters(), *model.buffers()))
-
-
-def uninitialisable(model: nn.Module) -> str | None:
-    """Why a model built on the meta device cannot be initialised after sharding, or None if it can:
-    every module that holds parameters or buffers of its own must reset them, and all of them must
-    be on meta (a factory may place some tensors on a device itself)."""
-    if not all(t.is_meta for t in (*model.parameters(), *model.buffers())):
-        return "the model factory put some of its tensors on a real device under torch.device('meta')"
-    for name, module in model.named_modules():
-        owns = (
-            next(module.parameters(recurse=False), None) is not None
-            or next(module.buffers(recurse=False), None) is not None
-        )
-        if owns and not _resets(module):
-            return (
-                f"{name or 'the model'} ({type(module).__name__}) holds parameters or buffers and has no "
-                "reset_parameters() to initialise them after sharding"
-            )
-    return None
-
-
 class FullyShardedDataParallel(WholeModelStrategy):
     name = "fsdp"
 
@@ -183,20 +152,16 @@ class FullyShardedDataParallel(WholeModelStrategy):
         if cfg.measures_grad_noise and dist.get_world_size() > 1:
             self.grad_norms: ShardNorms | None = ShardNorms(cfg.dp_replicate)
         self.checkpoints = ShardedCheckpoints(ctx, cfg.run_dir)
+        self.copies = FullSizeCopies()  # build's, for wrap to materialise
 
     def build(self, make: Callable[[], nn.Module]) -> nn.Module:
-        """The model on the meta device, for `wrap` to shard and materialise; built whole on the host
-        when meta construction would leave something uninitialised (module docstring), and with --tp: the
-        tensor-parallel split takes its slices of the weights the ordinary construction drew."""
-        if self.cfg.tp > 1:
-            return super().build(make)
-        with torch.device("meta"):
-            model = make()
-        missing = uninitialisable(model)
-        if missing is None:
-            return model
-        log.warning("building the whole model on every rank before sharding it: %s", missing)
-        return super().build(make)
+        """The model on the meta device, for `wrap` to shard and materialise (engine/strategies/meta_init.py), with
+        full-size copies of its self-initialising modules taken before --tp splits it; built whole on the host
+        where that would leave something uninitialised, and with --tp where init_weights() runs over the whole
+        model (every layout starts from one process's weights)."""
+        model = build_on_meta(make, super().build, piecewise_init=self.cfg.tp == 1)
+        self.copies = FullSizeCopies(model)
+        return model
 
     def split(self, model: nn.Module) -> None:
         """With --tp, tensor parallelism first; FSDP then shards the splits (wrap)."""
@@ -204,12 +169,9 @@ class FullyShardedDataParallel(WholeModelStrategy):
             apply_tensor_parallel(model, self.tp_mesh, self.cfg)
 
     def wrap(self, model: nn.Module) -> nn.Module:
-        cfg = self.cfg
-        # Full-size meta copies of the modules that initialise themselves, taken before sharding.
-        twins = [(m, copy.deepcopy(m)) for m in model.modules() if _resets(m)] if _on_meta(model) else None
-        shard_in_units(model, cfg, self.mesh)
-        if twins is not None:
-            self._materialise(model, twins)
+        shard_in_units(model, self.cfg, self.mesh)
+        if self.copies.materialise(model, self.ctx.device, self.cfg.seed):
+            self._init_weights(model)
         comm = MeasuredReduceScatter(self.grad_norms, started=self._stamp_launch)
         for module in model.modules():
             if isinstance(module, FSDPModule):
@@ -217,21 +179,8 @@ class FullyShardedDataParallel(WholeModelStrategy):
         return model
 
     @torch.no_grad()
-    def _materialise(self, model: nn.Module, twins: list[tuple[nn.Module, nn.Module]]) -> None:
-        """Storage for this rank's shards (and the buffers), then their initial values (module docstring)."""
-        model.to_empty(device=self.ctx.device)
-        torch.manual_seed(self.cfg.seed)  # as build_model seeded the ordinary construction
-        while twins:
-            # One module's full-size copy at a time: dropped from the list as soon as its shard is taken.
-            module, twin = twins.pop(0)
-            twin.to_empty(device="cpu")
-            twin.reset_parameters()
-            for name, full in [*twin.named_parameters(recurse=False), *twin.named_buffers(recurse=False)]:
-                mine = getattr(module, name)
-                if isinstance(mine, DTensor):
-                    mine.copy_(distribute_tensor(full.detach(), mine.device_mesh, mine.placements, src_data_rank=None))
-                else:
-                    mine.copy_(full)
+    def _init_weights(self, model: nn.Module) -> None:
+        """A model's own initialisation over the whole model (init_weights()), run on the materialised shards."""
         init_weights = getattr(model, "init_weights", None)
         if not callable(init_weights):
             return

@@ -29,7 +29,9 @@ All ranks of a tensor-parallel group read the same batch, and only the group's f
 its loss (the loop sums samples over the ranks): with `--tp` equal to `--workers` the run has one
 data-parallel replica; `fsdp` shards over several groups (engine/strategies/fsdp.py). The split is
 applied before activation checkpointing wraps the blocks (`split`, then the loop's checkpointing,
-then `wrap`). Checkpoints go through torch.distributed.checkpoint
+then `wrap`). No rank holds the whole model: it is built on the meta device, split there, and `wrap`
+materialises each rank's slices (engine/strategies/meta_init.py: the ordinary build's weights for the same seed),
+unless its initialisation cannot run piecewise. Checkpoints go through torch.distributed.checkpoint
 (engine/strategies/sharded_checkpoint.py).
 """
 
@@ -63,6 +65,7 @@ from paratrain.config.flags import flag
 from paratrain.config.parallelism import TensorParallelOptions
 from paratrain.engine.distributed import RankContext, device_mesh
 from paratrain.engine.strategies.base import StepResult, WholeModelStrategy
+from paratrain.engine.strategies.meta_init import FullSizeCopies, build_on_meta
 from paratrain.engine.strategies.pipeline_split import tied_parameter_names
 from paratrain.engine.strategies.sharded_checkpoint import ShardedCheckpoints
 from paratrain.errors import UsageError
@@ -361,13 +364,25 @@ class TensorParallel(WholeModelStrategy):
         self.mesh = device_mesh(ctx, (cfg.tp,), ("tp",), cfg.seed)
         self.allreduce = f"all-reduce in each split layer pair ({dist.get_backend()})"
         self.checkpoints = ShardedCheckpoints(ctx, cfg.run_dir)
+        self.copies = FullSizeCopies()  # build's, for wrap to materialise
 
     def data_shard(self) -> tuple[int, int]:
         """The ranks of a tensor-parallel group compute one batch together: each reads all of it."""
         return 0, 1
 
+    def build(self, make: Callable[[], nn.Module]) -> nn.Module:
+        """On the meta device, materialised in `wrap` after the split: no rank holds the whole model
+        (engine/strategies/meta_init.py); built whole where that would change the initial weights."""
+        model = build_on_meta(make, super().build, piecewise_init=False)
+        self.copies = FullSizeCopies(model)
+        return model
+
     def split(self, model: nn.Module) -> None:
         apply_tensor_parallel(model, self.mesh, self.cfg)
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        self.copies.materialise(model, self.ctx.device, self.cfg.seed)
+        return model
 
     def forward_backward(
         self, model: nn.Module, objective: Any, x: torch.Tensor, y: torch.Tensor, *rest: Any

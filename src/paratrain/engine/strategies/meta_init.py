@@ -1,0 +1,106 @@
+"""Models built on the meta device and materialised only where a rank holds them (torchtitan's idiom).
+
+A rank that holds a part of the model (fsdp's shards, tensor parallelism's slices, both) builds it on the meta
+device (shapes, no memory), splits and shards it there, then `FullSizeCopies.materialise` gives each parameter
+and buffer storage on the rank's device and its initial value. Each module's own `reset_parameters` (FSDP's
+default initialisation of meta modules) runs on a full-size copy of that one module in host memory, taken before
+the model was split, drawing from the seeded CPU generator in module order as the model's constructor did; the
+rank keeps its part of it (`distribute_tensor(..., src_data_rank=None)` slices locally, no communication). For a
+model whose constructor initialises its layers that way (the CNNs and MLPs of PyTorch's tutorials, most small
+models), the weights equal those of the ordinary build for the same seed, whatever the layout. No rank ever holds
+more than its part and one module's full copy.
+
+A model that creates parameters or buffers no `reset_parameters` initialises cannot be materialised this way: it
+is built whole on the host before it is split, and the rank log says so in one line. So is a model with an
+initialisation of its own over the whole model (`init_weights()`, torchtitan's name) where the layout must start
+from one process's weights (tensor parallelism): run piecewise on a CPU mesh it would draw other values.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+log = logging.getLogger("paratrain.rank")
+
+
+def resets(module: nn.Module) -> bool:
+    return callable(getattr(module, "reset_parameters", None))
+
+
+def on_meta(model: nn.Module) -> bool:
+    return any(t.is_meta for t in (*model.parameters(), *model.buffers()))
+
+
+def uninitialisable(model: nn.Module, piecewise_init: bool = True) -> str | None:
+    """Why a model built on the meta device cannot be initialised after splitting, or None if it can: every
+    module that holds parameters or buffers of its own must reset them, all of them must be on meta (a factory may
+    place some tensors on a device itself), and unless `piecewise_init`, no init_weights() over the whole model."""
+    if not all(t.is_meta for t in (*model.parameters(), *model.buffers())):
+        return "the model factory put some of its tensors on a real device under torch.device('meta')"
+    if not piecewise_init and callable(getattr(model, "init_weights", None)):
+        return (
+            f"its init_weights() ({type(model).__name__}) initialises the whole model at once, which split across "
+            "ranks would draw other values than one process"
+        )
+    for name, module in model.named_modules():
+        owns = (
+            next(module.parameters(recurse=False), None) is not None
+            or next(module.buffers(recurse=False), None) is not None
+        )
+        if owns and not resets(module):
+            return (
+                f"{name or 'the model'} ({type(module).__name__}) holds parameters or buffers and has no "
+                "reset_parameters() to initialise them after splitting"
+            )
+    return None
+
+
+def build_on_meta(
+    make: Callable[[], nn.Module], whole: Callable[[Callable[[], nn.Module]], nn.Module], piecewise_init: bool = True
+) -> nn.Module:
+    """The model on the meta device, or built by `whole` (on the host, then the rank's device) where it could not
+    be initialised after splitting (`uninitialisable`), with the reason in the rank log."""
+    with torch.device("meta"):
+        model = make()
+    missing = uninitialisable(model, piecewise_init)
+    if missing is None:
+        return model
+    log.warning("building the whole model on every rank before splitting it: %s", missing)
+    return whole(make)
+
+
+class FullSizeCopies:
+    """Full-size meta copies of a meta model's modules that initialise themselves, taken before it is split or
+    sharded (after, their parameters would be parts); none for a model built whole."""
+
+    def __init__(self, model: nn.Module | None = None):
+        self.copies = [(m, copy.deepcopy(m)) for m in model.modules() if resets(m)] if model and on_meta(model) else []
+        self.pending = model is not None and on_meta(model)
+
+    @torch.no_grad()
+    def materialise(self, model: nn.Module, device: torch.device, seed: int) -> bool:
+        """Storage for this rank's parts on `device`, then their initial values (module docstring). False, and
+        nothing done, for a model that was built whole."""
+        if not self.pending:
+            return False
+        self.pending = False
+        model.to_empty(device=device)
+        torch.manual_seed(seed)  # as build_model seeded the ordinary construction
+        while self.copies:
+            # One module's full-size copy at a time: dropped as soon as this rank's part of it is taken.
+            module, full_copy = self.copies.pop(0)
+            full_copy.to_empty(device="cpu")
+            full_copy.reset_parameters()
+            for name, full in [*full_copy.named_parameters(recurse=False), *full_copy.named_buffers(recurse=False)]:
+                mine = getattr(module, name)
+                if isinstance(mine, DTensor):
+                    mine.copy_(distribute_tensor(full.detach(), mine.device_mesh, mine.placements, src_data_rank=None))
+                else:
+                    mine.copy_(full)
+        return True
