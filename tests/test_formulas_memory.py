@@ -335,3 +335,18 @@ def test_a_split_model_holds_the_losss_backward_its_own_measurement_gives():
     sharded = memory_per_device(toy, Layout("fsdp+tp", 4, 2, 1, 1, 50, tp=2), "sgd", "fp32")
     assert sharded["transient_bytes"] == 1e4 + 1.6e3 * 50
     assert memory_per_device(toy, whole("fsdp", 2, batch=50), "sgd", "fp32")["transient_bytes"] == 2e4 + 3e3 * 50
+
+
+def test_only_the_parameters_that_train_have_gradients_and_optimizer_state():
+    """A quarter of the toy's 4 MB trains (a frozen backbone under a head): 1 MB of gradients and of Adam's two
+    moments each (2 MB), and 4 bytes for each of 10 x 1/4 = 2.5 tensors, whole, in a 2-stage pipeline's heavier
+    stage (3 MB held: 0.75 MB trains) and on a tensor-parallel rank (2.5 MB held: 0.625 MB trains)."""
+    frozen = dataclasses.replace(profile(), trainable_share=0.25)
+    m = memory_per_device(frozen, whole("single", 1), "adam", "fp32", RUNTIME)
+    assert (m["parameters_bytes"], m["gradients_bytes"], m["optimizer_bytes"]) == (4e6, 1e6, 2e6 + 10)
+    stage = memory_per_device(frozen, Layout("pipeline", 2, 1, 2, 4, 8), "adam", "fp32", RUNTIME)
+    assert (stage["parameters_bytes"], stage["gradients_bytes"]) == (3e6, 7.5e5)
+    assert stage["optimizer_bytes"] == pytest.approx(1.5e6 + 7.5, rel=1e-12)
+    split = dataclasses.replace(split_profile(), trainable_share=0.25)
+    rank = memory_per_device(split, Layout("tp", 2, 1, 1, 1, 100, tp=2), "sgd", "fp32", RUNTIME)
+    assert (rank["parameters_bytes"], rank["gradients_bytes"], rank["optimizer_bytes"]) == (2.5e6, 6.25e5, 6.25e5)

@@ -148,6 +148,18 @@ def test_ddp_overlap_hides_the_all_reduce_behind_backward_but_its_last_bucket():
     assert fast["exposed_comm_s"] == pytest.approx(1.0012 - 2 / 3 * 0.253, rel=1e-12)
 
 
+def test_only_the_parameters_that_train_are_all_reduced_and_stepped():
+    # a quarter of the 4 MB trains: DDP all-reduces 1 MB on 2 ranks, 1 ms + 0.2 ms + 1e6/1e8 = 11.2 ms, all
+    # exposed; SGD moves 5 x 1 MB: 5 ms; zero1 broadcasts the 1 MB updated, 1 ms + 0.1 ms + 5 ms, steps 0.5 MB
+    frozen = replace(profile(), trainable_share=0.25)
+    t = step_time(frozen, whole("ddp", 2), device(False), "fp32", "sgd", TWO_PER_NODE, EFF)
+    assert t["comm_s"] == t["exposed_comm_s"] == pytest.approx(0.0112, rel=1e-12)
+    assert t["optimizer_s"] == pytest.approx(0.005, rel=1e-12)
+    z = step_time(frozen, whole("zero1", 2), device(False), "fp32", "sgd", TWO_PER_NODE, EFF)
+    assert z["comm_s"] == pytest.approx(0.0112 + 0.0061, rel=1e-12)
+    assert z["optimizer_s"] == pytest.approx(0.0025, rel=1e-12)
+
+
 def test_zero1_adds_an_exposed_parameter_broadcast_and_shards_the_optimizer():
     t = step_time(profile(), whole("zero1", 2), device(False), "fp32", "sgd", TWO_PER_NODE, EFF)
     # all-reduce 41.2 ms + all-gather of the parameters 21.1 ms; SGD on half: 10 ms
@@ -278,6 +290,11 @@ def test_hybrid_adds_the_stage_all_reduce_across_replicas():
     across = step_time(profile(), layout, device(False), "fp32", "sgd", TWO_PER_NODE, EFF)
     # hop: K = 2 stages fit a node, so the intra link; the stage's all-reduce: 10 ms + 2 ms + 3e6/1e7
     assert across["comm_s"] == pytest.approx(10 * 0.0111 + 0.312, rel=1e-12)
+    # a quarter of the model training: the stage's 0.75 MB of gradients, 1 ms + 0.2 ms + 7.5 ms
+    frozen = step_time(
+        replace(profile(), trainable_share=0.25), layout, device(False), "fp32", "sgd", FOUR_PER_NODE, EFF
+    )
+    assert frozen["comm_s"] == pytest.approx(10 * 0.0111 + 0.0087, rel=1e-12)
 
 
 @pytest.mark.parametrize("stages,microbatches,expected", [(2, 4, 1 / 5), (4, 8, 3 / 11), (4, 1, 3 / 4), (8, 8, 7 / 15)])
@@ -697,6 +714,15 @@ def test_tensor_parallel_splits_the_split_flops_and_waits_for_every_all_reduce()
     assert t["comm_s"] == t["exposed_comm_s"] == pytest.approx(8 * 2.2e-3, rel=1e-12)
     assert t["optimizer_s"] == pytest.approx(0.0125, rel=1e-12)
     assert t["step_time_s"] == pytest.approx(0.15925 + 0.0176 + 0.0125 + 0.005, rel=1e-12)
+    # a quarter of it training: SGD over 0.625 MB, 3.125 ms; a 2-stage pipeline of it steps its heavier stage's
+    # 3 MB x 1/4: 3.75 ms
+    frozen = replace(split_profile(), trainable_share=0.25)
+    tp = Layout("tp", 2, 1, 1, 1, 100, tp=2)
+    assert step_time(frozen, tp, device(False), "fp32", "sgd", TWO_PER_NODE, EFF)["optimizer_s"] == pytest.approx(
+        0.003125, rel=1e-12
+    )
+    staged = step_time(frozen, Layout("pipeline", 2, 1, 2, 4, 8), device(False), "fp32", "sgd", TWO_PER_NODE, EFF)
+    assert staged["optimizer_s"] == pytest.approx(0.00375, rel=1e-12)
 
 
 def test_fsdp_over_tensor_parallel_groups_adds_fsdps_collectives_on_the_ranks_share():

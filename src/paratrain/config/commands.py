@@ -192,6 +192,7 @@ class PlanConfig(CheckpointingFlags):
     )
     pp: int | None = Field(None, gt=0, description="with the mesh: the model cut into P pipeline stages")
     tp_plan: str | None = TrainConfig.model_fields["tp_plan"]
+    shard_unit: str | None = TrainConfig.model_fields["shard_unit"]
     sequence_parallel: bool = TrainConfig.model_fields["sequence_parallel"]
     loss_parallel: bool = TrainConfig.model_fields["loss_parallel"]
     checkpoint_activations: bool = TrainConfig.model_fields["checkpoint_activations"]

@@ -325,7 +325,9 @@ def _train_config(cfg: PlanConfig) -> TrainConfig:
         # A model without a workload: a gpt preset reads text, anything else images (--dataset to change it).
         values["workload"] = "synthetic-cnn"
         values.setdefault("dataset", "text" if cfg.model in PRESETS else "synthetic")
-    return validate(TrainConfig, values)
+    profiled = validate(TrainConfig, values)
+    # FSDP's units (--shard-unit), which train takes only with --strategy fsdp: the plan's fsdp layouts use them
+    return profiled.model_copy(update={"shard_unit": cfg.shard_unit}) if cfg.shard_unit else profiled
 
 
 def _topology(cfg: PlanConfig, device: Device, per_node: int, gradient_bytes: float) -> Topology:

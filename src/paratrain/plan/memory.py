@@ -181,11 +181,11 @@ def _whole_model(
 ) -> dict[str, float]:
     """A rank that holds the whole model (ddp's; zero1 and fsdp then split its state): its parameters,
     gradients and optimizer state, and the activations of its share of the batch."""
-    params = float(profile.param_bytes)
+    params, trained = float(profile.param_bytes), profile.trainable_share
     return {
         "parameters_bytes": params,
-        "gradients_bytes": params,
-        "optimizer_bytes": optimizer_bytes(params, float(profile.param_tensors), optimizer, momentum),
+        "gradients_bytes": params * trained,
+        "optimizer_bytes": optimizer_bytes(params * trained, profile.param_tensors * trained, optimizer, momentum),
         "activations_bytes": fixed + per_sample * layout.replica_batch,
         "gathered_bytes": 0.0,
     }
@@ -213,10 +213,13 @@ def _tensor_parallel(
     groups, its model state split over the data-parallel ranks too, plus the units in flight."""
     split = profile.tensor_parallel
     assert split is not None and split.degree == layout.tp, "the plan measures the degree it plans"
+    trained = profile.trainable_share
     figures = {
         "parameters_bytes": float(split.param_bytes),
-        "gradients_bytes": float(split.param_bytes),
-        "optimizer_bytes": optimizer_bytes(split.param_bytes, split.param_tensors, optimizer, momentum),
+        "gradients_bytes": split.param_bytes * trained,
+        "optimizer_bytes": optimizer_bytes(
+            split.param_bytes * trained, split.param_tensors * trained, optimizer, momentum
+        ),
         "activations_bytes": act_scale * split.activation_bytes_fixed
         + sixteen_bit_activations(split.activation_bytes_per_sample, split.loss_activation_bytes_per_sample, act_scale)
         * layout.replica_batch,
@@ -275,10 +278,11 @@ def stage_memory(
             layout.microbatches if layout.schedule == "gpipe" else min(layout.microbatches, layout.stages - index)
         )
         tensors = profile.param_tensors * whole / max(profile.param_bytes, 1)  # split tensors are still tensors
+        trained = profile.trainable_share
         stage = {
             "parameters_bytes": params,
-            "gradients_bytes": params,
-            "optimizer_bytes": optimizer_bytes(params, tensors, optimizer, momentum),
+            "gradients_bytes": params * trained,
+            "optimizer_bytes": optimizer_bytes(params * trained, tensors * trained, optimizer, momentum),
             "activations_bytes": share * fixed + (share * per_sample + last * loss_per_sample) * micro * in_flight,
             "gathered_bytes": 0.0,
             # the loss runs on the last stage, one micro-batch's backward at a time

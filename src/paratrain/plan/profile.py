@@ -71,6 +71,10 @@ class ModelProfile:
     recompute_memory_bound_bytes_per_sample: float = 0.0
     # a model of token sequences (a sample is a row of token ids): its tokens per sample, for tokens/s
     tokens_per_sample: int | None = None
+    # of param_bytes, the parameters that train (requires_grad): only they have gradients, optimizer state and
+    # gradient traffic (a frozen backbone has none). One share for the whole model: a stage or a split is taken to
+    # train the same share of what it holds.
+    trainable_share: float = 1.0
 
     @property
     def kind(self) -> str:
@@ -358,6 +362,7 @@ def profile_model(cfg: TrainConfig) -> ModelProfile:
         largest_unit_bytes=max([*unit_bytes, root_bytes]),
         units=_pipeline_units(model, per_module, one[0]),
         tokens_per_sample=_tokens_per_sample(one[0]),
+        trainable_share=sum(p.numel() * p.element_size() for p in params if p.requires_grad) / max(param_bytes, 1),
     )
 
 

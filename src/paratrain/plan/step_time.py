@@ -208,7 +208,7 @@ def step_time(
     )
     speed = device.peak(precision) * share
     n = layout.data_parallel
-    grads = float(profile.param_bytes)
+    grads = profile.param_bytes * profile.trainable_share  # a frozen parameter has no gradient, no optimizer step
     traffic = OPTIMIZER_TRAFFIC[optimizer]
     if eff.memory_bound_apart:  # each FLOP of work brings its memory-bound operators' bytes
         speed = 1 / (1 / speed + profile.memory_bound_bytes_per_flop / device.memory_bandwidth)
@@ -252,6 +252,7 @@ def _data_parallel_comm(
     if n <= 1:
         return 0.0, 0.0
     if layout.strategy in ("ddp", "zero1"):
+        size *= profile.trainable_share  # the gradients, and zero1's updated parameters: those that train
         comm = allreduce_s(size, n, per_node, topo)
         exposed = (
             max(comm - backward, allreduce_s(min(size, DDP_BUCKET_BYTES), n, per_node, topo))
@@ -325,7 +326,7 @@ def _pipeline(
     hop = link.base_latency + link.latency + handed / link.bandwidth
     sends = 2 * (k - 1) if device.overlap else 2 * (m + k - 1)
     comm, exposed = comm + sends * hop, exposed + sends * hop
-    optimizer_s = traffic * max(stage_params) / layout.shards / device.memory_bandwidth
+    optimizer_s = traffic * max(stage_params) * profile.trainable_share / layout.shards / device.memory_bandwidth
     # replicas of a stage are k x T ranks apart (the mesh's order: replicas, shards, stages, tensor-parallel
     # groups innermost), so a node holds per_node / (k x T) of them
     per_node = max(topo.per_node // (k * t), 1)
@@ -337,7 +338,7 @@ def _pipeline(
         comm, exposed = comm + sharded, exposed + (hidden if device.overlap else sharded)
     elif layout.data_parallel > 1:
         # the stage's gradients across its replicas, after the last micro-batch
-        reduce = allreduce_s(float(max(stage_params)), layout.data_parallel, per_node, topo)
+        reduce = allreduce_s(max(stage_params) * profile.trainable_share, layout.data_parallel, per_node, topo)
         comm, exposed = comm + reduce, exposed + reduce
     return compute, comm, exposed, optimizer_s
 
@@ -361,7 +362,7 @@ def _tensor_parallel(
     share = split.split_flops_share
     compute = fixed + profile.work_per_sample * layout.replica_batch * (1 - share + share / t) / speed
     comm = exposed = _split_collectives_s(split, layout.replica_batch, 1.0, topo, precision)
-    optimizer_s = traffic * split.param_bytes / layout.shards / device.memory_bandwidth
+    optimizer_s = traffic * split.param_bytes * profile.trainable_share / layout.shards / device.memory_bandwidth
     if layout.strategy == "fsdp+tp" and n > 1:
         # fsdp's gathers and reduce-scatter of the rank's split share, over ranks t apart
         size = float(split.param_bytes)
