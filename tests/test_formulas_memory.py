@@ -350,3 +350,10 @@ def test_only_the_parameters_that_train_have_gradients_and_optimizer_state():
     split = dataclasses.replace(split_profile(), trainable_share=0.25)
     rank = memory_per_device(split, Layout("tp", 2, 1, 1, 1, 100, tp=2), "sgd", "fp32", RUNTIME)
     assert (rank["parameters_bytes"], rank["gradients_bytes"], rank["optimizer_bytes"]) == (2.5e6, 6.25e5, 6.25e5)
+
+
+def test_a_layout_without_tp_ignores_the_split_profile_a_tp_plan_measured():
+    # plan --tp 2 measures the split model beside the whole one; a pipeline without --tp holds whole units: stage 0
+    # of 2 holds the first two units whole (3 MB), not their split pieces
+    m = memory_per_device(split_profile(), Layout("pipeline", 2, 1, 2, 4, 8), "sgd", "fp32", RUNTIME)
+    assert m["parameters_bytes"] == 3e6
