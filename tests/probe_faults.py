@@ -1,7 +1,8 @@
 """A plain torchrun-style DDP script (no paratrain import) with one planted fault, chosen by argv[1]:
 healthy, data, threads, straggler, rank0-eval, eval, checkpoint, no-sync, collective, uneven,
 find-unused, comm, small-batch, host-sync, loader-workers, broken-loader, buckets, model-collective, recompute,
-json-log, anomaly, frozen, profiled, fsdp-leaf (FSDP2 on every Linear of a 22-layer MLP); and two healthy ones wrapped
+json-log, anomaly, frozen, profiled, fsdp-leaf (FSDP2 on every Linear of a 22-layer MLP), epoch-reload; and two
+healthy ones wrapped
 otherwise: fsdp (FSDP2's
 fully_shard instead of DDP) and bare (no wrapper, one rank). tests/test_doctor_probe.py launches it and checks the
 doctor's top finding."""
@@ -189,6 +190,15 @@ held_out = Images(256)
 history = []
 accumulate = 4 if fault == "no-sync" else 1
 iterator = iter(loader)
+if fault == "epoch-reload":  # the dataset and its loader built again every epoch, as a "reload" each epoch does
+
+    def reloaded():
+        for _ in range(4):
+            fresh = Images(len(train) // 4)
+            spin(0.15)  # building it: reading an index, decoding labels
+            yield from DataLoader(fresh, batch_size=batch, sampler=DistributedSampler(fresh))
+
+    iterator = reloaded()
 if fault == "broken-loader":
     iterator._num_workers = "several"  # an iterator the probe cannot read: it must step aside
 # join() only where the shards are uneven: under it every DDP forward is a collective, so a rank

@@ -307,3 +307,32 @@ def test_gradients_no_optimizer_holds_are_priced_by_their_layers_backward_and_th
     # no layer holding only those parameters ran alone: nothing to price
     untimed = findings(probed_run(tmp_path / "untimed", [step(NEEDLESS, needless_backward_s=None, **held)] * 2))
     assert "needless_gradients" not in untimed
+
+
+def test_the_steps_that_began_an_epoch_are_named_with_the_loaders_workers_or_the_scripts_rebuild(tmp_path):
+    # a 100 ms step of the run, 20 ms of it the epoch starts' excess (3 starts in 90 steady steps: 600 ms each),
+    # 5 ms of it waiting for data and 15 ms the script's own code; the training loader's 2 workers not persistent
+    loader = {**LOADER, "workers": 2, "persistent_workers": False}
+    rank = step(
+        {"forward": 0.04, "backward": 0.04, "data": 0.005, "other": 0.015},
+        epoch_starts=3,
+        epoch_start_excess_s=0.02,
+        epoch_start_phases_s={"data": 0.005, "other": 0.015},
+        loaders=[loader],
+    )
+    found = findings(probed_run(tmp_path / "workers", [rank] * 2))["epoch_start"]
+    assert found["finding"] == "each epoch's start costs 600 ms beyond a plain step: 20% of the run's step time"
+    assert found["saving"] == pytest.approx(0.2) and found["predicted_gain"].startswith("1.25x")
+    assert "persistent_workers=True" in found["remedy"] and found["explains"] == {
+        "data": pytest.approx(0.005),
+        "other": pytest.approx(0.015),
+    }
+    # persistent workers, or none: the script builds its loader again
+    kept = {**rank, "loaders": [{**loader, "persistent_workers": True}]}
+    assert "outside the epoch loop" in findings(probed_run(tmp_path / "kept", [kept] * 2))["epoch_start"]["remedy"]
+    # 6.25 ms of a 125 ms step is 5 %: named; 6.1 ms is not
+    phases = {"forward": 0.0625, "backward": 0.03125, "other": 0.03125}
+    edge = {**rank, "phases_s": phases, "epoch_start_excess_s": 0.00625}
+    assert "epoch_start" in findings(probed_run(tmp_path / "edge", [edge] * 2))
+    under = {**edge, "epoch_start_excess_s": 0.0061}
+    assert "epoch_start" not in findings(probed_run(tmp_path / "under", [under] * 2))

@@ -159,3 +159,28 @@ def test_summarise_keeps_each_ranks_trace_and_its_summary(tmp_path):
     assert expected is not None and ranks[1]["trace"] == expected
     assert "trace" not in ranks[0]  # rank 0 profiled nothing
     assert not (run / PROBE_DIR / "trace-rank1.json").exists()
+
+
+def test_steps_that_began_an_epoch_are_priced_over_the_median_plain_step_by_phase():
+    from paratrain.launch.probe_summary import excess_s
+
+    def s(wall, data, other, began=False, evaluated=0.0):
+        return {"wall_s": wall, "data": data, "other": other, "eval": evaluated, "checkpoint": 0.0} | (
+            {"epoch_began": True} if began else {}
+        )
+
+    steps = [
+        s(0.010, 0.001, 0.002),
+        s(0.012, 0.001, 0.004),
+        s(0.011, 0.003, 0.003),
+        s(0.211, 0.051, 0.153, began=True),  # 200 ms over the 11 ms median: 50 ms data, 150 ms other
+        s(0.111, 0.001, 0.103, began=True),  # 100 ms over: no data, 100 ms other
+        s(0.511, 0.001, 0.003, began=True, evaluated=0.5),  # began an epoch while evaluating: evaluation's
+    ]
+    out = excess_s(steps)
+    assert out["epoch_starts"] == 2
+    assert out["epoch_start_excess_s"] == pytest.approx(0.300 / 6)
+    # medians of the plain steps: data 1 ms, other 3 ms
+    assert out["epoch_start_phases_s"] == pytest.approx({"data": 0.050 / 6, "other": 0.250 / 6})
+    assert out["eval_excess_s"] == pytest.approx(0.500 / 6)
+    assert "epoch_starts" not in excess_s(steps[:3])

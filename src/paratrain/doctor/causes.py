@@ -11,6 +11,7 @@ that time removed or repriced, as script_checks.py does for the phases.
     ddp_buckets            DDP buckets far smaller than its default: many all-reduces a step, each at the
                            link's latency
     data_preparation       the rank prepares its batches itself (decoding, augmenting) with no core to spare
+    epoch_start            the time between epochs: a loader's workers started again, a loader or dataset built again
     recompilation          torch.compile compiling again in the steady steps
 """
 
@@ -34,6 +35,7 @@ BUCKET_EXCESS = 4  # DDP buckets per step this many times the default's count (a
 BUCKET_SAVING = 0.05  # ...saving this share of the step
 DATA_CPU_SHARE = 0.15  # preparing batches in the rank's own thread, of the step
 COMPILE_SHARE = 0.05  # compiling in the steady steps, of the step
+EPOCH_START_SHARE = 0.05  # the steps that began an epoch, beyond a plain step, of the run's step time
 # DDP's default buckets (torch.nn.parallel.DistributedDataParallel): the first holds 1 MiB, the rest 25 MiB.
 DDP_FIRST_BUCKET = 2**20
 DDP_BUCKET = 25 * 2**20
@@ -365,6 +367,49 @@ def ddp_buckets(ev: RunEvidence) -> Finding | None:
     )
 
 
+def epoch_start(ev: RunEvidence) -> Finding | None:
+    """The steps in which a DataLoader began an epoch cost more than a plain step (the probe summary's
+    epoch_start_excess_s, per step of the run): what runs between epochs, which the profiled steps rarely see.
+    A loader whose workers are not persistent starts them again every epoch; otherwise the script builds its
+    loader or dataset again (a new DataLoader per epoch, Lightning's reload_dataloaders_every_n_epochs)."""
+    ranks = [r for r in ev.probe_ranks if r.get("epoch_starts")]
+    if not ranks:
+        return None
+    step, excess = _step(ev), _mean([r.get("epoch_start_excess_s", 0.0) for r in ev.probe_ranks])
+    if excess / step < EPOCH_START_SHARE:
+        return None
+    first = ranks[0]
+    per_epoch = first["epoch_start_excess_s"] * first["steady_steps"] / first["epoch_starts"]
+    loader = _training_loader(first) or {}
+    workers = int(loader.get("workers") or 0)
+    restarts = workers > 0 and not loader.get("persistent_workers")
+    phases = {p: _mean([r.get("epoch_start_phases_s", {}).get(p, 0.0) for r in ranks]) for p in ("data", "other")}
+    return Finding(
+        "epoch_start",
+        f"each epoch's start costs {ms(per_epoch)} beyond a plain step: {pct(excess / step)} of the run's step time",
+        f"step {ms(step)}; {first['epoch_starts']} epochs began in the steady steps of rank {first['rank']}, "
+        f"each step that began one {ms(per_epoch)} longer than a plain step (data {ms(phases['data'])}, the "
+        f"script's own code {ms(phases['other'])} a step of the run); the training loader: "
+        f"{loader.get('dataset', 'unknown')}, {workers} workers" + (", not persistent" if restarts else ""),
+        f"its {workers} worker processes are started again at every epoch (persistent_workers=False), each "
+        "importing and copying the dataset before the first batch"
+        if restarts
+        else "the script builds its DataLoader or dataset again each epoch (a new DataLoader per epoch; Lightning: "
+        "reload_dataloaders_every_n_epochs), or does other work between epochs",
+        f"code change in {_script(ev)}: "
+        + (
+            "DataLoader(..., persistent_workers=True)"
+            if restarts
+            else "build the dataset and DataLoader once, outside the epoch loop (Lightning: "
+            "reload_dataloaders_every_n_epochs=0)"
+        ),
+        f"{speedup(excess / step)}: every step as long as a plain one",
+        excess / step,
+        where="the DataLoader's workers (persistent_workers=False)" if restarts else "between epochs",
+        explains=phases,
+    )
+
+
 # Below a MiB a collective's time is the link's latency and the backend's work per call; its bandwidth only
 # shows in larger messages (tiny buckets' 10 kB messages fitted 0.4 GB/s where 3 MiB moved at several GB/s).
 LINK_FIT_BYTES = 2**20
@@ -462,4 +507,5 @@ CAUSES = (
     ddp_buckets,
     data_preparation,
     recompilation,
+    epoch_start,
 )

@@ -74,8 +74,11 @@ def unexplained(ev: RunEvidence, findings: Sequence[Finding]) -> list[Finding]:
     python = _user_python(ev)
     if python / step >= PYTHON_SHARE:
         out.append(_unexplained(ev, "forward", python, step, "in the user's own Python inside forward, not operators"))
+    # A DDP rank's comm is its all-reduce's exposed tail, which exposed_communication prices: only the collectives
+    # of another parallelism (FSDP's, tensor parallelism's) are read here.
     comm = _phase(ev, "comm") - done.get("comm", 0.0)
-    if comm / step >= COMM_SHARE:
+    issued = statistics.mean(r.get("inner_calls_per_step", 0.0) for r in ev.probe_ranks)
+    if comm / step >= COMM_SHARE and issued > 0 and not any(r.get("ddp") for r in ev.probe_ranks):
         out.append(_collectives(ev, comm, step))
     ddp_overhead = statistics.mean(r.get("ddp_overhead_s", 0.0) for r in ev.probe_ranks)
     ddp = ddp_overhead - done.get("ddp_forward", 0.0)

@@ -185,18 +185,29 @@ def device_record(records: list[dict[str, Any]], steps: set[int]) -> dict[str, A
     }
 
 
-def excess_s(used: list[dict[str, Any]]) -> dict[str, float]:
+def excess_s(used: list[dict[str, Any]]) -> dict[str, Any]:
     """What steps with an evaluation (or a checkpoint) cost beyond a plain step, per step of the run:
     more than the evaluation's own time, since after it the caches are cold and the ranks meet at the
-    next all-reduce as unevenly as their evaluations ended. A plain step is the median of the others."""
-    plain = [s["wall_s"] for s in used if s["eval"] == 0 and s["checkpoint"] == 0]
+    next all-reduce as unevenly as their evaluations ended. A plain step is the median of the others.
+    So do the steps in which a DataLoader began an epoch (and nothing was evaluated or saved): the time
+    between epochs (a loader's workers started again, a dataset built again), with the phases it went to."""
+    plain = [s for s in used if s["eval"] == 0 and s["checkpoint"] == 0 and not s.get("epoch_began")]
     if not plain:
         return {}
-    base = statistics.median(plain)
-    return {
+    base = statistics.median(s["wall_s"] for s in plain)
+    out: dict[str, Any] = {
         f"{phase}_excess_s": sum(max(0.0, s["wall_s"] - base) for s in used if s[phase] > 0) / len(used)
         for phase in ("eval", "checkpoint")
     }
+    starts = [s for s in used if s.get("epoch_began") and s["eval"] == 0 and s["checkpoint"] == 0]
+    if starts:
+        out["epoch_starts"] = len(starts)
+        out["epoch_start_excess_s"] = sum(max(0.0, s["wall_s"] - base) for s in starts) / len(used)
+        out["epoch_start_phases_s"] = {
+            phase: sum(max(0.0, s[phase] - statistics.median(p[phase] for p in plain)) for s in starts) / len(used)
+            for phase in ("data", "other")
+        }
+    return out
 
 
 def keep_trace(probe_dir: Path, rank: int) -> Path:

@@ -58,6 +58,7 @@ class Facts:
         self.dtypes_seen = False
         self.float64 = False
         self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()  # every torch optimizer that stepped
+        self.epoch_began = False  # a DataLoader began an epoch (a new iterator) during this step
         self.loaders: dict[int, dict[str, Any]] = {}  # id(loader) -> what it reads
         self.iterators: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
 
@@ -72,6 +73,9 @@ class Facts:
         }
         if self.gc_sites:
             out["gc_sites"] = {where: round(s, 6) for where, s in self.gc_sites.items()}
+        if self.epoch_began:
+            out["epoch_began"] = True
+            self.epoch_began = False
         self.gc_s, self.gc_n, self.compiles, self.compile_s = 0.0, 0, 0, 0.0
         self.gc_sites = {}
         return out
@@ -162,6 +166,7 @@ class Facts:
     # -- data ---------------------------------------------------------------------------------
     def new_epoch(self, iterator: Any, loader: Any) -> None:
         """A DataLoader began an epoch: describe it once; close its last epoch's count."""
+        self.epoch_began = True
         key = id(loader)
         if key not in self.loaders:
             if len(self.loaders) >= LOADERS:
@@ -240,6 +245,7 @@ def describe_loader(torch: Any, loader: Any) -> dict[str, Any]:
         "batch_size": loader.batch_size,
         "batches_per_epoch": None if iterable else _length(loader),
         "workers": loader.num_workers,
+        "persistent_workers": bool(getattr(loader, "persistent_workers", False)),
         "world": world,
         "epochs": 0,
         "batches": 0,
