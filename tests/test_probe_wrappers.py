@@ -21,7 +21,12 @@ def test_fsdp2_steps_are_timed_and_its_collectives_are_communication(tmp_path):
         # forward and backward, from Python) are communication, not the model's compute
         assert sum(p.values()) == pytest.approx(r["step_s"], rel=1e-3)
         assert p["forward"] > 0 and p["backward"] > 0 and p["optimizer"] > 0 and p["comm"] > 0, p
-    assert not [f for f in diagnose(run)["findings"] if f["severity"] == "high"]
+    # Each conv and the head its own FSDP unit, on a model this small: the only cause the doctor may rank high is
+    # those units' collectives, named as FSDP's own (unexplained_comm, with their count), never another phase's.
+    high = [f for f in diagnose(run)["findings"] if f["severity"] == "high"]
+    assert {f["check"] for f in high} <= {"unexplained_comm"}, high
+    calls = sum(r["inner_calls_per_step"] for r in ranks) / len(ranks)
+    assert all(f"{calls:.0f} calls a step" in f["evidence"] for f in high), (high, calls)
 
 
 def test_a_bare_model_on_one_rank_is_timed_without_communication(tmp_path):
