@@ -336,3 +336,47 @@ def test_the_steps_that_began_an_epoch_are_named_with_the_loaders_workers_or_the
     assert "epoch_start" in findings(probed_run(tmp_path / "edge", [edge] * 2))
     under = {**edge, "epoch_start_excess_s": 0.0061}
     assert "epoch_start" not in findings(probed_run(tmp_path / "under", [under] * 2))
+
+
+def test_recompilation_quotes_its_graph_breaks_and_explains_forward_up_to_its_time(tmp_path):
+    # 0.5 compilations and 25 ms compiling a step of 250 ms (10 %), the forward 100 ms: it accounts for 25 ms of it
+    phases = {"forward": 0.1, "backward": 0.125, "other": 0.025}
+    rank = step(phases, compiles_per_step=0.5, compile_s_per_step=0.025, graph_breaks=3, compiled_frames=7)
+    found = findings(probed_run(tmp_path / "re", [rank, {**rank, "graph_breaks": 1, "compiled_frames": 2}]))
+    found = found["recompilation"]
+    assert "(7 frames compiled in all, 3 graph breaks)" in found["evidence"], found["evidence"]
+    assert found["where"] == "torch.compile (TORCH_LOGS=recompiles)"
+    assert found["share"] == found["saving"] == pytest.approx(0.1)
+    assert found["explains"] == {"forward": pytest.approx(0.025)}
+    # compiling longer than the forward: no more than the forward is explained
+    long = step({"forward": 0.01, "backward": 0.1, "other": 0.14}, compiles_per_step=1, compile_s_per_step=0.05)
+    assert findings(probed_run(tmp_path / "long", [long] * 2))["recompilation"]["explains"] == {
+        "forward": pytest.approx(0.01)
+    }
+    # exactly 5 % of the step (binary fractions: 1/32 of 5/8 s) is named; none compiled (0 a step) is not, however
+    # long the step's compile time reads
+    edge = step({"forward": 0.5, "other": 0.125}, compiles_per_step=0.25, compile_s_per_step=0.03125)
+    assert "recompilation" in findings(probed_run(tmp_path / "edge", [edge] * 2))
+    none = {**edge, "compiles_per_step": 0}
+    assert "recompilation" not in findings(probed_run(tmp_path / "none", [none] * 2))
+
+
+def test_needless_gradients_name_the_first_ranks_count_where_and_the_line_of_five_percent(tmp_path):
+    # rank 0 counts 12 such parameters and rank 1 13 (their layers differ in nothing here but the count quoted)
+    held = {"needless_grad_params": 12, "needless_grad_bytes": 3 * 2**20, "graded_bytes": 4 * 2**20, **LINK}
+    ranks = [step(NEEDLESS, needless_backward_s=0.05, **held), step(NEEDLESS, needless_backward_s=0.05, **held)]
+    ranks[1]["needless_grad_params"] = 13
+    found = findings(probed_run(tmp_path / "two", ranks))["needless_gradients"]
+    assert "; 12 parameters (3.0 MiB" in found["evidence"] and found["where"] == (
+        "parameters with requires_grad=True in no optimizer"
+    )
+    # no count of every graded byte: the needless bytes are all of them (a share of 1), the link's 3 ms stands
+    bare = {k: v for k, v in held.items() if k != "graded_bytes"}
+    alone = findings(probed_run(tmp_path / "bare", [step(NEEDLESS, needless_backward_s=0.05, **bare)] * 2))
+    assert alone["needless_gradients"]["saving"] == pytest.approx(0.265)
+    assert "100% of the gradients" in alone["needless_gradients"]["evidence"]
+    # exactly 5 %: 10 ms of a 200 ms step (1 MiB on the link: 1 ms, backward 9 ms, in binary-exact halves)
+    few = {"needless_grad_params": 1, "needless_grad_bytes": 2**20, "graded_bytes": 8 * 2**20, **LINK}
+    phases = {"forward": 0.0625, "backward": 0.0625, "comm": 0.0625, "other": 0.0625}  # a 250 ms step
+    exact = step(phases, needless_backward_s=0.0125 - 2**20 / (2**20 / 0.001), **few)
+    assert findings(probed_run(tmp_path / "exact", [exact] * 2))["needless_gradients"]["saving"] == pytest.approx(0.05)
