@@ -22,6 +22,15 @@ def _records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+def _monitored(tmp_path: Path, run_id: str, proc: psutil.Process) -> float:
+    """The monitor run for 2.2 s over the rank of `run_id`; `proc`'s CPU over that time by psutil, in per cent."""
+    with Monitor(tmp_path / SYSTEM_FILE, 4.0, ranks_by_environment(run_id)):
+        before, started = proc.cpu_times(), time.monotonic()
+        time.sleep(2.2)
+        after, ended = proc.cpu_times(), time.monotonic()
+    return 100 * (after.user + after.system - before.user - before.system) / (ended - started)
+
+
 def test_a_busy_child_is_sampled_as_psutil_measures_it(tmp_path):
     """A busy loop pinned to one core, found as rank 0 through its environment: the monitor's CPU
     figures agree within 10 % with psutil's own cpu_times over the monitor's life, and the first
@@ -32,16 +41,10 @@ def test_a_busy_child_is_sampled_as_psutil_measures_it(tmp_path):
         [sys.executable, "-c", f"import os\nos.sched_setaffinity(0, [{core}])\nwhile True: pass"], env=env
     )
     try:
-        proc = psutil.Process(busy.pid)
-        monitor = Monitor(tmp_path / SYSTEM_FILE, 4.0, ranks_by_environment("busy-test"))
-        with monitor:
-            before, started = proc.cpu_times(), time.monotonic()
-            time.sleep(2.2)
-            after, ended = proc.cpu_times(), time.monotonic()
+        psutil_percent = _monitored(tmp_path, "busy-test", psutil.Process(busy.pid))
     finally:
         busy.kill()
         busy.wait()
-    psutil_percent = 100 * (after.user + after.system - before.user - before.system) / (ended - started)
     records = _records(tmp_path / SYSTEM_FILE)
     ranks = [r for r in records if r["kind"] == "rank"]
     hosts = [r for r in records if r["kind"] == "host"]
@@ -71,18 +74,12 @@ def test_a_ranks_child_processes_count_in_its_tree_not_in_its_own_figure(tmp_pat
     )
     rank = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
     try:
-        child = psutil.Process(int(rank.stdout.readline()))
-        monitor = Monitor(tmp_path / SYSTEM_FILE, 4.0, ranks_by_environment("tree-test"))
-        with monitor:
-            before, started = child.cpu_times(), time.monotonic()
-            time.sleep(2.2)
-            after, ended = child.cpu_times(), time.monotonic()
+        child_percent = _monitored(tmp_path, "tree-test", psutil.Process(int(rank.stdout.readline())))
     finally:
         for proc in psutil.Process(rank.pid).children(recursive=True):
             proc.kill()
         rank.kill()
         rank.wait()
-    child_percent = 100 * (after.user + after.system - before.user - before.system) / (ended - started)
     ranks = [r for r in _records(tmp_path / SYSTEM_FILE) if r["kind"] == "rank"]
     assert len(ranks) >= 5 and {r["pid"] for r in ranks} == {rank.pid}, ranks
     assert max(r["cpu_percent"] for r in ranks) < 10, ranks
