@@ -1370,6 +1370,11 @@ def test_other_work_on_one_ranks_core_is_the_caveats_share(tmp_path):
     # 25 % of rank 1's core, the run's 8 %: contended; 20 % exactly is not
     assert "contended" in {f["check"] for f in run("core", 0.08, (100.0, 75.0))}
     assert "contended" not in {f["check"] for f in run("edge", 0.08, (100.0, 80.0))}
+    # rank 0's core the busy one (not the last rank's): named as such
+    zero = run("zero", 0.3, (40.0, 100.0))[0]
+    assert "60% of rank 0's" in zero["finding"], zero["finding"]
+    # nothing measured over the run's cores (0 %), 25 % of rank 1's: the caveat's share is 25 %, under the all-reduce
+    assert [f["check"] for f in run("alone", 0.0, (100.0, 75.0))][:2] == ["exposed_communication", "contended"]
     # both ranks on both cores: no rank's own cores to read
     shared = run("shared", 0.08, (100.0, 50.0), cores=([0, 1], [0, 1]))
     assert "contended" not in {f["check"] for f in shared}
