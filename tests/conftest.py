@@ -250,3 +250,54 @@ def fake_world():
     yield join
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+# The doctor's findings from a probed run, checked in every formula test that diagnoses one: a time finding names
+# where its time goes, and accounts only for phases the probe measured, never for more than was measured there
+# (the monitor-based checks of doctor/checks.py, for runs without the probe, name no place).
+MONITOR_CHECKS = {
+    "oversubscription",
+    "exposed_communication",
+    "data_wait",
+    "host_sync_stalls",
+    "rank0_alone",
+    "straggler",
+    "evaluation_share",
+}
+
+
+def _findings_account_for_measured_time(ev: Any, findings: Sequence[Any]) -> None:
+    from statistics import mean
+
+    from paratrain.launch.probe import PHASES
+
+    if not ev.probe_ranks:
+        return
+    measured = {p: mean(r["phases_s"].get(p, 0.0) for r in ev.probe_ranks) for p in PHASES}
+    measured["ddp_forward"] = mean(r.get("ddp_overhead_s", 0.0) for r in ev.probe_ranks)
+    for f in findings:
+        assert isinstance(f.explains, dict), (f.check, f.explains)
+        for phase, seconds in f.explains.items():
+            assert phase in measured, (f.check, phase)
+            assert -1e-12 <= seconds <= measured[phase] + 1e-9, (f.check, phase, seconds, measured[phase])
+        # the ledger's unexplained time names a place only where a trace was recorded
+        if f.saving is not None and f.check not in MONITOR_CHECKS and not f.check.startswith("unexplained_"):
+            assert isinstance(f.where, str) and f.where, (f.check, f.where)
+
+
+@pytest.fixture(autouse=True)
+def _doctor_invariants(request, monkeypatch):
+    if not request.module.__name__.startswith("test_formulas_"):
+        yield
+        return
+    import paratrain.doctor as doctor
+
+    diagnose_run = doctor.diagnose_run
+
+    def checked(ev):
+        findings = diagnose_run(ev)
+        _findings_account_for_measured_time(ev, findings)
+        return findings
+
+    monkeypatch.setattr(doctor, "diagnose_run", checked)
+    yield

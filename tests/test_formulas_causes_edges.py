@@ -310,7 +310,7 @@ def test_gradients_no_optimizer_holds_are_priced_by_their_layers_backward_and_th
 
 
 def test_the_steps_that_began_an_epoch_are_named_with_the_loaders_workers_or_the_scripts_rebuild(tmp_path):
-    # a 100 ms step of the run, 20 ms of it the epoch starts' excess (3 starts in 90 steady steps: 600 ms each),
+    # a 100 ms step of the run, 20 ms of it the epoch starts' own excess (3 starts in 90 steady steps: 600 ms each),
     # 5 ms of it waiting for data and 15 ms the script's own code; the training loader's 2 workers not persistent
     loader = {**LOADER, "workers": 2, "persistent_workers": False}
     rank = step(
@@ -332,10 +332,14 @@ def test_the_steps_that_began_an_epoch_are_named_with_the_loaders_workers_or_the
     assert "outside the epoch loop" in findings(probed_run(tmp_path / "kept", [kept] * 2))["epoch_start"]["remedy"]
     # 6.25 ms of a 125 ms step is 5 %: named; 6.1 ms is not
     phases = {"forward": 0.0625, "backward": 0.03125, "other": 0.03125}
-    edge = {**rank, "phases_s": phases, "epoch_start_excess_s": 0.00625}
+    edge = {**rank, "phases_s": phases, "epoch_start_excess_s": 0.00625, "epoch_start_phases_s": {"other": 0.00625}}
     assert "epoch_start" in findings(probed_run(tmp_path / "edge", [edge] * 2))
-    under = {**edge, "epoch_start_excess_s": 0.0061}
+    under = {**edge, "epoch_start_phases_s": {"other": 0.0061}}
     assert "epoch_start" not in findings(probed_run(tmp_path / "under", [under] * 2))
+    # a rank that waits at each epoch's start for the other (its data and other 20 ms over, the other's 1 ms): the
+    # wait is the other rank's doing, not work between epochs; the least of the ranks' own, 1 ms, is under the line
+    waiting = {**rank, "epoch_start_phases_s": {"data": 0.0, "other": 0.001}}
+    assert "epoch_start" not in findings(probed_run(tmp_path / "waiting", [rank, waiting]))
 
 
 def test_recompilation_quotes_its_graph_breaks_and_explains_forward_up_to_its_time(tmp_path):

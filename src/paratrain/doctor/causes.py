@@ -368,28 +368,35 @@ def ddp_buckets(ev: RunEvidence) -> Finding | None:
 
 
 def epoch_start(ev: RunEvidence) -> Finding | None:
-    """The steps in which a DataLoader began an epoch cost more than a plain step (the probe summary's
-    epoch_start_excess_s, per step of the run): what runs between epochs, which the profiled steps rarely see.
+    """The steps in which a DataLoader began an epoch cost more than a plain step in the rank's own data and `other`
+    (the probe summary's epoch_start_phases_s, per step of the run): what runs between epochs, which the profiled
+    steps rarely see.
     A loader whose workers are not persistent starts them again every epoch; otherwise the script builds its
     loader or dataset again (a new DataLoader per epoch, Lightning's reload_dataloaders_every_n_epochs)."""
     ranks = [r for r in ev.probe_ranks if r.get("epoch_starts")]
     if not ranks:
         return None
-    step, excess = _step(ev), _mean([r.get("epoch_start_excess_s", 0.0) for r in ev.probe_ranks])
+    # The rank's own work between epochs: its data and `other` beyond a plain step (not its wait in a collective),
+    # and the least any rank spent so: a rank that waits at the epoch's start for another (rank 0 evaluating alone,
+    # a rank with a longer shard) shows a wait there, which the rank it waits for does not.
+    own = {r["rank"]: sum(r.get("epoch_start_phases_s", {}).values()) for r in ranks}
+    excess = min(own.get(r["rank"], 0.0) for r in ev.probe_ranks)
+    step = _step(ev)
     if excess / step < EPOCH_START_SHARE:
         return None
-    first = ranks[0]
-    per_epoch = first["epoch_start_excess_s"] * first["steady_steps"] / first["epoch_starts"]
+    first = min(ranks, key=lambda r: own[r["rank"]])
+    per_epoch = excess * first["steady_steps"] / first["epoch_starts"]
     loader = _training_loader(first) or {}
     workers = int(loader.get("workers") or 0)
     restarts = workers > 0 and not loader.get("persistent_workers")
-    phases = {p: _mean([r.get("epoch_start_phases_s", {}).get(p, 0.0) for r in ranks]) for p in ("data", "other")}
+    phases = {p: first.get("epoch_start_phases_s", {}).get(p, 0.0) for p in ("data", "other")}
     return Finding(
         "epoch_start",
         f"each epoch's start costs {ms(per_epoch)} beyond a plain step: {pct(excess / step)} of the run's step time",
-        f"step {ms(step)}; {first['epoch_starts']} epochs began in the steady steps of rank {first['rank']}, "
-        f"each step that began one {ms(per_epoch)} longer than a plain step (data {ms(phases['data'])}, the "
-        f"script's own code {ms(phases['other'])} a step of the run); the training loader: "
+        f"step {ms(step)}; {first['epoch_starts']} epochs began in the steady steps of rank {first['rank']} (the "
+        f"rank that spent least there), each step that began one {ms(per_epoch)} longer in its own work than a "
+        f"plain step (data {ms(phases['data'])}, the script's own code {ms(phases['other'])} a step of the run); "
+        "the training loader: "
         f"{loader.get('dataset', 'unknown')}, {workers} workers" + (", not persistent" if restarts else ""),
         f"its {workers} worker processes are started again at every epoch (persistent_workers=False), each "
         "importing and copying the dataset before the first batch"

@@ -77,6 +77,11 @@ def model_work_excess(ev: RunEvidence, explained: Mapping[str, float]) -> Findin
     excess = measured - expected - explained.get("forward", 0.0) - explained.get("backward", 0.0)
     if excess / step < EXCESS_SHARE or measured < EXCESS_RATIO * expected:
         return None
+    forward = statistics.mean(r["phases_s"].get("forward", 0.0) for r in ranks)
+    left = (
+        max(0.0, forward - explained.get("forward", 0.0)),
+        max(0.0, measured - forward - explained.get("backward", 0.0)),
+    )
     cause, remedy, where = _signature(ev, ranks)
     ran = _ran(ev)
     share = excess / step
@@ -95,7 +100,9 @@ def model_work_excess(ev: RunEvidence, explained: Mapping[str, float]) -> Findin
         where=where,
         share=share,
         bound=True,
-        explains={"forward": excess},
+        # in forward's and backward's shares of what other findings left unexplained in them: neither phase is
+        # explained beyond what it measured
+        explains={"forward": excess * left[0] / sum(left), "backward": excess * left[1] / sum(left)},
     )
 
 
