@@ -254,16 +254,8 @@ def fake_world():
 
 # The doctor's findings from a probed run, checked in every formula test that diagnoses one: a time finding names
 # where its time goes, and accounts only for phases the probe measured, never for more than was measured there
-# (the monitor-based checks of doctor/checks.py, for runs without the probe, name no place).
-MONITOR_CHECKS = {
-    "oversubscription",
-    "exposed_communication",
-    "data_wait",
-    "host_sync_stalls",
-    "rank0_alone",
-    "straggler",
-    "evaluation_share",
-}
+# (the checks of doctor/checks.py a probed run still gets, read from the monitor, name no place).
+MONITOR_CHECKS = {"contended", "rank0_alone", "first_epoch_overhead", "idle_devices"}
 
 
 def _findings_account_for_measured_time(ev: Any, findings: Sequence[Any]) -> None:
