@@ -191,16 +191,19 @@ def excess_s(used: list[dict[str, Any]]) -> dict[str, Any]:
     next all-reduce as unevenly as their evaluations ended. A plain step is the median of the others.
     So do the steps in which a DataLoader began an epoch (and nothing was evaluated or saved): the time
     between epochs (a loader's workers started again, a dataset built again), with the phases it went to."""
-    plain = [s for s in used if s["eval"] == 0 and s["checkpoint"] == 0 and not s.get("epoch_began")]
-    if not plain:
+    quiet = [s for s in used if s["eval"] == 0 and s["checkpoint"] == 0]
+    # A loader iterated afresh every step (iter(loader) inside the loop) begins an "epoch" every step: then no
+    # plain step is left, the steps without evaluation or checkpoint are the base, and data_wait reads that cost.
+    plain = [s for s in quiet if not s.get("epoch_began")]
+    if not quiet:
         return {}
-    base = statistics.median(s["wall_s"] for s in plain)
+    base = statistics.median(s["wall_s"] for s in plain or quiet)
     out: dict[str, Any] = {
         f"{phase}_excess_s": sum(max(0.0, s["wall_s"] - base) for s in used if s[phase] > 0) / len(used)
         for phase in ("eval", "checkpoint")
     }
-    starts = [s for s in used if s.get("epoch_began") and s["eval"] == 0 and s["checkpoint"] == 0]
-    if starts:
+    starts = [s for s in quiet if s.get("epoch_began")]
+    if starts and plain:
         out["epoch_starts"] = len(starts)
         out["epoch_start_excess_s"] = sum(max(0.0, s["wall_s"] - base) for s in starts) / len(used)
         out["epoch_start_phases_s"] = {
