@@ -110,6 +110,10 @@ BAD = {
         "File name too long",
     ),
     "recommend without flags": (["recommend"], "missing required options --workers, --out"),
+    "plan with a shard unit the model lacks": (
+        ["plan", "--model", "user_factories:frozen_tower", "--device", "cpu", "--gpus", "2", "--shard-unit", "Nope"],
+        "--shard-unit Nope: the model has no module of that class; choose one of Flatten, Linear, Sequential",
+    ),
     # named against the run's own --workers, not the one worker find-batch measures
     "recommend on split layers": (
         ["recommend", "--workload", "gpt-tiny", "--strategy", "fsdp", "--tp", "2", "--workers", "2", "--out", "rec"],
