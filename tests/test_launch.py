@@ -5,7 +5,9 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
+import paratrain.launch.probe as paratrain_probe
 from paratrain.cli import main
 from paratrain.measure.monitor import SYSTEM_FILE
 from paratrain.reporting.verdict import run_verdict
@@ -63,7 +65,7 @@ def launched(ddp_script, tmp_path_factory):
 
 def test_launch_runs_a_ddp_script_on_two_pinned_ranks(launched):
     status, run_dir = launched
-    assert status == 0
+    assert status == 0, [(run_dir / "logs" / f"rank{r}.log").read_text()[-4000:] for r in (0, 1)]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["exit_code"] == 0 and summary["workers"] == 2
     assert summary["wall_time_s"] > 0
@@ -93,6 +95,39 @@ def test_launch_returns_the_exit_status_of_a_failing_rank(ddp_script, tmp_path, 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("paratrain launch: rank 1 failed with exit status 3: ")
     assert err[0].endswith(f"(see {run_dir / 'logs' / 'rank1.log'})")  # the last line of that rank's log between
+
+
+def test_a_rank_killed_by_a_signal_is_named_with_the_python_line_it_was_running(tmp_path, capsys):
+    """A segfault in native code leaves no Python traceback of its own: every rank runs with Python's fault
+    handler (PYTHONFAULTHANDLER), and the command's one line names the fatal error and the innermost line."""
+    script = tmp_path / "crash.py"
+    script.write_text("import ctypes, os\nif os.environ['RANK'] == '1':\n    ctypes.string_at(0)\n")
+    run_dir = tmp_path / "run"
+    assert main(["launch", "-n", "2", "--no-probe", "--run-dir", str(run_dir), str(script)]) == 128 + 11
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("paratrain launch: rank 1 failed with killed by SIGSEGV: Segmentation fault in __init__")
+    assert "(string_at), called from crash.py:3 (<module>) (see " in err[0]  # ctypes, then the script
+
+
+def test_a_fatal_error_inside_the_probe_s_profiler_says_how_to_run_without_it(tmp_path):
+    """What the fault handler wrote when torch.profiler's stop crashed in a rank (the probe's trace window)."""
+    from paratrain.launch.script import _fatal_error
+
+    probe_dir = Path(paratrain_probe.__file__).parent
+    log = tmp_path / "rank0.log"
+    log.write_text(
+        "epoch 1\nFatal Python error: Segmentation fault\n\nCurrent thread 0x00007f (most recent call first):\n"
+        f'  File "{Path(torch.__file__).parent / "profiler" / "profiler.py"}", line 230 in stop\n'
+        f'  File "{probe_dir / "window.py"}", line 77 in _stop\n'
+        f'  File "{probe_dir / "clock.py"}", line 160 in end_step\n'
+        '  File "/home/u/train.py", line 30 in <module>\n\nExtension modules: numpy.core (total: 1)\n'
+    )
+    said = _fatal_error(log)
+    assert said.startswith("Segmentation fault in profiler.py:230 (stop), called from window.py:77 (_stop); it crashed")
+    assert said.endswith("PARATRAIN_PROBE_TRACE=0 turns it off")
+    log.write_text(log.read_text().replace(str(probe_dir), "/home/u/lib"))
+    assert _fatal_error(log) == "Segmentation fault in profiler.py:230 (stop), called from window.py:77 (_stop)"
 
 
 def test_launch_names_the_rank_that_failed_not_the_one_it_stopped(tmp_path, capsys):

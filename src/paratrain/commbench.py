@@ -143,13 +143,13 @@ def _measure(
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from paratrain.launch.local import failure_line, quiet_elastic_logs, scoped_environ, thread_env
+    from paratrain.launch.local import failure_line, quiet_elastic_logs, scoped_environ, worker_env
 
     quiet_elastic_logs()
     # The agent's per-rank files go to a directory removed afterwards, never left in /tmp.
     with (
         tempfile.TemporaryDirectory(prefix="paratrain-commbench-") as logs,
-        scoped_environ(thread_env(placement.threads_per_worker)),
+        scoped_environ(worker_env(placement.threads_per_worker)),
     ):
         launch = LaunchConfig(
             min_nodes=1,

@@ -61,9 +61,10 @@ def scoped_environ(values: dict[str, str]) -> Iterator[None]:
                 os.environ[name] = value
 
 
-def thread_env(threads: int) -> dict[str, str]:
-    """OpenMP/MKL read their pool size at start-up, so it must be in the workers' environment."""
-    return {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+def worker_env(threads: int) -> dict[str, str]:
+    """What the workers must read at start-up: OpenMP's and MKL's pool size, and Python's fault handler, so
+    that a rank killed by a signal in native code (a segfault in a library) leaves its Python stack in its log."""
+    return {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "PYTHONFAULTHANDLER": "1"}
 
 
 def quiet_elastic_logs() -> None:
@@ -186,7 +187,7 @@ def launch_local(cfg: TrainConfig, placement: Placement, run_dir: Path) -> dict[
         with (
             scoped_environ(
                 {
-                    **thread_env(placement.threads_per_worker),
+                    **worker_env(placement.threads_per_worker),
                     **(LIMITED_RANK_ENV if cfg.memory_limit else {}),
                     **fresh_store,
                 }
@@ -305,7 +306,7 @@ def _run_here(cfg: TrainConfig, placement: Placement, run_dir: Path) -> dict[str
 
     affinity, threads = os.sched_getaffinity(0), torch.get_num_threads()
     try:
-        with scoped_environ(thread_env(placement.threads_per_worker)):
+        with scoped_environ(worker_env(placement.threads_per_worker)):
             return run_rank(cfg.model_dump(mode="json"), placement.to_dict(), str(run_dir))
     except Exception as exc:
         reason = failure_line(str(exc)) or type(exc).__name__

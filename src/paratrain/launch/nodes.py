@@ -36,7 +36,7 @@ from typing import Any
 from paratrain.config import TrainConfig, validate
 from paratrain.engine.distributed import Placement
 from paratrain.errors import UsageError
-from paratrain.launch.local import RanksFailed, launch_local, scoped_environ, thread_env
+from paratrain.launch.local import RanksFailed, launch_local, scoped_environ, worker_env
 from paratrain.launch.placement import available_cores, check_gpus, resolve_backend, resolve_device
 
 
@@ -256,7 +256,7 @@ def run_ranks(cfg: TrainConfig, placement: Placement, run_dir: Path, tasks: Task
         "LOCAL_WORLD_SIZE": str(tasks.local_size),
         "MASTER_ADDR": tasks.master_addr or "",
         "MASTER_PORT": str(tasks.master_port),
-        **thread_env(placement.threads_per_worker),
+        **worker_env(placement.threads_per_worker),
     }
     try:
         with scoped_environ(env), _own_terminal():

@@ -43,7 +43,7 @@ from paratrain.config import LaunchConfig, validate
 from paratrain.errors import UsageError
 from paratrain.launch import probe, probe_summary
 from paratrain.launch.load import LoadMeter
-from paratrain.launch.local import quiet_elastic_logs, root_failure, scoped_environ, thread_env
+from paratrain.launch.local import quiet_elastic_logs, root_failure, scoped_environ, worker_env
 from paratrain.launch.placement import available_cores, core_sets, resolve_device
 from paratrain.measure.monitor import monitor_run, ranks_by_environment
 from paratrain.runs import RunDir, json_records, steady_epoch_time, write_json
@@ -155,7 +155,7 @@ def _launch(
             },
         },
     )
-    env = {**thread_env(threads), **cfg.env, "PARATRAIN_RUN_DIR": str(run.path.resolve())}
+    env = {**worker_env(threads), **cfg.env, "PARATRAIN_RUN_DIR": str(run.path.resolve())}
     if cfg.batch_schedule != "fixed":
         env[BATCH_SCHEDULE_ENV] = json.dumps(cfg.schedule_settings())
     if cpu_sets is not None:
@@ -239,7 +239,7 @@ def _run(command: list[str], workers: int, run_id: str, run_dir: Path, env: dict
         code = failure.exitcode if failure.exitcode >= 0 else 128 - failure.exitcode
         how = f"exit status {code}" if failure.exitcode >= 0 else f"killed by {_signal_name(-failure.exitcode)}"
         log = run_dir / "logs" / f"rank{rank}.log"
-        last = _framework_fix(log) or _last_line(log)
+        last = _framework_fix(log) or _fatal_error(log) or _last_line(log)
         return {
             "status": "failed",
             "exit_code": code,
@@ -358,6 +358,45 @@ def _framework_fix(path: Path) -> str:
         f"Lightning's Trainer(devices={devices}, num_nodes={nodes}) does not match the {world} rank(s) "
         f"started; set devices=int(os.environ['WORLD_SIZE']) and num_nodes=1 in your Trainer"
     )
+
+
+# Python's fault handler (PYTHONFAULTHANDLER, set for every rank by worker_env) on a fatal signal:
+# "Fatal Python error: Segmentation fault", then each thread's stack, the crashing one first and innermost first.
+FATAL_ERROR = re.compile(r"^Fatal Python error: (?P<what>.+)$", re.MULTILINE)
+FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<function>\S+)$', re.MULTILINE)
+
+
+def _fatal_error(path: Path) -> str:
+    """The fatal error a rank died of and where: the innermost line of Python it was running, and the innermost
+    line of code of its own (neither Python's library nor an installed package) when that is another; "" if the
+    log has none. A crash inside the probe's profiler window (torch.profiler's native code) says how to run
+    without it."""
+    if not path.exists():
+        return ""
+    text = path.read_text(errors="replace")
+    fatal = list(FATAL_ERROR.finditer(text))
+    if not fatal:
+        return ""
+    stack = text[fatal[-1].end() :].split("\n\n", 2)[1:2]  # the crashing thread's stack, after its heading
+    frames = list(FRAME.finditer(stack[0])) if stack else []
+    if not frames:
+        return fatal[-1]["what"]
+
+    def line(frame: re.Match[str]) -> str:
+        return f"{Path(frame['file']).name}:{frame['line']} ({frame['function']})"
+
+    own = next((f for f in frames if not _installed(f["file"])), frames[0])
+    said = f"{fatal[-1]['what']} in {line(frames[0])}" + (f", called from {line(own)}" if own is not frames[0] else "")
+    if any(Path(f["file"]).parts[-3:] == ("launch", "probe", "window.py") for f in frames):
+        said += f"; it crashed inside torch.profiler, run by the probe a few steps: {probe.TRACE_ENV}=0 turns it off"
+    return said
+
+
+def _installed(file: str) -> bool:
+    """A file of Python's own library or of an installed package, not of the user's code (nor paratrain's)."""
+    parts = Path(file).parts
+    inside = (Path(sys.base_prefix), Path(sys.prefix))
+    return "site-packages" in parts or "dist-packages" in parts or any(Path(file).is_relative_to(p) for p in inside)
 
 
 def _last_line(path: Path) -> str:
