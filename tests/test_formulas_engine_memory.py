@@ -204,3 +204,25 @@ def test_what_checkpointing_by_operator_keeps_is_counted_until_the_watch_ends():
     (whole, whole_left), (by_operator, left) = peak(False), peak(True)
     assert by_operator - whole == 3 * (4 * 8 * 4 + 4 * 8 * 4 + 4 * 4)
     assert whole_left == left == 0 and SELECTIVE_OBSERVERS == []
+
+
+def test_the_cpu_peak_counts_what_the_process_allocates_and_not_the_files_it_maps(tmp_path):
+    """A rank's peak on the CPU leaves out the pages it maps from files (the libraries' code, which the page cache
+    decides): mapping and reading 96 MiB of a file moves it by little; filling a 64 MiB tensor moves it by 64."""
+    import mmap
+
+    from paratrain.engine.memory import peak_memory_bytes, reset_peak_memory
+
+    cpu = torch.device("cpu")
+    data = tmp_path / "weights.bin"
+    data.write_bytes(b"\1" * (96 * 2**20))
+    reset_peak_memory(cpu)
+    before = peak_memory_bytes(cpu)
+    with data.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        assert sum(mapped[i] for i in range(0, len(mapped), 4096)) == len(mapped) // 4096  # every page resident
+        mapped_file = peak_memory_bytes(cpu)
+        filled = torch.ones(16 * 2**20)  # 64 MiB
+        allocated = peak_memory_bytes(cpu)
+        del filled
+    assert mapped_file - before < 8 * 2**20
+    assert allocated - mapped_file == pytest.approx(64 * 2**20, rel=0.1)

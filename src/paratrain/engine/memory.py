@@ -9,8 +9,9 @@ high-water marks that never go down by themselves, so each run resets them when 
   The reset comes before the rank builds its model, so the peak holds everything the run put in
   memory: the whole model where it was built whole, only the shards where fsdp built it on the
   meta device and materialised its own part (engine/strategies/fsdp.py).
-- CPU: the process's peak resident set (`VmHWM` in /proc/self/status), reset by writing 5 to
-  /proc/self/clear_refs (Linux 4.0 and newer); elsewhere `ru_maxrss`, which cannot be reset.
+- CPU: the process's peak resident set (`VmHWM` in /proc/self/status) less the pages it maps from
+  files (`RssFile`: the libraries' code, which the page cache decides, see `peak_rss_bytes`), reset by
+  writing 5 to /proc/self/clear_refs (Linux 4.0 and newer); elsewhere `ru_maxrss`, which cannot be reset.
 
 `MemoryMeter` adds where the memory goes, per rank (summary.json's `memory` block): the bytes of
 the parameters, gradients and optimizer state the rank holds, counted from its own tensors (the
@@ -58,13 +59,21 @@ def peak_memory_bytes(device: torch.device) -> int:
 
 
 def peak_rss_bytes() -> int:
-    """The process's peak resident set on the host since `reset_peak_memory`."""
+    """The process's peak resident memory since `reset_peak_memory`, less the pages it maps from files.
+
+    VmHWM counts every resident page, the shared libraries' among them. Those are shared by every rank on
+    the host, the kernel drops them under pressure, RLIMIT_DATA (--memory-limit) does not count them, and
+    how many a process has mapped depends on the page cache, not on the run: the same rank held 81 MiB of
+    them with torch installed a day before, 119 MiB with torch installed minutes before (a fresh clone's
+    venv, as in CI), and its peak moved with them. So the file-backed pages resident at the reading
+    (`RssFile`) are subtracted: the peak's own, but for code first run after the peak."""
     try:
-        match = re.search(r"^VmHWM:\s+(\d+) kB", _STATUS.read_text(), re.MULTILINE)
+        status = _STATUS.read_text()
     except OSError:
-        match = None
-    if match:
-        return int(match.group(1)) * 1024
+        status = ""
+    peak, files = (re.search(rf"^{name}:\s+(\d+) kB", status, re.MULTILINE) for name in ("VmHWM", "RssFile"))
+    if peak:
+        return (int(peak.group(1)) - (int(files.group(1)) if files else 0)) * 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 

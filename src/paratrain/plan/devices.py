@@ -327,9 +327,11 @@ GPUS: dict[str, Device] = {
 }
 DEVICE_NAMES = (*GPUS, "cpu")
 
-# A rank's interpreter with torch and paratrain loaded holds about 300 MiB before any model
-# (docs/strategies.md, "--memory-limit", measured here).
-CPU_RUNTIME_BYTES = 300 * 2**20
+# What a CPU rank holds besides its model's tensors while it trains: the interpreter, torch, paratrain, the
+# process group. Measured here as its peak less the memory block's figures, files' pages left out as the
+# peak leaves them (docs/strategies.md, "Memory per rank"): 238 MiB on a ddp rank of a small model, 237 MiB
+# before a tensor-parallel rank materialised its model (2026-11-29).
+CPU_RUNTIME_BYTES = 240 * 2**20
 # Without calibration, a CPU rank is assumed to reach this share of its matrix-product peak over a
 # whole training step (the CNNs and gpt models measured here spread widely around it: calibrate).
 CPU_DEFAULT_EFFICIENCY = 0.3
@@ -372,8 +374,8 @@ def measure_cpu(precision: str = "fp32", cache_dir: Path | None = None) -> Devic
         "memory_bandwidth": bandwidth_how,
         "intra_node_link": "paratrain's shared-memory averaging between CPU ranks of one host "
         "(engine/shm_allreduce.py)",
-        "runtime_bytes": "measured here: a rank's interpreter with torch and paratrain, docs/strategies.md "
-        "(--memory-limit)",
+        "runtime_bytes": "measured here: a rank's interpreter with torch, paratrain and its process group, "
+        "docs/strategies.md (Memory per rank)",
         f"efficiency.{precision}": f"default {CPU_DEFAULT_EFFICIENCY}: an assumption; calibrate with --calibrate "
         "RUN_DIRS",
     }
