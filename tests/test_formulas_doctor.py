@@ -1452,6 +1452,10 @@ def test_the_figures_of_threads_data_wait_and_small_batch_beyond_the_common_case
     assert found.where == "--threads-per-worker 4"
     assert found.explains == pytest.approx({"forward": 0.02, "backward": 0.02, "optimizer": 0.01 / 3, "eval": 0.01 / 3})
     assert found.saving == pytest.approx((0.08 / 2 + 0.02 / 3) / 0.1)
+    # A matrix product no slower on 4 threads: optimizer and evaluation are not among what it explains.
+    even = {**slow, "thread_penalty": 1.0}
+    found = sc.threads(probed(tmp_path, "even", [{"phases_s": phases, **even}] * 2))
+    assert found.explains == pytest.approx({"forward": 0.02, "backward": 0.02})
     # Data: 40 ms of a 100 ms step, 10 ms of it CPU in the rank's thread.
     data = {"phases_s": {"data": 0.04, "forward": 0.06}, "data_cpu_s": 0.01}
     # one core, no spare: only the waiting (30 ms) hides; two workers already: where names them
@@ -1514,3 +1518,27 @@ def test_loader_workers_reads_the_cores_and_threads_of_the_ranks_that_paused(tmp
     # Workers not recorded: none.
     found = sc.loader_workers(probed(tmp_path, "g", [{"phases_s": phases, **pause}] * 2, drop=("loader_workers",)))
     assert found.where == "DataLoader(num_workers=0)"
+    # 2 threads on 3 cores leave one core: one worker.
+    found = sc.loader_workers(
+        probed(tmp_path, "h", [{"phases_s": phases, **two_cores, "cpu_affinity": 3, "threads": 2}] * 2)
+    )
+    assert "num_workers=1" in found.remedy
+
+
+def test_the_step_text_shows_each_phase_down_to_a_two_thousandth_of_the_step_and_a_missing_probe_block(tmp_path):
+    from paratrain.doctor import script_checks as sc
+    from paratrain.doctor.evidence import read_run
+
+    # A 100 ms step: 1 ms of data is shown (over 0.05 ms), 0.04 ms of optimizer is not.
+    ev = probed(tmp_path, "a", [{"phases_s": {"data": 0.001, "forward": 0.09896, "optimizer": 0.00004}}] * 2)
+    assert sc._steps_text(ev) == "step 100 ms (mean of 2 ranks): data 1.0 ms, forward 99.0 ms"
+    # A launched script's summary without a probe block: its ranks ended before writing it.
+    run = probed_run(tmp_path / "b", [{"phases_s": {"forward": 0.1}}] * 2)
+    summary = json.loads((run / "summary.json").read_text())
+    del summary["probe"]
+    (run / "summary.json").write_text(json.dumps(summary))
+    found = sc.probe_status(read_run(run))
+    assert (found.finding, found.evidence) == (
+        "no step breakdown: the probe is missing",
+        "summary.json holds no probe block: a run whose ranks ended before writing it",
+    )
