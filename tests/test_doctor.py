@@ -158,6 +158,30 @@ def test_exact_remedies_whose_cost_hides_in_the_all_reduce_come_first():
     assert verdict([comm]).startswith("1 problem(s) costing time; the biggest: 20% all-reduce")
 
 
+def test_a_remedy_that_changes_the_global_batch_comes_after_exact_remedies_that_save_a_tenth():
+    """A larger batch shares out whatever a step pays once, a histogram written every step among it, so its
+    predicted gain can be the largest; the exact remedy of the cause (write it every 50 steps) comes first when it
+    saves a tenth of the step or more. Below a tenth, from the machine (a slow core) or a bound on time no check
+    explains, the batch keeps its place."""
+    from paratrain.doctor import rank
+    from paratrain.doctor.finding import Finding
+
+    small = Finding("small_batch", "8 samples", "", "", "", "5.13x", 0.81, global_batch_factor=16)
+    late = Finding("straggler", "rank 0 is a straggler", "", "", "", "4.20x", 0.76)
+    collectives = Finding("model_collectives", "metric collectives", "", "", "", "1.11x", 0.10)
+    python = Finding("unexplained_other", "9 % between the phases", "", "", "", "1.10x", 0.09)
+    bound = Finding("unexplained_other", "30 % between the phases", "", "", "", "up to 1.43x", 0.30, bound=True)
+    slow = Finding("slow_rank", "rank 1's core is slower", "", "", "", "1.5x", 0.33)
+    assert [f.check for f in rank([small, late])] == ["straggler", "small_batch"]
+    assert [f.check for f in rank([small, collectives])] == ["model_collectives", "small_batch"]
+    assert [f.check for f in rank([small, python])] == ["small_batch", "unexplained_other"]
+    assert [f.check for f in rank([small, slow])] == ["small_batch", "slow_rank"]
+    assert [f.check for f in rank([small, bound])] == ["small_batch", "unexplained_other"]
+    # two batch findings keep their order by saving among themselves, after the exact one
+    comm = Finding("exposed_communication", "20% all-reduce", "", "", "", "1.32x", 0.24, global_batch_factor=4)
+    assert [f.check for f in rank([comm, small, late])] == ["straggler", "small_batch", "exposed_communication"]
+
+
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory):
     """A user's DDP script under `paratrain launch` whose rank 1 is slowed in every step and whose

@@ -122,6 +122,15 @@ ROOT_CAUSES = ("oversubscription", "loader_workers")
 # (its used-parameter map is all-reduced every step, after the last bucket), DDP's buckets far below their
 # default size. Until they are fixed, the exposed-communication and small-batch findings count their time too.
 EXACT_FIRST = ("no_sync_missing", "find_unused_parameters", "ddp_buckets")
+# A remedy that changes the global batch (a larger per-rank batch, accumulation: the LR to rescale, generalisation
+# to check) comes after the time findings whose remedies leave the training as it is, when one of those saves this
+# share of the step or more: those are fixed first. A bound (time no check explains, "up to ... if that time were
+# free") predicts no remedy's gain and moves nothing: at a few samples a step it is mostly the per-call Python
+# that the larger batch would share out. Until then the batch finding counts their time too: a step's
+# time outside the model's work that a larger batch would share out (a process group created every step,
+# metrics synchronised every step, a histogram written every step) is what made it outrank them, with its
+# remedy for every cause (the second held-out set, benchmarks/doctor_heldout2/).
+BATCH_AFTER_EXACT = 0.10
 # Causes in the machine rather than the run (one core or device running the same work slower): no change
 # to the script or its flags removes them, and the next run may not meet them, so they come after the
 # run's own findings, whatever their saving.
@@ -179,14 +188,21 @@ def rank(findings: Sequence[Finding]) -> list[Finding]:
     """A failure and ranks that never synchronised first, then root causes, then exact remedies whose cost hides in
     the all-reduce, then the run's time findings by predicted saving, largest first (on a contended machine: those
     the contention cannot explain, then the caveat, then the rest), then the machine's; then advice (accuracy,
-    measurement)."""
+    measurement). Among time findings, those whose remedy changes the global batch come after any whose remedy
+    leaves the training as it is and saves BATCH_AFTER_EXACT of the step or more."""
     order = (*FIRST, *ROOT_CAUSES, *EXACT_FIRST)
+    exact = any(
+        f.global_batch_factor is None and not f.bound and (f.saving or 0.0) >= BATCH_AFTER_EXACT
+        for f in findings
+        if f.check not in ("contended", *MACHINE_CAUSES)
+    )
 
-    def key(f: Finding) -> tuple[int, int, bool, bool, float]:
+    def key(f: Finding) -> tuple[int, int, bool, bool, bool, float]:
         first = order.index(f.check) if f.check in order else len(order)
         tier = 1 if f.check == "contended" else 0 if f.above_contention else 2
         advice = f.saving is None  # after the machine's time findings too
-        return first, tier, advice, f.check in MACHINE_CAUSES, -f.saving if f.saving is not None else 1.0
+        batch_later = exact and f.global_batch_factor is not None
+        return first, tier, advice, f.check in MACHINE_CAUSES, batch_later, -f.saving if f.saving is not None else 1.0
 
     return sorted(findings, key=key)
 
