@@ -206,6 +206,12 @@ def test_what_is_explained_in_backward_is_taken_off_and_the_share_line_is_met_ex
         "forward": pytest.approx(0.09 * 6 / 13),  # what is left: forward 60 ms, backward 100 - 30 ms
         "backward": pytest.approx(0.09 * 7 / 13),
     }
+    assert found.share == pytest.approx(0.45)  # its measured share: what the severity follows
+    # a phase no finding explains counts as none explained in it: the same account without the forward key
+    assert model_work_excess(ev, {"backward": 0.03}).explains == found.explains
+    # and 40 ms explained in forward alone: 80 ms left, split over forward's 20 ms left and backward's 100 ms
+    alone = model_work_excess(ev, {"forward": 0.04})
+    assert alone.explains == {"forward": pytest.approx(0.08 * 2 / 12), "backward": pytest.approx(0.08 * 10 / 12)}
     # exactly 15 % beyond (binary fractions: 0.09375 of 0.625): named; forward and backward 0.125 against 0.03125
     edge = rank({"forward": 0.0625, "backward": 0.0625, "other": 0.5}, layers_alone_s=0.03125)
     ev = read_run(probed_run(tmp_path / "edge", [edge] * 2))
