@@ -226,3 +226,7 @@ def test_the_cpu_peak_counts_what_the_process_allocates_and_not_the_files_it_map
         del filled
     assert mapped_file - before < 8 * 2**20
     assert allocated - mapped_file == pytest.approx(64 * 2**20, rel=0.1)
+    assert allocated % 1024 == 0  # /proc reports KiB
+    # a new run starts its peak from what is resident now: the freed 64 MiB no longer count
+    reset_peak_memory(cpu)
+    assert peak_memory_bytes(cpu) < allocated - 32 * 2**20
