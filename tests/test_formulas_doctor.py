@@ -1143,6 +1143,18 @@ def test_verify_refuses_a_machine_cause_in_one_line_naming_it(tmp_path):
     assert "code change" not in str(refused.value) and not (tmp_path / "run-verify").exists()
 
 
+# The worker pause of test_loader_workers_on_the_ranks_cores_by_hand: forward and backward 20 ms a micro-step with the
+# 4 workers running, 16 ms with them stopped; a batch prepared in the rank 2 ms, by a worker 5 ms of CPU.
+LOADER_PAUSE = {
+    "paused_steps": 3,
+    "fb_per_micro_s": 0.020,
+    "paused_fb_per_micro_s": 0.016,
+    "inline_load_s": 0.002,
+    "loader_cpu_per_batch_s": 0.005,
+    "loader_workers": 4,
+}
+
+
 def test_loader_workers_on_the_ranks_cores_by_hand(tmp_path):
     from paratrain.doctor import diagnose
     from paratrain.doctor import script_checks as sc
@@ -1151,14 +1163,7 @@ def test_loader_workers_on_the_ranks_cores_by_hand(tmp_path):
     # A 30 ms step, 4 ms of it the data phase; forward and backward 20 ms a micro-step with the workers
     # running, 16 ms with them stopped; a batch prepared in the rank 2 ms. One thread on one core, so the
     # remedy is num_workers=0: 30 - 4 - 4 + 2 = 24 ms -> 1 - 24/30 = 20 % saved.
-    pause = {
-        "paused_steps": 3,
-        "fb_per_micro_s": 0.020,
-        "paused_fb_per_micro_s": 0.016,
-        "inline_load_s": 0.002,
-        "loader_cpu_per_batch_s": 0.005,
-        "loader_workers": 4,
-    }
+    pause = LOADER_PAUSE
     phases = {"data": 0.004, "forward": 0.012, "backward": 0.008, "comm": 0.006}
     run = probed_run(tmp_path / "a", [{"phases_s": phases, **pause}] * 2)
     found = sc.loader_workers(read_run(run))
@@ -1482,14 +1487,7 @@ def test_the_figures_of_threads_data_wait_and_small_batch_beyond_the_common_case
 def test_loader_workers_reads_the_cores_and_threads_of_the_ranks_that_paused(tmp_path):
     from paratrain.doctor import script_checks as sc
 
-    pause = {
-        "paused_steps": 3,
-        "fb_per_micro_s": 0.020,
-        "paused_fb_per_micro_s": 0.016,
-        "inline_load_s": 0.002,
-        "loader_cpu_per_batch_s": 0.005,
-        "loader_workers": 4,
-    }
+    pause = LOADER_PAUSE
     phases = {"data": 0.004, "forward": 0.012, "backward": 0.008, "comm": 0.006}
     # As test_loader_workers_on_the_ranks_cores_by_hand: 30 ms, num_workers=0 gives 24 ms. It explains the data
     # phase and the 4 ms stall in forward and backward.

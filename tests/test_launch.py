@@ -117,7 +117,9 @@ def test_a_fatal_error_inside_the_probe_s_profiler_says_how_to_run_without_it(tm
     probe_dir = Path(paratrain_probe.__file__).parent
     log = tmp_path / "rank0.log"
     log.write_text(
-        "epoch 1\nFatal Python error: Segmentation fault\n\nCurrent thread 0x00007f (most recent call first):\n"
+        "epoch 1\nFatal Python error: Segmentation fault\n\n"
+        'Thread 0x00007e (most recent call first):\n  File "/usr/lib/python3.11/threading.py", line 320 in wait\n\n'
+        "Current thread 0x00007f (most recent call first):\n"
         f'  File "{Path(torch.__file__).parent / "profiler" / "profiler.py"}", line 230 in stop\n'
         f'  File "{probe_dir / "window.py"}", line 77 in _stop\n'
         f'  File "{probe_dir / "clock.py"}", line 160 in end_step\n'

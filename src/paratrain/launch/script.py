@@ -361,7 +361,8 @@ def _framework_fix(path: Path) -> str:
 
 
 # Python's fault handler (PYTHONFAULTHANDLER, set for every rank by worker_env) on a fatal signal:
-# "Fatal Python error: Segmentation fault", then each thread's stack, the crashing one first and innermost first.
+# "Fatal Python error: Segmentation fault", then each thread's stack (innermost call first), the crashing one headed
+# "Current thread".
 FATAL_ERROR = re.compile(r"^Fatal Python error: (?P<what>.+)$", re.MULTILINE)
 FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<function>\S+)$', re.MULTILINE)
 
@@ -377,8 +378,10 @@ def _fatal_error(path: Path) -> str:
     fatal = list(FATAL_ERROR.finditer(text))
     if not fatal:
         return ""
-    stack = text[fatal[-1].end() :].split("\n\n", 2)[1:2]  # the crashing thread's stack, after its heading
-    frames = list(FRAME.finditer(stack[0])) if stack else []
+    # Each thread's stack is a block of its own; the one that crashed is headed "Current thread", wherever it is.
+    blocks = text[fatal[-1].end() :].split("\n\n")
+    stack = next((b for b in blocks if b.lstrip().startswith("Current thread")), "")
+    frames = list(FRAME.finditer(stack))
     if not frames:
         return fatal[-1]["what"]
 

@@ -329,8 +329,8 @@ DEVICE_NAMES = (*GPUS, "cpu")
 
 # What a CPU rank holds besides its model's tensors while it trains: the interpreter, torch, paratrain, the
 # process group. Measured here as its peak less the memory block's figures, files' pages left out as the
-# peak leaves them (docs/strategies.md, "Memory per rank"): 238 MiB on a ddp rank of a small model, 237 MiB
-# before a tensor-parallel rank materialised its model (2026-11-29).
+# peak leaves them (docs/strategies.md, "Memory per rank", with the command): 233-238 MiB on a ddp rank of a
+# small model, 237 MiB before a tensor-parallel rank materialised its model (2026-11-29).
 CPU_RUNTIME_BYTES = 240 * 2**20
 # Without calibration, a CPU rank is assumed to reach this share of its matrix-product peak over a
 # whole training step (the CNNs and gpt models measured here spread widely around it: calibrate).
