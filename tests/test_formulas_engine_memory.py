@@ -3,6 +3,8 @@ against hand-counted bytes on small models in this process."""
 
 from __future__ import annotations
 
+import resource
+
 import pytest
 import torch
 from torch import nn
@@ -230,3 +232,65 @@ def test_the_cpu_peak_counts_what_the_process_allocates_and_not_the_files_it_map
     # a new run starts its peak from what is resident now: the freed 64 MiB no longer count
     reset_peak_memory(cpu)
     assert peak_memory_bytes(cpu) < allocated - 32 * 2**20
+
+
+def test_a_gpu_rank_reads_and_resets_its_own_devices_allocator_and_the_host_peak_too(monkeypatch, tmp_path):
+    """On a GPU the peak is torch.cuda's counter of that device (stand-ins for the CUDA calls, which
+    cannot run here); the host's peak is reset as well, since summary.json reports it on GPU ranks."""
+    from paratrain.engine import memory
+
+    calls: list[tuple] = []
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *d: calls.append(("reset", *d)))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *d: calls.append(("peak", *d)) or 3 * 2**30)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda *d: calls.append(("empty", *d)))
+    clear_refs = tmp_path / "clear_refs"
+    monkeypatch.setattr(memory, "_CLEAR_REFS", clear_refs)
+    gpu = torch.device("cuda", 1)
+    memory.reset_peak_memory(gpu)
+    assert clear_refs.read_text() == "5"
+    assert memory.peak_memory_bytes(gpu) == 3 * 2**30
+    memory.release_cached_memory(gpu)
+    assert calls == [("reset", gpu), ("peak", gpu), ("empty",)]
+    # a CPU rank touches none of them
+    calls.clear()
+    cpu = torch.device("cpu")
+    memory.reset_peak_memory(cpu)
+    memory.peak_memory_bytes(cpu)
+    memory.release_cached_memory(cpu)
+    assert calls == []
+
+
+def test_the_host_peak_is_vmhwm_less_the_file_pages_and_ru_maxrss_where_there_is_no_proc(monkeypatch, tmp_path):
+    """Exact figures from a written /proc/self/status; without RssFile the whole VmHWM; without /proc
+    (not Linux) getrusage's peak, which Linux reports in KiB; a /proc that refuses the reset is no error."""
+    from paratrain.engine import memory
+
+    status = tmp_path / "status"
+    monkeypatch.setattr(memory, "_STATUS", status)
+    status.write_text("Name:\tpython\nVmHWM:\t  900000 kB\nVmRSS:\t  700000 kB\nRssFile:\t   81000 kB\n")
+    assert memory.peak_rss_bytes() == (900000 - 81000) * 1024
+    status.write_text("Name:\tpython\nVmHWM:\t  900000 kB\nVmRSS:\t  700000 kB\n")
+    assert memory.peak_rss_bytes() == 900000 * 1024
+    status.unlink()
+    assert memory.peak_rss_bytes() == resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    assert memory.peak_memory_bytes(torch.device("cpu")) == memory.peak_rss_bytes()
+    monkeypatch.setattr(memory, "_CLEAR_REFS", tmp_path / "no-such-dir" / "clear_refs")
+    memory.reset_peak_memory(torch.device("cpu"))  # no /proc to reset: the peak covers the process's life
+
+
+def test_a_tensor_a_subclass_wraps_is_counted_by_the_storage_it_wraps():
+    """Functional collectives hand back an AsyncCollectiveTensor (a DTensor's shard can be one, as tensor
+    parallelism's input to a pipeline stage is): its own storage cannot be read, the tensor it wraps is counted,
+    once however many times it is saved."""
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
+    inner = torch.ones(4, 8)  # 128 bytes
+    wrapped = AsyncCollectiveTensor(inner)
+    with pytest.raises(RuntimeError):
+        wrapped.untyped_storage().data_ptr()
+    assert storage_bytes([wrapped, inner]) == 128
+    meter = SavedTensorPeak()
+    kept = [meter._pack(wrapped), meter._pack(inner)]
+    assert meter.live == meter.peak == 128
+    del kept
+    assert meter.live == 0 and meter.peak == 128

@@ -199,22 +199,23 @@ def test_a_layout_names_its_mesh_as_a_runs_summary_does(layout, mesh):
     assert r * s * t * p == layout.devices
 
 
-def test_pipeline_stages_sharded_over_their_replicas_hold_their_share_and_two_units_gathered():
+def test_pipeline_stages_sharded_over_their_replicas_hold_their_share_and_the_whole_stage_gathered():
     sharded = memory(Layout("pp+fsdp", 4, 2, 2, 4, 8, shard=2))  # 2 stages, each sharded over 2 replicas
-    # stage 0 (units 0-1, 3 MB) split 2 ways, its largest unit (2 MB) gathered twice (running and prefetched),
-    # the activations and buffers as the pipeline's (1F1B: 2 micro-batches in flight at stage 0)
+    # stage 0 (units 0-1, 3 MB) split 2 ways; torch's PipelineStage keeps each unit gathered from its backward to
+    # the step's end, beside its whole gradient: 3 MB of parameters and 3 MB of gradients gathered by the last
+    # backward. The activations and buffers as the pipeline's (1F1B: 2 micro-batches in flight at stage 0)
     assert (sharded["parameters_bytes"], sharded["gradients_bytes"], sharded["optimizer_bytes"]) == (1.5e6,) * 3
-    assert sharded["gathered_bytes"] == 4e6
+    assert sharded["gathered_bytes"] == 6e6
     assert sharded["activations_bytes"] == pytest.approx(4.5e4, rel=1e-12) and sharded["buffers_bytes"] == 500.0
-    assert sharded["total_bytes"] == pytest.approx(4.5e6 + 4e6 + 4.5e4 + 500 + RUNTIME, rel=1e-12)
-    # in bf16 the gathered parameters are bf16 (FSDP's policy), the state stays float32
-    assert memory(Layout("pp+fsdp", 4, 2, 2, 4, 8, shard=2), precision="bf16")["gathered_bytes"] == 2e6
-    # 4 shards: a quarter of the state, the same units gathered
+    assert sharded["total_bytes"] == pytest.approx(4.5e6 + 6e6 + 4.5e4 + 500 + RUNTIME, rel=1e-12)
+    # in bf16 the gathered parameters and their gradients are bf16 (FSDP's policy), the state stays float32
+    assert memory(Layout("pp+fsdp", 4, 2, 2, 4, 8, shard=2), precision="bf16")["gathered_bytes"] == 3e6
+    # 4 shards: a quarter of the state, the same stage gathered
     quarter = memory(Layout("pp+fsdp", 8, 4, 2, 4, 8, shard=4))
-    assert quarter["parameters_bytes"] == 7.5e5 and quarter["gathered_bytes"] == 4e6
-    # the heaviest stage is still the one reported: here the last, its 2 MB unit gathered
+    assert quarter["parameters_bytes"] == 7.5e5 and quarter["gathered_bytes"] == 6e6
+    # the heaviest stage is still the one reported: here the last (units 2-3, 3 MB), gathered whole
     late = memory_per_device(profile((5e5, 5e5, 1e6, 2e6)), Layout("pp+fsdp", 4, 2, 2, 4, 8, shard=2), "sgd", "fp32")
-    assert (late["parameters_bytes"], late["gathered_bytes"]) == (1.5e6, 4e6)
+    assert (late["parameters_bytes"], late["gathered_bytes"]) == (1.5e6, 6e6)
     assert late["activations_bytes"] == pytest.approx(3.5e4, rel=1e-12)  # last in 1F1B: one micro-batch
 
 
@@ -288,13 +289,14 @@ def test_split_pipeline_stages_hold_each_units_piece_and_the_split_models_activa
     assert m["activations_bytes"] == pytest.approx(0.5 * (5e4 + 6e3 * 4), rel=1e-12)
     assert (m["gathered_bytes"], m["buffers_bytes"]) == (0.0, 500.0)
     # sharded over 2 replicas too: half the stage's state; Adam's moments on it and a step counter for each of
-    # the stage's 7.5 tensors (3 of the 4 MB); two of its units' pieces gathered (1 MB each), in bf16 half
+    # the stage's 7.5 tensors (3 of the 4 MB); the whole stage's pieces gathered with their gradients by the last
+    # backward (2 MB each), in bf16 half
     sharded = memory_per_device(
         split_stages_profile(), Layout("pp+fsdp+tp", 8, 2, 2, 4, 8, shard=2, tp=2), "adam", "bf16", RUNTIME
     )
     assert sharded["parameters_bytes"] == sharded["gradients_bytes"] == 1e6
     assert sharded["optimizer_bytes"] == (4e6 + 4 * 7.5) / 2
-    assert sharded["gathered_bytes"] == 2 * 1e6 / 2
+    assert sharded["gathered_bytes"] == (2e6 + 2e6) / 2
     assert sharded["activations_bytes"] == pytest.approx(0.5 * 0.5 * (5e4 + 6e3 * 4), rel=1e-12)
 
 
@@ -340,13 +342,18 @@ def test_a_split_model_holds_the_losss_backward_its_own_measurement_gives():
 def test_only_the_parameters_that_train_have_gradients_and_optimizer_state():
     """A quarter of the toy's 4 MB trains (a frozen backbone under a head): 1 MB of gradients and of Adam's two
     moments each (2 MB), and 4 bytes for each of 10 x 1/4 = 2.5 tensors, whole, in a 2-stage pipeline's heavier
-    stage (3 MB held: 0.75 MB trains) and on a tensor-parallel rank (2.5 MB held: 0.625 MB trains)."""
+    stage (3 MB held: 0.75 MB trains), the same stage sharded, and on a tensor-parallel rank (2.5 MB held: 0.625 MB
+    trains)."""
     frozen = dataclasses.replace(profile(), trainable_share=0.25)
     m = memory_per_device(frozen, whole("single", 1), "adam", "fp32", RUNTIME)
     assert (m["parameters_bytes"], m["gradients_bytes"], m["optimizer_bytes"]) == (4e6, 1e6, 2e6 + 10)
     stage = memory_per_device(frozen, Layout("pipeline", 2, 1, 2, 4, 8), "adam", "fp32", RUNTIME)
     assert (stage["parameters_bytes"], stage["gradients_bytes"]) == (3e6, 7.5e5)
     assert stage["optimizer_bytes"] == pytest.approx(1.5e6 + 7.5, rel=1e-12)
+    # sharded over 2 replicas: the stage gathered whole by its last backward (3 MB), with the gradients of its
+    # quarter that trains (0.75 MB)
+    sharded = memory_per_device(frozen, Layout("pp+fsdp", 4, 2, 2, 4, 8, shard=2), "adam", "fp32", RUNTIME)
+    assert sharded["gathered_bytes"] == 3e6 + 7.5e5
     split = dataclasses.replace(split_profile(), trainable_share=0.25)
     rank = memory_per_device(split, Layout("tp", 2, 1, 1, 1, 100, tp=2), "sgd", "fp32", RUNTIME)
     assert (rank["parameters_bytes"], rank["gradients_bytes"], rank["optimizer_bytes"]) == (2.5e6, 6.25e5, 6.25e5)

@@ -115,6 +115,20 @@ def frozen_tower(num_classes: int = 10) -> nn.Module:
     return nn.Sequential(backbone, nn.Linear(2048, num_classes))
 
 
+def frozen_chain(num_classes: int = 10) -> nn.Module:
+    """frozen_tower as one chain, for pipelines to cut anywhere: an input layer that trains, 80 frozen 2048 x 2048
+    layers (1.3 GB of float32 weights), a head that trains. Backward runs through the frozen layers to the input
+    layer, with no gradients kept for them."""
+    frozen = [nn.Linear(2048, 2048).requires_grad_(False) for _ in range(80)]
+    return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 2048), *frozen, nn.Linear(2048, num_classes))
+
+
+def frozen_chain_plan(model: nn.Module, degree: int) -> dict[str, str]:
+    """--tp-plan for frozen_chain: its frozen layers split in pairs (units 2-81), the first of each by output
+    columns and the second by input rows; a stage boundary at an even unit keeps every pair within a stage."""
+    return {str(i): "colwise" if i % 2 == 0 else "rowwise" for i in range(2, 82)}
+
+
 def frozen_tower_plan(model: nn.Module, degree: int) -> dict[str, str]:
     """--tp-plan for frozen_tower: its backbone's Linear layers split in pairs, the first of each by output
     columns and the second by input rows (80 of its 81; the last and the head stay whole)."""
@@ -230,6 +244,16 @@ class Widening(nn.Module):
 def widening_stack(in_features: int = 16, num_classes: int = 2) -> nn.Module:
     """A model with no tensor_parallel_plan of its own: --tp-plan user_factories:widening_plan gives one."""
     return nn.Sequential(nn.Linear(in_features, 32), *(Widening(32) for _ in range(2)), nn.Linear(32, num_classes))
+
+
+def tied_stack(in_features: int = 16, num_classes: int = 2) -> nn.Module:
+    """A chain whose fourth layer shares the second's weight (tied as gpt ties its embedding and output), so that
+    a pipeline cut after the second unit holds the tensor on both stages."""
+    model = nn.Sequential(
+        nn.Linear(in_features, 32), nn.Linear(32, 32), Widening(32), nn.Linear(32, 32), nn.Linear(32, num_classes)
+    )
+    model[3].weight = model[1].weight
+    return model
 
 
 def widening_plan(model, degree):

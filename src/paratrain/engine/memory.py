@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import re
 import resource
-import sys
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
@@ -34,6 +33,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from paratrain.workloads.models import SELECTIVE_OBSERVERS
 
@@ -87,12 +87,13 @@ def release_cached_memory(device: torch.device) -> None:
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
-    """The part of a tensor this rank holds: a DTensor's local shard, else the tensor.
-
-    DTensors exist only once torch.distributed.tensor is imported (fsdp imports it); importing it
-    here for the check cost every run about a second of start-up (docs/benchmarks.md, launch time)."""
-    dtensor = sys.modules.get("torch.distributed.tensor")
-    return tensor.to_local() if dtensor is not None and isinstance(tensor, dtensor.DTensor) else tensor
+    """The memory a tensor holds on this rank: a DTensor's local shard, and whatever tensor a wrapper subclass
+    wraps (a shard can itself be functional collectives' AsyncCollectiveTensor while its collective runs, as
+    tensor parallelism's input to a pipeline stage is); a wrapper's own storage is no memory and cannot be read."""
+    while is_traceable_wrapper_subclass(tensor):
+        names, _ = tensor.__tensor_flatten__()
+        tensor = getattr(tensor, names[0])
+    return tensor
 
 
 def _storage_key(tensor: torch.Tensor) -> tuple[str, int]:

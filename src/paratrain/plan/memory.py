@@ -12,8 +12,9 @@ What a rank holds, as paratrain's strategies hold it (docs/strategies.md):
 - `pipeline`/`hybrid`: a stage's layers and their state; the stages are cut where the pipeline's
   `--split auto` would cut them when the blocks' times follow their FLOPs (balanced_starts over
   the units' FLOPs), so the heaviest stage is the one reported;
-- `pp+fsdp` (`--pp K --dp-shard S`): hybrid's stages, each stage's state split S ways, plus two of
-  the stage's units gathered (the one running and the one prefetched), in bf16 with --precision bf16;
+- `pp+fsdp` (`--pp K --dp-shard S`): hybrid's stages, each stage's state split S ways, plus the whole
+  stage gathered with its gradients, as torch's PipelineStage holds it by the last backward, in bf16
+  with --precision bf16;
 - HSDP (`--dp-replicate R --dp-shard S`, and with --tp or --pp): fsdp's split over the S ranks of a
   shard group, whatever the R replicas of it;
 - activations: the saved tensors of the rank's share of the batch (profile.py measures bytes per
@@ -289,6 +290,9 @@ def stage_memory(
             "transient_bytes": transient_bytes(profile, micro, layout) if last else 0.0,
         }
         if layout.shards > 1:  # pp+fsdp: the stage sharded over its replicas
-            stage = _sharded(stage, layout.shards, 2 * max(held[start:end]) * gather_scale)
+            # torch's PipelineStage keeps each unit gathered from its first backward to the step's end, beside its
+            # whole gradient, and reduce-scatters once (stage.py: backward_maybe_with_nosync, perform_reduce_grad):
+            # by the last backward the whole stage is gathered, whatever the micro-batches
+            stage = _sharded(stage, layout.shards, params * (1 + trained) * gather_scale)
         stages.append(stage)
     return stages

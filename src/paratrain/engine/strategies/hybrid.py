@@ -47,16 +47,21 @@ class Hybrid(PipelineParallel):
         else:
             self.allreduce = dist.get_backend() if self.dp > 1 else None
 
-    def _replicate(self, module: nn.Module) -> nn.Module:
-        module = super()._replicate(module)  # the tensor-parallel split first, as torchtitan applies them
+    def _partition(self, module: nn.Module) -> None:
+        super()._partition(module)  # the tensor-parallel split first, as torchtitan applies them
         if self.shards > 1:
             mesh = self.mesh["dp_replicate", "dp_shard"] if self.dp > self.shards else self.mesh["dp_shard"]
             shard_in_units(module, self.cfg, mesh)
-            return module
-        if self.dp == 1:
+
+    def _replicate(self, module: nn.Module) -> nn.Module:
+        if self.shards > 1 or self.dp == 1:
             return module
         return DistributedDataParallel(
             module,
             process_group=self.mesh.get_group("dp_replicate"),
             device_ids=[self.ctx.device.index] if self.ctx.device.type == "cuda" else None,
+            # Every replica already holds the same weights (one seed; meta_init.py materialises the same values on
+            # each). DDP's start-up broadcast would resend them through a 250 MB staging buffer, which took a
+            # stage that fits a rank over --memory-limit (tests/test_meta_build.py).
+            init_sync=False,
         )

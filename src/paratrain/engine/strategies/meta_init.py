@@ -1,8 +1,9 @@
 """Models built on the meta device and materialised only where a rank holds them (torchtitan's idiom).
 
-A rank that holds a part of the model (fsdp's shards, tensor parallelism's slices, both) builds it on the meta
-device (shapes, no memory), splits and shards it there, then `FullSizeCopies.materialise` gives each parameter
-and buffer storage on the rank's device and its initial value. Each module's own `reset_parameters` (FSDP's
+A rank that holds a part of the model (fsdp's shards, tensor parallelism's slices, a pipeline's stages, any of
+them combined) builds it on the meta device (shapes, no memory), cuts, splits and shards it there, then
+`FullSizeCopies.materialise` gives each parameter and buffer it holds storage on the rank's device and its initial
+value. Each module's own `reset_parameters` (FSDP's
 default initialisation of meta modules) runs on a full-size copy of that one module in host memory, taken before
 the model was split, drawing from the seeded CPU generator in module order as the model's constructor did; the
 rank keeps its part of it (`distribute_tensor(..., src_data_rank=None)` slices locally, no communication). For a
@@ -76,31 +77,63 @@ def build_on_meta(
 
 
 class FullSizeCopies:
-    """Full-size meta copies of a meta model's modules that initialise themselves, taken before it is split or
-    sharded (after, their parameters would be parts); none for a model built whole."""
+    """Full-size meta copies of a meta model's modules that initialise themselves, by their names in the model,
+    taken before it is split, sharded or cut into stages (after, their parameters would be parts); none for a
+    model built whole.
+
+    A tensor the model holds under several names (a tied embedding and output projection) gets the values its
+    first name's module draws, on every rank holding any of its names, so that copies of it on different
+    pipeline stages start equal. That is the ordinary build's value when the later module's weight was set to
+    the earlier one's (`head.weight = embed.weight`)."""
 
     def __init__(self, model: nn.Module | None = None):
-        self.copies = [(m, copy.deepcopy(m)) for m in model.modules() if resets(m)] if model and on_meta(model) else []
         self.pending = model is not None and on_meta(model)
+        self.copies = [(n, copy.deepcopy(m)) for n, m in model.named_modules() if resets(m)] if self.pending else []
+        # every name of each tensor, under its first name, for the tensors held under several
+        self.aliases: dict[str, list[str]] = {}
+        if self.pending:
+            first: dict[int, str] = {}
+            for name, tensor in (
+                *model.named_parameters(remove_duplicate=False),
+                *model.named_buffers(remove_duplicate=False),
+            ):
+                self.aliases.setdefault(first.setdefault(id(tensor), name), []).append(name)
 
     @torch.no_grad()
-    def materialise(self, model: nn.Module, device: torch.device, seed: int) -> bool:
-        """Storage for this rank's parts on `device`, then their initial values (module docstring). False, and
+    def materialise(self, model: nn.Module | list[nn.Module], device: torch.device, seed: int) -> bool:
+        """Storage for this rank's parts on `device`, then their initial values (module docstring): of the model,
+        or of each of this rank's pipeline stages, which hold their modules under the model's names. False, and
         nothing done, for a model that was built whole."""
         if not self.pending:
             return False
         self.pending = False
-        model.to_empty(device=device)
+        parts = model if isinstance(model, list) else [model]
+        for part in parts:
+            part.to_empty(device=device)
         torch.manual_seed(seed)  # as build_model seeded the ordinary construction
         while self.copies:
-            # One module's full-size copy at a time: dropped as soon as this rank's part of it is taken.
-            module, full_copy = self.copies.pop(0)
+            # One module's full-size copy at a time, every module's in the model's order, held here or not: each
+            # draws from the generator as the constructor did. Dropped as soon as this rank's parts are taken.
+            prefix, full_copy = self.copies.pop(0)
             full_copy.to_empty(device="cpu")
             full_copy.reset_parameters()
             for name, full in [*full_copy.named_parameters(recurse=False), *full_copy.named_buffers(recurse=False)]:
-                mine = getattr(module, name)
-                if isinstance(mine, DTensor):
-                    mine.copy_(distribute_tensor(full.detach(), mine.device_mesh, mine.placements, src_data_rank=None))
-                else:
-                    mine.copy_(full)
+                for alias in self.aliases.get(f"{prefix}.{name}" if prefix else name, []):
+                    for part in parts:
+                        mine = _held(part, alias)
+                        if isinstance(mine, DTensor):
+                            placed = distribute_tensor(full, mine.device_mesh, mine.placements, src_data_rank=None)
+                            mine.copy_(placed)
+                        elif mine is not None:
+                            mine.copy_(full)
         return True
+
+
+def _held(part: nn.Module, name: str) -> torch.Tensor | None:
+    """The tensor `part` holds under the model's name `name`, or None where it holds no such module or tensor."""
+    path, _, attr = name.rpartition(".")
+    try:
+        module = part.get_submodule(path)
+    except AttributeError:
+        return None
+    return getattr(module, attr, None) if attr in (*module._parameters, *module._buffers) else None

@@ -44,6 +44,7 @@ from torch.nn.parallel import DistributedDataParallel
 from paratrain.config import TrainConfig
 from paratrain.engine.distributed import RankContext, device_mesh, host_group, new_group
 from paratrain.engine.strategies.base import OptimizerFactory, StepResult, WholeModelStrategy
+from paratrain.engine.strategies.meta_init import FullSizeCopies, build_on_meta
 from paratrain.engine.strategies.pipeline_split import (
     StageModule,
     Unit,
@@ -169,11 +170,20 @@ class PipelineParallel(WholeModelStrategy):
         self.shaped: set[int] = set()  # batch sizes whose training schedule has inferred the stages' shapes
         self.local_slots = [s for s in range(self.slots) if s % self.pp == self.pp_rank]
         self.layout: dict[str, Any] = {}
+        self.copies = FullSizeCopies()  # build's, for wrap to materialise
 
     def data_shard(self) -> tuple[int, int]:
         return self.dp_rank, self.dp
 
     # -- building the stages ------------------------------------------------------------------
+
+    def build(self, make: Callable[[], nn.Module]) -> nn.Module:
+        """On the meta device: `wrap` cuts it into stages, splits and shards this rank's, and materialises only
+        those (engine/strategies/meta_init.py), so no rank holds more than its stages. Built whole where that
+        would change the initial weights (an init_weights() over the whole model, which a stage cannot run)."""
+        model = build_on_meta(make, super().build, piecewise_init=False)
+        self.copies = FullSizeCopies(model)
+        return model
 
     def wrap(self, model: nn.Module) -> nn.Module:
         units = model_units(model)
@@ -195,6 +205,9 @@ class PipelineParallel(WholeModelStrategy):
         # The whole model's tensor-parallel plan, for its stages (which declare none).
         self.tp_plan = model_plan(model, self.cfg) if self.tp > 1 else None
         self.stage_modules = [StageModule(model, units[bounds[s][0] : bounds[s][1]]) for s in self.local_slots]
+        for module in self.stage_modules:
+            self._partition(module)
+        self.copies.materialise(self.stage_modules, self.ctx.device, self.cfg.seed)
         stages = StageModules([self._replicate(m) for m in self.stage_modules])
         # After replicating: sharding replaces the stages' parameters, and the ties hold the ones that train.
         self._tie_weights(model, units, bounds)
@@ -210,7 +223,7 @@ class PipelineParallel(WholeModelStrategy):
             try:
                 seconds = measure_unit_seconds(model, units, self._sample_microbatch())
                 plan[0] = (balanced_starts(seconds, self.slots), "measured forward+backward time", seconds)
-            except (RuntimeError, MemoryError) as exc:  # out of memory: the whole model does not run here
+            except (RuntimeError, MemoryError) as exc:  # out of memory: a unit does not run here
                 log.warning("could not time the blocks (%s); balancing the stages by parameters", exc)
                 counts = [
                     float(sum(p.numel() for path in u.modules for p in model.get_submodule(path).parameters()))
@@ -255,11 +268,14 @@ class PipelineParallel(WholeModelStrategy):
             if copies and (group is not None or len(copies) > 1):
                 self.ties.append((list(copies.values()), group if self.pp_rank in holders else None))
 
-    def _replicate(self, module: nn.Module) -> nn.Module:
-        """A stage as it trains: its layers split over the tensor-parallel ranks (--tp), else as it is;
-        data-parallel replicas or shards of it in `hybrid`."""
+    def _partition(self, module: nn.Module) -> None:
+        """A stage's layers split over the tensor-parallel ranks (--tp), in place, on the meta device where the
+        model was built there; sharded too in `hybrid` with --dp-shard."""
         if self.tp_plan is not None:
             split_by_plan(module, self.mesh["tp"], self.tp_plan)
+
+    def _replicate(self, module: nn.Module) -> nn.Module:
+        """A materialised stage as it trains: as it is; data-parallel replicas of it in `hybrid`."""
         return module
 
     def build_optimizer(self, model: nn.Module, make: OptimizerFactory) -> torch.optim.Optimizer:

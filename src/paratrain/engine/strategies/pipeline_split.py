@@ -211,9 +211,13 @@ def balanced_starts(costs: list[float], slots: int) -> list[int]:
 
 
 def measure_unit_seconds(model: nn.Module, units: list[Unit], x: torch.Tensor, budget_s: float = 5.0) -> list[float]:
-    """Forward + backward seconds of each unit on the batch x (one micro-batch), median of up to 3
-    timed passes after one warm-up. The model is left as it was: gradients dropped, buffers
-    (BatchNorm statistics) restored, the random-number generators untouched."""
+    """Forward + backward seconds of each unit on the batch x (one micro-batch), each on the one before's output:
+    the median of up to 3 timed passes after one warm-up. The model is left as it was: gradients dropped, buffers
+    (BatchNorm statistics) restored, the random-number generators untouched.
+
+    A model on the meta device (built for its stages alone, meta_init.py) times each unit on a copy of that unit
+    alone, materialised on x's device with its modules' default initialisation and dropped before the next: the
+    time of a unit does not depend on its weights' values, and no more than one unit is ever held."""
     cuda = x.device.type == "cuda"
 
     def now() -> float:
@@ -221,38 +225,45 @@ def measure_unit_seconds(model: nn.Module, units: list[Unit], x: torch.Tensor, b
             torch.cuda.synchronize(x.device)
         return time.perf_counter()
 
-    saved = {name: b.clone() for name, b in model.named_buffers()}
-    samples: list[list[float]] = [[] for _ in units]
-    started = time.perf_counter()
+    meta = any(t.is_meta for t in (*model.parameters(), *model.buffers()))
+    saved = {} if meta else {name: b.clone() for name, b in model.named_buffers()}
+    seconds: list[float] = []
+    h = x
     with torch.random.fork_rng(devices=[x.device] if cuda else []):
-        for timed_pass in range(4):
-            inputs, outputs, forward = [], [], []
-            h = x
-            for i, unit in enumerate(units):
-                h = h.detach().requires_grad_(i > 0 and h.is_floating_point())
+        for i, unit in enumerate(units):
+            root = _materialised(model, unit, x.device) if meta else model
+            started, samples = time.perf_counter(), []
+            for timed_pass in range(4):
+                inputs = h.detach().requires_grad_(i > 0 and h.is_floating_point())
                 t = now()
-                out = unit.run(model, h)
-                forward.append(now() - t)
-                inputs.append(h)
-                outputs.append(out)
-                h = out
-            grad: torch.Tensor | None = torch.ones_like(h)
-            for i in reversed(range(len(units))):
+                out = unit.run(root, inputs)
+                forward = now() - t
                 t = now()
-                if outputs[i].requires_grad and grad is not None:
-                    torch.autograd.backward(outputs[i], grad)
-                backward = now() - t
-                grad = inputs[i].grad
+                if out.requires_grad:
+                    torch.autograd.backward(out, torch.ones_like(out))
                 if timed_pass:
-                    samples[i].append(forward[i] + backward)
-            if timed_pass and time.perf_counter() - started > budget_s:
-                break
-    for p in model.parameters():
-        p.grad = None
+                    samples.append(forward + now() - t)
+                    if time.perf_counter() - started > budget_s / len(units):
+                        break
+            seconds.append(statistics.median(samples))
+            h = out.detach()
+            for p in root.parameters():
+                p.grad = None
     with torch.no_grad():
         for name, b in model.named_buffers():
-            b.copy_(saved[name])
-    return [statistics.median(s) for s in samples]
+            if name in saved:
+                b.copy_(saved[name])
+    return seconds
+
+
+def _materialised(model: nn.Module, unit: Unit, device: torch.device) -> nn.Module:
+    """A copy of one unit of a meta model, on `device`, initialised as its modules initialise themselves."""
+    alone = StageModule(model, [unit]).to_empty(device=device)
+    with torch.no_grad():
+        for module in alone.modules():
+            if callable(getattr(module, "reset_parameters", None)):
+                module.reset_parameters()
+    return alone
 
 
 # -- stage modules ---------------------------------------------------------------------------
