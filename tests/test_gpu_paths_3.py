@@ -100,31 +100,32 @@ def test_every_group_waits_as_long_as_the_run_says(monkeypatch):
 
 
 def test_init_weights_of_offloaded_shards_differs_between_shards(fake_world, monkeypatch, tmp_path):
-    """gpt built on meta, sharded over 2 ranks with --cpu-offload, initialised by its init_weights: the shards
-    live in host memory, where DTensor's generator does not reach (the mesh stands in for a GPU one). Each
-    rank's half of a weight must be its own draw from the same distribution, not the other half again."""
+    """ResNet-18 built on meta, sharded over 2 ranks with --cpu-offload, initialised by its init_weights (He et al.'s
+    over the whole model): the shards live in host memory, where DTensor's generator does not reach (the mesh
+    stands in for a GPU one). Each rank's half of a weight must be its own draw from the same distribution, not
+    the other half again."""
     from torch.distributed.fsdp import CPUOffloadPolicy
 
     from paratrain.config import TrainConfig
     from paratrain.engine.strategies import fsdp
-    from paratrain.workloads import gpt
+    from paratrain.workloads import models
 
     monkeypatch.setattr(fsdp, "is_rng_supported_mesh", lambda mesh: True)  # a GPU mesh's answer
     monkeypatch.setattr(fsdp, "CPUOffloadPolicy", lambda: CPUOffloadPolicy(pin_memory=False))  # pinning needs CUDA
-    cfg = TrainConfig(workload="gpt-tiny", strategy="fsdp", workers=2, cpu_offload=True, run_dir=tmp_path)
+    cfg = TrainConfig(workload="cifar10-resnet18", strategy="fsdp", workers=2, cpu_offload=True, run_dir=tmp_path)
     halves = []
     for rank in (0, 1):
         fake_world(rank, 2)
         ctx = RankContext(rank, 2, rank, torch.device("cpu"))
         strategy = fsdp.FullyShardedDataParallel(cfg, ctx, time.perf_counter)
-        model = strategy.wrap(strategy.build(lambda: gpt.GPT(gpt.PRESETS["gpt-tiny"])))
-        weight = model.blocks[0].mlp.fc.weight.to_local()
-        assert weight.device.type == "cpu" and weight.shape == (256, 128)
+        model = strategy.wrap(strategy.build(lambda: models.build_model("resnet18")))
+        weight = model.blocks[0].conv1.weight.to_local()
+        assert weight.device.type == "cpu" and weight.shape == (32, 64, 3, 3)
         halves.append(weight.detach().clone())
         dist.destroy_process_group()
     assert not torch.equal(halves[0], halves[1]), "every shard drew the same values"
-    for half in halves:
-        assert half.std().item() == pytest.approx(0.02, rel=0.1)  # gpt's init: normal, std 0.02
+    for half in halves:  # He et al.'s normal, fan out: std sqrt(2 / (64 x 3 x 3))
+        assert half.std().item() == pytest.approx((2 / (64 * 9)) ** 0.5, rel=0.1)
 
 
 def test_offloaded_gradient_norms_are_summed_on_the_groups_device(monkeypatch):

@@ -314,7 +314,7 @@ def _plan_of_the_run(capsys, mesh: list[str], summary: dict) -> dict:
 def test_hsdp_replicas_of_a_two_way_shard_train_as_the_shard_alone(runs, tmp_path, capsys):
     """HSDP, 2 replicas x 2 shards x batch 4 (4 ranks on 2 cores), against fsdp on 2 ranks x batch 8: the
     same global batch, the same shards. gpt is built on the meta device and initialised shard by shard
-    (init_weights on each rank's own random stream, on CPU ranks), so the two runs start from the same
+    (each module's own reset_parameters, drawing as one process does), so the two runs start from the same
     weights only if both replicas of a shard draw the same ones; then each step's gradient, averaged over
     the replicas, is the 2-rank run's. Each rank holds half of the model, as in the 2-rank run."""
     layouts = {

@@ -1,6 +1,7 @@
-"""Models larger than one rank's memory under tensor parallelism, alone and beside FSDP (issue #60): each rank
-builds the model on the meta device, splits it there and materialises only its part (engine/strategies/
-meta_init.py), with the ordinary build's initial weights for the same seed."""
+"""Models larger than one rank's memory in every layout that holds a part of them (issue #60): fsdp, tensor
+parallelism alone and beside FSDP, and every pipeline layout. Each rank builds the model on the meta device, cuts,
+splits and shards it there and materialises only its part (engine/strategies/meta_init.py), with the ordinary
+build's initial weights for the same seed."""
 
 from __future__ import annotations
 
@@ -174,38 +175,57 @@ def test_a_model_larger_than_the_memory_limit_trains_in_stages(tmp_path, monkeyp
         assert peak == pytest.approx(row["memory_per_device_bytes"], rel=0.10), (peaks, row)
 
 
-SPLIT = {"tp": dict(workers=2, tp=2), "fsdp+tp": dict(workers=4, tp=2, strategy="fsdp")}
+SPLIT = {
+    "fsdp": dict(workers=2, strategy="fsdp"),
+    "tp": dict(workers=2, tp=2),
+    "fsdp+tp": dict(workers=4, tp=2, strategy="fsdp"),
+}
 
 
-@pytest.mark.parametrize("name", [*SPLIT, *STAGED])
-def test_each_ranks_part_is_its_slice_of_the_ordinary_builds_weights(fake_world, tmp_path, monkeypatch, name):
-    """The user's model (widening_stack: Linear layers, no init of its own) built for each rank of each layout that
-    holds a part of it (the pipelines cut after its second unit, or first and second for 3 stages), on meta, cut,
-    split, sharded and materialised: every rank's local part of every parameter it holds equals that part of the
-    model one process builds with the same seed."""
+# (the model as a config names it, the pipeline's cuts for 2 and for 3 stages): a user's model of Linear layers with
+# no init of its own, and gpt (GPT-2's init, each module's own; its embedding and output weight tied across stages)
+MODELS = {
+    "user": (dict(model="user_factories:widening_stack"), "2", "1,2"),
+    "gpt": (dict(workload="gpt-tiny"), "blocks.2", "blocks.1,blocks.3"),
+}
+
+
+def _factory(model: str) -> Callable[[], nn.Module]:
     from user_factories import widening_stack
 
+    from paratrain.workloads import gpt
+
+    return widening_stack if model == "user" else lambda: gpt.GPT(gpt.PRESETS["gpt-tiny"])
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("name", [*SPLIT, *STAGED])
+def test_each_ranks_part_is_its_slice_of_the_ordinary_builds_weights(fake_world, tmp_path, monkeypatch, name, model):
+    """The model built for each rank of each layout that holds a part of it, on meta, cut, split, sharded and
+    materialised: every rank's local part of every parameter it holds equals that part of the model one process
+    builds with the same seed."""
     layout = SPLIT.get(name) or STAGED[name]
     staged = "pp" in layout
+    source, two, three = MODELS[model]
     # the gloo group checkpoints gather stages over cannot be made on the fake backend; no checkpoint is taken here
     monkeypatch.setattr("paratrain.engine.strategies.pipeline.host_group", lambda ctx: None)
     cfg = TrainConfig(
-        model="user_factories:widening_stack",
-        **({"tp_plan": "user_factories:widening_plan"} if layout.get("tp", 1) > 1 else {}),
-        **({"split": "1,2" if layout["pp"] == 3 else "2"} if staged else {}),
+        **source,
+        **({"tp_plan": "user_factories:widening_plan"} if model == "user" and layout.get("tp", 1) > 1 else {}),
+        **({"split": three if layout["pp"] == 3 else two} if staged else {}),
         seed=3,
         run_dir=tmp_path,
         allow_oversubscribe=True,
         **layout,
     )
     torch.manual_seed(3)
-    ordinary = dict(widening_stack().named_parameters())
+    ordinary = dict(_factory(model)().named_parameters(remove_duplicate=False))
     for rank in range(layout["workers"]):
         fake_world(rank, layout["workers"])
-        strategy, model = _rank_of(cfg, rank, layout["workers"], widening_stack)
+        strategy, wrapped = _rank_of(cfg, rank, layout["workers"], _factory(model))
         # a pipeline's stages hold their modules under the whole model's names
         held = [(n, p) for stage in strategy.stage_modules for n, p in stage.named_parameters()] if staged else []
-        held = held or list(model.named_parameters())
+        held = held or list(wrapped.named_parameters())
         for held_name, param in held:
             full = ordinary[held_name.replace("_fsdp_wrapped_module.", "")]
             assert isinstance(param, DTensor) or not layout.get("tp"), held_name

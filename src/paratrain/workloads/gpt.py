@@ -80,6 +80,40 @@ def resolve(preset: str, n_layer: int | None = None, n_head: int | None = None, 
     return config
 
 
+class Linear(nn.Linear):
+    """nn.Linear as GPT-2 initialises it: weights normal with standard deviation `std`, biases zero.
+
+    The initialisation is the module's own `reset_parameters`, run once as the constructor runs it, not a pass over
+    the whole model afterwards: a rank that builds the model on the meta device and materialises only its part
+    (tensor parallelism, fsdp, a pipeline's stages; engine/strategies/meta_init.py) runs each module's
+    `reset_parameters` in the same order and draws the same values, so every layout starts from one process's
+    weights for the same seed. Named as torch's class: `--shard-unit Linear` and the probe's layer tables read
+    the name."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, std: float = 0.02):
+        self.std = std  # read by reset_parameters, which nn.Linear's constructor calls
+        super().__init__(in_features, out_features, bias)
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.weight, mean=0.0, std=self.std)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+
+class Embedding(nn.Embedding):
+    """nn.Embedding as GPT-2 initialises it, normal with standard deviation 0.02, as its own `reset_parameters`
+    (see Linear)."""
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.weight, mean=0.0, std=0.02)
+
+
+def _residual_std(config: GPTConfig) -> float:
+    """GPT-2: the projections that write into the residual stream shrink with depth, so the stream's variance does
+    not grow with the number of blocks."""
+    return 0.02 / math.sqrt(2 * config.n_layer)
+
+
 class CausalSelfAttention(nn.Module):
     """Queries, keys and values from three projections, not one fused `qkv` (nanoGPT's): tensor
     parallelism splits each by output columns, so that a rank holds whole heads of all three. The
@@ -89,8 +123,8 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.head_dim = config.n_embd // config.n_head
-        self.q, self.k, self.v = (nn.Linear(config.n_embd, config.n_embd) for _ in range(3))
-        self.proj = nn.Linear(config.n_embd, config.n_embd)
+        self.q, self.k, self.v = (Linear(config.n_embd, config.n_embd) for _ in range(3))
+        self.proj = Linear(config.n_embd, config.n_embd, std=_residual_std(config))
         self.register_load_state_dict_pre_hook(_split_fused_qkv)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -113,8 +147,8 @@ def _split_fused_qkv(_: nn.Module, state: dict[str, torch.Tensor], prefix: str, 
 class MLP(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.fc = nn.Linear(config.n_embd, 4 * config.n_embd)
-        self.proj = nn.Linear(4 * config.n_embd, config.n_embd)
+        self.fc = Linear(config.n_embd, 4 * config.n_embd)
+        self.proj = Linear(4 * config.n_embd, config.n_embd, std=_residual_std(config))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.proj(F.gelu(self.fc(x)))
@@ -138,8 +172,8 @@ class Block(nn.Module):
 class Embeddings(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
-        self.wpe = nn.Embedding(config.block_size, config.n_embd)
+        self.wte = Embedding(config.vocab_size, config.n_embd)
+        self.wpe = Embedding(config.block_size, config.n_embd)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(idx.shape[1], device=idx.device)
@@ -150,7 +184,7 @@ class Head(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.ln_f = nn.LayerNorm(config.n_embd)
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.n_embd, config.vocab_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.ln_f(x))
@@ -166,27 +200,8 @@ class GPT(nn.Module):
         self.embed = Embeddings(config)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.head = Head(config)
+        # tied as GPT-2 ties them: the tensor and its values are the embedding's (lm_head's own draw is dropped)
         self.head.lm_head.weight = self.embed.wte.weight
-        self.init_weights()
-
-    def init_weights(self) -> None:
-        """GPT-2's initialisation over the layers' defaults; also run by fsdp on the shards of a
-        model built on the meta device (engine/strategies/fsdp.py)."""
-        self.apply(self._init_weights)
-        # GPT-2: the projections that write into the residual stream shrink with depth, so the
-        # stream's variance does not grow with the number of blocks.
-        for block in self.blocks:
-            for proj in (block.attn.proj, block.mlp.proj):
-                nn.init.normal_(proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
-
-    @staticmethod
-    def _init_weights(module: nn.Module) -> None:
-        if isinstance(module, nn.Linear):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         x = self.embed(idx)

@@ -40,7 +40,7 @@ keeping the averaged gradient of its own shard.
   then initialised: each module's own `reset_parameters` on a full-size host copy of that module,
   the rank keeping its shard, so a model whose constructor initialises its layers that way gets the
   ordinary build's weights for the same seed. A model with an initialisation of its own over the
-  whole model defines `init_weights()` (torchtitan's name; gpt and the ResNets do), which then runs on
+  whole model defines `init_weights()` (torchtitan's name; the ResNets do), which then runs on
   the shards: the same distributions, other draws (where the shards are in host memory, on CPU
   meshes or offloaded by --cpu-offload, DTensor's sharded random generator does not apply: each
   shard draws from a stream of its own so that the shards differ, and HSDP's replicas of one shard
