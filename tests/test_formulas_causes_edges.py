@@ -327,9 +327,23 @@ def test_the_steps_that_began_an_epoch_are_named_with_the_loaders_workers_or_the
         "data": pytest.approx(0.005),
         "other": pytest.approx(0.015),
     }
-    # persistent workers, or none: the script builds its loader again
-    kept = {**rank, "loaders": [{**loader, "persistent_workers": True}]}
-    assert "outside the epoch loop" in findings(probed_run(tmp_path / "kept", [kept] * 2))["epoch_start"]["remedy"]
+    assert found["where"] == "the DataLoader's workers (persistent_workers=False)"
+    # one worker started again is a restart too
+    one = {**rank, "loaders": [{**loader, "workers": 1}]}
+    assert "persistent_workers=True" in findings(probed_run(tmp_path / "one", [one] * 2))["epoch_start"]["remedy"]
+    # persistent workers, none, or a count not recorded: the script builds its loader again
+    for case, kept_loader in {
+        "kept": {**loader, "persistent_workers": True},
+        "none": {**loader, "workers": 0},
+        "unrecorded": {**loader, "workers": None},
+    }.items():
+        again = findings(probed_run(tmp_path / case, [{**rank, "loaders": [kept_loader]}] * 2))["epoch_start"]
+        assert "outside the epoch loop" in again["remedy"] and again["where"] == "between epochs", case
+    # a rank that recorded no epoch start, or none of its phases there, spent nothing there: the least is 0
+    quiet = {k: v for k, v in rank.items() if k not in ("epoch_starts", "epoch_start_phases_s")}
+    assert "epoch_start" not in findings(probed_run(tmp_path / "quiet", [rank, quiet]))
+    unphased = {k: v for k, v in rank.items() if k != "epoch_start_phases_s"}
+    assert "epoch_start" not in findings(probed_run(tmp_path / "unphased", [rank, unphased]))
     # 6.25 ms of a 125 ms step is 5 %: named; 6.1 ms is not
     phases = {"forward": 0.0625, "backward": 0.03125, "other": 0.03125}
     edge = {**rank, "phases_s": phases, "epoch_start_excess_s": 0.00625, "epoch_start_phases_s": {"other": 0.00625}}
