@@ -5,6 +5,7 @@ build's initial weights for the same seed."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -67,9 +68,11 @@ def test_a_model_larger_than_the_memory_limit_trains_split(tmp_path, monkeypatch
         assert peak == pytest.approx(row["memory_per_device_bytes"], rel=0.10), (peaks, row)
 
 
-def _rank_of(cfg: TrainConfig, rank: int, workers: int, factory: Callable[[], nn.Module]) -> tuple[Any, nn.Module]:
+def _rank_of(
+    cfg: TrainConfig, rank: int, workers: int, factory: Callable[[], nn.Module], meta: bool = True
+) -> tuple[Any, nn.Module]:
     """The strategy of `rank` (on a fake process group the caller joined) and the model it trains, built from
-    `factory` seeded with cfg.seed on the meta device, split and wrapped as the rank loop does."""
+    `factory` seeded with cfg.seed on the meta device (`meta`) or whole, split and wrapped as the rank loop does."""
     from paratrain.engine.strategies import build_strategy
 
     strategy = build_strategy(cfg, RankContext(rank, workers, rank, torch.device("cpu")), time.perf_counter)
@@ -79,9 +82,20 @@ def _rank_of(cfg: TrainConfig, rank: int, workers: int, factory: Callable[[], nn
         return factory()
 
     module = strategy.build(make)
-    assert all(p.is_meta for p in module.parameters()), "built whole"
+    assert [p.is_meta for p in module.parameters()] == [meta] * len(list(module.parameters())), "built otherwise"
     strategy.split(module)
     return strategy, strategy.wrap(module)
+
+
+def _held_as_one_process_holds_it(strategy: Any, wrapped: nn.Module, ordinary: dict[str, torch.Tensor]) -> None:
+    """Every parameter the rank holds (a pipeline's stages hold their modules under the whole model's names) is
+    its slice of the model one process built."""
+    staged = [(n, p) for stage in getattr(strategy, "stage_modules", []) for n, p in stage.named_parameters()]
+    for held_name, param in staged or list(wrapped.named_parameters()):
+        full = ordinary[held_name.replace("_fsdp_wrapped_module.", "")]
+        if isinstance(param, DTensor):
+            param, full = param.to_local(), full[_local_slice(param)]
+        torch.testing.assert_close(param, full, msg=held_name)
 
 
 def _two_steps_under_the_limit(tmp_path: Path, **options) -> dict:
@@ -223,15 +237,9 @@ def test_each_ranks_part_is_its_slice_of_the_ordinary_builds_weights(fake_world,
     for rank in range(layout["workers"]):
         fake_world(rank, layout["workers"])
         strategy, wrapped = _rank_of(cfg, rank, layout["workers"], _factory(model))
-        # a pipeline's stages hold their modules under the whole model's names
-        held = [(n, p) for stage in strategy.stage_modules for n, p in stage.named_parameters()] if staged else []
-        held = held or list(wrapped.named_parameters())
-        for held_name, param in held:
-            full = ordinary[held_name.replace("_fsdp_wrapped_module.", "")]
-            assert isinstance(param, DTensor) or not layout.get("tp"), held_name
-            if isinstance(param, DTensor):
-                param, full = param.to_local(), full[_local_slice(param)]
-            torch.testing.assert_close(param, full, msg=f"rank {rank}: {held_name}")
+        if layout.get("tp", 1) > 1:
+            assert all(isinstance(p, DTensor) for p in wrapped.parameters())
+        _held_as_one_process_holds_it(strategy, wrapped, ordinary)
         dist.destroy_process_group()
 
 
@@ -256,3 +264,42 @@ def test_a_weight_tied_across_stages_starts_equal_on_both_as_in_one_process(fake
     torch.testing.assert_close(held["1.weight"], held["3.weight"])
     for name, param in held.items():
         torch.testing.assert_close(param, ordinary[name], msg=name)
+
+
+@pytest.mark.parametrize("name", ["fsdp", "tp", "pipeline"])
+def test_a_model_that_initialises_its_layers_itself_is_built_whole_and_keeps_its_init(
+    fake_world, tmp_path, monkeypatch, name
+):
+    """SelfInitialised's constructor draws its Linear layers again (normal, std 0.02) after their own
+    reset_parameters(): materialised from the layers' defaults it would start elsewhere. Each rank builds it whole
+    instead, says why in one line, and holds one process's weights (split or sharded, every rank's part comes from
+    rank 0's copy through the process group, which the fake one does not carry: rank 0's part is compared there)."""
+    from user_factories import SelfInitialised
+
+    monkeypatch.setattr("paratrain.engine.strategies.pipeline.host_group", lambda ctx: None)
+    layout = {**SPLIT, **STAGED}[name]
+    cfg = TrainConfig(
+        model="user_factories:SelfInitialised",
+        **({"tp_plan": "user_factories:widening_plan"} if layout.get("tp", 1) > 1 else {}),
+        **({"split": "1"} if "pp" in layout else {}),
+        seed=4,
+        run_dir=tmp_path,
+        **layout,
+    )
+    torch.manual_seed(4)
+    ordinary = dict(SelfInitialised().named_parameters())
+    said: list[str] = []  # the rank log's lines (the suite runs with pytest's logging plugin off)
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("paratrain.rank").addHandler(handler)
+    try:
+        for rank in range(layout["workers"]):
+            fake_world(rank, layout["workers"])
+            strategy, wrapped = _rank_of(cfg, rank, layout["workers"], SelfInitialised, meta=False)
+            assert any("its constructor writes 0.weight after Linear's own reset_parameters()" in m for m in said)
+            if rank == 0 or "pp" in layout:
+                _held_as_one_process_holds_it(strategy, wrapped, ordinary)
+            dist.destroy_process_group()
+            said.clear()
+    finally:
+        logging.getLogger("paratrain.rank").removeHandler(handler)

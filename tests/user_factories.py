@@ -256,6 +256,21 @@ def tied_stack(in_features: int = 16, num_classes: int = 2) -> nn.Module:
     return model
 
 
+class SelfInitialised(nn.Sequential):
+    """nanoGPT's way: layers built with their defaults, then initialised again by the model's constructor
+    (`self.apply(self._init_weights)`), with no init_weights() a strategy could call on the parts."""
+
+    def __init__(self, in_features: int = 16, num_classes: int = 2):
+        super().__init__(nn.Linear(in_features, 32), Widening(32), nn.Linear(32, num_classes))
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            nn.init.zeros_(module.bias)
+
+
 def widening_plan(model, degree):
     return {"*.up": "colwise", "*.down": "rowwise"}
 

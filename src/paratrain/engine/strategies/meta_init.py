@@ -12,7 +12,10 @@ models), the weights equal those of the ordinary build for the same seed, whatev
 more than its part and one module's full copy.
 
 A model that creates parameters or buffers no `reset_parameters` initialises cannot be materialised this way: it
-is built whole on the host before it is split, and the rank log says so in one line. So is a model with an
+is built whole on the host before it is split, and the rank log says so in one line. So is a model whose
+constructor writes its layers again after their own `reset_parameters` (nanoGPT's `self.apply(self._init_weights)`):
+materialised, it would silently start from the layers' defaults. `Writes` counts the writes the construction makes
+on meta, against those of each module's `reset_parameters` alone. So is a model with an
 initialisation of its own over the whole model (`init_weights()`, torchtitan's name) where the layout must start
 from one process's weights (tensor parallelism): run piecewise on a CPU mesh it would draw other values.
 """
@@ -26,6 +29,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.weak import WeakIdKeyDictionary
 
 log = logging.getLogger("paratrain.rank")
 
@@ -38,27 +43,56 @@ def on_meta(model: nn.Module) -> bool:
     return any(t.is_meta for t in (*model.parameters(), *model.buffers()))
 
 
-def uninitialisable(model: nn.Module, piecewise_init: bool = True) -> str | None:
+class Writes(TorchDispatchMode):
+    """How many times each tensor was written in place (uniform_, normal_, fill_, zero_, copy_, ...) while it ran."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if func._schema.is_mutable and args and isinstance(args[0], torch.Tensor):
+            self.count[args[0]] = self.count.get(args[0], 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+def own_tensors(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    return [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
+
+
+def uninitialisable(model: nn.Module, built: Writes, piecewise_init: bool = True) -> str | None:
     """Why a model built on the meta device cannot be initialised after splitting, or None if it can: every
     module that holds parameters or buffers of its own must reset them, all of them must be on meta (a factory may
-    place some tensors on a device itself), and unless `piecewise_init`, no init_weights() over the whole model."""
+    place some tensors on a device itself), unless `piecewise_init` no init_weights() over the whole model, and
+    (`built`: the writes its construction made) no tensor written more times by the construction than by its
+    module's reset_parameters(): a model that initialises its layers itself after building them (nanoGPT's
+    `self.apply(self._init_weights)`) would otherwise start from the layers' defaults. With `piecewise_init`, an
+    init_weights() runs on the parts after they are materialised (fsdp), so the writes it made are allowed."""
     if not all(t.is_meta for t in (*model.parameters(), *model.buffers())):
         return "the model factory put some of its tensors on a real device under torch.device('meta')"
-    if not piecewise_init and callable(getattr(model, "init_weights", None)):
+    init_weights = callable(getattr(model, "init_weights", None))
+    if not piecewise_init and init_weights:
         return (
             f"its init_weights() ({type(model).__name__}) initialises the whole model at once, which split across "
             "ranks would draw other values than one process"
         )
     for name, module in model.named_modules():
-        owns = (
-            next(module.parameters(recurse=False), None) is not None
-            or next(module.buffers(recurse=False), None) is not None
-        )
-        if owns and not resets(module):
+        if own_tensors(module) and not resets(module):
             return (
                 f"{name or 'the model'} ({type(module).__name__}) holds parameters or buffers and has no "
                 "reset_parameters() to initialise them after splitting"
             )
+        if own_tensors(module) and not init_weights:
+            alone = copy.deepcopy(module)
+            with Writes() as reset:
+                alone.reset_parameters()
+            resets_of = {n: reset.count.get(t, 0) for n, t in own_tensors(alone)}
+            extra = [n for n, t in own_tensors(module) if built.count.get(t, 0) > resets_of[n]]
+            if extra:
+                return (
+                    f"its constructor writes {name + '.' if name else ''}{extra[0]} after {type(module).__name__}'s "
+                    "own reset_parameters() (an initialisation of its own), which the parts cannot repeat"
+                )
     return None
 
 
@@ -67,9 +101,9 @@ def build_on_meta(
 ) -> nn.Module:
     """The model on the meta device, or built by `whole` (on the host, then the rank's device) where it could not
     be initialised after splitting (`uninitialisable`), with the reason in the rank log."""
-    with torch.device("meta"):
+    with torch.device("meta"), Writes() as built:
         model = make()
-    missing = uninitialisable(model, piecewise_init)
+    missing = uninitialisable(model, built, piecewise_init)
     if missing is None:
         return model
     log.warning("building the whole model on every rank before splitting it: %s", missing)
