@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from paratrain.config import STAGED_STRATEGIES, TrainConfig
+from paratrain.engine.strategies.meta_init import on_meta, resets
 from paratrain.errors import UsageError
 
 
@@ -225,7 +226,7 @@ def measure_unit_seconds(model: nn.Module, units: list[Unit], x: torch.Tensor, b
             torch.cuda.synchronize(x.device)
         return time.perf_counter()
 
-    meta = any(t.is_meta for t in (*model.parameters(), *model.buffers()))
+    meta = on_meta(model)
     saved = {} if meta else {name: b.clone() for name, b in model.named_buffers()}
     seconds: list[float] = []
     h = x
@@ -260,9 +261,8 @@ def _materialised(model: nn.Module, unit: Unit, device: torch.device) -> nn.Modu
     """A copy of one unit of a meta model, on `device`, initialised as its modules initialise themselves."""
     alone = StageModule(model, [unit]).to_empty(device=device)
     with torch.no_grad():
-        for module in alone.modules():
-            if callable(getattr(module, "reset_parameters", None)):
-                module.reset_parameters()
+        for module in filter(resets, alone.modules()):
+            module.reset_parameters()
     return alone
 
 
