@@ -239,6 +239,21 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 @pytest.fixture
+def probe(tmp_path):
+    """The rank-side probe installed in this process, its hooks on torch (launch/probe/hooks.py), removed after."""
+    import torch
+
+    from paratrain.launch.probe import hooks
+    from paratrain.launch.probe.clock import Probe
+
+    installed = Probe(str(tmp_path / "rank0.jsonl"), 0)
+    hooks.install(installed, torch)
+    yield installed
+    for undo in reversed(installed.restore):
+        undo()
+
+
+@pytest.fixture
 def fake_world():
     """This process as one rank of a world of `size` on torch's fake backend (collectives do nothing)."""
     import torch.distributed as dist

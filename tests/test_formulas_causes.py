@@ -95,6 +95,20 @@ def test_garbage_collection_at_its_line_explicit_or_a_bound(tmp_path):
     assert "garbage_collection" not in findings(probed_run(tmp_path / "small", small * 2))
 
 
+def test_garbage_collection_takes_the_waits_for_other_ranks_longer_collections_with_it(tmp_path):
+    # 100 ms step: 40 ms collecting, DDP's all-reduce 20 ms a rank of which 3 ms its own (the least rank's in each
+    # step), the ranks waiting 15 ms a step for each other's longer collections: 40 + min(15, 20 - 3) = 55 ms go
+    phases = {"forward": 0.02, "backward": 0.02, "comm": 0.02, "other": 0.04}
+    ranks = [step(phases, gc_s_per_step=0.04, gc_sites=[["train.py:40 (<module>): gc.collect()", 0.04]])] * 2
+    found = findings(probed_run(tmp_path / "waits", ranks, probe={"gc_wait_s": 0.015, "all_reduce_s": 0.003}))
+    assert found["garbage_collection"]["saving"] == pytest.approx(0.55)
+    assert found["garbage_collection"]["explains"] == {"other": pytest.approx(0.04), "comm": pytest.approx(0.015)}
+    assert "wait 15.0 ms a step for each other" in found["garbage_collection"]["evidence"]
+    # no more than the all-reduce's waiting: 40 + min(30, 17) = 57 ms
+    capped = findings(probed_run(tmp_path / "capped", ranks, probe={"gc_wait_s": 0.03, "all_reduce_s": 0.003}))
+    assert capped["garbage_collection"]["saving"] == pytest.approx(0.57)
+
+
 def test_float64_from_the_layers_measured_ratio_and_half_the_optimizers_bytes(tmp_path):
     # forward 30 + backward 50 ms at a measured 4x, optimizer 10 ms: saved 80 x 3/4 + 10 / 2 = 65 of 100 ms
     phases = {"forward": 0.03, "backward": 0.05, "optimizer": 0.01, "other": 0.01}

@@ -1540,3 +1540,33 @@ def test_the_step_text_shows_each_phase_down_to_a_two_thousandth_of_the_step_and
         "no step breakdown: the probe is missing",
         "summary.json holds no probe block: a run whose ranks ended before writing it",
     )
+
+
+def test_small_batch_leaves_the_waits_for_other_ranks_out_of_the_fixed_part(tmp_path):
+    from paratrain.doctor import script_checks as sc
+
+    # a 100 ms step whose all-reduce takes 60 ms a rank, 10 ms of it its own (the least rank's in each step): the
+    # 50 ms of waiting lasts as long as another rank's work runs over, which grows with the batch; the step without
+    # it is 50 ms, of which 20 ms (2 samples x 10 ms of layers) grow and 30 ms do not (60 %). k=2: 30/70, 4: 30/110,
+    # 8: 30/190 (16 %) -> 50 + 7 x 20 = 190 ms against 8 x 50 = 400. Counted as fixed, the waits made it 80 % of
+    # the step and k=16: 1 - 0.4/1.6 = 0.75
+    phases = {"forward": 0.01, "backward": 0.01, "comm": 0.06, "optimizer": 0.01, "other": 0.01}
+    small = {"samples_per_step": 2.0, "batch_slope_s": 0.01, "batch_slope_between": [2, 32]}
+    ev = read_run_of(probed_run(tmp_path / "waits", [{"phases_s": phases, **small}] * 2, probe={"all_reduce_s": 0.01}))
+    assert sc.small_batch(ev).saving == pytest.approx(1 - 0.19 / 0.4)
+    # the script's own collectives' waits too: 50 ms of a barrier, 0 of it its own, the all-reduce all its own
+    barrier = {**phases, "comm": 0.01, "collective": 0.05}
+    ev = read_run_of(
+        probed_run(
+            tmp_path / "barrier",
+            [{"phases_s": barrier, **small}] * 2,
+            probe={"all_reduce_s": 0.01, "collective_own_s": 0.0},
+        )
+    )
+    assert sc.small_batch(ev).saving == pytest.approx(1 - 0.19 / 0.4)
+
+
+def read_run_of(run):
+    from paratrain.doctor.evidence import read_run
+
+    return read_run(run)

@@ -21,6 +21,7 @@ from paratrain.launch.probe_summary import (
     rank_record,
     steady,
     summarise,
+    unequal_wait_s,
     used_steps,
     worker_pause_record,
 )
@@ -242,3 +243,13 @@ def test_summarise_orders_ranks_by_number_and_says_why_it_has_nothing(tmp_path):
         "no optimizer step was seen: the script never called optimizer.step() of a torch.optim optimizer"
     )
     assert off("--no-probe") == {"probe": {"status": "off", "reason": "--no-probe"}}
+
+
+def test_the_wait_for_another_ranks_longer_collections_step_by_step():
+    # step 1: 10 and 30 ms of collections -> the ranks wait (20 + 0) / 2 = 10 ms; step 2: 50 and 20 -> (0 + 30) / 2 =
+    # 15 ms; step 3 only on rank 0: left out. Mean of 10 and 15: 12.5 ms
+    rank0 = [{"step": 1, "gc_s": 0.01}, {"step": 2, "gc_s": 0.05}, {"step": 3, "gc_s": 0.9}]
+    rank1 = [{"step": 1, "gc_s": 0.03}, {"step": 2, "gc_s": 0.02}]
+    assert unequal_wait_s([rank0, rank1], "gc_s") == pytest.approx(0.0125)
+    assert unequal_wait_s([rank0], "gc_s") is None
+    assert unequal_wait_s([rank0, []], "gc_s") is None

@@ -3,7 +3,6 @@ hooks have given way to hooks on the outermost modules, which is what keeps its 
 
 import json
 
-import pytest
 import torch
 from torch import nn
 from torch.nn.modules import module as module_hooks
@@ -11,15 +10,6 @@ from torch.nn.modules import module as module_hooks
 from paratrain.launch import probe as probe_module
 from paratrain.launch.probe import hooks, workers
 from paratrain.launch.probe.clock import Probe
-
-
-@pytest.fixture
-def probe(tmp_path):
-    installed = Probe(str(tmp_path / "rank0.jsonl"), 0)
-    hooks.install(installed, torch)
-    yield installed
-    for undo in reversed(installed.restore):
-        undo()
 
 
 def steps(probe):

@@ -16,15 +16,6 @@ from paratrain.launch.probe.device import HostEvent, device_timeline, tensor_dev
 from paratrain.launch.trace_summary import summarise_file
 
 
-@pytest.fixture
-def probe(tmp_path):
-    installed = Probe(str(tmp_path / "rank0.jsonl"), 0)
-    hooks.install(installed, torch)
-    yield installed
-    for undo in reversed(installed.restore):
-        undo()
-
-
 def records(probe, kind="step"):
     probe.flush()
     with open(probe.path) as lines:

@@ -24,6 +24,7 @@ from paratrain.doctor.ledger import unexplained
 from paratrain.doctor.rank_checks import RANK_CHECKS
 from paratrain.doctor.script_checks import SCRIPT_CHECKS, probe_status
 from paratrain.doctor.study_checks import batch_knee, best_at_edge, lr_not_scaled
+from paratrain.doctor.wasted_compute import WASTED_COMPUTE
 from paratrain.errors import UsageError
 from paratrain.formatting import pct
 from paratrain.launch import probe_summary
@@ -89,6 +90,7 @@ def diagnose_run(ev: RunEvidence) -> list[Finding]:
             *SCRIPT_CHECKS,
             *RANK_CHECKS,
             *CAUSES,
+            *WASTED_COMPUTE,
             rank0_alone,
             first_epoch_overhead,
             idle_devices,

@@ -129,9 +129,14 @@ def duplicate_data(ev: RunEvidence) -> Finding | None:
 
 
 def garbage_collection(ev: RunEvidence) -> Finding | None:
+    """Python's collections, timed by gc.callbacks, and the waits they make: in each step the ranks that collected
+    less wait in the next collective for the one that collected most (the probe summary's `gc_wait_s`), no more
+    than the all-reduce's waiting (its time beyond its own). Both go with the collections."""
     step, gc = _step(ev), _per_step(ev, "gc_s")
     if not ev.probe_ranks or gc / step < GC_SHARE:
         return None
+    waiting = max(0.0, _phase(ev, "comm") - ev.all_reduce_s)
+    wait = min(float(ev.probe.get("gc_wait_s") or 0.0), waiting)
     sites = ev.probe_ranks[0].get("gc_sites") or []
     where = sites[0][0] if sites else None
     explicit = bool(where) and "gc.collect" in where
@@ -147,17 +152,19 @@ def garbage_collection(ev: RunEvidence) -> Finding | None:
         "garbage_collection",
         f"Python's garbage collection takes {pct(gc / step)} of every step",
         f"step {ms(step)}; {ms(gc)} a step in {_per_step(ev, 'gc_n'):.0f} collections (gc.callbacks)"
-        + (f"; triggered at {where} ({ms(sites[0][1])} a step)" if where else ""),
+        + (f"; triggered at {where} ({ms(sites[0][1])} a step)" if where else "")
+        + (f"; the ranks wait {ms(wait)} a step for each other's longer collections" if wait >= 0.0005 else ""),
         "a full collection walks every Python object the process holds: with a large heap (an index of the "
         "dataset, caches) each costs tens or hundreds of milliseconds",
         f"code change in {_script(ev)}: {remedy}",
-        f"{speedup(gc / step)}: the collections' {ms(gc)} a step go"
+        f"{speedup((gc + wait) / step)}: the collections' {ms(gc)} a step go"
+        + (f", and the {ms(wait)} of waiting for them" if wait >= 0.0005 else "")
         + ("" if explicit else " (a bound: some collections remain)"),
-        gc / step,
+        (gc + wait) / step,
         where=where,
-        share=gc / step,
+        share=(gc + wait) / step,
         bound=not explicit,
-        explains={"other": min(gc, _phase(ev, "other"))},
+        explains={"other": min(gc, _phase(ev, "other")), **({"comm": wait} if wait else {})},
     )
 
 

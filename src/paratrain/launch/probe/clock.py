@@ -212,12 +212,14 @@ class Probe:
     def _prices_layers(self, oversubscribed: bool) -> bool:
         """Whether the calibration times the model's layers alone. Every run's are priced (doctor/expected.py),
         but a compiled model's run inside its graphs: hooking them for one step would make torch.compile compile
-        again, for layers it never calls. Its small batch, oversubscription or float64 still ask for them."""
+        again, for layers it never calls. Its small batch, oversubscription, float64 or a disabled autocast still
+        ask for them."""
         return (
             not self.state.get("compiled")
             or 0 < self.last_batch <= SMALL_BATCH
             or oversubscribed
             or self.facts.float64_parameters()
+            or self.facts.autocast_disabled()
         )
 
     def _note_world(self) -> None:
@@ -319,6 +321,9 @@ class Probe:
         if self.facts.float64_parameters():
             penalty = twins.dtype_penalty(self.torch.float32)
             self.note(float64_penalty=None if penalty is None else round(penalty, 3))
+        if self.facts.autocast_disabled():
+            penalty = twins.autocast_penalty(self.torch.bfloat16)
+            self.note(autocast_penalty=None if penalty is None else round(penalty, 3))
 
     # -- records --------------------------------------------------------------------------
     def note(self, **changes: Any) -> None:

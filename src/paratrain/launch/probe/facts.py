@@ -1,7 +1,8 @@
 """Facts about a rank's run that the doctor reasons from, beside the phase times: what each DataLoader reads
 (its dataset's length, its sampler, the samples an epoch gave this rank, a checksum of its first batch), the
 dtypes of the model and its inputs, Python's garbage collections and where they were triggered,
-torch.compile's compilations, and the memory the rank held against what it may hold."""
+torch.compile's calls and compilations, the padding in each batch, the script's warnings, and the memory the
+rank held against what it may hold."""
 
 from __future__ import annotations
 
@@ -19,6 +20,12 @@ if TYPE_CHECKING:
 
 GC_SITE_S = 0.0005  # a collection this long is attributed to the code that triggered it
 LOADERS = 8  # loaders described, at most (a script that builds one per step is not followed further)
+WARNINGS = 16  # distinct warnings kept, at most
+COMPILE_CALLS = 8  # distinct lines that called torch.compile, at most
+# Padding is looked for in a batch's integer or boolean matrices (token ids, attention masks, labels padded with
+# an ignore index) at least this wide, and no larger than this (a larger one is a feature map, not a sequence).
+PAD_MIN_WIDTH = 16
+PAD_MAX_NUMEL = 1 << 22
 # Paths of code that is not the user's: where a collection or a call is attributed, these frames are skipped.
 LIBRARY_PARTS = (os.sep + "torch" + os.sep, "site-packages", "dist-packages", os.sep + "paratrain" + os.sep)
 
@@ -55,6 +62,8 @@ class Facts:
         self.gc_sites: dict[str, float] = {}  # this step's collections by the code that triggered them
         self.compiled = (0, 0.0)  # frames compiled and seconds compiling, so far
         self.compiles, self.compile_s = 0, 0.0
+        self.compile_calls: list[str] = []  # the lines that called torch.compile
+        self.warnings: list[dict[str, str]] = []  # the script's warnings, one per message and line
         self.dtypes_seen = False
         self.float64 = False
         self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()  # every torch optimizer that stepped
@@ -118,6 +127,28 @@ class Facts:
         self.compiled = (frames, seconds)
         if frames:
             self.probe.note(compiled=True, compiled_frames=frames, graph_breaks=breaks)
+
+    def compile_called(self, where: str) -> None:
+        """torch.compile was called (directly, or by nn.Module.compile()) from `where`. Calling it compiles
+        nothing: the frames compile when what it returned is first called, so a call whose result nobody calls
+        (`torch.compile(model)` on a line of its own) leaves the steps eager, with no error and no warning."""
+        if where not in self.compile_calls and len(self.compile_calls) < COMPILE_CALLS:
+            self.compile_calls.append(where)
+            self.probe.note(compile_calls=list(self.compile_calls))
+
+    def warned(self, message: Any, category: Any, where: str) -> None:
+        """A warning the script's run showed (torch's own among them: an autocast that disabled itself says so
+        only here), once per message and line."""
+        text = str(message).strip().splitlines()[0][:200] if str(message).strip() else ""
+        entry = {"category": getattr(category, "__name__", str(category)), "message": text, "where": where}
+        if entry not in self.warnings and len(self.warnings) < WARNINGS:
+            self.warnings.append(entry)
+            self.probe.note(warnings=[dict(w) for w in self.warnings])
+
+    def autocast_disabled(self) -> bool:
+        """torch.autocast turned itself off (asked for a device the run has no use of, or a dtype the device's
+        autocast does not support): the forward the script wrote in a low precision runs in float32."""
+        return any("Disabling autocast" in w["message"] for w in self.warnings)
 
     # -- the model --------------------------------------------------------------------------
     def first_forward(self, module: Any, args: tuple[Any, ...]) -> None:
@@ -189,6 +220,12 @@ class Facts:
         if entry[1] == 1 and facts.get("first_batch_sum") is None:
             facts["first_batch_sum"] = _checksum(self.probe.torch, batch)
         facts["epoch_samples"] = max(facts.get("epoch_samples", 0), entry[2])
+        padded = padding(self.probe.torch, batch)
+        if padded is not None:
+            # token positions the batch carries, and those up to its longest sample (what padding each batch
+            # to its own longest would carry)
+            facts["padded_positions"] = facts.get("padded_positions", 0) + padded[0] * padded[1]
+            facts["longest_positions"] = facts.get("longest_positions", 0) + padded[0] * padded[2]
 
     # -- written with the records -------------------------------------------------------------
     def flush(self) -> None:
@@ -212,6 +249,33 @@ def first_len(value: Any, torch: Any, depth: int = 0) -> int | None:
             if n is not None:
                 return n
     return None
+
+
+def padding(torch: Any, batch: Any) -> tuple[int, int, int] | None:
+    """A batch of sequences padded to a fixed width: (rows, width, longest), where `longest` is the width up to its
+    longest sample, found as the trailing columns in which every row holds one value (the pad id, a mask's
+    zero, a label's ignore index). The batch's integer or boolean matrices are read (a dict's values, a tuple's
+    items); the widest padding any of them shows beyond its longest sample is taken, unless another matrix of the
+    same shape has none (a second input that is really that wide). None when no matrix of sequences is there."""
+    items = list(batch.values()) if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else [batch]
+    found: dict[tuple[int, int], int] = {}  # shape -> the longest width any matrix of it needs
+    for x in items:
+        if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.is_floating_point() or x.is_complex():
+            continue
+        rows, width = x.shape
+        if rows < 2 or width < PAD_MIN_WIDTH or x.numel() > PAD_MAX_NUMEL or x.device.type != "cpu":
+            continue
+        last = x[:, -1]
+        if not bool((last == last[0]).all()):
+            longest = width  # some row reaches the end: no padding beyond the longest sample
+        else:
+            real = (~(x == last[0]).all(0)).nonzero()
+            longest = int(real[-1]) + 1 if len(real) else 0
+        found[(rows, width)] = max(found.get((rows, width), 0), longest)
+    if not found:
+        return None
+    (rows, width), longest = min(found.items(), key=lambda item: item[1] / item[0][1])
+    return rows, width, longest
 
 
 def describe_loader(torch: Any, loader: Any) -> dict[str, Any]:
@@ -246,11 +310,31 @@ def describe_loader(torch: Any, loader: Any) -> dict[str, Any]:
         "batches_per_epoch": None if iterable else _length(loader),
         "workers": loader.num_workers,
         "persistent_workers": bool(getattr(loader, "persistent_workers", False)),
+        "collate_fn": _code(getattr(loader, "collate_fn", None)),
         "world": world,
         "epochs": 0,
         "batches": 0,
         "samples": 0,
     }
+
+
+def _code(function: Any) -> str | None:
+    """Where a callable's code is (`file:line (name)`), for a callable object its class's __call__; None for
+    torch's own (the default collate)."""
+    import inspect
+
+    if function is None:
+        return None
+    target = function if inspect.isfunction(function) or inspect.ismethod(function) else type(function).__call__
+    try:
+        path = inspect.getsourcefile(target)
+        line = inspect.getsourcelines(target)[1]
+    except (TypeError, OSError):
+        return None
+    if path is None or any(part in path for part in LIBRARY_PARTS):
+        return None
+    name = getattr(function, "__qualname__", type(function).__qualname__)
+    return f"{os.path.relpath(path)}:{line} ({name})"
 
 
 def _first_sample_sum(torch: Any, dataset: Any) -> float | None:

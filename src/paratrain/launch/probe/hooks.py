@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from paratrain.launch.probe import SYNC_DEVICE_ENV
 from paratrain.launch.probe.device import tensor_device
-from paratrain.launch.probe.facts import first_len
+from paratrain.launch.probe.facts import first_len, site, user_frame
 from paratrain.launch.probe.twins import input_spec
 
 if TYPE_CHECKING:
@@ -439,6 +439,43 @@ def garbage(probe: Probe, torch: Any) -> None:
     probe.restore.append(lambda: gc.callbacks.remove(callback) if callback in gc.callbacks else None)
 
 
+def compile_calls(probe: Probe, torch: Any) -> None:
+    """torch.compile's callers (facts.py): a call whose result the steps never call compiles nothing."""
+
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def through_compile(*args: Any, **kwargs: Any) -> Any:
+            if not probe.broken:
+                try:
+                    probe.facts.compile_called(site(user_frame(sys._getframe(1))))
+                except Exception as exc:
+                    probe.fail("compile", exc)
+            return original(*args, **kwargs)
+
+        return through_compile
+
+    probe.patch(torch, "compile", make)
+
+
+def script_warnings(probe: Probe, torch: Any) -> None:
+    """The warnings the run shows, noted as they are shown (facts.py); each is still shown as it would be."""
+    import warnings
+
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        def showwarning(message: Any, category: Any, filename: str, lineno: int, *args: Any, **kwargs: Any) -> Any:
+            if not probe.broken:
+                try:
+                    where = f"{os.path.relpath(filename) if not filename.startswith('<') else filename}:{lineno}"
+                    probe.facts.warned(message, category, where)
+                except Exception as exc:
+                    probe.fail("warnings", exc)
+            return original(message, category, filename, lineno, *args, **kwargs)
+
+        return showwarning
+
+    probe.patch(warnings, "showwarning", make)
+
+
 def install(probe: Probe, torch: Any) -> None:
     """Every hook, once `import torch` has finished."""
     probe.torch = torch
@@ -464,6 +501,8 @@ INSTALLERS = (
     save,
     host_syncs,
     garbage,
+    compile_calls,
+    script_warnings,
 )
 
 

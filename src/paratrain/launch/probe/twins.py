@@ -4,7 +4,8 @@ At the calibration step the probe notes each leaf layer a training forward calls
 with (shapes, dtypes and devices: no tensor of the step is kept, so no activation outlives its step), then
 times copies of those layers, forward and backward, on fresh inputs of those shapes: at a larger batch (the
 small-batch check's slope), on other thread counts (the oversubscription check's slow-down), in float32
-(the price of a model run in float64).
+(the price of a model run in float64), under autocast to bfloat16 (the price of an autocast that disabled
+itself).
 """
 
 from __future__ import annotations
@@ -131,16 +132,20 @@ class LayerTwins:
             torch.set_num_threads(threads)
         return plain
 
-    def seconds(self, grow: int = 1, threads: int | None = None, dtype: Any = None, repeats: int = 3) -> float:
+    def seconds(
+        self, grow: int = 1, threads: int | None = None, dtype: Any = None, repeats: int = 3, autocast: Any = None
+    ) -> float:
         """Forward and backward of every layer that runs, the batch `grow` times larger, on `threads`
-        threads, in `dtype` (layer and inputs): each layer warmed up once (a new shape allocates and picks
-        kernels), then the median. Each layer alone pays a backward pass of its own, which it shares inside
-        the model (`launch_s`)."""
+        threads, in `dtype` (layer and inputs), or under autocast to `autocast` on the layers' device: each layer
+        warmed up once (a new shape allocates and picks kernels), then the median. Each layer alone pays a
+        backward pass of its own, which it shares inside the model (`launch_s`)."""
         import copy
 
         total, rng = 0.0, self.torch.get_rng_state()
         try:
-            with self._plain(threads):
+            with self._plain(threads) as plain:
+                if autocast is not None:
+                    plain.enter_context(self.torch.autocast("cuda" if self.cuda else "cpu", dtype=autocast))
                 for layer, specs in self.twins:
                     try:
                         run = copy.deepcopy(layer).to(dtype) if dtype is not None else layer
@@ -205,6 +210,12 @@ class LayerTwins:
         """How much slower the layers run on `threads` threads than on `fair`."""
         slow, fast = self.seconds(threads=threads), self.seconds(threads=fair)
         return None if fast <= 0 else slow / fast
+
+    def autocast_penalty(self, dtype: Any) -> float | None:
+        """How much slower the layers run as they are than under autocast to `dtype` (bfloat16 for a script whose
+        autocast disabled itself): above 1 where the device multiplies faster in `dtype`."""
+        now, then = self.seconds(), self.seconds(autocast=dtype)
+        return None if then <= 0 else now / then
 
     def dtype_penalty(self, dtype: Any) -> float | None:
         """How much slower the layers run as they are than in `dtype` (float32 for a float64 model)."""

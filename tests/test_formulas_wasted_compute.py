@@ -1,0 +1,86 @@
+"""The doctor's checks of work the model need not do (doctor/wasted_compute.py) on hand-made records: each
+prediction worked out by hand in the comment above it, so a changed term or threshold fails it. Fast: scripts/
+mutate.py runs it for every mutant of that module."""
+
+import pytest
+from test_formulas_causes import LOADER, findings, step
+from test_formulas_doctor import probed_run
+
+WARNING = {"category": "UserWarning", "message": "CUDA is not available ... Disabling autocast.", "where": "t.py:61"}
+
+
+def test_a_disabled_autocast_is_priced_at_the_layers_measured_ratio_or_is_advice(tmp_path):
+    # forward 30 + backward 50 ms of a 100 ms step, the layers 1.6x as fast under bfloat16: 80 x (1 - 1/1.6) = 30 ms
+    phases = {"forward": 0.03, "backward": 0.05, "optimizer": 0.01, "other": 0.01}
+    rank = step(phases, warnings=[WARNING], autocast_penalty=1.6)
+    found = findings(probed_run(tmp_path / "fast", [rank] * 2))["autocast_disabled"]
+    assert found["saving"] == pytest.approx(0.30)
+    assert found["where"] == "t.py:61" and "torch.autocast(device_type=x.device.type" in found["remedy"]
+    # bfloat16 no faster here (a CPU without its instructions): named, no gain
+    slow = findings(probed_run(tmp_path / "slow", [step(phases, warnings=[WARNING], autocast_penalty=0.9)] * 2))
+    assert slow["autocast_disabled"]["saving"] is None and slow["autocast_disabled"]["severity"] == "advice"
+    other = {**WARNING, "message": "some other warning"}
+    assert "autocast_disabled" not in findings(probed_run(tmp_path / "none", [step(phases, warnings=[other])] * 2))
+
+
+def test_compile_unused_only_when_no_rank_compiled_anything(tmp_path):
+    phases = {"forward": 0.03, "backward": 0.05, "optimizer": 0.01, "other": 0.01}
+    calls = ["train.py:85 (main): torch.compile(model)"]
+    found = findings(probed_run(tmp_path / "eager", [step(phases, compile_calls=calls)] * 2))["compile_unused"]
+    assert found["saving"] is None and found["severity"] == "medium" and found["where"] == "train.py:85 (main)"
+    assert "model = torch.compile(model)" in found["remedy"]
+    compiled = [step(phases, compile_calls=calls, compiled=True, compiled_frames=3)] * 2
+    assert "compile_unused" not in findings(probed_run(tmp_path / "compiled", compiled))
+
+
+def test_padding_saves_forward_and_backward_in_proportion_to_the_positions_beyond_the_longest(tmp_path):
+    # forward 30 + backward 50 ms of 100; 1,000 positions carried, 250 up to each batch's longest: 75 % padding,
+    # 80 x 0.75 = 60 ms saved
+    phases = {"forward": 0.03, "backward": 0.05, "optimizer": 0.01, "other": 0.01}
+    padded = {**LOADER, "padded_positions": 1000, "longest_positions": 250, "collate_fn": "train.py:53 (Collate)"}
+    found = findings(probed_run(tmp_path / "padded", [step(phases, loaders=[padded])] * 2))["padding"]
+    assert found["saving"] == pytest.approx(0.60)
+    assert found["where"] == "train.py:53 (Collate)" and 'padding="longest"' in found["remedy"]
+    # 15 % padding: under the 20 % line, nothing said
+    little = {**padded, "longest_positions": 850}
+    assert "padding" not in findings(probed_run(tmp_path / "little", [step(phases, loaders=[little])] * 2))
+
+
+def test_the_lines_each_check_draws(tmp_path):
+    phases = {"forward": 0.03, "backward": 0.05, "optimizer": 0.01, "other": 0.01}
+    # autocast: 80 ms at 1.0667x saves 80 x (1 - 1/1.0667) = 5.0 ms, 5 % of the step: priced; at 1.06x, 4.5 %: advice
+    at_line = findings(probed_run(tmp_path / "a", [step(phases, warnings=[WARNING], autocast_penalty=16 / 15)] * 2))
+    assert at_line["autocast_disabled"]["saving"] == pytest.approx(0.05)
+    under = findings(probed_run(tmp_path / "b", [step(phases, warnings=[WARNING], autocast_penalty=1.06)] * 2))
+    assert under["autocast_disabled"]["saving"] is None
+    assert "1.06x as fast" in under["autocast_disabled"]["evidence"]
+    # not timed (the layers could not run under autocast): named, not priced
+    untimed = findings(probed_run(tmp_path / "c", [step(phases, warnings=[WARNING])] * 2))["autocast_disabled"]
+    assert untimed["saving"] is None and "not priced" in untimed["predicted_gain"]
+    # the penalty is the ranks' median: 1.2, 2.0 and 4.0 give 2.0, so 80 x 1/2 = 40 ms
+    three = [step(phases, warnings=[WARNING], autocast_penalty=x) for x in (1.2, 4.0, 2.0)]
+    assert findings(probed_run(tmp_path / "d", three))["autocast_disabled"]["saving"] == pytest.approx(0.40)
+    # compile: one rank that compiled, or fewer than 2 steps, is no finding
+    calls = ["train.py:85 (main): torch.compile(model)"]
+    mixed = [step(phases, compile_calls=calls), step(phases, compile_calls=calls, compiled=True)]
+    assert "compile_unused" not in findings(probed_run(tmp_path / "e", mixed))
+    early = [step(phases, compile_calls=calls, steps=1)] * 2
+    assert "compile_unused" not in findings(probed_run(tmp_path / "f", early))
+    two = findings(probed_run(tmp_path / "g", [step(phases, compile_calls=calls, steps=2)] * 2))["compile_unused"]
+    assert "nothing was compiled in 2 steps" in two["finding"] and "train.py:85 (main)" in two["evidence"]
+    # padding: 21 % of the positions is named (80 x 0.21 = 16.8 ms); a step mostly elsewhere saves under 5 %
+    line = {**LOADER, "padded_positions": 1000, "longest_positions": 790}
+    assert findings(probed_run(tmp_path / "h", [step(phases, loaders=[line])] * 2))["padding"]["saving"] == (
+        pytest.approx(0.168)
+    )
+    # forward 2 + backward 2 ms of a 100 ms step at 75 % padding: 3 ms, under 5 %
+    elsewhere = {"forward": 0.002, "backward": 0.002, "other": 0.096}
+    padded = {**LOADER, "padded_positions": 1000, "longest_positions": 250}
+    assert "padding" not in findings(probed_run(tmp_path / "i", [step(elsewhere, loaders=[padded])] * 2))
+    # the positions are summed over the ranks: 1,000 and 3,000 carried, 500 and 500 needed: 1 - 1,000 / 4,000 = 75 %
+    # padding, of forward and backward's 80 % of the step
+    ranks = [
+        step(phases, loaders=[{**LOADER, "padded_positions": 1000, "longest_positions": 500}]),
+        step(phases, loaders=[{**LOADER, "padded_positions": 3000, "longest_positions": 500}]),
+    ]
+    assert findings(probed_run(tmp_path / "j", ranks))["padding"]["saving"] == pytest.approx(0.8 * 0.75)
