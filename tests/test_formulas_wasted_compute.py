@@ -84,3 +84,28 @@ def test_the_lines_each_check_draws(tmp_path):
         step(phases, loaders=[{**LOADER, "padded_positions": 3000, "longest_positions": 500}]),
     ]
     assert findings(probed_run(tmp_path / "j", ranks))["padding"]["saving"] == pytest.approx(0.8 * 0.75)
+
+
+def test_what_each_finding_accounts_for(tmp_path):
+    # autocast at 1.6x: forward 30 ms x (1 - 1/1.6) = 11.25 ms and backward 50 x 0.375 = 18.75 ms accounted for;
+    # its share of the step is forward and backward's, 80 %
+    phases = {"forward": 0.03, "backward": 0.05, "optimizer": 0.01, "other": 0.01}
+    found = findings(probed_run(tmp_path / "a", [step(phases, warnings=[WARNING], autocast_penalty=1.6)] * 2))
+    assert found["autocast_disabled"]["explains"] == {
+        "forward": pytest.approx(0.01125),
+        "backward": pytest.approx(0.01875),
+    }
+    assert found["autocast_disabled"]["share"] == pytest.approx(0.8)
+    # padding at 75 %: forward 22.5 and backward 37.5 ms accounted for, 60 % of the step its share
+    padded = {**LOADER, "padded_positions": 1000, "longest_positions": 250}
+    found = findings(probed_run(tmp_path / "b", [step(phases, loaders=[padded])] * 2))["padding"]
+    assert found["explains"] == {"forward": pytest.approx(0.0225), "backward": pytest.approx(0.0375)}
+    assert found["share"] == pytest.approx(0.6)
+    # the recompute is the model's work too: forward 20 + backward 30 + recompute 30 ms at 75 % padding = 60 ms
+    recomputed = {"forward": 0.02, "backward": 0.03, "recompute": 0.03, "optimizer": 0.01, "other": 0.01}
+    found = findings(probed_run(tmp_path / "c", [step(recomputed, loaders=[padded])] * 2))["padding"]
+    assert found["saving"] == pytest.approx(0.6)
+    # compile: its share is forward, backward and recompute's, 80 %
+    calls = ["train.py:85 (main): torch.compile(model)"]
+    found = findings(probed_run(tmp_path / "d", [step(recomputed, compile_calls=calls)] * 2))["compile_unused"]
+    assert found["share"] == pytest.approx(0.8)
