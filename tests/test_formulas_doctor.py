@@ -1554,6 +1554,7 @@ def test_small_batch_leaves_the_waits_for_other_ranks_out_of_the_fixed_part(tmp_
     small = {"samples_per_step": 2.0, "batch_slope_s": 0.01, "batch_slope_between": [2, 32]}
     ev = read_run_of(probed_run(tmp_path / "waits", [{"phases_s": phases, **small}] * 2, probe={"all_reduce_s": 0.01}))
     assert sc.small_batch(ev).saving == pytest.approx(1 - 0.19 / 0.4)
+    assert "both without the 50.0 ms a step the ranks wait" in sc.small_batch(ev).predicted_gain
     # the script's own collectives' waits too: 50 ms of a barrier, 0 of it its own, the all-reduce all its own
     barrier = {**phases, "comm": 0.01, "collective": 0.05}
     ev = read_run_of(

@@ -272,7 +272,8 @@ def small_batch(ev: RunEvidence) -> Finding | None:
     # rank's work runs over, which grows with its batch, so the gain is that of the step without the waits (on a
     # contended machine a rank on a busy core made the others wait most of the step, and a 2-sample batch read as
     # 6.8x to gain where the fix gained 1.05x: benchmarks/doctor_heldout2, half busy).
-    step -= _waiting(ev)
+    waits = _waiting(ev)
+    step -= waits
     fixed = step - grows - beyond_layers_s(ev)
     if compute <= 0 or step <= 0 or fixed / step < FIXED_STEP_SHARE:
         return None
@@ -300,7 +301,12 @@ def small_batch(ev: RunEvidence) -> Finding | None:
             ev,
         ),
         f"{speedup(saving)} per sample: a step of {k * batch:.0f} samples takes {ms(new_step)} against "
-        f"{ms(k * step)} for {k} steps now",
+        f"{ms(k * step)} for {k} steps now"
+        + (
+            f" (both without the {ms(waits)} a step the ranks wait for each other, which grows alike)"
+            if waits >= 0.0005
+            else ""
+        ),
         saving,
         where=f"batch_size={batch:.0f} per rank",
         # the step's fixed part: per-call overheads in forward and backward, the all-reduce, the optimizer
