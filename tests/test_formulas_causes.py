@@ -436,3 +436,58 @@ def test_uneven_shards_accounts_for_the_early_ranks_time_outside_its_steps(tmp_p
     found = findings(probed_run(tmp_path / "uneven", [early, late]))
     assert found["uneven_shards"]["explains"]["other"] == pytest.approx((0.0117 - 0.0005) / 2)
     assert "unexplained_other" not in found
+
+
+def test_backward_is_charged_to_the_forward_that_recorded_it_and_patterns_are_kept_apart():
+    # Forward 0-100 µs: in Attn_0 (line 9), a softmax over 4x256x256 scores (20-50) recorded node 7; in
+    # ParametrizationList_0, called twice (55-65, 70-80), an operator recorded node 8. Backward 100-300: node 7's
+    # evaluation (110-200) holds the softmax's backward (120-190); node 8's (200-260) an mm (210-250); a
+    # checkpoint's node 9 (260-300) reruns Block_0's forward in its own module (270-290).
+    phases = [("forward", 0, 100), ("backward", 100, 300), ("optimizer", 300, 310)]
+    calls = [
+        ("python_function", "train.py(40): main", 0, 310),
+        ("python_function", "nn.Module: Attn_0", 10, 52),
+        ("python_function", "model.py(9): forward", 11, 51),
+        ("cpu_op", "aten::_softmax", 20, 50),
+        ("python_function", "nn.Module: ParametrizationList_0", 55, 65),
+        ("cpu_op", "aten::matrix_exp", 56, 64),
+        ("python_function", "nn.Module: ParametrizationList_0", 70, 80),
+        ("cpu_op", "aten::matrix_exp", 71, 79),
+        ("cpu_op", "autograd::engine::evaluate_function: SoftmaxBackward0", 110, 200),
+        ("cpu_op", "aten::_softmax_backward_data", 120, 190),
+        ("cpu_op", "autograd::engine::evaluate_function: MatrixExpBackward0", 200, 260),
+        ("cpu_op", "aten::mm", 210, 250),
+        ("cpu_op", "autograd::engine::evaluate_function: CheckpointFunctionBackward", 260, 300),
+        ("python_function", "nn.Module: Block_0", 270, 290),
+        ("cpu_op", "aten::addmm", 272, 288),
+    ]
+    events = trace_events(phases, calls)
+    numbers = {"aten::_softmax": 7, "aten::matrix_exp": 8}
+    for e in events:
+        if e["name"] in numbers:
+            e["args"] = {"Sequence number": numbers[e["name"]]}
+        if e["name"].startswith("autograd::engine"):
+            e["args"] = {"Sequence number": {"S": 7, "M": 8, "C": 9}[e["name"].split(": ")[1][0]]}
+        if e["name"] in ("aten::_softmax", "aten::_softmax_backward_data"):
+            e["args"]["Input Dims"] = [[4, 256, 256]]
+    summary = summarise_trace(events)
+    backward = summary["phases"]["backward"]
+    modules = dict(backward["module"])
+    assert modules["Attn_0"] == pytest.approx(90e-6)  # node 7's 20 µs of its own and the softmax's 70
+    assert modules["ParametrizationList_0"] == pytest.approx(60e-6)  # node 8 and its mm
+    assert modules["Block_0"] == pytest.approx(20e-6)  # the recompute, in its own module
+    assert dict(backward["where"])["model.py(9): forward"] == pytest.approx(90e-6)
+    assert summary["scores"] == {"s": pytest.approx(100e-6), "shape": [4, 256, 256], "module": "Attn_0"}
+    # two calls of one parametrization; its forward (20 µs) and backward (60 µs)
+    assert summary["parametrizations"] == {
+        "tensors": 1,
+        "calls": 2.0,
+        "s": pytest.approx(80e-6),
+        "module": "ParametrizationList_0",
+    }
+    # a softmax inside scaled_dot_product_attention is the fused kernel's fallback: no unfused attention
+    fused = trace_events(phases, [*calls[:3], ("cpu_op", "aten::scaled_dot_product_attention", 15, 55), calls[3]])
+    for e in fused:
+        if e["name"] == "aten::_softmax":
+            e["args"] = {"Input Dims": [[4, 256, 256]]}
+    assert summarise_trace(fused)["scores"] is None

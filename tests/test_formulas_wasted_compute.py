@@ -109,3 +109,62 @@ def test_what_each_finding_accounts_for(tmp_path):
     calls = ["train.py:85 (main): torch.compile(model)"]
     found = findings(probed_run(tmp_path / "d", [step(recomputed, compile_calls=calls)] * 2))["compile_unused"]
     assert found["share"] == pytest.approx(0.8)
+
+
+def traced(phases, **trace):
+    """A rank's profiled steps: each phase's seconds, as launch/trace_summary.py records them."""
+    return {"phases": {p: {"s": s, "what": [], "where": []} for p, s in phases.items()}, "link": [], **trace}
+
+
+def test_a_parametrization_read_at_every_time_step_saves_all_its_calls_but_one_a_forward(tmp_path):
+    # the profiled step 200 ms, of which the parametrization (forward and its backward) 160: 80 %; 32 calls a step
+    # of 1 tensor in 1 forward: cached, 1 call of 32, so 80 % x 31/32 = 77.5 % saved
+    phases = {"forward": 0.04, "backward": 0.15, "optimizer": 0.01}
+    found = {"tensors": 1, "calls": 32.0, "s": 0.16, "module": "RNN_0/ParametrizedLinear_0/ParametrizationList_0"}
+    trace = traced({"forward": 0.05, "backward": 0.14, "optimizer": 0.01}, parametrizations=found)
+    trace["phases"]["forward"]["where"] = [["rnn.py(51): forward", 0.05]]
+    result = findings(probed_run(tmp_path / "loop", [step(phases, trace=trace)] * 2))["parametrization_recomputed"]
+    assert result["saving"] == pytest.approx(0.8 * 31 / 32)
+    assert result["where"] == "rnn.py(51): forward" and "parametrize.cached()" in result["remedy"]
+    # 2 tensors, 2 micro-steps a step: 4 calls are needed; 8 calls are 2 a forward, at the line: 80 % x 1/2
+    twice = {**found, "tensors": 2, "calls": 8.0}
+    two = [step(phases, micro_per_step=2.0, trace={**trace, "parametrizations": twice})] * 2
+    assert findings(probed_run(tmp_path / "two", two))["parametrization_recomputed"]["saving"] == pytest.approx(0.4)
+    # 7 calls for 4 needed: under 2 a forward, nothing said
+    once = [step(phases, micro_per_step=2.0, trace={**trace, "parametrizations": {**twice, "calls": 7.0}})] * 2
+    assert "parametrization_recomputed" not in findings(probed_run(tmp_path / "once", once))
+
+
+def test_distributed_debug_detail_is_priced_as_the_collectives_beyond_what_their_bytes_need(tmp_path):
+    # comm 60 ms of a 100 ms step; 10 calls a step moving 2 MB; the link: 8-byte messages at best 0.1 ms, 2 MB in
+    # 20.1 ms at best and 4 MB in 40.1 ms (100 MB/s): the bytes need 20 ms + 10 calls x 0.1 ms = 21 ms; saved
+    # 60 - 21 = 39 ms, 39 % of the step
+    phases = {"forward": 0.02, "backward": 0.02, "comm": 0.06}
+    link = [[8.0, 0.0001], [2e6, 0.0201], [4e6, 0.0401], [2e6, 0.05]]
+    script = tmp_path / "train.py"
+    script.write_text(
+        '"""Set TORCH_DISTRIBUTED_DEBUG to find hangs."""\nimport os\n\n'
+        'os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"\n'
+    )
+    rank = step(
+        phases,
+        debug_environment={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"},
+        inner_calls_per_step=10.0,
+        inner_bytes_per_step=2e6,
+        trace=traced(phases, link=link),
+    )
+    found = findings(probed_run(tmp_path / "detail", [rank] * 2, config={"script": str(script)}))
+    assert found["debug_environment"]["saving"] == pytest.approx(0.39, abs=1e-3)
+    assert found["debug_environment"]["where"] == f"{script}:4"  # the code's line, not the docstring's
+    assert found["debug_environment"]["explains"] == {"comm": pytest.approx(0.039, abs=1e-4)}
+    # INFO adds no checks: nothing said; CUDA_LAUNCH_BLOCKING on CPU ranks does nothing: nothing said
+    quiet = {**rank, "debug_environment": {"TORCH_DISTRIBUTED_DEBUG": "INFO", "CUDA_LAUNCH_BLOCKING": "1"}}
+    assert "debug_environment" not in findings(probed_run(tmp_path / "info", [quiet] * 2))
+
+
+def test_the_switches_a_gpu_run_cannot_time_are_advice(tmp_path):
+    phases = {"forward": 0.02, "backward": 0.02, "comm": 0.01}
+    rank = step(phases, debug_environment={"CUDA_LAUNCH_BLOCKING": "1"})
+    found = findings(probed_run(tmp_path / "gpu", [rank] * 2, config={"resolved": {"device": "cuda"}}))
+    assert found["debug_environment"]["saving"] is None and found["debug_environment"]["severity"] == "high"
+    assert "unset CUDA_LAUNCH_BLOCKING" in found["debug_environment"]["remedy"]

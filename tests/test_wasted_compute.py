@@ -111,3 +111,22 @@ def test_an_autocast_that_disables_itself_is_noted_and_priced_under_bfloat16(pro
         for w in seen["warnings"]
     ), seen.get("warnings")
     assert seen["autocast_penalty"] > 0  # the layers timed in float32 and under autocast to bfloat16
+
+
+def test_debugging_switches_left_in_the_environment_are_noted_with_torchs_own_debug_level(
+    probe, fake_world, monkeypatch
+):
+    monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL")  # read by torch when the process group is made
+    monkeypatch.setenv("NCCL_DEBUG", "INFO")
+    monkeypatch.delenv("CUDA_LAUNCH_BLOCKING", raising=False)
+    fake_world(0, 2)
+    try:
+        model = nn.Linear(8, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(2):
+            model(torch.randn(4, 8)).sum().backward()
+            optimizer.step()
+        seen = state(probe)
+    finally:
+        torch.distributed.set_debug_level(torch.distributed.DebugLevel.OFF)  # torch keeps the level process-wide
+    assert seen["debug_environment"] == {"TORCH_DISTRIBUTED_DEBUG": "DETAIL", "NCCL_DEBUG": "INFO"}

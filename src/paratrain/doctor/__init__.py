@@ -122,8 +122,9 @@ ROOT_CAUSES = ("oversubscription", "loader_workers")
 # Then faults whose remedy is exact (the same training, no LR or batch change) and whose cost is counted
 # inside the all-reduce that other checks read: an all-reduce on every micro-step, find_unused_parameters
 # (its used-parameter map is all-reduced every step, after the last bucket), DDP's buckets far below their
-# default size. Until they are fixed, the exposed-communication and small-batch findings count their time too.
-EXACT_FIRST = ("no_sync_missing", "find_unused_parameters", "ddp_buckets")
+# default size, every collective checked first (TORCH_DISTRIBUTED_DEBUG=DETAIL). Until they are fixed, the
+# exposed-communication and small-batch findings count their time too.
+EXACT_FIRST = ("no_sync_missing", "find_unused_parameters", "ddp_buckets", "debug_environment")
 # A remedy that changes the global batch (a larger per-rank batch, accumulation: the LR to rescale, generalisation
 # to check) comes after the time findings whose remedies leave the training as it is, when one of those saves this
 # share of the step or more: those are fixed first. A bound (time no check explains, "up to ... if that time were

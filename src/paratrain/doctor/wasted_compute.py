@@ -9,14 +9,22 @@ user looks: the steps run, just slower than the script was written to run.
                         the loop calls (`torch.compile(model)` on a line of its own)
     padding             batches padded beyond their longest sample (to the dataset's longest, a fixed max_length):
                         forward and backward compute on positions that are only padding
+    parametrization_recomputed
+                        a parametrized tensor (torch.nn.utils.parametrize) read many times a forward, outside
+                        parametrize.cached(): its parametrization, and the backward of it, run at every read
+    debug_environment   a debugging switch left in the environment: TORCH_DISTRIBUTED_DEBUG=DETAIL checks every
+                        collective with a barrier and an all-gather of its own, before it runs;
+                        CUDA_LAUNCH_BLOCKING=1 makes every kernel launch wait for the kernel
 """
 
 from __future__ import annotations
 
+import ast
 import statistics
+from pathlib import Path
 from typing import Any
 
-from paratrain.doctor.causes import _phase, _script, _step, _training_loader
+from paratrain.doctor.causes import _phase, _script, _step, _training_loader, link_fit
 from paratrain.doctor.evidence import RunEvidence
 from paratrain.doctor.finding import Finding
 from paratrain.formatting import ms, pct, speedup
@@ -24,6 +32,15 @@ from paratrain.formatting import ms, pct, speedup
 AUTOCAST_SAVING = 0.05  # what autocast to bfloat16 would save, of the step, for a priced finding
 PADDING_SHARE = 0.2  # positions beyond each batch's longest sample, of all the batches carry...
 PADDING_SAVING = 0.05  # ...saving at least this share of the step
+RECOMPUTED_CALLS = 2  # a parametrization's calls per forward, per tensor, from which it is recomputed...
+RECOMPUTED_SAVING = 0.05  # ...and saving at least this share of the step
+# On a GPU these slow every step by an amount this run cannot measure: advice.
+GPU_SWITCHES = {
+    "CUDA_LAUNCH_BLOCKING": "every CUDA kernel launch waits until the kernel has run: the CPU never runs ahead "
+    "of the GPU, so the GPU idles between kernels",
+    "PYTORCH_NO_CUDA_MEMORY_CACHING": "every tensor is allocated with cudaMalloc and freed with cudaFree, which "
+    "synchronise the device, instead of reusing PyTorch's cached blocks",
+}
 
 
 def _model_work(ev: RunEvidence) -> float:
@@ -148,4 +165,144 @@ def padding(ev: RunEvidence) -> Finding | None:
     )
 
 
-WASTED_COMPUTE = (autocast_disabled, compile_unused, padding)
+def _traced_step(rank: dict[str, Any]) -> float:
+    """Seconds of a profiled step (the phases the trace holds), the profiled steps' own scale."""
+    return sum(p.get("s", 0.0) for p in ((rank.get("trace") or {}).get("phases") or {}).values())
+
+
+def parametrization_recomputed(ev: RunEvidence) -> Finding | None:
+    """A parametrization (torch.nn.utils.parametrize: orthogonal, weight_norm, spectral_norm, the user's own)
+    runs each time its tensor is read: a weight read at every time step of a loop recomputes it that many
+    times, and backward runs back through each of them. The profiled steps count its calls and time it, forward
+    and (charged to it by the trace) backward; under parametrize.cached() it runs once a forward per tensor, so
+    the prediction removes all calls but those."""
+    ranks = [r for r in ev.probe_ranks if (r.get("trace") or {}).get("parametrizations") and _traced_step(r)]
+    if not ranks:
+        return None
+    found = ranks[0]["trace"]["parametrizations"]
+    forwards = max(1.0, ranks[0].get("micro_per_step", 1.0))
+    needed = found["tensors"] * forwards
+    if found["calls"] < RECOMPUTED_CALLS * needed:
+        return None
+    share = statistics.mean(r["trace"]["parametrizations"]["s"] / _traced_step(r) for r in ranks)
+    saving = share * (1 - needed / found["calls"])
+    if saving < RECOMPUTED_SAVING:
+        return None
+    step = _step(ev)
+    module = found["module"]
+    lines = [name for name, _ in _trace_where(ranks[0], "forward") if name != "(the probe's own hooks)"]
+    return Finding(
+        "parametrization_recomputed",
+        f"a parametrization runs {found['calls'] / needed:.0f} times a forward per tensor: {pct(share)} of every "
+        "step computes it and its backward",
+        f"step {ms(step)}; in the profiled steps {found['tensors']} parametrized tensor(s) ({module}) were computed "
+        f"{found['calls']:.0f} times a step, in {forwards:.0f} forward(s); those calls and their backward took "
+        f"{pct(share)} of the step" + (f"; read at {lines[0]}" if lines else ""),
+        "torch.nn.utils.parametrize computes a parametrized tensor (orthogonal, spectral_norm, weight_norm) "
+        "afresh at every read of it: a weight read inside a loop (an RNN's time steps, a shared layer) is "
+        "recomputed at every read, and backward differentiates every one",
+        f"code change in {_script(ev)}: run the forward under `with torch.nn.utils.parametrize.cached():` (one "
+        "computation per tensor per forward, cached until the block ends), or read the weight once into a "
+        "local before the loop",
+        f"{speedup(saving)}: the parametrization computed once per tensor and forward instead of "
+        f"{found['calls'] / needed:.0f} times",
+        saving,
+        where=lines[0] if lines else module,
+        share=share,
+        explains={
+            "forward": _phase(ev, "forward") * saving / max(share, saving),
+            "backward": _phase(ev, "backward") * saving / max(share, saving),
+        },
+    )
+
+
+def _trace_where(rank: dict[str, Any], phase: str) -> list[tuple[str, float]]:
+    entry = ((rank.get("trace") or {}).get("phases") or {}).get(phase) or {}
+    return [(name, s) for name, s in entry.get("where", [])]
+
+
+def _transfer_s(ev: RunEvidence) -> float | None:
+    """Seconds a step the run's collectives need on this link: their bytes at its bandwidth and a latency per
+    call (the link as the trace met it; without a bandwidth fit, the largest message's best rate). None
+    without a trace of the link."""
+    points = [p for r in ev.probe_ranks for p in (r.get("trace") or {}).get("link", [])]
+    if not points:
+        return None
+    latency, bandwidth = link_fit(ev)
+    if bandwidth is None:
+        largest = max(nbytes for nbytes, _ in points)
+        bandwidth = largest / min(s for nbytes, s in points if nbytes == largest)
+    calls = statistics.mean(r.get("inner_calls_per_step", 0.0) + r.get("buckets_per_step", 0.0) for r in ev.probe_ranks)
+    moved = statistics.mean(
+        r.get("inner_bytes_per_step", 0.0) + r.get("bucket_bytes_per_step", 0.0) for r in ev.probe_ranks
+    )
+    return moved / bandwidth + calls * latency
+
+
+def _setting_line(ev: RunEvidence, name: str) -> str | None:
+    """The script's line that names an environment variable in its code (os.environ["NAME"] = ...; not a
+    docstring or comment that mentions it), when it does."""
+    try:
+        tree = ast.parse(Path(_script(ev)).read_text())
+    except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
+        return None
+    lines = sorted(n.lineno for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value == name)
+    return f"{_script(ev)}:{lines[0]}" if lines else None
+
+
+def debug_environment(ev: RunEvidence) -> Finding | None:
+    """A debugging switch left on. TORCH_DISTRIBUTED_DEBUG=DETAIL wraps the process group: before each
+    collective, a monitored barrier and an all-gather of the collective's fingerprint on a helper group, run
+    in the caller's thread, so every call waits for every rank and two round trips. The profiled steps time the
+    collective calls themselves (their exclusive time on the rank's thread: a call without checks only hands
+    its work over); the gain is a bound, the step without them. CUDA and allocator switches on a GPU are
+    named with what they do: this run cannot time them."""
+    ranks = [r for r in ev.probe_ranks if r.get("debug_environment")]
+    if not ranks:
+        return None
+    settings = ranks[0]["debug_environment"]
+    step = _step(ev)
+    if settings.get("TORCH_DISTRIBUTED_DEBUG") == "DETAIL":
+        comm = _phase(ev, "comm") + _phase(ev, "collective")
+        transfer = _transfer_s(ev)
+        saved = max(0.0, comm - transfer) if transfer is not None else 0.0
+        share = saved / step if saved else None
+        where = _setting_line(ev, "TORCH_DISTRIBUTED_DEBUG") or "the environment the ranks were launched with"
+        return Finding(
+            "debug_environment",
+            "TORCH_DISTRIBUTED_DEBUG=DETAIL is set: every collective is checked across ranks before it runs"
+            + (f", {pct(share)} of every step" if share else ""),
+            f"step {ms(step)}; torch's distributed debug level is DETAIL (set at {where}); collectives {ms(comm)} a "
+            "step" + (f", where their bytes need {ms(transfer)} on this link" if transfer is not None else ""),
+            "TORCH_DISTRIBUTED_DEBUG=DETAIL, meant for finding a hang or a mismatched collective, wraps the process "
+            "group: each collective first runs a monitored barrier and an all-gather of its shapes and type on a "
+            "helper group, waiting for every rank, in the caller's thread",
+            f"configuration: remove TORCH_DISTRIBUTED_DEBUG=DETAIL (at {where}) once the hang is found (OFF is the "
+            "default)",
+            f"{speedup(share)}: collectives taking what their bytes need on this link"
+            if share
+            else "not priced: the link was not traced, or the collectives take no more than their bytes need",
+            share,
+            where=where,
+            share=share,
+            explains={"comm": saved},
+        )
+    found = [name for name in GPU_SWITCHES if settings.get(name, "0") not in ("0", "")]
+    if not found or ev.on_cpu:
+        return None
+    name = found[0]
+    where = _setting_line(ev, name) or "the environment the ranks were launched with"
+    return Finding(
+        "debug_environment",
+        f"{name}={settings[name]} is set: a debugging switch that slows every step on a GPU",
+        f"{name}={settings[name]} in the ranks' environment (set at {where})",
+        GPU_SWITCHES[name],
+        f"configuration: unset {name} (at {where}) once debugging is done",
+        "not measured: this run cannot time the GPU without the switch; measure a run without it",
+        None,
+        severity="high",
+        where=where,
+    )
+
+
+WASTED_COMPUTE = (autocast_disabled, compile_unused, padding, parametrization_recomputed, debug_environment)

@@ -12,7 +12,13 @@ every exclusive second is charged to:
     where           the innermost frame of the user's own code above it (`train.py(41): <module>`)
     call            what that frame called (`json/__init__.py(231): dumps`, `<built-in function collect>`)
     module          the module it ran in (`nn.Module: Sequential_0/Conv2d_1`)
-The probe's own hooks (slower in the profiled steps) are charged to themselves.
+The probe's own hooks (slower in the profiled steps) are charged to themselves. Backward runs outside the
+modules and the user's code; each of its nodes (`autograd::engine::evaluate_function: MmBackward0`) carries the
+sequence number of the forward operator that recorded it, so its time is charged to that operator's module and
+line: backward's tables say whose backward it is.
+Two patterns are kept apart, for the doctor to name: softmax over square score matrices (attention computed
+unfused, the scores materialised), and the calls of parametrizations (torch.nn.utils.parametrize), which run
+at every access of the tensor they compute.
 HolisticTraceAnalysis reads the same traces, but for GPU kernels (idle time, kernel breakdown, overlap of
 communication with computation): on a CPU trace its analyses have nothing to read, and it needs pandas.
 This reads what a CPU rank's trace holds, in the standard library only. Figures are per profiled step.
@@ -37,6 +43,11 @@ TABLES = ("what", "where", "call", "module")
 PROBE_CODE = "paratrain/launch/probe/"  # the probe's own Python, as the trace names it
 PROBE_LABEL = "(the probe's own hooks)"
 TOP = 6  # entries kept per table
+BACKWARD_NODE = "autograd::engine::evaluate_function: "
+SOFTMAX = ("aten::_softmax", "aten::_softmax_backward_data", "aten::_safe_softmax")
+FUSED_ATTENTION = "aten::scaled_dot_product_attention"  # its math fallback runs a softmax of its own
+MIN_SCORES = 128  # a softmax's last two dims, equal and at least this: attention scores (sequence x sequence)
+PARAMETRIZATION = "ParametrizationList"
 MIN_SHARE = 0.01  # entries below this share of their phase are left out
 DTYPE_BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long int": 8, "int": 4}
 LIBRARY_ROOTS = ("torch", "paratrain", "functorch", "triton")
@@ -124,6 +135,8 @@ def summarise_trace(events: list[dict[str, Any]]) -> dict[str, Any] | None:
             for (name, phase, issuer), (n, size) in sorted(account.collectives.items(), key=lambda kv: -kv[1][0])
         ][:TOP],
         "link": _link(timed, main),
+        "scores": account.scores_summary(steps),
+        "parametrizations": account.parametrizations_summary(steps),
     }
 
 
@@ -154,21 +167,66 @@ class Account:
         self.tables: dict[str, dict[str, dict[str, float]]] = {}
         self.collectives: dict[tuple[str, str, str], list[float]] = {}
         self.outside = 0.0  # seconds before the first phase range or after the last: `other` too
+        self.creators: dict[int, tuple[str, str | None]] = {}  # a forward operator's sequence number: module, line
+        self.scores = {"s": 0.0, "shape": None, "module": ""}  # softmax over attention scores, outside SDPA
+        self.parametrized: dict[str, int] = {}  # a parametrization's module path: its calls
+        self.parametrization_s = 0.0  # in them, and in their backward
 
     def close(self, event: dict[str, Any], children: list[tuple[float, float]], ancestors: list[Any]) -> None:
         begin, end, timeline = event["ts"], event["ts"] + event["dur"], self.timeline
+        frames = [*ancestors, event]
+        self._remember_creator(event, frames)
+        own = sum(b - a for a, b in _gaps(begin, end, children)) / 1e6
+        if event["name"].startswith("nn.Module: ") and PARAMETRIZATION in event["name"]:
+            path = _modules(frames)
+            self.parametrized[path] = self.parametrized.get(path, 0) + 1
+        if PARAMETRIZATION in self._origin(frames)[0]:
+            self.parametrization_s += own
+        if (
+            event.get("cat") == "cpu_op"
+            and event["name"] in SOFTMAX
+            and not any(a["name"] == FUSED_ATTENTION for a in ancestors)
+        ):
+            shape = (event.get("args", {}).get("Input Dims") or [[]])[0]
+            if len(shape) >= 3 and shape[-1] == shape[-2] >= MIN_SCORES:
+                self.scores["s"] += own
+                self.scores["shape"] = shape
+                self.scores["module"] = self.scores["module"] or self._origin(frames)[0]
         for a, b in _gaps(begin, end, children):
             for phase, seconds in timeline.split(a, b):
                 self.charge(phase, seconds, event, ancestors)
             self.outside += (max(0.0, min(b, timeline.begin) - a) + max(0.0, b - max(a, timeline.end))) / 1e6
         if event.get("cat") == "cpu_op" and event["name"].startswith("c10d::"):
-            frames = [*ancestors, event]
             users = [a["name"] for a in frames if a.get("cat") == "python_function" and not is_library(a["name"])]
             issuer = _modules(frames).rsplit("/", 1)[-1] or (users[-1] if users else "")
             key = (event["name"].removeprefix("c10d::").rstrip("_"), timeline.at(begin), issuer)
             entry = self.collectives.setdefault(key, [0, 0])
             entry[0] += 1
             entry[1] += _bytes(event)
+
+    def _remember_creator(self, event: dict[str, Any], frames: list[dict[str, Any]]) -> None:
+        """A forward operator's module and user line, under its sequence number (the first operator with a number
+        is the one that recorded the node; later ones without a node of their own reuse it)."""
+        number = event.get("args", {}).get("Sequence number")
+        if event.get("cat") != "cpu_op" or number is None or event["name"].startswith(BACKWARD_NODE):
+            return
+        if any(a["name"].startswith(BACKWARD_NODE) for a in frames[:-1]):
+            return  # an operator of backward itself (a double backward's node is rare enough to leave out)
+        python = [a["name"] for a in frames if a.get("cat") == "python_function" and not is_library(a["name"])]
+        self.creators.setdefault(number, (_modules(frames), python[-1] if python else None))
+
+    def _origin(self, frames: list[dict[str, Any]]) -> tuple[str, str | None]:
+        """The module path and user line a call is charged to: its own, or in backward those of the forward
+        operator whose node it runs under, unless it runs in modules and code of its own below that node (a
+        checkpoint's recompute)."""
+        at = next((i for i in range(len(frames) - 1, -1, -1) if frames[i]["name"].startswith(BACKWARD_NODE)), None)
+        if at is not None:
+            below = frames[at + 1 :]
+            created = self.creators.get(frames[at].get("args", {}).get("Sequence number"))
+            own_code = any(a.get("cat") == "python_function" and not is_library(a["name"]) for a in below)
+            if created is not None and not _modules(below) and not own_code:
+                return created
+        return _modules(frames), None
 
     def charge(self, phase: str, seconds: float, event: dict[str, Any], ancestors: list[dict[str, Any]]) -> None:
         table = self.tables.setdefault(phase, {key: {} for key in TABLES})
@@ -184,15 +242,34 @@ class Account:
             probe and not probe[-1]["name"].split(": ", 1)[-1].startswith("through_")
         ):
             what = where = call = PROBE_LABEL
+            module = _modules(frames)
         else:
             below = [a for a in under if not a["name"].startswith(PROBE_CODE)]
-            where = python[mine[-1]]["name"] if mine else None
+            module, line = self._origin(frames)
+            where = line or (python[mine[-1]]["name"] if mine else None)
             # what the user's code called: the first frame below its innermost one (json.dumps, gc.collect)
             call = ADDRESS.sub("", below[0]["name"]) if mine and below else None
             what = _what(event)
-        for key, name in (("what", what), ("where", where), ("call", call), ("module", _modules(frames))):
+        for key, name in (("what", what), ("where", where), ("call", call), ("module", module)):
             if name:
                 table[key][name] = table[key].get(name, 0.0) + seconds
+
+    def scores_summary(self, steps: int) -> dict[str, Any] | None:
+        """Softmax over square score matrices (and its backward), seconds per step, with a shape and module."""
+        if not self.scores["s"]:
+            return None
+        return {**self.scores, "s": round(self.scores["s"] / steps, 6)}
+
+    def parametrizations_summary(self, steps: int) -> dict[str, Any] | None:
+        """Parametrizations: how many, their calls per step and their seconds per step, forward and backward."""
+        if not self.parametrized:
+            return None
+        return {
+            "tensors": len(self.parametrized),
+            "calls": sum(self.parametrized.values()) / steps,
+            "s": round(self.parametrization_s / steps, 6),
+            "module": max(self.parametrized, key=self.parametrized.get),
+        }
 
     def phases(self, steps: int) -> dict[str, dict[str, Any]]:
         """Per phase, seconds per step and its tables' largest entries; time in a phase that no event covers

@@ -229,6 +229,14 @@ class Probe:
         dist = self.torch.distributed
         group = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 0
         self.note(process_group=group, frameworks=[name for name in FRAMEWORKS if name in sys.modules])
+        # Debugging switches left in the environment (a script's os.environ[...] = ... runs before its first step);
+        # TORCH_DISTRIBUTED_DEBUG as torch read it when the process group was made.
+        debug = {name: os.environ[name] for name in DEBUG_ENVIRONMENT if os.environ.get(name)}
+        level = str(dist.get_debug_level()).rsplit(".", 1)[-1] if group else "OFF"
+        if level != "OFF":
+            debug["TORCH_DISTRIBUTED_DEBUG"] = level
+        if debug:
+            self.note(debug_environment=debug)
 
     def _narrow(self) -> None:
         """Global hooks run on every module call; from here on only the outermost modules are hooked."""
@@ -431,7 +439,9 @@ class Probe:
 
 
 # Frameworks that set up the ranks' parallelism for the script, as sys.modules names them.
-FRAMEWORKS = ("accelerate", "lightning", "pytorch_lightning", "deepspeed")
+FRAMEWORKS = ("accelerate", "lightning", "pytorch_lightning", "deepspeed", "transformers")
+# Switches that slow every step while set: the doctor names them (doctor/wasted_compute.py).
+DEBUG_ENVIRONMENT = ("TORCH_DISTRIBUTED_DEBUG", "CUDA_LAUNCH_BLOCKING", "NCCL_DEBUG", "PYTORCH_NO_CUDA_MEMORY_CACHING")
 
 # Collectives called from these parts of torch are a parallelism's own communication (FSDP2 gathering and
 # reducing, tensor parallelism's, a pipeline's sends), not a layer of the model synchronising.
