@@ -130,3 +130,30 @@ def test_debugging_switches_left_in_the_environment_are_noted_with_torchs_own_de
     finally:
         torch.distributed.set_debug_level(torch.distributed.DebugLevel.OFF)  # torch keeps the level process-wide
     assert seen["debug_environment"] == {"TORCH_DISTRIBUTED_DEBUG": "DETAIL", "NCCL_DEBUG": "INFO"}
+
+
+@pytest.fixture
+def gloo_alone(tmp_path):
+    """This process as the one rank of a real gloo group."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_a_model_compiled_in_place_under_ddp_is_the_models_forward_not_ddps(probe, gloo_alone):
+    # model.compile() then DDP(model): the compiled call runs none of the wrapped module's hooks, so the probe
+    # cannot tell DDP's own forward work from the model's and must not charge the forward to DDP
+    model = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 1))
+    model.compile()
+    ddp = nn.parallel.DistributedDataParallel(model, broadcast_buffers=False)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    for _ in range(probe_module.CALIBRATION_STEP + 3):
+        ddp(torch.randn(256, 64)).sum().backward()
+        optimizer.step()
+    probe.flush()
+    with open(probe.path) as records:
+        steps = [r for r in map(json.loads, records) if r["kind"] == "step"][2:]
+    forward = sum(s["forward"] for s in steps)
+    assert forward > 0 and sum(s["ddp_overhead"] for s in steps) < 0.1 * forward, steps

@@ -56,6 +56,7 @@ class Probe:
         self.ddp_overhead = 0.0  # DDP's own forward work around the wrapped module's (find_unused_parameters)
         self.wrapped: Any = None  # the module a DDP at the outermost call wraps
         self.outer_started = self.inner_started = self.inner_s = 0.0
+        self.inner_seen = False  # the wrapped module's own hooks ran in this forward
         self.last_batch = 0  # samples per training forward in the last step
         self.samples = 0  # training samples (outermost forward's batch) in this step
         self.micro = 0  # training forwards in this step

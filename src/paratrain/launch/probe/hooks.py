@@ -86,6 +86,7 @@ def module_hooks(probe: Probe, torch: Any) -> None:
         probe.depth += 1
         if probe.depth == 2 and module is probe.wrapped:
             probe.inner_started = probe.clock()
+            probe.inner_seen = True
         if probe.depth != 1:
             if (
                 probe.layers is not None
@@ -110,7 +111,7 @@ def module_hooks(probe: Probe, torch: Any) -> None:
         probe.wrapped = getattr(module, "module", None) if type(module).__name__ == "DistributedDataParallel" else None
         if probe.wrapped is not None:
             probe.tops.add(probe.wrapped)
-        probe.inner_s = 0.0
+        probe.inner_s, probe.inner_seen = 0.0, False
         probe.enter(probe.outer_kind)
         probe.outer_started = probe.mark
 
@@ -122,7 +123,9 @@ def module_hooks(probe: Probe, torch: Any) -> None:
             probe.inner_s += probe.clock() - probe.inner_started
         elif probe.depth == 0:
             now = probe.leave(probe.outer_kind)
-            if probe.wrapped is not None and probe.outer_kind == "forward":
+            # A wrapped module compiled in place (model.compile()) runs no hooks of its own: its forward cannot be
+            # told from DDP's, and counts as the model's.
+            if probe.wrapped is not None and probe.outer_kind == "forward" and probe.inner_seen:
                 probe.ddp_overhead += now - probe.outer_started - probe.inner_s
         elif probe.depth < 0:  # hooks installed mid-call: re-synchronise
             probe.depth = 0
