@@ -20,6 +20,7 @@ from paratrain.doctor.checks import RUN_CHECKS, contended, first_epoch_overhead,
 from paratrain.doctor.evidence import RunEvidence, idle_fractions, read_run, system_samples
 from paratrain.doctor.failure import BEFORE_ANY_STEP, failure
 from paratrain.doctor.finding import Finding
+from paratrain.doctor.growth import GROWTH
 from paratrain.doctor.ledger import unexplained
 from paratrain.doctor.rank_checks import RANK_CHECKS
 from paratrain.doctor.script_checks import SCRIPT_CHECKS, probe_status
@@ -91,6 +92,7 @@ def diagnose_run(ev: RunEvidence) -> list[Finding]:
             *RANK_CHECKS,
             *CAUSES,
             *WASTED_COMPUTE,
+            *GROWTH,
             rank0_alone,
             first_epoch_overhead,
             idle_devices,

@@ -47,6 +47,9 @@ GC_SITES = 3
 # Steps that pay for start-up (allocations, first kernels, DDP's bucket rebuild after the first
 # step) are left out, like a built-in run's first epoch: the first WARMUP_SHARE of the steps, and
 # at least WARMUP_MIN of them while as many remain.
+# A phase growing through the run (growth): ending this many times as long as it began, this much longer, on a
+# straight line fitting its steps this well, over at least this many steps.
+GROWTH, GROWTH_MIN_S, GROWTH_FIT, GROWTH_STEPS = 1.5, 0.002, 0.6, 20
 WARMUP_SHARE = 0.1
 WARMUP_MIN = 2
 
@@ -103,7 +106,34 @@ def rank_record(rank: int, records: list[dict[str, Any]]) -> dict[str, Any]:
         logs = [{"buckets": s["bucket_log"], "backward_s": s["backward_span"]} for s in used if s.get("bucket_log")]
         if logs:
             out["bucket_logs"] = logs[:BUCKET_LOGS]
+        growing = growth(used)
+        if growing:
+            out["growing"] = growing
     return out
+
+
+def growth(used: list[dict[str, Any]]) -> dict[str, list[float]] | None:
+    """Phases whose time grows through the steady steps, as a straight line fits them: [the line at the run's
+    first step (step 0: what accumulates began with the run), at the last steady step, the fit's R²] for each
+    phase that ends GROWTH times as long as it began, GROWTH_MIN_S longer, with R² of GROWTH_FIT or more (a
+    step that keeps growing: something accumulates each step)."""
+    if len(used) < GROWTH_STEPS:
+        return None
+    xs = [float(s.get("step", i)) for i, s in enumerate(used)]
+    out = {}
+    for phase in PHASES:
+        ys = [s.get(phase, 0.0) for s in used]
+        mx, my = statistics.mean(xs), statistics.mean(ys)
+        sxx = sum((x - mx) ** 2 for x in xs)
+        syy = sum((y - my) ** 2 for y in ys)
+        if not sxx or not syy:
+            continue
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+        r2 = slope * slope * sxx / syy
+        start, end = max(0.0, my - slope * mx), my + slope * (xs[-1] - mx)
+        if r2 >= GROWTH_FIT and end - start >= GROWTH_MIN_S and end >= GROWTH * max(start, 0.0):
+            out[phase] = [round(start, 6), round(end, 6), round(r2, 3)]
+    return out or None
 
 
 def gc_sites(used: list[dict[str, Any]]) -> dict[str, Any]:

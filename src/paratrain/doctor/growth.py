@@ -1,0 +1,67 @@
+"""Steps that keep slowing down: a phase whose time grows step after step (launch/probe_summary.py growth),
+because something accumulates with every step. Forward hooks registered inside the loop run one more time each
+step; a list that keeps tensors with their autograd graphs, a tensor grown by torch.cat, a cache never cleared
+make the work, the allocations or the garbage collector's rounds grow with them. No single step looks wrong;
+the run gets slower as it goes, so a longer run loses more.
+
+    growing_steps   a phase grows on a straight line through the steady steps: the prediction is the run with
+                    that phase at the line's time at the first step
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from paratrain.doctor.causes import _phase, _script, _step, trace_top
+from paratrain.doctor.evidence import RunEvidence
+from paratrain.doctor.finding import Finding
+from paratrain.formatting import ms, pct, speedup
+from paratrain.launch.trace_summary import PROBE_LABEL
+
+GROWTH_SAVING = 0.05  # of the step, the growth's mean cost that names it
+
+
+def growing_steps(ev: RunEvidence) -> Finding | None:
+    """The phase growing most, on the ranks where it grows: its mean over the steady steps less the line's time
+    at the run's first step is what the accumulation costs a step, on average over this run."""
+    grown: dict[str, list[list[float]]] = {}
+    for r in ev.probe_ranks:
+        for phase, fit in (r.get("growing") or {}).items():
+            grown.setdefault(phase, []).append(fit)
+    if not grown:
+        return None
+    step = _step(ev)
+    costs = {p: _phase(ev, p) - statistics.mean(fit[0] for fit in fits) for p, fits in grown.items()}
+    phase = max(costs, key=costs.get)
+    cost = costs[phase] * len(grown[phase]) / len(ev.probe_ranks)  # ranks where it does not grow: none
+    if cost / step < GROWTH_SAVING:
+        return None
+    start = statistics.mean(fit[0] for fit in grown[phase])
+    end = statistics.mean(fit[1] for fit in grown[phase])
+    steps = statistics.mean(r.get("steady_steps", 0) for r in ev.probe_ranks)
+    where = [n for n, _ in trace_top(ev, phase, "call") + trace_top(ev, phase, "where") if n != PROBE_LABEL]
+    return Finding(
+        "growing_steps",
+        f"the steps keep slowing down: {phase} grows from {ms(start)} to {ms(end)} over the run, "
+        f"{pct(cost / step)} of the mean step",
+        f"step {ms(step)} on average; {phase} {ms(_phase(ev, phase))} on average, on a straight line from "
+        f"{ms(start)} at the first step to {ms(end)} at the last, over {steps:.0f} steps "
+        f"(R² {statistics.mean(fit[2] for fit in grown[phase]):.2f}, {len(grown[phase])} of "
+        f"{len(ev.probe_ranks)} ranks)"
+        + (f"; in the profiled steps {phase} ran {', '.join(where[:3])}" if where else ""),
+        "something accumulates with every step: a forward hook registered inside the loop (register_forward_hook "
+        "or register_full_backward_hook each step, its handle never removed) runs once more at every step; a "
+        "list that keeps tensors with their graphs (losses kept without .item() or .detach()), a tensor grown "
+        "by torch.cat, a cache never cleared grow the work, the allocations and the garbage collector's rounds",
+        f"code change in {_script(ev)}: register hooks once, before the loop (or keep the handle and call "
+        ".remove()); keep detached values (.detach(), .item()) and collect them in a list, concatenated once "
+        f"at the end; look at what {phase} does more of at each step",
+        f"{speedup(cost / step)}: {phase} at its first step's time throughout (a longer run gains more)",
+        cost / step,
+        where=where[0] if where else f"the {phase} phase",
+        share=cost / step,
+        explains={phase: cost},
+    )
+
+
+GROWTH = (growing_steps,)

@@ -1,0 +1,70 @@
+"""Steps that keep slowing down (launch/probe_summary.py growth, doctor/growth.py), on hand-made steps: the line
+fitted through a phase's steady steps, and the saving of that phase held at the line's time at the first step.
+Each case is computed by hand."""
+
+import pytest
+from test_formulas_causes import findings, step
+from test_formulas_doctor import probed_run
+
+from paratrain.launch.probe_summary import growth, rank_record
+
+
+def steps(forward, count=40, first=10):
+    """Steady steps numbered from `first`: forward(k) seconds at step k, backward 10 ms."""
+    return [
+        {"step": k, "forward": forward(k), "backward": 0.01, "wall_s": forward(k) + 0.01}
+        for k in range(first, first + count)
+    ]
+
+
+def test_a_phase_on_a_rising_line_is_fitted_back_to_the_runs_first_step():
+    # forward 2 ms + 0.5 ms a step, steps 10-49: the line at step 0 is 2 ms, at step 49 26.5 ms, R² 1
+    found = growth(steps(lambda k: 0.002 + 0.0005 * k))
+    assert list(found) == ["forward"]
+    assert found["forward"] == pytest.approx([0.002, 0.0265, 1.0])
+
+
+def test_flat_noisy_short_or_small_growth_is_no_growth():
+    assert growth(steps(lambda k: 0.01)) is None  # flat
+    assert growth(steps(lambda k: 0.01 + (0.004 if k % 2 else 0.0))) is None  # noise: R² near 0
+    # 2 ms, but 30 ms at the last 5 steps (a slow tail, not a growth): the line rises from 0 to 14.5 ms, R² 0.33
+    assert growth(steps(lambda k: 0.03 if k >= 45 else 0.002)) is None
+    assert growth(steps(lambda k: 0.002 + 0.0005 * k, count=19)) is None  # fewer than 20 steps
+    # from 20 ms at step 0 to 20 + 49 x 0.04 = 21.96 ms: under 1.5 times
+    assert growth(steps(lambda k: 0.02 + 0.00004 * k)) is None
+    # 1 ms + 0.02 ms a step: 1.98 ms at step 49, 1.98x, but under 2 ms longer
+    assert growth(steps(lambda k: 0.001 + 0.00002 * k)) is None
+
+
+def test_a_rank_record_keeps_its_growing_phases():
+    records = [
+        {
+            "kind": "step",
+            "samples": 8,
+            "micro": 1,
+            "data_cpu": 0.0,
+            "eval": 0.0,
+            "checkpoint": 0.0,
+            "ddp_overhead": 0.0,
+            **s,
+        }
+        for s in steps(lambda k: 0.002 + 0.0005 * k, first=0)
+    ]
+    assert rank_record(0, records)["growing"]["forward"][2] == pytest.approx(1.0)
+    flat = [{**r, "forward": 0.01} for r in records]
+    assert "growing" not in rank_record(0, flat)
+
+
+def test_the_growth_costs_the_phases_mean_less_its_first_steps_time(tmp_path):
+    # forward's mean 30 ms, 5 ms at the first step: 25 ms of a 100 ms step, 25 % saved
+    phases = {"forward": 0.03, "backward": 0.05, "optimizer": 0.02}
+    rank = step(phases, growing={"forward": [0.005, 0.055, 0.9]})
+    found = findings(probed_run(tmp_path / "grows", [rank] * 2))["growing_steps"]
+    assert found["saving"] == pytest.approx(0.25) and found["explains"] == {"forward": pytest.approx(0.025)}
+    assert "register hooks once" in found["remedy"] and "5.0 ms" in found["finding"]
+    # on one rank of two: half of it
+    one = findings(probed_run(tmp_path / "one", [rank, step(phases)]))["growing_steps"]
+    assert one["saving"] == pytest.approx(0.125)
+    # 4.9 ms of 100: under 5 %, nothing said
+    little = step(phases, growing={"forward": [0.0251, 0.035, 0.9]})
+    assert "growing_steps" not in findings(probed_run(tmp_path / "little", [little] * 2))
