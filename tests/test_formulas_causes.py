@@ -142,6 +142,40 @@ def test_model_collectives_by_their_issuer_with_the_batch_norm_remedy_at_a_large
     assert "less often" in findings(probed_run(tmp_path / "moe", [other] * 2))["model_collectives"]["remedy"]
 
 
+def test_under_ddp_the_scripts_own_all_reduce_of_the_gradients_bytes_is_named_as_averaging_twice(tmp_path):
+    # 8 MB of gradients; 8 all-reduces a step beside DDP's 2 buckets, moving 8.4 MB (within 10 %)
+    phases = {"forward": 0.03, "backward": 0.03, "comm": 0.04}
+    trace = {
+        "phases": {},
+        "collectives": [
+            {"name": "allreduce", "phase": "comm", "issuer": "train.py(90): main", "calls": 2.0, "bytes": 8e6},
+            {
+                "name": "allreduce",
+                "phase": "comm",
+                "issuer": "train.py(37): average_gradients",
+                "calls": 8.0,
+                "bytes": 8.4e6,
+            },
+        ],
+    }
+    rank = step(
+        phases,
+        gradient_bytes=8e6,
+        model_comm_s_per_step=0.03,
+        model_calls_per_step=8,
+        inner_bytes_per_step=8.4e6,
+        model_issuers=[["Strategy.backward (strategy.py:192)", 8.0]],
+        samples_per_step=32,
+        trace=trace,
+    )
+    found = findings(probed_run(tmp_path / "twice", [rank] * 2))["model_collectives"]
+    assert found["where"] == "train.py(37): average_gradients" and "a second time" in found["cause"]
+    assert "remove the manual gradient averaging" in found["remedy"] and found["saving"] == pytest.approx(0.3)
+    # 9 MB moved: more than 10 % off the gradients' 8 MB, some other collective
+    other = {**rank, "inner_bytes_per_step": 8.9e6}
+    assert "a second time" not in findings(probed_run(tmp_path / "other", [other] * 2))["model_collectives"]["cause"]
+
+
 def test_default_buckets_and_the_link_fitted_to_the_least_time_per_size():
     assert default_buckets(0.5 * 2**20) == 1  # all in the first, 1 MiB bucket
     assert default_buckets(2**20 + 1) == 2

@@ -282,6 +282,9 @@ def needless_recompute(ev: RunEvidence) -> Finding | None:
     )
 
 
+GRADIENT_MATCH = 0.1  # a collective's bytes a step within this share of the gradients' are the gradients
+
+
 def model_collectives(ev: RunEvidence) -> Finding | None:
     ranks = ev.probe_ranks
     step, comm = _step(ev), _per_step(ev, "model_comm_s")
@@ -297,14 +300,27 @@ def model_collectives(ev: RunEvidence) -> Finding | None:
         if norm and batch >= BATCHNORM_BATCH
         else "synchronise less often (every k steps) or outside forward and backward, or keep the statistic per rank"
     )
+    cause = (
+        "a collective inside a layer waits for every rank and for the link at each call, on the critical path: "
+        "backward cannot hide it as DDP hides its gradient buckets"
+    )
+    twice = _gradients_again(ev)
+    if twice:
+        who = twice
+        cause = (
+            "the gradients are all-reduced a second time: DDP already averages them during backward, and the "
+            f"script's own dist.all_reduce of every gradient (at {twice}) moves the same bytes again, after "
+            "backward, unhidden"
+        )
+        remedy = "remove the manual gradient averaging: DDP's backward has already averaged every gradient"
     return Finding(
         "model_collectives",
         f"the model's own collectives take {pct(comm / step)} of every step: "
         f"{_per_step(ev, 'model_calls'):.0f} a step inside forward and backward",
         f"step {ms(step)}; {ms(comm)} a step in collectives called by the model's layers, by "
-        + ", ".join(f"{name} ({calls:.0f} a step)" for name, calls in issuers),
-        "a collective inside a layer waits for every rank and for the link at each call, on the critical path: "
-        "backward cannot hide it as DDP hides its gradient buckets",
+        + ", ".join(f"{name} ({calls:.0f} a step)" for name, calls in issuers)
+        + (f"; they move {size(_per_step(ev, 'inner_bytes'))} a step, the model's gradients' size" if twice else ""),
+        cause,
         f"code change in {_script(ev)}: {remedy}",
         f"{speedup(comm / step)}: those collectives' {ms(comm)} a step go",
         comm / step,
@@ -312,6 +328,27 @@ def model_collectives(ev: RunEvidence) -> Finding | None:
         share=comm / step,
         explains={"comm": comm},
     )
+
+
+def _gradients_again(ev: RunEvidence) -> str | None:
+    """Under DDP, all-reduces of the script's own moving the gradients' bytes each step (within GRADIENT_MATCH):
+    the code that issues them, from the profiled steps."""
+    ranks = ev.probe_ranks
+    gradients = float(ranks[0].get("gradient_bytes", 0))
+    if not gradients or not all(r.get("ddp") for r in ranks):
+        return None
+    if abs(_per_step(ev, "inner_bytes") - gradients) > GRADIENT_MATCH * gradients:
+        return None
+    calls = [
+        c
+        for c in (ranks[0].get("trace") or {}).get("collectives", [])
+        if c["name"] == "allreduce" and abs(c["bytes"] - gradients) <= GRADIENT_MATCH * gradients
+    ]
+    if not calls:
+        return None
+    # DDP's own buckets move the same bytes: the script's are the calls as many as the probe counted beside DDP's
+    inner = _per_step(ev, "model_calls")
+    return min(calls, key=lambda c: abs(c["calls"] - inner))["issuer"]
 
 
 def default_buckets(gradient_bytes: float) -> int:
