@@ -167,7 +167,8 @@ class Account:
         self.tables: dict[str, dict[str, dict[str, float]]] = {}
         self.collectives: dict[tuple[str, str, str], list[float]] = {}
         self.outside = 0.0  # seconds before the first phase range or after the last: `other` too
-        self.creators: dict[int, tuple[str, str | None]] = {}  # a forward operator's sequence number: module, line
+        # a forward operator's sequence number: its frames, then (once asked for) its module and line
+        self.creators: dict[int, Any] = {}
         self.scores = {"s": 0.0, "shape": None, "module": ""}  # softmax over attention scores, outside SDPA
         self.parametrized: dict[str, int] = {}  # a parametrization's module path: its calls
         self.parametrization_s = 0.0  # in them, and in their backward
@@ -180,7 +181,8 @@ class Account:
         if event["name"].startswith("nn.Module: ") and PARAMETRIZATION in event["name"]:
             path = _modules(frames)
             self.parametrized[path] = self.parametrized.get(path, 0) + 1
-        if PARAMETRIZATION in self._origin(frames)[0]:
+        origin = self._origin(frames)
+        if PARAMETRIZATION in origin[0]:
             self.parametrization_s += own
         if (
             event.get("cat") == "cpu_op"
@@ -191,10 +193,10 @@ class Account:
             if len(shape) >= 3 and shape[-1] == shape[-2] >= MIN_SCORES:
                 self.scores["s"] += own
                 self.scores["shape"] = shape
-                self.scores["module"] = self.scores["module"] or self._origin(frames)[0]
+                self.scores["module"] = self.scores["module"] or origin[0]
         for a, b in _gaps(begin, end, children):
             for phase, seconds in timeline.split(a, b):
-                self.charge(phase, seconds, event, ancestors)
+                self.charge(phase, seconds, event, ancestors, origin)
             self.outside += (max(0.0, min(b, timeline.begin) - a) + max(0.0, b - max(a, timeline.end))) / 1e6
         if event.get("cat") == "cpu_op" and event["name"].startswith("c10d::"):
             users = [a["name"] for a in frames if a.get("cat") == "python_function" and not is_library(a["name"])]
@@ -208,12 +210,11 @@ class Account:
         """A forward operator's module and user line, under its sequence number (the first operator with a number
         is the one that recorded the node; later ones without a node of their own reuse it)."""
         number = event.get("args", {}).get("Sequence number")
-        if event.get("cat") != "cpu_op" or number is None or event["name"].startswith(BACKWARD_NODE):
+        if event.get("cat") != "cpu_op" or number is None or number in self.creators:
             return
-        if any(a["name"].startswith(BACKWARD_NODE) for a in frames[:-1]):
+        if any(a["name"].startswith(BACKWARD_NODE) for a in frames):
             return  # an operator of backward itself (a double backward's node is rare enough to leave out)
-        python = [a["name"] for a in frames if a.get("cat") == "python_function" and not is_library(a["name"])]
-        self.creators.setdefault(number, (_modules(frames), python[-1] if python else None))
+        self.creators[number] = frames  # read when a backward node asks (most numbers are never asked for)
 
     def _origin(self, frames: list[dict[str, Any]]) -> tuple[str, str | None]:
         """The module path and user line a call is charged to: its own, or in backward those of the forward
@@ -225,10 +226,23 @@ class Account:
             created = self.creators.get(frames[at].get("args", {}).get("Sequence number"))
             own_code = any(a.get("cat") == "python_function" and not is_library(a["name"]) for a in below)
             if created is not None and not _modules(below) and not own_code:
+                if isinstance(created, list):
+                    python = [
+                        a["name"] for a in created if a.get("cat") == "python_function" and not is_library(a["name"])
+                    ]
+                    created = (_modules(created), python[-1] if python else None)
+                    self.creators[frames[at]["args"]["Sequence number"]] = created
                 return created
         return _modules(frames), None
 
-    def charge(self, phase: str, seconds: float, event: dict[str, Any], ancestors: list[dict[str, Any]]) -> None:
+    def charge(
+        self,
+        phase: str,
+        seconds: float,
+        event: dict[str, Any],
+        ancestors: list[dict[str, Any]],
+        origin: tuple[str, str | None],
+    ) -> None:
         table = self.tables.setdefault(phase, {key: {} for key in TABLES})
         frames = [*ancestors, event]
         python = [a for a in frames if a.get("cat") == "python_function"]
@@ -245,7 +259,7 @@ class Account:
             module = _modules(frames)
         else:
             below = [a for a in under if not a["name"].startswith(PROBE_CODE)]
-            module, line = self._origin(frames)
+            module, line = origin
             where = line or (python[mine[-1]]["name"] if mine else None)
             # what the user's code called: the first frame below its innermost one (json.dumps, gc.collect)
             call = ADDRESS.sub("", below[0]["name"]) if mine and below else None
