@@ -511,7 +511,22 @@ def test_backward_is_charged_to_the_forward_that_recorded_it_and_patterns_are_ke
     assert modules["ParametrizationList_0"] == pytest.approx(60e-6)  # node 8 and its mm
     assert modules["Block_0"] == pytest.approx(20e-6)  # the recompute, in its own module
     assert dict(backward["where"])["model.py(9): forward"] == pytest.approx(90e-6)
-    assert summary["scores"] == {"s": pytest.approx(100e-6), "shape": [4, 256, 256], "module": "Attn_0"}
+    # the softmax and its backward; a product on the scores counts to neither, another operator on them to ops_s
+    assert summary["scores"] == {
+        "s": pytest.approx(100e-6),
+        "ops_s": pytest.approx(100e-6),
+        "products_s": 0.0,
+        "shape": [4, 256, 256],
+        "module": "Attn_0",
+    }
+    with_others = trace_events(
+        phases, [*calls[:3], ("cpu_op", "aten::bmm", 12, 18), ("cpu_op", "aten::add", 18, 20), calls[3]]
+    )
+    for e in with_others:
+        if e["name"] in ("aten::_softmax", "aten::bmm", "aten::add"):
+            e["args"] = {"Input Dims": [[4, 256, 256], [4, 256, 256]]}
+    others = summarise_trace(with_others)["scores"]
+    assert others["ops_s"] == pytest.approx(32e-6) and others["products_s"] == pytest.approx(6e-6)  # add 2, softmax 30
     # two calls of one parametrization; its forward (20 µs) and backward (60 µs)
     assert summary["parametrizations"] == {
         "tensors": 1,

@@ -256,20 +256,3 @@ def test_the_layers_alone_run_without_the_scripts_anomaly_mode_and_autocast(tmp_
         assert twins.seconds() > 0
         assert torch.is_anomaly_enabled() and torch.is_autocast_enabled("cpu")
     assert seen and set(seen) == {(False, False)}, seen
-
-
-def test_softmax_over_square_scores_names_unfused_attention_with_the_modules_own_switch(tmp_path):
-    # profiled forward 60 + backward 100 ms; a softmax over 2x4x512x512 scores takes 24 ms of them: 15 %, the line
-    def traced(seconds, module):
-        phases = {p: {"s": s, "what": [], "where": []} for p, s in (("forward", 0.06), ("backward", 0.10))}
-        return {"phases": phases, "scores": {"s": seconds, "shape": [2, 4, 512, 512], "module": module}}
-
-    mha = findings(probed_run(tmp_path / "mha", [rank(trace=traced(0.024, "Net_0/MultiheadAttention_0"))] * 2))
-    found = mha["model_work_excess"]
-    assert "unfused" in found["cause"] and "2x4x512x512" in found["cause"] and "15%" in found["cause"]
-    assert "need_weights=False" in found["remedy"] and found["where"] == "Net_0/MultiheadAttention_0"
-    own = findings(probed_run(tmp_path / "own", [rank(trace=traced(0.024, "GPT2Model_0/GPT2Attention_0"))] * 2))
-    assert 'attn_implementation="sdpa"' in own["model_work_excess"]["remedy"]
-    assert "scaled_dot_product_attention" in own["model_work_excess"]["remedy"]
-    under = findings(probed_run(tmp_path / "under", [rank(trace=traced(0.0239, "Net_0/MultiheadAttention_0"))] * 2))
-    assert "unfused" not in under["model_work_excess"]["cause"]

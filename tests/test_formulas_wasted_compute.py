@@ -168,3 +168,26 @@ def test_the_switches_a_gpu_run_cannot_time_are_advice(tmp_path):
     found = findings(probed_run(tmp_path / "gpu", [rank] * 2, config={"resolved": {"device": "cuda"}}))
     assert found["debug_environment"]["saving"] is None and found["debug_environment"]["severity"] == "high"
     assert "unset CUDA_LAUNCH_BLOCKING" in found["debug_environment"]["remedy"]
+
+
+def test_unfused_attention_saves_the_operators_on_the_scores_but_their_products(tmp_path):
+    # the profiled step 200 ms: forward 60 + backward 100; a softmax over 2x4x512x512 scores takes 24 ms of those
+    # 160 (15 %, the line); every operator on the scores but the products 50 ms: 25 % of the step saved
+    phases = {"forward": 0.06, "backward": 0.10, "optimizer": 0.04}
+
+    def run(name, softmax, module, ops=0.05):
+        scores = {"s": softmax, "ops_s": ops, "products_s": 0.03, "shape": [2, 4, 512, 512], "module": module}
+        trace = traced(phases, scores=scores)
+        return findings(probed_run(tmp_path / name, [step(phases, trace=trace)] * 2))
+
+    found = run("mha", 0.024, "Net_0/MultiheadAttention_0")["unfused_attention"]
+    assert found["saving"] == pytest.approx(0.25) and found["where"] == "Net_0/MultiheadAttention_0"
+    assert "need_weights=False" in found["remedy"] and "2x4x512x512" in found["finding"]
+    # accounted for: those 50 ms and the products' 30 (attention's own work, which stays), 80 ms of forward and
+    # backward's 160, in their shares: 30 and 50 ms
+    assert found["explains"]["forward"] == pytest.approx(0.03)
+    assert found["explains"]["backward"] == pytest.approx(0.05)
+    own = run("own", 0.024, "GPT2Model_0/GPT2Attention_0")["unfused_attention"]
+    assert 'attn_implementation="sdpa"' in own["remedy"] and "scaled_dot_product_attention" in own["remedy"]
+    assert "unfused_attention" not in run("under", 0.0239, "Net_0/MultiheadAttention_0")  # softmax under 15 %
+    assert "unfused_attention" not in run("cheap", 0.024, "Net_0/MultiheadAttention_0", ops=0.0099)  # under 5 %

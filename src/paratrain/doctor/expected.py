@@ -31,9 +31,6 @@ MIN_COVERAGE = 0.75  # of the leaf layers the step called, those timed alone: be
 NET_FLOOR = 0.1
 HALF = "c10::Half"
 HALF_SHARE = 0.5  # float16 operators' share of the step's operator time, on a CPU, that names the dtype
-# Softmax over square score matrices, of forward, backward and recompute in the profiled steps, that names
-# unfused attention (the softmax alone: the score products and masks around it cost as much again)
-SCORES_SHARE = 0.15
 
 
 def expected_model_s(rank: Mapping) -> float | None:
@@ -136,9 +133,6 @@ def _signature(ev: RunEvidence, ranks: list[Mapping]) -> tuple[str, str, str]:
             "keep float32)",
             "float16 operators (autocast or .half())",
         )
-    attention = _unfused_attention(ranks)
-    if attention is not None:
-        return attention
     where = [name for name, _ in trace_top(ev, "backward", "where") + trace_top(ev, "forward", "where")]
     place = ", ".join(dict.fromkeys(n for n in where if n != PROBE_LABEL)) or "the model's forward"
     return (
@@ -147,39 +141,6 @@ def _signature(ev: RunEvidence, ranks: list[Mapping]) -> tuple[str, str, str]:
         "loops), or a dtype this machine runs slowly",
         f"look at {place}: vectorise work done in Python loops, turn debugging modes off",
         place,
-    )
-
-
-def _unfused_attention(ranks: list[Mapping]) -> tuple[str, str, str] | None:
-    """Attention computed as its own operators: a softmax over (batch, heads, sequence, sequence) scores, their
-    masks and products materialised in forward and again in backward, where the fused kernel
-    (scaled_dot_product_attention) computes the same in blocks. The remedy is the switch the module offers."""
-    trace = next((r["trace"] for r in ranks if (r.get("trace") or {}).get("scores")), None)
-    if trace is None:
-        return None
-    scores = trace["scores"]
-    work = sum((trace["phases"].get(p) or {}).get("s", 0.0) for p in ("forward", "backward", "recompute"))
-    if not work or scores["s"] < SCORES_SHARE * work:
-        return None
-    module = scores.get("module") or "the model's attention"
-    shape = "x".join(str(d) for d in scores.get("shape") or [])
-    if "MultiheadAttention" in module:
-        remedy = (
-            "call nn.MultiheadAttention with need_weights=False where the weights are not used (the default "
-            "need_weights=True computes the attention unfused, to return them): it then runs "
-            "scaled_dot_product_attention"
-        )
-    else:
-        remedy = (
-            "compute attention with torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=..., "
-            'is_causal=...); a Hugging Face model: attn_implementation="sdpa" (not "eager") in from_config or '
-            "from_pretrained"
-        )
-    return (
-        f"attention is computed unfused: a softmax over {shape} score matrices takes {pct(scores['s'] / work)} of "
-        "forward and backward, and the scores, masks and products around it are materialised too",
-        remedy,
-        module,
     )
 
 

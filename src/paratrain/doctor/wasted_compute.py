@@ -15,6 +15,8 @@ user looks: the steps run, just slower than the script was written to run.
     debug_environment   a debugging switch left in the environment: TORCH_DISTRIBUTED_DEBUG=DETAIL checks every
                         collective with a barrier and an all-gather of its own, before it runs;
                         CUDA_LAUNCH_BLOCKING=1 makes every kernel launch wait for the kernel
+    unfused_attention   attention written as its own operators: the sequence x sequence scores materialised,
+                        masked and softmaxed in forward and backward, where scaled_dot_product_attention fuses them
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ from paratrain.formatting import ms, pct, speedup
 AUTOCAST_SAVING = 0.05  # what autocast to bfloat16 would save, of the step, for a priced finding
 PADDING_SHARE = 0.2  # positions beyond each batch's longest sample, of all the batches carry...
 PADDING_SAVING = 0.05  # ...saving at least this share of the step
+# Softmax over square score matrices, of forward, backward and recompute in the profiled steps, that names
+# unfused attention, when the operators on the scores save at least ATTENTION_SAVING of the step
+SCORES_SHARE, ATTENTION_SAVING = 0.15, 0.05
 RECOMPUTED_CALLS = 2  # a parametrization's calls per forward, per tensor, from which it is recomputed...
 RECOMPUTED_SAVING = 0.05  # ...and saving at least this share of the step
 # On a GPU these slow every step by an amount this run cannot measure: advice.
@@ -43,8 +48,11 @@ GPU_SWITCHES = {
 }
 
 
+PHASES_OF_WORK = ("forward", "backward", "recompute")
+
+
 def _model_work(ev: RunEvidence) -> float:
-    return _phase(ev, "forward") + _phase(ev, "backward") + _phase(ev, "recompute")
+    return sum(_phase(ev, p) for p in PHASES_OF_WORK)
 
 
 def _disabling_warning(rank: dict[str, Any]) -> dict[str, str] | None:
@@ -305,4 +313,66 @@ def debug_environment(ev: RunEvidence) -> Finding | None:
     )
 
 
-WASTED_COMPUTE = (autocast_disabled, compile_unused, padding, parametrization_recomputed, debug_environment)
+def unfused_attention(ev: RunEvidence) -> Finding | None:
+    """Attention computed as its own operators: the (batch, heads, sequence, sequence) scores materialised, masked,
+    softmaxed (and dropped out, averaged over heads) in forward, again in a checkpoint's recompute, and in
+    backward, where the fused kernel (scaled_dot_product_attention) computes the same in blocks that never leave
+    the cache. The profiled steps time every operator on the scores; the fused kernel still does the two
+    products' work, so the prediction removes the rest. The remedy is the switch the module offers."""
+    ranks = [r for r in ev.probe_ranks if (r.get("trace") or {}).get("scores") and _traced_step(r)]
+    if not ranks:
+        return None
+    trace = ranks[0]["trace"]
+    scores = trace["scores"]
+    work = sum((trace["phases"].get(p) or {}).get("s", 0.0) for p in ("forward", "backward", "recompute"))
+    saving = statistics.mean(r["trace"]["scores"].get("ops_s", 0.0) / _traced_step(r) for r in ranks)
+    if not work or scores["s"] < SCORES_SHARE * work or saving < ATTENTION_SAVING:
+        return None
+    module = scores.get("module") or "the model's attention"
+    shape = "x".join(str(d) for d in scores.get("shape") or [])
+    if "MultiheadAttention" in module:
+        remedy = (
+            "call nn.MultiheadAttention with need_weights=False where the weights are not used (the default "
+            "need_weights=True computes the attention unfused, to return them): it then runs "
+            "scaled_dot_product_attention"
+        )
+    else:
+        remedy = (
+            "compute attention with torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=..., "
+            'is_causal=...); a Hugging Face model: attn_implementation="sdpa" (not "eager") in from_config or '
+            "from_pretrained"
+        )
+    step = _step(ev)
+    model_work = _model_work(ev)
+    # The products stay (the fused kernel computes them too) but are attention's own work, not work beyond the
+    # model's layers: accounted for here, so the layers-alone comparison does not count them again.
+    products = statistics.mean(r["trace"]["scores"].get("products_s", 0.0) / _traced_step(r) for r in ranks)
+    accounted = min(model_work, (saving + products) * step)
+    return Finding(
+        "unfused_attention",
+        f"attention is computed unfused: the {shape} score matrices are materialised, {pct(saving)} of every step "
+        "beyond their products",
+        f"step {ms(step)}; in the profiled steps a softmax over {shape} scores took {pct(scores['s'] / work)} of "
+        f"forward and backward, and every operator on the scores but their products {pct(saving)} of the step "
+        f"(in {module})",
+        "attention written as its own operators (a score product, a mask, a softmax, a dropout, a product with "
+        "the values) keeps the whole sequence x sequence score matrix in memory and passes over it several times, "
+        "forward and backward; the fused kernel computes it in blocks",
+        f"code change in {_script(ev)}: {remedy}",
+        f"{speedup(saving)}: every operator on the scores gone but the two products, which the fused kernel "
+        "still computes",
+        saving,
+        where=module,
+        share=saving,
+        explains={p: _phase(ev, p) * accounted / model_work if model_work else 0.0 for p in PHASES_OF_WORK},
+    )
+
+
+WASTED_COMPUTE = (
+    autocast_disabled,
+    compile_unused,
+    padding,
+    parametrization_recomputed,
+    debug_environment,
+    unfused_attention,
+)

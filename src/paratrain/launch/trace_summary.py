@@ -48,6 +48,7 @@ SOFTMAX = ("aten::_softmax", "aten::_softmax_backward_data", "aten::_safe_softma
 FUSED_ATTENTION = "aten::scaled_dot_product_attention"  # its math fallback runs a softmax of its own
 MIN_SCORES = 128  # a softmax's last two dims, equal and at least this: attention scores (sequence x sequence)
 PARAMETRIZATION = "ParametrizationList"
+PRODUCTS = ("aten::bmm", "aten::baddbmm", "aten::mm", "aten::matmul")  # the scores' products: a fused kernel's too
 MIN_SHARE = 0.01  # entries below this share of their phase are left out
 DTYPE_BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long int": 8, "int": 4}
 LIBRARY_ROOTS = ("torch", "paratrain", "functorch", "triton")
@@ -169,7 +170,8 @@ class Account:
         self.outside = 0.0  # seconds before the first phase range or after the last: `other` too
         # a forward operator's sequence number: its frames, then (once asked for) its module and line
         self.creators: dict[int, Any] = {}
-        self.scores = {"s": 0.0, "shape": None, "module": ""}  # softmax over attention scores, outside SDPA
+        # softmax over attention scores outside SDPA, every other operator on them, and their products
+        self.scores: dict[str, Any] = {"s": 0.0, "ops_s": 0.0, "products_s": 0.0, "shape": None, "module": ""}
         self.parametrized: dict[str, int] = {}  # a parametrization's module path: its calls
         self.parametrization_s = 0.0  # in them, and in their backward
 
@@ -186,14 +188,10 @@ class Account:
             self.parametrization_s += own
         if (
             event.get("cat") == "cpu_op"
-            and event["name"] in SOFTMAX
+            and not event["name"].startswith("autograd::")
             and not any(a["name"] == FUSED_ATTENTION for a in ancestors)
         ):
-            shape = (event.get("args", {}).get("Input Dims") or [[]])[0]
-            if len(shape) >= 3 and shape[-1] == shape[-2] >= MIN_SCORES:
-                self.scores["s"] += own
-                self.scores["shape"] = shape
-                self.scores["module"] = self.scores["module"] or origin[0]
+            self._score_op(event, own, origin[0])
         for a, b in _gaps(begin, end, children):
             for phase, seconds in timeline.split(a, b):
                 self.charge(phase, seconds, event, ancestors, origin)
@@ -205,6 +203,18 @@ class Account:
             entry = self.collectives.setdefault(key, [0, 0])
             entry[0] += 1
             entry[1] += _bytes(event)
+
+    def _score_op(self, event: dict[str, Any], own: float, module: str) -> None:
+        """An operator on attention scores (an input whose last two dims are equal, MIN_SCORES or more): a
+        softmax names them; every operator but the two products is what a fused kernel does not materialise."""
+        shapes = [d for d in event.get("args", {}).get("Input Dims") or [] if _square(d)]
+        if not shapes:
+            return
+        if event["name"] in SOFTMAX:
+            self.scores["s"] += own
+            self.scores["shape"] = shapes[0]
+            self.scores["module"] = self.scores["module"] or module
+        self.scores["products_s" if event["name"] in PRODUCTS else "ops_s"] += own
 
     def _remember_creator(self, event: dict[str, Any], frames: list[dict[str, Any]]) -> None:
         """A forward operator's module and user line, under its sequence number (the first operator with a number
@@ -269,10 +279,12 @@ class Account:
                 table[key][name] = table[key].get(name, 0.0) + seconds
 
     def scores_summary(self, steps: int) -> dict[str, Any] | None:
-        """Softmax over square score matrices (and its backward), seconds per step, with a shape and module."""
+        """Softmax over square score matrices (and its backward), every other operator on them, and their
+        products, seconds per step, with a shape and module."""
         if not self.scores["s"]:
             return None
-        return {**self.scores, "s": round(self.scores["s"] / steps, 6)}
+        per_step = {key: round(self.scores[key] / steps, 6) for key in ("s", "ops_s", "products_s")}
+        return {**self.scores, **per_step}
 
     def parametrizations_summary(self, steps: int) -> dict[str, Any] | None:
         """Parametrizations: how many, their calls per step and their seconds per step, forward and backward."""
@@ -347,6 +359,15 @@ class PhaseTimeline:
         for i, label in enumerate(self.labels):
             out[label] = out.get(label, 0.0) + (bounds[i + 1] - bounds[i]) / 1e6
         return out
+
+
+def _square(dims: Any) -> bool:
+    return (
+        isinstance(dims, list)
+        and len(dims) >= 3
+        and all(isinstance(d, int) for d in dims)
+        and dims[-1] == dims[-2] >= MIN_SCORES
+    )
 
 
 def _gaps(begin: float, end: float, children: list[tuple[float, float]]) -> list[tuple[float, float]]:
