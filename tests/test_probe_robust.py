@@ -4,6 +4,7 @@ of a step kept alive by the calibration; and the facts it records (collections, 
 
 import gc
 import json
+import os
 
 import pytest
 import torch
@@ -208,3 +209,28 @@ def test_a_few_steps_are_profiled_kept_apart_and_their_trace_read(probe, tmp_pat
     assert {"forward", "backward", "optimizer"} <= set(trace["phases"])
     assert any(name.startswith("aten::") for name, _ in trace["phases"]["forward"]["what"])
     assert trace["dtypes_s"]["float"] > 0
+
+
+def test_the_hooks_go_in_when_a_library_asked_for_torchs_spec_before_importing_it(tmp_path):
+    """Hugging Face datasets and transformers ask importlib.util.find_spec("torch") at their import, before any
+    import of torch: the probe's import hook must wait for the import itself (it once left at the question, and
+    a script importing datasets first ran unprobed: no step recorded)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import importlib.util\n"
+        "assert importlib.util.find_spec('torch') is not None\n"
+        "import torch\n"
+        "model = torch.nn.Linear(4, 2)\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for _ in range(4):\n"
+        "    model(torch.randn(8, 4)).sum().backward()\n"
+        "    optimizer.step()\n"
+    )
+    env = {**os.environ, "PARATRAIN_RUN_DIR": str(tmp_path / "run"), "PARATRAIN_PROBE_TRACE": "0"}
+    subprocess.run([sys.executable, "-m", "paratrain.launch.probe", str(script)], check=True, env=env, timeout=120)
+    with open(tmp_path / "run" / "probe" / "rank0.jsonl") as records:
+        steps = [r for r in map(json.loads, records) if r["kind"] == "step"]
+    assert len(steps) == 4

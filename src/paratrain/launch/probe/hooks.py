@@ -516,15 +516,18 @@ class AfterTorchImport(importlib.abc.MetaPathFinder):
         self.then = then
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        # Asked for torch's spec without importing it (importlib.util.find_spec("torch"): Hugging Face datasets
+        # and transformers check whether torch is installed so), the finder stays for the import that follows.
         if fullname != "torch":
             return None
-        sys.meta_path.remove(self)
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is None or spec.loader is None:
             return spec
-        load, then = spec.loader.exec_module, self.then
+        load, then, finder = spec.loader.exec_module, self.then, self
 
         def exec_module(module: Any) -> None:
+            if finder in sys.meta_path:
+                sys.meta_path.remove(finder)
             load(module)
             then(module)
 
