@@ -13,6 +13,9 @@ keywords). `--busy` keeps one core busy (a Python loop pinned to core 1, `taskse
 machine half busy". `--pythonpath DIR` runs launch and the doctor from another checkout's src/ (the code as it
 was before a change). Each faulty run's diagnosis is kept beside it (RUN/doctor.json).
 
+`--rediagnose` runs nothing: it diagnoses OUT's faulty runs again, with the code on `--pythonpath` (the same
+runs read by the code before a change: `--rediagnose --out runs/heldout --pythonpath ../before/src`).
+
 `--overhead` measures the probe instead: healthy.py with and without `launch --no-probe`, alternating,
 and the ratio of the median throughputs.
 
@@ -167,8 +170,42 @@ def catalogue(args: argparse.Namespace, launch_args: list[str]) -> None:
                 keywords = expected.get(fault, {}).get("keywords", [])
                 row["named"].append([k for k in keywords if k.lower() in text])
     (args.out / "catalogue.json").write_text(json.dumps(results, indent=1) + "\n")
-
     print(f"\n{args.repeats} round(s), medians; raw figures in {args.out / 'catalogue.json'}\n")
+    table(results, expected, launch_args)
+
+
+RESUMMARISE = (
+    "import json, sys; from pathlib import Path; from paratrain.launch import probe_summary; "
+    "run = Path(sys.argv[1]); s = json.loads((run / 'summary.json').read_text()); "
+    "[s.pop(k, None) for k in ('breakdown', 'probe')]; s.update(probe_summary.summarise(run)); "
+    "(run / 'summary.json').write_text(json.dumps(s))"
+)
+
+
+def rediagnose(args: argparse.Namespace, launch_args: list[str]) -> None:
+    """The faulty runs of an earlier catalogue (OUT/catalogue.json) diagnosed again, by the code on --pythonpath:
+    each run copied to OUT/rediagnosed/, its ranks' probe records summarised again and the doctor run. The same
+    runs read by the code before and after a change."""
+    results = json.loads((args.out / "catalogue.json").read_text())
+    expected_file = FAULTS_DIR / "expected.json"
+    expected = json.loads(expected_file.read_text()) if expected_file.exists() else {}
+    copies = args.out / "rediagnosed"
+    shutil.rmtree(copies, ignore_errors=True)
+    for fault, row in results.items():
+        row.update(checks=[], predicted=[], named=[])
+        for r in range(1, len(row["faulty"]) + 1):
+            copy = copies / f"{fault}-{r}-fault"
+            shutil.copytree(args.out / f"{fault}-{r}-fault", copy)
+            subprocess.run([sys.executable, "-c", RESUMMARISE, str(copy)], check=True, env=ENV)
+            check, predicted, text = diagnose(copy)
+            row["checks"].append(check)
+            row["predicted"].append(predicted)
+            row["named"].append([k for k in expected.get(fault, {}).get("keywords", []) if k.lower() in text])
+    print(f"\n{args.out}'s faulty runs diagnosed again with PYTHONPATH={ENV.get('PYTHONPATH', '')}\n")
+    table(results, expected, launch_args)
+
+
+def table(results: dict, expected: dict, launch_args: list[str]) -> None:
     print("| fault | top finding | expected keywords named | predicted gain | measured gain | within 30 % | command |")
     print("|---|---|---|---|---|---|---|")
     for fault, row in results.items():
@@ -216,6 +253,9 @@ def main() -> None:
     p.add_argument("--dir", type=Path, default=None, help="the folder of fault scripts (and expected.json)")
     p.add_argument("--busy", action="store_true", help="keep core 1 busy with another process through every run")
     p.add_argument("--pythonpath", help="run launch and the doctor from this src/ (another checkout's code)")
+    p.add_argument(
+        "--rediagnose", action="store_true", help="diagnose OUT's faulty runs again (with --pythonpath's code)"
+    )
     args = p.parse_args()
     global FAULTS_DIR
     FAULTS_DIR = (args.dir or FAULTS_DIR).resolve()
@@ -226,7 +266,7 @@ def main() -> None:
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     launch_args = shlex.split(args.launch_args)
-    (overhead if args.overhead else catalogue)(args, launch_args)
+    (overhead if args.overhead else rediagnose if args.rediagnose else catalogue)(args, launch_args)
 
 
 if __name__ == "__main__":
