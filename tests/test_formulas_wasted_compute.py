@@ -154,7 +154,8 @@ def test_distributed_debug_detail_is_priced_as_the_collectives_beyond_what_their
         trace=traced(phases, link=link),
     )
     found = findings(probed_run(tmp_path / "detail", [rank] * 2, config={"script": str(script)}))
-    assert found["debug_environment"]["saving"] == pytest.approx(0.39, abs=1e-3)
+    assert found["debug_environment"]["saving"] == pytest.approx(0.39, abs=1e-3) and found["debug_environment"]["bound"]
+    assert found["debug_environment"]["predicted_gain"].startswith("up to 1.64x")
     assert found["debug_environment"]["where"] == f"{script}:4"  # the code's line, not the docstring's
     assert found["debug_environment"]["explains"] == {"comm": pytest.approx(0.039, abs=1e-4)}
     # INFO adds no checks: nothing said; CUDA_LAUNCH_BLOCKING on CPU ranks does nothing: nothing said
