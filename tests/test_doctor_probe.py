@@ -70,7 +70,8 @@ def top(diagnosis):
         ("buckets", "ddp_buckets"),
         ("model-collective", "model_collectives"),
         ("recompute", "needless_recompute"),
-        ("json-log", "unexplained_other"),
+        # the whole history dumped as JSON every step: the dump grows with the run (doctor/growth.py)
+        ("json-log", "growing_steps"),
         # the model's work against its layers alone, each less its own backward pass (doctor/expected.py)
         ("anomaly", "model_work_excess"),
         # gradients of the parameters no optimizer holds: their layers' backward timed alone (doctor/causes.py)
@@ -87,7 +88,7 @@ def test_a_planted_fault_is_the_top_finding_with_a_predicted_speedup(launched, f
     assert found["check"] == check, json.dumps(diagnosis["findings"], indent=1)
     assert found["predicted_speedup"] > 1.05  # a time finding, ranked by its predicted saving
     assert "code change" in found["remedy"] or "paratrain launch" in found["remedy"]
-    if fault == "json-log":  # the time no check explains is traced to what spends it
+    if fault == "json-log":  # the growing time is traced to what spends it
         assert "dumps" in found["evidence"] and "probe_faults.py" in found["remedy"], found
 
 

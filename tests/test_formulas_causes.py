@@ -519,12 +519,15 @@ def test_backward_is_charged_to_the_forward_that_recorded_it_and_patterns_are_ke
         "shape": [4, 256, 256],
         "module": "Attn_0",
     }
-    with_others = trace_events(
-        phases, [*calls[:3], ("cpu_op", "aten::bmm", 12, 18), ("cpu_op", "aten::add", 18, 20), calls[3]]
-    )
+    # a product and an add on the scores; a convolution on a 224 x 224 image, square too but no score (no softmax
+    # over 224): none of its time
+    ops = [("cpu_op", "aten::bmm", 12, 18), ("cpu_op", "aten::add", 18, 20), ("cpu_op", "aten::convolution", 5, 9)]
+    with_others = trace_events(phases, [*calls[:3], *ops, calls[3]])
     for e in with_others:
         if e["name"] in ("aten::_softmax", "aten::bmm", "aten::add"):
             e["args"] = {"Input Dims": [[4, 256, 256], [4, 256, 256]]}
+        if e["name"] == "aten::convolution":
+            e["args"] = {"Input Dims": [[2, 3, 224, 224], [8, 3, 3, 3]]}
     others = summarise_trace(with_others)["scores"]
     assert others["ops_s"] == pytest.approx(32e-6) and others["products_s"] == pytest.approx(6e-6)  # add 2, softmax 30
     # two calls of one parametrization; its forward (20 µs) and backward (60 µs)

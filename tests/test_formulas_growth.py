@@ -36,6 +36,22 @@ def test_flat_noisy_short_or_small_growth_is_no_growth():
     assert growth(steps(lambda k: 0.001 + 0.00002 * k)) is None
 
 
+def test_a_machine_slowing_down_is_no_growth_but_a_phase_growing_beyond_it_is():
+    # the VM slows through the run: forward and backward both 16 ms + 0.2 ms a step (R² 1; 1.61x from the line at
+    # step 0 to step 49, growth on its own): backward drifted 1.43x from step 10 to 49, and 1.61 < 1.5 x 1.43
+    def slowing(k):
+        return {"step": k, "forward": 0.016 + 0.0002 * k, "backward": 0.016 + 0.0002 * k}
+
+    assert growth([slowing(k) for k in range(10, 50)]) is None
+    # forward 2 ms + 0.5 ms a step (26.5 ms at step 49, 13x) while backward drifts 1.43x: it grows beyond the drift
+    grows = [{**slowing(k), "forward": 0.002 + 0.0005 * k} for k in range(10, 50)]
+    assert list(growth(grows)) == ["forward"]
+    # steps 0-39, forward 2 to 21.5 ms; backward 0.05 to 0.83 ms (16.6x): a drift under a millisecond of work is
+    # too small to read, and forward's own growth is no drift of the machine: forward grows
+    tiny = [{"step": k, "forward": 0.002 + 0.0005 * k, "backward": 0.00005 + 0.00002 * k} for k in range(40)]
+    assert list(growth(tiny)) == ["forward"]
+
+
 def test_a_rank_record_keeps_its_growing_phases():
     records = [
         {
@@ -68,3 +84,32 @@ def test_the_growth_costs_the_phases_mean_less_its_first_steps_time(tmp_path):
     # 4.9 ms of 100: under 5 %, nothing said
     little = step(phases, growing={"forward": [0.0251, 0.035, 0.9]})
     assert "growing_steps" not in findings(probed_run(tmp_path / "little", [little] * 2))
+
+
+def test_on_a_contended_machine_growth_stands_above_the_caveat_only_beyond_the_contention(tmp_path):
+    """The first steps against the last are timed at different moments: other work that grew through the run
+    makes a phase grow too. The growth (25 % of the step) stands above the caveat at 20 % contention; at 40 %
+    it ranks after it."""
+    import json
+
+    from paratrain.doctor import diagnose
+
+    phases = {"forward": 0.03, "backward": 0.05, "optimizer": 0.02}
+
+    def above(name, other):
+        run = probed_run(tmp_path / name, [step(phases, growing={"forward": [0.005, 0.055, 0.9]})] * 2)
+        summary = json.loads((run / "summary.json").read_text())
+        summary["machine_load"] = {
+            "cores": 2,
+            "wall_s": 10.0,
+            "run_cpu_s": 20 * (1 - other),
+            "other_cpu_s": 20 * other,
+            "steal_s": 0.0,
+            "other_fraction": other,
+            "contended": True,
+        }
+        (run / "summary.json").write_text(json.dumps(summary))
+        checks = [f["check"] for f in diagnose(run)["findings"]]
+        return checks.index("growing_steps") < checks.index("contended")
+
+    assert above("some", 0.2) and not above("most", 0.4)

@@ -25,7 +25,9 @@ CASES = [
     ("compiled", [], "gc,float64", {"garbage_collection", "float64"}),
     ("compiled", ["--fullgraph"], "decode,no_sampler", {"data_preparation", "duplicate_data"}),
     ("checkpointed", [], "float64,gc", {"float64", "garbage_collection"}),
-    ("autocast_bf16", [], "decode,no_sampler", {"data_preparation", "duplicate_data"}),
+    # not decode: where bfloat16 is emulated (an AVX2 CPU) the model takes 4x as long and the decoding falls under
+    # data_preparation's 15 % (8.5 % measured), so the planted fault would be too small to name
+    ("autocast_bf16", [], "gc,no_sampler", {"garbage_collection", "duplicate_data"}),
     ("fsdp2", [], "gc,no_sampler", {"garbage_collection", "duplicate_data"}),
     ("iterable", [], "no_sampler,gc", {"duplicate_data", "garbage_collection"}),
     ("accelerate_loop", [], "decode,float64", {"data_preparation", "float64"}),

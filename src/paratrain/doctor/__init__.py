@@ -158,9 +158,10 @@ WAITING = (
 
 
 # Findings comparing measurements taken at different moments (the model's layers timed alone at the calibration
-# step against the steady steps, doctor/expected.py): other work that slowed one moment more than the other makes
-# a gap just the same, so on a contended machine they are tempered as the waiting findings are.
-COMPARED_APART = ("model_work_excess",)
+# step against the steady steps, doctor/expected.py; the first steps against the last, doctor/growth.py): other work
+# that slowed one moment more than the other makes a gap just the same, so on a contended machine they are
+# tempered as the waiting findings are.
+COMPARED_APART = ("model_work_excess", "growing_steps")
 
 
 def tempered(findings: Sequence[Finding]) -> list[Finding]:

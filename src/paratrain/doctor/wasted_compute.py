@@ -26,10 +26,11 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from paratrain.doctor.causes import _phase, _script, _step, _training_loader, link_fit
+from paratrain.doctor.causes import _phase, _script, _step, _training_loader, link_fit, trace_top
 from paratrain.doctor.evidence import RunEvidence
 from paratrain.doctor.finding import Finding
 from paratrain.formatting import ms, pct, speedup
+from paratrain.launch.trace_summary import PROBE_LABEL
 
 AUTOCAST_SAVING = 0.05  # what autocast to bfloat16 would save, of the step, for a priced finding
 PADDING_SHARE = 0.2  # positions beyond each batch's longest sample, of all the batches carry...
@@ -198,7 +199,7 @@ def parametrization_recomputed(ev: RunEvidence) -> Finding | None:
         return None
     step = _step(ev)
     module = found["module"]
-    lines = [name for name, _ in _trace_where(ranks[0], "forward") if name != "(the probe's own hooks)"]
+    lines = [name for name, _ in trace_top(ev, "forward") if name != PROBE_LABEL]
     return Finding(
         "parametrization_recomputed",
         f"a parametrization runs {found['calls'] / needed:.0f} times a forward per tensor: {pct(share)} of every "
@@ -217,16 +218,16 @@ def parametrization_recomputed(ev: RunEvidence) -> Finding | None:
         saving,
         where=lines[0] if lines else module,
         share=share,
-        explains={
-            "forward": _phase(ev, "forward") * saving / max(share, saving),
-            "backward": _phase(ev, "backward") * saving / max(share, saving),
-        },
+        # the parametrization's whole share (the calls that stay are its work, not unexplained), in forward's and
+        # backward's shares of the model's work
+        explains=_in_model_work(ev, share * step),
     )
 
 
-def _trace_where(rank: dict[str, Any], phase: str) -> list[tuple[str, float]]:
-    entry = ((rank.get("trace") or {}).get("phases") or {}).get(phase) or {}
-    return [(name, s) for name, s in entry.get("where", [])]
+def _in_model_work(ev: RunEvidence, seconds: float) -> dict[str, float]:
+    """Seconds a step of the model's work, split over forward, backward and recompute in their measured shares."""
+    work = _model_work(ev)
+    return {p: _phase(ev, p) * min(seconds, work) / work if work else 0.0 for p in PHASES_OF_WORK}
 
 
 def _transfer_s(ev: RunEvidence) -> float | None:
@@ -287,8 +288,8 @@ def debug_environment(ev: RunEvidence) -> Finding | None:
             "helper group, waiting for every rank, in the caller's thread",
             f"configuration: remove TORCH_DISTRIBUTED_DEBUG=DETAIL (at {where}) once the hang is found (OFF is the "
             "default)",
-            # A bound: without the checks the collectives still wait for the slowest rank (measured 1.95x on an
-            # AVX-512 VM and 1.19x on an AVX2 one, where this priced 2.46x and 2.45x: docs/doctor.md)
+            # A bound: without the checks the collectives still wait for the slowest rank (on an AVX2 VM this priced
+            # 2.45x where removing DETAIL gained 1.19x: docs/doctor.md)
             f"up to {speedup(share)} if the collectives took what their bytes need on this link (a bound: without "
             "the checks they still wait for the slowest rank)"
             if share
@@ -347,11 +348,9 @@ def unfused_attention(ev: RunEvidence) -> Finding | None:
             "from_pretrained"
         )
     step = _step(ev)
-    model_work = _model_work(ev)
     # The products stay (the fused kernel computes them too) but are attention's own work, not work beyond the
     # model's layers: accounted for here, so the layers-alone comparison does not count them again.
     products = statistics.mean(r["trace"]["scores"].get("products_s", 0.0) / _traced_step(r) for r in ranks)
-    accounted = min(model_work, (saving + products) * step)
     return Finding(
         "unfused_attention",
         f"attention is computed unfused: the {shape} score matrices are materialised, {pct(saving)} of every step "
@@ -368,7 +367,7 @@ def unfused_attention(ev: RunEvidence) -> Finding | None:
         saving,
         where=module,
         share=saving,
-        explains={p: _phase(ev, p) * accounted / model_work if model_work else 0.0 for p in PHASES_OF_WORK},
+        explains=_in_model_work(ev, (saving + products) * step),
     )
 
 

@@ -170,8 +170,8 @@ class Account:
         self.outside = 0.0  # seconds before the first phase range or after the last: `other` too
         # a forward operator's sequence number: its frames, then (once asked for) its module and line
         self.creators: dict[int, Any] = {}
-        # softmax over attention scores outside SDPA, every other operator on them, and their products
-        self.scores: dict[str, Any] = {"s": 0.0, "ops_s": 0.0, "products_s": 0.0, "shape": None, "module": ""}
+        # by the scores' sequence length: softmax over them outside SDPA, every other operator on them, their products
+        self.scores: dict[int, dict[str, Any]] = {}
         self.parametrized: dict[str, int] = {}  # a parametrization's module path: its calls
         self.parametrization_s = 0.0  # in them, and in their backward
 
@@ -210,11 +210,16 @@ class Account:
         shapes = [d for d in event.get("args", {}).get("Input Dims") or [] if _square(d)]
         if not shapes:
             return
+        # kept per length: an image as wide as it is high (a 224 x 224 input) is no score matrix unless a softmax
+        # runs over that length
+        scores = self.scores.setdefault(
+            shapes[0][-1], {"s": 0.0, "ops_s": 0.0, "products_s": 0.0, "shape": None, "module": ""}
+        )
         if event["name"] in SOFTMAX:
-            self.scores["s"] += own
-            self.scores["shape"] = shapes[0]
-            self.scores["module"] = self.scores["module"] or module
-        self.scores["products_s" if event["name"] in PRODUCTS else "ops_s"] += own
+            scores["s"] += own
+            scores["shape"] = shapes[0]
+            scores["module"] = scores["module"] or module
+        scores["products_s" if event["name"] in PRODUCTS else "ops_s"] += own
 
     def _remember_creator(self, event: dict[str, Any], frames: list[dict[str, Any]]) -> None:
         """A forward operator's module and user line, under its sequence number (the first operator with a number
@@ -280,11 +285,12 @@ class Account:
 
     def scores_summary(self, steps: int) -> dict[str, Any] | None:
         """Softmax over square score matrices (and its backward), every other operator on them, and their
-        products, seconds per step, with a shape and module."""
-        if not self.scores["s"]:
+        products, seconds per step, with a shape and module: of the sequence length the softmax spent most on."""
+        softmaxed = [scores for scores in self.scores.values() if scores["s"]]
+        if not softmaxed:
             return None
-        per_step = {key: round(self.scores[key] / steps, 6) for key in ("s", "ops_s", "products_s")}
-        return {**self.scores, **per_step}
+        scores = max(softmaxed, key=lambda entry: entry["s"])
+        return {**scores, **{key: round(scores[key] / steps, 6) for key in ("s", "ops_s", "products_s")}}
 
     def parametrizations_summary(self, steps: int) -> dict[str, Any] | None:
         """Parametrizations: how many, their calls per step and their seconds per step, forward and backward."""

@@ -440,7 +440,7 @@ class Probe:
 
 
 # Frameworks that set up the ranks' parallelism for the script, as sys.modules names them.
-FRAMEWORKS = ("accelerate", "lightning", "pytorch_lightning", "deepspeed", "transformers")
+FRAMEWORKS = ("accelerate", "lightning", "pytorch_lightning", "deepspeed")
 # Switches that slow every step while set: the doctor names them (doctor/wasted_compute.py).
 DEBUG_ENVIRONMENT = ("TORCH_DISTRIBUTED_DEBUG", "CUDA_LAUNCH_BLOCKING", "NCCL_DEBUG", "PYTORCH_NO_CUDA_MEMORY_CACHING")
 
