@@ -1,7 +1,8 @@
 """A plain torchrun-style DDP script (no paratrain import) with one planted fault, chosen by argv[1]:
 healthy, data, threads, straggler, rank0-eval, eval, checkpoint, no-sync, collective, uneven,
 find-unused, comm, small-batch, host-sync, loader-workers, broken-loader, buckets, model-collective, recompute,
-json-log, anomaly, frozen, profiled, fsdp-leaf (FSDP2 on every Linear of a 22-layer MLP), epoch-reload; and two
+json-log, anomaly, frozen, profiled, fsdp-leaf (FSDP2 on every Linear of a 22-layer MLP), epoch-reload, per-loss
+(FSDP2, a backward per term of the loss); and two
 healthy ones wrapped
 otherwise: fsdp (FSDP2's
 fully_shard instead of DDP) and bare (no wrapper, one rank). tests/test_doctor_probe.py launches it and checks the
@@ -159,7 +160,7 @@ else:
     )
     if fault == "loader-workers":
         net = nn.Sequential(nn.AvgPool2d(8), *net)  # its 128x128 samples down to the usual 16x16
-if fault in ("fsdp", "fsdp-leaf"):  # FSDP2 on a CPU mesh: each conv and the head sharded, then the root
+if fault in ("fsdp", "fsdp-leaf", "per-loss"):  # FSDP2 on a CPU mesh: each conv and the head sharded, then the root
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -207,8 +208,13 @@ if fault == "broken-loader":
 profiler = torch.profiler.profile() if fault == "profiled" else contextlib.nullcontext()
 with model.join() if fault == "uneven" else contextlib.nullcontext(), profiler:
     for i, (x, y) in enumerate(iterator):
-        loss = nn.functional.cross_entropy(model(x), y) / accumulate
-        loss.backward()  # with accumulation and no no_sync(): an all-reduce every micro-step
+        logits = model(x)
+        loss = nn.functional.cross_entropy(logits, y) / accumulate
+        if fault == "per-loss":  # three terms of one loss, a backward each: the graph walked (and gathered) 3 times
+            for term in (loss, 0.01 * logits.pow(2).mean(), 0.01 * logits.abs().mean()):
+                term.backward(retain_graph=True)
+        else:
+            loss.backward()  # with accumulation and no no_sync(): an all-reduce every micro-step
         if fault == "straggler" and rank == 1:
             spin(0.02)
         if (i + 1) % accumulate:

@@ -80,6 +80,8 @@ def top(diagnosis):
         ("fsdp-leaf", "unexplained_comm"),
         # the dataset and loader built again every epoch: the steps that began an epoch, beyond a plain one
         ("epoch-reload", "epoch_start"),
+        # FSDP2 with a backward per term of the loss: backward passes counted against training forwards
+        ("per-loss", "repeated_backward"),
     ],
 )
 def test_a_planted_fault_is_the_top_finding_with_a_predicted_speedup(launched, fault, check):

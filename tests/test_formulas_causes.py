@@ -318,7 +318,7 @@ def test_collectives_their_issuing_module_bytes_and_the_links_own_times(tmp_path
     )
     summary = summarise_trace(events)
     assert summary["collectives"] == [
-        {"name": "allreduce", "phase": "forward", "issuer": "SyncBN_0", "calls": 1.0, "bytes": 64.0}
+        {"name": "allreduce", "phase": "forward", "issuer": "SyncBN_0", "via": None, "calls": 1.0, "bytes": 64.0}
     ]
     assert summary["link"] == [[64.0, 0.0005]]
     assert dict(summary["phases"]["forward"]["module"])["Net_0/SyncBN_0/c10d::allreduce_".rsplit("/", 1)[0]] > 0
@@ -543,3 +543,58 @@ def test_backward_is_charged_to_the_forward_that_recorded_it_and_patterns_are_ke
         if e["name"] == "aten::_softmax":
             e["args"] = {"Input Dims": [[4, 256, 256]]}
     assert summarise_trace(fused)["scores"] is None
+
+
+def test_a_librarys_collectives_one_tensor_at_a_time_are_priced_as_one_call_of_their_bytes(tmp_path):
+    # 50 ms of a 100 ms step in the script's own collectives: in the profiled steps 100 broadcasts a step (4 MB)
+    # from ZeRO's parameter sync, and 25 scalar all-reduces from the script's line. The library's share of the
+    # calls: 50 x 100 / 125 = 40 ms. The link: 1 GB/s, latency 1.0 ms (as above): one call of 4 MB is 5 ms.
+    via = "torch/distributed/optim/zero_redundancy_optimizer.py(760): _broadcast_params_from_rank"
+    issued = [
+        {"name": "broadcast", "phase": "collective", "issuer": "train.py(98): main", "via": via, "calls": 100.0},
+        {"name": "allreduce", "phase": "collective", "issuer": "train.py(99): main", "via": None, "calls": 25.0},
+    ]
+    issued[0]["bytes"], issued[1]["bytes"] = 4e6, 100.0
+    link = [[8e4, 0.00108], [2e6, 0.003], [6e6, 0.007]]
+    rank = step({"forward": 0.05, "collective": 0.05}, trace={"collectives": issued, "link": link})
+    found = findings(probed_run(tmp_path / "zero", [rank] * 2))
+    library = found["library_collectives"]
+    assert library["saving"] == pytest.approx((0.04 - (0.001 + 4e6 / 1e9)) / 0.1) and not library["bound"]
+    assert library["explains"] == {"collective": pytest.approx(0.04)}
+    assert via in library["where"] and "train.py(98)" in library["where"] and "bucket" in library["remedy"]
+    assert "host_sync_stalls" not in found  # the logged-values remedy is not theirs
+    # no message of a MiB or more: no bandwidth; the 40 ms become one call's latency (1.08 ms), a bound
+    small = step({"forward": 0.05, "collective": 0.05}, trace={"collectives": issued, "link": link[:1]})
+    library = findings(probed_run(tmp_path / "small", [small] * 2))["library_collectives"]
+    assert library["saving"] == pytest.approx((0.04 - 0.00108) / 0.1) and library["bound"]
+    # 7 calls a step, or 2 MiB each, or only the script's own calls: the script's collectives, logged values
+    for name, change in (("few", {"calls": 7.0}), ("large", {"bytes": 200 * 2**21}), ("own", {"via": None})):
+        other = step({"forward": 0.05, "collective": 0.05}, trace={"collectives": [{**issued[0], **change}]})
+        found = findings(probed_run(tmp_path / name, [other] * 2))
+        assert "library_collectives" not in found and "host_sync_stalls" in found, name
+    # 8 ms of a 100 ms step: under 10 %
+    little = step({"forward": 0.092, "collective": 0.008}, trace={"collectives": issued, "link": link})
+    assert "library_collectives" not in findings(probed_run(tmp_path / "little", [little] * 2))
+
+
+def test_a_collective_is_traced_to_the_library_function_that_issued_it():
+    # The script's line 98 calls the optimizer's step, which broadcasts through ZeRO's parameter sync (a generator
+    # expression, the probe's wrapper, torch.distributed's entry point and its logger in between); line 99 calls
+    # dist.all_reduce itself: issued by the user's code, no library.
+    zero = "torch/distributed/optim/zero_redundancy_optimizer.py(760): _broadcast_params_from_rank"
+    wrapper = [
+        ("python_function", "paratrain/launch/probe/clock.py(415): through_call", 0, 0),
+        ("python_function", "torch/distributed/c10d_logger.py(80): wrapper", 0, 0),
+        ("python_function", "torch/distributed/distributed_c10d.py(3085): broadcast", 0, 0),
+        ("cpu_op", "c10d::broadcast_", 0, 0),
+    ]
+    calls = [("python_function", "train.py(98): main", 0, 40), ("python_function", zero, 1, 39)]
+    calls += [("python_function", "torch/distributed/optim/zero_redundancy_optimizer.py(802): <genexpr>", 2, 38)]
+    calls += [(cat, name, 3 + i, 37 - i) for i, (cat, name, _, _) in enumerate(wrapper)]
+    calls += [("python_function", "train.py(99): main", 50, 60)]
+    calls += [(cat, name, 51 + i, 59 - i) for i, (cat, name, _, _) in enumerate(wrapper[1:])]
+    summary = summarise_trace(trace_events([("optimizer", 0, 40), ("collective", 50, 60)], calls))
+    assert {(c["issuer"], c["via"]) for c in summary["collectives"]} == {
+        ("train.py(98): main", zero),
+        ("train.py(99): main", None),
+    }

@@ -659,32 +659,30 @@ def test_the_scripts_own_collectives_are_their_own_time_not_the_waits_in_them(tm
     """Rank 0 evaluates alone 20 ms a step and rank 1 waits for it at a barrier: rank 1's 21 ms of
     'collective' is the evaluation's wait (rank0_alone's business); the barrier's own time is rank 0's 1 ms,
     under the 10 % line. (A flake loop saw host_sync_stalls outrank rank0_alone on the planted fault.)"""
-    from paratrain.doctor import script_checks as sc
     from paratrain.doctor.evidence import read_run
+    from paratrain.doctor.script_collectives import script_collectives
 
     ranks = [
         {"phases_s": {"forward": 0.079, "eval": 0.02, "collective": 0.001}},
         {"phases_s": {"forward": 0.079, "collective": 0.021}},
     ]
-    assert sc.script_collectives(probed(tmp_path, "a", ranks)) is None  # the least of the ranks' means
+    assert script_collectives(probed(tmp_path, "a", ranks)) is None  # the least of the ranks' means
     # the probe's step-by-step figure, when the run directory has it, is the one read
     ev = read_run(probed_run(tmp_path / "b", ranks, probe={"collective_own_s": 0.015}))
-    assert sc.script_collectives(ev).saving == pytest.approx(0.015 * 49 / 50 / 0.1)
+    assert script_collectives(ev).saving == pytest.approx(0.015 * 49 / 50 / 0.1)
 
 
 def test_the_scripts_own_collectives_and_their_line(tmp_path):
-    from paratrain.doctor import script_checks as sc
+    from paratrain.doctor.script_collectives import script_collectives
 
     # 20 ms of a 100 ms step in the script's own collectives; every 50 steps keeps 1/50 -> 20 x 49/50 / 100
     ev = probed(tmp_path, "a", [{"phases_s": {"forward": 0.08, "collective": 0.02}}] * 2)
-    found = sc.script_collectives(ev)
+    found = script_collectives(ev)
     assert found.check == "host_sync_stalls" and found.saving == pytest.approx(0.02 * 49 / 50 / 0.1)
     # exactly 10 % of a 1 s step is named (100 x 49/50 ms); 5 % is not
     ev = probed(tmp_path, "b", [{"phases_s": {"forward": 0.9, "collective": 0.1}}] * 2)
-    assert sc.script_collectives(ev).saving == pytest.approx(0.098)
-    assert (
-        sc.script_collectives(probed(tmp_path, "c", [{"phases_s": {"forward": 0.95, "collective": 0.05}}] * 2)) is None
-    )
+    assert script_collectives(ev).saving == pytest.approx(0.098)
+    assert script_collectives(probed(tmp_path, "c", [{"phases_s": {"forward": 0.95, "collective": 0.05}}] * 2)) is None
 
 
 def test_host_syncs_at_one_read_a_step_and_without_the_wait_timed(tmp_path):
@@ -909,6 +907,7 @@ def one_finding_per_check(tmp_path):
     evaluation_share and rank0_alone; straggler as straggler and slow_rank)."""
     from paratrain.doctor import rank_checks as rc
     from paratrain.doctor import script_checks as sc
+    from paratrain.doctor.script_collectives import script_collectives
 
     small = {"samples_per_step": 2.0, "batch_slope_s": 0.001, "batch_slope_between": [2, 32]}
     cases = [
@@ -924,7 +923,7 @@ def one_finding_per_check(tmp_path):
             sc.all_reduce_every_micro_step,
             [{"phases_s": {"forward": 0.06, "comm": 0.04}, "rounds_per_step": 4.0, "micro_per_step": 4.0}] * 2,
         ),
-        (sc.script_collectives, [{"phases_s": {"forward": 0.08, "collective": 0.02}}] * 2),
+        (script_collectives, [{"phases_s": {"forward": 0.08, "collective": 0.02}}] * 2),
         (
             sc.host_syncs,
             [

@@ -199,3 +199,25 @@ def test_unfused_attention_saves_the_operators_on_the_scores_but_their_products(
     assert 'attn_implementation="sdpa"' in own["remedy"] and "scaled_dot_product_attention" in own["remedy"]
     assert "unfused_attention" not in run("under", 0.0239, "Net_0/MultiheadAttention_0")  # softmax under 15 %
     assert "unfused_attention" not in run("cheap", 0.024, "Net_0/MultiheadAttention_0", ops=0.0099)  # under 5 %
+
+
+def test_a_backward_per_loss_of_one_forward_keeps_one_backward_and_its_collectives(tmp_path):
+    # 3 backward passes a step for 1 forward: backward 45 ms and collectives 30 ms of a 100 ms step, of which
+    # 2/3 go: (45 + 30) x 2/3 = 50 ms, a bound
+    phases = {"forward": 0.015, "backward": 0.045, "comm": 0.03, "optimizer": 0.01}
+    rank = step(phases, backwards_per_step=3.0, micro_per_step=1.0)
+    found = findings(probed_run(tmp_path / "three", [rank] * 2))["repeated_backward"]
+    assert found["saving"] == pytest.approx(0.5) and found["bound"] and "up to" in found["predicted_gain"]
+    assert found["explains"] == {"backward": pytest.approx(0.03), "comm": pytest.approx(0.02)}
+    assert ".backward()" in found["remedy"] and "3 times per forward" in found["finding"]
+    # 2 micro-steps of accumulation, 2 backward passes: one each, nothing said; 2 for 1 forward: 1/2 goes
+    accumulated = step(phases, backwards_per_step=2.0, micro_per_step=2.0)
+    assert "repeated_backward" not in findings(probed_run(tmp_path / "accumulated", [accumulated] * 2))
+    twice = findings(probed_run(tmp_path / "twice", [step(phases, backwards_per_step=2.0)] * 2))
+    assert twice["repeated_backward"]["saving"] == pytest.approx(0.375)
+    # 1.4 backward passes a forward: under 1.5; a run without the count (an older probe): nothing
+    assert "repeated_backward" not in findings(probed_run(tmp_path / "few", [step(phases, backwards_per_step=1.4)] * 2))
+    assert "repeated_backward" not in findings(probed_run(tmp_path / "old", [step(phases)] * 2))
+    # 8 ms of backward and collectives a step, half of it repeated: 4 ms, under 5 %
+    small = step({"forward": 0.092, "backward": 0.004, "comm": 0.004}, backwards_per_step=2.0)
+    assert "repeated_backward" not in findings(probed_run(tmp_path / "small", [small] * 2))

@@ -23,6 +23,7 @@ from paratrain.doctor import script_checks as sc
 from paratrain.doctor.evidence import RunEvidence, read_run
 from paratrain.doctor.finding import Finding, accumulation
 from paratrain.doctor.ledger import UNEXPLAINED_SHARE, unexplained
+from paratrain.doctor.script_collectives import script_collectives
 
 FEW = settings(max_examples=50, deadline=None)
 MiB = 2**20
@@ -76,7 +77,7 @@ def _built(check: Callable[[RunEvidence], Finding | None], phase: str):
 
 GAINS = {
     "data_wait": _script(sc.data_wait, lambda b, x: {**b, "data": x}, extra=_none),
-    "script_collectives": _script(sc.script_collectives, lambda b, x: {**b, "collective": x}, extra=_none),
+    "script_collectives": _script(script_collectives, lambda b, x: {**b, "collective": x}, extra=_none),
     "evaluation_share": _script(sc.evaluation, lambda b, x: {**b, "eval": x}, extra=_none),
     "checkpoint_share": _script(
         sc.checkpoints, lambda b, x: {**b, "checkpoint": x}, extra=_with(checkpoint_steps=lambda x: 9)

@@ -24,6 +24,7 @@ from paratrain.doctor.growth import GROWTH
 from paratrain.doctor.ledger import unexplained
 from paratrain.doctor.rank_checks import RANK_CHECKS
 from paratrain.doctor.script_checks import SCRIPT_CHECKS, probe_status
+from paratrain.doctor.script_collectives import LIBRARY_COLLECTIVES
 from paratrain.doctor.study_checks import batch_knee, best_at_edge, lr_not_scaled
 from paratrain.doctor.wasted_compute import WASTED_COMPUTE
 from paratrain.errors import UsageError
@@ -93,6 +94,7 @@ def diagnose_run(ev: RunEvidence) -> list[Finding]:
             *CAUSES,
             *WASTED_COMPUTE,
             *GROWTH,
+            *LIBRARY_COLLECTIVES,
             rank0_alone,
             first_epoch_overhead,
             idle_devices,

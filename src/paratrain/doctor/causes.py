@@ -62,6 +62,20 @@ def _script(ev: RunEvidence) -> str:
     return str(ev.config.get("script", "the script"))
 
 
+def _steps_text(ev: RunEvidence) -> str:
+    p = ev.probe["phases_s"]
+    shown = [
+        f"{name} {ms(p[name])}"
+        for name in ("data", "forward", "backward", "comm", "collective", "optimizer", "eval", "checkpoint", "other")
+        if p[name] >= 0.0005 * _step(ev)
+    ]
+    return f"step {ms(_step(ev))} (mean of {len(ev.probe_ranks)} ranks): " + ", ".join(shown)
+
+
+def _code_change(text: str, ev: RunEvidence) -> str:
+    return f"code change in {ev.config.get('script', 'the script')}: {text}"
+
+
 def trace_top(ev: RunEvidence, phase: str, table: str = "where") -> list[tuple[str, float]]:
     """The profiled steps' largest entries of a phase's table (what ran, where in the user's code, in which
     module), from the first rank with a trace."""

@@ -13,9 +13,11 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
+from paratrain.doctor.causes import _code_change, _steps_text
 from paratrain.doctor.evidence import RunEvidence, rerun_command
 from paratrain.doctor.expected import beyond_layers_s
 from paratrain.doctor.finding import Finding, accumulation
+from paratrain.doctor.script_collectives import COLLECTIVE_EVERY, script_collectives
 from paratrain.formatting import ms, pct, speedup
 
 DATA_SHARE = 0.15  # waiting for the next batch, of the step
@@ -23,7 +25,6 @@ COMM_SHARE = 0.20  # gradient all-reduce that backward did not hide, of the step
 EXTRA_ROUNDS = 1.5  # all-reduce rounds per optimizer step above which accumulation is not skipping them
 SYNCS_PER_STEP = 1.0  # host reads of device tensors per step (a loss printed every step is one)
 SYNC_SHARE = 0.05  # what removing them would save, of the step, before it is named
-COLLECTIVE_SHARE = 0.10  # the script's own blocking collectives (logging a global loss), of the step
 EVAL_SHARE = 0.20  # evaluation, of the run's step time
 CHECKPOINT_SHARE = 0.10  # torch.save, of the step
 FIXED_STEP_SHARE = 0.5  # step time that does not grow with the batch, of the step
@@ -40,7 +41,6 @@ DDP_OVERHEAD_SHARE_NONE_UNUSED = 0.001
 # The remedies' settings, which the predictions assume.
 EVAL_FRACTION = 8  # evaluate 1/8 of the held-out set (or every 8th time)
 CHECKPOINT_EVERY = 100  # save every 100 steps
-COLLECTIVE_EVERY = 50  # reduce a logged value every 50 steps
 
 
 def _mean(values: list[float]) -> float:
@@ -49,20 +49,6 @@ def _mean(values: list[float]) -> float:
 
 def _step(ev: RunEvidence) -> float:
     return _mean([r["step_s"] for r in ev.probe_ranks])
-
-
-def _steps_text(ev: RunEvidence) -> str:
-    p = ev.probe["phases_s"]
-    shown = [
-        f"{name} {ms(p[name])}"
-        for name in ("data", "forward", "backward", "comm", "collective", "optimizer", "eval", "checkpoint", "other")
-        if p[name] >= 0.0005 * _step(ev)
-    ]
-    return f"step {ms(_step(ev))} (mean of {len(ev.probe_ranks)} ranks): " + ", ".join(shown)
-
-
-def _code_change(text: str, ev: RunEvidence) -> str:
-    return f"code change in {ev.config.get('script', 'the script')}: {text}"
 
 
 def threads(ev: RunEvidence) -> Finding | None:
@@ -348,30 +334,6 @@ def all_reduce_every_micro_step(ev: RunEvidence) -> Finding | None:
         saving,
         where="the micro-steps before the last, outside model.no_sync()",
         explains={"comm": comm * (1 - 1 / rounds)},
-    )
-
-
-def script_collectives(ev: RunEvidence) -> Finding | None:
-    if not ev.probe_ranks:
-        return None
-    # Their own time: the waits inside them for a rank that evaluates alone, or straggles, are those checks'.
-    collective, step = ev.collective_own_s, _step(ev)
-    if collective / step < COLLECTIVE_SHARE:
-        return None
-    saving = collective * (1 - 1 / COLLECTIVE_EVERY) / step
-    return Finding(
-        "host_sync_stalls",
-        f"the script's own collectives take {pct(collective / step)} of every step",
-        f"{_steps_text(ev)}: {ms(collective)} a step in collectives the script calls between the phases",
-        "a blocking collective every step (an all_reduce of the loss for a log line, a barrier) makes every rank wait "
-        "for the slowest and for the network, and reads the value on the host",
-        _code_change(
-            f"keep running sums on the device and reduce them every {COLLECTIVE_EVERY} steps (or only when logging)", ev
-        ),
-        f"{speedup(saving)}: {COLLECTIVE_EVERY}x fewer of those collectives",
-        saving,
-        where="the script's own torch.distributed calls between the phases",
-        explains={"collective": collective},
     )
 
 

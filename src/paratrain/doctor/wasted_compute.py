@@ -17,6 +17,9 @@ user looks: the steps run, just slower than the script was written to run.
                         CUDA_LAUNCH_BLOCKING=1 makes every kernel launch wait for the kernel
     unfused_attention   attention written as its own operators: the sequence x sequence scores materialised,
                         masked and softmaxed in forward and backward, where scaled_dot_product_attention fuses them
+    repeated_backward   more backward passes than training forwards: one backward per loss of a forward
+                        (retain_graph=True), each walking the shared part of the graph, and under FSDP gathering and
+                        reducing its parameters again
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from paratrain.doctor.causes import _phase, _script, _step, _training_loader, link_fit, trace_top
+from paratrain.doctor.causes import _per_step, _phase, _script, _step, _training_loader, link_fit, trace_top
 from paratrain.doctor.evidence import RunEvidence
 from paratrain.doctor.finding import Finding
 from paratrain.formatting import ms, pct, speedup
@@ -40,6 +43,8 @@ PADDING_SAVING = 0.05  # ...saving at least this share of the step
 SCORES_SHARE, ATTENTION_SAVING = 0.15, 0.05
 RECOMPUTED_CALLS = 2  # a parametrization's calls per forward, per tensor, from which it is recomputed...
 RECOMPUTED_SAVING = 0.05  # ...and saving at least this share of the step
+BACKWARDS_PER_FORWARD = 1.5  # backward passes per training forward from which they repeat...
+BACKWARD_SAVING = 0.05  # ...and saving at least this share of the step
 # On a GPU these slow every step by an amount this run cannot measure: advice.
 GPU_SWITCHES = {
     "CUDA_LAUNCH_BLOCKING": "every CUDA kernel launch waits until the kernel has run: the CPU never runs ahead "
@@ -371,6 +376,41 @@ def unfused_attention(ev: RunEvidence) -> Finding | None:
     )
 
 
+def repeated_backward(ev: RunEvidence) -> Finding | None:
+    """Backward run several times per forward (the probe counts torch.autograd.backward calls and training
+    forwards, per step): a loss.backward(retain_graph=True) per task's loss walks the shared trunk's graph once per
+    loss, where backward of their sum walks it once with the same gradients. The prediction keeps one backward per
+    forward: backward and the collectives in the step (under FSDP each backward gathers and reduces again) by
+    forwards over backwards. A bound: the collectives of forward are in that share too."""
+    backwards, forwards = _per_step(ev, "backwards"), _per_step(ev, "micro")
+    if not forwards or backwards < BACKWARDS_PER_FORWARD * forwards:
+        return None
+    step, kept = _step(ev), forwards / backwards
+    repeated = {p: _phase(ev, p) * (1 - kept) for p in ("backward", "comm")}
+    saving = sum(repeated.values()) / step
+    if saving < BACKWARD_SAVING:
+        return None
+    return Finding(
+        "repeated_backward",
+        f"backward runs {backwards / forwards:.0f} times per forward: {backwards:.0f} backward passes a step "
+        f"for {forwards:.0f} training forward(s)",
+        f"step {ms(step)}: backward {ms(_phase(ev, 'backward'))}, collectives in forward and backward "
+        f"{ms(_phase(ev, 'comm'))}; {backwards:.0f} calls of backward() a step, {forwards:.0f} forward(s)",
+        "one backward per loss of the same forward (loss.backward(retain_graph=True) for each task or term) walks "
+        "the shared part of the graph once per loss, and under FSDP gathers and reduces its parameters again "
+        "each time; the gradients add up to those of the losses' sum",
+        f"code change in {_script(ev)}: add the losses and call backward once: "
+        "(loss_a + loss_b + loss_c).backward(), weighted as before; no retain_graph",
+        f"up to {speedup(saving)}: one backward per forward, its collectives with it (a bound: forward's "
+        "collectives are in that share)",
+        saving,
+        where="the script's backward() calls, one per loss",
+        share=saving,
+        bound=True,
+        explains=repeated,
+    )
+
+
 WASTED_COMPUTE = (
     autocast_disabled,
     compile_unused,
@@ -378,4 +418,5 @@ WASTED_COMPUTE = (
     parametrization_recomputed,
     debug_environment,
     unfused_attention,
+    repeated_backward,
 )

@@ -36,6 +36,7 @@ COUNTS = (
     "model_calls",
     "model_comm_s",
     "recomputes",
+    "backwards",
     "syncs",
     "gc_s",
     "gc_n",

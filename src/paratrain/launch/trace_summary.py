@@ -52,6 +52,8 @@ PRODUCTS = ("aten::bmm", "aten::baddbmm", "aten::mm", "aten::matmul")  # the sco
 MIN_SHARE = 0.01  # entries below this share of their phase are left out
 DTYPE_BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long int": 8, "int": 4}
 LIBRARY_ROOTS = ("torch", "paratrain", "functorch", "triton")
+# torch.distributed's own collective functions and their logging wrapper: what a library calls, never the library
+C10D_ENTRY = ("torch/distributed/distributed_c10d.py", "torch/distributed/c10d_logger.py")
 
 
 @lru_cache(maxsize=4096)
@@ -132,8 +134,8 @@ def summarise_trace(events: list[dict[str, Any]]) -> dict[str, Any] | None:
         "phases": account.phases(steps),
         "dtypes_s": _dtype_seconds(calls, steps),
         "collectives": [
-            {"name": name, "phase": phase, "issuer": issuer, "calls": n / steps, "bytes": size / steps}
-            for (name, phase, issuer), (n, size) in sorted(account.collectives.items(), key=lambda kv: -kv[1][0])
+            {"name": name, "phase": phase, "issuer": issuer, "via": via, "calls": n / steps, "bytes": size / steps}
+            for (name, phase, issuer, via), (n, size) in sorted(account.collectives.items(), key=lambda kv: -kv[1][0])
         ][:TOP],
         "link": _link(timed, main),
         "scores": account.scores_summary(steps),
@@ -166,7 +168,7 @@ class Account:
     def __init__(self, timeline: PhaseTimeline):
         self.timeline = timeline
         self.tables: dict[str, dict[str, dict[str, float]]] = {}
-        self.collectives: dict[tuple[str, str, str], list[float]] = {}
+        self.collectives: dict[tuple[str, str, str, str | None], list[float]] = {}
         self.outside = 0.0  # seconds before the first phase range or after the last: `other` too
         # a forward operator's sequence number: its frames, then (once asked for) its module and line
         self.creators: dict[int, Any] = {}
@@ -199,7 +201,7 @@ class Account:
         if event.get("cat") == "cpu_op" and event["name"].startswith("c10d::"):
             users = [a["name"] for a in frames if a.get("cat") == "python_function" and not is_library(a["name"])]
             issuer = _modules(frames).rsplit("/", 1)[-1] or (users[-1] if users else "")
-            key = (event["name"].removeprefix("c10d::").rstrip("_"), timeline.at(begin), issuer)
+            key = (event["name"].removeprefix("c10d::").rstrip("_"), timeline.at(begin), issuer, _via(frames))
             entry = self.collectives.setdefault(key, [0, 0])
             entry[0] += 1
             entry[1] += _bytes(event)
@@ -386,6 +388,20 @@ def _gaps(begin: float, end: float, children: list[tuple[float, float]]) -> list
     if end > t:
         out.append((t, end))
     return out
+
+
+def _via(frames: list[dict[str, Any]]) -> str | None:
+    """The library function that issued a collective: its innermost named Python frame outside torch.distributed's
+    own entry points and the probe (ZeroRedundancyOptimizer's _broadcast_params_from_rank, FSDP2's collectives),
+    None when that frame is the user's own code (a `dist.all_reduce` in the script)."""
+    for frame in reversed(frames):
+        name = frame["name"]
+        if frame.get("cat") != "python_function" or name.startswith(("<", "nn.Module:")) or "<genexpr>" in name:
+            continue
+        if name.startswith(PROBE_CODE) or name.split("(", 1)[0] in C10D_ENTRY:
+            continue
+        return name if is_library(name) else None
+    return None
 
 
 def _modules(frames: list[dict[str, Any]]) -> str:

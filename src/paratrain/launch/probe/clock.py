@@ -75,6 +75,7 @@ class Probe:
         self.model_comm_s = 0.0
         self.model_issuers: dict[str, int] = {}
         self.recomputes = 0  # checkpointed calls run again inside backward
+        self.backwards = 0  # backward passes the script started (torch.autograd.backward, not a reentrant one)
         self.syncs = 0  # host-device synchronisations in this step
         self.sync_wait = 0.0  # seconds the host spent inside them (waiting for the device)
         self.timeline: DeviceTimeline | None = None  # device events, on GPU ranks once CUDA is in use
@@ -161,6 +162,7 @@ class Probe:
             "model_comm_s": round(self.model_comm_s, 6),
             **({"model_issuers": self.model_issuers} if self.model_issuers else {}),
             "recomputes": self.recomputes,
+            "backwards": self.backwards,
             "syncs": self.syncs,
             "sync_wait": round(self.sync_wait, 6),
             **self.facts.step_record(),
@@ -183,7 +185,7 @@ class Probe:
         self.data_cpu = self.ddp_overhead = 0.0
         self.last_batch = self.samples // max(self.micro, 1)
         self.samples = self.micro = self.rounds = self.syncs = self.buckets = self.bucket_bytes = self.collectives = 0
-        self.inner_calls = self.inner_bytes = self.recomputes = self.model_calls = 0
+        self.inner_calls = self.inner_bytes = self.recomputes = self.model_calls = self.backwards = 0
         self.model_comm_s, self.model_issuers = 0.0, {}
         self.sync_wait = 0.0
         self.bucket_log = [] if self.steps + 1 in BUCKET_STEPS else None

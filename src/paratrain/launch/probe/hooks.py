@@ -174,6 +174,7 @@ def backward(probe: Probe, torch: Any) -> None:
                 finally:
                     probe.leave("backward")
             probe.enter("backward")
+            probe.backwards += 1
             probe.backward_launch = None
             probe.backward_started = probe.mark
             try:
