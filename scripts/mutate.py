@@ -66,6 +66,8 @@ TESTS = {
     ],
     "doctor/expected.py": ["tests/test_formulas_expected.py"],
     "doctor/growth.py": ["tests/test_formulas_growth.py"],
+    "launch/step_trend.py": ["tests/test_formulas_growth.py"],
+    "doctor/script_collectives.py": ["tests/test_formulas_causes.py", "tests/test_formulas_doctor.py"],
     "doctor/wasted_compute.py": ["tests/test_formulas_wasted_compute.py"],
     "launch/trace_summary.py": ["tests/test_formulas_causes.py", "tests/test_properties_probe_summary.py"],
     "doctor/finding.py": ["tests/test_formulas_doctor.py", "tests/test_properties_doctor_gains.py"],

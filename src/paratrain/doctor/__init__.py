@@ -163,7 +163,7 @@ WAITING = (
 # step against the steady steps, doctor/expected.py; the first steps against the last, doctor/growth.py): other work
 # that slowed one moment more than the other makes a gap just the same, so on a contended machine they are
 # tempered as the waiting findings are.
-COMPARED_APART = ("model_work_excess", "growing_steps")
+COMPARED_APART = ("model_work_excess", "growing_steps", "slower_from_step")
 
 
 def tempered(findings: Sequence[Finding]) -> list[Finding]:

@@ -1,11 +1,15 @@
-"""Steps that keep slowing down: a phase whose time grows step after step (launch/probe_summary.py growth),
-because something accumulates with every step. Forward hooks registered inside the loop run one more time each
+"""Steps that keep slowing down: a phase whose time grows step after step (launch/step_trend.py), because
+something accumulates with every step; or steps that got slower at one step and stayed so, because some work
+began there. Forward hooks registered inside the loop run one more time each
 step; a list that keeps tensors with their autograd graphs, a tensor grown by torch.cat, a cache never cleared
 make the work, the allocations or the garbage collector's rounds grow with them. No single step looks wrong;
 the run gets slower as it goes, so a longer run loses more.
 
     growing_steps   a phase grows on a straight line through the steady steps: the prediction is the run with
                     that phase at the line's time at the first step
+    slower_from_step
+                    a phase jumped to a new level at one step and kept it: the prediction, a bound, is the run with
+                    that phase at its level before the jump
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from paratrain.doctor.causes import _phase, _script, _step, trace_top
 from paratrain.doctor.evidence import RunEvidence
 from paratrain.doctor.finding import Finding
 from paratrain.formatting import ms, pct, speedup
+from paratrain.launch.probe.window import TRACE_STEPS, WINDOW_AFTER_STEP
 from paratrain.launch.trace_summary import PROBE_LABEL
 
 GROWTH_SAVING = 0.05  # of the step, the growth's mean cost that names it
@@ -64,4 +69,50 @@ def growing_steps(ev: RunEvidence) -> Finding | None:
     )
 
 
-GROWTH = (growing_steps,)
+def slower_from_step(ev: RunEvidence) -> Finding | None:
+    """The phase that jumped most, on the ranks where it jumped: its mean over the steady steps less its level
+    before the jump is what the new work costs a step, on average over this run."""
+    jumped: dict[str, list[list[float]]] = {}
+    for r in ev.probe_ranks:
+        for phase, fit in (r.get("jumped") or {}).items():
+            jumped.setdefault(phase, []).append(fit)
+    if not jumped:
+        return None
+    step = _step(ev)
+    costs = {p: _phase(ev, p) - statistics.mean(fit[1] for fit in fits) for p, fits in jumped.items()}
+    phase = max(costs, key=costs.get)
+    cost = costs[phase] * len(jumped[phase]) / len(ev.probe_ranks)
+    if cost / step < GROWTH_SAVING:
+        return None
+    fits = jumped[phase]
+    first = round(statistics.median(fit[0] for fit in fits))
+    before, after = statistics.mean(fit[1] for fit in fits), statistics.mean(fit[2] for fit in fits)
+    profiled = WINDOW_AFTER_STEP + TRACE_STEPS
+    where = [n for n, _ in trace_top(ev, phase, "where") if n != PROBE_LABEL] if first <= profiled else []
+    return Finding(
+        "slower_from_step",
+        f"the steps got slower from step {first} on: {phase} went from {ms(before)} to {ms(after)} a step, "
+        f"{pct(cost / step)} of the mean step",
+        f"step {ms(step)} on average; {phase} {ms(before)} a step before step {first}, {ms(after)} from it on "
+        f"(medians of runs of steps; one jump fits them with R² {statistics.mean(fit[3] for fit in fits):.2f}, "
+        f"better than a steady growth; {len(fits)} of {len(ev.probe_ranks)} ranks)"
+        + (
+            f"; in the profiled steps {phase} ran {', '.join(where[:3])}"
+            if where
+            else f"; the profiled steps (up to step {profiled}) came before it, so they do not show the new work"
+        ),
+        "some work began at that step and runs at every step since: statistics or logging switched on after a "
+        "warm-up, an evaluation or a schedule that became per-step, a curriculum's longer sequences",
+        f"code change in {_script(ev)}: find what the script starts at step {first} (a condition on the step "
+        "count or the epoch); run it every 100 steps, or not at all, if it is not needed at every step",
+        f"up to {speedup(cost / step)}: {phase} at its level before step {first} throughout (a bound: how much of "
+        "the new work the remedy keeps is unknown)",
+        cost / step,
+        where=where[0] if where else f"the script's code that begins at step {first}",
+        share=cost / step,
+        bound=True,
+        explains={phase: cost},
+    )
+
+
+GROWTH = (growing_steps, slower_from_step)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from paratrain.launch.probe import DEVICE_PHASES, PHASES, RAW_TRACE_FILE, TRACE_FILE
+from paratrain.launch.step_trend import trends
 from paratrain.launch.trace_summary import summarise_file
 from paratrain.runs import json_records
 
@@ -45,13 +46,6 @@ COUNTS = (
 )
 BUCKET_LOGS = 8  # steps whose buckets were timed one by one, kept per rank
 GC_SITES = 3
-# A phase growing through the run (growth): ending this many times as long as it began, this much longer, on a
-# straight line fitting its steps this well (R²), over at least this many steps.
-GROWTH, GROWTH_MIN_S, GROWTH_FIT, GROWTH_STEPS = 1.5, 0.002, 0.6, 20
-# The model's own work, whose drift through the run is the machine's: a VM slowing down for a while makes every
-# phase grow (forward and backward 1.45x together, R² 0.63, measured on a run with nothing accumulating), while
-# what accumulates grows in one phase. A phase grows only beyond the rest of this work, when there is some.
-MODEL_WORK, MODEL_WORK_MIN_S = ("forward", "backward", "recompute", "optimizer"), 0.001
 # Steps that pay for start-up (allocations, first kernels, DDP's bucket rebuild after the first
 # step) are left out, like a built-in run's first epoch: the first WARMUP_SHARE of the steps, and
 # at least WARMUP_MIN of them while as many remain.
@@ -111,44 +105,8 @@ def rank_record(rank: int, records: list[dict[str, Any]]) -> dict[str, Any]:
         logs = [{"buckets": s["bucket_log"], "backward_s": s["backward_span"]} for s in used if s.get("bucket_log")]
         if logs:
             out["bucket_logs"] = logs[:BUCKET_LOGS]
-        growing = growth(used)
-        if growing:
-            out["growing"] = growing
+        out.update(trends(used))
     return out
-
-
-def growth(used: list[dict[str, Any]]) -> dict[str, list[float]] | None:
-    """Phases whose time grows through the steady steps, as a straight line fits them: [the line at the run's
-    first step (step 0: what accumulates began with the run), at the last steady step, the fit's R²] for each
-    phase that ends GROWTH times as long as it began, GROWTH_MIN_S longer, with R² of GROWTH_FIT or more (a
-    step that keeps growing: something accumulates each step), and GROWTH times as much as the rest of the
-    model's work changed over the same steps (the machine's drift: `drift`)."""
-    if len(used) < GROWTH_STEPS:
-        return None
-    xs = [float(s.get("step", i)) for i, s in enumerate(used)]
-    out = {}
-    for phase in PHASES:
-        ys = [s.get(phase, 0.0) for s in used]
-        if len(set(xs)) < 2 or len(set(ys)) < 2:
-            continue
-        slope, intercept = statistics.linear_regression(xs, ys)
-        r2 = statistics.correlation(xs, ys) ** 2
-        start, end = max(0.0, intercept), intercept + slope * xs[-1]
-        grown = end >= GROWTH * start * drift(used, xs, [p for p in MODEL_WORK if p != phase])
-        if r2 >= GROWTH_FIT and end - start >= GROWTH_MIN_S and grown:
-            out[phase] = [round(start, 6), round(end, 6), round(r2, 3)]
-    return out or None
-
-
-def drift(used: list[dict[str, Any]], xs: list[float], phases: list[str]) -> float:
-    """How many times as long the phases' summed time is at the last steady step as at the first, on a
-    straight line through it (1 when it is too small to say)."""
-    ys = [sum(s.get(p, 0.0) for p in phases) for s in used]
-    if statistics.mean(ys) < MODEL_WORK_MIN_S or len(set(ys)) < 2:
-        return 1.0
-    slope, intercept = statistics.linear_regression(xs, ys)
-    first, last = intercept + slope * xs[0], intercept + slope * xs[-1]
-    return last / first if first > 0 else 1.0
 
 
 def gc_sites(used: list[dict[str, Any]]) -> dict[str, Any]:
