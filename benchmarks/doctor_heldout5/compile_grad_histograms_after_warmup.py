@@ -66,7 +66,11 @@ def main():
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True)
     torch.manual_seed(0)
     net = nn.Sequential(
-        nn.Linear(FEATURES, WIDTH), nn.SiLU(), nn.LayerNorm(WIDTH), nn.Linear(WIDTH, WIDTH), nn.SiLU(),
+        nn.Linear(FEATURES, WIDTH),
+        nn.SiLU(),
+        nn.LayerNorm(WIDTH),
+        nn.Linear(WIDTH, WIDTH),
+        nn.SiLU(),
         nn.Linear(WIDTH, CLASSES),
     )
     model = torch.compile(DDP(net))
@@ -91,7 +95,10 @@ def main():
             if meter.step(len(yb)):
                 break
         if dist.get_rank() == 0:
-            print(f"epoch {epoch} step {step} train accuracy {correct / max(total, 1):.3f} watched {len(watched)}", flush=True)
+            print(
+                f"epoch {epoch} step {step} train accuracy {correct / max(total, 1):.3f} watched {len(watched)}",
+                flush=True,
+            )
         epoch += 1
         if meter.end_epoch():
             break

@@ -12,8 +12,8 @@ detached Python scalar before appending it ... Prevent loss tensors and their au
 retained"), https://github.com/jostmey/NakedAttention/issues/1 ("building a computational graph that gets
 bigger every time you run e_train += e_batch"), https://github.com/kohya-ss/sd-scripts/pull/189 (moving
 average of the loss recomputed with sum() over the list; "I removed the call of sum()").
-Fix (--fix): append `loss.item()` / `accuracy.item()` and keep running totals: the same printed average, O(1) per step, no
-retained graphs.
+Fix (--fix): append `loss.item()` / `accuracy.item()` and keep running totals: the same printed average, O(1)
+per step, no retained graphs.
 Expected diagnosis: host time per step grows linearly with the step count (many tiny add ops, a growing
 number of live tensors and autograd nodes) outside forward/backward, from the running-mean computation
 sum(loss_history) over a list of all past loss tensors in main's loop; store floats and keep a running sum.
@@ -83,7 +83,11 @@ def main():
             if meter.step(len(yb)):
                 break
         if dist.get_rank() == 0:
-            print(f"epoch {epoch} steps {len(loss_history)} average loss so far {float(running):.4f} accuracy {float(running_acc):.3f}", flush=True)
+            print(
+                f"epoch {epoch} steps {len(loss_history)} average loss so far {float(running):.4f} "
+                f"accuracy {float(running_acc):.3f}",
+                flush=True,
+            )
         epoch += 1
         if meter.end_epoch():
             break

@@ -1,4 +1,5 @@
-"""FSDP2 (fully_shard, gloo CPU mesh) residual MLP trained with loss truncation against a quantile of every per-sample loss seen so far.
+"""FSDP2 (fully_shard, gloo CPU mesh) residual MLP trained with loss truncation against a quantile of every
+per-sample loss seen so far.
 
 Mistake: for robustness to noisy labels the user implements loss truncation: samples whose loss is above
 the 90th percentile of the per-sample losses seen so far are dropped from the batch loss. The history is
@@ -130,7 +131,9 @@ def main():
             if meter.step(len(yb)):
                 break
         if dist.get_rank() == 0:
-            print(f"epoch {epoch} train loss {total_loss / max(seen, 1):.4f} kept {kept / max(seen, 1):.3f}", flush=True)
+            print(
+                f"epoch {epoch} train loss {total_loss / max(seen, 1):.4f} kept {kept / max(seen, 1):.3f}", flush=True
+            )
         epoch += 1
         if meter.end_epoch():
             break

@@ -1,4 +1,5 @@
-"""Lightning Trainer (ddp, cpu) binary classifier that recomputes a hand-written AUROC over all past samples at every step.
+"""Lightning Trainer (ddp, cpu) binary classifier that recomputes a hand-written AUROC over all past samples at
+every step.
 
 Mistake: the LightningModule keeps its own AUROC metric (the user's small replacement for torchmetrics):
 `update()` extends two Python lists with every sample's score and label, and `compute()` sorts all the

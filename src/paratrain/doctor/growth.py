@@ -26,23 +26,31 @@ from paratrain.launch.trace_summary import PROBE_LABEL
 GROWTH_SAVING = 0.05  # of the step, the growth's mean cost that names it
 
 
+def _costliest(ev: RunEvidence, trend: str, level: int) -> tuple[str, list[list[float]], float]:
+    """Of the phases with a `trend` in a rank's record, the one costing most: its mean over the steady steps less
+    its time at `level` of the fits (the line at the first step, the level before the jump), counted on the ranks
+    where it has that trend (none on the others); its fits and that cost a step. ("", [], 0) for none."""
+    fits: dict[str, list[list[float]]] = {}
+    for r in ev.probe_ranks:
+        for phase, fit in (r.get(trend) or {}).items():
+            fits.setdefault(phase, []).append(fit)
+    if not fits:
+        return "", [], 0.0
+    share = {p: len(f) / len(ev.probe_ranks) for p, f in fits.items()}
+    costs = {p: (_phase(ev, p) - statistics.mean(fit[level] for fit in f)) * share[p] for p, f in fits.items()}
+    phase = max(costs, key=costs.get)
+    return phase, fits[phase], costs[phase]
+
+
 def growing_steps(ev: RunEvidence) -> Finding | None:
     """The phase growing most, on the ranks where it grows: its mean over the steady steps less the line's time
     at the run's first step is what the accumulation costs a step, on average over this run."""
-    grown: dict[str, list[list[float]]] = {}
-    for r in ev.probe_ranks:
-        for phase, fit in (r.get("growing") or {}).items():
-            grown.setdefault(phase, []).append(fit)
-    if not grown:
+    phase, grown, cost = _costliest(ev, "growing", 0)
+    if not grown or cost / _step(ev) < GROWTH_SAVING:
         return None
     step = _step(ev)
-    costs = {p: _phase(ev, p) - statistics.mean(fit[0] for fit in fits) for p, fits in grown.items()}
-    phase = max(costs, key=costs.get)
-    cost = costs[phase] * len(grown[phase]) / len(ev.probe_ranks)  # ranks where it does not grow: none
-    if cost / step < GROWTH_SAVING:
-        return None
-    start = statistics.mean(fit[0] for fit in grown[phase])
-    end = statistics.mean(fit[1] for fit in grown[phase])
+    start = statistics.mean(fit[0] for fit in grown)
+    end = statistics.mean(fit[1] for fit in grown)
     steps = statistics.mean(r.get("steady_steps", 0) for r in ev.probe_ranks)
     where = [n for n, _ in trace_top(ev, phase, "call") + trace_top(ev, phase, "where") if n != PROBE_LABEL]
     return Finding(
@@ -51,7 +59,7 @@ def growing_steps(ev: RunEvidence) -> Finding | None:
         f"{pct(cost / step)} of the mean step",
         f"step {ms(step)} on average; {phase} {ms(_phase(ev, phase))} on average, on a straight line from "
         f"{ms(start)} at the first step to {ms(end)} at the last, over {steps:.0f} steps "
-        f"(R² {statistics.mean(fit[2] for fit in grown[phase]):.2f}, {len(grown[phase])} of "
+        f"(R² {statistics.mean(fit[2] for fit in grown):.2f}, {len(grown)} of "
         f"{len(ev.probe_ranks)} ranks)"
         + (f"; in the profiled steps {phase} ran {', '.join(where[:3])}" if where else ""),
         "something accumulates with every step: a forward hook registered inside the loop (register_forward_hook "
@@ -72,19 +80,10 @@ def growing_steps(ev: RunEvidence) -> Finding | None:
 def slower_from_step(ev: RunEvidence) -> Finding | None:
     """The phase that jumped most, on the ranks where it jumped: its mean over the steady steps less its level
     before the jump is what the new work costs a step, on average over this run."""
-    jumped: dict[str, list[list[float]]] = {}
-    for r in ev.probe_ranks:
-        for phase, fit in (r.get("jumped") or {}).items():
-            jumped.setdefault(phase, []).append(fit)
-    if not jumped:
+    phase, fits, cost = _costliest(ev, "jumped", 1)
+    if not fits or cost / _step(ev) < GROWTH_SAVING:
         return None
     step = _step(ev)
-    costs = {p: _phase(ev, p) - statistics.mean(fit[1] for fit in fits) for p, fits in jumped.items()}
-    phase = max(costs, key=costs.get)
-    cost = costs[phase] * len(jumped[phase]) / len(ev.probe_ranks)
-    if cost / step < GROWTH_SAVING:
-        return None
-    fits = jumped[phase]
     first = round(statistics.median(fit[0] for fit in fits))
     before, after = statistics.mean(fit[1] for fit in fits), statistics.mean(fit[2] for fit in fits)
     profiled = WINDOW_AFTER_STEP + TRACE_STEPS
