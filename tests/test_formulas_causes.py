@@ -562,7 +562,9 @@ def test_a_librarys_collectives_one_tensor_at_a_time_are_priced_as_one_call_of_t
     assert library["saving"] == pytest.approx((0.04 - (0.001 + 4e6 / 1e9)) / 0.1) and not library["bound"]
     assert library["explains"] == {"collective": pytest.approx(0.04)}
     assert via in library["where"] and "train.py(98)" in library["where"] and "bucket" in library["remedy"]
-    assert "host_sync_stalls" not in found  # the logged-values remedy is not theirs
+    # the logged-values remedy is not theirs: the script's own 25 all-reduces are the other 10 ms, named apart
+    assert found["host_sync_stalls"]["explains"] == {"collective": pytest.approx(0.01)}
+    assert found["host_sync_stalls"]["where"] == "train.py(99): main"
     # no message of a MiB or more: no bandwidth; the 40 ms become one call's latency (1.08 ms), a bound
     small = step({"forward": 0.05, "collective": 0.05}, trace={"collectives": issued, "link": link[:1]})
     library = findings(probed_run(tmp_path / "small", [small] * 2))["library_collectives"]
@@ -575,6 +577,12 @@ def test_a_librarys_collectives_one_tensor_at_a_time_are_priced_as_one_call_of_t
     # 8 ms of a 100 ms step: under 10 %
     little = step({"forward": 0.092, "collective": 0.008}, trace={"collectives": issued, "link": link})
     assert "library_collectives" not in findings(probed_run(tmp_path / "little", [little] * 2))
+    # the library's 8 of 100 calls, 4 ms of 50: too little to name, so all 50 ms stay the script's own
+    mostly_own = [{**issued[0], "calls": 8.0}, {**issued[1], "calls": 92.0}]
+    own = step({"forward": 0.05, "collective": 0.05}, trace={"collectives": mostly_own, "link": link})
+    found = findings(probed_run(tmp_path / "mostly_own", [own] * 2))
+    assert "library_collectives" not in found
+    assert found["host_sync_stalls"]["explains"] == {"collective": pytest.approx(0.05)}
 
 
 def test_a_collective_is_traced_to_the_library_function_that_issued_it():

@@ -30,11 +30,13 @@ def script_collectives(ev: RunEvidence) -> Finding | None:
     if not ev.probe_ranks:
         return None
     # Their own time: the waits inside them for a rank that evaluates alone, or straggles, are those checks'.
-    collective, step = ev.collective_own_s, _step(ev)
-    if collective / step < COLLECTIVE_SHARE or library_issued(ev):  # a library's, one tensor at a time: its own
+    # Less a library's collectives that library_collectives names: the rest is the script's own calls'.
+    library, library_s = library_issued(ev)
+    collective, step = ev.collective_own_s - library_s, _step(ev)
+    if collective / step < COLLECTIVE_SHARE:
         return None
     saving = collective * (1 - 1 / COLLECTIVE_EVERY) / step
-    traced = [c for c in (ev.probe_ranks[0].get("trace") or {}).get("collectives", []) if c["phase"] == "collective"]
+    traced = [c for c in _issued(ev) if c not in library]
     return Finding(
         "host_sync_stalls",
         f"the script's own collectives take {pct(collective / step)} of every step",
@@ -57,34 +59,36 @@ def script_collectives(ev: RunEvidence) -> Finding | None:
     )
 
 
-def library_issued(ev: RunEvidence) -> list[dict[str, Any]]:
-    """The profiled steps' collectives in the `collective` phase from the library function that issued the most
-    of them, when they are many and small (MANY_CALLS, SMALL_BYTES); [] otherwise."""
+def _issued(ev: RunEvidence) -> list[dict[str, Any]]:
+    """The profiled steps' collectives in the `collective` phase (the script's own, between the phases)."""
     rank = ev.probe_ranks[0] if ev.probe_ranks else {}
-    issued = [c for c in (rank.get("trace") or {}).get("collectives", []) if c["phase"] == "collective"]
+    return [c for c in (rank.get("trace") or {}).get("collectives", []) if c["phase"] == "collective"]
+
+
+def library_issued(ev: RunEvidence) -> tuple[list[dict[str, Any]], float]:
+    """The collectives of the library function that issued the most of them, and their seconds a step (the
+    collective phase's own time, by their share of its calls), when they are many and small (MANY_CALLS,
+    SMALL_BYTES) and take COLLECTIVE_SHARE of the step or more; ([], 0) otherwise."""
+    issued = _issued(ev)
     by_via: dict[str, list[dict[str, Any]]] = {}
     for c in issued:
         if c.get("via"):
             by_via.setdefault(c["via"], []).append(c)
     if not by_via:
-        return []
+        return [], 0.0
     calls = max(by_via.values(), key=lambda cs: sum(c["calls"] for c in cs))
     count, moved = sum(c["calls"] for c in calls), sum(c["bytes"] for c in calls)
-    return calls if count >= MANY_CALLS and moved / count <= SMALL_BYTES else []
+    seconds = ev.collective_own_s * count / sum(c["calls"] for c in issued)
+    if count < MANY_CALLS or moved / count > SMALL_BYTES or seconds / _step(ev) < COLLECTIVE_SHARE:
+        return [], 0.0
+    return calls, seconds
 
 
 def library_collectives(ev: RunEvidence) -> Finding | None:
-    calls = library_issued(ev)
+    calls, seconds = library_issued(ev)
     if not calls:
         return None
-    rank = ev.probe_ranks[0]
-    issued = [c for c in rank["trace"]["collectives"] if c["phase"] == "collective"]
-    count, moved = sum(c["calls"] for c in calls), sum(c["bytes"] for c in calls)
-    # the collective phase's own time (the least of the ranks' means), the library's share of its calls
-    step = _step(ev)
-    seconds = ev.collective_own_s * count / sum(c["calls"] for c in issued)
-    if seconds / step < COLLECTIVE_SHARE:
-        return None
+    count, moved, step = sum(c["calls"] for c in calls), sum(c["bytes"] for c in calls), _step(ev)
     latency, bandwidth = link_fit(ev)
     then = min(seconds, len(calls) * latency + (moved / bandwidth if bandwidth else 0.0))
     saved = seconds - then
