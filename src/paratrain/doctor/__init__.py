@@ -153,6 +153,7 @@ WAITING = (
     "slow_rank",
     "rank0_alone",
     "host_sync_stalls",
+    "library_collectives",
     "model_collectives",
     "ddp_buckets",
     "unexplained_comm",
