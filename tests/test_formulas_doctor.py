@@ -1332,7 +1332,8 @@ def test_contention_is_a_caveat_beside_the_causes_it_cannot_explain(tmp_path):
         [
             Finding("contended", "", "", "", "", "", None, share=0.6),
             Finding("oversubscription", "", "", "", "", "", 0.5),
-        ]
+        ],
+        contention_change=0.0,
     )
     assert [f.severity for f in kept] == ["advice", "high"]
 
@@ -1570,3 +1571,41 @@ def read_run_of(run):
     from paratrain.doctor.evidence import read_run
 
     return read_run(run)
+
+
+def test_a_comparison_of_two_moments_stands_above_contention_that_stayed_put(tmp_path):
+    """Growth over a run (or a jump, or the layers timed at step 3 against the steps) read while other work took
+    60 % of a core: the same share all run long slowed the early steps as much as the late ones, so the finding
+    stands above the caveat; other work that rose from none to all of rank 1's core could have made the trend, and
+    the finding ranks after it. The change is read from the monitor's samples, the first third against the last."""
+    from paratrain.doctor import tempered
+    from paratrain.doctor.evidence import read_run
+    from paratrain.doctor.finding import Finding
+    from paratrain.measure.monitor import SYSTEM_FILE
+
+    caveat = Finding("contended", "", "", "", "", "", None, share=0.6)
+    growth = Finding("growing_steps", "", "", "", "", "", 0.3, share=0.3)
+    steady = {f.check: f for f in tempered([caveat, growth], contention_change=0.05)}
+    assert steady["growing_steps"].above_contention and steady["growing_steps"].severity == "high"
+    moving = {f.check: f for f in tempered([caveat, growth], contention_change=0.10)}
+    assert not moving["growing_steps"].above_contention and moving["growing_steps"].severity == "medium"
+    # a waiting finding is tempered whatever the contention did
+    wait = Finding("straggler", "", "", "", "", "", 0.3, share=0.3)
+    assert not tempered([caveat, wait], contention_change=0.0)[1].above_contention
+
+    def run(name, rank1_tree):
+        path = probed_run(tmp_path / name, [{"phases_s": {"forward": 0.05, "backward": 0.05}}] * 2)
+        lines = []
+        for t, tree in enumerate(rank1_tree):
+            lines.append({"time": t, "kind": "host", "cpu_percent": [100.0, 100.0]})
+            lines.append({"time": t, "kind": "rank", "rank": 0, "tree_cpu_percent": 100.0, "cores": [0]})
+            lines.append({"time": t, "kind": "rank", "rank": 1, "tree_cpu_percent": tree, "cores": [1]})
+        (path / SYSTEM_FILE).write_text("".join(json.dumps(line) + "\n" for line in lines))
+        return read_run(path)
+
+    # rank 1 at 40 % of its core throughout: 60 % other work, steady
+    assert run("steady", [40.0] * 6).contention_change == pytest.approx(0.0)
+    # other work on rank 1's core: 0, 0 | 50, 50 | 100, 100 % (the rank's tree 100, 100, 50, 50, 0, 0): first third
+    # none, last third all of it
+    assert run("rising", [100.0, 100.0, 50.0, 50.0, 0.0, 0.0]).contention_change == pytest.approx(1.0)
+    assert run("none", []).contention_change == 0.0

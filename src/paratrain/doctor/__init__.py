@@ -45,7 +45,8 @@ def diagnose(path: Path) -> dict[str, Any]:
     elif (path / SWEEP_FILE).is_file():
         kind, findings = "sweep", _sweep_findings(path)
     elif RunDir(path).is_run():
-        kind, findings = "run", tempered(diagnose_run(read_run(path)))
+        ev = read_run(path)
+        kind, findings = "run", tempered(diagnose_run(ev), ev.contention_change)
     else:
         raise UsageError(
             f"{path} is not a paratrain run (config.json), scaling study (scaling.json) or sweep "
@@ -165,14 +166,18 @@ WAITING = (
 # that slowed one moment more than the other makes a gap just the same, so on a contended machine they are
 # tempered as the waiting findings are.
 COMPARED_APART = ("model_work_excess", "growing_steps", "slower_from_step")
+# ... unless the contention stayed put: other work's share of every rank's own cores moved by less than this between
+# the first and the last third of the run (RunEvidence.contention_change), so it slowed both moments alike
+STEADY_CONTENTION = 0.10
 
 
-def tempered(findings: Sequence[Finding]) -> list[Finding]:
+def tempered(findings: Sequence[Finding], contention_change: float) -> list[Finding]:
     """On a contended machine (the `contended` finding is present) the contention is a caveat, not a mask:
-    a finding stands above it when contention cannot explain it (it is no waiting, or its share is larger
-    than the share of the cores other work took); the others rank after the caveat and are marked medium at
-    most. A waiting finding's gain gets a range: at the low end, the contention made as much of the wait as
-    it could (the saving less the other work's share, of the step without it)."""
+    a finding stands above it when contention cannot explain it (it is no waiting nor a comparison of two moments
+    of a run whose contention changed, or its share is larger than the share of the cores other work took); the
+    others rank after the caveat and are marked medium at most. A waiting finding's gain gets a range: at the low
+    end, the contention made as much of the wait as it could (the saving less the other work's share, of the step
+    without it)."""
     caveat = next((f for f in findings if f.check == "contended"), None)
     if caveat is None:
         return list(findings)
@@ -182,7 +187,8 @@ def tempered(findings: Sequence[Finding]) -> list[Finding]:
         if f is caveat or f.saving is None:
             out.append(f)
             continue
-        if f.check not in WAITING + COMPARED_APART:
+        compared_apart = f.check in COMPARED_APART and contention_change >= STEADY_CONTENTION
+        if f.check not in WAITING and not compared_apart:
             out.append(replace(f, above_contention=True))
             continue
         stands = max(f.saving, f.share or 0.0) > other

@@ -217,6 +217,23 @@ class RunEvidence:
         """Per rank pinned to cores no other rank runs on: the share of those cores other work took over the
         monitor's samples, their busy time less the rank's and its children's (its DataLoader workers are its own
         work). One busy core slows its rank alone, which the run's average over all cores understates."""
+        return {rank: min(1.0, sum(shares) / len(shares)) for rank, shares in self._core_contention_samples.items()}
+
+    @property
+    def contention_change(self) -> float:
+        """The most other work's share of a rank's own cores changed between the first and the last third of the
+        monitor's samples (0: no rank's cores were read). Contention that stayed put slowed the early steps as
+        much as the late ones: it makes no trend, and no gap between two moments of the run."""
+        changes = [
+            abs(sum(shares[-(len(shares) // 3) :]) - sum(shares[: len(shares) // 3])) / (len(shares) // 3)
+            for shares in self._core_contention_samples.values()
+            if len(shares) >= 3
+        ]
+        return max(changes, default=0.0)
+
+    @property
+    def _core_contention_samples(self) -> dict[int, list[float]]:
+        """core_contention's samples, per rank, in time order."""
         hosts = {s["time"]: s["cpu_percent"] for s in self.system if s["kind"] == "host"}
         samples = self.rank_samples
         cores = {rank: tuple(s[-1].get("cores") or ()) for rank, s in samples.items()}
@@ -226,11 +243,11 @@ class RunEvidence:
                 continue
             shares = [
                 max(0.0, sum(hosts[s["time"]][c] for c in mine) - s["tree_cpu_percent"]) / (100 * len(mine))
-                for s in samples[rank]
+                for s in sorted(samples[rank], key=lambda s: s["time"])
                 if "tree_cpu_percent" in s and s["time"] in hosts and max(mine) < len(hosts[s["time"]])
             ]
             if shares:
-                out[rank] = min(1.0, sum(shares) / len(shares))
+                out[rank] = shares
         return out
 
     @property
