@@ -7,7 +7,7 @@ grouped-query keys and values and rotary positions, RMSNorm, SwiGLU feed-forward
 and an untied output projection. The shapes are Meta's published ones (the models' params.json):
 hidden size of the feed-forward `multiple_of` rounded after `ffn_dim_multiplier`, as Meta's
 reference code computes it. Parameter counts: llama3_8b 8.03 B, llama3_70b 70.6 B, llama3_405b
-405.9 B, llama2_13b 13.0 B, llama2_70b 69.0 B.
+405.9 B, llama2_7b 6.7 B, llama2_13b 13.0 B, llama2_34b 33.7 B, llama2_70b 69.0 B.
 
 The model declares its tensor-parallel plan (torchtitan's: q, k, v and the feed-forward's w1, w3 by
 columns, the attention's and the feed-forward's output projections by rows, the embedding and the output
@@ -49,7 +49,9 @@ SHAPES = {
     "llama3_8b": LlamaShape(4096, 32, 32, 8, 128_256, 1024, 1.3),
     "llama3_70b": LlamaShape(8192, 80, 64, 8, 128_256, 4096, 1.3),
     "llama3_405b": LlamaShape(16384, 126, 128, 8, 128_256, 4096, 1.2),
+    "llama2_7b": LlamaShape(4096, 32, 32, 32, 32_000, 256),
     "llama2_13b": LlamaShape(5120, 40, 40, 40, 32_000, 256),
+    "llama2_34b": LlamaShape(8192, 48, 64, 8, 32_000, 256),
     "llama2_70b": LlamaShape(8192, 80, 64, 8, 32_000, 4096, 1.3),
 }
 
@@ -187,5 +189,7 @@ def _factory(name: str):
 llama3_8b = _factory("llama3_8b")
 llama3_70b = _factory("llama3_70b")
 llama3_405b = _factory("llama3_405b")
+llama2_7b = _factory("llama2_7b")
 llama2_13b = _factory("llama2_13b")
+llama2_34b = _factory("llama2_34b")
 llama2_70b = _factory("llama2_70b")

@@ -55,7 +55,21 @@ def profile(param_bytes: float = 4e6) -> ModelProfile:
         dict(name=f"u{i}", param_bytes=p, flops_per_sample=1e6, output_bytes_per_sample=o, **SAVED_ALIKE)
         for i, (p, o) in enumerate([(1e6, 100), (2e6, 5e5), (5e5, 300), (5e5, 400)])
     ]
-    return ModelProfile("toy", int(param_bytes / 4), int(param_bytes), 10, 0, int(1e6), 0.0, 0.0, int(1e6), units)
+    # one FSDP unit holding every parameter and FLOP, beside an empty root: three whole-model collectives a step
+    # with resharding (test_fsdp_units_... below prices four units of their own)
+    return ModelProfile(
+        "toy",
+        int(param_bytes / 4),
+        int(param_bytes),
+        10,
+        0,
+        int(1e6),
+        0.0,
+        0.0,
+        int(1e6),
+        units,
+        fsdp_units=((0.0, 0.0), (param_bytes, 1.0)),
+    )
 
 
 # Efficiency per rank count: 0.5 on one rank, 0.4 on two or more; fixed compute 1 ms and 3 ms a
@@ -136,16 +150,22 @@ def test_ddp_on_cpu_ranks_exposes_the_whole_all_reduce():
     assert t["step_time_s"] == pytest.approx(0.253 + 0.0412 + 0.020 + 0.005, rel=1e-12)
 
 
-def test_ddp_overlap_hides_the_all_reduce_behind_backward_but_its_last_bucket():
-    big = profile(param_bytes=1e8)  # 100 MB of gradients: 1 ms + 0.2 ms + 1 s = 1.0012 s to all-reduce
-    last_bucket = 1e-3 + 2e-4 + 25 * 2**20 / 1e8  # DDP's 25 MiB bucket: 263.344 ms
-    # batch 2000: backward = 2/3 x (3 ms + 5 s) hides everything but the last bucket
+def test_ddp_overlap_hides_each_bucket_behind_the_backward_after_it_fills():
+    big = profile(param_bytes=1e8)  # 100 MB of gradients
+    # DDP's buckets: 1 MiB first, then 3 of 25 MiB (78,643,200 B), the last 20,308,224 B; each all-reduce on 2
+    # ranks of a node 1 ms + 0.2 ms + its bytes / 1e8: 5 x 1.2 ms + 1 s in all
+    full, last = 1.2e-3 + 25 * 2**20 / 1e8, 1.2e-3 + 20_308_224 / 1e8
+    # batch 2000: backward = 2/3 x (3 ms + 5 s) = 3.335 s, a full bucket filling every 0.87 s and taking 0.26 s:
+    # only the last, which fills as backward ends, is exposed
     slow = step_time(big, whole("ddp", 2, batch=2000), device(True), "fp32", "sgd", TWO_PER_NODE, EFF)
-    assert slow["comm_s"] == pytest.approx(1.0012, rel=1e-12)
-    assert slow["exposed_comm_s"] == pytest.approx(last_bucket, rel=1e-12)
-    # batch 100: backward = 2/3 x 253 ms hides only that much of it
+    assert slow["comm_s"] == pytest.approx(5 * 1.2e-3 + 1.0, rel=1e-12)
+    assert slow["exposed_comm_s"] == pytest.approx(last, rel=1e-12)
+    # batch 100: backward = 2/3 x 253 ms; the first full bucket fills after (1 MiB + 25 MiB) / 1e8 of it, and from
+    # then on the link is never idle: the three full buckets and the last run back to back, past backward's end
     fast = step_time(big, whole("ddp", 2), device(True), "fp32", "sgd", TWO_PER_NODE, EFF)
-    assert fast["exposed_comm_s"] == pytest.approx(1.0012 - 2 / 3 * 0.253, rel=1e-12)
+    backward = 2 / 3 * 0.253
+    first_full_filled = backward * (2**20 + 25 * 2**20) / 1e8
+    assert fast["exposed_comm_s"] == pytest.approx(first_full_filled + 3 * full + last - backward, rel=1e-12)
 
 
 def test_only_the_parameters_that_train_are_all_reduced_and_stepped():
@@ -167,11 +187,13 @@ def test_zero1_adds_an_exposed_parameter_broadcast_and_shards_the_optimizer():
     assert t["optimizer_s"] == pytest.approx(0.010, rel=1e-12)
     assert t["step_time_s"] == pytest.approx(0.253 + 0.0623 + 0.010 + 0.005, rel=1e-12)
     on_gpu = step_time(profile(), whole("zero1", 2), device(True), "fp32", "sgd", TWO_PER_NODE, EFF)
-    # the all-reduce (4 MB, under one bucket) stays exposed, the broadcast after the step too
-    assert on_gpu["exposed_comm_s"] == pytest.approx(0.0623, rel=1e-12)
+    # the 4 MB in two buckets: 1 MiB, hidden, and the last 2,951,424 B, 1.2 ms + 29.51424 ms, all-reduced once
+    # backward ends; the broadcast after the step, exposed too
+    assert on_gpu["comm_s"] == pytest.approx(2 * 1.2e-3 + 0.04 + 0.0211, rel=1e-12)
+    assert on_gpu["exposed_comm_s"] == pytest.approx(1.2e-3 + 0.02951424 + 0.0211, rel=1e-12)
 
 
-def test_fsdp_gathers_twice_with_resharding_and_hides_all_but_two_units_on_gpus():
+def test_fsdp_gathers_twice_with_resharding_and_a_single_unit_hides_nothing():
     reshard = step_time(profile(), whole("fsdp", 2), device(False), "fp32", "sgd", TWO_PER_NODE, EFF)
     # reduce-scatter + two all-gathers, 21.1 ms each; SGD on half the parameters: 10 ms
     assert reshard["comm_s"] == reshard["exposed_comm_s"] == pytest.approx(3 * 0.0211, rel=1e-12)
@@ -180,9 +202,42 @@ def test_fsdp_gathers_twice_with_resharding_and_hides_all_but_two_units_on_gpus(
     kept = step_time(profile(), whole("fsdp", 2, reshard=False), device(False), "fp32", "sgd", TWO_PER_NODE, EFF)
     assert kept["comm_s"] == pytest.approx(2 * 0.0211, rel=1e-12)
     overlapped = step_time(profile(), whole("fsdp", 2), device(True), "fp32", "sgd", TWO_PER_NODE, EFF)
-    # the largest unit, 1 MB: 1 ms + 0.1 ms + 1/2 x 10 ms = 6.1 ms; two of them exposed
+    # one unit: its forward waits for its gather, its backward for the gather again, and the reduce-scatter
+    # comes after the last of the compute: nothing runs beside any of them
     assert overlapped["comm_s"] == pytest.approx(3 * 0.0211, rel=1e-12)
-    assert overlapped["exposed_comm_s"] == pytest.approx(2 * 0.0061, rel=1e-12)
+    assert overlapped["exposed_comm_s"] == pytest.approx(3 * 0.0211, rel=1e-12)
+
+
+def four_units() -> ModelProfile:
+    """The toy as FSDP wraps it: the root (1 MB) and three units (2, 0.5 and 0.5 MB), a quarter of the FLOPs
+    each."""
+    return replace(profile(), fsdp_units=((1e6, 0.25), (2e6, 0.25), (5e5, 0.25), (5e5, 0.25)))
+
+
+# Collectives of 2 ranks in a node of TWO_PER_NODE, 1 ms + 0.1 ms + bytes / 2e8 each: the root's 1 MB 6.1 ms, the
+# first unit's 2 MB 11.1 ms, the others' 0.5 MB 3.6 ms. At batch 100 the compute is 253 ms: a unit's forward
+# 253 / 12 ms, its backward 253 / 6 ms.
+ROOT, FIRST, SMALL = 0.0061, 0.0111, 0.0036
+FORWARD, BACKWARD = 0.253 / 12, 0.253 / 6
+
+
+def test_fsdp_units_hide_their_collectives_behind_the_compute_beside_them():
+    reshard = step_time(four_units(), whole("fsdp", 2), device(False), "fp32", "sgd", TWO_PER_NODE, EFF)
+    # CPU ranks: every collective exposed; the root gathered once (FSDP2 keeps it to its backward), the units
+    # twice; each reduce-scattered once
+    assert (
+        reshard["comm_s"] == reshard["exposed_comm_s"] == pytest.approx(2 * ROOT + 3 * FIRST + 2 * 3 * SMALL, rel=1e-12)
+    )
+    kept = step_time(four_units(), whole("fsdp", 2, reshard=False), device(False), "fp32", "sgd", TWO_PER_NODE, EFF)
+    assert kept["comm_s"] == pytest.approx(2 * ROOT + 2 * FIRST + 2 * 2 * SMALL, rel=1e-12)
+    # on GPUs: the root's gather and the first unit's, with nothing before them to hide them (the root computes
+    # after the units: its head); in backward each unit's gather and reduce-scatter run beside another unit's
+    # backward, 42 ms, but the first unit's reduce-scatter and the root's come after the last compute
+    gpu = step_time(four_units(), whole("fsdp", 2), device(True), "fp32", "sgd", TWO_PER_NODE, EFF)
+    assert gpu["exposed_comm_s"] == pytest.approx(ROOT + FIRST + FIRST + ROOT, rel=1e-12)
+    # at 10 samples a rank the compute is 3 ms + 25 ms: each unit's forward 28 / 12 ms, shorter than a gather
+    small = step_time(four_units(), whole("fsdp", 2, batch=10), device(True), "fp32", "sgd", TWO_PER_NODE, EFF)
+    assert small["exposed_comm_s"] > 10 * gpu["exposed_comm_s"] * (28 / 253)
 
 
 def test_a_calibrated_layout_cost_is_added_to_its_layouts_overhead_only():
@@ -211,9 +266,16 @@ def test_hsdp_collects_over_its_shard_group_and_all_reduces_its_shard_across_rep
     # 4 a node: the replicas share it, 1 ms + 0.2 ms + 2e6 / 1e8 = 21.2 ms
     near = step_time(profile(), hsdp, device(False), "fp32", "sgd", FOUR_PER_NODE, EFF)
     assert near["comm_s"] == pytest.approx(3 * 0.0211 + 0.0212, rel=1e-12)
-    # on GPUs what outlasts the 253 ms of compute, at least two 1 MB units' gathers (6.1 ms each)
-    gpu = step_time(profile(), hsdp, device(True), "fp32", "sgd", TWO_PER_NODE, EFF)
-    assert gpu["exposed_comm_s"] == pytest.approx(3 * 0.0211 + 0.212 - 0.253, rel=1e-12)
+    # on GPUs, four units: each unit's reduce-scatter is followed by the all-reduce of its half across the two
+    # nodes, 10 ms + 2 ms + its bytes / 2e7: 62 ms for the root, 112 ms for the first unit, 37 ms for the others.
+    # The forward as without replicas (the root's gather, then the first unit's, 17.2 ms before the units'
+    # four forwards); backward: the root's, then the last unit's, each hiding the gather prefetched beside it;
+    # the last unit's scatter (40.6 ms) outlasts the middle unit's backward, so the first unit's prefetched gather
+    # (11.1 ms) starts after it and the first unit waits for it; then its backward, its scatter (123.1 ms) and the
+    # root's (68.1 ms)
+    gpu = step_time(four_units(), hsdp, device(True), "fp32", "sgd", TWO_PER_NODE, EFF)
+    start = 0.0172 + 4 * FORWARD + 2 * BACKWARD + 0.0406 + 0.0111  # the first unit's backward starts
+    assert gpu["exposed_comm_s"] == pytest.approx(start + BACKWARD + 0.1231 + 0.0681 - 0.253, rel=1e-12)
 
 
 def test_hsdp_of_split_layers_and_of_sharded_stages_adds_the_replicas_all_reduce():
@@ -240,9 +302,14 @@ def test_fsdp_in_bf16_gathers_half_the_bytes_and_reduce_scatters_float32():
     bf16 = Device("test", {"fp32": 1e9, "bf16": 1e9}, 1e10, 1e9, "intra", {"fp32": 0.5, "bf16": 0.5}, overlap=True)
     t = step_time(profile(), whole("fsdp", 2), bf16, "bf16", "sgd", TWO_PER_NODE, EFF)
     # two all-gathers of 2 MB (bf16): 1 ms + 0.1 ms + 1/2 x 2e6 / 1e8 = 11.1 ms each; the reduce-scatter
-    # of the float32 gradients 21.1 ms; exposed on GPUs: two units of 0.5 MB, 1 + 0.1 + 2.5 = 3.6 ms each
+    # of the float32 gradients 21.1 ms
     assert t["comm_s"] == pytest.approx(2 * 0.0111 + 0.0211, rel=1e-12)
-    assert t["exposed_comm_s"] == pytest.approx(2 * 0.0036, rel=1e-12)
+    # four units: gathers of half the bytes (root 3.6 ms, first unit 6.1 ms, the others 2.35 ms), float32
+    # reduce-scatters as in fp32; exposed as in fp32, the root's and the first unit's gathers, the first unit's
+    # and the root's reduce-scatters
+    units = step_time(four_units(), whole("fsdp", 2), bf16, "bf16", "sgd", TWO_PER_NODE, EFF)
+    assert units["comm_s"] == pytest.approx(0.0036 + ROOT + 2 * 0.0061 + FIRST + 2 * (2 * 0.00235 + SMALL), rel=1e-12)
+    assert units["exposed_comm_s"] == pytest.approx(0.0036 + 0.0061 + FIRST + ROOT, rel=1e-12)
 
 
 def test_one_rank_of_a_data_parallel_strategy_communicates_nothing():
@@ -754,11 +821,10 @@ def test_fsdp_over_tensor_parallel_groups_on_gpus_in_bf16():
     t = step_time(split_profile(), layout, sixteen_bit(True), "bf16", "sgd", FOUR_PER_NODE, EFF)
     # compute as in fp32: 81.125 ms. Tensor parallel: 8 all-reduces of bf16 activations, 1 kB x 50 / 2 = 25 kB:
     # 1 ms + 0.2 ms + 25e3 / 1e8 = 1.45 ms each, 11.6 ms. FSDP over 2 ranks of the rank's 2.5 MB: the float32
-    # reduce-scatter 13.6 ms, two bf16 gathers of 1.25 MB, 1.1 ms + 6.25 ms each: 28.3 ms in all; hidden but
-    # for two units of 1 MB x 2.5/4 in bf16 = 312.5 kB: 1.1 + 1.5625 ms each
+    # reduce-scatter 13.6 ms, two bf16 gathers of 1.25 MB, 1.1 ms + 6.25 ms each: 28.3 ms in all; one unit: all
+    # of it exposed
     assert t["compute_s"] == pytest.approx(0.081125, rel=1e-12)
-    assert t["comm_s"] == pytest.approx(0.0116 + 0.0283, rel=1e-12)
-    assert t["exposed_comm_s"] == pytest.approx(0.0116 + 2 * 0.0026625, rel=1e-12)
+    assert t["comm_s"] == t["exposed_comm_s"] == pytest.approx(0.0116 + 0.0283, rel=1e-12)
 
 
 def test_fsdp_over_tensor_parallel_groups_without_resharding_gathers_once():

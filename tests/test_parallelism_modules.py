@@ -263,11 +263,17 @@ PARALLELISMS: dict[str, Parallelism] = {
             Cost(
                 "memory._sharded", ("fsdp", "fsdp+tp", "pp+fsdp", "hsdp"), ("ddp", "zero1", "tp", "pipeline", "pp+tp")
             ),
-            # the reduce-scatter and gathers over a shard group, and HSDP's all-reduce across its replicas
+            # each unit's gathers and reduce-scatter over a shard group (and HSDP's all-reduce across its
+            # replicas) against the compute beside them; a sharded stage's, per micro-batch
+            Cost(
+                "step_time._sharded_comm",
+                ("fsdp", "fsdp+tp", "hsdp"),
+                ("ddp", "zero1", "tp", "pipeline", "hybrid", "pp+tp", "pp+fsdp"),
+            ),
             Cost(
                 "step_time._sharded_collectives_s",
-                ("fsdp", "fsdp+tp", "pp+fsdp", "hsdp"),
-                ("ddp", "zero1", "tp", "pipeline", "hybrid", "pp+tp"),
+                ("pp+fsdp",),
+                ("ddp", "zero1", "tp", "pipeline", "hybrid", "pp+tp", "fsdp", "fsdp+tp", "hsdp"),
             ),
             Cost("memory._zero1", ("zero1",), ("ddp", "fsdp", "tp")),
         ),

@@ -360,10 +360,20 @@ def test_a_cpu_plan_prices_gloos_collectives_on_the_link_measured_here(capsys):
     assert plan["device"]["gloo_link"]["base_latency_s"] == 0.296e-3
     assert "benchmarks/gloo_link.py" in plan["device"]["gloo_link"]["source"]
     comm = {r["strategy"]: r["time"]["comm_s"] for r in plan["rows"] if r["devices"] == 2}
-    # fsdp: two gathers (resharding after forward) and a reduce-scatter of the float32 parameters, each a
-    # collective's latency and half the bytes over the link (a ring of 2)
-    size = plan["model"]["param_bytes"]
-    assert comm["fsdp"] == pytest.approx(3 * (0.296e-3 + size / 2 / 1.34e9), rel=1e-9)
+    # fsdp, unit by unit: each block gathered twice (resharding after forward) and reduce-scattered, the root (the
+    # embeddings and the tied head) gathered once (FSDP2 keeps it for backward) and reduce-scattered; each a
+    # collective's latency and half its float32 bytes over the link (a ring of 2)
+    from paratrain.workloads.gpt import GPT, PRESETS
+
+    model = GPT(PRESETS["gpt-tiny"])
+    blocks = [sum(p.numel() * 4 for p in block.parameters()) for block in model.blocks]
+    root = sum(p.numel() * 4 for p in model.parameters()) - sum(blocks)
+    assert root + sum(blocks) == plan["model"]["param_bytes"]
+
+    def collective(size: float) -> float:
+        return 0.296e-3 + size / 2 / 1.34e9
+
+    assert comm["fsdp"] == pytest.approx(2 * collective(root) + sum(3 * collective(b) for b in blocks), rel=1e-9)
     assert comm["ddp"] < comm["fsdp"] / 3
 
 
@@ -1062,3 +1072,25 @@ def test_the_loss_backward_is_measured_three_logits_beyond_what_it_saves(classes
     assert _loss_transient(model, Objective(), x, y) == 3 * samples * classes * 4 + 4
     # a model that computes its own loss (forward(x, targets)) is not measured
     assert _loss_transient(model, Objective(target_parameter="targets"), x, y) == 0.0
+
+
+def test_a_plan_at_a_fixed_global_batch_says_where_more_devices_stop_paying(capsys):
+    """gpt-medium sharded over up to 64 A100s at 64 sequences a step, across nodes of 8 on 100 Gb/s a GPU: the
+    plan names the first doubling that gains under 10 % (its rows say so), what the step is made of there, and
+    the recommendation says it; the same plan at a per-device batch (weak scaling) has no such point."""
+    argv = ["plan", "--workload", "gpt-medium", "--device", "a100", "--precision", "bf16", "--gpus", "64"]
+    argv += ["--strategy", "fsdp", "--inter-node-gbps", "100", "--json"]
+    assert main([*argv, "--global-batch", "64"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    flat = plan["stops_paying"]
+    rows = {r["devices"]: r for r in plan["rows"]}
+    assert flat["doubled"] == 2 * flat["devices"]
+    assert rows[flat["doubled"]]["samples_per_s"] < 1.1 * rows[flat["devices"]]["samples_per_s"]
+    before = [n for n in rows if 2 <= n < flat["devices"] and 2 * n in rows]
+    assert all(rows[2 * n]["samples_per_s"] >= 1.1 * rows[n]["samples_per_s"] for n in before)
+    assert (
+        flat["exposed_share"] == rows[flat["doubled"]]["time"]["exposed_comm_s"] / rows[flat["doubled"]]["step_time_s"]
+    )
+    assert f"more than {flat['devices']} devices do not pay" in plan["recommendation"]["reason"]
+    assert main([*argv, "--batch-size", "1"]) == 0
+    assert "stops_paying" not in json.loads(capsys.readouterr().out)

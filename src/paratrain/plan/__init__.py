@@ -35,6 +35,7 @@ from paratrain.plan.links import (
 )
 from paratrain.plan.memory import USABLE_FRACTION, Layout, memory_per_device
 from paratrain.plan.profile import ModelProfile, TensorParallelProfile, profile_model, profile_tensor_parallel
+from paratrain.plan.regime import stops_paying
 from paratrain.plan.search import CLOSE_CALL, Checkpointing, close_call, search
 from paratrain.plan.step_time import Efficiency, Topology, bubble_fraction, layout_key, step_time
 from paratrain.runs import RunDir
@@ -99,7 +100,18 @@ def run_plan(cfg: PlanConfig) -> dict[str, Any]:
     rows = [row for n in wanted for row in planner.rows(n)]
     curve_counts = sorted({*(2**i for i in range((max(top, CURVE_MAX_DEVICES)).bit_length())), *counts})
     curve = [planner.best(n) for n in curve_counts]
+    # at a fixed global batch: where more devices stop paying, and why (regime.py)
+    flat = (
+        stops_paying([row for n in curve_counts if (row := planner.best_row(n)) is not None])
+        if cfg.global_batch is not None
+        else None
+    )
     recommendation = planner.recommend(top)
+    if flat is not None and top > flat["devices"]:
+        recommendation["reason"] += (
+            f"; but at this batch more than {flat['devices']} devices do not pay: {flat['doubled']} run "
+            f"{flat['gain']:.2f}x as fast as {flat['devices']} (below)"
+        )
     found = _search(cfg, profile, device, topo, eff, momentum, top, per_node) if cfg.search else None
     return checked(
         Plan,
@@ -113,6 +125,7 @@ def run_plan(cfg: PlanConfig) -> dict[str, Any]:
             "backend": backend_guidance(device),
             "curve": curve,
             "pareto": pareto(curve),
+            **({"stops_paying": flat} if flat is not None else {}),
             **({"search": found} if found is not None else {}),
         },
     )
@@ -544,13 +557,16 @@ class _Planner:
     def rows(self, n: int) -> list[dict[str, Any]]:
         return [self.row(layout) for layout in self.layouts(n)]
 
-    def best(self, n: int) -> dict[str, Any]:
-        """The fastest strategy that fits on N devices (the fastest of all when none fits)."""
+    def best_row(self, n: int) -> dict[str, Any] | None:
+        """The row of the fastest strategy that fits on N devices (the fastest of all when none fits)."""
         rows = self.rows(n)
-        if not rows:
-            return {"devices": n, "strategy": None}
         fitting = [r for r in rows if r["fits"]]
-        best = max(fitting or rows, key=lambda r: r["samples_per_s"])
+        return max(fitting or rows, key=lambda r: r["samples_per_s"]) if rows else None
+
+    def best(self, n: int) -> dict[str, Any]:
+        best = self.best_row(n)
+        if best is None:
+            return {"devices": n, "strategy": None}
         keep = ("devices", "strategy", "step_time_s", "samples_per_s", "speedup", "efficiency", "fits", "global_batch")
         return {k: best[k] for k in keep}
 

@@ -75,6 +75,10 @@ class ModelProfile:
     # gradient traffic (a frozen backbone has none). One share for the whole model: a stage or a split is taken to
     # train the same share of what it holds.
     trainable_share: float = 1.0
+    # FSDP's units in forward order, the root first (what no unit holds: embeddings, head, final norm): each one's
+    # parameter bytes and share of the model's FLOPs (step_time.py prices each unit's collectives against its
+    # compute: overlap.py). Empty: the model is one unit, its root.
+    fsdp_units: tuple[tuple[float, float], ...] = ()
 
     @property
     def kind(self) -> str:
@@ -342,6 +346,12 @@ def profile_model(cfg: TrainConfig) -> ModelProfile:
 
     unit_bytes = [sum(p.numel() * p.element_size() for p in u.parameters()) for u in sharded]
     root_bytes = param_bytes - sum(unit_bytes)
+    paths = {id(m): name for name, m in model.named_modules()}
+    # per_module counts a module with its submodules; the outermost units are the ones run in sequence
+    outer = [u for u in sharded if not any(v is not u and u in set(v.modules()) for v in sharded)]
+    outer.sort(key=lambda u: list(paths).index(id(u)))
+    unit_flops = [sum(c for name, c in per_module.items() if _inside(name, paths[id(u)])) for u in outer]
+    outer_bytes = [sum(p.numel() * p.element_size() for p in u.parameters()) for u in outer]
     return ModelProfile(
         name=workload_of(cfg).model,
         params=sum(p.numel() for p in params),
@@ -363,6 +373,10 @@ def profile_model(cfg: TrainConfig) -> ModelProfile:
         units=_pipeline_units(model, per_module, one[0]),
         tokens_per_sample=_tokens_per_sample(one[0]),
         trainable_share=sum(p.numel() * p.element_size() for p in params if p.requires_grad) / max(param_bytes, 1),
+        fsdp_units=(
+            (float(param_bytes - sum(outer_bytes)), max(1 - sum(unit_flops) / max(flops, 1), 0.0)),
+            *((float(b), f / max(flops, 1)) for b, f in zip(outer_bytes, unit_flops)),
+        ),
     )
 
 

@@ -17,11 +17,13 @@
   across nodes, all-gather inside the node (the inter-node link carries 1/g of the bytes).
 - CPU ranks of one host: ddp's and zero1's gradient average over shared memory (paratrain's own path), every
   other layout's collectives over gloo on the loopback (measured: links.py).
-- Overlap: where the device communicates beside compute (GPUs: NCCL runs on its own stream), DDP's
-  all-reduce hides behind backward except its last bucket (DDP's 25 MB), FSDP's all-gathers and
-  reduce-scatters behind forward and backward except one unit's; CPU ranks here average once the
-  backward is done (engine/strategies/ddp.py), so nothing is hidden. With --precision bf16, FSDP
-  gathers the parameters in bf16 and reduce-scatters the gradients in float32 (its policy).
+- Overlap: where the device communicates beside compute (GPUs: NCCL runs on its own streams), each
+  collective is priced against the compute that runs beside it, unit by unit (overlap.py): DDP's buckets
+  as backward fills them, FSDP's gathers one unit ahead of its forward and backward and its
+  reduce-scatters after each unit's backward, the first gather and the last reduce-scatters exposed.
+  CPU ranks here average once the backward is done (engine/strategies/ddp.py), and every other
+  collective blocks them, so nothing is hidden. With --precision bf16, FSDP gathers the parameters in
+  bf16 and reduce-scatters the gradients in float32 (its policy).
 - ZeRO-1 broadcasts the updated parameters after the step (an all-gather, exposed).
 - HSDP (`--dp-replicate R --dp-shard S`): FSDP's collectives over the S ranks of a shard group, then
   the all-reduce of each rank's 1/S of the gradients across the R replicas (torch's HSDP), over the
@@ -52,10 +54,10 @@ from typing import Any
 from paratrain.plan.devices import Device
 from paratrain.plan.links import Link
 from paratrain.plan.memory import Layout, gathered_scale, stage_bounds, unit_param_bytes
+from paratrain.plan.overlap import ShardedUnit, ddp_comm_s, ddp_exposed_s, fsdp_exposed_s
 from paratrain.plan.profile import ModelProfile, TensorParallelProfile
 
 BACKWARD_SHARE = 2 / 3
-DDP_BUCKET_BYTES = 25 * 2**20
 OPTIMIZER_TRAFFIC = {"sgd": 5, "lars": 5, "adam": 7, "adamw": 7, "lamb": 7}
 # the layouts whose collectives on CPU ranks go through paratrain's shared-memory average (engine/strategies/ddp.py)
 SHARED_MEMORY_AVERAGED = ("single", "ddp", "zero1")
@@ -253,23 +255,65 @@ def _data_parallel_comm(
         return 0.0, 0.0
     if layout.strategy in ("ddp", "zero1"):
         size *= profile.trainable_share  # the gradients, and zero1's updated parameters: those that train
-        comm = allreduce_s(size, n, per_node, topo)
-        exposed = (
-            max(comm - backward, allreduce_s(min(size, DDP_BUCKET_BYTES), n, per_node, topo))
-            if device.overlap
-            else comm
-        )
+
+        def bucket_s(bytes_: float) -> float:
+            return allreduce_s(bytes_, n, per_node, topo)
+
+        if device.overlap:  # DDP's buckets, each all-reduced as backward fills it (overlap.py)
+            comm, exposed = ddp_comm_s(size, bucket_s), ddp_exposed_s(size, bucket_s, backward)
+        else:  # CPU ranks average the gradients in one call once backward is done (engine/strategies/ddp.py)
+            comm = exposed = bucket_s(size)
         if layout.strategy == "zero1":
             broadcast = allgather_s(size, n, per_node, topo)
             comm, exposed = comm + broadcast, exposed + broadcast
         return comm, exposed
-    # fsdp: reduce-scatter of the float32 gradients, all-gathers of the parameters (twice with resharding;
-    # in bf16 under --precision bf16); HSDP all-reduces each shard across its replicas too.
-    gathers = 2 if layout.reshard_after_forward else 1
-    comm = _sharded_collectives_s(size, layout, 1, per_node, topo, gathers, precision)
-    unit = allgather_s(profile.largest_unit_bytes * gathered_scale(precision), layout.shards, per_node, topo)
-    exposed = max(comm - compute, 2 * unit) if device.overlap else comm
-    return comm, exposed
+    # fsdp: each unit gathered before its forward (in bf16 under --precision bf16) and, with resharding, again
+    # before its backward; its float32 gradients reduce-scattered after it (HSDP: then all-reduced across the
+    # replicas), priced unit by unit against the compute beside them (overlap.py)
+    root, units = _sharded_units(profile, layout, topo, 1, precision, compute, 1.0)
+    return _sharded_comm(root, units, layout.reshard_after_forward, device.overlap)
+
+
+def _sharded_units(
+    profile: ModelProfile,
+    layout: Layout,
+    topo: Topology,
+    stride: int,
+    precision: str,
+    compute: float,
+    held: float,
+) -> tuple[ShardedUnit, list[ShardedUnit]]:
+    """FSDP's root and units (profile.fsdp_units; a model without units is its root alone), each with its
+    collectives over the shard group, whose ranks the mesh puts `stride` apart (the dimensions inside it:
+    tensor-parallel groups), its replicas a shard group apart, and with its share of the step's compute.
+    `held`: the share of each unit a rank's group holds (fsdp+tp: its split share)."""
+    shards = layout.shards
+    replicas = layout.data_parallel // shards
+    in_node, across = max(topo.per_node // stride, 1), max(topo.per_node // (stride * shards), 1)
+    scale = gathered_scale(precision)
+
+    def unit(param_bytes: float, work_share: float) -> ShardedUnit:
+        size = param_bytes * held
+        return ShardedUnit(
+            gather_s=allgather_s(size * scale, shards, in_node, topo),
+            scatter_s=allgather_s(size, shards, in_node, topo) + allreduce_s(size / shards, replicas, across, topo),
+            forward_s=(1 - BACKWARD_SHARE) * compute * work_share,
+            backward_s=BACKWARD_SHARE * compute * work_share,
+        )
+
+    (root_bytes, root_share), *rest = profile.fsdp_units or ((float(profile.param_bytes), 1.0),)
+    return unit(root_bytes, root_share), [unit(size, share) for size, share in rest]
+
+
+def _sharded_comm(
+    root: ShardedUnit, units: list[ShardedUnit], reshard_after_forward: bool, overlap: bool
+) -> tuple[float, float]:
+    """(all, exposed) seconds of FSDP's collectives in a step: the root gathered once (FSDP2 keeps it from forward
+    to backward), the units once more with resharding, every gradient reduce-scattered once; where the device
+    does not communicate beside its compute (CPU ranks), all of it exposed."""
+    gathers = 2 if reshard_after_forward else 1
+    comm = root.gather_s + root.scatter_s + sum(gathers * u.gather_s + u.scatter_s for u in units)
+    return comm, (fsdp_exposed_s(root, units, reshard_after_forward) if overlap else comm)
 
 
 def _sharded_collectives_s(
@@ -364,17 +408,12 @@ def _tensor_parallel(
     comm = exposed = _split_collectives_s(split, layout.replica_batch, 1.0, topo, precision)
     optimizer_s = traffic * split.param_bytes * profile.trainable_share / layout.shards / device.memory_bandwidth
     if layout.strategy == "fsdp+tp" and n > 1:
-        # fsdp's gathers and reduce-scatter of the rank's split share, over ranks t apart
-        size = float(split.param_bytes)
-        gathers = 2 if layout.reshard_after_forward else 1
-        fsdp = _sharded_collectives_s(size, layout, t, topo.per_node, topo, gathers, precision)
-        dp_per_node = max(topo.per_node // t, 1)
-        scale = gathered_scale(precision)
-        unit = allgather_s(
-            profile.largest_unit_bytes * size / profile.param_bytes * scale, layout.shards, dp_per_node, topo
+        # fsdp's gathers and reduce-scatters of the rank's split share of each unit, over ranks t apart
+        root, units = _sharded_units(
+            profile, layout, topo, t, precision, compute, split.param_bytes / profile.param_bytes
         )
-        comm += fsdp
-        exposed += max(fsdp - compute, 2 * unit) if device.overlap else fsdp
+        fsdp, hidden = _sharded_comm(root, units, layout.reshard_after_forward, device.overlap)
+        comm, exposed = comm + fsdp, exposed + hidden
     return compute, comm, exposed, optimizer_s
 
 

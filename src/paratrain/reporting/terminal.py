@@ -182,6 +182,8 @@ def show_plan(plan: dict[str, Any]) -> None:
         console.print(f"  why: {found.why}", soft_wrap=True, markup=False)
         for degree, reason in found.skipped_tp.items():
             console.print(f"  tp {degree} not searched: {reason}", soft_wrap=True, markup=False)
+    if result.stops_paying is not None:
+        console.print(result.stops_paying.sentence, soft_wrap=True, markup=False)
     bend = result.pareto.bend_devices if result.pareto else None
     if bend:
         console.print(

@@ -421,6 +421,18 @@ class PlanSearch(Record):
     close_call: bool = False
 
 
+class PlanStopsPaying(Record):
+    """Where a doubling of the devices first gains less than 10 % at a fixed global batch, and why."""
+
+    devices: int
+    doubled: int
+    gain: float
+    exposed_share: float
+    strategy: str
+    remedies: list[str]
+    sentence: str
+
+
 class Plan(Record):
     """plan.json (`paratrain plan --out DIR`): the model, the device, every layout planned, the
     recommendation, the best layout per device count and its cost frontier."""
@@ -436,3 +448,5 @@ class Plan(Record):
     # None in a plan written before the cost frontier was
     pareto: PlanCost | None = None
     search: PlanSearch | None = None
+    # at a fixed global batch, where more devices stop paying (plan/regime.py); None while every doubling pays
+    stops_paying: PlanStopsPaying | None = None
