@@ -220,7 +220,10 @@ class PlanConfig(CheckpointingFlags):
         description="bandwidth between devices of a node, Gb/s per direction (default: the device's own link)",
     )
     inter_node_gbps: float | None = Field(
-        None, gt=0, description="bandwidth between nodes, Gb/s per direction (default: the --interconnect's)"
+        None,
+        gt=0,
+        description="bandwidth between nodes, Gb/s per direction per device: a node's network over its devices (a "
+        "DGX's 8 x 200 Gb/s: 200; 8 GPUs sharing one 25 GbE port: 3.125) (default: the --interconnect's)",
     )
     calibrate: list[Path] = Field(
         default_factory=list,
