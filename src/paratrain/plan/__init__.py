@@ -100,12 +100,7 @@ def run_plan(cfg: PlanConfig) -> dict[str, Any]:
     rows = [row for n in wanted for row in planner.rows(n)]
     curve_counts = sorted({*(2**i for i in range((max(top, CURVE_MAX_DEVICES)).bit_length())), *counts})
     curve = [planner.best(n) for n in curve_counts]
-    # at a fixed global batch: where more devices stop paying, and why (regime.py)
-    flat = (
-        stops_paying([row for n in curve_counts if (row := planner.best_row(n)) is not None])
-        if cfg.global_batch is not None
-        else None
-    )
+    flat = planner.stops_paying(curve_counts) if cfg.global_batch is not None else None
     recommendation = planner.recommend(top)
     if flat is not None and top > flat["devices"]:
         recommendation["reason"] += (
@@ -562,6 +557,10 @@ class _Planner:
         rows = self.rows(n)
         fitting = [r for r in rows if r["fits"]]
         return max(fitting or rows, key=lambda r: r["samples_per_s"]) if rows else None
+
+    def stops_paying(self, counts: list[int]) -> dict[str, Any] | None:
+        """At a fixed global batch: where more devices stop paying, and why (regime.py)."""
+        return stops_paying([row for n in counts if (row := self.best_row(n)) is not None])
 
     def best(self, n: int) -> dict[str, Any]:
         best = self.best_row(n)

@@ -346,12 +346,6 @@ def profile_model(cfg: TrainConfig) -> ModelProfile:
 
     unit_bytes = [sum(p.numel() * p.element_size() for p in u.parameters()) for u in sharded]
     root_bytes = param_bytes - sum(unit_bytes)
-    paths = {id(m): name for name, m in model.named_modules()}
-    # per_module counts a module with its submodules; the outermost units are the ones run in sequence
-    outer = [u for u in sharded if not any(v is not u and u in set(v.modules()) for v in sharded)]
-    outer.sort(key=lambda u: list(paths).index(id(u)))
-    unit_flops = [sum(c for name, c in per_module.items() if _inside(name, paths[id(u)])) for u in outer]
-    outer_bytes = [sum(p.numel() * p.element_size() for p in u.parameters()) for u in outer]
     return ModelProfile(
         name=workload_of(cfg).model,
         params=sum(p.numel() for p in params),
@@ -373,10 +367,25 @@ def profile_model(cfg: TrainConfig) -> ModelProfile:
         units=_pipeline_units(model, per_module, one[0]),
         tokens_per_sample=_tokens_per_sample(one[0]),
         trainable_share=sum(p.numel() * p.element_size() for p in params if p.requires_grad) / max(param_bytes, 1),
-        fsdp_units=(
-            (float(param_bytes - sum(outer_bytes)), max(1 - sum(unit_flops) / max(flops, 1), 0.0)),
-            *((float(b), f / max(flops, 1)) for b, f in zip(outer_bytes, unit_flops)),
-        ),
+        fsdp_units=_fsdp_units(model, sharded, per_module, flops, param_bytes),
+    )
+
+
+def _fsdp_units(
+    model: nn.Module, sharded: list[nn.Module], per_module: dict[str, int], flops: int, param_bytes: int
+) -> tuple[tuple[float, float], ...]:
+    """ModelProfile.fsdp_units: the root (what no unit holds), then the units in forward order, each its parameter
+    bytes and share of the FLOPs. per_module counts a module with its submodules: a unit nested in another is
+    counted with it, and the outermost units are the ones run in sequence."""
+    paths = {id(m): name for name, m in model.named_modules()}
+    order = list(paths)
+    outer = [u for u in sharded if not any(v is not u and u in set(v.modules()) for v in sharded)]
+    outer.sort(key=lambda u: order.index(id(u)))
+    unit_flops = [sum(c for name, c in per_module.items() if _inside(name, paths[id(u)])) for u in outer]
+    unit_bytes = [sum(p.numel() * p.element_size() for p in u.parameters()) for u in outer]
+    return (
+        (float(param_bytes - sum(unit_bytes)), max(1 - sum(unit_flops) / max(flops, 1), 0.0)),
+        *((float(b), f / max(flops, 1)) for b, f in zip(unit_bytes, unit_flops)),
     )
 
 
