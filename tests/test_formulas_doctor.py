@@ -1608,4 +1608,6 @@ def test_a_comparison_of_two_moments_stands_above_contention_that_stayed_put(tmp
     # other work on rank 1's core: 0, 0 | 50, 50 | 100, 100 % (the rank's tree 100, 100, 50, 50, 0, 0): first third
     # none, last third all of it
     assert run("rising", [100.0, 100.0, 50.0, 50.0, 0.0, 0.0]).contention_change == pytest.approx(1.0)
-    assert run("none", []).contention_change == 0.0
+    # no samples of a rank's own cores: unknown, and a comparison of two moments is tempered as before
+    assert run("none", []).contention_change is None
+    assert not tempered([caveat, growth], contention_change=None)[1].above_contention

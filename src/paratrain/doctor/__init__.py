@@ -171,7 +171,7 @@ COMPARED_APART = ("model_work_excess", "growing_steps", "slower_from_step")
 STEADY_CONTENTION = 0.10
 
 
-def tempered(findings: Sequence[Finding], contention_change: float) -> list[Finding]:
+def tempered(findings: Sequence[Finding], contention_change: float | None) -> list[Finding]:
     """On a contended machine (the `contended` finding is present) the contention is a caveat, not a mask:
     a finding stands above it when contention cannot explain it (it is no waiting nor a comparison of two moments
     of a run whose contention changed, or its share is larger than the share of the cores other work took); the
@@ -187,7 +187,8 @@ def tempered(findings: Sequence[Finding], contention_change: float) -> list[Find
         if f is caveat or f.saving is None:
             out.append(f)
             continue
-        compared_apart = f.check in COMPARED_APART and contention_change >= STEADY_CONTENTION
+        moved = contention_change is None or contention_change >= STEADY_CONTENTION  # unknown: as if it moved
+        compared_apart = f.check in COMPARED_APART and moved
         if f.check not in WAITING and not compared_apart:
             out.append(replace(f, above_contention=True))
             continue

@@ -220,16 +220,17 @@ class RunEvidence:
         return {rank: min(1.0, sum(shares) / len(shares)) for rank, shares in self._core_contention_samples.items()}
 
     @property
-    def contention_change(self) -> float:
+    def contention_change(self) -> float | None:
         """The most other work's share of a rank's own cores changed between the first and the last third of the
-        monitor's samples (0: no rank's cores were read). Contention that stayed put slowed the early steps as
-        much as the late ones: it makes no trend, and no gap between two moments of the run."""
+        monitor's samples (None: no rank's own cores were read, so whether it stayed put is unknown). Contention that
+        stayed put slowed the early steps as much as the late ones: it makes no trend, and no gap between two
+        moments of the run."""
         changes = [
             abs(sum(shares[-(len(shares) // 3) :]) - sum(shares[: len(shares) // 3])) / (len(shares) // 3)
             for shares in self._core_contention_samples.values()
             if len(shares) >= 3
         ]
-        return max(changes, default=0.0)
+        return max(changes) if changes else None
 
     @property
     def _core_contention_samples(self) -> dict[int, list[float]]:
