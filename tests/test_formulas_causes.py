@@ -6,7 +6,7 @@ import gzip
 import json
 
 import pytest
-from test_formulas_doctor import probed_run
+from test_formulas_doctor import probed_run, with_machine_load
 
 from paratrain.doctor import diagnose
 from paratrain.doctor.causes import default_buckets, link_fit
@@ -611,7 +611,6 @@ def test_a_collective_is_traced_to_the_library_function_that_issued_it():
 def test_a_librarys_collectives_are_a_wait_on_a_contended_machine(tmp_path):
     """Collectives wait for every rank: other work on the cores makes them longer. The library's 40 % of the step
     stands above the caveat at 30 % contention and ranks after it at 50 %, its gain then given a range."""
-    import json
 
     from paratrain.doctor import diagnose
 
@@ -622,17 +621,7 @@ def test_a_librarys_collectives_are_a_wait_on_a_contended_machine(tmp_path):
     def library(name, other):
         rank = step({"forward": 0.06, "collective": 0.04}, trace={"collectives": issued, "link": [[8e4, 0.001]]})
         run = probed_run(tmp_path / name, [rank] * 2)
-        summary = json.loads((run / "summary.json").read_text())
-        summary["machine_load"] = {
-            "cores": 2,
-            "wall_s": 10.0,
-            "run_cpu_s": 20 * (1 - other),
-            "other_cpu_s": 20 * other,
-            "steal_s": 0.0,
-            "other_fraction": other,
-            "contended": True,
-        }
-        (run / "summary.json").write_text(json.dumps(summary))
+        with_machine_load(run, other)
         return next(f for f in diagnose(run)["findings"] if f["check"] == "library_collectives")
 
     assert library("some", 0.3)["above_contention"] and not library("most", 0.5)["above_contention"]

@@ -9,6 +9,21 @@ import json
 import pytest
 
 
+def with_machine_load(run, other):
+    """The run's summary as the launcher writes it when other work took `other` of its 2 cores over 10 s."""
+    summary = json.loads((run / "summary.json").read_text())
+    summary["machine_load"] = {
+        "cores": 2,
+        "wall_s": 10.0,
+        "run_cpu_s": 20 * (1 - other),
+        "other_cpu_s": 20 * other,
+        "steal_s": 0.0,
+        "other_fraction": other,
+        "contended": True,
+    }
+    (run / "summary.json").write_text(json.dumps(summary))
+
+
 def probed_run(tmp_path, ranks, config=None, probe=None):
     """A run directory whose summary holds the probe block of `ranks` (seconds per step by phase);
     `config`: entries added to its config.json; `probe`: to the probe block."""
@@ -1297,17 +1312,7 @@ def test_contention_is_a_caveat_beside_the_causes_it_cannot_explain(tmp_path):
 
     def contended(name, other):
         run = probed_run(tmp_path / name, comm)
-        summary = json.loads((run / "summary.json").read_text())
-        summary["machine_load"] = {
-            "cores": 2,
-            "wall_s": 10.0,
-            "run_cpu_s": 20 * (1 - other),
-            "other_cpu_s": 20 * other,
-            "steal_s": 0.0,
-            "other_fraction": other,
-            "contended": True,
-        }
-        (run / "summary.json").write_text(json.dumps(summary))
+        with_machine_load(run, other)
         return diagnose(run)
 
     def severities(found):

@@ -3,7 +3,7 @@ backward far beyond what the model's layers take alone are named, with the exces
 computed by hand, so a changed term or threshold fails it."""
 
 import pytest
-from test_formulas_doctor import probed_run
+from test_formulas_doctor import probed_run, with_machine_load
 
 from paratrain.doctor import diagnose
 from paratrain.doctor.expected import EXCESS_RATIO, EXCESS_SHARE
@@ -104,21 +104,10 @@ def test_on_a_contended_machine_the_excess_stands_above_the_caveat_only_beyond_t
     """The layers alone and the steady steps are timed at different moments: other work that slowed one more
     than the other makes a gap too. The excess (60 % of the step) stands above the caveat at 30 % contention,
     high; at 70 % it ranks after the caveat, medium at most."""
-    import json
 
     def contended(name, other):
         run = probed_run(tmp_path / name, [rank()] * 2)
-        summary = json.loads((run / "summary.json").read_text())
-        summary["machine_load"] = {
-            "cores": 2,
-            "wall_s": 10.0,
-            "run_cpu_s": 20 * (1 - other),
-            "other_cpu_s": 20 * other,
-            "steal_s": 0.0,
-            "other_fraction": other,
-            "contended": True,
-        }
-        (run / "summary.json").write_text(json.dumps(summary))
+        with_machine_load(run, other)
         return diagnose(run)["findings"]
 
     def order(found):

@@ -4,7 +4,7 @@ phase held at the line's time at the first step, or at its level before the jump
 
 import pytest
 from test_formulas_causes import findings, step
-from test_formulas_doctor import probed_run
+from test_formulas_doctor import probed_run, with_machine_load
 
 from paratrain.launch.probe_summary import rank_record
 from paratrain.launch.step_trend import trends
@@ -98,7 +98,6 @@ def test_on_a_contended_machine_growth_stands_above_the_caveat_only_beyond_the_c
     """The first steps against the last are timed at different moments: other work that grew through the run
     makes a phase grow too. The growth (25 % of the step) stands above the caveat at 20 % contention; at 40 %
     it ranks after it."""
-    import json
 
     from paratrain.doctor import diagnose
 
@@ -106,17 +105,7 @@ def test_on_a_contended_machine_growth_stands_above_the_caveat_only_beyond_the_c
 
     def above(name, other):
         run = probed_run(tmp_path / name, [step(phases, growing={"forward": [0.005, 0.055, 0.9]})] * 2)
-        summary = json.loads((run / "summary.json").read_text())
-        summary["machine_load"] = {
-            "cores": 2,
-            "wall_s": 10.0,
-            "run_cpu_s": 20 * (1 - other),
-            "other_cpu_s": 20 * other,
-            "steal_s": 0.0,
-            "other_fraction": other,
-            "contended": True,
-        }
-        (run / "summary.json").write_text(json.dumps(summary))
+        with_machine_load(run, other)
         checks = [f["check"] for f in diagnose(run)["findings"]]
         return checks.index("growing_steps") < checks.index("contended")
 
