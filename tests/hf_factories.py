@@ -16,12 +16,26 @@ PERIOD = 5  # the byte pattern repeats every PERIOD tokens: next-token chance 1/
 FIRST_TOKEN = 10
 
 
-def gpt2(vocab_size: int = 256, seq_len: int = 64) -> GPT2LMHeadModel:
+def gpt2(vocab_size: int = 256, seq_len: int = 64, n_layer: int = 2, dropout: float = 0.1) -> GPT2LMHeadModel:
     return GPT2LMHeadModel(
         GPT2Config(
-            n_layer=2, n_embd=32, n_head=2, vocab_size=vocab_size, n_positions=seq_len, bos_token_id=0, eos_token_id=0
+            n_layer=n_layer,
+            n_embd=32,
+            n_head=2,
+            vocab_size=vocab_size,
+            n_positions=seq_len,
+            bos_token_id=0,
+            eos_token_id=0,
+            resid_pdrop=dropout,
+            embd_pdrop=dropout,
+            attn_pdrop=dropout,
         )
     )
+
+
+def gpt2_four_blocks(vocab_size: int = 256, seq_len: int = 64) -> GPT2LMHeadModel:
+    """Without dropout, whose draws differ between one process and micro-batches: runs compare exactly."""
+    return gpt2(vocab_size, seq_len, n_layer=4, dropout=0.0)
 
 
 def llama(vocab_size: int = 256, seq_len: int = 64) -> LlamaForCausalLM:

@@ -25,6 +25,11 @@ from paratrain.workloads.samples import KeywordCollate, joined  # noqa: E402
 PATTERN_VOCAB = hf_factories.FIRST_TOKEN + hf_factories.PERIOD  # the largest pattern token + 1
 COMMON = dict(workers=2, epochs=2, batch_size=8, optimizer="adamw", lr=3e-3, checkpoint_every=1, log_every=1)
 PLACEMENT = dict(backend="gloo", device_type="cpu", threads_per_worker=1)
+# GPT-2 without dropout (its draws differ between one process and micro-batches), by SGD (Adam would magnify float
+# noise in a gradient that is zero in exact arithmetic): one process and 2 pipeline stages compare exactly.
+STAGED = dict(
+    COMMON, model="hf_factories:gpt2_four_blocks", dataset="hf_factories:pattern_pairs", optimizer="sgd", lr=0.1
+)
 
 
 @pytest.fixture(autouse=True)
@@ -50,6 +55,8 @@ def runs(tmp_path_factory) -> Path:
         "gpt2": (dict(COMMON, model="hf_factories:gpt2", dataset="hf_factories:pattern_pairs"), PLACEMENT),
         "llama": (dict(COMMON, model="hf_factories:llama", dataset=str(out / "saved")), PLACEMENT),
         "bert": (dict(COMMON, model="hf_factories:bert", dataset="hf_factories:sentence_pairs", lr=1e-3), PLACEMENT),
+        "gpt2-alone": (dict(STAGED, workers=1), PLACEMENT),
+        "gpt2-stages": (dict(STAGED, strategy="pipeline", microbatches=2), PLACEMENT),
     }
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PARATRAIN_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
@@ -86,6 +93,42 @@ def test_gpt2_on_next_token_pairs_is_given_its_labels_unshifted(runs):
     assert summary["test_loss"] == pytest.approx(own.loss.item(), rel=1e-4)
     assert summary["test_accuracy"] == pytest.approx(_causal_accuracy(own.logits, x), abs=1e-6)
     assert summary["test_accuracy"] > 0.9, f"chance is {1 / hf_factories.PERIOD:.0%}"
+
+
+def test_gpt2_in_two_pipeline_stages_trains_as_one_process(runs):
+    """GPT2LMHeadModel computes a mask and position embeddings before its blocks and a norm and the head after:
+    the pipeline reads its units from its forward graph (a prologue, 4 blocks, an epilogue) and computes the model's
+    own shifted loss from the last stage's logits. 2 stages train to one process's losses and weights."""
+    alone, _ = _trained(runs, "gpt2-alone")
+    staged, weights = _trained(runs, "gpt2-stages")
+    split = staged["pipeline"]["split"]
+    assert split[0][0] == "prologue" and split[-1][-1] == "epilogue" and sum(map(len, split)) == 6, split
+    one, two = (_step_losses(runs / name) for name in ("gpt2-alone", "gpt2-stages"))
+    assert one.keys() == two.keys() and len(one) >= 8
+    assert list(two.values()) == pytest.approx(list(one.values()), rel=1e-5)
+    assert staged["test_loss"] == pytest.approx(alone["test_loss"], rel=1e-5)
+    assert staged["test_accuracy"] == pytest.approx(alone["test_accuracy"], abs=1e-6)
+    _, single = _trained(runs, "gpt2-alone")
+    assert single.keys() == weights.keys()
+    for key in single:
+        torch.testing.assert_close(weights[key], single[key], rtol=1e-5, atol=1e-6, msg=key)
+
+
+def test_gpt2_is_planned_in_stages(capsys):
+    """plan --pp 2 of GPT2LMHeadModel: 6 units read from its forward graph, priced as 2 stages."""
+    from paratrain.cli import main
+
+    argv = ["plan", "--model", "hf_factories:gpt2_four_blocks", "--dataset", "text", "--seq-len", "16"]
+    assert main([*argv, "--device", "cpu", "--gpus", "2", "--batch-size", "8", "--pp", "2", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["model"]["pipeline_units"] == 6
+    (row,) = [r for r in result["rows"] if r["devices"] == 2]
+    assert row["strategy"] == "pipeline" and row["stages"] == 2, row
+
+
+def _step_losses(run_dir: Path) -> dict[int, float]:
+    events = map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+    return {e["step"]: e["loss"] for e in events if e["event"] == "step"}
 
 
 def test_llama_on_a_saved_dataset_of_dict_samples_without_labels(runs):

@@ -727,13 +727,12 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, case,
     assert not out.exists() and captured.out == ""
 
 
-@pytest.mark.parametrize(
-    "factory,pipelined", [("layered_net", True), ("dict_layered_net", True), ("flattening_layered_net", False)]
-)
-def test_a_model_whose_blocks_are_a_module_list_or_dict_is_planned(capsys, factory, pipelined):
+@pytest.mark.parametrize("factory", ["layered_net", "dict_layered_net", "flattening_layered_net"])
+def test_a_model_whose_blocks_are_a_module_list_or_dict_is_planned(capsys, factory):
     """The nanoGPT layout (`self.layers = nn.ModuleList`, looped over in forward) and torchtitan's (an
-    `nn.ModuleDict` keyed "0", "1", ...): the container's items are pipeline units; a forward that does more
-    than chain its children is planned with data parallelism only, without a traceback."""
+    `nn.ModuleDict` keyed "0", "1", ...): the container's items are pipeline units. A forward that does more
+    than chain its children (it flattens first) is cut along its forward graph: a prologue, the blocks and an
+    epilogue (engine/strategies/pipeline_trace.py); a model that cannot be cut is refused (test_bad_input...)."""
     argv = [
         "plan",
         "--model",
@@ -751,10 +750,27 @@ def test_a_model_whose_blocks_are_a_module_list_or_dict_is_planned(capsys, facto
     assert main(argv) == 0
     result = json.loads(capsys.readouterr().out)
     four = {r["strategy"] for r in result["rows"] if r["devices"] == 4}
-    if pipelined:
-        assert result["model"]["pipeline_units"] == 5 and four == {"ddp", "pipeline"}, (result["model"], four)
-    else:
-        assert result["model"]["pipeline_units"] == 0 and four == {"ddp"}, (result["model"], four)
+    assert result["model"]["pipeline_units"] == 5 and four == {"ddp", "pipeline"}, (result["model"], four)
+
+
+def planned_stages(capsys, model: str) -> dict:
+    """`plan --pp 2` of a model cut along its forward graph, as JSON."""
+    argv = ["plan", "--model", model, "--dataset", "text", "--seq-len", "16", "--device", "cpu", "--gpus", "2"]
+    assert main([*argv, "--batch-size", "8", "--pp", "2", "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_a_nanogpt_layout_is_planned_in_stages(capsys):
+    """nanoGPT's forward sums two embeddings before its blocks: plan --pp reads its 6 units (a prologue, 4 blocks,
+    an epilogue) from its forward graph, and prices 2 stages of them, each holding about half the blocks' weights."""
+    result = planned_stages(capsys, "pipeline_factories:NanoGPT")
+    assert result["model"]["pipeline_units"] == 6
+    (row,) = [r for r in result["rows"] if r["devices"] == 2]
+    (alone,) = [r for r in result["rows"] if r["devices"] == 1]
+    assert row["strategy"] == "pipeline" and row["stages"] == 2 and row["step_time_s"] > 0, row
+    # the heavier stage: 2 of the 4 blocks (43 % of the weights) and the embeddings (15 %)
+    share = row["memory"]["parameters_bytes"] / alone["memory"]["parameters_bytes"]
+    assert 0.5 < share < 0.7, share
 
 
 def test_tensor_parallel_rows_are_the_split_model_as_measured(capsys):

@@ -60,6 +60,12 @@ GPT = dict(
     log_every=4,
     checkpoint_every=1,
 )
+# nanoGPT's layout (tests/pipeline_factories.py: 4 blocks of width 32) on gpt-tiny's bytes.
+NANOGPT = {
+    **{k: v for k, v in GPT.items() if k not in ("n_layer", "n_embd", "n_head")},
+    "model": "pipeline_factories:NanoGPT",
+    "batch_size": 16,
+}
 # Balanced stages: Flatten + 4 blocks | 4 blocks + a 10-way classifier, each block a 1024x1024 Linear.
 # Micro-batches of at least 32 rows keep each one's compute well above the fixed cost of sending it.
 BALANCED = dict(
@@ -138,6 +144,7 @@ def two_rank_runs(tmp_path_factory):
         for s in ("gpipe", "1f1b", "interleaved")
     ]
     jobs.append((dict(GPT, strategy="pipeline", batch_size=8, microbatches=2, run_dir=root / "gpt"), None))
+    jobs.append((dict(NANOGPT, strategy="pipeline", microbatches=2, run_dir=root / "nanogpt"), None))
     # Resumed: one epoch from the 1f1b run's checkpoint, against two epochs straight through.
     jobs.append((dict(SMALL, strategy="pipeline", batch_size=32, epochs=2, run_dir=root / "straight"), None))
     jobs.append(
@@ -168,6 +175,7 @@ def one_process_runs(tmp_path_factory):
         ("small64", dict(SMALL, batch_size=64)),
         ("small32x2", dict(SMALL, batch_size=32, epochs=2)),
         ("gpt", dict(GPT, batch_size=8)),
+        ("nanogpt", NANOGPT),
     ):
         paratrain.train(dict(cfg, strategy="single", run_dir=root / name))
     return root
@@ -423,13 +431,17 @@ BAD = {
     "a split point that does not exist": (dict(strategy="pipeline", workers=2, split="9"), "no block named '9'"),
     "a model that is not a chain of its children": (
         dict(strategy="pipeline", workers=2, model="pipeline_factories:NotAChain"),
-        "blocks (conv, fc) do not chain",
+        "children applied in order do not give its output, and it has no ModuleList",
     ),
     "model-parallel with micro-batches": (
         dict(strategy="model-parallel", workers=2, microbatches=8),
         "for --microbatches use",
     ),
     "gradient accumulation": (dict(strategy="pipeline", workers=2, grad_accum=2), "instead of --grad-accum"),
+    "layers split in a model cut along its graph": (
+        dict(NANOGPT, strategy="pipeline", workers=4, tp=2, allow_oversubscribe=True),
+        "--tp splits or shards a stage's modules, and this model's stages run its forward graph's operators",
+    ),
     "stage shards that do not divide the replicas": (
         dict(strategy="hybrid", workers=6, dp=3, stages=2, dp_shard=2),
         "--dp-shard 2 shards each stage over that many of the pipeline's 3 replicas",
@@ -503,3 +515,20 @@ def test_a_model_that_declares_its_chain_is_split_along_it(tmp_path):
     assert one.keys() == two.keys()
     for key in one:
         torch.testing.assert_close(two[key], one[key], rtol=1e-4, atol=1e-6)
+
+
+def test_a_nanogpt_layout_is_cut_along_its_forward_graph_and_matches_one_process(two_rank_runs, one_process_runs):
+    """nanoGPT's forward sums the token and position embeddings before its blocks and ties its head to the token
+    embedding (`wte.weight = lm_head.weight`, the other way round from gpt's): its children in order are not its
+    forward, so the pipeline reads its units from the forward graph. 2 stages of 1F1B over 2 micro-batches train
+    to the losses and parameters of one process, and the tied weight starts from the head's draw on both stages,
+    as the ordinary build has it."""
+    split = _summary(two_rank_runs / "nanogpt")["pipeline"]["split"]
+    assert split[0][0] == "prologue" and split[-1][-1] == "epilogue", split
+    assert sum(map(len, split)) == 6  # the prologue, 4 blocks, the epilogue
+    one, two = _losses(one_process_runs / "nanogpt"), _losses(two_rank_runs / "nanogpt")
+    assert one.keys() == two.keys() and len(one) >= 4
+    assert list(two.values()) == pytest.approx(list(one.values()), rel=1e-5)
+    staged = _model(two_rank_runs / "nanogpt")
+    assert torch.equal(staged["transformer.wte.weight"], staged["lm_head.weight"])
+    _assert_same_parameters(_model(one_process_runs / "nanogpt"), staged)

@@ -806,7 +806,10 @@ def _pipeline_units(model: nn.Module, per_module: dict[str, int], x: torch.Tenso
     sample (the bytes run on a copy with one block of the stack, where the model has one: the blocks alike)."""
     from paratrain.engine.strategies.pipeline_split import model_units
 
-    units = model_units(model)
+    try:
+        units = model_units(model, x)
+    except UsageError:  # a forward that can be neither chained nor captured: no pipeline layout
+        return []
     stack = find_stack(model)
     outputs = _unit_outputs(shallow_copy(model, stack, 1), x) if stack is not None else None
     if outputs is None or any(_as_first(unit.modules, stack) not in outputs for unit in units):
@@ -843,8 +846,12 @@ def _unit_outputs(model: nn.Module, x: torch.Tensor) -> dict[tuple[str, ...], tu
     stage holds its units' saved tensors: a layer that activates saves much for few FLOPs), and of those, the
     ones the unit before saved too, by the unit's modules; None where the chain is not the model."""
     from paratrain.engine.strategies.pipeline_split import model_units, run_units
+    from paratrain.engine.strategies.pipeline_trace import logits_of
 
-    units = model_units(model)
+    try:
+        units = model_units(model, x)
+    except UsageError:  # a forward that can be neither chained nor captured: no pipeline layout
+        return None
     outputs: list[int] = []
     saved: list[int] = []  # bytes each unit saved (a tensor saved by two of its operators: once)
     shared: list[int] = []  # of those, bytes the unit before saved too (its input, which a stage of its own also holds)
@@ -865,7 +872,8 @@ def _unit_outputs(model: nn.Module, x: torch.Tensor) -> dict[tuple[str, ...], tu
             saved.append(0)
             shared.append(0)
             out = unit.run(root, value)
-            outputs.append(out.numel() * out.element_size() // max(x.shape[0], 1))
+            given = out if isinstance(out, tuple) else (out,)  # a unit read from the graph may hand on several
+            outputs.append(sum(t.numel() * t.element_size() for t in given) // max(x.shape[0], 1))
             return out
 
         return call
@@ -874,7 +882,7 @@ def _unit_outputs(model: nn.Module, x: torch.Tensor) -> dict[tuple[str, ...], tu
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), _FusedAttention():
             chained = run_units(model, [type(u)(u.name, u.modules, record(u)) for u in units], x)
         with torch.no_grad():
-            whole = model(x)
+            whole = logits_of(model(x))
     except Exception:
         chained = whole = None
     # The units are pipeline stages only when applied in order they give the model's output; a

@@ -77,9 +77,13 @@ class Objective:
         return x if self.shifts_labels and isinstance(x, torch.Tensor) else y
 
     def loss_of(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """The mean loss of an output already computed (a pipeline's last stage has only its output)."""
+        """The mean loss of an output already computed (a pipeline's last stage has only its output; given a model
+        that shifts its labels, y is its labels, `labels(x, y)`)."""
         if self.loss is not None:
             return self.loss(out, y)
+        if self.shifts_labels:  # the causal LM's own loss, given its labels: logits[:, t] against labels[:, t + 1]
+            out, y = out[:, :-1], y[:, 1:]
+            return F.cross_entropy(out.float().reshape(-1, out.shape[-1]), y.reshape(-1), ignore_index=IGNORE_INDEX)
         return F.cross_entropy(out.float().reshape(-1, out.shape[-1]), y.reshape(-1))
 
     def correct(self, out: torch.Tensor | None, x: Inputs, y: torch.Tensor) -> torch.Tensor:

@@ -25,10 +25,12 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Callable
+from weakref import WeakKeyDictionary
 
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.nn.modules.module import register_module_parameter_registration_hook
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
@@ -101,8 +103,24 @@ def build_on_meta(
 ) -> nn.Module:
     """The model on the meta device, or built by `whole` (on the host, then the rank's device) where it could not
     be initialised after splitting (`uninitialisable`), with the reason in the rank log."""
-    with torch.device("meta"), Writes() as built:
-        model = make()
+    created: list[tuple[nn.Parameter, nn.Module, str]] = []  # every registration, in order (held: ids stay unique)
+
+    def registered(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        if param is not None:
+            created.append((param, module, name))
+
+    hook = register_module_parameter_registration_hook(registered)
+    try:
+        with torch.device("meta"), Writes() as built:
+            model = make()
+    finally:
+        hook.remove()
+    paths = {id(m): path for path, m in model.named_modules(remove_duplicate=False)}
+    first_names: dict[int, str] = {}
+    for param, module, name in created:
+        if id(module) in paths:
+            first_names.setdefault(id(param), f"{paths[id(module)]}.{name}" if paths[id(module)] else name)
+    CREATED_AS[model] = first_names
     missing = uninitialisable(model, built, piecewise_init)
     if missing is None:
         return model
@@ -110,15 +128,20 @@ def build_on_meta(
     return whole(make)
 
 
+# A model built on meta -> the name each parameter was first registered under, by the tensor's id (build_on_meta).
+CREATED_AS: WeakKeyDictionary = WeakKeyDictionary()
+
+
 class FullSizeCopies:
     """Full-size meta copies of a meta model's modules that initialise themselves, by their names in the model,
     taken before it is split, sharded or cut into stages (after, their parameters would be parts); none for a
     model built whole.
 
-    A tensor the model holds under several names (a tied embedding and output projection) gets the values its
-    first name's module draws, on every rank holding any of its names, so that copies of it on different
-    pipeline stages start equal. That is the ordinary build's value when the later module's weight was set to
-    the earlier one's (`head.weight = embed.weight`)."""
+    A tensor the model holds under several names (a tied embedding and output projection) gets the values the
+    module that created it draws, on every rank holding any of its names, so that copies of it on different
+    pipeline stages start equal: the ordinary build's value whichever way the tie was written
+    (`head.weight = embed.weight`, or nanoGPT's `wte.weight = lm_head.weight`). `build_on_meta` records which
+    module registered each parameter first; without that record, the first name's module draws."""
 
     def __init__(self, model: nn.Module | None = None):
         self.pending = model is not None and on_meta(model)
@@ -126,7 +149,7 @@ class FullSizeCopies:
         # every name of each tensor, under its first name, for the tensors held under several
         self.aliases: dict[str, list[str]] = {}
         if self.pending:
-            first: dict[int, str] = {}
+            first: dict[int, str] = dict(CREATED_AS.get(model, {}))
             for name, tensor in (
                 *model.named_parameters(remove_duplicate=False),
                 *model.named_buffers(remove_duplicate=False),

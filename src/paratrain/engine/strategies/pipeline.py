@@ -54,7 +54,7 @@ from paratrain.engine.strategies.pipeline_split import (
     named_starts,
     stage_slots,
     tied_parameter_names,
-    unit_of,
+    units_holding,
 )
 from paratrain.engine.strategies.tensor import local_result, loss_context, model_plan, split_by_plan
 
@@ -186,7 +186,10 @@ class PipelineParallel(WholeModelStrategy):
         return model
 
     def wrap(self, model: nn.Module) -> nn.Module:
-        units = model_units(model)
+        # A model that does not declare its units may need its forward graph read, on inputs like the batches'.
+        chained = callable(getattr(model, "pipeline_units", None)) or isinstance(model, nn.Sequential)
+        example = None if chained else self._sample_microbatch().to(next(model.parameters()).device)
+        units = model_units(model, example)
         starts, split_by, seconds = self._plan(model, units)
         bounds = list(zip(starts, [*starts[1:], len(units)]))
         self.layout = {
@@ -249,7 +252,7 @@ class PipelineParallel(WholeModelStrategy):
         self.ties: list[tuple[list[nn.Parameter], dist.ProcessGroup | None]] = []
         slot_of_unit = {u: s for s, (a, b) in enumerate(bounds) for u in range(a, b)}
         for names in tied_parameter_names(model):
-            holders = sorted({slot_of_unit[unit_of(n, units)] % self.pp for n in names})
+            holders = sorted({slot_of_unit[u] % self.pp for n in names for u in units_holding(n, units)})
             group = None
             if len(holders) > 1:
                 # Every rank creates every group, in the same order, as new_group requires.
@@ -345,7 +348,9 @@ class PipelineParallel(WholeModelStrategy):
         losses: list[torch.Tensor] = []
         start = self.stamp()
         with autocast(), loss_context(self.cfg):
-            out = schedule.step(*((x,) if self._first else ()), target=y if self._last else None, losses=losses)
+            out = schedule.step(
+                *((x,) if self._first else ()), target=objective.labels(x, y) if self._last else None, losses=losses
+            )
         # Inside the step: a rank that finished its backward early waits here for the other end of
         # the pipeline, and that wait is bubble (left outside, it would hide behind the next step).
         self._sum_tied_gradients()
@@ -402,7 +407,9 @@ class PipelineParallel(WholeModelStrategy):
         schedule, _ = self._schedule(model, objective, len(y), train=False)
         losses: list[torch.Tensor] = []
         with autocast(), loss_context(self.cfg):
-            out = schedule.eval(*((x,) if self._first else ()), target=y if self._last else None, losses=losses)
+            out = schedule.eval(
+                *((x,) if self._first else ()), target=objective.labels(x, y) if self._last else None, losses=losses
+            )
         self.busy.spans = []  # evaluation is not part of any training step's busy time
         return self._reported(losses, out)
 

@@ -7,12 +7,12 @@ previous one's output, and a stage is a run of consecutive units.
   for each link: gpt (`embed`, `blocks.0` ... `blocks.<L-1>`, `head`), the ResNets (`stem`, the
   blocks, `head_norm` with pooling and `fc`) and the tutorial CNN (`conv1`, `conv2`, `fc1` ... `fc3`,
   each with the functional calls its forward makes after it) declare theirs (workloads/);
-- any other model: its top-level children in registration order, the items of a ModuleList or ModuleDict
-  child one by one (`layers.0`, `layers.1`, ...; torchtitan keeps its blocks in a ModuleDict keyed "0",
-  "1", ... so that a stage can drop some and keep the others' names). That is only the model when its
-  forward chains its children (an nn.Sequential does); launch checks it on the meta device and
-  refuses a model whose children in order do not give its output's shape, or that holds parameters
-  outside its children.
+- any other model whose forward chains its children (an nn.Sequential does): its top-level children in
+  registration order, the items of a ModuleList or ModuleDict child one by one (`layers.0`, `layers.1`, ...;
+  torchtitan keeps its blocks in a ModuleDict keyed "0", "1", ... so that a stage can drop some and keep the
+  others' names); launch checks on the meta device that they give its output's shape, and refuses a model that
+  holds parameters outside its children;
+- any other model: `prologue`, its blocks, `epilogue`, read from its forward graph (pipeline_trace.py).
 
 Stage modules are built as torchtitan's manual split builds them: the stage holds deep copies of
 its units' submodules under their original paths (a ModuleList becomes a ModuleDict keyed by the
@@ -36,6 +36,7 @@ from torch import nn
 
 from paratrain.config import STAGED_STRATEGIES, TrainConfig
 from paratrain.engine.strategies.meta_init import on_meta, resets
+from paratrain.engine.strategies.pipeline_trace import GraphUnit, logits_of, traced_units
 from paratrain.errors import UsageError
 
 
@@ -48,27 +49,41 @@ class Unit:
     run: Callable[[nn.Module, torch.Tensor], torch.Tensor]  # (a module holding those paths, input) -> output
 
 
-def model_units(model: nn.Module) -> list[Unit]:
-    """The chain of units the model is split along (the module docstring gives the rule)."""
+def model_units(model: nn.Module, example: torch.Tensor | None = None) -> list[Unit]:
+    """The chain of units the model is split along (the module docstring gives the rule); read from its forward
+    graph on inputs like `example` when its children in order do not give its output (pipeline_trace.py)."""
     declared = getattr(model, "pipeline_units", None)
     if callable(declared):
         return [Unit(name, tuple(modules), run) for name, modules, run in declared()]
     # A ModuleList or ModuleDict has no forward of its own: its items are the links (nanoGPT's layout,
     # `self.layers = nn.ModuleList(...)`, and torchtitan's, `nn.ModuleDict`, looped over in forward).
-    return [
+    children = [
         Unit(path, (path,), _call(path))
         for name, child in model.named_children()
         for path in (
             [f"{name}.{key}" for key in child._modules] if isinstance(child, (nn.ModuleList, nn.ModuleDict)) else [name]
         )
     ]
+    # an nn.Sequential's forward is its children's chain, by definition: no need to run it
+    if example is None or isinstance(model, nn.Sequential) or _chains(model, children, example):
+        return children
+    return [Unit(name, modules, run) for name, modules, run in traced_units(model, example)]
+
+
+def _chains(model: nn.Module, units: list[Unit], x: torch.Tensor) -> bool:
+    try:
+        whole, chained = _whole_and_chained(model, units, x)
+    except Exception:  # a forward that does more than call its children fails on their chain
+        return False
+    return isinstance(whole, torch.Tensor) and isinstance(chained, torch.Tensor) and whole.shape == chained.shape
 
 
 def _call(path: str) -> Callable[[nn.Module, torch.Tensor], torch.Tensor]:
     return lambda root, x: root.get_submodule(path)(x)
 
 
-def run_units(root: nn.Module, units: list[Unit], x: torch.Tensor) -> torch.Tensor:
+def run_units(root: nn.Module, units: list[Unit], x: Any) -> Any:
+    """The units applied in order; what passes between two is a tensor, or a tuple of them (pipeline_trace.py)."""
     for unit in units:
         x = unit.run(root, x)
     return x
@@ -118,37 +133,17 @@ def check_pipeline_split(cfg: TrainConfig, data: Any) -> None:
         return
     from paratrain.engine.data import BatchPreparer, eval_batches
     from paratrain.engine.distributed import RankContext
-    from paratrain.workloads import build_model
+    from paratrain.workloads import build_model, hf
     from paratrain.workloads.objective import target_parameter
 
     with torch.device("meta"):
         model = build_model(cfg, data)
-    if cfg.loss is None and target_parameter(model) is not None:
+    if cfg.loss is None and target_parameter(model) is not None and not hf.shifts_labels(model):
         raise UsageError(
             f"--strategy {cfg.strategy_name} computes the loss on the last stage from the model's output, and this "
             "model's forward takes the targets and computes its own loss; return the output and pass --loss "
             "pkg.module:fn"
         )
-    units = model_units(model)
-    owned = tuple(path for unit in units for path in unit.modules)
-    stray = [
-        name
-        for name, _ in (*model.named_parameters(), *model.named_buffers())
-        if not any(name == path or name.startswith(path + ".") for path in owned)
-    ]
-    if stray:
-        raise UsageError(
-            f"--strategy {cfg.strategy_name} splits the model by its top-level children and {stray[0]!r} belongs "
-            "to none of them; move it into a child module"
-        )
-    slots = stage_slots(cfg)
-    if len(units) < slots:
-        raise UsageError(
-            f"the model has {len(units)} blocks ({_listing([u.name for u in units])}), too few for {slots} "
-            f"stages; use --stages {len(units) // (slots // cfg.pipeline_stages)} or fewer"
-        )
-    if cfg.split != "auto":
-        named_starts(units, cfg.split, slots)
     one = RankContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
     x, _ = next(eval_batches(data.test, one, 2, BatchPreparer(cfg.image_size)))
     if isinstance(x, dict):
@@ -157,25 +152,56 @@ def check_pipeline_split(cfg: TrainConfig, data: Any) -> None:
             f"of keyword inputs ({', '.join(x)}); train them with ddp or fsdp"
         )
     try:
+        units = model_units(model, x.to("meta"))
         whole, chained = _whole_and_chained(model, units, x.to("meta"))
     except Exception:
-        # A forward that reads values (x.item(), data-dependent branches) cannot run on meta
-        # tensors: try again for real, on CPU, with the 2 samples.
+        # A forward that reads values (x.item(), data-dependent branches) cannot run on meta tensors: try again
+        # for real, on CPU, with the 2 samples.
         try:
             with torch.device("cpu"):
                 model = build_model(cfg, data)
-            whole, chained = _whole_and_chained(model, model_units(model), x)
+            units = model_units(model, x)
+            whole, chained = _whole_and_chained(model, units, x)
+        except UsageError:
+            raise
         except Exception as exc:  # any failure of the user's modules is the user's to fix
             raise UsageError(
-                f"--strategy {cfg.strategy_name}: the model's blocks ({_listing([u.name for u in units])}) do not "
-                f"chain, each taking the one before's output ({type(exc).__name__}: "
-                f"{str(exc).splitlines()[0] if str(exc) else ''}); write the model as an nn.Sequential of its blocks"
+                f"--strategy {cfg.strategy_name}: the model's blocks do not chain, each taking the one before's output "
+                f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); define pipeline_units() "
+                "on the model (docs/strategies.md, 'The split')"
             ) from None
+    names = [u.name for u in units]
+    whole = logits_of(whole)
     if not isinstance(whole, torch.Tensor) or not isinstance(chained, torch.Tensor) or whole.shape != chained.shape:
         raise UsageError(
-            f"--strategy {cfg.strategy_name}: the model's blocks ({_listing([u.name for u in units])}) applied in "
-            "order do not give the model's output; write the model as an nn.Sequential of its blocks"
+            f"--strategy {cfg.strategy_name}: the model's blocks ({_listing(names)}) applied in order do not give "
+            "the model's output; define pipeline_units() on the model (docs/strategies.md, 'The split')"
         )
+    traced = isinstance(units[-1].run, GraphUnit)
+    if traced and (cfg.tp > 1 or (cfg.dp_shard or 1) > 1):
+        raise UsageError(
+            f"--{'tp' if cfg.tp > 1 else 'dp-shard'} splits or shards a stage's modules, and this model's stages run "
+            "its forward graph's operators, not its modules; define pipeline_units() on the model, or drop it"
+        )
+    owned = tuple(path for unit in units for path in unit.modules)
+    stray = [
+        name
+        for name, _ in (*model.named_parameters(), *model.named_buffers())
+        if not any(name == path or name.startswith(path + ".") for path in owned)
+    ]
+    if stray and not traced:
+        raise UsageError(
+            f"--strategy {cfg.strategy_name} splits the model by its top-level children and {stray[0]!r} belongs "
+            "to none of them; move it into a child module"
+        )
+    slots = stage_slots(cfg)
+    if len(units) < slots:
+        raise UsageError(
+            f"the model has {len(units)} blocks ({_listing(names)}), too few for {slots} "
+            f"stages; use --stages {len(units) // (slots // cfg.pipeline_stages)} or fewer"
+        )
+    if cfg.split != "auto":
+        named_starts(units, cfg.split, slots)
 
 
 def _whole_and_chained(model: nn.Module, units: list[Unit], x: torch.Tensor) -> tuple[Any, Any]:
@@ -235,19 +261,20 @@ def measure_unit_seconds(model: nn.Module, units: list[Unit], x: torch.Tensor, b
             root = _materialised(model, unit, x.device) if meta else model
             started, samples = time.perf_counter(), []
             for timed_pass in range(4):
-                inputs = h.detach().requires_grad_(i > 0 and h.is_floating_point())
+                inputs = _detached(h, grad=i > 0)
                 t = now()
                 out = unit.run(root, inputs)
                 forward = now() - t
                 t = now()
-                if out.requires_grad:
-                    torch.autograd.backward(out, torch.ones_like(out))
+                differentiable = [o for o in _tensors(out) if o.requires_grad]
+                if differentiable:
+                    torch.autograd.backward(differentiable, [torch.ones_like(o) for o in differentiable])
                 if timed_pass:
                     samples.append(forward + now() - t)
                     if time.perf_counter() - started > budget_s / len(units):
                         break
             seconds.append(statistics.median(samples))
-            h = out.detach()
+            h = _detached(out, grad=False)
             for p in root.parameters():
                 p.grad = None
     with torch.no_grad():
@@ -255,6 +282,16 @@ def measure_unit_seconds(model: nn.Module, units: list[Unit], x: torch.Tensor, b
             if name in saved:
                 b.copy_(saved[name])
     return seconds
+
+
+def _tensors(value: Any) -> tuple[torch.Tensor, ...]:
+    return value if isinstance(value, tuple) else (value,)
+
+
+def _detached(value: Any, grad: bool) -> Any:
+    """What passes between units, cut from the graph before it; floating-point tensors requiring grad if `grad`."""
+    cut = tuple(t.detach().requires_grad_(grad and t.is_floating_point()) for t in _tensors(value))
+    return cut if isinstance(value, tuple) else cut[0]
 
 
 def _materialised(model: nn.Module, unit: Unit, device: torch.device) -> nn.Module:
@@ -280,8 +317,9 @@ class StageModule(nn.Module):
             for path in unit.modules:
                 _place(self, path, lambda path=path: copy.deepcopy(model.get_submodule(path), memo))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return run_units(self, self._pipeline_units, x)
+    def forward(self, *x: torch.Tensor) -> Any:
+        # A stage receives what the stage before gave, as separate arguments when that was a tuple.
+        return run_units(self, self._pipeline_units, x[0] if len(x) == 1 else x)
 
 
 def _place(root: nn.Module, path: str, make: Callable[[], nn.Module]) -> None:
@@ -303,9 +341,9 @@ def tied_parameter_names(model: nn.Module) -> list[tuple[str, ...]]:
     return [tuple(group) for group in names.values() if len(group) > 1]
 
 
-def unit_of(name: str, units: list[Unit]) -> int:
-    """Index of the unit a parameter belongs to."""
-    for i, unit in enumerate(units):
-        if any(name == path or name.startswith(path + ".") for path in unit.modules):
-            return i
-    raise KeyError(name)
+def units_holding(name: str, units: list[Unit]) -> list[int]:
+    """Indices of the units that hold a parameter (more than one when units read a module its graph shares:
+    pipeline_trace.py)."""
+    return [
+        i for i, unit in enumerate(units) if any(name == path or name.startswith(path + ".") for path in unit.modules)
+    ]
