@@ -296,6 +296,41 @@ def test_fsdp_over_two_tensor_parallel_groups_trains_gpt_as_one_process_does(run
     assert _plan_of_the_run(capsys, ["--dp-shard", "2", "--tp", "2"], summary)["strategy"] == "fsdp+tp"
 
 
+MEGATRON = {
+    "ddp+tp": (dict(dp_replicate=2, tp=2), ["--dp-replicate", "2", "--tp", "2"], 1),
+    "fsdp+tp": (
+        dict(dp_shard=2, tp=2, reshard_after_forward=False),
+        ["--dp-shard", "2", "--tp", "2", "--reshard-after-forward", "false"],
+        2,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", MEGATRON)
+def test_megatrons_layouts_over_tensor_parallel_groups_train_gpt_as_one_process_does(runs, tmp_path, capsys, name):
+    """Megatron-LM's data parallelism over tensor-parallel groups, 4 ranks on 2 cores (correctness only): 2 replicas
+    of a 2-way split whose gradients are all-reduced (ddp+tp: FSDP2 over shards of one rank, engine/strategies/
+    fsdp.py), and ZeRO-2's traffic (fsdp+tp, parameters kept gathered from forward to backward). 2 groups x batch 8
+    == 1 process x batch 16, step for step; each rank holds a tensor-parallel rank's parameters over its shards;
+    the plan of the same mesh holds what the ranks held (state exactly, activations within 10 %)."""
+    layout, flags, shards = MEGATRON[name]
+    run = tmp_path / name
+    summary = paratrain.train(
+        dict(COMMON, run_dir=run, workers=4, batch_size=8, epochs=2, allow_oversubscribe=True, **layout)
+    )
+    assert summary["status"] == "completed" and summary["global_batch_size"] == 16 and summary["steps"] == 8
+    single, layered = _losses(runs / "one"), _losses(run)
+    assert sorted(layered) == sorted(single)
+    for step in single:
+        assert layered[step] == pytest.approx(single[step], rel=1e-5), f"loss differs at step {step}"
+    whole, one = _params(run, template=runs / "one"), _params(runs / "one")
+    for key in one:
+        torch.testing.assert_close(whole[key], one[key], rtol=1e-4, atol=1e-6)
+    tp_rank = RunDir(runs / "tp").read_summary()["memory"]["parameters_bytes"][0]
+    assert summary["memory"]["parameters_bytes"] == [tp_rank // shards] * 4
+    assert _plan_of_the_run(capsys, flags, summary)["strategy"] == name
+
+
 def _plan_of_the_run(capsys, mesh: list[str], summary: dict) -> dict:
     """`plan`'s row of the run's mesh, checked: the run's layout, the state each rank held exactly, the activations'
     peak within 10 % (docs/planner.md, every layout's: benchmarks/planner_memory.py)."""
@@ -532,14 +567,13 @@ def test_a_resume_at_another_layout_keeps_the_global_batch_and_needs_a_sharded_c
         ),
         (
             [*GPT, "--workers", "8", "--pp", "2", "--tp", "2", "--dp-replicate", "2", "--allow-oversubscribe"],
-            "--dp-replicate with --tp needs --dp-shard S",
+            "DDP does not take split layers; shard the stages",
         ),
         (
             [*GPT, "--workers", "8", "--strategy", "hybrid", "--dp", "2", "--stages", "2", "--tp", "2"],
             "DDP does not take split layers; shard the stages",
         ),
         ([*GPT, "--workers", "4", "--dp-shard", "4", "--strategy", "ddp"], "lay the ranks out themselves; drop"),
-        ([*GPT, "--workers", "4", "--dp-replicate", "2", "--tp", "2", "--pp", "1"], "needs --dp-shard S (S >= 2)"),
         ([*GPT, "--loss-parallel"], "--loss-parallel goes with tensor parallelism; give --tp N too"),
         (
             [*GPT, "--tp", "2", "--workers", "2", "--loss-parallel", "--loss", "user_factories:doubled_cross_entropy"],

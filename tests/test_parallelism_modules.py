@@ -363,7 +363,7 @@ PARALLELISMS: dict[str, Parallelism] = {
         refused=(
             (dict(dp_shard=3, workers=4), "--dp-shard 3 x --tp 1 x --pp 1 is 3 ranks and --workers is 4"),
             (dict(pp=2, stages=2, workers=2), "lay the ranks out themselves; drop --stages 2"),
-            (dict(dp_replicate=2, tp=2, pp=1, workers=4), "--dp-replicate with --tp needs --dp-shard"),
+            (dict(dp_replicate=2, tp=2, pp=1, workers=6), "--dp-shard 1 x --tp 2 x --pp 1 is 4 ranks"),
             (dict(dp_shard=0, workers=4), "each dimension of the layout"),
             (dict(strategy="single", workers=2), "strategy 'single' runs one worker"),
             (dict(strategy="hsdp", workers=2), "--strategy hsdp replicates FSDP's shards: give --dp-replicate R"),

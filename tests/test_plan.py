@@ -578,6 +578,7 @@ def test_out_writes_the_plan_its_three_plots_and_a_report(tmp_path, capsys):
     assert main(["report", str(out)]) == 0 and (out / "report.html").is_file()
 
 
+RESHARD_OFF = ["--reshard-after-forward", "false"]
 BAD = {
     "a tensor-parallel degree the heads cannot take": (
         ["--workload", "gpt-tiny", "--device", "a100", "--gpus", "6", "--tp", "3"],
@@ -659,9 +660,10 @@ BAD = {
         ],
         "--pp 2: the model cannot be cut into stages (its blocks applied in order do not give its output)",
     ),
-    "replicas of split layers without shards": (
-        ["--workload", "gpt-tiny", "--device", "a100", "--dp-replicate", "2", "--tp", "2"],
-        "--dp-replicate with --tp needs --dp-shard S",
+    "resharding off without shards": (
+        [*["--workload", "gpt-tiny", "--device", "a100", "--dp-replicate", "2", "--tp", "2"], *RESHARD_OFF],
+        "--reshard-after-forward false plans FSDP's parameters kept from forward to backward; give the mesh's "
+        "--dp-shard S (S >= 2), without --pp",
     ),
     "a global batch the layout's replicas cannot share": (
         [

@@ -12,7 +12,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from paratrain.config.compute import ActivationCheckpointing, CheckpointingFlags
 from paratrain.config.flags import CommandText, cli, comma_separated, flag, parse_size
 from paratrain.config.optimisation import BatchSchedule, LRScaling, Optimizer
-from paratrain.config.parallelism.layout import REPLICAS_NEED_SHARDS
 from paratrain.config.parallelism.placement import Backend, Device
 from paratrain.config.train import TrainConfig
 
@@ -191,6 +190,11 @@ class PlanConfig(CheckpointingFlags):
         None, gt=0, description="with the mesh: the S ranks FSDP shards each replica (or each pipeline stage) over"
     )
     pp: int | None = Field(None, gt=0, description="with the mesh: the model cut into P pipeline stages")
+    reshard_after_forward: bool = Field(
+        True,
+        description="with the mesh's --dp-shard: free gathered parameters after forward (ZeRO-3); false keeps them "
+        "until backward (ZeRO-2's traffic: one all-gather a step, the gathered parameters held through it)",
+    )
     tp_plan: str | None = TrainConfig.model_fields["tp_plan"]
     shard_unit: str | None = TrainConfig.model_fields["shard_unit"]
     sequence_parallel: bool = TrainConfig.model_fields["sequence_parallel"]
@@ -263,6 +267,11 @@ class PlanConfig(CheckpointingFlags):
             raise ValueError("how many devices? give --gpus N[,N...] or --nodes N --gpus-per-node G")
         if self.gpus and min(self.gpus) <= 0:
             raise ValueError(f"--gpus counts must be positive (got {min(self.gpus)})")
+        if not self.reshard_after_forward and ((self.dp_shard or 1) == 1 or (self.pp or 1) > 1):
+            raise ValueError(
+                "--reshard-after-forward false plans FSDP's parameters kept from forward to backward; give the mesh's "
+                "--dp-shard S (S >= 2), without --pp"
+            )
         for given in ("tp_plan", "sequence_parallel", "loss_parallel"):
             if getattr(self, given) and self.tp == 1 and not self.search:
                 raise ValueError(f"{flag(given)} goes with tensor parallelism; give --tp N (N > 1) or --search too")
@@ -285,8 +294,6 @@ class PlanConfig(CheckpointingFlags):
             raise ValueError(f"{given} is {devices} devices; drop --gpus {','.join(map(str, self.gpus))}")
         if self.nodes is not None and self.nodes * (self.gpus_per_node or 0) != devices:
             raise ValueError(f"{given} is {devices} devices; give --nodes and --gpus-per-node whose product is that")
-        if t > 1 and s == 1 and r > 1:
-            raise ValueError(REPLICAS_NEED_SHARDS)
         if self.nodes is None:
             self.gpus = [devices]
 

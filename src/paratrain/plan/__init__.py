@@ -489,8 +489,10 @@ class _Planner:
         if p > 1:
             name = staged_layout_name(r, s, t)
             return Layout(name, n, replicas, p, max(self.cfg.microbatches, p), g // replicas, shard=shard, tp=t)
-        if s > 1:
-            return Layout("fsdp+tp" if t > 1 else "fsdp", n, replicas, 1, 1, g // replicas, shard=shard, tp=t)
+        if s > 1 or (r > 1 and t > 1):
+            # replicas of tensor-parallel groups (Megatron's layout) train as FSDP2 over shards of one rank
+            name, reshard = "fsdp+tp" if t > 1 else "fsdp", self.cfg.reshard_after_forward
+            return Layout(name, n, replicas, 1, 1, g // replicas, shard=s, tp=t, reshard_after_forward=reshard)
         return Layout("tp", n, 1, 1, 1, g, tp=t) if t > 1 else Layout("ddp", n, r, 1, 1, g // r)
 
     def _hybrid(self, n: int, g: int, units: int, sharded: bool, tp: int = 1) -> Layout | None:

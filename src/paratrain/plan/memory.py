@@ -78,7 +78,10 @@ class Layout:
 
     @property
     def name(self) -> str:
-        """The strategy as a plan's row names it: fsdp whose shards are replicated is hsdp."""
+        """The strategy as a plan's row names it: fsdp whose shards are replicated is hsdp; fsdp+tp whose shards
+        are of one rank is ddp+tp (Megatron's data parallelism over tensor-parallel groups)."""
+        if self.strategy == "fsdp+tp" and self.shards == 1 < self.data_parallel:
+            return "ddp+tp"
         return "hsdp" if self.strategy == "fsdp" and self.shards < self.data_parallel else self.strategy
 
     def mesh(self) -> dict[str, int]:
@@ -228,8 +231,9 @@ def _tensor_parallel(
     }
     if layout.strategy != "fsdp+tp":
         return figures
-    # the largest unit's split share, twice (running and prefetched), as fsdp's
-    in_flight = 2 * profile.largest_unit_bytes * split.param_bytes / profile.param_bytes * gather_scale
+    # the largest unit's split share, twice (running and prefetched), as fsdp's; kept from forward to backward, all
+    gathered = 2 * profile.largest_unit_bytes if layout.reshard_after_forward else profile.param_bytes
+    in_flight = gathered * split.param_bytes / profile.param_bytes * gather_scale
     return _sharded(figures, layout.shards, in_flight)
 
 

@@ -24,10 +24,6 @@ LAYOUT_FIELDS = ("strategy", "workers", "tp", "dp_replicate", "batch_size", "bas
 STAGED_LAYOUT_FIELDS = (*LAYOUT_FIELDS, "stages", "dp", "dp_shard", "microbatches", "pipeline_schedule", "split")
 # Strategy names that are presets of another strategy's flags, turned into them before validation.
 STRATEGY_PRESETS = {"hsdp": "fsdp"}
-REPLICAS_NEED_SHARDS = (
-    "--dp-replicate with --tp needs --dp-shard S (S >= 2): data parallelism over tensor-parallel groups is FSDP's "
-    "(DDP does not take split layers)"
-)
 
 
 class LayoutOptions(BaseModel):
@@ -90,8 +86,6 @@ class LayoutOptions(BaseModel):
                 f"the layout --dp-replicate {r} x --dp-shard {s} x --tp {t} x --pp {p} is {r * s * t * p} ranks and "
                 f"--workers is {workers}; make the product of the layout --workers"
             )
-        if t > 1 and s == 1 and r > 1:
-            raise ValueError(REPLICAS_NEED_SHARDS)
         values |= {"workers": workers, "tp": t}
         if p > 1:
             values |= {"strategy": "pipeline" if r * s == 1 else "hybrid", "stages": p}
@@ -99,7 +93,10 @@ class LayoutOptions(BaseModel):
                 values["dp"] = r * s
             if s > 1:  # FSDP within each stage, over S of the pipeline's replicas (engine/strategies/hybrid.py)
                 values["dp_shard"] = s
-        elif s > 1:
+        elif s > 1 or (r > 1 and t > 1):
+            # Megatron's layout too, replicas of tensor-parallel groups (--dp-replicate R --tp T): FSDP2 over a
+            # (R, 1) mesh, whose shards of one rank are whole replicas that all-reduce their gradients, as DDP's
+            # (DDP itself cannot hold the split layers: engine/strategies/fsdp.py)
             values |= {"strategy": "fsdp", "dp_replicate": r}
         # otherwise replicas alone, or one tensor-parallel group: what --workers (and --tp) pick by default
         return values
