@@ -8,8 +8,10 @@ by the rules below, so held-out points are mapped as the others are:
 - the model: a Llama 2 or 3.1 by name (llama.py), a GPT of the given layers, hidden size, heads and vocabulary
   (regime_models.py; heads: hidden / 128 where not published), VGG-16, ResNet-50;
 - the layout: ZeRO-3 or FSDP full shard: fsdp; HSDP: hsdp (a replica a node); no sharding: ddp. Tensor or
-  pipeline parallelism beside data parallelism (Megatron's layouts), context parallelism and CPU offload are
-  not planned yet, and are listed as such;
+  pipeline parallelism beside data parallelism without sharding (Megatron's layouts): the mesh --dp-replicate DP
+  --tp TP --pp PP, its micro-batches as published (num_micro_batches, else the global batch over DP micro-batches
+  of micro_batch_size, 1 where not published; interleaved stages are not modelled: the plan's 1F1B); beside
+  sharding, context parallelism and CPU offload: not planned, and listed as such;
 - the links: the inter-node figure as published, per node, split over the node's GPUs (a DGX's 8 x 200 Gb/s:
   200 Gb/s a GPU); the intra-node link is the device's own (NVLink);
 - precision: 16-bit mixed as bf16 (A100 and H100 have one peak for both), else as published; full activation
@@ -61,11 +63,12 @@ def model_args(point: dict[str, Any]) -> list[str] | str:
 
 def layout_args(point: dict[str, Any]) -> list[str] | str:
     layout, hw = point["layout"], point["hardware"]
-    if (layout.get("tensor_parallel") or 1) > 1 or (layout.get("pipeline_stages") or 1) > 1:
-        return "tensor or pipeline parallelism beside data parallelism: not planned yet (#59 step 4)"
     if (layout.get("context_parallel") or 1) > 1 or layout.get("cpu_offload"):
         return "context parallelism or CPU offload: not modelled"
     sharding = (layout.get("sharding") or "none").lower()
+    megatron = (layout.get("tensor_parallel") or 1) > 1 or (layout.get("pipeline_stages") or 1) > 1
+    if megatron and not sharding.startswith("none"):
+        return f"tensor or pipeline parallelism beside sharding {layout.get('sharding')!r}: not mapped"
     strategy = "hsdp" if "hsdp" in sharding else "fsdp" if "zero-3" in sharding or "full shard" in sharding else None
     if strategy is None and not sharding.startswith("none"):
         return f"sharding {layout.get('sharding')!r}: not mapped"
@@ -77,7 +80,13 @@ def layout_args(point: dict[str, Any]) -> list[str] | str:
         return f"no device {hw.get('device')!r} in the plan's table"
     per_node = hw.get("gpus_per_node") or 8
     args = ["--device", device, "--gpus", str(hw["total_gpus"]), "--gpus-per-node", str(per_node)]
-    args += ["--global-batch", str(batch), "--strategy", strategy or "ddp"]
+    args += ["--global-batch", str(batch)]
+    if megatron:
+        dp, tp, pp = (layout.get(k) or 1 for k in ("data_parallel", "tensor_parallel", "pipeline_stages"))
+        microbatches = layout.get("num_micro_batches") or batch // (dp * (layout.get("micro_batch_size") or 1))
+        args += ["--dp-replicate", str(dp), "--tp", str(tp), "--pp", str(pp), "--microbatches", str(microbatches)]
+    else:
+        args += ["--strategy", strategy or "ddp"]
     precision = (layout.get("precision") or "fp32").lower()
     args += ["--precision", "bf16" if "16" in precision else "fp32"]
     if (layout.get("activation_checkpointing") or "none").lower().startswith("full"):
@@ -100,7 +109,7 @@ def node_gbps(text: str) -> float | None:
     return float(one.group(1)) if one else None
 
 
-def plan(args: list[str], strategy: str, gpus: int, pythonpath: str | None) -> tuple[dict[str, Any] | None, str]:
+def plan(args: list[str], strategy: str | None, gpus: int, pythonpath: str | None) -> tuple[dict[str, Any] | None, str]:
     cmd = [PARATRAIN, "plan", *args, "--json"]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [pythonpath, str(ROOT / "benchmarks")])))
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
@@ -108,7 +117,7 @@ def plan(args: list[str], strategy: str, gpus: int, pythonpath: str | None) -> t
     if proc.returncode != 0:
         return None, f"{command}: {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode}"
     result = json.loads(proc.stdout)
-    rows = [r for r in result["rows"] if r["devices"] == gpus and r["strategy"] == strategy]
+    rows = [r for r in result["rows"] if r["devices"] == gpus and strategy in (None, r["strategy"])]
     return (rows[0] | {"stops_paying": result.get("stops_paying")} if rows else None), command
 
 
@@ -130,7 +139,7 @@ def main() -> None:
         if reason is not None:
             skipped.append(f"{point['id']} ({point['regime']}): {reason}")
             continue
-        strategy = layout[layout.index("--strategy") + 1]
+        strategy = layout[layout.index("--strategy") + 1] if "--strategy" in layout else None  # a mesh: its one row
         row, command = plan([*model, *layout], strategy, point["hardware"]["total_gpus"], args.pythonpath)
         commands.append(command)
         if row is None:
@@ -138,7 +147,7 @@ def main() -> None:
             continue
         step, exposed = row["step_time_s"], row["time"]["exposed_comm_s"]
         print(
-            f"| {point['id']} | {point['regime']} | {point['hardware']['total_gpus']} | {strategy}, "
+            f"| {point['id']} | {point['regime']} | {point['hardware']['total_gpus']} | {row['strategy']}, "
             f"{row['global_batch'] // row['data_parallel']} a GPU | {published:.3g} | {step:.3g} | "
             f"{step / published - 1:+.0%} | {exposed / step:.0%} |",
             flush=True,

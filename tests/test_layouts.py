@@ -565,14 +565,6 @@ def test_a_resume_at_another_layout_keeps_the_global_batch_and_needs_a_sharded_c
             [*GPT, "--workers", "4", "--dp-shard", "2", "--tp", "1"],
             "the layout --dp-replicate 1 x --dp-shard 2 x --tp 1 x --pp 1 is 2 ranks and --workers is 4",
         ),
-        (
-            [*GPT, "--workers", "8", "--pp", "2", "--tp", "2", "--dp-replicate", "2", "--allow-oversubscribe"],
-            "DDP does not take split layers; shard the stages",
-        ),
-        (
-            [*GPT, "--workers", "8", "--strategy", "hybrid", "--dp", "2", "--stages", "2", "--tp", "2"],
-            "DDP does not take split layers; shard the stages",
-        ),
         ([*GPT, "--workers", "4", "--dp-shard", "4", "--strategy", "ddp"], "lay the ranks out themselves; drop"),
         ([*GPT, "--loss-parallel"], "--loss-parallel goes with tensor parallelism; give --tp N too"),
         (

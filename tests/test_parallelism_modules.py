@@ -157,7 +157,6 @@ PARALLELISMS: dict[str, Parallelism] = {
             (dict(tp=2, workers=2, strategy="ddp"), "--tp 2 does not combine with --strategy ddp"),
             (dict(tp=2, workers=4), "--tp 2 needs --workers 2"),
             (dict(tp=2, workers=3, strategy="fsdp"), "--tp 2 does not divide --workers 3"),
-            (dict(tp=2, workers=8, strategy="hybrid", dp=2, stages=2), "DDP does not take split layers"),
             (dict(tp=2, workers=2, precision="fp16"), "--precision fp16 is not supported with --tp"),
             (dict(tp=2, workers=2, compile=True), "--compile true is not supported with --tp"),
         ),

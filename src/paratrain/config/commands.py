@@ -190,11 +190,8 @@ class PlanConfig(CheckpointingFlags):
         None, gt=0, description="with the mesh: the S ranks FSDP shards each replica (or each pipeline stage) over"
     )
     pp: int | None = Field(None, gt=0, description="with the mesh: the model cut into P pipeline stages")
-    reshard_after_forward: bool = Field(
-        True,
-        description="with the mesh's --dp-shard: free gathered parameters after forward (ZeRO-3); false keeps them "
-        "until backward (ZeRO-2's traffic: one all-gather a step, the gathered parameters held through it)",
-    )
+    # planned with the mesh's --dp-shard (PlanConfig refuses it otherwise)
+    reshard_after_forward: bool = TrainConfig.model_fields["reshard_after_forward"]
     tp_plan: str | None = TrainConfig.model_fields["tp_plan"]
     shard_unit: str | None = TrainConfig.model_fields["shard_unit"]
     sequence_parallel: bool = TrainConfig.model_fields["sequence_parallel"]

@@ -393,11 +393,11 @@ def _run_timing(
         replicated, ran = mesh.get("dp_replicate", 1), summary.pipeline or {}
         name = staged_layout_name(replicated, shards, t)
         microbatches, schedule = ran.get("microbatches", stages), ran.get("schedule", "1f1b")
-        shard = shards if shards > 1 else None
+        shard = mesh_shard(replicated, shards, t)
         layout = Layout(name, n, replicated * shards, stages, microbatches, samples, schedule, shard=shard, tp=t)
     elif t > 1:
-        name = "fsdp+tp" if shards > 1 else "tp"
-        layout = Layout(name, n, n // t, 1, 1, samples, tp=t, shard=shards if shards > 1 else None)
+        name = "fsdp+tp" if n > t else "tp"
+        layout = Layout(name, n, n // t, 1, 1, samples, tp=t, shard=mesh_shard(n // (t * shards), shards, t))
     else:
         shard = shards if summary.layout and summary.strategy == "fsdp" else None  # HSDP's
         layout = Layout(summary.strategy, n, n, 1, 1, samples, shard=shard)
@@ -408,9 +408,15 @@ def _run_timing(
 def staged_layout_name(replicas: int, shards: int, tp: int) -> str:
     """The plan's name of a pipeline laid out on a mesh of `replicas` x `shards` x `tp` x stages."""
     name = "pp+fsdp" if shards > 1 else "hybrid" if replicas > 1 else "pipeline"
-    if tp > 1:  # hybrid's replicas over split stages are refused (PlanConfig): FSDP's, not DDP's
-        name = {"pp+fsdp": "pp+fsdp+tp", "pipeline": "pp+tp"}[name]
+    if tp > 1:  # replicas of split stages are FSDP2's over shards of one rank (hybrid.py): pp+fsdp+tp, shard 1
+        name = {"pp+fsdp": "pp+fsdp+tp", "hybrid": "pp+fsdp+tp", "pipeline": "pp+tp"}[name]
     return name
+
+
+def mesh_shard(replicas: int, shards: int, tp: int) -> int | None:
+    """The `shard` of a Layout on that mesh: S where FSDP shards, 1 for replicas of split layers (FSDP2 over shards
+    of one rank, `train`'s way), None where the layout does not shard."""
+    return shards if shards > 1 else 1 if tp > 1 and replicas > 1 else None
 
 
 def _run_split(
@@ -485,7 +491,7 @@ class _Planner:
     def _mesh(self, n: int, g: int, r: int, s: int, t: int, p: int) -> Layout:
         """The layout --dp-replicate R --dp-shard S --tp T --pp P names, as the strategy `train` runs it."""
         replicas = r * s
-        shard = s if s > 1 else None
+        shard = mesh_shard(r, s, t)
         if p > 1:
             name = staged_layout_name(r, s, t)
             return Layout(name, n, replicas, p, max(self.cfg.microbatches, p), g // replicas, shard=shard, tp=t)

@@ -80,8 +80,8 @@ class Layout:
     def name(self) -> str:
         """The strategy as a plan's row names it: fsdp whose shards are replicated is hsdp; fsdp+tp whose shards
         are of one rank is ddp+tp (Megatron's data parallelism over tensor-parallel groups)."""
-        if self.strategy == "fsdp+tp" and self.shards == 1 < self.data_parallel:
-            return "ddp+tp"
+        if self.strategy in ("fsdp+tp", "pp+fsdp+tp") and self.shards == 1 < self.data_parallel:
+            return {"fsdp+tp": "ddp+tp", "pp+fsdp+tp": "hybrid+tp"}[self.strategy]
         return "hsdp" if self.strategy == "fsdp" and self.shards < self.data_parallel else self.strategy
 
     def mesh(self) -> dict[str, int]:

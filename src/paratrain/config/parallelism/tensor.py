@@ -56,11 +56,6 @@ def check(config: TrainConfig) -> None:
             f"--tp {config.tp} does not combine with --strategy {config.strategy} (its wrapper does not take "
             "tensor-parallel parameters); data parallelism over tensor-parallel groups is --strategy fsdp"
         )
-    if config.strategy == "hybrid" and config.dp_shard is None:
-        raise ValueError(
-            f"--tp {config.tp} with replicated pipelines: DDP does not take split layers; shard the stages over "
-            "the replicas instead (--pp P --dp-shard S --tp T)"
-        )
     if config.strategy == "fsdp" and config.workers % config.tp:
         raise ValueError(
             f"--tp {config.tp} does not divide --workers {config.workers}: FSDP shards over groups of {config.tp} "

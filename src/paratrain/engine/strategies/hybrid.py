@@ -15,8 +15,11 @@ D / S replicas when there are several. PipelineStage drives FSDP itself: every m
 keeps its unsharded gradients and the reduce-scatter runs once, after the last (perform_reduce_grad).
 A rank then holds 1/S of its stage's parameters, gradients and optimizer state, and gathers a unit's
 parameters for each micro-batch's forward and backward: torchtitan's 2-D layout for models whose
-stages do not fit whole. Checkpoints gather the shards whole (pipeline.py): checkpoint.pt holds the whole
-model, as every pipeline's does, and a resumed run takes its shards of it.
+stages do not fit whole. Split stages in replicas without shards (`--dp-replicate R --pp K --tp T`, Megatron-LM's
+3-D layout) are FSDP2's too, over an (R, 1) mesh: shards of one rank are whole replicas whose gradients are
+all-reduced after the last micro-batch, as DDP's would be (DDP cannot hold split layers). Checkpoints gather the
+shards whole (pipeline.py): checkpoint.pt holds the whole model, as every pipeline's does, and a resumed run takes
+its shards of it.
 """
 
 from __future__ import annotations
@@ -40,21 +43,28 @@ class Hybrid(PipelineParallel):
     def __init__(self, cfg: TrainConfig, ctx: RankContext, stamp: Callable[[], Any]):
         super().__init__(cfg, ctx, stamp)
         replicas = self.dp // self.shards
-        if self.shards > 1:
+        if self.shards > 1 or (self.tp > 1 and replicas > 1):
             across = f" + all-reduce over {replicas} replicas" if replicas > 1 else ""
             split = "; all-reduce in each split layer pair" if self.tp > 1 else ""
-            self.allreduce = f"reduce-scatter{across}{split} ({dist.get_backend()})"
+            kind = "reduce-scatter" if self.shards > 1 else "FSDP2 over shards of one rank"
+            self.allreduce = f"{kind}{across}{split} ({dist.get_backend()})"
         else:
             self.allreduce = dist.get_backend() if self.dp > 1 else None
 
     def _partition(self, module: nn.Module) -> None:
         super()._partition(module)  # the tensor-parallel split first, as torchtitan applies them
-        if self.shards > 1:
+        if self._fully_sharded:
             mesh = self.mesh["dp_replicate", "dp_shard"] if self.dp > self.shards else self.mesh["dp_shard"]
             shard_in_units(module, self.cfg, mesh)
 
+    @property
+    def _fully_sharded(self) -> bool:
+        """FSDP2 holds the stages: sharded ones, and split ones in replicas (Megatron's 3-D layout), as shards of one
+        rank, since DDP cannot hold split layers (a DTensor's parameters)."""
+        return self.shards > 1 or (self.tp > 1 and self.dp > 1)
+
     def _replicate(self, module: nn.Module) -> nn.Module:
-        if self.shards > 1 or self.dp == 1:
+        if self._fully_sharded or self.dp == 1:
             return module
         return DistributedDataParallel(
             module,
