@@ -148,7 +148,7 @@ def main() -> None:
         step, exposed = row["step_time_s"], row["time"]["exposed_comm_s"]
         print(
             f"| {point['id']} | {point['regime']} | {point['hardware']['total_gpus']} | {row['strategy']}, "
-            f"{row['global_batch'] // row['data_parallel']} a GPU | {published:.3g} | {step:.3g} | "
+            f"{row['global_batch'] // row['data_parallel']} a replica | {published:.3g} | {step:.3g} | "
             f"{step / published - 1:+.0%} | {exposed / step:.0%} |",
             flush=True,
         )
