@@ -463,7 +463,11 @@ BAD = {
     "gradient accumulation": (dict(strategy="pipeline", workers=2, grad_accum=2), "instead of --grad-accum"),
     "layers split in a model cut along its graph": (
         dict(NANOGPT, strategy="pipeline", workers=4, tp=2, allow_oversubscribe=True),
-        "--tp splits or shards a stage's modules, and this model's stages run its forward graph's operators",
+        "--tp splits, shards or checkpoints a stage's modules, and this model's stages run its forward graph's",
+    ),
+    "checkpointed blocks in a model cut along its graph": (
+        dict(NANOGPT, strategy="pipeline", workers=2, checkpoint_activations=True),
+        "--checkpoint-activations splits, shards or checkpoints a stage's modules",
     ),
     "stage shards that do not divide the replicas": (
         dict(strategy="hybrid", workers=6, dp=3, stages=2, dp_shard=2),

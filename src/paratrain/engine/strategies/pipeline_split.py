@@ -178,11 +178,8 @@ def check_pipeline_split(cfg: TrainConfig, data: Any) -> None:
             "the model's output; define pipeline_units() on the model (docs/strategies.md, 'The split')"
         )
     traced = isinstance(units[-1].run, GraphUnit)
-    if traced and (cfg.tp > 1 or (cfg.dp_shard or 1) > 1):
-        raise UsageError(
-            f"--{'tp' if cfg.tp > 1 else 'dp-shard'} splits or shards a stage's modules, and this model's stages run "
-            "its forward graph's operators, not its modules; define pipeline_units() on the model, or drop it"
-        )
+    if traced:
+        _check_graph_stages(cfg)
     owned = tuple(path for unit in units for path in unit.modules)
     stray = [
         name
@@ -202,6 +199,22 @@ def check_pipeline_split(cfg: TrainConfig, data: Any) -> None:
         )
     if cfg.split != "auto":
         named_starts(units, cfg.split, slots)
+
+
+def _check_graph_stages(cfg: TrainConfig) -> None:
+    """Stages read from the forward graph run its operators, not the model's modules: what wraps the modules (a
+    tensor-parallel split, FSDP's shards, activation checkpointing) would never run."""
+    given = (
+        ("--tp", cfg.tp > 1),
+        ("--dp-shard", (cfg.dp_shard or 1) > 1),
+        ("--checkpoint-activations", cfg.checkpoint_activations),
+    )
+    wrapping = next((flag for flag, on in given if on), None)
+    if wrapping is not None:
+        raise UsageError(
+            f"{wrapping} splits, shards or checkpoints a stage's modules, and this model's stages run its forward "
+            "graph's operators, not its modules; define pipeline_units() on the model, or drop it"
+        )
 
 
 def _whole_and_chained(model: nn.Module, units: list[Unit], x: torch.Tensor) -> tuple[Any, Any]:
