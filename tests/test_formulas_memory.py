@@ -268,6 +268,26 @@ def test_fsdp_over_tensor_parallel_groups_shards_the_ranks_share():
     assert m["gathered_bytes"] == 2 * 1e6 * 2.5e6 / 4e6 / 2
 
 
+def test_fsdp_over_tensor_parallel_groups_without_resharding_holds_the_whole_split_gathered():
+    """ZeRO-2's traffic (--reshard-after-forward false): every unit stays gathered from forward to backward, so in
+    flight is the rank's whole split share (2.5 MB), in bf16 (half), not two units of it; the state is as sharded."""
+    layout = Layout("fsdp+tp", 4, 2, 1, 1, 50, tp=2, reshard_after_forward=False)
+    m = memory_per_device(split_profile(), layout, "adam", "bf16", RUNTIME)
+    assert m["parameters_bytes"] == 1.25e6
+    assert m["gathered_bytes"] == 4e6 * 2.5e6 / 4e6 / 2
+
+
+def test_replicas_of_tensor_parallel_groups_hold_the_ranks_split_whole():
+    """ddp+tp (--dp-replicate 2 --tp 2, FSDP2 over shards of one rank): nothing split over the replicas, so each
+    rank holds its 2.5 MB split share, its gradients and Adam's moments whole; no gathered copies are planned."""
+    layout = Layout("fsdp+tp", 4, 2, 1, 1, 50, shard=1, tp=2)
+    assert layout.name == "ddp+tp"
+    m = memory_per_device(split_profile(), layout, "adam", "fp32", RUNTIME)
+    assert m["parameters_bytes"] == m["gradients_bytes"] == 2.5e6
+    assert m["optimizer_bytes"] == 5e6 + 40
+    assert m["gathered_bytes"] == 0.0
+
+
 def split_stages_profile():
     """The toy model split 2 ways unit by unit: the first unit (an embedding, say) whole, the others halved."""
     from paratrain.plan.profile import TensorParallelProfile

@@ -379,22 +379,29 @@ def test_stages_split_and_sharded_on_eight_ranks_reach_the_parameters_of_one_pro
     the split logits) and sharded over 2 replicas of 4 samples (8 ranks on 2 cores: correctness only), against
     one process at batch 8; the losses and accuracy the last stages reported, step for step."""
     run = tmp_path / "3d"
-    three_d = dict(GPT, pp=2, dp_shard=2, tp=2, batch_size=4, microbatches=2, loss_parallel=True)
-    _spawn(8, [(three_d | {"allow_oversubscribe": True, "run_dir": run}, None)])
-    summary = _summary(run)
+    summary = _eight_ranks_as_one_process(run, one_process_runs, dict(dp_shard=2, loss_parallel=True))
     assert summary["layout"] == {"dp_replicate": 1, "dp_shard": 2, "tp": 2, "pp": 2}
-    assert summary["global_batch_size"] == 8 and summary["steps"] == _summary(one_process_runs / "gpt")["steps"]
-    _assert_same_parameters(_model(one_process_runs / "gpt"), _model(run))
-    single, spread = _losses(one_process_runs / "gpt"), _losses(run)
-    assert sorted(spread) == sorted(single)
-    for step in single:
-        assert spread[step] == pytest.approx(single[step], rel=1e-5), step
     assert _accuracy(run) == _accuracy(one_process_runs / "gpt")
     # each rank holds a quarter of its stage's split layers (2 ways split, 2 ways sharded) and of the embedding
     # or the head, and half of the rest
     whole = _summary(one_process_runs / "gpt")["memory"]["parameters_bytes"][0]
     assert max(summary["memory"]["parameters_bytes"]) < 0.3 * whole
     _assert_planned_state_held(Layout("pp+fsdp+tp", 8, 2, 2, 2, 4, shard=2, tp=2), summary, loss_parallel=True)
+
+
+def _eight_ranks_as_one_process(run: Path, one_process_runs: Path, replicas: dict) -> dict:
+    """gpt's 2 stages split over 2 ranks each, in 2 replicas of 4 samples laid out by `replicas` (8 ranks on 2
+    cores: correctness only), checked against one process at batch 8: its weights, and its loss at every step."""
+    three_d = dict(GPT, pp=2, tp=2, batch_size=4, microbatches=2, **replicas)
+    _spawn(8, [(three_d | {"allow_oversubscribe": True, "run_dir": run}, None)])
+    summary = _summary(run)
+    assert summary["global_batch_size"] == 8 and summary["steps"] == _summary(one_process_runs / "gpt")["steps"]
+    _assert_same_parameters(_model(one_process_runs / "gpt"), _model(run))
+    single, spread = _losses(one_process_runs / "gpt"), _losses(run)
+    assert sorted(spread) == sorted(single)
+    for step in single:
+        assert spread[step] == pytest.approx(single[step], rel=1e-5), step
+    return summary
 
 
 def test_megatrons_3d_layout_of_replicated_split_stages_reaches_the_parameters_of_one_process(
@@ -404,17 +411,8 @@ def test_megatrons_3d_layout_of_replicated_split_stages_reaches_the_parameters_o
     stages, each split over 2 ranks, in 2 replicas of 4 samples whose gradients are all-reduced (FSDP2 over shards
     of one rank: DDP cannot hold split layers), against one process at batch 8; the losses step for step, and the
     plan's layout of that mesh (hybrid+tp) holds what the ranks of its heaviest stage held."""
-    run = tmp_path / "3d-replicas"
-    three_d = dict(GPT, dp_replicate=2, pp=2, tp=2, batch_size=4, microbatches=2)
-    _spawn(8, [(three_d | {"allow_oversubscribe": True, "run_dir": run}, None)])
-    summary = _summary(run)
+    summary = _eight_ranks_as_one_process(tmp_path / "3d-replicas", one_process_runs, dict(dp_replicate=2))
     assert summary["layout"] == {"dp_replicate": 2, "dp_shard": 1, "tp": 2, "pp": 2}
-    assert summary["global_batch_size"] == 8 and summary["steps"] == _summary(one_process_runs / "gpt")["steps"]
-    _assert_same_parameters(_model(one_process_runs / "gpt"), _model(run))
-    single, spread = _losses(one_process_runs / "gpt"), _losses(run)
-    assert sorted(spread) == sorted(single)
-    for step in single:
-        assert spread[step] == pytest.approx(single[step], rel=1e-5), step
     planned = Layout("pp+fsdp+tp", 8, 2, 2, 2, 4, shard=1, tp=2)
     assert planned.name == "hybrid+tp"
     _assert_planned_state_held(planned, summary)
