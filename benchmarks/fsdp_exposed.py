@@ -1,20 +1,27 @@
 """FSDP's communication that compute does not hide, planned against measured on CPU ranks (issue #59,
 docs/planner.md): gpt-tiny under `--strategy fsdp` on 2 ranks (one core each) at per-rank batches 1 to 64.
 
-Measured exposed communication = the step of fsdp on 2 ranks less the step of the same fsdp run on 1 rank
-alone, two such runs at once, each pinned to one core (`taskset`): the same model, FSDP machinery, batch and
-memory-bandwidth sharing, without a collective that moves a byte. Planned = `paratrain plan --device cpu
---gpus 2 --strategy fsdp --batch-size B`'s `exposed_comm_s` for the same model. Runs alternate (2 ranks, then
-the two single ranks) at each batch, every batch of a repeat before the next repeat; the table gives medians.
-About 8 minutes a repeat here; run it on a quiet machine.
+Measured: the time a step each rank spends inside its collectives, timed call by call (collective_clock/, put on
+the runs' PYTHONPATH: off CUDA, FSDP2's gathers and reduce-scatters block the rank, so that time is exposed),
+over the timed epochs, the ranks' mean (each waits there for the other's later arrival; the step is the ranks'
+mean compute plus that mean). Beside it, the
+step of fsdp on 2 ranks less the step of the same fsdp run on 1 rank, two such runs at once, each pinned to one
+core (`taskset`), the slower of the two (every collective waits for the slower rank): that difference also holds
+the 2-rank run's FSDP work outside the collectives, and the cores' drift apart, a few per cent of a long step.
+Planned = `paratrain plan --device cpu --gpus 2 --strategy fsdp --batch-size B`'s `exposed_comm_s` for the same
+model, gloo's lines as the plan measures them (commbench, once per machine: run this with PARATRAIN_CACHE naming
+an empty directory to have them measured at the end, beside the runs). Runs alternate (2 ranks, then the two
+single ranks) at each batch, every batch of a repeat before the next repeat; the table gives medians. About 8
+minutes a repeat here; run it on a quiet machine.
 
-    .venv/bin/python benchmarks/fsdp_exposed.py --repeats 3 --out RUNS
+    PARATRAIN_CACHE=$(mktemp -d) .venv/bin/python benchmarks/fsdp_exposed.py --repeats 2 --out RUNS
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -25,6 +32,7 @@ BIN = Path(sys.executable).parent
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 STEPS_PER_EPOCH = 10
 MODEL = ["--workload", "gpt-tiny"]
+CLOCK = ROOT / "benchmarks" / "collective_clock"
 
 
 def train_cmd(workers: int, batch: int, run_dir: Path) -> list[str]:
@@ -63,9 +71,12 @@ def step_s(stdout: str) -> float:
     return summary["global_batch_size"] / summary["samples_per_s"]
 
 
-def run(cmds: list[list[str]]) -> list[float]:
+def run(cmds: list[list[str]], env: dict[str, str] | None = None) -> list[float]:
     """Start every command at once and return each one's step time."""
-    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT) for c in cmds]
+    env = {**os.environ, **(env or {})}
+    procs = [
+        subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env) for c in cmds
+    ]
     steps = []
     for cmd, proc in zip(cmds, procs):
         out, err = proc.communicate()
@@ -73,6 +84,25 @@ def run(cmds: list[list[str]]) -> list[float]:
             sys.exit(f"failed: {' '.join(cmd)}\n{err.strip()}")
         steps.append(step_s(out))
     return steps
+
+
+def clocked(run_dir: Path, clock: Path) -> list[float]:
+    """Seconds a step each rank spent inside collectives in the timed epochs (all but the first), from
+    collective_clock's records of the run (its sitecustomize.py: why that time is the exposed communication)."""
+    events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    origin = next(e["unix_time"] - e["time"] for e in events if e["event"] == "start")
+    epochs = [e for e in events if e["event"] == "epoch" and e["epoch"] > 0]
+    windows = [(origin + e["time_start"], origin + e["time_end"]) for e in epochs]
+    steps = (
+        sum(e["epoch_samples"] for e in epochs)
+        / json.loads((run_dir / "summary.json").read_text())["global_batch_size"]
+    )
+    per_rank = []
+    for path in sorted(clock.glob("rank*.jsonl")):
+        calls = [json.loads(line) for line in path.read_text().splitlines()]
+        inside = sum(c["seconds"] for c in calls if any(a <= c["unix"] < b for a, b in windows))
+        per_rank.append(inside / steps)
+    return per_rank
 
 
 def planned_exposed_s(batch: int) -> float:
@@ -94,27 +124,38 @@ def main() -> None:
     batches = [int(b) for b in args.batches.split(",")]
     two: dict[int, list[float]] = {b: [] for b in batches}
     alone: dict[int, list[float]] = {b: [] for b in batches}
+    inside: dict[int, list[float]] = {b: [] for b in batches}
     for repeat in range(args.repeats):
         for batch in batches:
             base = args.out / f"b{batch}-r{repeat}"
-            two[batch] += run([train_cmd(2, batch, base / "fsdp2")])
+            (base / "clock").mkdir(parents=True, exist_ok=True)
+            clock = {"PYTHONPATH": str(CLOCK), "PARATRAIN_COLLECTIVE_CLOCK": str(base / "clock")}
+            two[batch] += run([train_cmd(2, batch, base / "fsdp2")], clock)
+            # the ranks' mean time in collectives: each waits there for the other's later arrival, and the step
+            # is the ranks' mean compute plus it
+            ranks = clocked(base / "fsdp2", base / "clock")
+            inside[batch].append(statistics.fmean(ranks))
             pinned = [["taskset", "-c", str(core), *train_cmd(1, batch, base / f"alone{core}")] for core in (0, 1)]
-            alone[batch].append(statistics.mean(run(pinned)))
+            cores = run(pinned)
+            # every collective waits for the slower rank, so the run of 2 goes at the pace of the slower core
+            alone[batch].append(max(cores))
             print(
-                f"repeat {repeat + 1} batch {batch}: 2 ranks {two[batch][-1] * 1e3:.1f} ms, "
-                f"alone {alone[batch][-1] * 1e3:.1f} ms",
+                f"repeat {repeat + 1} batch {batch}: 2 ranks {two[batch][-1] * 1e3:.1f} ms, in collectives "
+                f"{' and '.join(f'{r * 1e3:.1f}' for r in ranks)} ms; "
+                f"alone {' and '.join(f'{c * 1e3:.1f}' for c in cores)} ms",
                 flush=True,
             )
     print(
-        "\n| per-rank batch | step, 2 ranks (ms) | step, alone (ms) | exposed, measured (ms) | planned (ms) | error |"
+        "\n| per-rank batch | step, 2 ranks (ms) | step, alone (ms) | 2 ranks less alone (ms) "
+        "| in collectives, measured (ms) | planned (ms) | error |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for batch in batches:
-        measured = statistics.median(two[batch]) - statistics.median(alone[batch])
-        planned = planned_exposed_s(batch)
+        step, single = statistics.median(two[batch]), statistics.median(alone[batch])
+        measured, planned = statistics.median(inside[batch]), planned_exposed_s(batch)
         print(
-            f"| {batch} | {statistics.median(two[batch]) * 1e3:.1f} | {statistics.median(alone[batch]) * 1e3:.1f} | "
-            f"{measured * 1e3:.1f} | {planned * 1e3:.1f} | {(planned / measured - 1) * 100:+.0f} % |"
+            f"| {batch} | {step * 1e3:,.1f} | {single * 1e3:,.1f} | {(step - single) * 1e3:.1f} | {measured * 1e3:.1f} "
+            f"| {planned * 1e3:.1f} | {(planned / measured - 1) * 100:+.0f} % |"
         )
 
 

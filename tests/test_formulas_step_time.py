@@ -16,7 +16,7 @@ from paratrain.errors import UsageError
 from paratrain.plan import calibrate
 from paratrain.plan.calibrate import _compute_line, _cost_line
 from paratrain.plan.devices import Device
-from paratrain.plan.links import Link
+from paratrain.plan.links import GlooLinks, Link
 from paratrain.plan.memory import Layout
 from paratrain.plan.profile import ModelProfile, TensorParallelProfile
 from paratrain.plan.step_time import (
@@ -899,7 +899,7 @@ def test_cpu_ranks_average_ddp_over_shared_memory_and_run_every_other_collective
     """paratrain's shared-memory average carries ddp's and zero1's gradients; FSDP's gathers and reduce-scatters,
     the pipeline's sends and hybrid's DDP are gloo's (a slower link here: 1e7 B/s, 5 ms a collective)."""
     gloo = Link("gloo", 1e7, 0.0, "test", base_latency=5e-3)
-    with_gloo = replace(TWO_PER_NODE, gloo=gloo)
+    with_gloo = replace(TWO_PER_NODE, gloo=GlooLinks(gloo, gloo, gloo))
     over_gloo = replace(TWO_PER_NODE, intra=gloo)
     cpu = device(False)
     for layout in (whole("ddp", 2), whole("zero1", 2)):
@@ -910,6 +910,34 @@ def test_cpu_ranks_average_ddp_over_shared_memory_and_run_every_other_collective
         t = step_time(profile(), layout, cpu, "fp32", "sgd", with_gloo, EFF)
         assert t == step_time(profile(), layout, cpu, "fp32", "sgd", over_gloo, EFF)
         assert t["comm_s"] > step_time(profile(), layout, cpu, "fp32", "sgd", TWO_PER_NODE, EFF)["comm_s"]
+
+
+def test_gloos_all_gather_and_reduce_scatter_each_take_their_own_link():
+    """gloo's collectives measured apart (all-reduce 1e7 B/s and 5 ms, all-gather 2e7 B/s and 2 ms, reduce-scatter
+    5e6 B/s and 4 ms): fsdp on 2 CPU ranks gathers the toy's one 4 MB unit twice, at 2 ms + 2 MB / 2e7 B/s = 102 ms
+    each, and reduce-scatters it once, at 4 ms + 2 MB / 5e6 B/s = 404 ms (its empty root moves nothing): 608 ms."""
+    links = GlooLinks(
+        Link("ar", 1e7, 0.0, "test", base_latency=5e-3),
+        Link("ag", 2e7, 0.0, "test", base_latency=2e-3),
+        Link("rs", 5e6, 0.0, "test", base_latency=4e-3),
+    )
+    t = step_time(profile(), whole("fsdp", 2), device(False), "fp32", "sgd", replace(TWO_PER_NODE, gloo=links), EFF)
+    assert t["comm_s"] == pytest.approx(0.608, rel=1e-12)
+    assert t["exposed_comm_s"] == t["comm_s"]  # CPU ranks hide nothing
+
+
+def test_cpu_ranks_wait_at_their_collectives_for_the_last_to_arrive():
+    """The ranks' arrival lag, 5 % of the compute before a collective, adds 5 % of the step's compute to the
+    exposed communication of every layout of more than one rank but a pipeline's (whose waits are its bubble)."""
+    gloo = Link("gloo", 1e7, 0.0, "test", base_latency=5e-3)
+    lagging = replace(TWO_PER_NODE, gloo=GlooLinks(gloo, gloo, gloo, arrival_lag=0.05))
+    prompt = replace(TWO_PER_NODE, gloo=GlooLinks(gloo, gloo, gloo))
+    for layout in (whole("ddp", 2), whole("fsdp", 2), whole("single", 1), Layout("pipeline", 2, 1, 2, 4, 100)):
+        late = step_time(profile(), layout, device(False), "fp32", "sgd", lagging, EFF)
+        on_time = step_time(profile(), layout, device(False), "fp32", "sgd", prompt, EFF)
+        lag = 0.05 * on_time["compute_s"] if layout.devices > 1 and layout.stages == 1 else 0.0
+        assert late["exposed_comm_s"] == pytest.approx(on_time["exposed_comm_s"] + lag, rel=1e-12)
+        assert late["step_time_s"] == pytest.approx(on_time["step_time_s"] + lag, rel=1e-12)
 
 
 def split_stages_profile() -> ModelProfile:

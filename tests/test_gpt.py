@@ -46,7 +46,7 @@ def known_cpu_peak():
     removed afterwards so no other test sees it."""
     path = text.default_cache_dir() / flops.CPU_PEAK_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    key = f"{flops._cpu_model()}|threads=1|32|torch {torch.__version__}"
+    key = f"{flops.cpu_model()}|threads=1|32|torch {torch.__version__}"
     path.write_text(json.dumps({key: {"value": 1.0e11, "source": "seeded by the test"}}))
     yield 1.0e11
     path.unlink(missing_ok=True)

@@ -351,18 +351,47 @@ def test_a_transformers_memory_bound_operators_are_timed_at_the_memory_bandwidth
     assert row["step_time_s"] == pytest.approx(compute + moved + 5 * model["param_bytes"] / bandwidth, rel=1e-9)
 
 
-def test_a_cpu_plan_prices_gloos_collectives_on_the_link_measured_here(capsys):
-    """On CPU ranks FSDP's collectives are gloo's, slower here than the shared-memory average ddp takes: a plan
-    of both on 2 cores gives fsdp the gloo link's 0.296 ms a collective (links.py, benchmarks/gloo_link.py)."""
+def gloo_measured(cpu: str) -> dict:
+    """A commbench result of gloo on 2 ranks, by hand: each collective's mean-call bandwidth and its mean call after
+    compute at 1 MiB (all-reduce 2 ms at 1 GB/s, all-gather 1.5 ms at 2 GB/s, reduce-scatter 3 ms at 0.5 GB/s), and
+    the last rank's arrival 2 % of the compute after the ranks' mean."""
+    lines = {"all_reduce": (2e-3, 1e9), "all_gather": (1.5e-3, 2e9), "reduce_scatter": (3e-3, 0.5e9)}
+    return {
+        "ranks": 2,
+        "cpu": cpu,
+        "arrival_lag": {"compute_s": 0.01, "share": 0.02},
+        "collectives": [
+            {
+                "op": op,
+                "path": "gloo",
+                "mean_fit": {"alpha_s": 1e-4, "beta_bytes_per_s": beta},
+                "after_compute": {"bytes": 2**20, "compute_s": 0.01, "mean_seconds": after},
+            }
+            for op, (after, beta) in lines.items()
+        ],
+    }
+
+
+def test_a_cpu_plan_prices_each_of_gloos_collectives_at_its_own_line_measured_here(tmp_path, monkeypatch, capsys):
+    """On CPU ranks FSDP's collectives are gloo's: the plan prices each kind at the line `paratrain commbench` kept
+    for this machine (links.py), its latency that of a call after compute. ddp's average takes shared memory."""
+    from paratrain.commbench import default_path
+    from paratrain.engine.flops import cpu_model
+
+    monkeypatch.setenv("PARATRAIN_CACHE", str(tmp_path))
+    default_path("gloo", "cpu", 2).parent.mkdir(parents=True)
+    default_path("gloo", "cpu", 2).write_text(json.dumps(gloo_measured(cpu_model())))
     argv = ["plan", "--workload", "gpt-tiny", "--device", "cpu", "--gpus", "2", "--strategy", "ddp,fsdp", "--json"]
     assert main(argv) == 0
     plan = json.loads(capsys.readouterr().out)
-    assert plan["device"]["gloo_link"]["base_latency_s"] == 0.296e-3
-    assert "benchmarks/gloo_link.py" in plan["device"]["gloo_link"]["source"]
-    comm = {r["strategy"]: r["time"]["comm_s"] for r in plan["rows"] if r["devices"] == 2}
+    # through the mean call after compute: 1.5 ms at 1 MiB and 2 GB/s leave 1.5 ms - 2^20 / 2e9 s of latency
+    assert plan["device"]["gloo_all_gather_link"]["base_latency_s"] == pytest.approx(1.5e-3 - 2**20 / 2e9)
+    assert "paratrain commbench" in plan["device"]["gloo_reduce_scatter_link"]["source"]
+    rows = {r["strategy"]: r["time"] for r in plan["rows"] if r["devices"] == 2}
+    comm = {strategy: t["comm_s"] - 0.02 * t["compute_s"] for strategy, t in rows.items()}  # less the ranks' lag
     # fsdp, unit by unit: each block gathered twice (resharding after forward) and reduce-scattered, the root (the
-    # embeddings and the tied head) gathered once (FSDP2 keeps it for backward) and reduce-scattered; each a
-    # collective's latency and half its float32 bytes over the link (a ring of 2)
+    # embeddings and the tied head) gathered once (FSDP2 keeps it for backward) and reduce-scattered; on a ring of 2
+    # each moves half its float32 bytes at the bus bandwidth, half the algorithm bandwidth: S / beta in all
     from paratrain.workloads.gpt import GPT, PRESETS
 
     model = GPT(PRESETS["gpt-tiny"])
@@ -370,11 +399,41 @@ def test_a_cpu_plan_prices_gloos_collectives_on_the_link_measured_here(capsys):
     root = sum(p.numel() * 4 for p in model.parameters()) - sum(blocks)
     assert root + sum(blocks) == plan["model"]["param_bytes"]
 
-    def collective(size: float) -> float:
-        return 0.296e-3 + size / 2 / 1.34e9
+    def gather(size: float) -> float:
+        return 1.5e-3 - 2**20 / 2e9 + size / 2e9
 
-    assert comm["fsdp"] == pytest.approx(2 * collective(root) + sum(3 * collective(b) for b in blocks), rel=1e-9)
+    def scatter(size: float) -> float:
+        return 3e-3 - 2**20 / 0.5e9 + size / 0.5e9
+
+    expected = gather(root) + scatter(root) + sum(2 * gather(b) + scatter(b) for b in blocks)
+    assert comm["fsdp"] == pytest.approx(expected, rel=1e-9)
     assert comm["ddp"] < comm["fsdp"] / 3
+    assert rows["fsdp"]["exposed_comm_s"] == rows["fsdp"]["comm_s"]  # CPU ranks hide nothing
+
+
+def test_a_cpu_plan_measures_gloo_once_per_machine(tmp_path, monkeypatch, capsys):
+    """No result of this CPU kept: the plan runs commbench (real ranks, about 15 s) and keeps it; a result measured on
+    another CPU is measured again; the next plan reads what was kept."""
+    from paratrain.commbench import default_path
+    from paratrain.engine.flops import cpu_model
+
+    monkeypatch.setenv("PARATRAIN_CACHE", str(tmp_path))
+    kept = default_path("gloo", "cpu", 2)
+    kept.parent.mkdir(parents=True)
+    kept.write_text(json.dumps(gloo_measured("another CPU")))
+    argv = ["plan", "--workload", "gpt-tiny", "--device", "cpu", "--gpus", "2", "--strategy", "fsdp", "--json"]
+    assert main(argv) == 0
+    first = json.loads(capsys.readouterr().out)["device"]["gloo_all_gather_link"]
+    measured = json.loads(kept.read_text())
+    assert measured["cpu"] == cpu_model() and measured["backend"] == "gloo" and measured["ranks"] == 2
+    after = {c["op"]: c["after_compute"] for c in measured["collectives"] if c["path"] == "gloo"}
+    assert set(after) == {"all_reduce", "broadcast", "all_gather", "reduce_scatter"}
+    assert all(a["mean_seconds"] > 0 and a["compute_s"] == 0.01 for a in after.values())
+    assert 0 <= measured["arrival_lag"]["share"] < 0.5
+    assert first["base_latency_s"] != pytest.approx(1.5e-3 - 2**20 / 2e9)  # not the other CPU's
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["device"]["gloo_all_gather_link"] == first
+    assert json.loads(kept.read_text())["time"] == measured["time"]
 
 
 def test_every_device_and_link_figure_names_its_source():

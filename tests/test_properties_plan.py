@@ -26,7 +26,7 @@ from paratrain.errors import UsageError
 from paratrain.plan import _Planner
 from paratrain.plan.depth import Stack, depths, fold_stack, line_to, unfold_stack
 from paratrain.plan.devices import Device
-from paratrain.plan.links import Link, commbench_link
+from paratrain.plan.links import GLOO_COLLECTIVES, GlooLinks, Link, commbench_link
 from paratrain.plan.memory import USABLE_FRACTION, Layout, memory_per_device, stage_bounds, stage_memory
 from paratrain.plan.profile import ModelProfile
 from paratrain.plan.search import CLOSE_CALL, search
@@ -100,7 +100,8 @@ def links(name: str) -> st.SearchStrategy[Link]:
     )
 
 
-topologies = st.builds(Topology, st.integers(1, 16), links("intra"), links("inter"), gloo=st.none() | links("gloo"))
+gloo_links = st.builds(GlooLinks, links("gloo all-reduce"), links("gloo all-gather"), links("gloo reduce-scatter"))
+topologies = st.builds(Topology, st.integers(1, 16), links("intra"), links("inter"), gloo=st.none() | gloo_links)
 devices = st.builds(
     Device,
     st.just("drawn"),
@@ -295,10 +296,12 @@ def test_more_bytes_or_slower_links_never_make_a_step_faster(
     parts = planned["compute_s"] + planned["exposed_comm_s"] + planned["optimizer_s"] + planned["overhead_s"]
     assert planned["step_time_s"] == pytest.approx(parts, **EXACT)
     assert 0 <= planned["exposed_comm_s"] <= planned["comm_s"] * (1 + 1e-12)
-    gloo = slower(topo.gloo, factor) if topo.gloo else None
+    gloo = GlooLinks(*(slower(getattr(topo.gloo, op), factor) for op in GLOO_COLLECTIVES)) if topo.gloo else None
     slow = replace(topo, intra=slower(topo.intra, factor), inter=slower(topo.inter, factor), gloo=gloo)
-    assert seconds(profile, slow)["step_time_s"] >= planned["step_time_s"] * (1 - 1e-12)
-    assert seconds(heavier(profile, times), topo)["step_time_s"] >= planned["step_time_s"] * (1 - 1e-12)
+    # within rounding: DDP's bucket walk subtracts times of nearly one size (hypothesis found a heavier model 1e-12
+    # faster, 7e-16 s of a 0.66 ms step)
+    assert seconds(profile, slow)["step_time_s"] >= planned["step_time_s"] * (1 - 1e-9)
+    assert seconds(heavier(profile, times), topo)["step_time_s"] >= planned["step_time_s"] * (1 - 1e-9)
 
 
 IDEAL = Link("ideal", math.inf, 0.0, "free", base_latency=0.0)

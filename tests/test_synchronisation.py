@@ -20,7 +20,8 @@ import torch
 from conftest import free_port, start_ranks, train_spawned
 
 from paratrain.cli import main
-from paratrain.commbench import TOLERANCE, fit_alpha_beta, fit_regimes, regime_for
+from paratrain.commbench import OPERATIONS, TOLERANCE, fit_alpha_beta, fit_regimes, regime_for
+from paratrain.engine.flops import cpu_model
 
 # 256 samples / a global batch of 64: 4 optimizer steps.
 COMMON = dict(workers=2, epochs=1, synthetic_samples=256, batch_size=32, lr=0.05, log_every=1, checkpoint_every=1)
@@ -333,6 +334,11 @@ def test_commbench_measures_every_collective_and_the_plan_reads_its_fit(tmp_path
         )
         assert c["max_error"] == pytest.approx(max(abs(p["error"]) for p in c["points"]))
     assert bench["fit"]["path"] == "shm" and bench["fit"]["regimes"] == series[("all_reduce", "shm")]["regimes"]
+    # the mean calls' line beside the typical one; gloo's collectives also as a step calls them, after compute
+    assert all(c["mean_fit"]["alpha_s"] >= 0 for c in series.values())
+    assert all(series[(op, "gloo")]["after_compute"]["mean_seconds"] > 0 for op in OPERATIONS)
+    assert "after_compute" not in series[("all_reduce", "shm")]
+    assert bench["cpu"] == cpu_model()
     assert (
         main(
             [

@@ -17,7 +17,16 @@ three regimes, each its own alpha-beta line, where they fit best: a collective l
 algorithm and protocol with the message size (Thakur, Rabenseifner & Gropp 2005: short and long
 messages take different algorithms in MPICH), and a buffer outgrows the caches or glibc's mmap
 threshold (32 MiB at most), past which each call faults in fresh pages. The result keeps each
-size's error so the fit can be judged where it is used.
+size's error so the fit can be judged where it is used. The mean calls are fitted too (`mean_fit`): a training
+step pays every call of its loop.
+
+On CPU, each collective is also timed as a training step calls it (`after_compute`): at AFTER_COMPUTE_BYTES,
+each call after the same AFTER_COMPUTE_S of matrix products on every rank. Back to back, gloo's threads are
+awake and the ranks arrive together; after compute, a call also pays the threads' wake-up, and every rank but
+the last waits for the last to arrive (two cores never finish the same work at the same moment). Kept apart: the
+mean call of the rank that arrived last, into a buffer not touched before (as FSDP2's gathers write), and how far
+the last arrival lags the ranks' mean arrival, after LAG_COMPUTE_S, as a share of that compute (`arrival_lag`).
+`paratrain plan` prices a CPU rank's collectives with both (plan/links.py).
 
 A command of its own, above the launcher in the layers (pyproject.toml's import-linter contract):
 it places and starts ranks with launch's helpers, and plan reads its fits.
@@ -26,6 +35,7 @@ it places and starts ranks with launch's helpers, and plan reads its fits.
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import itertools
 import math
 import platform
@@ -43,6 +53,7 @@ import torch.distributed as dist
 
 from paratrain.config import CommbenchConfig, parse_size
 from paratrain.engine.distributed import Placement, init_rank, shutdown
+from paratrain.engine.flops import cpu_model
 from paratrain.engine.shm_allreduce import open_shared_average
 from paratrain.errors import RunFailed
 from paratrain.launch.placement import available_cores, check_gpus, core_sets, resolve_backend, resolve_device
@@ -58,6 +69,13 @@ MAX_REGIMES = 3
 # A regime has at least this many sizes: one more than its two parameters, so each is checked by a
 # size it was not solved from.
 REGIME_MIN_SIZES = 3
+# A collective as a training step calls it: after this much compute on each rank (a unit's forward at a small
+# batch), at this size (an FSDP unit of a small transformer), this many calls.
+AFTER_COMPUTE_S = 0.01
+AFTER_COMPUTE_BYTES = 2**20
+AFTER_COMPUTE_CALLS = 100
+LAG_COMPUTE_S = 0.1
+LAG_CALLS = 20
 # nccl-tests PERFORMANCE.md: bus bandwidth = algorithm bandwidth x this factor, comparable across ops.
 BUS_FACTOR: dict[str, Callable[[int], float]] = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
@@ -67,10 +85,10 @@ BUS_FACTOR: dict[str, Callable[[int], float]] = {
 }
 
 
-def default_path(backend: str, device: str, workers: int) -> Path:
+def default_path(backend: str, device: str, workers: int, cache_dir: Path | None = None) -> Path:
     from paratrain.workloads.datasets import default_cache_dir
 
-    return default_cache_dir() / "commbench" / f"{backend}-{device}-w{workers}.json"
+    return (cache_dir or default_cache_dir()) / "commbench" / f"{backend}-{device}-w{workers}.json"
 
 
 def message_sizes(smallest: int, largest: int) -> list[int]:
@@ -102,8 +120,11 @@ def run_commbench(cfg: CommbenchConfig) -> dict[str, Any]:
     sizes = message_sizes(parse_size(cfg.min_size), parse_size(cfg.max_size))
     # The shared-memory average is DDP's path only between CPU ranks that own their cores.
     with_shm = not cuda and cpu_sets is not None
-    timings = _measure(cfg.workers, placement, sizes, cfg.seconds_per_size, with_shm)
-    collectives = [_fitted(op, path, measured, cfg.workers) for (op, path), measured in timings.items()]
+    timings, after_compute, lag = _measure(cfg.workers, placement, sizes, cfg.seconds_per_size, with_shm)
+    collectives = [
+        _fitted(op, path, measured, cfg.workers, after_compute.get(op) if path == backend else None)
+        for (op, path), measured in timings.items()
+    ]
     training_path = "shm" if with_shm else backend
     allreduce = next(c for c in collectives if c["op"] == "all_reduce" and c["path"] == training_path)
     result = {
@@ -115,7 +136,7 @@ def run_commbench(cfg: CommbenchConfig) -> dict[str, Any]:
         "pinned": cpu_sets is not None,
         "torch": torch.__version__,
         "host": platform.node(),
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": cpu_model(),
         "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         # The all-reduce on the path DDP averages gradients with here: what a planner models a step with.
         "fit": {
@@ -129,6 +150,8 @@ def run_commbench(cfg: CommbenchConfig) -> dict[str, Any]:
             "ranks": cfg.workers,
         },
         "collectives": collectives,
+        # CPU: how far the last rank to arrive lags the ranks' mean arrival, a share of the compute before it
+        **({"arrival_lag": {"compute_s": LAG_COMPUTE_S, "share": lag}} if lag is not None else {}),
     }
     write_json(out, result)
     return {**result, "path": str(out)}
@@ -136,9 +159,10 @@ def run_commbench(cfg: CommbenchConfig) -> dict[str, Any]:
 
 def _measure(
     workers: int, placement: Placement, sizes: list[int], seconds: float, with_shm: bool
-) -> dict[tuple[str, str], list[tuple[int, float, float]]]:
-    """Every collective timed at every size on `workers` ranks started by the elastic launcher:
-    rank 0's (bytes, typical seconds, mean seconds) per (collective, path)."""
+) -> tuple[dict[tuple[str, str], list[tuple[int, float, float]]], dict[str, dict[str, float]], float | None]:
+    """Every collective timed at every size on `workers` ranks started by the elastic launcher: rank 0's (bytes,
+    typical seconds, mean seconds) per (collective, path); and on CPU, each collective after compute, and the
+    last rank's lag (_after_compute)."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -173,12 +197,18 @@ def _measure(
     return results[0]
 
 
-def _fitted(op: str, path: str, measured: list[tuple[int, float, float]], ranks: int) -> dict[str, Any]:
-    """One collective's entry: its straight alpha-beta line, its regimes, and every size measured
-    (typical and mean seconds, algorithm and bus bandwidth, the fit and its error)."""
+def _fitted(
+    op: str, path: str, measured: list[tuple[int, float, float]], ranks: int, after_compute: dict[str, float] | None
+) -> dict[str, Any]:
+    """One collective's entry: its straight alpha-beta line, its regimes, the line through its mean calls, its
+    calls after compute (CPU), and every size measured (typical and mean seconds, algorithm and bus bandwidth,
+    the fit and its error)."""
     points = [(n, typical) for n, typical, _ in measured]
     line, fit = fit_alpha_beta(points), fit_regimes(points)
+    mean = fit_alpha_beta([(n, mean) for n, _, mean in measured])
     return {
+        "mean_fit": {"alpha_s": mean["alpha_s"], "beta_bytes_per_s": mean["beta_bytes_per_s"]},
+        **({"after_compute": after_compute} if after_compute else {}),
         "op": op,
         "path": path,
         "alpha_s": line["alpha_s"],
@@ -222,19 +252,80 @@ def _bench_rank(placement: dict[str, Any], sizes: list[int], seconds: float, wit
             timings[("all_reduce", "shm")] = [
                 (n, *t) for n, t in zip(sizes, _time_sizes([average(n) for n in sizes], seconds, device))
             ]
-        return timings if ctx.is_main else {}
+        after, lag = ({}, None) if device.type == "cuda" else _after_compute(world, device)
+        return (timings, after, lag) if ctx.is_main else ({}, {}, None)
     finally:
         shutdown()
 
 
-def _collective(op: str, nbytes: int, world: int, device: torch.device) -> Callable[[], Any]:
+def _after_compute(world: int, device: torch.device) -> tuple[dict[str, dict[str, float]], float]:
+    """Each collective at AFTER_COMPUTE_BYTES called after AFTER_COMPUTE_S of matrix products, the same number of
+    them on every rank (rank 0's count for that time): per collective, the mean call of the rank that arrived last
+    (it waits for no one: the call's own cost, the threads' wake-up included). And how far the last rank to arrive
+    lags the ranks' mean arrival, after LAG_COMPUTE_S of the same products, as a share of that compute: what every
+    rank but the last waits, on average (measured on the longer compute of a large batch's units, where it counts:
+    after 10 ms it came out a larger share, 2-4 %, than a step's lag at 64 samples a rank, about 2 %)."""
+    a = torch.randn(128, 128, device=device)
+    start, products = time.perf_counter(), 0
+    while time.perf_counter() - start < AFTER_COMPUTE_S:
+        a @ a
+        products += 1
+    count = torch.tensor([products], device=device)
+    dist.broadcast(count, src=0)
+    result = {}
+    for op in OPERATIONS:
+        _collective(op, AFTER_COMPUTE_BYTES, world, device)()
+        # a result buffer of its own for every call, never written before it, as FSDP2 allocates its gathers'
+        fresh = functools.partial(_collective, op, AFTER_COMPUTE_BYTES, world, device, fresh_result=True)
+        begun, arrived, ended = _after_products(fresh, int(count.item()), AFTER_COMPUTE_CALLS, a, world)
+        last = arrived.argmax(dim=0, keepdim=True)
+        result[op] = {
+            "bytes": AFTER_COMPUTE_BYTES,
+            "compute_s": AFTER_COMPUTE_S,
+            "mean_seconds": float((ended.gather(0, last) - arrived.gather(0, last)).mean()),
+        }
+    one = torch.ones(1, device=device)
+    lag_products = int(count.item() * LAG_COMPUTE_S / AFTER_COMPUTE_S)
+    begun, arrived, _ = _after_products(lambda: lambda: dist.all_reduce(one), lag_products, LAG_CALLS, a, world)
+    # pooled over the calls (a mean of per-call shares lets a descheduled call weigh more than its time)
+    lag = (arrived.max(dim=0).values - arrived.mean(dim=0)).sum() / (arrived - begun).mean(dim=0).sum()
+    return result, float(lag)
+
+
+def _after_products(
+    make_call: Callable[[], Callable[[], Any]], products: int, repeats: int, a: torch.Tensor, world: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`repeats` times: a call made, a barrier, `products` matrix products of `a`, the call. Every rank's (compute
+    start, arrival at the call, the call's end), ranks x repeats, on one clock: perf_counter is CLOCK_MONOTONIC,
+    the host's."""
+    own = torch.zeros(3, repeats, dtype=torch.float64)
+    for i in range(repeats):
+        call = make_call()
+        dist.barrier()
+        own[0, i] = time.perf_counter()
+        for _ in range(products):
+            a @ a
+        own[1, i] = time.perf_counter()
+        call()
+        own[2, i] = time.perf_counter()
+    every = [torch.zeros_like(own).to(a.device) for _ in range(world)]
+    dist.all_gather(every, own.to(a.device))
+    return tuple(torch.stack([e[k].cpu() for e in every]) for k in range(3))  # type: ignore[return-value]
+
+
+def _collective(
+    op: str, nbytes: int, world: int, device: torch.device, fresh_result: bool = False
+) -> Callable[[], Any]:
+    """A call of `op` on `nbytes` in all; with `fresh_result`, what it writes (an all-gather's whole, a
+    reduce-scatter's part) newly allocated and never touched, so that the call pays its pages' first touch."""
     elements = max(world, nbytes // 4 // world * world)  # a whole number of float32 per rank
-    whole = torch.ones(elements, device=device)
+    make = torch.empty if fresh_result else torch.ones
+    whole = (make if op == "all_gather" else torch.ones)(elements, device=device)
     if op == "all_reduce":
         return lambda: dist.all_reduce(whole)
     if op == "broadcast":
         return lambda: dist.broadcast(whole, src=0)
-    part = torch.ones(elements // world, device=device)
+    part = (torch.ones if op == "all_gather" else make)(elements // world, device=device)
     if op == "all_gather":
         return lambda: dist.all_gather_single(whole, part)
     return lambda: dist.reduce_scatter_single(part, whole)

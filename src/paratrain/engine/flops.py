@@ -213,10 +213,10 @@ def cpu_peak(precision: str, cache_dir: Path, size: int = 1024, seconds: float =
                 repeats += 1
         return 2 * size**3 / best, (
             f"measured: {size}x{size} {dtype} matrix product (the faster of torch.mm and F.linear, best of at least 3 "
-            f"repeats over {seconds} s), {threads} thread(s), {_cpu_model()}, torch {torch.__version__}"
+            f"repeats over {seconds} s), {threads} thread(s), {cpu_model()}, torch {torch.__version__}"
         )
 
-    return _measured_once(cache_dir, f"{_cpu_model()}|threads={threads}|{precision}|torch {torch.__version__}", measure)
+    return _measured_once(cache_dir, f"{cpu_model()}|threads={threads}|{precision}|torch {torch.__version__}", measure)
 
 
 def cpu_copy_bandwidth(cache_dir: Path, mib: int = 64) -> tuple[float, str]:
@@ -234,11 +234,11 @@ def cpu_copy_bandwidth(cache_dir: Path, mib: int = 64) -> tuple[float, str]:
             dst.copy_(src)
             best = min(best, time.perf_counter() - start)
         return 2 * mib * 2**20 / best, (
-            f"measured: a {mib} MiB float32 tensor copied, {threads} thread(s), best of 5, {_cpu_model()}"
+            f"measured: a {mib} MiB float32 tensor copied, {threads} thread(s), best of 5, {cpu_model()}"
         )
 
     return _measured_once(
-        cache_dir, f"{_cpu_model()}|threads={threads}|copy {mib} MiB|torch {torch.__version__}", measure
+        cache_dir, f"{cpu_model()}|threads={threads}|copy {mib} MiB|torch {torch.__version__}", measure
     )
 
 
@@ -266,7 +266,7 @@ def _time_once(product: Any, a: torch.Tensor, b: torch.Tensor) -> float:
     return time.perf_counter() - start
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):

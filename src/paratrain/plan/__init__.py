@@ -26,11 +26,12 @@ from paratrain.formatting import rate, size
 from paratrain.plan.devices import NODE_DEVICES, Device, get_device
 from paratrain.plan.links import (
     DEFAULT_INTER_NODE,
+    GLOO_COLLECTIVES,
     Link,
     commbench_link,
     custom_link,
     get_link,
-    gloo_link,
+    measured_gloo_links,
     shm_link,
 )
 from paratrain.plan.memory import USABLE_FRACTION, Layout, memory_per_device
@@ -225,7 +226,11 @@ def _device_json(device: Device, precision: str, eff: Efficiency, per_node: int,
         "per_node": per_node,
         "intra_node_link": _link_json(topo.intra),
         "inter_node_link": _link_json(topo.inter),
-        **({"gloo_link": _link_json(topo.gloo)} if topo.gloo is not None else {}),
+        **(
+            {f"gloo_{op}_link": _link_json(getattr(topo.gloo, op)) for op in GLOO_COLLECTIVES}
+            if topo.gloo is not None
+            else {}
+        ),
         "sources": device.sources,
     }
 
@@ -359,7 +364,8 @@ def _topology(cfg: PlanConfig, device: Device, per_node: int, gradient_bytes: fl
         intra = custom_link("intra-node", cfg.intra_node_gbps)
     if cfg.inter_node_gbps is not None:
         inter = custom_link("inter-node", cfg.inter_node_gbps)
-    return Topology(per_node, intra, inter, gloo_link() if device.intra_node_link == "shm" else None)
+    gloo = measured_gloo_links(cfg.cache_dir) if device.intra_node_link == "shm" else None
+    return Topology(per_node, intra, inter, gloo)
 
 
 def _link_json(link: Link) -> dict[str, Any]:

@@ -15,6 +15,7 @@ table's figures when given (`--interconnect PATH.json`).
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,13 +67,11 @@ LINKS: dict[str, Link] = {
 SHM_LATENCY_S = 0.17e-3
 SHM_SOURCE = "measured here: benchmarks/allreduce_latency.py, docs/benchmarks.md (0.16-0.18 ms after compute)"
 # Every other collective of CPU ranks (FSDP's gathers and reduce-scatters, tensor parallelism's all-reduces,
-# the pipeline's sends, hybrid's DDP) is torch.distributed's own, on gloo over the loopback: an all-reduce
-# between 2 ranks of this host, a core each, measured (benchmarks/gloo_link.py, 3 runs 2026-11-27: alpha
-# 0.285-0.299 ms, beta 1.25-1.42 GB/s; the medians), charged once per collective. A fifth of the shared-memory
-# average's bandwidth here, and twice its latency.
-GLOO_LATENCY_S = 0.296e-3
-GLOO_BANDWIDTH = 1.34 * GB
-GLOO_SOURCE = "measured here: benchmarks/gloo_link.py (2 ranks, a core each: 0.285-0.299 ms, 1.25-1.42 GB/s)"
+# the pipeline's sends, hybrid's DDP) is torch.distributed's own, on gloo over the loopback, each collective at
+# its own line as a step pays it: `paratrain commbench` on 2 ranks of this machine (gloo_links; the plan measures
+# it once per machine). gloo's all-gather and reduce-scatter are not halves of its all-reduce: on the AVX2 machine
+# (2026-11-30) 0.79 ms + bytes / 0.99 GB/s and 0.97 ms + bytes / 0.70 GB/s, the all-reduce 1.3 ms + bytes / 1.07 GB/s.
+GLOO_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 DEFAULT_INTER_NODE = "ib-hdr"
 
 
@@ -93,8 +92,84 @@ def shm_link(memory_bandwidth: float) -> Link:
     )
 
 
-def gloo_link() -> Link:
-    return Link("gloo", GLOO_BANDWIDTH, 0.0, GLOO_SOURCE, base_latency=GLOO_LATENCY_S)
+@dataclass(frozen=True)
+class GlooLinks:
+    """gloo's collectives between the CPU ranks of one host, each its own alpha-beta line; and how far the last rank
+    to reach a collective lags the ranks' mean arrival, as a share of the compute before it (two cores never finish
+    the same work at the same moment): every rank but the last waits that long, whatever the link."""
+
+    all_reduce: Link
+    all_gather: Link
+    reduce_scatter: Link
+    arrival_lag: float = 0.0
+
+
+def gloo_links(result: dict[str, Any], path: Path) -> GlooLinks:
+    """Each of GLOO_COLLECTIVES from a `paratrain commbench` result on gloo (`path` names it in the sources), as a
+    training step pays it: the bandwidth of the line through the mean calls (a step pays every call of its loop),
+    and the latency that puts that line through the last rank's mean call after compute (`after_compute`: the
+    threads' wake-up, which calls back to back do not pay); and the ranks' arrival lag. As the ring formulas take
+    it: the latency once per collective, beta (the algorithm bandwidth over the whole buffer) times the bus factor."""
+    from paratrain.commbench import BUS_FACTOR
+
+    ranks = int(result.get("ranks", 2))
+    lines = {
+        c["op"]: c
+        for c in result.get("collectives", [])
+        if c.get("path") == "gloo" and "mean_fit" in c and "after_compute" in c
+    }
+    missing = [op for op in GLOO_COLLECTIVES if op not in lines] + (
+        ["the arrival lag"] if "arrival_lag" not in result else []
+    )
+    if missing:
+        raise UsageError(
+            f"{path}: no gloo {', '.join(missing)} timed after compute in this commbench result (an older "
+            "paratrain's, or another backend's); delete it, and the plan measures gloo again"
+        )
+
+    def link(op: str) -> Link:
+        beta, after = lines[op]["mean_fit"]["beta_bytes_per_s"], lines[op]["after_compute"]
+        seconds_per_byte = 1 / float(beta) if beta else 0.0
+        alpha = max(after["mean_seconds"] - after["bytes"] * seconds_per_byte, 0.0)
+        bus = BUS_FACTOR[op](ranks)  # nccl-tests' factors: the ring's per-link share of the algorithm bandwidth
+        return Link(
+            f"gloo {op.replace('_', '-')}",
+            bus / seconds_per_byte if seconds_per_byte else float("inf"),
+            0.0,
+            f"measured: paratrain commbench, {path} ({op} on {ranks} ranks: {alpha * 1e3:.2f} ms + bytes / "
+            f"{(float(beta) if beta else float('inf')) / GB:.2f} GB/s, through its mean call after "
+            f"{after['compute_s'] * 1e3:g} ms of compute, {after['mean_seconds'] * 1e3:.2f} ms at "
+            f"{after['bytes'] / 2**20:g} MiB)",
+            base_latency=alpha,
+        )
+
+    return GlooLinks(*(link(op) for op in GLOO_COLLECTIVES), arrival_lag=float(result["arrival_lag"]["share"]))
+
+
+def measured_gloo_links(cache_dir: Path | None) -> GlooLinks:
+    """gloo's links on this machine: `paratrain commbench` on 2 ranks, run once per machine and kept where commbench
+    keeps its results (a result of this CPU measured by `paratrain commbench --workers 2` serves as well), as the
+    CPU's peak is kept: a plan made twice must not differ by a noisy measurement."""
+    from paratrain.commbench import default_path, run_commbench
+    from paratrain.config import CommbenchConfig
+    from paratrain.engine.flops import cpu_model
+
+    path = default_path("gloo", "cpu", 2, cache_dir)
+    try:
+        result = json.loads(path.read_text())
+        if result.get("cpu") == cpu_model():
+            return gloo_links(result, path)
+    except (OSError, ValueError, UsageError):
+        pass
+    from rich.console import Console
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cfg = CommbenchConfig(
+        workers=2, out=path, min_size="4K", max_size="16M", seconds_per_size=0.1, allow_oversubscribe=cores < 2
+    )
+    measuring = f"measuring gloo's collectives here, once (paratrain commbench, about 15 s): {path}"
+    with Console(stderr=True).status(measuring):
+        return gloo_links(run_commbench(cfg), path)
 
 
 def custom_link(name: str, gbits: float) -> Link:

@@ -12,11 +12,14 @@
   device's memory bandwidth; sharded strategies step 1/N of the parameters.
 - Collectives (alpha-beta; Patarasuk & Yuan 2009, nccl-tests PERFORMANCE.md, Calculon):
   ring all-reduce of S bytes on n ranks: base + 2(n−1)·latency + 2(n−1)/n · S / bandwidth;
-  all-gather and reduce-scatter: base + (n−1)·latency + (n−1)/n · S / bandwidth (S the whole);
+  all-gather and reduce-scatter: base + (n−1)·latency + (n−1)/n · S / bandwidth (S the whole), each on
+  its own link where the two are measured apart (gloo);
   across nodes, hierarchical: reduce-scatter inside each node, all-reduce of the node's 1/g share
   across nodes, all-gather inside the node (the inter-node link carries 1/g of the bytes).
 - CPU ranks of one host: ddp's and zero1's gradient average over shared memory (paratrain's own path), every
-  other layout's collectives over gloo on the loopback (measured: links.py).
+  other layout's collectives over gloo on the loopback, each at its own line as `paratrain commbench` measured
+  it on this machine (links.py); and at its collectives every rank waits for the last to arrive, a share of the
+  compute before them that commbench measures too (the arrival lag; in a pipeline, the bubble instead).
 - Overlap: where the device communicates beside compute (GPUs: NCCL runs on its own streams), each
   collective is priced against the compute that runs beside it, unit by unit (overlap.py): DDP's buckets
   as backward fills them, FSDP's gathers one unit ahead of its forward and backward and its
@@ -52,7 +55,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from paratrain.plan.devices import Device
-from paratrain.plan.links import Link
+from paratrain.plan.links import GlooLinks, Link
 from paratrain.plan.memory import Layout, gathered_scale, stage_bounds, unit_param_bytes
 from paratrain.plan.overlap import ShardedUnit, ddp_comm_s, ddp_exposed_s, fsdp_exposed_s
 from paratrain.plan.profile import ModelProfile, TensorParallelProfile
@@ -70,9 +73,13 @@ class Topology:
     per_node: int
     intra: Link
     inter: Link
-    # CPU ranks: the link of torch.distributed's own collectives (gloo), where the gradient average of ddp and
+    # CPU ranks: the links of torch.distributed's own collectives (gloo), where the gradient average of ddp and
     # zero1 takes another path (paratrain's shared memory: `intra`). None on GPUs: NCCL carries everything.
-    gloo: Link | None = None
+    gloo: GlooLinks | None = None
+    # Within a node, the links of all-gathers and reduce-scatters where they differ from the all-reduce's `intra`
+    # (gloo's are each measured apart: its all-gather and reduce-scatter are not halves of its all-reduce).
+    intra_gather: Link | None = None
+    intra_scatter: Link | None = None
 
 
 def ring_allreduce_s(size: float, ranks: int, link: Link) -> float:
@@ -97,10 +104,16 @@ def allreduce_s(size: float, ranks: int, per_node: int, topo: Topology) -> float
 
 
 def allgather_s(size: float, ranks: int, per_node: int, topo: Topology) -> float:
+    intra = topo.intra_gather or topo.intra
     if ranks <= per_node:
-        return ring_allgather_s(size, ranks, topo.intra)
+        return ring_allgather_s(size, ranks, intra)
     nodes = -(-ranks // per_node)
-    return ring_allgather_s(size, per_node, topo.intra) + ring_allgather_s(size / per_node, nodes, topo.inter)
+    return ring_allgather_s(size, per_node, intra) + ring_allgather_s(size / per_node, nodes, topo.inter)
+
+
+def reducescatter_s(size: float, ranks: int, per_node: int, topo: Topology) -> float:
+    """Reduce-scatter of `size` bytes in all: the all-gather's ring run backwards, on the reduce-scatter's link."""
+    return allgather_s(size, ranks, per_node, replace(topo, intra_gather=topo.intra_scatter))
 
 
 @dataclass(frozen=True)
@@ -202,7 +215,8 @@ def step_time(
 ) -> dict[str, Any]:
     """Seconds per optimizer step and where they go."""
     if topo.gloo is not None and layout.strategy not in SHARED_MEMORY_AVERAGED:
-        topo = replace(topo, intra=topo.gloo)
+        gloo = topo.gloo
+        topo = replace(topo, intra=gloo.all_reduce, intra_gather=gloo.all_gather, intra_scatter=gloo.reduce_scatter)
     share, fixed = (
         eff.pipeline_compute(layout.devices)
         if layout.stages > 1
@@ -227,6 +241,10 @@ def step_time(
         shard = n if layout.strategy == "zero1" else layout.shards
         optimizer_s = traffic * grads / shard / device.memory_bandwidth
         comm, exposed = _data_parallel_comm(profile, layout, device, topo, compute, backward, precision)
+    if topo.gloo is not None and layout.devices > 1 and layout.stages == 1:
+        # CPU ranks: at each collective every rank but the last waits for it (a pipeline's waits are its bubble)
+        lag = topo.gloo.arrival_lag * compute
+        comm, exposed = comm + lag, exposed + lag
     overhead = eff.overhead_for(layout.devices)
     overhead += eff.layout_cost_s(layout_key(layout, profile.tensor_parallel), layout.devices, layout.replica_batch)
     total = compute + exposed + optimizer_s + overhead
@@ -296,7 +314,7 @@ def _sharded_units(
         size = param_bytes * held
         return ShardedUnit(
             gather_s=allgather_s(size * scale, shards, in_node, topo),
-            scatter_s=allgather_s(size, shards, in_node, topo) + allreduce_s(size / shards, replicas, across, topo),
+            scatter_s=reducescatter_s(size, shards, in_node, topo) + allreduce_s(size / shards, replicas, across, topo),
             forward_s=(1 - BACKWARD_SHARE) * compute * work_share,
             backward_s=BACKWARD_SHARE * compute * work_share,
         )
@@ -328,7 +346,7 @@ def _sharded_collectives_s(
     replicas = layout.data_parallel // shards
     in_node = max(per_node // stride, 1)
     scale = gathered_scale(precision)
-    sharded = allgather_s(size, shards, in_node, topo) + gathers * allgather_s(size * scale, shards, in_node, topo)
+    sharded = reducescatter_s(size, shards, in_node, topo) + gathers * allgather_s(size * scale, shards, in_node, topo)
     return sharded + allreduce_s(size / shards, replicas, max(per_node // (stride * shards), 1), topo)
 
 
@@ -429,9 +447,11 @@ def _split_collectives_s(
     sixteen = 0.5 if precision in ("bf16", "fp16") else 1.0
     each = sixteen * split.allreduce_bytes_per_sample * samples / max(split.allreduces, 1)
     seconds = split.allreduces * allreduce_s(each, t, per_node, topo)
-    # sequence parallelism: an all-gather or reduce-scatter each, (n-1)/n of the whole tensor a ring pass
+    # sequence parallelism: an all-gather or reduce-scatter each, (n-1)/n of the whole tensor a ring pass; as many
+    # of one as of the other (each region's gather into a column-parallel layer, its scatter out of a row-parallel)
     whole = sixteen * split.gather_scatter_bytes_per_sample * samples / max(split.gather_scatters, 1)
-    seconds += split.gather_scatters * allgather_s(whole, t, per_node, topo)
+    pair = allgather_s(whole, t, per_node, topo) + reducescatter_s(whole, t, per_node, topo)
+    seconds += split.gather_scatters * pair / 2
     return share * seconds
 
 
