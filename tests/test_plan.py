@@ -412,7 +412,7 @@ def test_a_cpu_plan_prices_each_of_gloos_collectives_at_its_own_line_measured_he
 
 
 def test_a_cpu_plan_measures_gloo_once_per_machine(tmp_path, monkeypatch, capsys):
-    """No result of this CPU kept: the plan runs commbench (real ranks, about 15 s) and keeps it; a result measured on
+    """No result of this CPU kept: the plan runs commbench (real ranks, about 20 s) and keeps it; a result measured on
     another CPU is measured again; the next plan reads what was kept."""
     from paratrain.commbench import default_path
     from paratrain.engine.flops import cpu_model

@@ -167,7 +167,7 @@ def measured_gloo_links(cache_dir: Path | None) -> GlooLinks:
     cfg = CommbenchConfig(
         workers=2, out=path, min_size="4K", max_size="16M", seconds_per_size=0.1, allow_oversubscribe=cores < 2
     )
-    measuring = f"measuring gloo's collectives here, once (paratrain commbench, about 15 s): {path}"
+    measuring = f"measuring gloo's collectives here, once (paratrain commbench, about 20 s): {path}"
     with Console(stderr=True).status(measuring):
         return gloo_links(run_commbench(cfg), path)
 
