@@ -932,12 +932,18 @@ def test_cpu_ranks_wait_at_their_collectives_for_the_last_to_arrive():
     gloo = Link("gloo", 1e7, 0.0, "test", base_latency=5e-3)
     lagging = replace(TWO_PER_NODE, gloo=GlooLinks(gloo, gloo, gloo, arrival_lag=0.05))
     prompt = replace(TWO_PER_NODE, gloo=GlooLinks(gloo, gloo, gloo))
+    alone = replace(EFF, by_devices=((1, 0.5),))  # calibrated on one rank: no wait for another in its efficiency
     for layout in (whole("ddp", 2), whole("fsdp", 2), whole("single", 1), Layout("pipeline", 2, 1, 2, 4, 100)):
-        late = step_time(profile(), layout, device(False), "fp32", "sgd", lagging, EFF)
-        on_time = step_time(profile(), layout, device(False), "fp32", "sgd", prompt, EFF)
+        late = step_time(profile(), layout, device(False), "fp32", "sgd", lagging, alone)
+        on_time = step_time(profile(), layout, device(False), "fp32", "sgd", prompt, alone)
         lag = 0.05 * on_time["compute_s"] if layout.devices > 1 and layout.stages == 1 else 0.0
         assert late["exposed_comm_s"] == pytest.approx(on_time["exposed_comm_s"] + lag, rel=1e-12)
         assert late["step_time_s"] == pytest.approx(on_time["step_time_s"] + lag, rel=1e-12)
+    # an efficiency calibrated on 2 ranks holds their wait: nothing added
+    fsdp = whole("fsdp", 2)
+    assert step_time(profile(), fsdp, device(False), "fp32", "sgd", lagging, EFF) == step_time(
+        profile(), fsdp, device(False), "fp32", "sgd", prompt, EFF
+    )
 
 
 def split_stages_profile() -> ModelProfile:

@@ -78,7 +78,9 @@ def run_plan(cfg: PlanConfig) -> dict[str, Any]:
     if runs:
         # the tensor-parallel runs' splits, measured once each; the plan's own is measured already
         splits = {_split(cfg, cfg.tp).model_dump_json(): profile.tensor_parallel} if profile.tensor_parallel else {}
-        eff = calibrate.fit(runs, lambda run, fitted: _run_timing(profile, run, device, cfg, topo, fitted, splits))
+        # fitted without the ranks' arrival lag: an efficiency fitted on runs of several ranks holds their wait
+        unlagged = replace(topo, gloo=replace(topo.gloo, arrival_lag=0.0)) if topo.gloo else topo
+        eff = calibrate.fit(runs, lambda run, fitted: _run_timing(profile, run, device, cfg, unlagged, fitted, splits))
 
     stages, units = (cfg.mesh[3] if cfg.mesh else 1), len(profile.units)
     if stages > 1 and stages > units:

@@ -19,7 +19,8 @@
 - CPU ranks of one host: ddp's and zero1's gradient average over shared memory (paratrain's own path), every
   other layout's collectives over gloo on the loopback, each at its own line as `paratrain commbench` measured
   it on this machine (links.py); and at its collectives every rank waits for the last to arrive, a share of the
-  compute before them that commbench measures too (the arrival lag; in a pipeline, the bubble instead).
+  compute before them that commbench measures too (the arrival lag; in a pipeline, the bubble instead; none where
+  the efficiency was calibrated on runs of several ranks, which hold that wait).
 - Overlap: where the device communicates beside compute (GPUs: NCCL runs on its own streams), each
   collective is priced against the compute that runs beside it, unit by unit (overlap.py): DDP's buckets
   as backward fills them, FSDP's gathers one unit ahead of its forward and backward and its
@@ -241,8 +242,10 @@ def step_time(
         shard = n if layout.strategy == "zero1" else layout.shards
         optimizer_s = traffic * grads / shard / device.memory_bandwidth
         comm, exposed = _data_parallel_comm(profile, layout, device, topo, compute, backward, precision)
-    if topo.gloo is not None and layout.devices > 1 and layout.stages == 1:
-        # CPU ranks: at each collective every rank but the last waits for it (a pipeline's waits are its bubble)
+    waits_calibrated = any(1 < count <= layout.devices for count, _ in eff.by_devices)
+    if topo.gloo is not None and layout.devices > 1 and layout.stages == 1 and not waits_calibrated:
+        # CPU ranks: at each collective every rank but the last waits for it (a pipeline's waits are its bubble);
+        # an efficiency calibrated on runs of several ranks holds that wait already
         lag = topo.gloo.arrival_lag * compute
         comm, exposed = comm + lag, exposed + lag
     overhead = eff.overhead_for(layout.devices)
