@@ -5,8 +5,9 @@ import json
 import math
 
 import pytest
+import torch
 
-from paratrain.commbench import BUS_FACTOR, fit_alpha_beta, fit_regimes, regime_for
+from paratrain.commbench import BUS_FACTOR, fit_alpha_beta, fit_regimes, lag_share, regime_for
 from paratrain.errors import UsageError
 from paratrain.plan.links import (
     LINKS,
@@ -241,3 +242,16 @@ def test_message_sizes_double_from_the_smallest_up_to_the_largest():
     assert message_sizes(4, 64) == [4, 8, 16, 32, 64]
     assert message_sizes(4, 63) == [4, 8, 16, 32]
     assert message_sizes(8, 8) == [8]
+
+
+def test_the_arrival_lag_is_the_median_groups_so_that_one_stretch_of_cores_apart_does_not_stand_for_the_machine():
+    """2 ranks, 6 calls in 3 groups of 2, rank 0 computing 100 ms before each. Rank 1 arrives 2 ms later (the last
+    arrival 1 ms after the mean, whose compute is 101 ms) but for calls 3 and 4, 40 ms later (20 ms after a mean
+    of 120 ms). Group shares: (1 + 1) / 202 = 1.0 %; 40 / 240 = 17 %; 1.0 %: the median 1.0 %. Pooled over all six,
+    as before: (4 x 1 + 2 x 20) / (4 x 101 + 2 x 120) = 6.8 %."""
+    begun = torch.zeros(2, 6, dtype=torch.float64)
+    late = torch.tensor([0.002, 0.002, 0.040, 0.040, 0.002, 0.002], dtype=torch.float64)
+    arrived = torch.stack([torch.full((6,), 0.1, dtype=torch.float64), 0.1 + late])
+    # each rank's compute: 100 ms and 100 ms + lateness; the mean's compute (100 + late / 2) ms
+    assert lag_share(begun, arrived, 3) == pytest.approx(0.001 / 0.101)
+    assert lag_share(begun, arrived, 1) == pytest.approx((4 * 0.001 + 2 * 0.020) / (6 * 0.1 + 4 * 0.001 + 2 * 0.020))
