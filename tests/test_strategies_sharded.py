@@ -37,6 +37,13 @@ SPAWNED = {  # run name -> the config's overrides, run by the spawned pair of ra
     "fsdp-keep": dict(TWO_RANKS, strategy="fsdp", reshard_after_forward=False, batch_size=16, grad_accum=2),
 }
 
+# Data parallelism on one worker (a scaling study's first point, a script's --workers 1): a process group of one
+ONE_WORKER = {
+    "ddp-one": dict(strategy="ddp"),
+    "ddp-shm-one": dict(strategy="ddp", allreduce="shm"),
+    "zero1-one": dict(strategy="zero1"),
+}
+
 
 def _spawned_rank(rank: int, out: str, ports: list[int]) -> None:
     """One of the two spawned ranks: the SPAWNED runs, then the memory check on gpt-small."""
@@ -176,6 +183,8 @@ def _run_all(out: Path) -> None:
         text=True,
     )
     paratrain.train(synthetic(out, run_dir=out / "single", workers=1, batch_size=64, **COMMON))
+    for name, layout in ONE_WORKER.items():
+        paratrain.train(synthetic(out, run_dir=out / name, workers=1, batch_size=64, **layout, **COMMON))
     stop = threading.Event()
     copier = threading.Thread(target=_copy_first_checkpoint, args=(out / "fsdp", out / "fsdp-at-checkpoint", stop))
     copier.start()
@@ -229,6 +238,18 @@ def test_two_sharded_ranks_reach_the_parameters_of_one_process(runs, name):
     assert single.keys() == sharded.keys()
     for key in single:
         torch.testing.assert_close(sharded[key], single[key], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ONE_WORKER)
+def test_data_parallelism_on_one_worker_trains_as_one_process_does(runs, name):
+    """ddp (through the backend or shared memory) and zero1 on one worker, which failed before 2026-12-01 (DDP
+    wrapped a model outside any process group): the same 18 steps to the same parameters as --strategy single."""
+    summary = json.loads((runs / name / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == 18, summary.get("error")
+    single, one = _params(runs / "single"), _params(runs / name)
+    assert single.keys() == one.keys()
+    for key in single:
+        torch.testing.assert_close(one[key], single[key], rtol=1e-5, atol=1e-7)
 
 
 def _params_at_init() -> dict[str, torch.Tensor]:

@@ -134,6 +134,14 @@ def init_rank(placement: Placement) -> RankContext:
     return RankContext(rank, world_size, local_rank, device, placement.allreduce, placement.timeout_s)
 
 
+def join_group_of_one(device: torch.device) -> None:
+    """A process group of this rank alone, where it joined none (one worker): DDP and FSDP2 wrap a model only
+    inside a group, so that one rank runs their code path (and writes checkpoints any number of ranks resume)."""
+    if not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+
+
 def startup_timeout(seconds: float) -> timedelta:
     """How long a collective may wait for a peer before training starts (init_rank); bound_collectives
     then brings every group down to --timeout."""

@@ -31,7 +31,7 @@ from torch.distributed.algorithms.model_averaging.averagers import PeriodicModel
 from torch.nn.parallel import DistributedDataParallel
 
 from paratrain.config import TrainConfig
-from paratrain.engine.distributed import RankContext
+from paratrain.engine.distributed import RankContext, join_group_of_one
 from paratrain.engine.grad_noise import BucketNorms
 from paratrain.engine.shm_allreduce import SharedMemoryAverage, open_shared_average
 from paratrain.engine.strategies.base import WholeModelStrategy
@@ -47,6 +47,7 @@ class DataParallel(WholeModelStrategy):
 
     def __init__(self, cfg: TrainConfig, ctx: RankContext, stamp: Callable[[], Any]):
         super().__init__(cfg, ctx, stamp)
+        join_group_of_one(ctx.device)  # one worker: DDP's reducer and hooks on a group of one
         self.bucket_cap_mb = cfg.bucket_cap_mb
         self.allreduce: str | None = None  # what averaged the gradients: shm, gloo, nccl, ...
         self._shm: SharedMemoryAverage | None = None
@@ -117,18 +118,19 @@ class DataParallel(WholeModelStrategy):
                 "--reduce ps: gradients summed on rank 0, which broadcasts the average",
             )
         else:
-            if self.ctx.allreduce == "shm":
+            if self.ctx.allreduce == "shm" and self.ctx.world_size > 1:  # one rank has nothing to average
                 self._shm = open_shared_average(self.ctx.rank, self.ctx.world_size, timeout_s=self.ctx.timeout_s)
                 if self._shm is None:
                     log.warning("shared-memory all-reduce unavailable on some rank; averaging through %s", backend)
             hook = _shm_average if self._shm is not None else _backend_allreduce
             self.allreduce = "shm" if self._shm is not None else backend
-            self._why = (
-                "CPU ranks with cores of their own on one x86-64 host"
-                if self._shm is not None
-                else "the process group's all-reduce"
-                + (" (shared memory was unavailable)" if self.ctx.allreduce == "shm" else "")
-            )
+            if self.ctx.world_size == 1:
+                self._why = "one rank: the all-reduce of a group of one, which moves nothing"
+            elif self._shm is not None:
+                self._why = "CPU ranks with cores of their own on one x86-64 host"
+            else:
+                unavailable = " (shared memory was unavailable)" if self.ctx.allreduce == "shm" else ""
+                self._why = "the process group's all-reduce" + unavailable
         if cfg.grad_compression in ("fp16", "bf16"):
             # torch's compress wrapper casts each bucket before whichever hook averages it and back
             # after: half the bytes through shared memory, the backend or the reduce-to-one alike.

@@ -66,7 +66,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._random import is_rng_supported_mesh
 
 from paratrain.config import TrainConfig
-from paratrain.engine.distributed import RankContext, device_mesh
+from paratrain.engine.distributed import RankContext, device_mesh, join_group_of_one
 from paratrain.engine.grad_noise import MeasuredReduceScatter, ShardNorms
 from paratrain.engine.strategies.base import StepResult, WholeModelStrategy
 from paratrain.engine.strategies.meta_init import FullSizeCopies, build_on_meta
@@ -127,12 +127,8 @@ class FullyShardedDataParallel(WholeModelStrategy):
 
     def __init__(self, cfg: TrainConfig, ctx: RankContext, stamp: Callable[[], Any]):
         super().__init__(cfg, ctx, stamp)
-        if not dist.is_initialized():
-            # One rank has nobody to shard with, but its parameters are still DTensors on a mesh of
-            # one: the same code path, and its checkpoints resume on any number of ranks.
-            dist.init_process_group(
-                "nccl" if ctx.device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0, world_size=1
-            )
+        # One rank has nobody to shard with, but its parameters are still DTensors on a mesh of one.
+        join_group_of_one(ctx.device)
         # Every fully_shard call gets this mesh: the default one would be on the compile-time accelerator.
         # With --tp T the ranks form a (data, tensor) mesh, torchtitan's 2-D layout: T consecutive ranks split
         # each layer, and FSDP shards over the ranks holding the same split.
