@@ -241,8 +241,7 @@ class Monitor:
         except psutil.Error:
             return []
         listed = [self.root, *(child for kids in children.values() for child in kids)]
-        trees = _trees_of(listed, children)
-        ready = self._find_ranks(listed, trees)
+        ready = self._find_ranks(listed, children)
         out = []
         for rank, proc in sorted(ready):
             try:
@@ -260,7 +259,7 @@ class Monitor:
                             "rank": rank,
                             "pid": proc.pid,
                             "cpu_percent": round(proc.cpu_percent(), 1),
-                            "tree_cpu_percent": self._tree_percent(proc, trees),
+                            "tree_cpu_percent": self._tree_percent(proc, children),
                             "rss_bytes": rss,
                             "num_threads": proc.num_threads(),
                             "cores": proc.cpu_affinity(),
@@ -270,16 +269,16 @@ class Monitor:
                 self._ranks.pop(proc.pid, None)
         return out
 
-    def _tree_percent(self, proc: psutil.Process, trees: Mapping[int, list[psutil.Process]]) -> float:
+    def _tree_percent(self, proc: psutil.Process, children: Mapping[int, list[psutil.Process]]) -> float:
         """The rank's and its children's CPU since the last sample, in per cent of one core: what the doctor
         takes off its cores' busy time to find other work on them (doctor/evidence.py core_contention)."""
-        now, spent = time.monotonic(), tree_cpu_seconds(proc, trees.get(proc.pid, [proc]))
+        now, spent = time.monotonic(), tree_cpu_seconds(proc, _tree(proc, children))
         then, before = self._trees.get(proc.pid, (now, spent))
         self._trees[proc.pid] = (now, spent)
         return round(100.0 * max(0.0, spent - before) / (now - then), 1) if now > then else 0.0
 
     def _find_ranks(
-        self, listed: list[psutil.Process], trees: Mapping[int, list[psutil.Process]]
+        self, listed: list[psutil.Process], children: Mapping[int, list[psutil.Process]]
     ) -> list[tuple[int, psutil.Process]]:
         """Ranks among `listed` whose baseline was taken in an earlier round; new ones get their baseline now."""
         alive = {p.pid for p in listed}
@@ -294,7 +293,7 @@ class Monitor:
                 if rank is None or rank in taken:
                     continue
                 proc.cpu_percent()  # the baseline: psutil's first reading is always 0.0
-                self._trees[proc.pid] = (time.monotonic(), tree_cpu_seconds(proc, trees.get(proc.pid, [proc])))
+                self._trees[proc.pid] = (time.monotonic(), tree_cpu_seconds(proc, _tree(proc, children)))
             except psutil.Error:
                 continue
             self._ranks[proc.pid] = (rank, proc)
@@ -418,19 +417,13 @@ def _kernel_children(pid: int) -> list[int]:
     return found
 
 
-def _trees_of(
-    listed: list[psutil.Process], children: dict[int, list[psutil.Process]]
-) -> dict[int, list[psutil.Process]]:
-    """Each listed process's tree: itself and its descendants, from `children` (_process_tree)."""
-
-    def tree(proc: psutil.Process) -> list[psutil.Process]:
-        members, frontier = [proc], [proc]
-        while frontier:
-            frontier = [child for parent in frontier for child in children.get(parent.pid, [])]
-            members += frontier
-        return members
-
-    return {proc.pid: tree(proc) for proc in listed}
+def _tree(proc: psutil.Process, children: Mapping[int, list[psutil.Process]]) -> list[psutil.Process]:
+    """`proc` and its descendants, from the direct children of each (_process_tree)."""
+    members, frontier = [proc], [proc]
+    while frontier:
+        frontier = [child for parent in frontier for child in children.get(parent.pid, [])]
+        members += frontier
+    return members
 
 
 def tree_cpu_seconds(proc: psutil.Process, members: list[psutil.Process] | None = None) -> float:
