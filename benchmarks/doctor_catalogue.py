@@ -7,6 +7,11 @@ every faulty run (`paratrain doctor RUN --json`) and its top finding gives the c
 gain (`predicted_speedup`). The table quotes medians over the rounds; "within 30 %" compares the two
 medians (|predicted - measured| <= 0.3 x measured). The raw figures go to OUT/catalogue.json.
 
+A remedy with a size (a k times larger batch, k micro-steps under `no_sync()`) predicts the gain of that size.
+The scripts in FOLLOW_FACTOR take it (`--fix --factor K`, the top finding's `global_batch_factor`), so their
+fixed run applies the size the doctor named, and the gain measured is the remedy's: each faulty run is
+diagnosed before its fixed run. Every other script applies its own fix.
+
 `--dir` runs another folder of such scripts (benchmarks/doctor_heldout/, the faults written without reading
 the doctor, with its expected.json: the table then says whether the top finding names the expected cause's
 keywords). `--busy` keeps one core busy (a Python loop pinned to core 1, `taskset`) through every run: "the
@@ -68,10 +73,15 @@ FAULTS = [
     "decode_full_cores",
     "big_allreduce",
 ]
+# Scripts whose fix takes the remedy's size (`--factor`): their own default (16x the batch, 8 micro-steps) was
+# the doctor's choice on the machine they were written on, and on a slower one it named 8x and 4.
+FOLLOW_FACTOR = ("small_batch", "exposed_comm")
 ENV = dict(os.environ)  # --pythonpath sets PYTHONPATH here, for launch and the doctor alike
 
 
-def command(fault: str, launch_args: list[str], fix: bool, run_dir: Path | None = None) -> list[str]:
+def command(
+    fault: str, launch_args: list[str], fix: bool, run_dir: Path | None = None, factor: int | None = None
+) -> list[str]:
     where = ["--run-dir", str(run_dir)] if run_dir else []
     script = FAULTS_DIR / f"{fault}.py"
     return [
@@ -83,13 +93,14 @@ def command(fault: str, launch_args: list[str], fix: bool, run_dir: Path | None 
         *where,
         str(script.relative_to(ROOT)),
         *(["--fix"] if fix else []),
+        *(["--factor", str(factor)] if fix and factor else []),
     ]
 
 
-def throughput(fault: str, launch_args: list[str], fix: bool, run_dir: Path) -> float:
+def throughput(fault: str, launch_args: list[str], fix: bool, run_dir: Path, factor: int | None = None) -> float:
     """Launch one run and return rank 0's THROUGHPUT; one retry, since a local rendezvous fails now and then
     (a port taken between choosing and binding it)."""
-    cmd = [str(PARATRAIN), *command(fault, launch_args, fix, run_dir)[1:]]
+    cmd = [str(PARATRAIN), *command(fault, launch_args, fix, run_dir, factor)[1:]]
     for attempt in (1, 2):
         shutil.rmtree(run_dir, ignore_errors=True)
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=ENV)
@@ -106,20 +117,26 @@ def throughput(fault: str, launch_args: list[str], fix: bool, run_dir: Path) -> 
     raise SystemExit(f"run failed twice: {shlex.join(cmd)}")
 
 
-def diagnose(run_dir: Path) -> tuple[str, float | None, str]:
-    """The doctor's top finding on a run: its check, predicted speed-up (None when it gives none) and text; the
-    whole diagnosis is kept in RUN/doctor.json."""
+def diagnose(run_dir: Path) -> tuple[str, float | None, str, int | None]:
+    """The doctor's top finding on a run: its check, predicted speed-up (None when it gives none), text and the
+    remedy's size (its global batch's factor, None without one); the whole diagnosis is kept in RUN/doctor.json."""
     proc = subprocess.run([str(PARATRAIN), "doctor", str(run_dir), "--json"], capture_output=True, text=True, env=ENV)
     if proc.returncode != 0:
-        return f"doctor exit {proc.returncode}", None, proc.stderr
+        return f"doctor exit {proc.returncode}", None, proc.stderr, None
     (run_dir / "doctor.json").write_text(proc.stdout)
     findings = json.loads(proc.stdout)["findings"]
     if not findings:
-        return "none", None, ""
+        return "none", None, "", None
     top = findings[0]
     speedup = top.get("predicted_speedup")
     text = " ".join(str(top.get(k, "")) for k in ("finding", "evidence", "cause", "remedy", "where")).lower()
-    return top["check"], float(speedup) if isinstance(speedup, (int, float)) else None, text
+    factor = top.get("global_batch_factor")
+    return (
+        top["check"],
+        float(speedup) if isinstance(speedup, (int, float)) else None,
+        text,
+        int(factor) if factor and factor > 1 else None,
+    )
 
 
 @contextmanager
@@ -153,22 +170,25 @@ def catalogue(args: argparse.Namespace, launch_args: list[str]) -> None:
         raise SystemExit(f"no such fault script: {', '.join(unknown)} (choose from {', '.join(listed)})")
     expected_file = FAULTS_DIR / "expected.json"
     expected = json.loads(expected_file.read_text()) if expected_file.exists() else {}
-    results = {f: {"faulty": [], "fixed": [], "checks": [], "predicted": [], "named": []} for f in faults}
+    results = {f: {"faulty": [], "fixed": [], "checks": [], "predicted": [], "named": [], "factor": []} for f in faults}
     with busy_core(args.busy), Progress() as progress:
         task = progress.add_task("catalogue", total=len(faults) * args.repeats * 2)
         for r in range(1, args.repeats + 1):
             for fault in faults:
                 row = results[fault]
-                for fix in (False, True):
-                    run_dir = args.out / f"{fault}-{r}-{'fixed' if fix else 'fault'}"
-                    progress.update(task, description=f"{run_dir.name}")
-                    row["fixed" if fix else "faulty"].append(throughput(fault, launch_args, fix, run_dir))
-                    progress.advance(task)
-                check, predicted, text = diagnose(args.out / f"{fault}-{r}-fault")
+                progress.update(task, description=f"{fault}-{r}-fault")
+                row["faulty"].append(throughput(fault, launch_args, False, args.out / f"{fault}-{r}-fault"))
+                progress.advance(task)
+                check, predicted, text, factor = diagnose(args.out / f"{fault}-{r}-fault")
+                factor = factor if fault in FOLLOW_FACTOR and FAULTS_DIR.name == "doctor_faults" else None
                 row["checks"].append(check)
                 row["predicted"].append(predicted)
+                row["factor"].append(factor)
                 keywords = expected.get(fault, {}).get("keywords", [])
                 row["named"].append([k for k in keywords if k.lower() in text])
+                progress.update(task, description=f"{fault}-{r}-fixed")
+                row["fixed"].append(throughput(fault, launch_args, True, args.out / f"{fault}-{r}-fixed", factor))
+                progress.advance(task)
     (args.out / "catalogue.json").write_text(json.dumps(results, indent=1) + "\n")
     print(f"\n{args.repeats} round(s), medians; raw figures in {args.out / 'catalogue.json'}\n")
     table(results, expected, launch_args)
@@ -197,7 +217,7 @@ def rediagnose(args: argparse.Namespace, launch_args: list[str]) -> None:
             copy = copies / f"{fault}-{r}-fault"
             shutil.copytree(args.out / f"{fault}-{r}-fault", copy)
             subprocess.run([sys.executable, "-c", RESUMMARISE, str(copy)], check=True, env=ENV)
-            check, predicted, text = diagnose(copy)
+            check, predicted, text, _ = diagnose(copy)
             row["checks"].append(check)
             row["predicted"].append(predicted)
             row["named"].append([k for k in expected.get(fault, {}).get("keywords", []) if k.lower() in text])
@@ -214,10 +234,12 @@ def table(results: dict, expected: dict, launch_args: list[str]) -> None:
         checks = sorted(set(row["checks"]), key=row["checks"].count, reverse=True)
         within = "n/a" if predicted is None else ("yes" if abs(predicted - measured) <= 0.3 * measured else "no")
         keywords = expected.get(fault, {}).get("keywords")
+        sizes = sorted({f for f in row.get("factor", []) if f})
+        factors = f" --factor {'/'.join(map(str, sizes))}" if sizes else ""
         named = "-" if not keywords else " / ".join(", ".join(n) or "none" for n in row["named"])
         print(
             f"| {fault} | {' / '.join(checks)} | {named} | {'n/a' if predicted is None else f'{predicted:.2f}x'} | "
-            f"{measured:.2f}x | {within} | `{shlex.join(command(fault, launch_args, False))} [--fix]` |"
+            f"{measured:.2f}x | {within} | `{shlex.join(command(fault, launch_args, False))} [--fix{factors}]` |"
         )
 
 

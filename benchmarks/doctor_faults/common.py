@@ -17,6 +17,13 @@ def arguments(doc: str) -> argparse.ArgumentParser:
     parser.add_argument("--fix", action="store_true", help="apply the remedy")
     parser.add_argument("--steps", type=int, default=None, help="stop after this many optimizer steps")
     parser.add_argument("--seconds", type=float, default=12.0, help="stop at the first epoch end after this")
+    parser.add_argument(
+        "--factor",
+        type=int,
+        default=None,
+        help="the fix's size where it has one: the global batch's factor the doctor's remedy names (default: the "
+        "script's own)",
+    )
     return parser
 
 

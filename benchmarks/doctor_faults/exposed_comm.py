@@ -1,7 +1,8 @@
 """Exposed communication: a wide MLP (4.2 M parameters, 17 MB of gradients) trained with 32 samples per
 rank per step, so every step all-reduces 17 MB for a few milliseconds of compute. Fix (`--fix`): gradient
-accumulation over 8 micro-batches, `model.no_sync()` on the first 7, so one all-reduce per 256 samples
-(the doctor's remedy: the fewest micro-batches, up to 8, that bring the all-reduce under 10 % of the step).
+accumulation over 8 micro-batches (`--factor K`: K), `model.no_sync()` on all but the last, so one all-reduce
+per 256 samples (the doctor's remedy: the fewest micro-batches, up to 8, that bring the all-reduce under 10 % of
+the step).
 
     paratrain launch -n 2 benchmarks/doctor_faults/exposed_comm.py [--fix] [--steps N] [--seconds S]
 """
@@ -19,7 +20,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 args = arguments(__doc__).parse_args()
 dist.init_process_group("gloo")
-accumulate = 8 if args.fix else 1
+accumulate = (args.factor or 8) if args.fix else 1
 
 dataset = TensorDataset(*synthetic_cifar(4096))
 sampler = DistributedSampler(dataset, shuffle=True, seed=0)

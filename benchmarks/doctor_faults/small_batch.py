@@ -1,6 +1,6 @@
 """Small per-device batch: 2 samples per rank per step, so the fixed costs of a step (the gradient
 all-reduce, the optimizer step, Python and the DataLoader's per-batch work) dominate the little compute.
-Fix (`--fix`): 32 samples per rank, the learning rate scaled linearly with the batch.
+Fix (`--fix`): 32 samples per rank (`--factor K`: 2K), the learning rate scaled linearly with the batch.
 
     paratrain launch -n 2 benchmarks/doctor_faults/small_batch.py [--fix] [--steps N] [--seconds S]
 """
@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 args = arguments(__doc__).parse_args()
 dist.init_process_group("gloo")
-batch_size = 32 if args.fix else 2
+batch_size = 2 * (args.factor or 16) if args.fix else 2
 lr = 0.05 * batch_size / 32  # linear scaling: the LR follows the batch
 
 dataset = TensorDataset(*synthetic_cifar(2048))
