@@ -859,6 +859,50 @@ def test_slow_rank_samples_and_the_same_work_lines(tmp_path):
     assert rc._same_work_slower([rank(forward=0.5, backward=1.0), rank(forward=0.5, backward=1.0)], 1) is None
 
 
+def test_a_slow_rank_that_other_work_on_its_own_core_explains_is_left_to_the_caveat(tmp_path):
+    """Rank 1 runs the same work 2x slower (forward and backward). When other work took 45 % of its core over the run
+    (the monitor's samples: its tree at 55 % of core 1), that explains a 2x slowdown whole: the contended caveat,
+    which names rank 1's share, says it, and slow_rank ranks after it (on the busy catalogue it ranked first, above
+    the script's own cause). Other work taking a tenth of its core explains 1.11x, not 2x: slow_rank stands."""
+    from paratrain.doctor import rank, tempered
+    from paratrain.doctor import rank_checks as rc
+    from paratrain.doctor.checks import contended
+    from paratrain.doctor.evidence import read_run
+    from paratrain.doctor.finding import Finding
+    from paratrain.measure.monitor import SYSTEM_FILE
+
+    fast = {"phases_s": {"forward": 0.04, "backward": 0.08, "comm": 0.125}, "samples_per_step": 32.0}
+    slow = {"phases_s": {"forward": 0.08, "backward": 0.16, "comm": 0.005}, "samples_per_step": 32.0}
+
+    def run(name, rank1_tree, slow=slow):
+        path = probed_run(tmp_path / name, [fast, slow])
+        lines = []
+        for t in range(6):
+            lines.append({"time": t, "kind": "host", "cpu_percent": [100.0, 100.0]})
+            lines.append({"time": t, "kind": "rank", "rank": 0, "tree_cpu_percent": 100.0, "cores": [0]})
+            lines.append({"time": t, "kind": "rank", "rank": 1, "tree_cpu_percent": rank1_tree, "cores": [1]})
+        (path / SYSTEM_FILE).write_text("".join(json.dumps(line) + "\n" for line in lines))
+        return read_run(path)
+
+    half = run("half", 55.0)
+    assert half.core_contention[1] == pytest.approx(0.45)
+    slow_rank = rc.straggler(half)
+    assert slow_rank.check == "slow_rank" and "2.00x slower" in slow_rank.finding and slow_rank.contention_explains
+    # the slow rank's finding saves 49 % of the step (each phase at the fastest rank's, plus 5 ms of all-reduce), more
+    # than the caveat's 45 %: it would stand above the caveat, as it did on the busy catalogue; explained, it ranks
+    # after it, and the run's own cause, below the caveat, comes before it
+    assert slow_rank.saving == pytest.approx(1 - 0.125 / 0.245)
+    caveat = contended(half)
+    own = Finding("host_sync_stalls", "", "", "", "", "", 0.2, share=0.2)
+    ranked = rank(tempered([slow_rank, caveat, own], contention_change=0.0))
+    assert [f.check for f in ranked] == ["contended", "host_sync_stalls", "slow_rank"]
+    assert not rc.straggler(run("tenth", 90.0)).contention_explains
+    # 1.6x (0.375 of the step) with 30 % of the core taken: within the slack of 0.10; 1.6x with 20 % taken: not
+    slower = {**slow, "phases_s": {"forward": 0.064, "backward": 0.128, "comm": 0.005}}
+    assert rc.straggler(run("within", 70.0, slower)).contention_explains
+    assert not rc.straggler(run("beyond", 80.0, slower)).contention_explains
+
+
 def test_uneven_steps_at_its_line(tmp_path):
     from paratrain.doctor import rank_checks as rc
 

@@ -174,7 +174,8 @@ STEADY_CONTENTION = 0.10
 def tempered(findings: Sequence[Finding], contention_change: float | None) -> list[Finding]:
     """On a contended machine (the `contended` finding is present) the contention is a caveat, not a mask:
     a finding stands above it when contention cannot explain it (it is no waiting nor a comparison of two moments
-    of a run whose contention changed, or its share is larger than the share of the cores other work took); the
+    of a run whose contention changed, or its share is larger than the share of the cores other work took, and it
+    is no slow rank that the other work on its own cores explains: Finding.contention_explains); the
     others rank after the caveat and are marked medium at most. A waiting finding's gain gets a range: at the low
     end, the contention made as much of the wait as it could (the saving less the other work's share, of the step
     without it)."""
@@ -192,7 +193,7 @@ def tempered(findings: Sequence[Finding], contention_change: float | None) -> li
         if f.check not in WAITING and not compared_apart:
             out.append(replace(f, above_contention=True))
             continue
-        stands = max(f.saving, f.share or 0.0) > other
+        stands = not f.contention_explains and max(f.saving, f.share or 0.0) > other
         low = 1 / (1 - max(0.0, f.saving - other) / (1 - other))
         gain = f"{f.predicted_gain} (at least {low:.2f}x if other work's {pct(other)} of the cores made the rest)"
         severity = f.severity if stands or f.severity != "high" else "medium"

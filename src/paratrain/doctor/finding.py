@@ -32,6 +32,9 @@ class Finding:
     # On a contended machine: whether the contention could not explain this finding (doctor.tempered), so
     # it ranks above the contention caveat.
     above_contention: bool = False
+    # Other work measured on the finding's own cores explains it whole (a rank running the same work slower on a
+    # core other work shared): on a contended machine it ranks after the caveat whatever its share.
+    contention_explains: bool = False
     # What the remedy does to the global batch: 8.0 multiplies it by 8, 0.25 divides it by 4; None leaves it. Remedies
     # moving it in opposite directions contradict each other (doctor.one_voice keeps the higher-ranked one).
     global_batch_factor: float | None = None

@@ -20,6 +20,9 @@ UNEVEN_STEPS = 1.10  # the rank with the most steps against the mean
 # spread of each other, runs the same work on a slower core or device (slow_rank), not more work.
 SLOW_CORE_COMPUTE_SHARE = 2 / 3
 SLOW_CORE_SPREAD = 1.25
+# A slow rank whose own cores other work took a share s of runs 1 / (1 - s) times slower from that alone: within
+# this much of the step's share, the contention caveat, which names that rank's share, is the whole explanation.
+CONTENTION_EXPLAINS_SLACK = 0.10
 
 
 def unsynchronised(ev: RunEvidence) -> Finding | None:
@@ -120,6 +123,10 @@ def straggler(ev: RunEvidence) -> Finding | None:
     factor = _same_work_slower(ranks, slow)
     if factor is not None:
         who = ranks[slow]["rank"]
+        # Other work on this rank's own cores (a busy machine, doctor/checks.py contended) slows it by as much: the
+        # caveat says so, and this finding of the same fact ranks after it, not above the run's own causes. It is
+        # kept for the time it accounts for, which would otherwise read as the model's own work.
+        taken = ev.core_contention.get(who, 0.0)
         return Finding(
             "slow_rank",
             f"rank {who} runs the same work {factor:.2f}x slower: the others wait {ms(excess)} for it every step",
@@ -133,6 +140,7 @@ def straggler(ev: RunEvidence) -> Finding | None:
             saving,
             where=f"rank {who}'s core or device",
             explains=extra,
+            contention_explains=taken > 0 and 1 - 1 / factor <= taken + CONTENTION_EXPLAINS_SLACK,
         )
     return Finding(
         "straggler",
