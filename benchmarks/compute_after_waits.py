@@ -75,8 +75,18 @@ def main() -> None:
     args = p.parse_args()
     modes = args.modes.split(",")
     unknown = [m for m in modes if m not in MODES]
-    if unknown or os.cpu_count() < 2:
-        raise SystemExit(f"unknown mode(s) {unknown}; choose from {MODES}" if unknown else "needs 2 cores")
+    problem = (
+        f"unknown mode(s) {', '.join(unknown)}: choose from {', '.join(MODES)}"
+        if unknown
+        else "needs 2 cores, one for each rank"
+        if len(os.sched_getaffinity(0)) < 2
+        else "--blocks and --steps must be at least 1"
+        if min(args.blocks, args.steps) < 1
+        else None
+    )
+    if problem:
+        print(f"compute_after_waits.py: {problem}", file=sys.stderr)
+        sys.exit(2)
     mp.spawn(rank_loop, args=(args.port, modes, args.blocks, args.steps), nprocs=2)
 
 

@@ -20,8 +20,8 @@ UNEVEN_STEPS = 1.10  # the rank with the most steps against the mean
 # spread of each other, runs the same work on a slower core or device (slow_rank), not more work.
 SLOW_CORE_COMPUTE_SHARE = 2 / 3
 SLOW_CORE_SPREAD = 1.25
-# A slow rank whose own cores other work took a share s of runs 1 / (1 - s) times slower from that alone: within
-# this much of the step's share, the contention caveat, which names that rank's share, is the whole explanation.
+# A slow rank whose own cores other work took a share s of runs up to 1 / (1 - s) times slower from that alone: when
+# its factor f has 1 - 1/f at most s plus this, the contention caveat, which names that rank's share, explains it.
 CONTENTION_EXPLAINS_SLACK = 0.10
 
 
