@@ -857,6 +857,16 @@ def test_slow_rank_samples_and_the_same_work_lines(tmp_path):
     )
     # no excess at all: not a slower rank
     assert rc._same_work_slower([rank(forward=0.5, backward=1.0), rank(forward=0.5, backward=1.0)], 1) is None
+    # a CI run of the small-batch fault: rank 1 ran data 1.42x, forward 1.33x, backward 1.25x and its Python 1.35x
+    # slower (a third of its excess outside forward and backward): a slower core, at its own work's 4.3 / 3.0 ms...
+    fast, slower = rank(0.33, 1.12, 0.62, 0.93), rank(0.47, 1.49, 0.775, 1.255)
+    assert rc._same_work_slower([fast, slower], 1) == pytest.approx(3.99 / 3.0)
+    # ...while the same excess with its Python 2x slower, or its data left as fast, is more work
+    assert rc._same_work_slower([fast, rank(0.47, 1.49, 0.775, 1.86)], 1) is None
+    assert rc._same_work_slower([fast, rank(0.33, 1.49, 0.775, 1.255)], 1) is None
+    # a phase under a tenth of the others' own work is left out of the comparison, and not where the excess may lie
+    assert rc._same_work_slower([rank(0.2, 1.12, 0.62, 0.93), rank(0.4, 1.49, 0.775, 1.255)], 1) is not None
+    assert rc._same_work_slower([rank(0.2, 1.12, 0.62, 0.93), rank(1.4, 1.49, 0.775, 1.255)], 1) is None
 
 
 def test_a_slow_rank_that_other_work_on_its_own_core_explains_is_left_to_the_caveat(tmp_path):

@@ -20,6 +20,12 @@ UNEVEN_STEPS = 1.10  # the rank with the most steps against the mean
 # spread of each other, runs the same work on a slower core or device (slow_rank), not more work.
 SLOW_CORE_COMPUTE_SHARE = 2 / 3
 SLOW_CORE_SPREAD = 1.25
+# ...or its excess in the phases holding this share of the others' own work or more, all slower by factors within that
+# spread: a core that runs everything slower slows the loop's Python and the data too, while work added
+# on one rank lands in some phases and leaves the others as they are. (A CI run of the small-batch fault met it: rank
+# 1 ran data, forward, backward and its Python 1.25-1.42x slower, and was named a straggler with "give every rank the
+# same work" above the script's own cause.)
+SLOW_CORE_PHASE_SHARE = 0.10
 # A slow rank whose own cores other work took a share s of runs up to 1 / (1 - s) times slower from that alone: when
 # its factor f has 1 - 1/f at most s plus this, the contention caveat, which names that rank's share, explains it.
 CONTENTION_EXPLAINS_SLACK = 0.10
@@ -169,9 +175,11 @@ def _slow_rank_where(rank: dict[str, Any], phase: str) -> str:
 
 def _same_work_slower(ranks: list[dict[str, Any]], slow: int) -> float | None:
     """The factor by which the slow rank ran the others' work, when its excess looks like a slower core
-    rather than more work: the same samples per step, the excess in forward and backward (not in data or
-    the loop's own Python, where rank-specific work lands) and both slower by about one factor. Extra work
-    inside the model's forward slows forward alone; a bigger batch shows in the samples. None otherwise."""
+    rather than more work: the same samples per step, and either the excess in forward and backward (not in data
+    or the loop's own Python, where rank-specific work lands) and both slower by about one factor (their mean), or
+    the excess in the phases holding a tenth of the others' own work or more, every one of them slower by about
+    one factor (the ratio of its own work to theirs). Extra work inside the model's forward slows forward alone; a
+    bigger batch shows in the samples. None otherwise."""
     others = [r for i, r in enumerate(ranks) if i != slow]
     mine = ranks[slow]
     samples = [r.get("samples_per_step", 0.0) for r in others]
@@ -181,15 +189,28 @@ def _same_work_slower(ranks: list[dict[str, Any]], slow: int) -> float | None:
     def phase(p: str) -> float:
         return statistics.median(r["phases_s"][p] for r in others)
 
+    own = ("data", "forward", "backward", "optimizer", "other")
     compute = ("forward", "backward")
-    excess = sum(mine["phases_s"][p] - phase(p) for p in ("data", *compute, "optimizer", "other"))
-    in_compute = sum(mine["phases_s"][p] - phase(p) for p in compute)
-    if excess <= 0 or in_compute < SLOW_CORE_COMPUTE_SHARE * excess or min(phase(p) for p in compute) <= 0:
+    theirs = sum(phase(p) for p in own)
+    excess = sum(mine["phases_s"][p] for p in own) - theirs
+    if excess <= 0:
         return None
-    ratios = [mine["phases_s"][p] / phase(p) for p in compute]
-    if max(ratios) > SLOW_CORE_SPREAD * min(ratios):
-        return None
-    return statistics.mean(ratios)
+    if _alike(mine, phase, compute, excess):
+        return statistics.mean(mine["phases_s"][p] / phase(p) for p in compute)
+    held = tuple(p for p in own if phase(p) >= SLOW_CORE_PHASE_SHARE * theirs)
+    if len(held) >= 2 and _alike(mine, phase, held, excess):
+        return (theirs + excess) / theirs
+    return None
+
+
+def _alike(mine: dict[str, Any], theirs: Callable[[str], float], phases: tuple[str, ...], excess: float) -> bool:
+    """Whether SLOW_CORE_COMPUTE_SHARE of the slow rank's excess or more lies in these phases, each slower than
+    the others' by factors within SLOW_CORE_SPREAD of each other."""
+    within = sum(mine["phases_s"][p] - theirs(p) for p in phases)
+    if within < SLOW_CORE_COMPUTE_SHARE * excess or min(theirs(p) for p in phases) <= 0:
+        return False
+    ratios = [mine["phases_s"][p] / theirs(p) for p in phases]
+    return max(ratios) <= SLOW_CORE_SPREAD * min(ratios)
 
 
 def _uneven(ranks: list[dict[str, Any]]) -> bool:
