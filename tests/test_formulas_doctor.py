@@ -902,6 +902,8 @@ def test_a_slow_rank_that_other_work_on_its_own_core_explains_is_left_to_the_cav
     # than the caveat's 45 %: it would stand above the caveat, as it did on the busy catalogue; explained, it ranks
     # after it, and the run's own cause, below the caveat, comes before it
     assert slow_rank.saving == pytest.approx(1 - 0.125 / 0.245)
+    # a cause in the machine: medium at most, though it saves more than the 30 % that makes a run's own finding high
+    assert slow_rank.severity == "medium"
     caveat = contended(half)
     own = Finding("host_sync_stalls", "", "", "", "", "", 0.2, share=0.2)
     ranked = rank(tempered([slow_rank, caveat, own], contention_change=0.0))

@@ -142,6 +142,42 @@ def test_a_slow_rank_is_placed_on_its_core_and_explains_its_slower_compute(tmp_p
     )
 
 
+def test_a_straggler_on_costlier_samples_in_the_others_code_is_priced_at_the_ranks_mean(tmp_path):
+    """Rank 1's 300 ms of data against the others' 100, all three ranks' profiled data phase spent in the same
+    `__getitem__`: costlier samples, which even shards deal out, so its data is priced at the 3 ranks' mean (167 ms),
+    not the fastest rank's. Its own code there (a place the others lack) is work to remove: the fastest rank's."""
+    from paratrain.launch.trace_summary import PROBE_LABEL
+
+    def traced(phases, *places):
+        where = {"where": [[p, 0.1] for p in places]}
+        return {**phases, "trace": {"phases": {phase: where for phase in ("data", "forward", "backward")}}}
+
+    def found(name, *slow_places, slow=DATA_HEAVY, even=EVEN):
+        even = traced(even, "train.py:31 (__getitem__)")
+        return rc.straggler(probed(tmp_path, name, [even, traced(slow, *slow_places), even]))
+
+    same = found("a", "train.py:31 (__getitem__)", "train.py:40 (collate)")
+    assert same.check == "straggler" and same.saving == pytest.approx(1 - (0.5 / 3 + 0.1) / 0.4)
+    assert "data at the ranks' mean: rank 1 ran the others' code there longer (train.py:31 (__getitem__))" in (
+        same.predicted_gain
+    )
+    # the probe's own hooks are no place of the user's code: the first place after them is compared
+    assert found("b", PROBE_LABEL, "train.py:31 (__getitem__)").saving == same.saving
+    # rank 1's own code on top: work only it does, removed -> each phase at the fastest rank's
+    own = found("c", "train.py:55 (log_sample)", "train.py:31 (__getitem__)")
+    assert own.saving == pytest.approx(1 - 0.2 / 0.4) and "mean" not in own.predicted_gain
+    # more samples a step on rank 1: not the others' samples, however alike the code
+    more = found("d", "train.py:31 (__getitem__)", slow={**DATA_HEAVY, "samples_per_step": 64.0})
+    assert more.saving == pytest.approx(0.5)
+    # a slower core (forward and backward 1.25x, the same code on top) is left out, not evened: the fastest rank's
+    fast = {"phases_s": {"forward": 0.04, "backward": 0.08, "comm": 0.035}}
+    slower = {"phases_s": {"forward": 0.05, "backward": 0.10, "comm": 0.005}}
+    core = rc.straggler(
+        probed(tmp_path, "e", [traced(fast, "train.py:31 (__getitem__)"), traced(slower, "train.py:31 (__getitem__)")])
+    )
+    assert core.check == "slow_rank" and core.saving == pytest.approx(1 - 0.125 / 0.155)
+
+
 # -- uneven step counts ----------------------------------------------------------------------------------------------
 
 

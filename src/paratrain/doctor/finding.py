@@ -5,6 +5,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+# The share of the step a finding saves (or its cause takes) from which it is high, and medium.
+SEVERITY_HIGH = 0.3
+SEVERITY_MEDIUM = 0.1
+
 
 @dataclass
 class Finding:
@@ -42,7 +46,9 @@ class Finding:
     def __post_init__(self) -> None:
         if not self.severity:
             s = self.saving if self.share is None or self.saving is None else max(self.saving, self.share)
-            self.severity = "advice" if s is None else "high" if s >= 0.3 else "medium" if s >= 0.1 else "low"
+            self.severity = (
+                "advice" if s is None else "high" if s >= SEVERITY_HIGH else "medium" if s >= SEVERITY_MEDIUM else "low"
+            )
 
     @property
     def predicted_speedup(self) -> float | None:
